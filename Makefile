@@ -1,0 +1,46 @@
+# trident: spec → Triton model repository → tritonserver.
+# `make run` is the main job on the embedded default; `make test` runs the tests.
+
+PYTHON  ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+SPEC    ?= deploy/default.yaml
+REPO    ?= model_repository
+STAMP   := $(VENV)/.installed
+
+.PHONY: install repo validate serve run infer test test-fast bench clean
+
+# Fast when nothing changed: the stamp depends on the lock file and the package metadata.
+install: $(STAMP)
+
+$(STAMP): requirements.lock setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -r requirements.lock
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(BIN)/trident assets
+	touch $@
+
+repo: install
+	$(BIN)/trident repo --spec $(SPEC) --out $(REPO)
+
+validate: install
+	$(BIN)/trident validate $(REPO)
+
+serve: repo
+	$(BIN)/trident serve --repo $(REPO)
+
+# The main job: install, render the embedded default, serve it, answer one question.
+run: repo
+	$(BIN)/python -m builder.demo --repo $(REPO)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not server and not vllm"
+
+bench: repo
+	$(BIN)/python -m bench.run
+
+clean:
+	rm -rf $(REPO) bench_results

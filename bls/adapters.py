@@ -1,0 +1,118 @@
+"""How the router speaks to each engine's model: inputs, outputs, errors, abort.
+
+trident's vLLM and SGLang models share the router's own interface, so their tensors and
+responses pass through untouched (no per-chunk work beyond an error check). TRT-LLM's
+ensemble uses batch dimensions ([1, 1]), separate sampling tensors and a required
+`max_tokens`, and has no `served_by`: its adapter translates both ways.
+"""
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from trident_common.request import DEFAULT_MAX_TOKENS, first_scalar
+
+# Inputs only the router reads (routing hints); never forwarded to a backend.
+ROUTER_ONLY_INPUTS = frozenset({"route", "task", "family", "tenant", "tier",
+                                "conversation_id", "shared_prefix", "request_id",
+                                "abort_request_id"})
+LLM_OUTPUTS = ["text_output", "finish_reason", "num_input_tokens", "num_output_tokens",
+               "served_by", "error"]
+
+
+def _string_tensor(name, value, shape=(1,)):
+    return pb_utils.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_)
+                           .reshape(shape))
+
+
+class PythonLlmAdapter:
+    """vLLM and SGLang models rendered by trident."""
+
+    outputs = LLM_OUTPUTS
+
+    def inputs(self, inputs, request_id):
+        return inputs + [_string_tensor("request_id", request_id)]
+
+    def abort_inputs(self, request_id):
+        return [_string_tensor("abort_request_id", request_id)]
+
+    def response(self, response):
+        return pb_utils.InferenceResponse(output_tensors=response.output_tensors())
+
+    def error_of(self, response):
+        if response.has_error():
+            return response.error().message()
+        tensor = pb_utils.get_output_tensor_by_name(response, "error")
+        if tensor is None:
+            return None
+        message = first_scalar(tensor.as_numpy())
+        return message or None
+
+
+# vLLM-style sampling names → TRT-LLM ensemble tensors (name, numpy dtype).
+_TRTLLM_SAMPLING = {
+    "temperature": ("temperature", np.float32),
+    "top_p": ("top_p", np.float32),
+    "top_k": ("top_k", np.int32),
+    "repetition_penalty": ("repetition_penalty", np.float32),
+    "presence_penalty": ("presence_penalty", np.float32),
+    "frequency_penalty": ("frequency_penalty", np.float32),
+    "seed": ("random_seed", np.uint64),
+    "min_tokens": ("min_length", np.int32),
+}
+
+
+class TrtllmAdapter:
+    """TRT-LLM's ensemble (preprocessing → tensorrt_llm → postprocessing)."""
+
+    outputs = ["text_output"]
+
+    def __init__(self, backend):
+        self.served_by = _string_tensor("served_by", backend)
+        self.no_error = _string_tensor("error", "")
+
+    def inputs(self, inputs, request_id):
+        values = {t.name(): t.as_numpy() for t in inputs}
+        if "messages" in values:
+            raise ValueError("the TRT-LLM ensemble takes text_input, not messages")
+        sampling = json.loads(first_scalar(values.get("sampling_parameters")) or "{}")
+        max_tokens = first_scalar(values.get("max_tokens"))
+        max_tokens = max_tokens or sampling.pop("max_tokens", DEFAULT_MAX_TOKENS)
+        out = [
+            _string_tensor("text_input", first_scalar(values["text_input"]), (1, 1)),
+            pb_utils.Tensor("max_tokens", np.array([[max_tokens]], dtype=np.int32)),
+            pb_utils.Tensor("stream", np.array(
+                [[bool(first_scalar(values.get("stream")))]], dtype=bool)),
+        ]
+        if "exclude_input_in_output" in values:
+            out.append(pb_utils.Tensor("exclude_input_in_output", np.array(
+                [[bool(first_scalar(values["exclude_input_in_output"]))]], dtype=bool)))
+        for key, value in sampling.items():
+            if key not in _TRTLLM_SAMPLING:
+                raise ValueError(f"sampling parameter {key!r} is not supported by TRT-LLM "
+                                 f"(supported: {', '.join(sorted(_TRTLLM_SAMPLING))})")
+            name, dtype = _TRTLLM_SAMPLING[key]
+            out.append(pb_utils.Tensor(name, np.array([[value]], dtype=dtype)))
+        return out
+
+    def abort_inputs(self, request_id):
+        return None   # the ensemble has no abort input; the stream ends on its own
+
+    def response(self, response):
+        text = pb_utils.get_output_tensor_by_name(response, "text_output")
+        value = first_scalar(text.as_numpy()) if text is not None else ""
+        return pb_utils.InferenceResponse(output_tensors=[
+            _string_tensor("text_output", value), self.served_by, self.no_error])
+
+    def error_of(self, response):
+        return response.error().message() if response.has_error() else None
+
+
+class Adapters(dict):
+    """Adapter per backend name, built from the router config."""
+
+    @classmethod
+    def from_config(cls, backends):
+        python_llm = PythonLlmAdapter()
+        return cls({name: TrtllmAdapter(name) if info["engine"] == "tensorrt_llm"
+                    else python_llm for name, info in backends.items()})

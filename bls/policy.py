@@ -1,0 +1,169 @@
+"""The routing policy: (request features, backend health) → ordered candidate backends.
+
+Pure: no Triton, no clock. The router model extracts RequestFeatures from a request once,
+asks `Policy.candidates`, and tries the candidates in order. The policy's config is the
+JSON that `trident repo` renders beside the router (router.json), built by
+`router_config` from the spec, so nothing is re-parsed per request.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+CHARS_PER_TOKEN = 4   # prompt length estimate without a tokenizer (English text ≈ 4)
+
+
+class UnknownRoute(ValueError):
+    """A route hint that names neither a rule nor a backend."""
+
+
+@dataclass(frozen=True)
+class RequestFeatures:
+    hint: Optional[str] = None
+    family: Optional[str] = None
+    task: Optional[str] = None
+    turns: int = 0                      # user messages in a chat request (0: plain text)
+    prompt_tokens: int = 0
+    tenant: Optional[str] = None
+    tier: Optional[str] = None
+    shared_prefix: bool = False
+    conversation_id: Optional[str] = None
+
+
+def estimate_tokens(text_length: int) -> int:
+    return (text_length + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+
+
+def features_from(text: Optional[str], messages: Optional[list], hints: dict) -> RequestFeatures:
+    """RequestFeatures from a request's prompt or chat messages and its routing hints
+    (tensors or request parameters: route, task, family, tenant, tier, conversation_id,
+    shared_prefix)."""
+    if messages is not None:
+        turns = sum(1 for m in messages if m.get("role") == "user")
+        length = sum(len(m.get("content", "")) for m in messages)
+        has_system = any(m.get("role") == "system" for m in messages)
+    else:
+        turns, length, has_system = 0, len(text or ""), False
+    conversation = hints.get("conversation_id") or None
+    shared = hints.get("shared_prefix")
+    if isinstance(shared, str):
+        shared = shared.lower() in ("1", "true", "yes")
+    return RequestFeatures(
+        hint=hints.get("route") or None, family=hints.get("family") or None,
+        task=hints.get("task") or None, turns=turns,
+        prompt_tokens=estimate_tokens(length), tenant=hints.get("tenant") or None,
+        tier=hints.get("tier") or None,
+        shared_prefix=bool(shared) if shared is not None else (
+            has_system or turns > 1 or conversation is not None),
+        conversation_id=conversation)
+
+
+def _matches(match: dict, f: RequestFeatures) -> bool:
+    checks = {
+        "hint": lambda v: f.hint == v,
+        "family": lambda v: f.family == v,
+        "task": lambda v: f.task == v,
+        "min_turns": lambda v: f.turns >= v,
+        "max_turns": lambda v: f.turns <= v,
+        "min_prompt_tokens": lambda v: f.prompt_tokens >= v,
+        "max_prompt_tokens": lambda v: f.prompt_tokens <= v,
+        "tenant": lambda v: f.tenant == v,
+        "tier": lambda v: f.tier == v,
+        "shared_prefix": lambda v: f.shared_prefix == v,
+    }
+    return all(checks[key](value) for key, value in match.items())
+
+
+class Policy:
+    def __init__(self, config: dict):
+        self.backends: dict[str, dict] = config["backends"]
+        self.default: list[str] = config["default"]
+        self.rules: list[dict] = config["rules"]
+        self.fallback: dict[str, list[str]] = config["fallback"]
+        self.short_prompt_tokens: int = config["short_prompt_tokens"]
+        self._rule_by_name = {r["name"]: r for r in self.rules}
+
+    def routes(self) -> list[str]:
+        """Valid route hints: rule names and backend names."""
+        return sorted(set(self._rule_by_name) | set(self.backends))
+
+    def primary(self, f: RequestFeatures) -> tuple[str, list[str]]:
+        """(route name, backends) before fallback and health."""
+        if f.hint is not None:
+            if f.hint in self._rule_by_name:
+                return f.hint, list(self._rule_by_name[f.hint]["backends"])
+            if f.hint in self.backends:
+                return f.hint, [f.hint]
+            matched = [r for r in self.rules if r["match"].get("hint") == f.hint]
+            if not matched:
+                raise UnknownRoute(f"unknown route {f.hint!r} (valid routes: "
+                                   f"{', '.join(self.routes())})")
+        for rule in self.rules:
+            if _matches(rule["match"], f):
+                return rule["name"], list(rule["backends"])
+        return "default", list(self.default)
+
+    def candidates(self, f: RequestFeatures,
+                   available: Callable[[str], bool] = lambda name: True
+                   ) -> tuple[str, list[str]]:
+        """(route name, backends to try in order): primaries each followed by their
+        fallback chain, speculative backends skipped for short prompts when a plain
+        equivalent is on the list, unavailable (breaker open) backends left out."""
+        route, primaries = self.primary(f)
+        if f.conversation_id and len(primaries) > 1:
+            primaries = _affinity_order(primaries, f.conversation_id)
+        ordered: list[str] = []
+        for name in primaries:
+            self._append_chain(name, ordered)
+        if f.prompt_tokens < self.short_prompt_tokens:
+            ordered = self._skip_speculative(ordered)
+        return route, [name for name in ordered if available(name)]
+
+    def _append_chain(self, name: str, ordered: list[str]) -> None:
+        if name in ordered:
+            return
+        ordered.append(name)
+        for nxt in self.fallback.get(name, ()):
+            self._append_chain(nxt, ordered)
+
+    def _skip_speculative(self, ordered: list[str]) -> list[str]:
+        """Speculative decoding slows short prompts down: prefer a plain backend of the
+        same model family when the list has one."""
+        plain_families = {self.backends[n]["family"] for n in ordered
+                          if not self.backends[n]["speculative"] and self.backends[n]["family"]}
+        return [n for n in ordered
+                if not (self.backends[n]["speculative"]
+                        and self.backends[n]["family"] in plain_families)]
+
+
+def _affinity_order(backends: list[str], conversation_id: str) -> list[str]:
+    """Rotate so one conversation always starts on the same backend (prefix-cache hits),
+    while different conversations spread across the group."""
+    start = zlib.crc32(conversation_id.encode()) % len(backends)
+    return backends[start:] + backends[:start]
+
+
+def router_config(spec) -> dict:
+    """The router's JSON config from a DeploymentSpec (duck-typed: this module is also
+    imported inside the Triton stub, where trident's builder is not installed)."""
+    router = spec.router
+
+    def drop_none(match) -> dict:
+        return {k: v for k, v in vars(match).items() if v is not None}
+
+    return {
+        "name": router.name,
+        "backends": {m.name: {"engine": m.engine, "family": m.family, "tasks": list(m.tasks),
+                              "speculative": m.speculative}
+                     for m in spec.models},
+        "default": list(router.default),
+        "rules": [{"name": r.name, "match": drop_none(r.match), "backends": list(r.backends)}
+                  for r in router.rules],
+        "fallback": {k: list(v) for k, v in router.fallback.items()},
+        "breaker": dict(vars(router.breaker)),
+        "short_prompt_tokens": router.short_prompt_tokens,
+        "deadline_s": router.deadline_s,
+        "first_token_timeout_s": router.first_token_timeout_s,
+        "max_inflight_per_backend": router.max_inflight_per_backend,
+    }

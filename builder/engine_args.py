@@ -1,0 +1,143 @@
+"""Which engine arguments each engine accepts, checked at `trident repo` time.
+
+An unknown or mistyped argument fails the render with the field path, instead of failing
+minutes later when the engine starts inside Triton. The tables list the arguments
+trident supports and passes through verbatim to the engine.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from builder.spec import SpecError
+
+_NUM = (int, float)
+_OPT_STR = (str, type(None))
+
+# vLLM AsyncEngineArgs fields (vllm 0.x naming), the knobs a deployment tunes.
+VLLM_ARGS: dict[str, tuple] = {
+    "block_size": (int,),
+    "enable_prefix_caching": (bool,),
+    "enable_chunked_prefill": (bool,),
+    "max_num_seqs": (int,),
+    "max_num_batched_tokens": (int,),
+    "max_model_len": (int,),
+    "gpu_memory_utilization": _NUM,
+    "kv_cache_dtype": (str,),
+    "quantization": _OPT_STR,
+    "dtype": (str,),
+    "tensor_parallel_size": (int,),
+    "pipeline_parallel_size": (int,),
+    "speculative_config": (dict,),
+    "enforce_eager": (bool,),
+    "seed": (int,),
+    "swap_space": _NUM,
+    "trust_remote_code": (bool,),
+    "tokenizer": (str,),
+    "served_model_name": (str,),
+    "max_logprobs": (int,),
+    "disable_log_stats": (bool,),
+    "enable_lora": (bool,),
+    "max_loras": (int,),
+    "max_lora_rank": (int,),
+    "cpu_offload_gb": _NUM,
+    "distributed_executor_backend": (str,),
+}
+
+# sglang.Engine / ServerArgs fields.
+SGLANG_ARGS: dict[str, tuple] = {
+    "tp_size": (int,),
+    "pp_size": (int,),
+    "dp_size": (int,),
+    "mem_fraction_static": _NUM,
+    "context_length": (int,),
+    "chunked_prefill_size": (int,),
+    "schedule_policy": (str,),
+    "quantization": _OPT_STR,
+    "dtype": (str,),
+    "kv_cache_dtype": (str,),
+    "max_running_requests": (int,),
+    "max_prefill_tokens": (int,),
+    "disable_radix_cache": (bool,),
+    "speculative_algorithm": (str,),
+    "speculative_draft_model_path": (str,),
+    "speculative_num_steps": (int,),
+    "speculative_eagle_topk": (int,),
+    "speculative_num_draft_tokens": (int,),
+    "random_seed": (int,),
+    "trust_remote_code": (bool,),
+    "tokenizer_path": (str,),
+    "attention_backend": (str,),
+    "enable_metrics": (bool,),
+    "log_level": (str,),
+}
+
+# Runtime knobs of the tensorrtllm backend (config.pbtxt parameters); build-time knobs live
+# in the model's `build:` and `profiles:` sections instead.
+TRTLLM_ARGS: dict[str, tuple] = {
+    "kv_cache_free_gpu_mem_fraction": _NUM,
+    "enable_kv_cache_reuse": (bool,),
+    "batch_scheduler_policy": (str,),
+    "max_tokens_in_paged_kv_cache": (int,),
+    "max_attention_window_size": (int,),
+    "enable_chunked_context": (bool,),
+    "exclude_input_in_output": (bool,),
+    "max_queue_delay_microseconds": (int,),
+    "max_beam_width": (int,),
+    "decoding_mode": (str,),
+    "gpu_weights_percent": _NUM,
+    "max_batch_size": (int,),
+}
+
+ENGINE_ARGS = {"vllm": VLLM_ARGS, "sglang": SGLANG_ARGS, "tensorrt_llm": TRTLLM_ARGS}
+
+# Engine-specific sections of a model besides engine_args (TRT-LLM build inputs).
+EXTRA_SECTIONS: dict[str, tuple[str, ...]] = {
+    "tensorrt_llm": ("checkpoint", "build", "profiles", "tokenizer"),
+}
+
+_CHOICES = {
+    ("sglang", "schedule_policy"): ("lpm", "random", "fcfs", "dfs-weight", "lof"),
+    ("tensorrt_llm", "batch_scheduler_policy"): ("max_utilization", "guaranteed_no_evict"),
+    ("vllm", "kv_cache_dtype"): ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"),
+}
+
+_POSITIVE_INTS = {"tensor_parallel_size", "pipeline_parallel_size", "tp_size", "pp_size",
+                  "dp_size", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                  "max_model_len", "context_length", "max_batch_size"}
+_FRACTIONS = {"gpu_memory_utilization", "mem_fraction_static",
+              "kv_cache_free_gpu_mem_fraction", "gpu_weights_percent"}
+
+
+def validate(engine: str, args: Any, path: str, file: str) -> dict[str, Any]:
+    """Check `engine_args` of one model against its engine's table; returns a plain dict."""
+    if args is None:
+        return {}
+    if not isinstance(args, dict):
+        raise SpecError(file, path, "expected a mapping")
+    table = ENGINE_ARGS[engine]
+    for key, value in args.items():
+        where = f"{path}.{key}"
+        if key not in table:
+            raise SpecError(file, where, f"unknown {engine} engine argument "
+                                         f"(known: {', '.join(sorted(table))})")
+        kinds = table[key]
+        if isinstance(value, bool) and bool not in kinds:
+            raise SpecError(file, where, "expected a number or string, got a boolean")
+        if not isinstance(value, kinds):
+            names = "/".join("null" if k is type(None) else k.__name__ for k in kinds)
+            raise SpecError(file, where, f"expected {names}, got {type(value).__name__}")
+        options = _CHOICES.get((engine, key))
+        if options and value not in options:
+            raise SpecError(file, where, f"{value!r} is not one of {', '.join(options)}")
+        if key in _POSITIVE_INTS and value < 1:
+            raise SpecError(file, where, f"must be >= 1, got {value}")
+        if key in _FRACTIONS and not 0 < value <= 1:
+            raise SpecError(file, where, f"must be in (0, 1], got {value}")
+    return dict(args)
+
+
+def validate_extra(engine: str, key: str, node) -> Any:
+    """Engine-specific sections (TRT-LLM checkpoint/build/profiles) are parsed by their
+    engine module; here they are accepted as plain data."""
+    node._seen.update(node.data)
+    return node.data

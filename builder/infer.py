@@ -1,0 +1,127 @@
+"""A small streaming client on tritonclient's gRPC API (`trident infer`, tests, bench)."""
+from __future__ import annotations
+
+import json
+import queue
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from builder.errors import TridentError
+
+
+class InferError(TridentError):
+    """The server answered with an error, or did not answer."""
+
+
+@dataclass
+class GenerateResult:
+    text: str = ""
+    chunks: int = 0
+    served_by: str = ""
+    finish_reason: str = ""
+    output_tokens: int = 0
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+    chunk_times: list = field(default_factory=list)
+
+
+def _string(name: str, value: str) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([value.encode()], dtype=np.object_))
+    return tensor
+
+
+def _scalar(name: str, value, dtype: str, np_dtype) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, [1], dtype)
+    tensor.set_data_from_numpy(np.array([value], dtype=np_dtype))
+    return tensor
+
+
+def build_inputs(prompt: Optional[str] = None, messages: Optional[list] = None,
+                 max_tokens: Optional[int] = None, stream: bool = True,
+                 sampling: Optional[dict] = None, hints: Optional[dict] = None,
+                 exclude_input_in_output: Optional[bool] = None) -> list:
+    inputs = []
+    if prompt is not None:
+        inputs.append(_string("text_input", prompt))
+    if messages is not None:
+        inputs.append(_string("messages", json.dumps(messages)))
+    inputs.append(_scalar("stream", stream, "BOOL", bool))
+    if max_tokens is not None:
+        inputs.append(_scalar("max_tokens", max_tokens, "INT32", np.int32))
+    if sampling:
+        inputs.append(_string("sampling_parameters", json.dumps(sampling)))
+    if exclude_input_in_output is not None:
+        inputs.append(_scalar("exclude_input_in_output", exclude_input_in_output, "BOOL", bool))
+    for name, value in (hints or {}).items():
+        inputs.append(_string(name, value))
+    return inputs
+
+
+def _first(result, name: str):
+    array = result.as_numpy(name)
+    if array is None or array.size == 0:
+        return None
+    value = array.reshape(-1)[0]
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def stream_generate(url: str, model: str, prompt: str, max_tokens: int = 64, chat: bool = True,
+                    on_text: Optional[Callable[[str], None]] = None,
+                    sampling: Optional[dict] = None, hints: Optional[dict] = None,
+                    timeout_s: float = 300.0,
+                    client: Optional[grpcclient.InferenceServerClient] = None) -> GenerateResult:
+    """Stream one generation over gRPC; raises InferError on an error response."""
+    own_client = client is None
+    if own_client:
+        client = grpcclient.InferenceServerClient(url)
+    messages = [{"role": "user", "content": prompt}] if chat else None
+    inputs = build_inputs(None if chat else prompt, messages, max_tokens, True, sampling, hints)
+    responses: queue.Queue = queue.Queue()
+    result = GenerateResult()
+    start = time.perf_counter()
+    try:
+        client.start_stream(callback=lambda result, error: responses.put(
+            (result, error, time.perf_counter())))
+        client.async_stream_infer(model, inputs, request_id=uuid.uuid4().hex,
+                                  enable_empty_final_response=True)
+        while True:
+            try:
+                response, error, at = responses.get(timeout=timeout_s)
+            except queue.Empty:
+                raise InferError(f"no response from {model} within {timeout_s:.0f} s") from None
+            if error is not None:
+                raise InferError(f"{model}: {error.message()}")
+            if _absorb(result, response, at - start, on_text):
+                break
+    except grpcclient.InferenceServerException as e:
+        raise InferError(f"{model} at {url}: {e.message()}") from None
+    finally:
+        client.stop_stream()
+        if own_client:
+            client.close()
+    result.total_s = time.perf_counter() - start
+    return result
+
+
+def _absorb(result: GenerateResult, response, at: float, on_text) -> bool:
+    """Fold one streamed response into result; True when it was the final one."""
+    final = response.get_response().parameters.get("triton_final_response")
+    text = _first(response, "text_output")
+    if text:
+        if result.chunks == 0:
+            result.ttft_s = at
+        result.chunks += 1
+        result.chunk_times.append(at)
+        result.text += text
+        if on_text:
+            on_text(text)
+    result.served_by = _first(response, "served_by") or result.served_by
+    result.finish_reason = _first(response, "finish_reason") or result.finish_reason
+    result.output_tokens = int(_first(response, "num_output_tokens") or result.output_tokens)
+    return bool(final and final.bool_param)

@@ -1,0 +1,466 @@
+"""The deployment spec: YAML in, typed frozen objects out.
+
+Every error is a SpecError that names the file, the field path and the reason, so the
+CLI can print one line and exit 2. Parsing goes through `_Node`, which tracks the path
+of the value it wraps and rejects keys nobody asked for (unknown keys are errors).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from builder.errors import TridentError
+
+ENGINES = ("tensorrt_llm", "vllm", "sglang")
+INSTANCE_KINDS = ("auto", "cpu", "gpu", "model")
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+_REQUIRED = object()
+
+
+class SpecError(TridentError):
+    """A defect in a spec file: `file: field.path: reason`."""
+
+    exit_code = 2
+
+    def __init__(self, file: str, path: str, reason: str):
+        self.file, self.path, self.reason = file, path, reason
+        super().__init__(f"{file}: {path}: {reason}" if path else f"{file}: {reason}")
+
+
+def frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Deep read-only view of plain YAML data (dicts become mappingproxies, lists tuples)."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: frozen_mapping(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(frozen_mapping(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """Inverse of frozen_mapping: plain dicts and lists (for JSON output)."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [thaw(v) for v in value]
+    return value
+
+
+class _Node:
+    """A mapping from the YAML tree plus the path that led to it."""
+
+    def __init__(self, data: Any, path: str, file: str):
+        self.file, self.path = file, path
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise self.error(f"expected a mapping, got {_type_name(data)}")
+        self.data, self._seen = data, set()
+
+    def error(self, reason: str, key: str | None = None) -> SpecError:
+        return SpecError(self.file, self.child_path(key) if key else self.path, reason)
+
+    def child_path(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def get(self, key: str, kind: type | tuple, default: Any = _REQUIRED) -> Any:
+        self._seen.add(key)
+        if key not in self.data or self.data[key] is None:
+            if default is _REQUIRED:
+                raise self.error("is required", key)
+            return default
+        value = self.data[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        # YAML booleans are ints in Python; never accept one for the other.
+        if isinstance(value, bool) and bool not in kinds:
+            raise self.error(f"expected {_kind_names(kinds)}, got a boolean", key)
+        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kinds):
+            raise self.error(f"expected {_kind_names(kinds)}, got {_type_name(value)}", key)
+        return value
+
+    def int(self, key: str, default: Any = _REQUIRED, minimum: int | None = None,
+            maximum: int | None = None) -> int:
+        value = self.get(key, int, default)
+        if value is not None and minimum is not None and value < minimum:
+            raise self.error(f"must be >= {minimum}, got {value}", key)
+        if value is not None and maximum is not None and value > maximum:
+            raise self.error(f"must be <= {maximum}, got {value}", key)
+        return value
+
+    def choice(self, key: str, options: tuple[str, ...], default: Any = _REQUIRED) -> str:
+        value = self.get(key, str, default)
+        if value is not None and value not in options:
+            raise self.error(f"{value!r} is not one of {', '.join(options)}", key)
+        return value
+
+    def child(self, key: str) -> "_Node":
+        self._seen.add(key)
+        return _Node(self.data.get(key), self.child_path(key), self.file)
+
+    def list(self, key: str, default: Any = ()) -> list[tuple[str, Any]]:
+        """(path, item) pairs of a list field."""
+        value = self.get(key, list, None)
+        if value is None:
+            return list(default)
+        return [(f"{self.child_path(key)}[{i}]", item) for i, item in enumerate(value)]
+
+    def str_list(self, key: str, default: Any = ()) -> tuple[str, ...]:
+        items = []
+        for path, item in self.list(key, default=[(None, d) for d in default]):
+            if not isinstance(item, str):
+                raise SpecError(self.file, path, f"expected a string, got {_type_name(item)}")
+            items.append(item)
+        return tuple(items)
+
+    def done(self) -> None:
+        unknown = sorted(set(self.data) - self._seen)
+        if unknown:
+            raise self.error(f"unknown key (allowed: {', '.join(sorted(self._seen))})",
+                             str(unknown[0]))
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number", type(None): "nothing"}.get(
+        type(value), type(value).__name__)
+
+
+def _kind_names(kinds: tuple) -> str:
+    return " or ".join({dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
+                        int: "an integer", float: "a number"}.get(k, k.__name__) for k in kinds)
+
+
+# ---------------------------------------------------------------------------------------
+# The typed spec
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    gpu: str = "cpu"              # a GPU type name (builder.gpus) or "cpu"
+    count: int = 0                # GPUs on the node
+    topology: str | None = None   # path to saved `nvidia-smi topo -m` output, or None
+
+
+@dataclass(frozen=True)
+class EngineCacheSpec:
+    local_dir: str = "~/.cache/trident/engines"
+    s3: str | None = None          # s3://bucket/prefix
+    endpoint_url: str | None = None
+    local_only: bool = False       # when S3 is unreachable, carry on with the local tier
+
+
+@dataclass(frozen=True)
+class PlacementSpec:
+    kind: str = "auto"                 # auto | cpu | gpu | model
+    devices: tuple[int, ...] = ()      # explicit GPU ordinals (else the planner chooses)
+    mig: str | None = None             # a MIG profile such as "3g.40gb" to run on slices
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    engine: str
+    model: str = ""                                    # builtin:NAME, a path, or an HF id
+    instances: int = 1
+    engine_args: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    placement: PlacementSpec = field(default_factory=PlacementSpec)
+    family: str = ""                                   # e.g. "llama"; used by routing rules
+    tasks: tuple[str, ...] = ()                        # e.g. ("chat", "rag")
+    extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def speculative(self) -> bool:
+        return bool(self.engine_args.get("speculative_config")
+                    or self.extra.get("speculative"))
+
+
+@dataclass(frozen=True)
+class MatchSpec:
+    hint: str | None = None
+    family: str | None = None
+    task: str | None = None
+    min_turns: int | None = None
+    max_turns: int | None = None
+    min_prompt_tokens: int | None = None
+    max_prompt_tokens: int | None = None
+    tenant: str | None = None
+    tier: str | None = None
+    shared_prefix: bool | None = None
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    name: str
+    match: MatchSpec
+    backends: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BreakerSpec:
+    error_rate: float = 0.05
+    window_s: float = 30.0
+    min_requests: int = 20
+    consecutive_failures: int = 5
+    cooldown_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    name: str = "router"
+    default: tuple[str, ...] = ()
+    rules: tuple[RuleSpec, ...] = ()
+    fallback: Mapping[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({}))
+    breaker: BreakerSpec = field(default_factory=BreakerSpec)
+    short_prompt_tokens: int = 256
+    deadline_s: float = 300.0
+    first_token_timeout_s: float = 60.0
+    max_inflight_per_backend: int = 256
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    file: str
+    name: str
+    server: ServerSpec
+    hardware: HardwareSpec
+    engine_cache: EngineCacheSpec
+    models: tuple[ModelSpec, ...]
+    router: RouterSpec | None
+
+    def model(self, name: str) -> ModelSpec:
+        return next(m for m in self.models if m.name == name)
+
+
+# ---------------------------------------------------------------------------------------
+# Parsing
+
+
+def load_spec(path: str | Path) -> DeploymentSpec:
+    """Read and validate a spec file; raises SpecError (never anything else) on defects."""
+    file = str(path)
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise SpecError(file, "", "no such file") from None
+    except OSError as e:
+        raise SpecError(file, "", f"cannot read: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise SpecError(file, "", f"invalid YAML: {where}{getattr(e, 'problem', e)}") from None
+    return parse_spec(data, file)
+
+
+def parse_spec(data: Any, file: str = "<spec>") -> DeploymentSpec:
+    root = _Node(data, "", file)
+    name = root.get("name", str, Path(file).stem)
+    server = _parse_server(root.child("server"))
+    hardware = _parse_hardware(root.child("hardware"))
+    cache = _parse_engine_cache(root.child("engine_cache"))
+    model_items = root.list("models")
+    if not model_items:
+        raise root.error("must list at least one model", "models")
+    models = tuple(_parse_model(_Node(item, path, file)) for path, item in model_items)
+    _check_unique_names(models, file)
+    router = None
+    if "router" in root.data:
+        router = _parse_router(root.child("router"), models)
+    else:
+        root.child("router")  # mark as seen
+    root.done()
+    if router and router.name in {m.name for m in models}:
+        raise SpecError(file, "router.name", f"{router.name!r} is also a model name")
+    return DeploymentSpec(file, name, server, hardware, cache, models, router)
+
+
+def _parse_server(node: _Node) -> ServerSpec:
+    ports = {key: node.int(key, default, minimum=1, maximum=65535)
+             for key, default in (("http_port", 8000), ("grpc_port", 8001),
+                                  ("metrics_port", 8002))}
+    node.done()
+    if len(set(ports.values())) != 3:
+        raise node.error("http_port, grpc_port and metrics_port must differ")
+    return ServerSpec(**ports)
+
+
+def _parse_hardware(node: _Node) -> HardwareSpec:
+    from builder import gpus  # local import: the GPU table is only needed here
+
+    gpu = node.get("gpu", str, "cpu")
+    if gpu != "cpu" and gpu not in gpus.GPU_TYPES:
+        raise node.error(f"{gpu!r} is not one of cpu, {', '.join(gpus.GPU_TYPES)}", "gpu")
+    count = node.int("count", 0 if gpu == "cpu" else 1, minimum=0, maximum=64)
+    topology = node.get("topology", str, None)
+    node.done()
+    if gpu != "cpu" and count == 0:
+        raise node.error("must be >= 1 when a GPU type is given", "count")
+    return HardwareSpec(gpu, count, topology)
+
+
+def _parse_engine_cache(node: _Node) -> EngineCacheSpec:
+    local_dir = node.get("local_dir", str, EngineCacheSpec.local_dir)
+    s3 = node.get("s3", str, None)
+    if s3 is not None and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", s3):
+        raise node.error(f"{s3!r} is not an s3://bucket[/prefix] URI", "s3")
+    endpoint = node.get("endpoint_url", str, None)
+    local_only = node.get("local_only", bool, False)
+    node.done()
+    return EngineCacheSpec(local_dir, s3, endpoint, local_only)
+
+
+def _check_name(node: _Node, key: str, value: str) -> str:
+    if not _NAME_RE.match(value):
+        raise node.error(f"{value!r} is not a safe model name (letters, digits, '_' and '-', "
+                         "starting with a letter, at most 64 characters)", key)
+    return value
+
+
+def _parse_model(node: _Node) -> ModelSpec:
+    from builder import engine_args as engine_args_schema  # it imports this module
+
+    name = _check_name(node, "name", node.get("name", str))
+    engine = node.choice("engine", ENGINES)
+    model = node.get("model", str, "")
+    instances = node.int("instances", 1, minimum=1, maximum=64)
+    family = node.get("family", str, "")
+    tasks = node.str_list("tasks")
+    args_node = node.child("engine_args")
+    args = engine_args_schema.validate(engine, args_node.data, args_node.path, node.file)
+    placement = _parse_placement(node.child("placement"))
+    extra = {}
+    for key in engine_args_schema.EXTRA_SECTIONS.get(engine, ()):
+        extra_node = node.child(key)
+        if key in node.data:
+            extra[key] = engine_args_schema.validate_extra(engine, key, extra_node)
+    node.done()
+    if engine in ("vllm", "sglang") and not model:
+        raise node.error(f"is required for engine {engine}", "model")
+    tp = args.get("tensor_parallel_size", args.get("tp_size", 1))
+    pp = args.get("pipeline_parallel_size", args.get("pp_size", 1))
+    if placement.kind == "cpu" and tp * pp > 1:
+        raise node.error("a model with tensor or pipeline parallelism > 1 cannot run on cpu",
+                         "placement.kind")
+    return ModelSpec(name, engine, model, instances, frozen_mapping(args), placement,
+                     family, tasks, frozen_mapping(extra))
+
+
+def _parse_placement(node: _Node) -> PlacementSpec:
+    kind = node.choice("kind", INSTANCE_KINDS, "auto")
+    devices = []
+    for path, item in node.list("devices"):
+        if not isinstance(item, int) or isinstance(item, bool) or item < 0:
+            raise SpecError(node.file, path, f"expected a GPU ordinal >= 0, got {item!r}")
+        devices.append(item)
+    mig = node.get("mig", str, None)
+    node.done()
+    if len(set(devices)) != len(devices):
+        raise node.error("lists a device twice", "devices")
+    return PlacementSpec(kind, tuple(devices), mig)
+
+
+def _check_unique_names(models: tuple[ModelSpec, ...], file: str) -> None:
+    seen: dict[str, int] = {}
+    for i, m in enumerate(models):
+        if m.name in seen:
+            raise SpecError(file, f"models[{i}].name",
+                            f"{m.name!r} is already used by models[{seen[m.name]}]")
+        seen[m.name] = i
+
+
+def _parse_router(node: _Node, models: tuple[ModelSpec, ...]) -> RouterSpec:
+    names = tuple(m.name for m in models)
+    name = _check_name(node, "name", node.get("name", str, "router"))
+
+    def backends(n: _Node, key: str, default: Any = _REQUIRED) -> tuple[str, ...]:
+        if default is not _REQUIRED and key not in n.data:
+            n.get(key, list, None)
+            return default
+        values = n.str_list(key)
+        for i, value in enumerate(values):
+            if value not in names:
+                raise SpecError(n.file, f"{n.child_path(key)}[{i}]",
+                                f"{value!r} is not a model (models: {', '.join(names)})")
+        if not values:
+            raise n.error("must name at least one model", key)
+        return values
+
+    default = backends(node, "default", names[:1])
+    rules = []
+    for path, item in node.list("rules"):
+        rule = _Node(item, path, node.file)
+        rule_name = rule.get("name", str, f"rule{len(rules)}")
+        match = _parse_match(rule.child("match"))
+        rules.append(RuleSpec(rule_name, match, backends(rule, "backends")))
+        rule.done()
+    if len({r.name for r in rules}) != len(rules):
+        raise node.error("rule names must be unique", "rules")
+    fb_node = node.child("fallback")
+    fallback = {}
+    for key in list(fb_node.data):
+        if key not in names:
+            raise fb_node.error(f"{key!r} is not a model (models: {', '.join(names)})", key)
+        fallback[key] = backends(fb_node, key)
+    fb_node.done()
+    breaker = _parse_breaker(node.child("breaker"))
+    router = RouterSpec(
+        name=name, default=default, rules=tuple(rules),
+        fallback=MappingProxyType(fallback), breaker=breaker,
+        short_prompt_tokens=node.int("short_prompt_tokens", 256, minimum=0),
+        deadline_s=_positive(node, "deadline_s", 300.0),
+        first_token_timeout_s=_positive(node, "first_token_timeout_s", 60.0),
+        max_inflight_per_backend=node.int("max_inflight_per_backend", 256, minimum=1),
+    )
+    node.done()
+    return router
+
+
+def _positive(node: _Node, key: str, default: float) -> float:
+    value = node.get(key, float, default)
+    if value <= 0:
+        raise node.error(f"must be > 0, got {value}", key)
+    return value
+
+
+def _parse_match(node: _Node) -> MatchSpec:
+    get_str: Callable[[str], Any] = lambda k: node.get(k, str, None)
+    get_int: Callable[[str], Any] = lambda k: node.int(k, None, minimum=0)
+    match = MatchSpec(
+        hint=get_str("hint"), family=get_str("family"), task=get_str("task"),
+        min_turns=get_int("min_turns"), max_turns=get_int("max_turns"),
+        min_prompt_tokens=get_int("min_prompt_tokens"),
+        max_prompt_tokens=get_int("max_prompt_tokens"),
+        tenant=get_str("tenant"), tier=get_str("tier"),
+        shared_prefix=node.get("shared_prefix", bool, None),
+    )
+    node.done()
+    return match
+
+
+def _parse_breaker(node: _Node) -> BreakerSpec:
+    rate = node.get("error_rate", float, 0.05)
+    if not 0 < rate <= 1:
+        raise node.error(f"must be in (0, 1], got {rate}", "error_rate")
+    breaker = BreakerSpec(
+        error_rate=rate, window_s=_positive(node, "window_s", 30.0),
+        min_requests=node.int("min_requests", 20, minimum=1),
+        consecutive_failures=node.int("consecutive_failures", 5, minimum=1),
+        cooldown_s=_positive(node, "cooldown_s", 10.0),
+    )
+    node.done()
+    return breaker

@@ -1,0 +1,114 @@
+"""The Triton side of trident's LLM interface: input getters, responses, metrics.
+
+Only imported inside a Python-backend stub (it needs triton_python_backend_utils).
+Errors that happen after the first streamed response are also written into the `error`
+output: Triton 2.51's BLS drops an error response that follows a data response, and the
+router must still see it.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
+ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
+
+
+def input_getter(request) -> Callable[[str], Any]:
+    def get(name: str):
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        return None if tensor is None else tensor.as_numpy()
+    return get
+
+
+def _string(name: str, value: str) -> "pb_utils.Tensor":
+    return pb_utils.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_))
+
+
+def _uint32(name: str, value: int) -> "pb_utils.Tensor":
+    return pb_utils.Tensor(name, np.array([value], dtype=np.uint32))
+
+
+class ResponseFactory:
+    """Builds this model's responses; `served_by` is fixed per model."""
+
+    def __init__(self, served_by: str):
+        self._served_by = _string("served_by", served_by)
+        self._no_error = _string("error", "")
+
+    def chunk(self, text: str, finish_reason: Optional[str], input_tokens: int,
+              output_tokens: int) -> "pb_utils.InferenceResponse":
+        return pb_utils.InferenceResponse(output_tensors=[
+            _string("text_output", text),
+            _string("finish_reason", finish_reason or ""),
+            _uint32("num_input_tokens", input_tokens),
+            _uint32("num_output_tokens", output_tokens),
+            self._served_by,
+            self._no_error,
+        ])
+
+    def error_output(self, message: str) -> "pb_utils.InferenceResponse":
+        """A data response that carries the error in the `error` output (mid-stream)."""
+        return pb_utils.InferenceResponse(output_tensors=[
+            _string("text_output", ""), _string("finish_reason", "error"),
+            self._served_by, _string("error", message)])
+
+    @staticmethod
+    def error(message: str) -> "pb_utils.InferenceResponse":
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+
+
+def send_error(sender, factory: ResponseFactory, message: str, started: bool) -> None:
+    """Finish a request with an error: an error response before any data, else the
+    error output followed by a flags-only final response."""
+    if started:
+        sender.send(factory.error_output(message))
+        sender.send(flags=FINAL)
+    else:
+        sender.send(factory.error(message), flags=FINAL)
+
+
+class LlmMetrics:
+    """Per-model Prometheus metrics on Triton's metrics port (pb_utils.MetricFamily)."""
+
+    def __init__(self, model: str):
+        labels = {"model": model}
+        family = pb_utils.MetricFamily
+        self._families = [
+            family("trident_time_to_first_token_seconds",
+                   "Time from request arrival to its first generated token", family.HISTOGRAM),
+            family("trident_inter_token_latency_seconds",
+                   "Time between consecutive streamed chunks, per token", family.HISTOGRAM),
+            family("trident_prompt_tokens_total", "Prompt tokens processed", family.COUNTER),
+            family("trident_generation_tokens_total", "Tokens generated", family.COUNTER),
+            family("trident_requests_in_flight", "Requests being generated", family.GAUGE),
+            family("trident_requests_aborted_total",
+                   "Requests aborted in the engine (client cancel or router abort)",
+                   family.COUNTER),
+            family("trident_request_errors_total", "Requests that ended in an error",
+                   family.COUNTER),
+            family("trident_requests_total", "Requests finished (any outcome)", family.COUNTER),
+        ]
+        (ttft, itl, prompt, generated, inflight, aborted, errors, total) = self._families
+        self.ttft = ttft.Metric(labels=labels, buckets=TTFT_BUCKETS)
+        self.itl = itl.Metric(labels=labels, buckets=ITL_BUCKETS)
+        self.prompt_tokens = prompt.Metric(labels=labels)
+        self.generation_tokens = generated.Metric(labels=labels)
+        self.in_flight = inflight.Metric(labels=labels)
+        self.aborted = aborted.Metric(labels=labels)
+        self.errors = errors.Metric(labels=labels)
+        self.requests = total.Metric(labels=labels)
+        self._metrics = [self.ttft, self.itl, self.prompt_tokens, self.generation_tokens,
+                         self.in_flight, self.aborted, self.errors, self.requests]
+
+    def finalize(self) -> None:
+        # Metrics must go before their families, or the stub crashes at shutdown.
+        self._metrics.clear()
+        for name in ("ttft", "itl", "prompt_tokens", "generation_tokens", "in_flight",
+                     "aborted", "errors", "requests"):
+            delattr(self, name)
+        self._families.clear()

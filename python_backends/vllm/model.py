@@ -1,0 +1,92 @@
+"""trident's vLLM model: vLLM's AsyncLLM inside a decoupled Triton Python-backend stub.
+
+Engine arguments come from model.json (rendered from the spec's engine_args). The tensor
+interface, cancellation, errors and metrics are shared with the SGLang model
+(trident_common.engine_model); this file only speaks vLLM.
+"""
+import locale
+import os
+import tempfile
+
+# The stub's Python starts in the ASCII locale; vLLM reads UTF-8 files at import time.
+locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
+
+from trident_common.engine_model import AsyncEngineModel, Delta  # noqa: E402
+from trident_common.request import BadRequest, check_sampling_keys  # noqa: E402
+
+# Sampling fields a client may set (the rest of SamplingParams is internal to vLLM).
+_INTERNAL_FIELDS = {"output_kind", "skip_clone", "output_text_buffer_length", "detokenize"}
+
+
+def _cpu_defaults() -> None:
+    """Settings vLLM needs on a CPU-only machine, unless the operator set them."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="trident-vllm-"))
+
+
+class TritonPythonModel(AsyncEngineModel):
+    engine_name = "vllm"
+
+    def initialize(self, args):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        if args.get("model_instance_kind") == "CPU":
+            _cpu_defaults()
+        super().initialize(args)
+
+    async def start_engine(self, config: dict) -> None:
+        from vllm import AsyncEngineArgs, SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            config.setdefault("enforce_eager", True)
+        self._sampling_class = SamplingParams
+        self._delta = RequestOutputKind.DELTA
+        self._sampling_fields = {f for f in SamplingParams.__struct_fields__
+                                 if not f.startswith("_")} - _INTERNAL_FIELDS
+        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**config))
+        self.tokenizer = self.engine.get_tokenizer()
+
+    def make_sampling(self, request):
+        check_sampling_keys(request.sampling, self._sampling_fields, "vllm")
+        try:
+            return self._sampling_class(**request.sampling, max_tokens=request.max_tokens,
+                                        output_kind=self._delta)
+        except (TypeError, ValueError) as e:
+            raise BadRequest(f"invalid sampling_parameters: {e}") from None
+
+    async def render_chat(self, messages: list) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=True)
+        except Exception as e:
+            raise BadRequest(f"cannot apply the chat template: {e}") from None
+
+    async def stream(self, prompt, sampling, engine_id):
+        input_tokens = output_tokens = 0
+        outputs = self.engine.generate(prompt, sampling, engine_id)
+        try:
+            first = await outputs.__anext__()
+        except ValueError as e:  # vLLM's input checks, e.g. prompt longer than max_model_len
+            raise BadRequest(str(e)) from None
+        except StopAsyncIteration:
+            return
+        async for output in _chain(first, outputs):
+            if output.prompt_token_ids:
+                input_tokens = len(output.prompt_token_ids)
+            completion = output.outputs[0]
+            output_tokens += len(completion.token_ids)
+            yield Delta(completion.text, completion.finish_reason, input_tokens,
+                        output_tokens)
+
+    async def abort(self, engine_id: str) -> None:
+        await self.engine.abort(engine_id)
+
+    async def stop_engine(self) -> None:
+        self.engine.shutdown()
+
+
+async def _chain(first, rest):
+    yield first
+    async for item in rest:
+        yield item
