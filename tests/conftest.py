@@ -1,0 +1,66 @@
+"""Shared test fixtures: paths, rendering, and real tritonserver instances.
+
+Tests that start a tritonserver are marked `server` (and `vllm` when a real vLLM engine
+loads); `make test-fast` skips them.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "python_backends"))   # trident_common, as in the stub
+
+from builder.repository import build_repository  # noqa: E402
+from builder.serve import Ports, TritonServer, free_port  # noqa: E402
+from builder.spec import load_spec, parse_spec  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def root() -> Path:
+    return ROOT
+
+
+def free_ports() -> Ports:
+    return Ports(free_port(), free_port(), free_port())
+
+
+def render(spec_path_or_data, out: Path) -> Path:
+    """Render a spec file (path) or spec data (dict) into out; returns out."""
+    if isinstance(spec_path_or_data, dict):
+        spec = parse_spec(spec_path_or_data, "<test>")
+    else:
+        spec = load_spec(spec_path_or_data)
+    build_repository(spec, out)
+    return out
+
+
+def start_server(repo: Path, log_dir: Path, load_models=None, timeout_s=240.0,
+                 extra_args=()) -> TritonServer:
+    """A started and ready tritonserver on free ports; the caller stops it."""
+    server = TritonServer(Path(repo), free_ports(), load_models=load_models,
+                          log_path=Path(log_dir) / "tritonserver.log",
+                          extra_args=tuple(extra_args))
+    server.start()
+    try:
+        server.wait_ready(timeout_s)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def default_server(tmp_path_factory):
+    """The embedded default (SmolLM2 on vLLM behind `router`), one per test session."""
+    tmp = tmp_path_factory.mktemp("default")
+    repo = render(ROOT / "deploy" / "default.yaml", tmp / "repo")
+    server = start_server(repo, tmp)
+    yield server
+    server.stop()
+
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
