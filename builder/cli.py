@@ -85,7 +85,8 @@ def cmd_infer(args: argparse.Namespace) -> int:
 
     prompt = " ".join(args.prompt)
     result = infer.stream_generate(args.url, args.model, prompt, args.max_tokens,
-                                   chat=not args.raw, on_text=_print_chunk)
+                                   chat=not args.raw, on_text=_print_chunk,
+                                   sampling={"temperature": args.temperature})
     print()
     print(f"[served_by={result.served_by} finish_reason={result.finish_reason} "
           f"ttft={result.ttft_s * 1000:.0f} ms tokens={result.output_tokens}]",
@@ -136,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="router")
     p.add_argument("--url", default="127.0.0.1:8001", help="gRPC endpoint host:port")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     p.add_argument("--raw", action="store_true",
                    help="send text_input as is instead of a chat message")
     p.add_argument("prompt", nargs="+")

@@ -1,0 +1,50 @@
+"""`make run`: serve a rendered repository, ask it one question through the router,
+print the streamed answer, and stop. The main job of the README, end to end."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from builder import infer
+from builder.errors import TridentError
+from builder.serve import Ports, TritonServer, free_port
+
+QUESTION = "What is the capital of France?"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repo", default="model_repository")
+    parser.add_argument("--model", default="router")
+    parser.add_argument("--question", default=QUESTION)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    args = parser.parse_args(argv)
+    ports = Ports(free_port(), free_port(), free_port())
+    log = Path(args.repo).absolute().parent / "tritonserver.log"
+    server = TritonServer(Path(args.repo), ports, log_path=log)
+    try:
+        started = time.monotonic()
+        print(f"starting tritonserver on {args.repo} (log: {log}) ...", flush=True)
+        server.start()
+        server.wait_ready(300)
+        print(f"ready in {time.monotonic() - started:.1f} s: HTTP {server.http_url}, "
+              f"gRPC {server.grpc_url}, metrics {server.metrics_url}", flush=True)
+        print(f"\n> {args.question}\n", flush=True)
+        result = infer.stream_generate(server.grpc_url, args.model, args.question,
+                                       args.max_tokens, sampling={"temperature": 0},
+                                       on_text=lambda t: print(t, end="", flush=True))
+        print(f"\n\n[served_by={result.served_by} finish_reason={result.finish_reason} "
+              f"time_to_first_token={result.ttft_s * 1000:.0f} ms "
+              f"tokens={result.output_tokens} in {result.total_s:.2f} s]")
+        return 0
+    except TridentError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

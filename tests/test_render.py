@@ -1,0 +1,102 @@
+"""Rendering: deterministic, explicit, validated, and atomic."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from builder import render as render_mod
+from builder.render import RenderContext, RenderError, render_files, write_repository
+from builder.spec import parse_spec
+from builder.validate import parse_config, validate_repository
+
+SPEC = {
+    "models": [
+        {"name": "chat", "engine": "vllm", "model": "/models/chat", "instances": 2,
+         "engine_args": {"max_model_len": 1024, "enable_prefix_caching": True}},
+        {"name": "rag", "engine": "vllm", "model": "/models/rag",
+         "engine_args": {"max_model_len": 4096}},
+    ],
+    "router": {"default": ["chat", "rag"], "fallback": {"chat": ["rag"]}},
+}
+
+
+def files_of(repo: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(repo)): p.read_bytes() for p in sorted(repo.rglob("*"))
+            if p.is_file()}
+
+
+def render_to(out: Path, data=SPEC) -> dict[str, bytes]:
+    spec = parse_spec(data, "test.yaml")
+    write_repository(render_files(RenderContext(spec, {}, {})), out, validate_repository)
+    return files_of(out)
+
+
+def test_render_is_byte_identical_twice(tmp_path):
+    first = render_to(tmp_path / "a")
+    second = render_to(tmp_path / "b")
+    assert first == second
+    assert render_to(tmp_path / "a") == first   # re-render in place too
+
+
+def test_layout_and_explicit_interfaces(tmp_path):
+    files = render_to(tmp_path / "repo")
+    assert {"chat/config.pbtxt", "chat/1/model.py", "chat/1/model.json",
+            "chat/1/trident_common/engine_model.py", "rag/1/model.py", "router/1/model.py",
+            "router/1/router.json", "router/1/policy.py"} <= set(files)
+    for name in ("chat", "rag", "router"):
+        config = parse_config(tmp_path / "repo" / name / "config.pbtxt")
+        assert config.name == name and config.backend == "python"
+        assert config.model_transaction_policy.decoupled
+        assert {t.name for t in config.input} >= {"text_input", "messages", "stream",
+                                                  "sampling_parameters", "max_tokens"}
+        assert {t.name for t in config.output} >= {"text_output", "finish_reason",
+                                                   "served_by"}
+    chat = parse_config(tmp_path / "repo" / "chat" / "config.pbtxt")
+    assert chat.instance_group[0].count == 2
+    assert chat.instance_group[0].kind == chat.instance_group[0].KIND_CPU
+    assert b'"model": "/models/chat"' in files["chat/1/model.json"]
+    assert b'"max_model_len": 4096' in files["rag/1/model.json"]
+
+
+def test_python_sources_are_copied_verbatim(tmp_path, root):
+    files = render_to(tmp_path / "repo")
+    assert files["chat/1/model.py"] == (root / "python_backends/vllm/model.py").read_bytes()
+    assert files["router/1/breaker.py"] == (root / "bls/breaker.py").read_bytes()
+
+
+def test_failed_validation_leaves_existing_repository_untouched(tmp_path):
+    out = tmp_path / "repo"
+    before = render_to(out)
+    spec = parse_spec(SPEC, "test.yaml")
+    with pytest.raises(RenderError, match="invalid"):
+        write_repository(render_files(RenderContext(spec, {}, {})), out,
+                         lambda repo: ["chat/config.pbtxt: broken on purpose"])
+    assert files_of(out) == before
+    assert sorted(os.listdir(tmp_path)) == ["repo"]   # no temp dirs left
+
+
+def test_failed_first_render_creates_nothing(tmp_path):
+    out = tmp_path / "repo"
+    with pytest.raises(RenderError):
+        write_repository({"m/config.pbtxt": b"name: 'm'"}, out, validate_repository)
+    assert os.listdir(tmp_path) == []
+
+
+def test_strict_undefined_template_variable_fails(tmp_path, monkeypatch):
+    templates = tmp_path / "templates"
+    (templates / "python_llm").mkdir(parents=True)
+    (templates / "python_llm" / "config.pbtxt.j2").write_text('name: "{{ nonexistent }}"\n')
+    monkeypatch.setattr(render_mod, "TEMPLATES_DIR", templates)
+    with pytest.raises(RenderError, match="nonexistent"):
+        render_files(RenderContext(parse_spec(SPEC, "t.yaml"), {}, {}))
+
+
+def test_router_config_carries_policy(tmp_path):
+    import json
+    files = render_to(tmp_path / "repo")
+    config = json.loads(files["router/1/router.json"])
+    assert config["default"] == ["chat", "rag"]
+    assert config["fallback"] == {"chat": ["rag"]}
+    assert config["backends"]["rag"]["engine"] == "vllm"

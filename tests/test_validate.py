@@ -1,0 +1,76 @@
+"""`trident validate` catches each kind of defect in a hand-broken repository."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from builder.cli import main
+from builder.render import RenderContext, render_files, write_repository
+from builder.spec import parse_spec
+from builder.validate import validate_repository
+
+SPEC = {"models": [{"name": "m", "engine": "vllm", "model": "/models/m"}],
+        "router": {"default": ["m"]}}
+
+
+@pytest.fixture()
+def repo(tmp_path) -> Path:
+    out = tmp_path / "repo"
+    write_repository(render_files(RenderContext(parse_spec(SPEC, "t.yaml"), {}, {})), out,
+                     validate_repository)
+    return out
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_rendered_repository_is_valid(repo, capsys):
+    assert validate_repository(repo) == []
+    assert main(["validate", str(repo)]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+DEFECTS = [
+    ("not a ModelConfig", lambda r: edit(r / "m/config.pbtxt", "max_batch_size: 0",
+                                         "max_batch_size: lots"), "not a valid ModelConfig"),
+    ("name mismatch", lambda r: edit(r / "m/config.pbtxt", 'name: "m"', 'name: "x"'),
+     "does not match directory"),
+    ("dollar placeholder", lambda r: edit(r / "m/config.pbtxt", "max_batch_size: 0",
+                                          "max_batch_size: 0\n# ${triton_max_batch_size}"),
+     "unfilled placeholder '${triton_max_batch_size}'"),
+    ("jinja leftover", lambda r: edit(r / "m/1/model.json", '"model"', '"{{ model }}"'),
+     "unfilled placeholder '{{ model }}'"),
+    ("stream not decoupled", lambda r: edit(r / "m/config.pbtxt",
+                                            "model_transaction_policy { decoupled: true }", ""),
+     "has a 'stream' input but is not decoupled"),
+    ("missing model.py", lambda r: (r / "m/1/model.py").unlink(), "m/1: missing model.py"),
+    ("missing version dir", lambda r: shutil.rmtree(r / "m/1"), "no version directory"),
+    ("missing config", lambda r: (r / "m/config.pbtxt").unlink(), "missing config.pbtxt"),
+    ("no outputs", lambda r: _drop_block(r / "m/config.pbtxt", "output ["),
+     "declares no outputs"),
+]
+
+
+def _drop_block(path: Path, start: str) -> None:
+    text = path.read_text()
+    begin = text.index(start)
+    end = text.index("\n]\n", begin) + 3
+    path.write_text(text[:begin] + text[end:])
+
+
+@pytest.mark.parametrize("name,breaker,message", DEFECTS, ids=[d[0] for d in DEFECTS])
+def test_each_defect_is_reported(repo, name, breaker, message, capsys):
+    breaker(repo)
+    problems = validate_repository(repo)
+    assert any(message in p for p in problems), problems
+    assert main(["validate", str(repo)]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_missing_directory(tmp_path):
+    assert validate_repository(tmp_path / "nope") == [f"{tmp_path / 'nope'}: not a directory"]
