@@ -95,7 +95,7 @@ class AsyncEngineModel(abc.ABC):
                 parsed = parse_generate(input_getter(request))
             except BadRequest as e:
                 self._count_error()
-                sender.send(self.responses.error(str(e)), flags=FINAL)
+                sender.send(self.responses.error(str(e), client_fault=True), flags=FINAL)
                 continue
             if isinstance(parsed, AbortRequest):
                 self.loop.call_soon_threadsafe(self._abort_by_client_id, parsed, sender)
@@ -145,7 +145,7 @@ class AsyncEngineModel(abc.ABC):
             await self._aborted(engine_id, sender)
         except BadRequest as e:
             self._count_error()
-            send_error(sender, self.responses, str(e), active.started)
+            send_error(sender, self.responses, str(e), active.started, client_fault=True)
         except Exception as e:  # an engine failure: report it, keep serving
             self._count_error()
             send_error(sender, self.responses, f"{self.engine_name} error: {e}",

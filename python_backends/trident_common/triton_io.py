@@ -58,18 +58,22 @@ class ResponseFactory:
             self._served_by, _string("error", message)])
 
     @staticmethod
-    def error(message: str) -> "pb_utils.InferenceResponse":
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+    def error(message: str, client_fault: bool = False) -> "pb_utils.InferenceResponse":
+        """An error response; client_fault marks it INVALID_ARG, which tells the router
+        not to count it against this backend's health nor to retry elsewhere."""
+        code = pb_utils.TritonError.INVALID_ARG if client_fault else pb_utils.TritonError.INTERNAL
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
 
 
-def send_error(sender, factory: ResponseFactory, message: str, started: bool) -> None:
+def send_error(sender, factory: ResponseFactory, message: str, started: bool,
+               client_fault: bool = False) -> None:
     """Finish a request with an error: an error response before any data, else the
     error output followed by a flags-only final response."""
     if started:
         sender.send(factory.error_output(message))
         sender.send(flags=FINAL)
     else:
-        sender.send(factory.error(message), flags=FINAL)
+        sender.send(factory.error(message, client_fault), flags=FINAL)
 
 
 class LlmMetrics:
