@@ -152,6 +152,11 @@ class TritonPythonModel:
         except Exception as e:  # not loaded, stub unhealthy, ...
             raise BackendFailed(str(e)) from None
         first = await self.first_response(request, responses, backend, request_id, arrival)
+        if _client_fault(first):
+            # The request is wrong, not the backend: tell the client, retry nowhere.
+            self.metrics.error("bad_request")
+            sender.send(pb_utils.InferenceResponse(error=first.error()), flags=FINAL)
+            return
         problem = adapter.error_of(first)
         if problem is not None:
             raise BackendFailed(problem)
@@ -239,6 +244,11 @@ def _drain(abort_request):
         pass  # the backend is gone: nothing to abort
     finally:
         loop.close()
+
+
+def _client_fault(response):
+    return (response.has_error()
+            and response.error().code() == pb_utils.TritonError.INVALID_ARG)
 
 
 def _input_text(request, name):
