@@ -108,17 +108,20 @@ class Policy:
                    available: Callable[[str], bool] = lambda name: True
                    ) -> tuple[str, list[str]]:
         """(route name, backends to try in order): primaries each followed by their
-        fallback chain, speculative backends skipped for short prompts when a plain
-        equivalent is on the list, unavailable (breaker open) backends left out."""
+        fallback chain, unavailable (breaker open, full) backends left out, and
+        speculative backends skipped for short prompts when a healthy plain backend of
+        the same family is still on the list."""
         route, primaries = self.primary(f)
         if f.conversation_id and len(primaries) > 1:
             primaries = _affinity_order(primaries, f.conversation_id)
         ordered: list[str] = []
         for name in primaries:
             self._append_chain(name, ordered)
+        # Health first: a plain backend that is down must not push out its speculative twin.
+        healthy = [name for name in ordered if available(name)]
         if f.prompt_tokens < self.short_prompt_tokens:
-            ordered = self._skip_speculative(ordered)
-        return route, [name for name in ordered if available(name)]
+            healthy = self._skip_speculative(healthy)
+        return route, healthy
 
     def _append_chain(self, name: str, ordered: list[str]) -> None:
         if name in ordered:
