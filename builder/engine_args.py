@@ -138,6 +138,15 @@ def validate(engine: str, args: Any, path: str, file: str) -> dict[str, Any]:
 
 def validate_extra(engine: str, key: str, node) -> Any:
     """Engine-specific sections (TRT-LLM checkpoint/build/profiles) are parsed by their
-    engine module; here they are accepted as plain data."""
-    node._seen.update(node.data)
-    return node.data
+    engine module into frozen objects."""
+    from builder import trtllm_spec  # it imports builder.spec, as this module does
+
+    return trtllm_spec.parse_section(key, node)
+
+
+def check_model(engine: str, args: dict[str, Any], extra: dict[str, Any], node) -> None:
+    """Rules across a model's sections, e.g. runtime switches that need build support."""
+    if engine == "tensorrt_llm":
+        from builder import trtllm_spec
+
+        trtllm_spec.check_model(args, extra, node)

@@ -349,6 +349,7 @@ def _parse_model(node: _Node) -> ModelSpec:
         if key in node.data:
             extra[key] = engine_args_schema.validate_extra(engine, key, extra_node)
     node.done()
+    engine_args_schema.check_model(engine, args, extra, node)
     if engine in ("vllm", "sglang") and not model:
         raise node.error(f"is required for engine {engine}", "model")
     tp = args.get("tensor_parallel_size", args.get("tp_size", 1))
