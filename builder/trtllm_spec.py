@@ -28,6 +28,7 @@ from builder.spec import SpecError, _Node
 DTYPES = ("fp16", "bf16", "fp32")
 # trident's quantization name → TRT-LLM's spelling (quantize.py --qformat / weight-only).
 QUANTIZATIONS = ("none", "fp8", "int4-awq", "w4a8-awq", "int8-sq", "int8-wo", "int4-wo")
+MODELOPT_QUANTIZATIONS = ("fp8", "int4-awq", "w4a8-awq", "int8-sq")   # quantize.py
 KV_CACHE_DTYPES = ("auto", "fp8", "int8")
 GEMM_PLUGIN = ("auto", "fp16", "bf16", "fp32", "fp8", "disable")
 SPECULATIVE_MODES = ("draft-model", "medusa", "eagle")
@@ -290,6 +291,10 @@ def _check_profile_build(node: _Node, where: str, profile: Profile, checkpoint: 
         if not checkpoint.needs_conversion:
             raise node.error(f"{speculative.mode} heads are merged at conversion: use "
                              "checkpoint.hf_model", f"{where}.speculative.mode")
+        if build.quantization in MODELOPT_QUANTIZATIONS or build.kv_cache_dtype == "fp8":
+            raise node.error(f"the {speculative.mode} convert script merges the heads but "
+                             "cannot run ModelOpt quantization (fp8, AWQ, SmoothQuant)",
+                             f"{where}.speculative.mode")
     if profile.plugins.gemm_plugin == "fp8" and build.quantization != "fp8":
         raise node.error("fp8 needs build.quantization: fp8", f"{where}.plugins.gemm_plugin")
 

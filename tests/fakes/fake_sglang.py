@@ -1,0 +1,235 @@
+"""A test double of `sglang.Engine` (sglang 0.5.23), for the machines SGLang cannot run on.
+
+Same surface as the parts trident uses, with the real signatures and behaviour:
+- `Engine(**server_args)`: keyword names are checked against ServerArgs field names
+  (a subset of sglang 0.5.23's, copied from its arg_groups/fields), `model_path` required;
+- `await engine.async_generate(prompt=..., sampling_params=..., stream=True, rid=...)`
+  returns an async iterator of dicts `{"text", "output_ids", "meta_info"}`; the text is
+  cumulative unless the engine runs with `incremental_streaming_output`, as in
+  TokenizerManager; meta_info carries prompt_tokens, completion_tokens, cached_tokens
+  and finish_reason (None, or {"type": "stop"|"length"|"abort", ...});
+- request validation happens when the stream is first awaited: unknown sampling keys
+  raise TypeError (msgspec), bad values and prompts over context_length raise ValueError;
+- `engine.tokenizer_manager.abort_request(rid=...)` (synchronous), `.tokenizer`
+  (apply_chat_template), `engine.server_args`, `engine.shutdown()`.
+
+The "model" is deterministic: a token is a whitespace-separated word; the reply is
+REPLY's words, cut at max_new_tokens (finish "length") or at a stop string (finish
+"stop"). A radix cache remembers finished sequences (prompt + reply tokens) and reports
+the longest shared token prefix of a new prompt as cached_tokens.
+
+Scripting for tests: `fail_before_first`, `fail_after_chunks`, `abort_with_status`,
+`hold_after` (+ `release()`), `tokens_per_chunk`. Records: `calls`, `aborts`,
+`shut_down`.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from typing import Optional
+
+REPLY = ("The capital of France is Paris . It is known for the Eiffel Tower , "
+         "the Louvre and its cafes .")
+
+# sglang 0.5.23 ServerArgs fields (python/sglang/srt/arg_groups/fields/*.py) that
+# trident may pass; a name outside this set is a TypeError, as in ServerArgs(**kwargs).
+SERVER_ARGS = {
+    "model_path", "tokenizer_path", "tp_size", "pp_size", "dp_size", "mem_fraction_static",
+    "context_length", "chunked_prefill_size", "schedule_policy", "quantization", "dtype",
+    "kv_cache_dtype", "max_running_requests", "max_prefill_tokens", "disable_radix_cache",
+    "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
+    "speculative_eagle_topk", "speculative_num_draft_tokens", "random_seed",
+    "trust_remote_code", "attention_backend", "enable_metrics", "log_level",
+    "incremental_streaming_output", "enable_cache_report", "skip_tokenizer_init",
+    "chat_template", "served_model_name", "stream_interval", "device", "base_gpu_id",
+}
+
+# sglang 0.5.23 SamplingParams API fields (python/sglang/srt/sampling/sampling_params.py).
+SAMPLING_FIELDS = {
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p",
+    "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
+    "min_new_tokens", "n", "beam_width", "json_schema", "regex", "ebnf", "structural_tag",
+    "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "stream_interval", "logit_bias", "sampling_seed", "custom_params", "watermark",
+}
+
+
+@dataclass
+class ServerArgs:
+    model_path: str
+    context_length: Optional[int] = None
+    disable_radix_cache: bool = False
+    incremental_streaming_output: bool = False
+    skip_tokenizer_init: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+class FakeTokenizer:
+    """apply_chat_template as a ChatML-style template (what Qwen2.5 renders)."""
+
+    def apply_chat_template(self, messages, tokenize=True, add_generation_prompt=False,
+                            **kwargs):
+        assert tokenize is False, "trident renders the prompt as text"
+        parts = [f"<|im_start|> {m['role']} {m['content']} <|im_end|>" for m in messages]
+        if add_generation_prompt:
+            parts.append("<|im_start|> assistant")
+        return " ".join(parts)
+
+
+class FakeTokenizerManager:
+    def __init__(self, engine: "Engine", skip_tokenizer_init: bool):
+        self._engine = engine
+        self.tokenizer = None if skip_tokenizer_init else FakeTokenizer()
+        self.rid_to_state: dict[str, dict] = {}
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        self._engine.aborts.append(rid)
+        state = self.rid_to_state.get(rid)
+        if state is not None:
+            state["aborted"] = True
+
+
+class Engine:
+    def __init__(self, **kwargs):
+        unknown = sorted(set(kwargs) - SERVER_ARGS)
+        if unknown:
+            raise TypeError(f"ServerArgs.__init__() got unexpected keyword argument(s) "
+                            f"{unknown}")
+        if "model_path" not in kwargs:
+            raise TypeError("ServerArgs.__init__() missing required argument: 'model_path'")
+        known = {k: kwargs.pop(k) for k in list(kwargs)
+                 if k in ServerArgs.__dataclass_fields__}
+        self.server_args = ServerArgs(**known, extra=kwargs)
+        self.tokenizer_manager = FakeTokenizerManager(self, self.server_args.skip_tokenizer_init)
+        # scripting
+        self.fail_before_first: Optional[BaseException] = None
+        self.fail_after_chunks: Optional[int] = None
+        self.abort_with_status: Optional[tuple[int, str]] = None
+        self.hold_after: Optional[int] = None
+        self.tokens_per_chunk = 1
+        self._released = threading.Event()
+        # records
+        self.calls: list[dict] = []
+        self.aborts: list[str] = []
+        self.shut_down = False
+        self._radix: list[list[str]] = []
+
+    # -- sglang.Engine ------------------------------------------------------------------
+    async def async_generate(self, prompt=None, sampling_params=None, input_ids=None,
+                             image_data=None, audio_data=None, video_data=None,
+                             return_logprob=False, logprob_start_len=None,
+                             top_logprobs_num=None, token_ids_logprob=None, lora_path=None,
+                             custom_logit_processor=None, return_hidden_states=False,
+                             stream=False, bootstrap_host=None, bootstrap_port=None,
+                             bootstrap_room=None, routed_dp_rank=None,
+                             external_trace_header=None, rid=None, session_params=None,
+                             priority=None, session_id=None, *, cache_salt=None):
+        self.calls.append({"prompt": prompt, "sampling_params": dict(sampling_params or {}),
+                           "stream": stream, "rid": rid})
+        chunks = self._generate(prompt, dict(sampling_params or {}), rid, stream)
+        if stream is True:
+            return chunks
+        return await chunks.__anext__()
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+    # -- for tests ----------------------------------------------------------------------
+    def release(self) -> None:
+        """Let streams held at `hold_after` chunks continue."""
+        self._released.set()
+
+    # -- the "model" --------------------------------------------------------------------
+    async def _generate(self, prompt: str, params: dict, rid: str, stream: bool):
+        prompt_tokens = self._validate(prompt, params)
+        cached = self._cached_prefix(prompt_tokens)
+        state = self.tokenizer_manager.rid_to_state[rid] = {"aborted": False}
+        reply, finish = self._reply(params)
+        try:
+            if self.fail_before_first is not None:
+                raise self.fail_before_first
+            emitted: list[str] = []
+            sent_text = ""
+            chunks = 0
+            while True:
+                if self.hold_after is not None and chunks == self.hold_after:
+                    while not self._released.is_set():
+                        await asyncio.sleep(0.002)
+                if self.fail_after_chunks is not None and chunks == self.fail_after_chunks:
+                    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+                step = reply[len(emitted):len(emitted) + self.tokens_per_chunk]
+                emitted += step
+                done = len(emitted) == len(reply)
+                reason = finish if done else None
+                if state["aborted"]:
+                    reason = {"type": "abort", "message": "Aborted", "status_code": None}
+                elif done and self.abort_with_status is not None:
+                    status, message = self.abort_with_status
+                    reason = {"type": "abort", "message": message, "status_code": status}
+                text = "".join(" " + t for t in emitted)
+                meta = {"id": rid, "finish_reason": reason,
+                        "prompt_tokens": len(prompt_tokens),
+                        "completion_tokens": len(emitted), "cached_tokens": cached}
+                chunks += 1
+                if reason is not None:
+                    self._radix.append(prompt_tokens + emitted)
+                if stream or reason is not None:
+                    incremental = stream and self.server_args.incremental_streaming_output
+                    yield {"text": text[len(sent_text):] if incremental else text,
+                           "output_ids": list(range(len(emitted))), "meta_info": meta}
+                    sent_text = text
+                if reason is not None:
+                    return
+                await asyncio.sleep(0)
+        finally:
+            self.tokenizer_manager.rid_to_state.pop(rid, None)
+
+    def _validate(self, prompt, params: dict) -> list[str]:
+        unknown = sorted(set(params) - SAMPLING_FIELDS)
+        if unknown:
+            raise TypeError(f"SamplingParams.__init__() got unexpected keyword argument "
+                            f"{unknown[0]!r}")
+        if params.get("temperature", 1.0) < 0:
+            raise ValueError("temperature must be non-negative, got "
+                             f"{params['temperature']}.")
+        if not 0 < params.get("top_p", 1.0) <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {params['top_p']}.")
+        if not isinstance(prompt, str):
+            raise ValueError("Either text or input_ids should be provided.")
+        tokens = prompt.split()
+        limit = self.server_args.context_length
+        if limit is not None and len(tokens) >= limit:
+            raise ValueError(f"The input ({len(tokens)} tokens) is longer than the model's "
+                             f"context length ({limit} tokens).")
+        return tokens
+
+    def _reply(self, params: dict) -> tuple[list[str], dict]:
+        words = REPLY.split()
+        for stop in _as_list(params.get("stop")):
+            if stop in words:
+                return words[:words.index(stop)], {"type": "stop", "matched": stop}
+        limit = params.get("max_new_tokens", 128)
+        if limit < len(words):
+            return words[:limit], {"type": "length", "length": limit}
+        return words, {"type": "stop", "matched": 151645}
+
+    def _cached_prefix(self, tokens: list[str]) -> int:
+        if self.server_args.disable_radix_cache:
+            return 0
+        best = 0
+        for sequence in self._radix:
+            shared = 0
+            for a, b in zip(tokens, sequence):
+                if a != b:
+                    break
+                shared += 1
+            best = max(best, shared)
+        # Like SGLang, the last prompt token is always computed (its logits are needed).
+        return min(best, max(len(tokens) - 1, 0))
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
