@@ -59,6 +59,7 @@ class TritonPythonModel:
             self.metrics.breaker_state(name, breaker.state)
 
     async def execute(self, requests):
+        self.loop = asyncio.get_running_loop()
         await asyncio.gather(*(self.handle(request) for request in requests))
         return None
 
@@ -223,27 +224,29 @@ class TritonPythonModel:
         return True
 
     def abort(self, backend, request_id):
-        """Tell the backend to abort a request (BLS response iterators cannot cancel)."""
+        """Tell the backend to abort a request (BLS response iterators cannot cancel).
+
+        Callable from any thread: the BLS call itself must run on the stub's event loop
+        (a private loop in a worker thread never reaches the backend)."""
         abort_inputs = self.adapters[backend].abort_inputs(request_id)
         if abort_inputs is None:
             return
+        self.metrics.abort(backend)
         abort = pb_utils.InferenceRequest(model_name=backend, inputs=abort_inputs,
                                           requested_output_names=[])
-        self.metrics.abort(backend)
-        # Fire and forget, from whichever thread noticed: the backend closes both streams.
-        self.pool.submit(_drain, abort)
+        asyncio.run_coroutine_threadsafe(self.send_abort(abort), self.loop)
+
+    async def send_abort(self, abort):
+        try:
+            responses = await abort.async_exec(decoupled=True)
+            await self.loop.run_in_executor(self.pool, _drain, responses)
+        except Exception:
+            pass  # the backend is gone: nothing left to abort
 
 
-def _drain(abort_request):
-    loop = asyncio.new_event_loop()
-    try:
-        responses = loop.run_until_complete(abort_request.async_exec(decoupled=True))
-        for _ in responses:
-            pass
-    except Exception:
-        pass  # the backend is gone: nothing to abort
-    finally:
-        loop.close()
+def _drain(responses):
+    for _ in responses:
+        pass
 
 
 def _client_fault(response):
