@@ -23,14 +23,18 @@ _metric_values: dict[tuple, weakref.ref] = {}   # (family name, sorted labels) â
 
 
 class TritonError(Exception):
-    def __init__(self, message: str, code: Optional[int] = None):
+    # TRITONSERVER_Error_Code values, as pb_utils.TritonError exposes them.
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED = 0, 1, 2, 3, 4, 5
+    ALREADY_EXISTS, CANCELLED = 6, 7
+
+    def __init__(self, message: str, code: int = INTERNAL):
         super().__init__(message)
         self._message, self._code = message, code
 
     def message(self) -> str:
         return self._message
 
-    def code(self) -> Optional[int]:
+    def code(self) -> int:
         return self._code
 
 

@@ -1,0 +1,194 @@
+"""trident's SGLang model: sglang.Engine inside a decoupled Triton Python-backend stub.
+
+Engine arguments come from model.json (rendered from the spec's engine_args, with
+`model_path` filled in). The tensor interface, cancellation, errors and metrics are shared
+with the vLLM model (trident_common.engine_model); this file only speaks SGLang:
+sampling names, its stream chunks (dicts with `text` and `meta_info`), abort by `rid`,
+and the prefix (radix) cache's cached-token counts as a metric.
+"""
+import json
+from typing import Optional
+
+import triton_python_backend_utils as pb_utils
+
+from trident_common.engine_model import AsyncEngineModel, Delta
+from trident_common.request import BadRequest, check_sampling_keys
+
+# trident's sampling names (vLLM's, as clients of vllm_backend send them) → SGLang's
+# SamplingParams names. Anything else is rejected, so a typo never silently samples
+# with defaults. max_tokens arrives separately and becomes max_new_tokens.
+SAMPLING_NAMES = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",                      # -1 means the whole vocabulary in both
+    "min_p": "min_p",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "seed": "sampling_seed",
+    "min_tokens": "min_new_tokens",
+    "ignore_eos": "ignore_eos",
+    "skip_special_tokens": "skip_special_tokens",
+    "spaces_between_special_tokens": "spaces_between_special_tokens",
+    "include_stop_str_in_output": "no_stop_trim",
+    "logit_bias": "logit_bias",
+    # SGLang's structured output, under SGLang's own names.
+    "json_schema": "json_schema",
+    "regex": "regex",
+    "ebnf": "ebnf",
+}
+
+# HTTP-like status codes SGLang puts on an abort it decided itself (input too long,
+# out of memory, ...); an abort we asked for carries none.
+_CLIENT_ERROR = range(400, 500)
+
+
+def map_sampling(params: dict, max_tokens: int) -> dict:
+    """trident's sampling parameters → SGLang's sampling_params dict; raises BadRequest."""
+    check_sampling_keys(params, SAMPLING_NAMES, "sglang")
+    mapped = {SAMPLING_NAMES[key]: value for key, value in params.items()}
+    if isinstance(mapped.get("json_schema"), dict):   # SGLang takes the schema as text
+        mapped["json_schema"] = json.dumps(mapped["json_schema"])
+    mapped["max_new_tokens"] = max_tokens
+    return mapped
+
+
+class TextDeltas:
+    """New text per stream chunk. SGLang streams the whole text so far unless the engine
+    runs with incremental_streaming_output, when each chunk holds only the new piece."""
+
+    def __init__(self, incremental: bool):
+        self.incremental = incremental
+        self._sent = 0
+
+    def next(self, text: Optional[str]) -> str:
+        text = text or ""
+        if self.incremental:
+            return text
+        delta = text[self._sent:]
+        self._sent = max(self._sent, len(text))
+        return delta
+
+
+def finish_reason(meta_info: dict) -> Optional[str]:
+    """'stop' / 'length' / 'abort', or None while generating. An abort SGLang made on its
+    own with an error status becomes an exception: BadRequest for a client error (the
+    request can never succeed), RuntimeError for an engine failure."""
+    reason = meta_info.get("finish_reason")
+    if reason is None:
+        return None
+    if not isinstance(reason, dict):
+        return str(reason)
+    status = reason.get("status_code")
+    if reason.get("type") == "abort" and status is not None:
+        message = reason.get("message") or "aborted by the engine"
+        if status in _CLIENT_ERROR:
+            raise BadRequest(message)
+        raise RuntimeError(f"{message} (status {status})")
+    return reason.get("type") or "stop"
+
+
+def delta_from_chunk(chunk: dict, texts: TextDeltas) -> Delta:
+    meta = chunk.get("meta_info") or {}
+    return Delta(text=texts.next(chunk.get("text")), finish_reason=finish_reason(meta),
+                 input_tokens=int(meta.get("prompt_tokens") or 0),
+                 output_tokens=int(meta.get("completion_tokens") or 0))
+
+
+class PrefixCacheMetric:
+    """trident_prefix_cached_tokens_total{model}: prompt tokens SGLang's radix cache
+    served instead of computing them. With trident_prompt_tokens_total it gives the hit
+    rate. Owned here because only SGLang reports per-request cached tokens."""
+
+    def __init__(self, model: str):
+        self._family = pb_utils.MetricFamily(
+            "trident_prefix_cached_tokens_total",
+            "Prompt tokens served from the engine's prefix cache", pb_utils.MetricFamily.COUNTER)
+        self._metric = self._family.Metric(labels={"model": model})
+
+    def add(self, tokens: int) -> None:
+        if tokens > 0:
+            self._metric.increment(tokens)
+
+    def finalize(self) -> None:
+        # The metric must go before its family, or the stub crashes at shutdown.
+        del self._metric
+        del self._family
+
+
+class TritonPythonModel(AsyncEngineModel):
+    engine_name = "sglang"
+
+    def initialize(self, args):
+        self.prefix_cache = PrefixCacheMetric(args["model_name"])
+        super().initialize(args)
+
+    def finalize(self):
+        try:
+            super().finalize()
+        finally:
+            self.prefix_cache.finalize()
+
+    async def start_engine(self, config: dict) -> None:
+        import sglang
+
+        # Built on the model's event loop (this coroutine runs there), so the engine's
+        # tokenizer manager serves its requests on the same loop.
+        self.engine = sglang.Engine(**config)
+        self._incremental = bool(getattr(self.engine.server_args,
+                                         "incremental_streaming_output", False))
+
+    def make_sampling(self, request):
+        return map_sampling(request.sampling, request.max_tokens)
+
+    async def render_chat(self, messages: list) -> str:
+        tokenizer = self.engine.tokenizer_manager.tokenizer
+        if tokenizer is None:
+            raise BadRequest("this model has no tokenizer (skip_tokenizer_init): "
+                             "send text_input instead of messages")
+        try:
+            return tokenizer.apply_chat_template(messages, tokenize=False,
+                                                 add_generation_prompt=True)
+        except Exception as e:
+            raise BadRequest(f"cannot apply the chat template: {e}") from None
+
+    async def stream(self, prompt, sampling, engine_id):
+        chunks = await self.engine.async_generate(prompt=prompt, sampling_params=sampling,
+                                                  stream=True, rid=engine_id)
+        texts = TextDeltas(self._incremental)
+        cached, counted = 0, False
+        try:
+            chunk = await _first_chunk(chunks)
+            while chunk is not None:
+                cached = int((chunk.get("meta_info") or {}).get("cached_tokens") or cached)
+                delta = delta_from_chunk(chunk, texts)
+                if delta.finish_reason:
+                    self.prefix_cache.add(cached)
+                    counted = True
+                yield delta
+                chunk = await anext(chunks, None)
+        finally:
+            if not counted:  # aborted or failed: the cache hit still happened
+                self.prefix_cache.add(cached)
+            await chunks.aclose()
+
+    async def abort(self, engine_id: str) -> None:
+        # TokenizerManager.abort_request is synchronous; it ignores ids it no longer
+        # knows, so aborting a request that just finished is harmless.
+        self.engine.tokenizer_manager.abort_request(rid=engine_id)
+
+    async def stop_engine(self) -> None:
+        self.engine.shutdown()
+
+
+async def _first_chunk(chunks) -> Optional[dict]:
+    """The stream's first chunk; SGLang validates the request (prompt length, sampling
+    values) when it is first awaited and raises ValueError for a bad one."""
+    try:
+        return await chunks.__anext__()
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+    except StopAsyncIteration:
+        return None

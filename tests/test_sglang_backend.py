@@ -1,0 +1,476 @@
+"""trident's SGLang model (python_backends/sglang/model.py) on the CPU.
+
+SGLang cannot start here, so the real model.py runs against test doubles installed via
+sys.modules: tests/fakes/fake_sglang.py (sglang.Engine's async interface) and
+tests/fakes/fake_pb_utils.py (the stub's triton_python_backend_utils). The model is
+driven through initialize / execute / finalize exactly as Triton drives it; the GPU
+check (tests/gpu/check_sglang.sh) does the same against the real SGLang.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import shutil
+import sys
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from builder import cli
+from builder.engine_args import SGLANG_ARGS
+from builder.repository import build_repository
+from builder.spec import parse_spec
+from tests.fakes import fake_pb_utils as pb
+from tests.fakes import fake_sglang
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_PY = ROOT / "python_backends" / "sglang" / "model.py"
+REPLY_WORDS = fake_sglang.REPLY.split()
+# Modules that bind triton_python_backend_utils at import: re-imported per test so they
+# see the fake, and put back afterwards so other tests see what they saw before.
+_PB_BOUND = ("trident_common.triton_io", "trident_common.engine_model")
+
+
+def sglang_spec(**engine_args) -> dict:
+    return {"name": "sgl", "hardware": {"gpu": "cpu"},
+            "models": [{"name": "qwen", "engine": "sglang", "model": "/models/qwen2.5-0.5b",
+                        "family": "qwen", "tasks": ["chat"],
+                        "engine_args": {"context_length": 64, "mem_fraction_static": 0.8,
+                                        "schedule_policy": "lpm", **engine_args}}],
+            "router": {"default": ["qwen"]}}
+
+
+@contextlib.contextmanager
+def fake_stub_modules():
+    saved = {name: sys.modules.pop(name, None) for name in _PB_BOUND}
+    saved_pb = sys.modules.get("triton_python_backend_utils")
+    saved_sglang = sys.modules.get("sglang")
+    sys.modules["triton_python_backend_utils"] = pb
+    sys.modules["sglang"] = types.SimpleNamespace(Engine=fake_sglang.Engine)
+    try:
+        yield
+    finally:
+        for name, module in [*saved.items(), ("triton_python_backend_utils", saved_pb),
+                             ("sglang", saved_sglang)]:
+            sys.modules.pop(name, None)
+            if module is not None:
+                sys.modules[name] = module
+
+
+def load_model_module():
+    spec = importlib.util.spec_from_file_location("trident_sglang_model", MODEL_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sglang") / "repo"
+    build_repository(parse_spec(sglang_spec(), "<test>"), out)
+    return out
+
+
+class Served:
+    """One initialized model instance plus helpers to talk to it."""
+
+    def __init__(self, module, model, engine):
+        self.module, self.model, self.engine = module, model, engine
+
+    def send(self, **inputs) -> pb.ResponseSender:
+        request = make_request(**inputs)
+        self.model.execute([request])
+        return request.sender
+
+    def run(self, **inputs) -> pb.ResponseSender:
+        sender = self.send(**inputs)
+        sender.wait_closed()
+        return sender
+
+    def metric(self, name: str) -> float:
+        return pb.metric(name, model="qwen").value()
+
+
+@pytest.fixture
+def served(repo, monkeypatch):
+    yield from _serve(repo, monkeypatch)
+
+
+def with_engine_args(repo: Path, tmp_path: Path, engine_args: dict) -> Path:
+    """A copy of the rendered repository whose model.json has extra engine arguments."""
+    copy = tmp_path / "repo"
+    shutil.copytree(repo, copy)
+    model_json = copy / "qwen" / "1" / "model.json"
+    model_json.write_text(json.dumps({**json.loads(model_json.read_text()), **engine_args}))
+    return copy
+
+
+def _serve(repo: Path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with fake_stub_modules():
+        module = load_model_module()
+        model = module.TritonPythonModel()
+        model.initialize({"model_name": "qwen", "model_repository": str(repo / "qwen"),
+                          "model_version": "1", "model_instance_kind": "CPU",
+                          "model_instance_name": "qwen_0_0", "model_config": "{}"})
+        try:
+            yield Served(module, model, model.engine)
+        finally:
+            model.finalize()
+
+
+def make_request(**inputs) -> pb.InferenceRequest:
+    tensors = {}
+    for name, value in inputs.items():
+        if isinstance(value, bool):
+            array = np.array([value], dtype=bool)
+        elif isinstance(value, int):
+            array = np.array([value], dtype=np.int32)
+        else:
+            text = value if isinstance(value, str) else json.dumps(value)
+            array = np.array([text.encode()], dtype=np.object_)
+        tensors[name] = pb.Tensor(name, array)
+    return pb.InferenceRequest(tensors)
+
+
+def texts(sender) -> list[str]:
+    return [r.value("text_output") for r in sender.responses()]
+
+
+def wait_until(predicate, timeout_s: float = 5.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.002)
+    raise AssertionError("condition not met in time")
+
+
+def common_prefix(a: list, b: list) -> int:
+    length = 0
+    while length < min(len(a), len(b)) and a[length] == b[length]:
+        length += 1
+    return length
+
+
+def expected_text(words) -> str:
+    return "".join(" " + w for w in words)
+
+
+# -- pure mapping ------------------------------------------------------------------------
+
+
+def test_sampling_names_are_mapped_to_sglang():
+    module = _module_without_stub()
+    mapped = module.map_sampling({"temperature": 0.0, "seed": 7, "min_tokens": 2,
+                                  "stop": ["\n"], "include_stop_str_in_output": True,
+                                  "top_k": -1, "repetition_penalty": 1.1}, max_tokens=32)
+    assert mapped == {"temperature": 0.0, "sampling_seed": 7, "min_new_tokens": 2,
+                      "stop": ["\n"], "no_stop_trim": True, "top_k": -1,
+                      "repetition_penalty": 1.1, "max_new_tokens": 32}
+    assert set(mapped) <= fake_sglang.SAMPLING_FIELDS
+
+
+def test_every_mapped_name_is_an_sglang_sampling_field():
+    module = _module_without_stub()
+    assert set(module.SAMPLING_NAMES.values()) <= fake_sglang.SAMPLING_FIELDS
+
+
+def test_json_schema_object_is_sent_as_text():
+    module = _module_without_stub()
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    mapped = module.map_sampling({"json_schema": schema}, max_tokens=8)
+    assert json.loads(mapped["json_schema"]) == schema
+
+
+def test_unknown_sampling_keys_are_rejected_by_name():
+    module = _module_without_stub()
+    with pytest.raises(module.BadRequest, match="best_of, max_new_tokens"):
+        module.map_sampling({"max_new_tokens": 5, "best_of": 2, "top_p": 0.9}, 8)
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_text_deltas_concatenate_to_the_text(incremental):
+    module = _module_without_stub()
+    cumulative = ["He", "Hello", "Hello, wor", "Hello, world"]
+    chunks = cumulative if not incremental else ["He", "llo", ", wor", "ld"]
+    deltas = module.TextDeltas(incremental)
+    assert "".join(deltas.next(c) for c in chunks) == "Hello, world"
+
+
+def test_finish_reasons():
+    module = _module_without_stub()
+    assert module.finish_reason({"finish_reason": None}) is None
+    assert module.finish_reason({"finish_reason": {"type": "length", "length": 8}}) == "length"
+    assert module.finish_reason({"finish_reason": {"type": "stop", "matched": 2}}) == "stop"
+    assert module.finish_reason({"finish_reason": {"type": "abort", "message": "Aborted",
+                                                   "status_code": None}}) == "abort"
+    with pytest.raises(module.BadRequest, match="longer than"):
+        module.finish_reason({"finish_reason": {"type": "abort", "status_code": 400,
+                                                "message": "input is longer than 8"}})
+    with pytest.raises(RuntimeError, match="out of memory"):
+        module.finish_reason({"finish_reason": {"type": "abort", "status_code": 503,
+                                                "message": "out of memory"}})
+
+
+def _module_without_stub():
+    with fake_stub_modules():
+        return load_model_module()
+
+
+# -- the rendered model ------------------------------------------------------------------
+
+
+def test_sglang_model_renders_and_validates(repo, capsys):
+    assert cli.main(["validate", str(repo)]) == 0
+    config = json.loads((repo / "qwen" / "1" / "model.json").read_text())
+    assert config == {"model_path": "/models/qwen2.5-0.5b", "context_length": 64,
+                      "mem_fraction_static": 0.8, "schedule_policy": "lpm"}
+    assert (repo / "qwen" / "1" / "model.py").read_bytes() == MODEL_PY.read_bytes()
+    assert (repo / "qwen" / "1" / "trident_common" / "engine_model.py").is_file()
+    pbtxt = (repo / "qwen" / "config.pbtxt").read_text()
+    assert "decoupled: true" in pbtxt and 'backend: "python"' in pbtxt
+
+
+def test_engine_args_table_names_real_server_args():
+    assert set(SGLANG_ARGS) <= fake_sglang.SERVER_ARGS
+
+
+# -- streaming relay ---------------------------------------------------------------------
+
+
+def test_stream_relays_deltas_with_one_final_flag(served):
+    sender = served.run(text_input="What is the capital of France ?", stream=True,
+                        max_tokens=6, sampling_parameters={"temperature": 0})
+    assert "".join(texts(sender)) == expected_text(REPLY_WORDS[:6])
+    assert len(sender.responses()) == 6                 # one chunk per token here
+    assert sender.final_flags() == 1
+    last = sender.responses()[-1]
+    assert last.value("finish_reason") == "length"
+    assert last.value("num_input_tokens") == 7
+    assert last.value("num_output_tokens") == 6
+    assert {r.value("served_by") for r in sender.responses()} == {"qwen"}
+    assert [r.value("finish_reason") for r in sender.responses()[:-1]] == [""] * 5
+    call = served.engine.calls[-1]
+    assert call["sampling_params"] == {"temperature": 0, "max_new_tokens": 6}
+    assert call["stream"] is True and call["rid"].startswith("qwen-")
+    assert served.metric("trident_generation_tokens_total") == 6
+    assert served.metric("trident_prompt_tokens_total") == 7
+
+
+@pytest.mark.parametrize("incremental,per_chunk", [(False, 3), (True, 1), (True, 4)])
+def test_stream_text_is_right_whatever_sglang_streams(repo, tmp_path, monkeypatch,
+                                                      incremental, per_chunk):
+    args = {"incremental_streaming_output": incremental}
+    for served in _serve(with_engine_args(repo, tmp_path, args), monkeypatch):
+        assert served.engine.server_args.incremental_streaming_output is incremental
+        served.engine.tokens_per_chunk = per_chunk
+        sender = served.run(text_input="hi", stream=True, max_tokens=128)
+        assert "".join(texts(sender)) == expected_text(REPLY_WORDS)
+        assert sender.responses()[-1].value("finish_reason") == "stop"
+        assert sender.responses()[-1].value("num_output_tokens") == len(REPLY_WORDS)
+
+
+def test_stop_string_and_request_ids_are_passed_through(served):
+    first = served.run(text_input="a", stream=True, sampling_parameters={"stop": "Paris"})
+    second = served.run(text_input="b", stream=True)
+    assert "".join(texts(first)) == expected_text(REPLY_WORDS[:5])
+    assert first.responses()[-1].value("finish_reason") == "stop"
+    rids = [c["rid"] for c in served.engine.calls]
+    assert len(set(rids)) == 2 and second.final_flags() == 1
+
+
+def test_non_streaming_sends_one_response_with_the_prompt(served):
+    sender = served.run(text_input="Tell me", max_tokens=4)
+    assert len(sender.sent) == 1 and sender.final_flags() == 1
+    (response,) = sender.responses()
+    assert response.value("text_output") == "Tell me" + expected_text(REPLY_WORDS[:4])
+    assert response.value("num_output_tokens") == 4
+    excluded = served.run(text_input="Tell me", max_tokens=4, exclude_input_in_output=True)
+    assert texts(excluded) == [expected_text(REPLY_WORDS[:4])]
+
+
+def test_chat_messages_use_the_engines_chat_template(served):
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Capital of France?"}]
+    sender = served.run(messages=messages, stream=True, max_tokens=3)
+    expected_prompt = fake_sglang.FakeTokenizer().apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True)
+    assert served.engine.calls[-1]["prompt"] == expected_prompt
+    assert "".join(texts(sender)) == expected_text(REPLY_WORDS[:3])
+
+
+def test_messages_without_a_tokenizer_are_a_clear_error(repo, tmp_path, monkeypatch):
+    args = {"skip_tokenizer_init": True}
+    for served in _serve(with_engine_args(repo, tmp_path, args), monkeypatch):
+        sender = served.run(messages=[{"role": "user", "content": "hi"}])
+        (response,) = sender.responses()
+        assert "no tokenizer" in response.error().message()
+        assert served.engine.calls == []
+
+
+# -- bad requests ------------------------------------------------------------------------
+
+
+def test_unknown_sampling_key_is_an_error_naming_it(served):
+    sender = served.run(text_input="hi", stream=True,
+                        sampling_parameters={"temprature": 0.5, "top_p": 0.9})
+    (response,) = sender.responses()
+    assert response.has_error() and sender.final_flags() == 1
+    assert "unknown sampling parameter(s) for sglang: temprature" in response.error().message()
+    assert response.error().code() == pb.TritonError.INVALID_ARG
+    assert served.engine.calls == []
+    assert served.metric("trident_request_errors_total") == 1
+
+
+def test_engine_validation_errors_become_bad_requests(served):
+    too_long = served.run(text_input=" ".join(["word"] * 80), stream=True)
+    bad_value = served.run(text_input="hi", sampling_parameters={"temperature": -1})
+    assert "longer than the model's context length (64" in \
+        too_long.responses()[0].error().message()
+    assert "temperature must be non-negative" in bad_value.responses()[0].error().message()
+    assert too_long.responses()[0].error().code() == pb.TritonError.INVALID_ARG
+
+
+# -- cancellation ------------------------------------------------------------------------
+
+
+def test_client_cancel_aborts_the_sglang_request(served):
+    served.engine.hold_after = 2
+    sender = served.send(text_input="long answer", stream=True)
+    wait_until(lambda: len(sender.sent) == 2)
+    sender.cancelled = True
+    served.engine.release()
+    sender.wait_closed()
+    rid = served.engine.calls[-1]["rid"]
+    assert served.engine.aborts == [rid]
+    assert sender.sent[-1] == (None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert sender.final_flags() == 1 and len(sender.responses()) == 2
+    assert served.metric("trident_requests_aborted_total") == 1
+    assert served.metric("trident_requests_in_flight") == 0
+
+
+def test_router_abort_by_request_id(served):
+    served.engine.hold_after = 1
+    stream = served.send(text_input="long answer", stream=True, request_id="router-17")
+    wait_until(lambda: len(stream.sent) == 1)
+    control = served.run(abort_request_id="router-17")
+    stream.wait_closed()
+    assert control.sent == [(None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)]
+    assert served.engine.aborts == [served.engine.calls[-1]["rid"]]
+    assert stream.final_flags() == 1 and len(stream.responses()) == 1
+    served.engine.hold_after = None
+    assert served.run(text_input="next", stream=True).final_flags() == 1
+
+
+def test_abort_of_an_unknown_request_only_closes_the_control_request(served):
+    control = served.run(abort_request_id="never-seen")
+    assert control.sent == [(None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)]
+    assert served.engine.aborts == []
+
+
+# -- engine failures ---------------------------------------------------------------------
+
+
+def test_failure_before_the_first_token_is_an_error_response(served):
+    served.engine.fail_before_first = RuntimeError("scheduler died")
+    sender = served.run(text_input="hi", stream=True)
+    assert len(sender.sent) == 1 and sender.final_flags() == 1
+    assert sender.responses()[0].error().message() == "sglang error: scheduler died"
+    assert sender.responses()[0].error().code() == pb.TritonError.INTERNAL
+    served.engine.fail_before_first = None
+    again = served.run(text_input="hi", stream=True, max_tokens=2)
+    assert "".join(texts(again)) == expected_text(REPLY_WORDS[:2])
+
+
+def test_failure_after_the_first_token_is_an_error_output_then_final(served):
+    served.engine.fail_after_chunks = 2
+    sender = served.run(text_input="hi", stream=True)
+    data, error_output, final = sender.sent[:2], sender.sent[2], sender.sent[3]
+    assert [r.value("error") for r, _ in data] == ["", ""]
+    assert error_output[1] == 0
+    assert error_output[0].value("finish_reason") == "error"
+    assert "illegal memory access" in error_output[0].value("error")
+    assert final == (None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert len(sender.sent) == 4
+    served.engine.fail_after_chunks = None
+    assert served.run(text_input="hi", stream=True, max_tokens=1).final_flags() == 1
+    assert served.metric("trident_request_errors_total") == 1
+    assert served.metric("trident_requests_total") == 2
+
+
+def test_engine_side_abort_with_a_status_is_reported_as_an_error(served):
+    served.engine.abort_with_status = (503, "KV cache is full")
+    sender = served.run(text_input="hi", stream=True, max_tokens=3)
+    assert "KV cache is full (status 503)" in sender.responses()[-1].value("error")
+    assert sender.final_flags() == 1
+
+
+# -- prefix cache ------------------------------------------------------------------------
+
+
+def test_cached_tokens_of_a_second_turn_are_counted(served):
+    turn1 = [{"role": "user", "content": "What is the capital of France ?"}]
+    first = served.run(messages=turn1, stream=True, max_tokens=6)
+    assert served.metric("trident_prefix_cached_tokens_total") == 0
+    answer = "".join(texts(first)).strip()
+    turn2 = turn1 + [{"role": "assistant", "content": answer},
+                     {"role": "user", "content": "And of Italy ?"}]
+    served.run(messages=turn2, stream=True, max_tokens=6)
+    prompts = [c["prompt"].split() for c in served.engine.calls]
+    history = prompts[0] + answer.split()
+    shared = common_prefix(history, prompts[1])
+    assert shared == len(history)          # the whole first turn, answer included
+    assert served.metric("trident_prefix_cached_tokens_total") == shared
+
+
+def test_cached_tokens_of_an_aborted_request_are_counted(served):
+    served.run(text_input="one two three four five", stream=True, max_tokens=2)
+    served.engine.hold_after = 1
+    sender = served.send(text_input="one two three four six", stream=True)
+    wait_until(lambda: len(sender.sent) == 1)
+    sender.cancelled = True
+    served.engine.release()
+    sender.wait_closed()
+    wait_until(lambda: served.metric("trident_prefix_cached_tokens_total") == 4)
+
+
+def test_finalize_shuts_the_engine_down_and_frees_metrics_in_order(repo, monkeypatch):
+    pb.metric_violations.clear()
+    for served in _serve(repo, monkeypatch):
+        engine = served.engine
+        served.run(text_input="hi", stream=True, max_tokens=1)
+    import gc
+    gc.collect()
+    assert engine.shut_down
+    assert pb.metric_violations == []
+    assert pb.metric("trident_prefix_cached_tokens_total", model="qwen") is None
+
+
+# -- session affinity (the router's policy) ----------------------------------------------
+
+
+def test_all_turns_of_a_conversation_go_to_the_same_sglang_backend():
+    from bls.policy import Policy, features_from, router_config
+
+    data = sglang_spec()
+    data["models"] = [{**data["models"][0], "name": f"qwen{i}"} for i in range(3)]
+    data["router"] = {"default": ["qwen0"],
+                      "rules": [{"name": "chat", "match": {"task": "chat"},
+                                 "backends": ["qwen0", "qwen1", "qwen2"]}]}
+    policy = Policy(router_config(parse_spec(data, "<test>")))
+    firsts = {}
+    for conversation in (f"conv-{i}" for i in range(12)):
+        messages = []
+        for turn in range(4):
+            messages += [{"role": "user", "content": f"question {turn} " * 20}]
+            features = features_from(None, messages, {"task": "chat",
+                                                      "conversation_id": conversation})
+            firsts.setdefault(conversation, set()).add(policy.candidates(features)[1][0])
+            messages += [{"role": "assistant", "content": "answer " * 30}]
+    assert all(len(backends) == 1 for backends in firsts.values())
+    assert len({b for backends in firsts.values() for b in backends}) > 1   # spread
