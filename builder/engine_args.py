@@ -69,6 +69,7 @@ SGLANG_ARGS: dict[str, tuple] = {
     "attention_backend": (str,),
     "enable_metrics": (bool,),
     "log_level": (str,),
+    "incremental_streaming_output": (bool,),   # trident's model handles both stream forms
 }
 
 # Runtime knobs of the tensorrtllm backend (config.pbtxt parameters); build-time knobs live
@@ -96,7 +97,8 @@ EXTRA_SECTIONS: dict[str, tuple[str, ...]] = {
 }
 
 _CHOICES = {
-    ("sglang", "schedule_policy"): ("lpm", "random", "fcfs", "dfs-weight", "lof"),
+    ("sglang", "schedule_policy"): ("lpm", "random", "fcfs", "dfs-weight", "lof", "priority",
+                                    "routing-key", "hrrn", "shortest-prefill-first"),
     ("tensorrt_llm", "batch_scheduler_policy"): ("max_utilization", "guaranteed_no_evict"),
     ("vllm", "kv_cache_dtype"): ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"),
 }
