@@ -1,0 +1,307 @@
+"""EngineCache: the two tiers, one builder per key, stats, verify and gc.
+
+lookup:        local entry (verified) → S3 entry (downloaded, every sha256 verified, then
+               renamed into the local tier) → None.
+get_or_build:  lookup; on a miss take the local file lock (one builder per machine), then the
+               S3 lease (one builder per fleet); waiters poll until the holder publishes and
+               fetch its result; the holder builds into a staging dir and publishes.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+from boto3.s3.transfer import TransferConfig
+
+from engine_cache.errors import CacheError
+from engine_cache.key import is_engine_key
+from engine_cache.lease import Lease
+from engine_cache.local import LocalTier
+from engine_cache.manifest import Manifest, manifest_for_dir
+from engine_cache.s3 import DEFAULT_TRANSFER, CorruptEntry, S3Tier
+from engine_cache.stats import StatsFile
+
+log = logging.getLogger("trident.engine_cache")
+PUBLISHED_MARK = "published"     # in a local entry: S3 holds this key (ours or another's)
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    key: str
+    size: int
+    files: int
+    created: float
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    tier: str = "local"          # "local", "s3" or "local+s3"
+
+
+class EngineCache:
+    def __init__(self, local_dir: Path, s3_uri: str | None = None,
+                 endpoint_url: str | None = None, local_only: bool = False,
+                 clock: Callable[[], float] = time.time, *,
+                 sleep: Callable[[float], None] = time.sleep,
+                 lease_ttl_s: float = 600.0, poll_s: float = 5.0,
+                 wait_timeout_s: float | None = None,
+                 transfer_config: TransferConfig = DEFAULT_TRANSFER):
+        """local_only=True never contacts S3 (even when s3_uri is given): for offline use.
+        wait_timeout_s bounds how long a waiter waits for another builder (None: forever;
+        a dead builder's lease expires after lease_ttl_s and a waiter takes over)."""
+        if lease_ttl_s <= 0 or poll_s <= 0:
+            raise CacheError("lease_ttl_s and poll_s must be positive", 2)
+        self.clock, self.sleep = clock, sleep
+        self.local = LocalTier(Path(local_dir), clock)
+        self.stats_file = StatsFile(Path(local_dir) / "stats.json")
+        self.s3 = None if local_only or not s3_uri else S3Tier(
+            s3_uri, endpoint_url, transfer_config, clock)
+        self.lease_ttl_s, self.poll_s, self.wait_timeout_s = lease_ttl_s, poll_s, wait_timeout_s
+
+    # --- lookup ------------------------------------------------------------------------
+    def lookup(self, key: str) -> Path | None:
+        """A verified local entry, else one fetched and verified from S3, else None."""
+        path, outcome = self._find(_checked(key))
+        self._count_lookup(outcome)
+        return path
+
+    def _find(self, key: str) -> tuple[Path | None, str]:
+        path = self.local.lookup(key)
+        if path is not None:
+            return path, "hit-local"
+        if self.s3 is not None:
+            path = self._fetch(key)
+            if path is not None:
+                return path, "hit-s3"
+        return None, "miss"
+
+    def _count_lookup(self, outcome: str) -> None:
+        counter = {"hit-local": "hits_local", "hit-s3": "hits_s3"}.get(outcome, "misses")
+        self.stats_file.add({"lookups": 1, counter: 1})
+
+    def _fetch(self, key: str) -> Path | None:
+        try:
+            got = self.s3.read_manifest(key)
+        except CorruptEntry as corrupt:
+            self._quarantine_s3(key, corrupt.problems, corrupt.etag)
+            return None
+        if got is None:
+            return None
+        manifest, etag = got
+        staging = self.local.staging_dir()
+        started = self.clock()
+        try:
+            problems = self.s3.fetch(manifest, staging / "files")
+            if problems:
+                self._quarantine_s3(key, problems, etag)
+                return None
+            self.stats_file.add({"fetch_bytes": manifest.size,
+                                 "fetch_seconds": self.clock() - started})
+            (staging / PUBLISHED_MARK).touch()
+            return self.local.commit(staging, manifest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _quarantine_s3(self, key: str, problems: list[str], etag: str | None) -> None:
+        self.stats_file.add({"corrupt_entries": 1})
+        self.s3.quarantine(key, problems, etag)
+
+    # --- build -------------------------------------------------------------------------
+    def get_or_build(self, key: str, build: Callable[[Path], None],
+                     metadata: dict) -> tuple[Path, str]:
+        """(engine dir, "hit-local" | "hit-s3" | "built"). build(dir) writes the engine
+        files into dir; across processes and machines only one build runs per key."""
+        key = _checked(key)
+        path, outcome = self._find(key)
+        if path is None:
+            with self.local.lock(key):
+                path, outcome = self._find(key)      # built by another process meanwhile?
+                if path is None:
+                    path, outcome = self._build_once(key, build, metadata)
+        if outcome == "hit-local":
+            self._publish_pending(key, must_succeed=False)
+        if outcome != "built":
+            self._count_lookup(outcome)
+        return path, outcome
+
+    def _build_once(self, key: str, build: Callable[[Path], None],
+                    metadata: dict) -> tuple[Path, str]:
+        if self.s3 is None:
+            return self._build_and_publish(key, build, metadata), "built"
+        with self._s3_lease(key) as fetched:
+            if fetched is not None:
+                return fetched, "hit-s3"
+            return self._build_and_publish(key, build, metadata), "built"
+
+    @contextmanager
+    def _s3_lease(self, key: str) -> Iterator[Path | None]:
+        """Hold the S3 build lease (yields None), or yield the entry another holder
+        published while we waited."""
+        lease = Lease(self.s3, key, self.lease_ttl_s, self.clock)
+        waited_since = None
+        while not lease.acquire():
+            if waited_since is None:
+                waited_since = self.clock()
+                self.stats_file.add({"lease_waits": 1})
+                log.info("engine cache: %s is being built by %s; waiting", key, lease.holder)
+            fetched = self._fetch(key) if self.s3.has_manifest(key) else None
+            if fetched is not None:
+                yield fetched
+                return
+            if self.wait_timeout_s is not None and \
+                    self.clock() - waited_since > self.wait_timeout_s:
+                raise CacheError(f"waited {self.wait_timeout_s:.0f} s for {lease.holder} to "
+                                 f"build {key}; giving up")
+            self.sleep(self.poll_s)
+        lease.start_renewing()
+        try:
+            # The previous holder may have published just before releasing its lease.
+            yield self._fetch(key)
+        finally:
+            lease.release()
+
+    def _build_and_publish(self, key: str, build: Callable[[Path], None],
+                           metadata: dict) -> Path:
+        staging = self.local.staging_dir()
+        started = self.clock()
+        try:
+            try:
+                build(staging / "files")
+            except BaseException:
+                self.stats_file.add({"build_failures": 1})
+                raise
+            self.stats_file.add({"builds": 1, "misses": 1, "lookups": 1,
+                                 "build_seconds": self.clock() - started})
+            manifest = manifest_for_dir(key, staging / "files", self.clock(), metadata)
+            path = self.local.commit(staging, manifest)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        self._publish_pending(key)
+        return path
+
+    # --- publish -----------------------------------------------------------------------
+    def publish(self, key: str, engine_dir: Path, metadata: dict) -> None:
+        """Copy an engine directory into the local tier and, if configured, into S3."""
+        self.local.publish_copy(_checked(key), Path(engine_dir), metadata)
+        self._publish_pending(key)
+
+    def _publish_pending(self, key: str, must_succeed: bool = True) -> None:
+        """Upload a local entry S3 does not hold yet. A failed upload leaves the entry
+        unmarked, so the next run retries instead of losing the result of a long build;
+        on a mere local hit the failure is only logged (the engine is usable)."""
+        mark = self.local.entry_dir(key) / PUBLISHED_MARK
+        if self.s3 is None or mark.exists():
+            return
+        manifest = self.local.manifest(key)
+        started = self.clock()
+        try:
+            published = self.s3.publish(manifest, self.local.files_dir(key))
+        except CacheError as e:
+            if must_succeed:
+                raise CacheError(f"{key} is cached locally in {self.local.files_dir(key)} but "
+                                 f"publishing it failed: {e}") from e
+            log.warning("engine cache: %s is not in S3 yet and uploading it failed: %s", key, e)
+            return
+        if published:
+            self.stats_file.add({"upload_bytes": manifest.size,
+                                 "upload_seconds": self.clock() - started})
+        else:
+            self.stats_file.add({"publish_conflicts": 1})
+        mark.touch()
+
+    # --- inspection and maintenance ----------------------------------------------------
+    def entries(self) -> list[EntryInfo]:
+        """Every entry of both tiers (one row per key; tier says where it is)."""
+        found: dict[str, tuple[Manifest, str]] = {}
+        for key in self.local.keys():
+            try:
+                found[key] = (self.local.manifest(key), "local")
+            except CacheError:
+                continue                 # damaged: verify reports and quarantines it
+        for key in self.s3.keys() if self.s3 is not None else []:
+            if key in found:
+                found[key] = (found[key][0], "local+s3")
+                continue
+            try:
+                got = self.s3.read_manifest(key)
+            except CorruptEntry:
+                continue
+            if got is not None:
+                found[key] = (got[0], "s3")
+        return [EntryInfo(k, m.size, len(m.files), m.created, dict(m.metadata), tier)
+                for k, (m, tier) in sorted(found.items(), key=lambda kv: kv[1][0].created)]
+
+    def stats(self) -> dict:
+        counters = self.stats_file.read()
+        keys = self.local.keys()
+        sizes = []
+        for key in keys:
+            try:
+                sizes.append(self.local.manifest(key).size)
+            except CacheError:
+                continue
+        hits = counters["hits_local"] + counters["hits_s3"]
+        return {**counters,
+                "hit_rate": hits / counters["lookups"] if counters["lookups"] else None,
+                "local_dir": str(self.local.root), "local_entries": len(keys),
+                "local_bytes": sum(sizes), "s3": self.s3.uri if self.s3 else None}
+
+    def verify(self, key: str | None = None) -> list[str]:
+        """Problems found; damaged entries are quarantined (and will be rebuilt or fetched).
+        Local entries are rehashed; S3 entries are checked without downloading (manifest,
+        every object's presence and size, and the sha256 the server stored when it has one)."""
+        keys = [_checked(key)] if key is not None else None
+        problems = []
+        for k in keys if keys is not None else self.local.keys():
+            if self.local.entry_dir(k).exists():
+                problems += [f"local {k}: {p}" for p in self.local.verify(k)]
+        if self.s3 is not None:
+            for k in keys if keys is not None else self.s3.keys():
+                problems += [f"s3 {k}: {p}" for p in self._verify_s3(k, keys is not None)]
+        if problems:
+            self.stats_file.add({"corrupt_entries": len({p.split(":")[0] for p in problems})})
+        return problems
+
+    def _verify_s3(self, key: str, must_exist: bool) -> list[str]:
+        try:
+            got = self.s3.read_manifest(key)
+        except CorruptEntry as corrupt:
+            self.s3.quarantine(key, corrupt.problems, corrupt.etag)
+            return corrupt.problems
+        if got is None:
+            return []
+        problems = self.s3.check(key)
+        if problems:
+            self.s3.quarantine(key, problems, got[1])
+        return problems
+
+    def gc(self, keep_last: int | None = None,
+           older_than_s: float | None = None) -> list[str]:
+        """Remove local entries beyond the keep_last most recently used, and those unused
+        for older_than_s seconds. Returns the removed keys. S3 is shared by the fleet and
+        is left to bucket lifecycle rules."""
+        if keep_last is None and older_than_s is None:
+            raise CacheError("cache gc: give keep_last and/or older_than_s", 2)
+        if keep_last is not None and keep_last < 0:
+            raise CacheError(f"cache gc: keep_last must be >= 0, got {keep_last}", 2)
+        if older_than_s is not None and older_than_s < 0:
+            raise CacheError(f"cache gc: older_than_s must be >= 0, got {older_than_s}", 2)
+        self.local.remove_abandoned_staging()
+        now = self.clock()
+        by_recency = sorted(self.local.keys(), key=self.local.last_used, reverse=True)
+        doomed = []
+        for rank, key in enumerate(by_recency):
+            too_many = keep_last is not None and rank >= keep_last
+            too_old = older_than_s is not None and now - self.local.last_used(key) > older_than_s
+            if (too_many or too_old) and self.local.remove(key):
+                doomed.append(key)
+        return doomed
+
+
+def _checked(key: str) -> str:
+    if not isinstance(key, str) or not is_engine_key(key):
+        raise CacheError(f"{key!r} is not an engine cache key (64 lowercase hex digits; "
+                         "see engine_key())", 2)
+    return key

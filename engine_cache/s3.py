@@ -1,0 +1,401 @@
+"""The S3 tier: entries shared by every machine, on AWS or any S3-compatible server.
+
+Layout under s3://bucket/prefix:
+  <key>/files/<upload_id>/<path>   one private folder per publisher, so two publishers of
+                                   one key never overwrite each other's bytes
+  <key>/manifest.json              written LAST with If-None-Match: * : the entry exists
+                                   exactly when this object does, and only one publisher wins
+  <key>/lease.json                 the build lease (engine_cache.lease)
+  quarantine/<key>/<time>/...      corrupt entries moved aside, with reason.txt
+
+Every botocore failure becomes a CacheError naming the endpoint, the object and the reason.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import os
+import time
+import uuid
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import boto3
+import botocore.exceptions
+from boto3.s3.transfer import TransferConfig, create_transfer_manager
+from botocore.config import Config
+
+from engine_cache.errors import CacheError
+from engine_cache.key import is_engine_key
+from engine_cache.manifest import MANIFEST_NAME, FileRecord, Manifest, parse_manifest
+
+log = logging.getLogger("trident.engine_cache")
+MiB = 1 << 20
+# Parallel ranged GETs / multipart uploads of 16 MiB parts: measured fastest here for
+# multi-hundred-MB engine files against SeaweedFS (8 MiB parts were no faster).
+DEFAULT_TRANSFER = TransferConfig(multipart_threshold=16 * MiB, multipart_chunksize=16 * MiB,
+                                  max_concurrency=10, use_threads=True)
+_NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+_CONFLICT = {"412", "PreconditionFailed", "409", "ConditionalRequestConflict"}
+
+
+class CorruptEntry(CacheError):
+    """An S3 entry that must not be used (unreadable manifest, missing or damaged file)."""
+
+    def __init__(self, key: str, problems: list[str], etag: str | None = None):
+        super().__init__(f"S3 entry {key} is damaged: {'; '.join(problems)}")
+        self.key, self.problems, self.etag = key, problems, etag
+
+
+@dataclass(frozen=True)
+class S3Location:
+    bucket: str
+    prefix: str          # no leading or trailing slash; may be empty
+
+    def object_key(self, *parts: str) -> str:
+        return "/".join(p for p in (self.prefix, *parts) if p)
+
+
+def parse_s3_uri(uri: str) -> S3Location:
+    if not isinstance(uri, str) or not uri.startswith("s3://"):
+        raise CacheError(f"cache location {uri!r} is not an s3://bucket/prefix URI", 2)
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    if not bucket:
+        raise CacheError(f"cache location {uri!r} names no bucket", 2)
+    return S3Location(bucket, prefix.strip("/"))
+
+
+def resolve_endpoint(endpoint_url: str | None) -> str | None:
+    """The explicit endpoint, else the standard AWS_ENDPOINT_URL(_S3) variables."""
+    return (endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL") or None)
+
+
+def make_client(endpoint_url: str | None):
+    endpoint = resolve_endpoint(endpoint_url)
+    region = (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+              or "us-east-1")
+    config = Config(
+        connect_timeout=5, read_timeout=120,
+        retries={"max_attempts": 3, "mode": "standard"},
+        # Custom endpoints (SeaweedFS, MinIO, a loopback address) rarely resolve
+        # bucket-named hosts: address buckets by path there.
+        s3={"addressing_style": "path" if endpoint else "auto"},
+        max_pool_connections=32,
+    )
+    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region,
+                                          config=config)
+
+
+class _HashingWriter:
+    """A write-only stream: s3transfer treats it as non-seekable and hands it the parts in
+    order, so the sha256 is computed while the parallel download runs (no second pass)."""
+
+    def __init__(self, handle):
+        self.handle, self.digest, self.size = handle, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self.handle.write(data)
+
+
+class S3Tier:
+    def __init__(self, uri: str, endpoint_url: str | None = None,
+                 transfer_config: TransferConfig = DEFAULT_TRANSFER,
+                 clock: Callable[[], float] = time.time):
+        self.location = parse_s3_uri(uri)
+        self.uri = uri
+        self.client = make_client(endpoint_url)
+        self.endpoint = self.client.meta.endpoint_url
+        self.transfer_config = transfer_config
+        self.clock = clock
+
+    # --- errors ------------------------------------------------------------------------
+    @contextmanager
+    def _call(self, action: str) -> Iterator[None]:
+        try:
+            yield
+        except (botocore.exceptions.EndpointConnectionError,
+                botocore.exceptions.ConnectTimeoutError,
+                botocore.exceptions.ReadTimeoutError,
+                botocore.exceptions.ConnectionClosedError) as e:
+            raise CacheError(f"S3 endpoint {self.endpoint} is unreachable while {action} "
+                             f"({e}); check the endpoint and network, or run with the "
+                             "local-only cache") from e
+        except botocore.exceptions.NoCredentialsError as e:
+            raise CacheError(f"no S3 credentials for {self.endpoint} while {action}: set "
+                             "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or another "
+                             "source of the standard credential chain") from e
+        except botocore.exceptions.ClientError as e:
+            error = e.response.get("Error", {})
+            raise CacheError(f"S3 {self.endpoint} refused {action}: {error.get('Code')} "
+                             f"{error.get('Message', '')}".rstrip()) from e
+        except botocore.exceptions.BotoCoreError as e:
+            raise CacheError(f"S3 {self.endpoint} failed while {action}: {e}") from e
+
+    @staticmethod
+    def _code(error: botocore.exceptions.ClientError) -> str:
+        return str(error.response.get("Error", {}).get("Code", ""))
+
+    def _where(self, object_key: str) -> str:
+        return f"s3://{self.location.bucket}/{object_key}"
+
+    # --- small objects -----------------------------------------------------------------
+    def _get(self, object_key: str) -> tuple[bytes, str] | None:
+        with self._call(f"reading {self._where(object_key)}"):
+            try:
+                response = self.client.get_object(Bucket=self.location.bucket, Key=object_key)
+            except botocore.exceptions.ClientError as e:
+                if self._code(e) in _NOT_FOUND:
+                    return None
+                raise
+            return response["Body"].read(), response["ETag"]
+
+    def _put_conditional(self, object_key: str, body: bytes, **condition) -> str | None:
+        """Put with If-None-Match/If-Match; the new etag, or None if the condition failed."""
+        with self._call(f"writing {self._where(object_key)}"):
+            try:
+                response = self.client.put_object(Bucket=self.location.bucket, Key=object_key,
+                                                  Body=body, **condition)
+            except botocore.exceptions.ClientError as e:
+                if self._code(e) in _CONFLICT or self._code(e) in _NOT_FOUND:
+                    return None
+                raise
+            return response["ETag"]
+
+    def _delete(self, object_key: str, **condition) -> None:
+        with self._call(f"deleting {self._where(object_key)}"):
+            try:
+                self.client.delete_object(Bucket=self.location.bucket, Key=object_key,
+                                          **condition)
+            except botocore.exceptions.ClientError as e:
+                if self._code(e) not in _CONFLICT | _NOT_FOUND:
+                    raise
+
+    def check_bucket(self) -> None:
+        """Fail early and clearly when the endpoint, credentials or bucket are wrong."""
+        with self._call(f"opening bucket {self.location.bucket}"):
+            self.client.head_bucket(Bucket=self.location.bucket)
+
+    # --- manifests ---------------------------------------------------------------------
+    def manifest_key(self, key: str) -> str:
+        return self.location.object_key(key, MANIFEST_NAME)
+
+    def has_manifest(self, key: str) -> bool:
+        with self._call(f"looking up {self._where(self.manifest_key(key))}"):
+            try:
+                self.client.head_object(Bucket=self.location.bucket, Key=self.manifest_key(key))
+            except botocore.exceptions.ClientError as e:
+                if self._code(e) in _NOT_FOUND:
+                    return False
+                raise
+            return True
+
+    def read_manifest(self, key: str) -> tuple[Manifest, str] | None:
+        """(manifest, etag), None when absent; CorruptEntry when present but unusable."""
+        got = self._get(self.manifest_key(key))
+        if got is None:
+            return None
+        raw, etag = got
+        try:
+            manifest = parse_manifest(raw, key, self._where(self.manifest_key(key)))
+        except CacheError as e:
+            raise CorruptEntry(key, [str(e)], etag) from e
+        if not manifest.upload_id or "/" in manifest.upload_id:
+            raise CorruptEntry(key, [f"manifest has no valid upload_id ({manifest.upload_id!r})"],
+                               etag)
+        return manifest, etag
+
+    def keys(self) -> list[str]:
+        """Keys that have a manifest (entries in progress or abandoned have none)."""
+        prefix = self.location.object_key("") + ("/" if self.location.prefix else "")
+        found = []
+        with self._call(f"listing s3://{self.location.bucket}/{prefix}"):
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.location.bucket, Prefix=prefix, Delimiter="/")
+            for page in pages:
+                for common in page.get("CommonPrefixes", []):
+                    name = common["Prefix"][len(prefix):].rstrip("/")
+                    if is_engine_key(name):
+                        found.append(name)
+        return sorted(k for k in found if self.has_manifest(k))
+
+    # --- files -------------------------------------------------------------------------
+    def file_key(self, manifest: Manifest, record: FileRecord) -> str:
+        return self.location.object_key(manifest.key, "files", manifest.upload_id, record.path)
+
+    def publish(self, manifest: Manifest, files_dir: Path) -> bool:
+        """Upload the files into a private folder, verify them, then write the manifest
+        conditionally. False when another publisher's manifest is already there (our
+        uploaded copy is then deleted). Interrupted before the manifest: no entry exists."""
+        if self.has_manifest(manifest.key):
+            return False
+        manifest = manifest.with_upload_id(f"{int(self.clock())}-{uuid.uuid4().hex[:12]}")
+        self._upload_files(manifest, files_dir)
+        problems = self._stored_problems(manifest)
+        if problems:
+            self._delete_upload(manifest)
+            raise CacheError(f"uploading {manifest.key} to {self.uri} failed verification: "
+                             + "; ".join(problems))
+        etag = self._put_conditional(self.manifest_key(manifest.key), manifest.to_json(),
+                                     IfNoneMatch="*")
+        if etag is None:
+            self._delete_upload(manifest)
+            return False
+        return True
+
+    def _upload_files(self, manifest: Manifest, files_dir: Path) -> None:
+        with self._call(f"uploading {manifest.key} to {self.uri}"), \
+                create_transfer_manager(self.client, self.transfer_config) as manager:
+            futures = [manager.upload(str(files_dir / record.path), self.location.bucket,
+                                      self.file_key(manifest, record),
+                                      extra_args=self._upload_checksum(record))
+                       for record in manifest.files]
+            _wait_all(futures)
+
+    def _upload_checksum(self, record: FileRecord) -> dict[str, str]:
+        """Single-part objects carry our sha256: the server rejects bytes that do not match
+        the manifest. Multipart uploads get a server-checked sha256 per part instead."""
+        if record.size < self.transfer_config.multipart_threshold:
+            return {"ChecksumSHA256": base64.b64encode(bytes.fromhex(record.sha256)).decode()}
+        return {"ChecksumAlgorithm": "SHA256"}
+
+    def _stored_problems(self, manifest: Manifest) -> list[str]:
+        """Cheap remote check: every object present with the manifest's size, and the same
+        sha256 where the server stored a whole-object one."""
+        problems = []
+        for record in manifest.files:
+            object_key = self.file_key(manifest, record)
+            with self._call(f"checking {self._where(object_key)}"):
+                try:
+                    head = self.client.head_object(Bucket=self.location.bucket, Key=object_key,
+                                                   ChecksumMode="ENABLED")
+                except botocore.exceptions.ClientError as e:
+                    if self._code(e) in _NOT_FOUND:
+                        problems.append(f"{record.path}: missing in S3")
+                        continue
+                    raise
+            if head["ContentLength"] != record.size:
+                problems.append(f"{record.path}: {head['ContentLength']} bytes in S3, "
+                                f"manifest says {record.size}")
+            stored = head.get("ChecksumSHA256")
+            if stored and "-" not in stored and head.get("ChecksumType") != "COMPOSITE" \
+                    and base64.b64decode(stored).hex() != record.sha256:
+                problems.append(f"{record.path}: sha256 in S3 differs from the manifest")
+        return problems
+
+    def fetch(self, manifest: Manifest, target_dir: Path) -> list[str]:
+        """Download every file into target_dir, hashing while downloading. Returns the
+        problems (missing, size or sha256 mismatch); empty means every byte was verified."""
+        writers: dict[str, _HashingWriter] = {}
+        problems = []
+        with self._call(f"downloading {manifest.key} from {self.uri}"), \
+                create_transfer_manager(self.client, self.transfer_config) as manager:
+            handles, futures = [], {}
+            try:
+                for record in manifest.files:
+                    path = target_dir / record.path
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    handles.append(open(path, "wb"))
+                    writers[record.path] = _HashingWriter(handles[-1])
+                    futures[record.path] = manager.download(
+                        self.location.bucket, self.file_key(manifest, record),
+                        writers[record.path])
+                for path, future in futures.items():
+                    try:
+                        future.result()
+                    except botocore.exceptions.ClientError as e:
+                        if self._code(e) not in _NOT_FOUND:
+                            raise
+                        problems.append(f"{path}: missing in S3")
+            finally:
+                for handle in handles:
+                    handle.close()
+        for record in manifest.files:
+            writer = writers[record.path]
+            if any(p.startswith(f"{record.path}:") for p in problems):
+                continue
+            if writer.size != record.size:
+                problems.append(f"{record.path}: got {writer.size} bytes, manifest says "
+                                f"{record.size}")
+            elif writer.digest.hexdigest() != record.sha256:
+                problems.append(f"{record.path}: sha256 differs from the manifest")
+        return problems
+
+    def check(self, key: str) -> list[str]:
+        """Verify an S3 entry without downloading it (see _stored_problems)."""
+        got = self.read_manifest(key)
+        if got is None:
+            return [f"no entry {key} in {self.uri}"]
+        return self._stored_problems(got[0])
+
+    # --- removal -----------------------------------------------------------------------
+    def _delete_prefix(self, prefix: str) -> None:
+        with self._call(f"deleting s3://{self.location.bucket}/{prefix}"):
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.location.bucket, Prefix=prefix)
+            for page in pages:
+                for item in page.get("Contents", []):
+                    # One by one: an entry holds a handful of objects.
+                    self.client.delete_object(Bucket=self.location.bucket, Key=item["Key"])
+
+    def _delete_upload(self, manifest: Manifest) -> None:
+        self._delete_prefix(self.location.object_key(manifest.key, "files", manifest.upload_id)
+                            + "/")
+
+    def quarantine(self, key: str, problems: list[str], etag: str | None) -> None:
+        """Hide a damaged entry at once (delete its manifest, only if still the one we
+        judged), keep the manifest and the reason under quarantine/, drop the files."""
+        stamp = f"{int(self.clock())}-{uuid.uuid4().hex[:6]}"
+        base = self.location.object_key("quarantine", key, stamp)
+        got = self._get(self.manifest_key(key))
+        if got is None or (etag is not None and got[1] != etag):
+            return               # already quarantined, or replaced by a new publisher
+        raw, current_etag = got
+        with self._call(f"quarantining {key} in {self.uri}"):
+            self.client.put_object(Bucket=self.location.bucket, Key=f"{base}/{MANIFEST_NAME}",
+                                   Body=raw)
+            self.client.put_object(Bucket=self.location.bucket, Key=f"{base}/reason.txt",
+                                   Body=("\n".join(problems) + "\n").encode())
+        self._delete(self.manifest_key(key), IfMatch=current_etag)
+        try:
+            manifest = parse_manifest(raw, key, "quarantined manifest")
+            if manifest.upload_id and "/" not in manifest.upload_id:
+                self._delete_upload(manifest)
+        except CacheError:
+            pass                 # unreadable manifest: its files are left for gc
+        log.warning("engine cache: S3 entry %s is damaged (%s); quarantined under %s/",
+                    key, "; ".join(problems), self._where(base))
+
+    # --- leases (engine_cache.lease.LeaseStore) ----------------------------------------
+    def lease_key(self, key: str) -> str:
+        return self.location.object_key(key, "lease.json")
+
+    def create_lease(self, key: str, body: bytes) -> str | None:
+        return self._put_conditional(self.lease_key(key), body, IfNoneMatch="*")
+
+    def replace_lease(self, key: str, body: bytes, etag: str) -> str | None:
+        return self._put_conditional(self.lease_key(key), body, IfMatch=etag)
+
+    def read_lease(self, key: str) -> tuple[bytes, str] | None:
+        return self._get(self.lease_key(key))
+
+    def delete_lease(self, key: str, etag: str) -> None:
+        self._delete(self.lease_key(key), IfMatch=etag)
+
+
+def _wait_all(futures: list[Future]) -> None:
+    """Wait for every transfer; the first failure is raised after all have settled."""
+    first_error = None
+    for future in futures:
+        try:
+            future.result()
+        except Exception as e:       # noqa: BLE001 - re-raised below, after the others
+            first_error = first_error or e
+    if first_error is not None:
+        raise first_error
