@@ -1,39 +1,61 @@
 """Where each model's instances run: Triton instance groups and per-instance devices.
 
-This is the seam between the placement planner and the rendered repository. Without GPUs
-every instance is KIND_CPU; with GPUs, a model spanning several devices (TP×PP > 1) is
-KIND_MODEL (the engine owns its devices, as vLLM and SGLang require), else KIND_GPU.
+This is the seam between the placement planner (builder.planner) and the rendered
+repository: every function takes the whole deployment's Plan, since all models compete
+for the same GPUs. Without GPUs every instance is KIND_CPU; with GPUs, a model spanning
+several devices (TP×PP > 1), on a MIG slice, or served by TensorRT-LLM is KIND_MODEL (the
+engine owns its devices, as vLLM and SGLang require), else KIND_GPU.
 """
 from __future__ import annotations
 
-from builder.spec import HardwareSpec, ModelSpec
+from builder.planner import Plan
+from builder.spec import ModelSpec
 
 
-def world_size(model: ModelSpec) -> int:
-    args = model.engine_args
-    tp = args.get("tensor_parallel_size", args.get("tp_size", 1))
-    pp = args.get("pipeline_parallel_size", args.get("pp_size", 1))
-    return int(tp) * int(pp)
+def instance_kind(model: ModelSpec, plan: Plan) -> str:
+    return plan.model(model.name).kind
 
 
-def instance_kind(model: ModelSpec, hardware: HardwareSpec) -> str:
-    kind = model.placement.kind
-    if kind == "auto":
-        if hardware.gpu == "cpu":
-            kind = "cpu"
-        else:
-            kind = "model" if world_size(model) > 1 or model.placement.mig else "gpu"
-    return kind
+def instance_groups(model: ModelSpec, plan: Plan) -> list[dict]:
+    """Triton instance groups. KIND_GPU lists one GPU per instance and lets Triton pass
+    each instance its device; KIND_MODEL instances learn theirs from INSTANCE_DEVICES."""
+    placed = plan.model(model.name)
+    if placed.kind == "gpu" and placed.instances:
+        gpus = [instance.devices[0] for instance in placed.instances]
+        return [{"count": 1, "kind": "KIND_GPU", "gpus": gpus}]
+    return [{"count": model.instances, "kind": f"KIND_{placed.kind.upper()}", "gpus": []}]
 
 
-def instance_groups(model: ModelSpec, hardware: HardwareSpec) -> list[dict]:
-    kind = instance_kind(model, hardware)
-    gpus = list(model.placement.devices) if kind == "gpu" else []
-    return [{"count": model.instances, "kind": f"KIND_{kind.upper()}", "gpus": gpus}]
+def instance_parameters(model: ModelSpec, plan: Plan) -> dict[str, str]:
+    """config.pbtxt parameters that tell each KIND_MODEL instance which devices it owns:
+    INSTANCE_DEVICES, one ';'-separated entry per instance, each what that instance's
+    CUDA_VISIBLE_DEVICES gets (GPU ordinals "0,1", or a MIG slice "mig:GPU:PROFILE:N"
+    that trident_common.devices resolves to the slice's UUID on the live box)."""
+    placed = plan.model(model.name)
+    if placed.kind != "model" or not placed.instances:
+        return {}
+    return {"INSTANCE_DEVICES": ";".join(i.visible_devices for i in placed.instances)}
 
 
-def instance_parameters(model: ModelSpec, hardware: HardwareSpec) -> dict[str, str]:
-    """config.pbtxt parameters that tell each instance which devices it owns."""
-    if instance_kind(model, hardware) == "model" and model.placement.devices:
-        return {"GPU_DEVICE_IDS": ",".join(map(str, model.placement.devices))}
+def device_ids(model: ModelSpec, plan: Plan) -> list[list[int]]:
+    """GPU ordinals per instance (TRT-LLM's `gpu_device_ids "0,1;2,3"`); MIG instances
+    give the GPU their slice is on."""
+    return [list(i.devices) for i in plan.model(model.name).instances]
+
+
+def parallel_engine_args(model: ModelSpec, plan: Plan) -> dict[str, int]:
+    """The TP/PP the plan chose, spelled as the engine's own argument (vLLM, SGLang)."""
+    placed = plan.model(model.name)
+    if placed.kind == "cpu":
+        return {}
+    if model.engine == "vllm":
+        return {"tensor_parallel_size": placed.tp, "pipeline_parallel_size": placed.pp}
+    if model.engine == "sglang":
+        return {"tp_size": placed.tp, "pp_size": placed.pp}
     return {}
+
+
+def kubernetes_resources(model: ModelSpec, plan: Plan) -> dict[str, int]:
+    """Extended resources one instance's pod requests (`nvidia.com/gpu: 2`,
+    `nvidia.com/mig-3g.40gb: 1`); empty on the CPU."""
+    return plan.model(model.name).kubernetes_resources

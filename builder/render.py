@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -39,6 +39,7 @@ class RenderContext:
     spec: DeploymentSpec
     resolved_models: Mapping[str, str]      # model name → local path or id for the engine
     engines: Mapping[str, str]              # TRT-LLM model name → engine directory
+    plan: Any = None                        # builder.planner.Plan; planned from spec if None
 
 
 def _environment() -> jinja2.Environment:
@@ -73,10 +74,12 @@ def _common_package(model_dir: str) -> dict[str, bytes]:
 
 def _render_python_llm(ctx: RenderContext, model: ModelSpec) -> dict[str, bytes]:
     """vLLM and SGLang: a decoupled Python-backend model running the engine in its stub."""
-    groups = placement_mod.instance_groups(model, ctx.spec.hardware)
-    engine_args = {**thaw(model.engine_args), **_model_path_arg(model, ctx)}
+    groups = placement_mod.instance_groups(model, ctx.plan)
+    engine_args = {**thaw(model.engine_args),
+                   **placement_mod.parallel_engine_args(model, ctx.plan),
+                   **_model_path_arg(model, ctx)}
     view = {"name": model.name, "instance_groups": groups,
-            "parameters": placement_mod.instance_parameters(model, ctx.spec.hardware)}
+            "parameters": placement_mod.instance_parameters(model, ctx.plan)}
     files = {
         f"{model.name}/config.pbtxt": render_template(
             "python_llm/config.pbtxt.j2", model=view, spec_file=ctx.spec.file,
@@ -124,6 +127,10 @@ ENGINE_RENDERERS: dict[str, Callable[[RenderContext, ModelSpec], dict[str, bytes
 
 def render_files(ctx: RenderContext) -> dict[str, bytes]:
     """Every file of the repository, keyed by relative path. Pure and deterministic."""
+    if ctx.plan is None:
+        from builder.planner import plan_for_spec  # reads the topology file, if any
+
+        ctx = replace(ctx, plan=plan_for_spec(ctx.spec))
     files: dict[str, bytes] = {}
     for model in ctx.spec.models:
         for path, data in ENGINE_RENDERERS[model.engine](ctx, model).items():

@@ -166,7 +166,11 @@ class EngineCacheSpec:
 class PlacementSpec:
     kind: str = "auto"                 # auto | cpu | gpu | model
     devices: tuple[int, ...] = ()      # explicit GPU ordinals (else the planner chooses)
-    mig: str | None = None             # a MIG profile such as "3g.40gb" to run on slices
+    mig: str | None = None             # a MIG profile such as "3g.40gb", or "auto"
+    # Memory-math inputs for the planner (builder.planner); None: from the engine args.
+    dtype: str | None = None           # weight precision, e.g. "fp8" (builder.memory)
+    max_batch: int | None = None       # sequences one instance serves at once
+    max_context: int | None = None     # tokens per sequence (prompt + output)
 
 
 @dataclass(frozen=True)
@@ -369,10 +373,17 @@ def _parse_placement(node: _Node) -> PlacementSpec:
             raise SpecError(node.file, path, f"expected a GPU ordinal >= 0, got {item!r}")
         devices.append(item)
     mig = node.get("mig", str, None)
+    dtype = node.get("dtype", str, None)
+    max_batch = node.int("max_batch", None, minimum=1)
+    max_context = node.int("max_context", None, minimum=1)
     node.done()
     if len(set(devices)) != len(devices):
         raise node.error("lists a device twice", "devices")
-    return PlacementSpec(kind, tuple(devices), mig)
+    from builder.memory import DTYPE_BYTES  # local import: only placement needs it
+
+    if dtype is not None and dtype.lower() not in DTYPE_BYTES:
+        raise node.error(f"{dtype!r} is not one of {', '.join(sorted(DTYPE_BYTES))}", "dtype")
+    return PlacementSpec(kind, tuple(devices), mig, dtype, max_batch, max_context)
 
 
 def _check_unique_names(models: tuple[ModelSpec, ...], file: str) -> None:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Optional
 
+from trident_common import devices
 from trident_common.request import (AbortRequest, BadRequest, GenerateRequest,
                                     parse_generate)
 from trident_common.triton_io import (FINAL, LlmMetrics, ResponseFactory, input_getter,
@@ -210,7 +211,8 @@ def apply_device_placement(args: dict) -> None:
     """Bind this instance (its own stub process) to the devices the placement chose.
 
     `INSTANCE_DEVICES` is one entry per instance, ';'-separated; each entry is what
-    CUDA_VISIBLE_DEVICES gets (GPU ordinals or MIG UUIDs). The instance index is the
+    CUDA_VISIBLE_DEVICES gets (GPU ordinals, or a MIG slice that devices.resolve turns
+    into its UUID). The instance index is the
     last part of Triton's instance name (`<model>_<group>_<index>`)."""
     config = json.loads(args.get("model_config", "{}"))
     params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
@@ -218,7 +220,8 @@ def apply_device_placement(args: dict) -> None:
     if per_instance:
         entries = per_instance.split(";")
         index = int(args.get("model_instance_name", "x_0").rsplit("_", 1)[-1])
-        os.environ["CUDA_VISIBLE_DEVICES"] = entries[index % len(entries)]
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices.resolve(entries[index % len(entries)],
+                                                             devices.nvidia_smi_list)
     elif params.get("GPU_DEVICE_IDS"):
         os.environ["CUDA_VISIBLE_DEVICES"] = params["GPU_DEVICE_IDS"]
     elif args.get("model_instance_kind") == "GPU":

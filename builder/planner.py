@@ -1,0 +1,423 @@
+"""Which GPUs (or MIG slices) each model's instances run on, and with which TP × PP.
+
+`plan_deployment` is pure: spec + topology + a model-shape loader → Plan. All models
+compete for the node's GPUs, so the plan is made for the whole spec at once, in spec
+order: models on whole GPUs first (each instance gets the smallest TP that fits its
+target batch and context, on the fastest-linked free GPUs; pipeline stages across such
+groups only when tensor parallelism alone cannot fit), then models on MIG slices, packed
+onto the GPUs left over. Anything that cannot be laid out raises PlacementError saying
+how much memory is missing, or SpecError for a field that makes no sense.
+
+`plan_for_spec` is the I/O around it (reads the topology file or nvidia-smi, and
+config.json of local models).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from builder import memory, mig, topology as topo
+from builder.errors import TridentError
+from builder.gpus import GPU_TYPES, GpuType, MigProfile
+from builder.spec import DeploymentSpec, ModelSpec, SpecError
+
+DEFAULT_UTILIZATION = 0.9      # share of a GPU's memory an engine may take
+DEFAULT_MAX_BATCH = 8
+DEFAULT_MAX_CONTEXT = 4096     # capped by the model's own max_position_embeddings
+
+ShapeLoader = Callable[[str], memory.ModelShape]
+
+
+class PlacementError(TridentError):
+    """The models do not fit the hardware; the message says by how much."""
+
+
+@dataclass(frozen=True)
+class InstancePlacement:
+    devices: tuple[int, ...] = ()              # GPU ordinals, pipeline stage by stage
+    slice: mig.Assignment | None = None        # its MIG slice, if on MIG
+
+    @property
+    def visible_devices(self) -> str:
+        """What CUDA_VISIBLE_DEVICES gets in this instance's stub process."""
+        return self.slice.device if self.slice else ",".join(map(str, self.devices))
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    name: str
+    engine: str
+    kind: str                                   # cpu | gpu | model (Triton instance kind)
+    tp: int = 1
+    pp: int = 1
+    instances: tuple[InstancePlacement, ...] = ()
+    mig_profile: MigProfile | None = None
+    need: memory.MemoryNeed | None = None       # per GPU or slice; None: size unknown
+    usable_gib: float | None = None             # per GPU or slice
+    link: str = "-"                             # slowest link inside an instance
+
+    @property
+    def free_gib(self) -> float | None:
+        if self.need is None or self.usable_gib is None:
+            return None
+        return self.usable_gib - self.need.total_gib
+
+    @property
+    def kubernetes_resources(self) -> dict[str, int]:
+        """Per instance: the extended resources a pod running it requests."""
+        if self.kind == "cpu":
+            return {}
+        if self.mig_profile is not None:
+            return {self.mig_profile.kubernetes_resource: 1}
+        return {"nvidia.com/gpu": self.tp * self.pp}
+
+
+@dataclass(frozen=True)
+class Plan:
+    gpu: GpuType | None                          # None on the CPU
+    count: int
+    topology: topo.Topology | None
+    models: Mapping[str, ModelPlan]
+    mig_layouts: Mapping[int, tuple[mig.Slice, ...]] = field(default_factory=dict)
+
+    def model(self, name: str) -> ModelPlan:
+        return self.models[name]
+
+    @property
+    def used_gpus(self) -> set[int]:
+        used = {d for m in self.models.values() for i in m.instances for d in i.devices}
+        return used | set(self.mig_layouts)
+
+
+# ---------------------------------------------------------------------------------------
+# What a model asks for
+
+
+def _section_value(section: Any, key: str) -> Any:
+    """A field of a TRT-LLM section, parsed (dataclass) or still plain data."""
+    if section is None:
+        return None
+    if isinstance(section, Mapping):
+        return section.get(key)
+    return getattr(section, key, None)
+
+
+def explicit_parallelism(model: ModelSpec) -> tuple[int | None, int | None]:
+    """TP and PP the spec fixes: engine args for vLLM/SGLang; for TensorRT-LLM the
+    `build:` section, because the engine is compiled for one TP × PP."""
+    args = model.engine_args
+    if model.engine == "tensorrt_llm":
+        build = model.extra.get("build")
+        if build is None:
+            return 1, 1          # an engine built without tp_size/pp_size is 1 × 1
+        return (_section_value(build, "tp_size") or 1), (_section_value(build, "pp_size") or 1)
+    tp = args.get("tensor_parallel_size", args.get("tp_size"))
+    pp = args.get("pipeline_parallel_size", args.get("pp_size"))
+    return tp, pp
+
+
+def _weight_dtype(model: ModelSpec) -> str:
+    if model.placement.dtype:
+        return model.placement.dtype
+    if model.engine == "tensorrt_llm":
+        build = model.extra.get("build")
+        quant = _section_value(build, "quantization")
+        if quant and quant != "none":
+            return quant.split("-")[0] if quant.startswith("int") else quant
+        return _section_value(build, "dtype") or "fp16"
+    quant = model.engine_args.get("quantization")
+    if quant and quant.lower() in memory.DTYPE_BYTES:
+        return quant
+    return model.engine_args.get("dtype", "auto")
+
+
+def _kv_dtype(model: ModelSpec) -> str:
+    if model.engine == "tensorrt_llm":
+        value = _section_value(model.extra.get("build"), "kv_cache_dtype")
+    else:
+        value = model.engine_args.get("kv_cache_dtype")
+    return value if value and value.lower() in memory.DTYPE_BYTES else "auto"
+
+
+def _targets(model: ModelSpec) -> tuple[int | None, int | None]:
+    """Max batch and context from the engine's own settings."""
+    args = model.engine_args
+    if model.engine == "vllm":
+        return args.get("max_num_seqs"), args.get("max_model_len")
+    if model.engine == "sglang":
+        return args.get("max_running_requests"), args.get("context_length")
+    profile = _serving_profile(model)
+    return (args.get("max_batch_size") or _section_value(profile, "max_batch_size"),
+            _section_value(profile, "max_seq_len"))
+
+
+def _serving_profile(model: ModelSpec) -> Any:
+    profiles = model.extra.get("profiles")
+    if not profiles:
+        return None
+    values = list(profiles.values())
+    served = [p for p in values if _section_value(p, "serve")]
+    return (served or values)[0]
+
+
+def workload(model: ModelSpec, shape: memory.ModelShape, where: str) -> memory.Workload:
+    batch, context = _targets(model)
+    batch = model.placement.max_batch or batch or DEFAULT_MAX_BATCH
+    context = (model.placement.max_context or context
+               or min(DEFAULT_MAX_CONTEXT, shape.max_context))
+    try:
+        weight = memory.dtype_bytes(_weight_dtype(model), f"{where}.placement.dtype")
+    except ValueError as e:
+        raise PlacementError(str(e)) from None
+    return memory.Workload(weight, memory.DTYPE_BYTES[_kv_dtype(model).lower()], batch, context)
+
+
+def utilization(model: ModelSpec) -> float:
+    args = model.engine_args
+    return float(args.get("gpu_memory_utilization", args.get("mem_fraction_static",
+                                                             DEFAULT_UTILIZATION)))
+
+
+# ---------------------------------------------------------------------------------------
+# Planning
+
+
+@dataclass
+class _State:
+    """Mutable bookkeeping of one planning pass."""
+
+    gpu: GpuType
+    topology: topo.Topology
+    free: list[int]
+
+
+def plan_deployment(spec: DeploymentSpec, topology: topo.Topology | None,
+                    load_shape: ShapeLoader) -> Plan:
+    hardware = spec.hardware
+    if hardware.gpu == "cpu":
+        return Plan(None, 0, None, {m.name: _without_gpus(m) for m in spec.models})
+    gpu = GPU_TYPES[hardware.gpu]
+    topology = topology or topo.uniform_topology(hardware.count)
+    state = _State(gpu, topology, list(range(hardware.count)))
+    plans: dict[str, ModelPlan] = {}
+    indexed = list(enumerate(spec.models))
+    for i, model in indexed:
+        if not model.placement.mig:
+            plans[model.name] = _plan_whole_gpus(spec, i, model, state, load_shape)
+    mig_models = [(i, m) for i, m in indexed if m.placement.mig]
+    layouts = _plan_mig(spec, mig_models, state, load_shape, plans) if mig_models else {}
+    ordered = {m.name: plans[m.name] for m in spec.models}
+    return Plan(gpu, hardware.count, topology, ordered, layouts)
+
+
+def _without_gpus(model: ModelSpec) -> ModelPlan:
+    """hardware.gpu: cpu. An explicit placement kind is kept as written (the devices,
+    if any, are the user's to vouch for); auto means the CPU."""
+    kind = "cpu" if model.placement.kind == "auto" else model.placement.kind
+    instances = (tuple(InstancePlacement((d,)) for d in model.placement.devices)
+                 if kind == "gpu" else ())
+    return ModelPlan(model.name, model.engine, kind, instances=instances)
+
+
+def _shape(spec: DeploymentSpec, i: int, model: ModelSpec, load_shape: ShapeLoader,
+           required: bool) -> memory.ModelShape | None:
+    try:
+        return load_shape(model.model)
+    except memory.UnknownModelSize as e:
+        if not required:
+            return None
+        raise SpecError(spec.file, f"models[{i}].model", f"{e} (or pin it with "
+                        "placement.devices and an explicit tensor parallel size)") from None
+
+
+def _plan_whole_gpus(spec: DeploymentSpec, i: int, model: ModelSpec, state: _State,
+                     load_shape: ShapeLoader) -> ModelPlan:
+    if model.placement.kind == "cpu":
+        return ModelPlan(model.name, model.engine, "cpu")
+    where = f"models[{i}]"
+    tp, pp = explicit_parallelism(model)
+    pinned = bool(model.placement.devices)
+    shape = _shape(spec, i, model, load_shape, required=not (pinned and tp))
+    usable = state.gpu.memory_gib * utilization(model)
+    if pinned:
+        groups, tp, pp = _pinned_groups(spec, where, model, state, tp, pp)
+    else:
+        groups, tp, pp = _choose_groups(model, shape, state, usable, tp, pp, where)
+    need = memory.per_gpu_need(shape, workload(model, shape, where), tp, pp) if shape else None
+    if need is not None and need.total_gib > usable:
+        raise PlacementError(_missing(model, tp, pp, need, usable, state.gpu.name))
+    kind = model.placement.kind
+    if kind == "auto":
+        # vLLM and SGLang own all GPUs of a multi-GPU instance (KIND_MODEL); TRT-LLM
+        # instances always get their devices through gpu_device_ids (KIND_MODEL too).
+        kind = "model" if tp * pp > 1 or model.engine == "tensorrt_llm" else "gpu"
+    links = [state.topology.slowest_link(g) for g in groups if len(g) > 1]
+    link = min(links, key=topo.link_score) if links else "-"
+    return ModelPlan(model.name, model.engine, kind, tp, pp,
+                     tuple(InstancePlacement(tuple(g)) for g in groups),
+                     None, need, usable, link)
+
+
+def _pinned_groups(spec, where, model, state, tp, pp):
+    """Devices the spec lists: split into one group per instance."""
+    devices = list(model.placement.devices)
+    field_path = f"{where}.placement.devices"
+    if len(devices) % model.instances:
+        raise SpecError(spec.file, field_path, f"{len(devices)} devices do not split evenly "
+                        f"over {model.instances} instances")
+    world = len(devices) // model.instances
+    tp = tp or world // (pp or 1)
+    pp = pp or world // tp
+    if tp * pp != world:
+        raise SpecError(spec.file, field_path, f"each instance gets {world} devices but "
+                        f"TP × PP is {tp} × {pp}")
+    for device in devices:
+        if device >= state.topology.count:
+            raise SpecError(spec.file, field_path, f"GPU {device} does not exist "
+                            f"(hardware.count is {state.topology.count})")
+        if device not in state.free:
+            raise SpecError(spec.file, field_path, f"GPU {device} is already used by "
+                            "another model")
+        state.free.remove(device)
+    return [devices[k * world:(k + 1) * world] for k in range(model.instances)], tp, pp
+
+
+def candidate_layouts(shape: memory.ModelShape | None, gpus: int,
+                      tp: int | None, pp: int | None) -> list[tuple[int, int]]:
+    """(tp, pp) pairs to try, fewest GPUs first and, for equal counts, least pipeline.
+    TP must divide the attention heads; PP cannot exceed the layers."""
+    tps = [tp] if tp else [t for t in (1, 2, 4, 8, 16, 32, 64)
+                           if t <= gpus and (shape is None or shape.heads % t == 0)]
+    layouts = []
+    for t in tps:
+        pps = [pp] if pp else range(1, gpus // t + 1)
+        layouts += [(t, p) for p in pps if shape is None or p <= shape.layers]
+    return sorted(layouts, key=lambda tp_pp: (tp_pp[0] * tp_pp[1], tp_pp[1]))
+
+
+def _choose_groups(model, shape, state, usable, tp, pp, where):
+    layouts = candidate_layouts(shape, state.topology.count, tp, pp)
+    fitting = [(t, p) for t, p in layouts
+               if shape is None
+               or memory.per_gpu_need(shape, workload(model, shape, where), t, p).total_gib
+               <= usable]
+    if not fitting:
+        t, p = layouts[-1] if layouts else (tp or 1, pp or 1)
+        need = memory.per_gpu_need(shape, workload(model, shape, where), t, p)
+        raise PlacementError(_missing(model, t, p, need, usable, state.gpu.name,
+                                      explicit=bool(tp or pp)))
+    for t, p in fitting:
+        groups = _allocate(state, t, p, model.instances)
+        if groups is not None:
+            return groups, t, p
+    t, p = fitting[0]
+    raise PlacementError(
+        f"{model.name}: needs {model.instances} instance(s) × TP×PP {t}×{p} = "
+        f"{model.instances * t * p} GPUs with TP groups inside one fast-link domain; "
+        f"free GPUs: {', '.join(map(str, state.free)) or 'none'} "
+        f"(of {state.topology.count}, topology {state.topology.source})")
+
+
+def _allocate(state: _State, tp: int, pp: int, instances: int) -> list[list[int]] | None:
+    """One TP group per pipeline stage per instance from the free GPUs, or None.
+    A TP group must not cross NUMA nodes over the CPU interconnect (SYS links)."""
+    free = list(state.free)
+    min_score = topo.CROSS_NUMA_SCORE + 1 if state.topology.known and tp > 1 else None
+    groups = []
+    for _ in range(instances):
+        devices: list[int] = []
+        for _ in range(pp):
+            group = topo.best_group(state.topology, free, tp, min_score)
+            if group is None:
+                return None
+            devices += group
+            free = [g for g in free if g not in group]
+        groups.append(devices)
+    state.free[:] = free
+    return groups
+
+
+def _missing(model: ModelSpec, tp: int, pp: int, need: memory.MemoryNeed, usable: float,
+             where_name: str, explicit: bool = True) -> str:
+    hint = ""
+    if explicit and model.engine == "tensorrt_llm":
+        hint = "; raise build.tp_size / build.pp_size, or lower the batch or context"
+    elif explicit:
+        hint = "; raise the tensor/pipeline parallel size, or lower the batch or context"
+    return (f"{model.name}: does not fit: with TP×PP {tp}×{pp} each {where_name} needs "
+            f"{need.total_gib:.1f} GiB (weights {need.weights_gib:.1f} + KV cache "
+            f"{need.kv_cache_gib:.1f} + workspace {need.workspace_gib:.1f}) but "
+            f"{usable:.1f} GiB are usable: {need.total_gib - usable:.1f} GiB missing{hint}")
+
+
+# ---------------------------------------------------------------------------------------
+# MIG
+
+
+def _plan_mig(spec, mig_models, state, load_shape, plans):
+    requests, chosen = [], {}
+    for i, model in mig_models:
+        profile, shape, need, usable = _mig_profile(spec, i, model, state.gpu, load_shape)
+        chosen[model.name] = (profile, need, usable)
+        requests += [mig.SliceRequest(model.name, k, profile) for k in range(model.instances)]
+    try:
+        layouts, assignments = mig.pack(state.gpu, requests, list(state.free))
+    except mig.MigError as e:
+        raise PlacementError(f"MIG: {e}") from None
+    state.free[:] = [g for g in state.free if g not in layouts]
+    for i, model in mig_models:
+        profile, need, usable = chosen[model.name]
+        mine = sorted((a for a in assignments if a.request.owner == model.name),
+                      key=lambda a: a.request.instance)
+        plans[model.name] = ModelPlan(
+            model.name, model.engine, "model", 1, 1,
+            tuple(InstancePlacement((a.gpu,), a) for a in mine), profile, need, usable, "-")
+    return layouts
+
+
+def _mig_profile(spec, i, model, gpu, load_shape):
+    where = f"models[{i}].placement.mig"
+    tp, pp = explicit_parallelism(model)
+    if (tp or 1) * (pp or 1) > 1:
+        raise SpecError(spec.file, where, "a MIG slice is one CUDA device: tensor or "
+                        "pipeline parallelism > 1 cannot run on slices")
+    if model.placement.devices:
+        raise SpecError(spec.file, where, "give either placement.mig or placement.devices")
+    if not gpu.mig_profiles:
+        raise SpecError(spec.file, where, f"{gpu.name} does not support MIG")
+    shape = _shape(spec, i, model, load_shape, required=True)
+    need = memory.per_gpu_need(shape, workload(model, shape, f"models[{i}]"), 1, 1)
+    share = utilization(model)
+    if model.placement.mig == "auto":
+        profile = _smallest_fitting(gpu, need, share)
+    else:
+        try:
+            profile = mig.profile_named(gpu, model.placement.mig)
+        except mig.MigError as e:
+            raise SpecError(spec.file, where, str(e)) from None
+    usable = profile.memory_gib * share
+    if need.total_gib > usable:
+        raise PlacementError(_missing(model, 1, 1, need, usable, f"{profile.name} slice"))
+    return profile, shape, need, usable
+
+
+def _smallest_fitting(gpu: GpuType, need: memory.MemoryNeed, share: float) -> MigProfile:
+    """`mig: auto`: the smallest slice (memory, then compute) that holds the model; the
+    largest one if none does (the caller then reports what is missing)."""
+    plain = sorted((p for p in gpu.mig_profiles if "+" not in p.name),
+                   key=lambda p: (p.memory_gib, p.compute_slices))
+    return next((p for p in plain if p.memory_gib * share >= need.total_gib), plain[-1])
+
+
+# ---------------------------------------------------------------------------------------
+# I/O
+
+
+def plan_for_spec(spec: DeploymentSpec, live=topo.read_live) -> Plan:
+    """Plan a spec as written: its topology file (or the live one) and model sizes from
+    local config.json files or the table of well-known models."""
+    if spec.hardware.gpu == "cpu":
+        return plan_deployment(spec, None, memory.load_shape)
+    topology = topo.load_topology(spec.hardware.topology, spec.hardware.count, spec.file,
+                                  live)
+    return plan_deployment(spec, topology, memory.load_shape)
