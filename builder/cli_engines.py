@@ -6,10 +6,12 @@ for bad input); `engines prebuild` reports every engine and exits 1 when any fai
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
 import sys
+import time
 
 from builder.errors import TridentError
 from builder.spec import load_spec
@@ -114,23 +116,19 @@ def _cache(args: argparse.Namespace):
 def cmd_cache_ls(args: argparse.Namespace) -> int:
     entries = list(_cache(args).entries())
     for entry in entries:
-        print(json.dumps(entry, default=str, sort_keys=True) if args.json
-              else _entry_line(entry))
+        print(json.dumps(dataclasses.asdict(entry), default=str, sort_keys=True)
+              if args.json else _entry_line(entry))
     if not args.json:
         print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}", file=sys.stderr)
     return 0
 
 
 def _entry_line(entry) -> str:
-    if not isinstance(entry, dict):
-        return str(entry)
-    meta = entry.get("metadata") or {}
-    title = f"{meta.get('model', '?')}/{meta.get('profile', '?')}" if meta else ""
-    size = entry.get("size") or entry.get("bytes")
-    parts = [str(entry.get("key", "?")), title,
-             f"{size / 2**20:.1f} MiB" if isinstance(size, (int, float)) else "",
-             str(entry.get("tier", entry.get("where", "")))]
-    return "  ".join(p for p in parts if p)
+    meta = entry.metadata or {}
+    title = f"{meta.get('model', '?')}/{meta.get('profile', '?')}"
+    created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(entry.created))
+    return (f"{entry.key}  {title}  {entry.size / 2**20:.1f} MiB  {entry.files} files  "
+            f"{created}Z  {entry.tier}")
 
 
 def cmd_cache_stats(args: argparse.Namespace) -> int:

@@ -1,0 +1,192 @@
+"""The Triton models of one tensorrt_llm model (TensorRT-LLM's inflight-batcher layout).
+
+    NAME                  ensemble: text in, text out, the tensors TrtllmAdapter sends
+    NAME_preprocessing    Python: tokenizer (transformers) text → input_ids
+    NAME_tensorrt_llm     tensorrtllm backend: the cached engine, inflight fused batching
+    NAME_postprocessing   Python: output_ids → text
+
+Pure: (RenderContext, ModelSpec) → {path: bytes}; the engine directory comes from
+ctx.engines (resolved from the cache by builder.engines before rendering).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from builder import trtllm_spec
+from builder.render import (BACKENDS_DIR, VERSION, RenderContext, RenderError, copy_tree,
+                            render_template)
+from builder.spec import ModelSpec
+
+TEMPLATE_DIR = "tensorrt_llm"
+EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
+DEFAULT_RUNTIME = {"batch_scheduler_policy": "guaranteed_no_evict",
+                   "kv_cache_free_gpu_mem_fraction": 0.9,
+                   "enable_kv_cache_reuse": False,
+                   "exclude_input_in_output": True}   # the router's text_output is new text
+# engine_args consumed by the config itself rather than passed as backend parameters.
+_CONFIG_FIELDS = ("max_batch_size", "max_queue_delay_microseconds")
+
+# Ensemble input (what TrtllmAdapter sends) → tensorrt_llm input, with its dtype (v0.16).
+SAMPLING_INPUTS = (
+    ("stream", "TYPE_BOOL", "streaming"),
+    ("exclude_input_in_output", "TYPE_BOOL", "exclude_input_in_output"),
+    ("temperature", "TYPE_FP32", "temperature"),
+    ("top_p", "TYPE_FP32", "runtime_top_p"),
+    ("top_k", "TYPE_INT32", "runtime_top_k"),
+    ("repetition_penalty", "TYPE_FP32", "repetition_penalty"),
+    ("presence_penalty", "TYPE_FP32", "presence_penalty"),
+    ("frequency_penalty", "TYPE_FP32", "frequency_penalty"),
+    ("random_seed", "TYPE_UINT64", "random_seed"),
+    ("min_length", "TYPE_INT32", "min_length"),
+)
+PREPROCESSING_IO = {
+    "inputs": [{"name": "QUERY", "dtype": "TYPE_STRING", "dims": [1], "optional": False},
+               {"name": "REQUEST_OUTPUT_LEN", "dtype": "TYPE_INT32", "dims": [1],
+                "optional": False}],
+    "outputs": [{"name": "INPUT_ID", "dtype": "TYPE_INT32", "dims": [-1]},
+                {"name": "REQUEST_INPUT_LEN", "dtype": "TYPE_INT32", "dims": [1]},
+                {"name": "REQUEST_OUTPUT_LEN", "dtype": "TYPE_INT32", "dims": [1]},
+                {"name": "OUT_END_ID", "dtype": "TYPE_INT32", "dims": [1]},
+                {"name": "OUT_PAD_ID", "dtype": "TYPE_INT32", "dims": [1]}],
+}
+POSTPROCESSING_IO = {
+    "inputs": [{"name": "TOKENS_BATCH", "dtype": "TYPE_INT32", "dims": [-1, -1],
+                "optional": False},
+               {"name": "SEQUENCE_LENGTH", "dtype": "TYPE_INT32", "dims": [-1],
+                "optional": False}],
+    "outputs": [{"name": "OUTPUT", "dtype": "TYPE_STRING", "dims": [-1]}],
+}
+
+
+def names(model: ModelSpec) -> dict[str, str]:
+    return {"ensemble": model.name, "preprocessing": f"{model.name}_preprocessing",
+            "engine": f"{model.name}_tensorrt_llm",
+            "postprocessing": f"{model.name}_postprocessing"}
+
+
+def render(ctx: RenderContext, model: ModelSpec) -> dict[str, bytes]:
+    if model.name not in ctx.engines:
+        raise RenderError(f"model {model.name}: no engine directory was resolved (trident "
+                          "repo fetches it from the engine cache first)")
+    profile = trtllm_spec.serving_profile(model.extra)
+    _check_servable(model, profile)
+    n = names(model)
+    batch = int(model.engine_args.get("max_batch_size", profile.max_batch_size))
+    common = {"spec_file": ctx.spec.file, "max_batch_size": batch}
+    tokenizer = _tokenizer_parameters(ctx, model)
+    files = {
+        f"{n['ensemble']}/config.pbtxt": render_template(
+            f"{TEMPLATE_DIR}/ensemble.pbtxt.j2", model_name=n["ensemble"],
+            sampling_inputs=SAMPLING_INPUTS, **{k: n[k] for k in
+                                                ("preprocessing", "engine", "postprocessing")},
+            **common),
+        f"{n['engine']}/config.pbtxt": _engine_config(ctx, model, profile, n["engine"], common),
+        # Triton needs a version directory; the engine itself stays in the cache.
+        f"{n['engine']}/{VERSION}/engine.txt":
+            f"served engine (gpt_model_path): {ctx.engines[model.name]}\n".encode(),
+    }
+    for role, io, purpose in (
+            ("preprocessing", PREPROCESSING_IO, "Tokenizer: text_input → input_ids."),
+            ("postprocessing", POSTPROCESSING_IO, "Detokenizer: output_ids → text_output.")):
+        files[f"{n[role]}/config.pbtxt"] = render_template(
+            f"{TEMPLATE_DIR}/python_model.pbtxt.j2", model_name=n[role], purpose=purpose,
+            instances=model.instances, parameters=tokenizer, **io, **common)
+        files.update(copy_tree(BACKENDS_DIR / "tensorrt_llm" / role, f"{n[role]}/{VERSION}"))
+        files.update(copy_tree(BACKENDS_DIR / "tensorrt_llm" / "common",
+                               f"{n[role]}/{VERSION}"))
+    return files
+
+
+def _check_servable(model: ModelSpec, profile: trtllm_spec.Profile) -> None:
+    if model.placement.mig:
+        raise RenderError(f"model {model.name}: placement.mig: the tensorrtllm backend "
+                          "is not rendered on MIG slices; give whole GPUs")
+    speculative = profile.speculative
+    if speculative and speculative.mode == "draft-model":
+        raise RenderError(
+            f"model {model.name}: profile {profile.name!r} is built for draft-model "
+            "speculative decoding, which needs a BLS that drives draft and target engines; "
+            "trident renders medusa and eagle only: serve another profile")
+
+
+def _tokenizer_parameters(ctx: RenderContext, model: ModelSpec) -> dict[str, str]:
+    from builder.engines import spec_path  # paths in a spec are relative to its file
+
+    tokenizer = model.extra.get("tokenizer")
+    return {"tokenizer_dir": spec_path(ctx.spec, trtllm_spec.tokenizer_path(model)),
+            "skip_special_tokens": _text(tokenizer.skip_special_tokens if tokenizer else True)}
+
+
+def _engine_config(ctx: RenderContext, model: ModelSpec, profile: trtllm_spec.Profile,
+                   name: str, common: dict) -> bytes:
+    _, build, _ = trtllm_spec.sections(model)
+    orchestrator = needs_orchestrator(ctx, model, build.world_size)
+    parameters = engine_parameters(model, profile, ctx.engines[model.name],
+                                   device_sets(model, build.world_size), orchestrator)
+    scalar_inputs = [("end_id", "TYPE_INT32"), ("pad_id", "TYPE_INT32")] + [
+        (target, dtype) for _, dtype, target in SAMPLING_INPUTS]
+    engine = {"profile": profile.name, "orchestrator": orchestrator,
+              "key": _engine_key(ctx.engines[model.name])}
+    return render_template(
+        f"{TEMPLATE_DIR}/tensorrt_llm.pbtxt.j2", model_name=name, engine=engine,
+        instances=model.instances, parameters=parameters, scalar_inputs=scalar_inputs,
+        max_queue_delay_microseconds=int(model.engine_args.get(
+            "max_queue_delay_microseconds", 0)), **common)
+
+
+def _engine_key(engine_dir: str) -> str:
+    """Cache entries are named by their key; any other directory is shown as a path."""
+    parts = [p for p in engine_dir.replace("\\", "/").split("/") if p]
+    return next((p for p in reversed(parts) if len(p) == 64 and
+                 all(c in "0123456789abcdef" for c in p)), engine_dir)
+
+
+def needs_orchestrator(ctx: RenderContext, model: ModelSpec, world_size: int) -> bool:
+    """Leader mode (MPI ranks = the server's own processes) serves exactly one single-GPU
+    engine instance; anything more must let the backend spawn its workers."""
+    trtllm_models = [m for m in ctx.spec.models if m.engine == "tensorrt_llm"]
+    return len(trtllm_models) > 1 or model.instances > 1 or world_size > 1
+
+
+def device_sets(model: ModelSpec, world_size: int) -> list[list[int]]:
+    """One list of GPU ordinals per instance (TP×PP of them), from placement.devices."""
+    devices = list(model.placement.devices)
+    if not devices:
+        if model.instances > 1:
+            raise RenderError(f"model {model.name}: {model.instances} instances need "
+                              f"placement.devices ({model.instances} × {world_size} GPUs, "
+                              "one set per instance)")
+        return []
+    needed = model.instances * world_size
+    if len(devices) != needed:
+        raise RenderError(f"model {model.name}: placement.devices lists {len(devices)} GPU(s) "
+                          f"but {model.instances} instance(s) × TP×PP {world_size} need "
+                          f"{needed}")
+    return [devices[i * world_size:(i + 1) * world_size] for i in range(model.instances)]
+
+
+def engine_parameters(model: ModelSpec, profile: trtllm_spec.Profile, engine_dir: str,
+                      devices: list[list[int]], orchestrator: bool) -> dict[str, str]:
+    """The tensorrtllm backend's parameters: mandatory ones, then the spec's runtime knobs
+    (builder.engine_args.TRTLLM_ARGS, already checked against the served profile)."""
+    runtime: dict[str, Any] = {**DEFAULT_RUNTIME, **{
+        k: v for k, v in model.engine_args.items() if k not in _CONFIG_FIELDS}}
+    runtime.setdefault("max_beam_width", profile.max_beam_width)
+    if profile.speculative and "decoding_mode" not in runtime:
+        runtime["decoding_mode"] = profile.speculative.mode       # medusa | eagle
+    parameters = {"gpt_model_type": "inflight_fused_batching",
+                  "gpt_model_path": engine_dir,
+                  "FORCE_CPU_ONLY_INPUT_TENSORS": "no"}
+    parameters.update({key: _text(value) for key, value in runtime.items()})
+    if devices:
+        parameters["gpu_device_ids"] = ";".join(",".join(map(str, d)) for d in devices)
+    if orchestrator:
+        parameters["executor_worker_path"] = EXECUTOR_WORKER
+    return parameters
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
