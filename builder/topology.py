@@ -159,7 +159,8 @@ def best_group(topology: Topology, free: Iterable[int], size: int,
             candidates = [g for g in free if g not in group]
             group.append(max(candidates, key=lambda g: (
                 min(topology.score(g, m) for m in group),
-                sum(topology.score(g, m) for m in group), -g)))
+                sum(topology.score(g, m) for m in group),
+                topology.numa[g] == topology.numa[seed], -g)))
         same_numa = len({topology.numa[g] for g in group}) == 1
         ranked = (topology.group_score(group), same_numa, [-g for g in sorted(group)])
         if best is None or ranked > best[0]:
