@@ -236,7 +236,11 @@ class S3Tier:
         if self.has_manifest(manifest.key):
             return False
         manifest = manifest.with_upload_id(f"{int(self.clock())}-{uuid.uuid4().hex[:12]}")
-        self._upload_files(manifest, files_dir)
+        try:
+            self._upload_files(manifest, files_dir)
+        except BaseException:
+            self._try_delete_upload(manifest)
+            raise
         problems = self._stored_problems(manifest)
         if problems:
             self._delete_upload(manifest)
@@ -347,6 +351,15 @@ class S3Tier:
     def _delete_upload(self, manifest: Manifest) -> None:
         self._delete_prefix(self.location.object_key(manifest.key, "files", manifest.upload_id)
                             + "/")
+
+    def _try_delete_upload(self, manifest: Manifest) -> None:
+        """Best effort after a failed upload: without a manifest the objects are invisible
+        anyway, so a failure here (S3 gone) only leaves garbage, never a bad entry."""
+        try:
+            self._delete_upload(manifest)
+        except CacheError as e:
+            log.warning("engine cache: could not remove the partial upload of %s: %s",
+                        manifest.key, e)
 
     def quarantine(self, key: str, problems: list[str], etag: str | None) -> None:
         """Hide a damaged entry at once (delete its manifest, only if still the one we
