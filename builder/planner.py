@@ -284,15 +284,16 @@ def _pinned_groups(spec, where, model, state, tp, pp):
 
 def candidate_layouts(shape: memory.ModelShape | None, gpus: int,
                       tp: int | None, pp: int | None) -> list[tuple[int, int]]:
-    """(tp, pp) pairs to try, fewest GPUs first and, for equal counts, least pipeline.
-    TP must divide the attention heads; PP cannot exceed the layers."""
+    """(tp, pp) pairs to try: tensor parallelism alone first (smallest TP first), then
+    pipelines of ever more stages. TP must divide the attention heads; PP cannot exceed
+    the layers."""
     tps = [tp] if tp else [t for t in (1, 2, 4, 8, 16, 32, 64)
                            if t <= gpus and (shape is None or shape.heads % t == 0)]
     layouts = []
     for t in tps:
         pps = [pp] if pp else range(1, gpus // t + 1)
         layouts += [(t, p) for p in pps if shape is None or p <= shape.layers]
-    return sorted(layouts, key=lambda tp_pp: (tp_pp[0] * tp_pp[1], tp_pp[1]))
+    return sorted(layouts, key=lambda tp_pp: (tp_pp[1], tp_pp[0]))
 
 
 def _choose_groups(model, shape, state, usable, tp, pp, where):
