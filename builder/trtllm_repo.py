@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from builder import placement as placement_mod
 from builder import trtllm_spec
 from builder.render import (BACKENDS_DIR, VERSION, RenderContext, RenderError, copy_tree,
                             render_template)
@@ -122,7 +123,7 @@ def _engine_config(ctx: RenderContext, model: ModelSpec, profile: trtllm_spec.Pr
     _, build, _ = trtllm_spec.sections(model)
     orchestrator = needs_orchestrator(ctx, model, build.world_size)
     parameters = engine_parameters(model, profile, ctx.engines[model.name],
-                                   device_sets(model, build.world_size), orchestrator)
+                                   device_sets(ctx, model, build.world_size), orchestrator)
     scalar_inputs = [("end_id", "TYPE_INT32"), ("pad_id", "TYPE_INT32")] + [
         (target, dtype) for _, dtype, target in SAMPLING_INPUTS]
     engine = {"profile": profile.name, "orchestrator": orchestrator,
@@ -148,21 +149,14 @@ def needs_orchestrator(ctx: RenderContext, model: ModelSpec, world_size: int) ->
     return len(trtllm_models) > 1 or model.instances > 1 or world_size > 1
 
 
-def device_sets(model: ModelSpec, world_size: int) -> list[list[int]]:
-    """One list of GPU ordinals per instance (TP×PP of them), from placement.devices."""
-    devices = list(model.placement.devices)
-    if not devices:
-        if model.instances > 1:
-            raise RenderError(f"model {model.name}: {model.instances} instances need "
-                              f"placement.devices ({model.instances} × {world_size} GPUs, "
-                              "one set per instance)")
-        return []
-    needed = model.instances * world_size
-    if len(devices) != needed:
-        raise RenderError(f"model {model.name}: placement.devices lists {len(devices)} GPU(s) "
-                          f"but {model.instances} instance(s) × TP×PP {world_size} need "
-                          f"{needed}")
-    return [devices[i * world_size:(i + 1) * world_size] for i in range(model.instances)]
+def device_sets(ctx: RenderContext, model: ModelSpec, world_size: int) -> list[list[int]]:
+    """GPU ordinals per instance, as the placement plan laid them out (none on the CPU)."""
+    sets = placement_mod.device_ids(model, ctx.plan)
+    for devices in sets:
+        if len(devices) != world_size:
+            raise RenderError(f"model {model.name}: the placement gives an instance GPUs "
+                              f"{devices} but its engine has TP×PP = {world_size} ranks")
+    return sets
 
 
 def engine_parameters(model: ModelSpec, profile: trtllm_spec.Profile, engine_dir: str,

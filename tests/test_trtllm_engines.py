@@ -140,6 +140,7 @@ def test_plan_prints_exact_command_lines(tmp_path, env):
     assert compiler_calls(env) == []
 
 
+@pytest.mark.s3
 def test_new_machine_fetches_from_s3_instead_of_building(tmp_path, env, s3_bucket):
     spec = write_spec(tmp_path)
     trident(env, "engines", "build", "--spec", spec, "--cache", s3_bucket.uri,
@@ -154,6 +155,7 @@ def test_new_machine_fetches_from_s3_instead_of_building(tmp_path, env, s3_bucke
     assert a == b and len(a) == 4
 
 
+@pytest.mark.s3
 def test_eight_concurrent_builds_of_one_key_run_the_compiler_once(tmp_path, env, s3_bucket):
     spec = write_spec(tmp_path, profiles={"short-context": PROFILES["short-context"]})
     env["FAKE_TRTLLM_SLEEP"] = "2"
@@ -170,6 +172,7 @@ def test_eight_concurrent_builds_of_one_key_run_the_compiler_once(tmp_path, env,
     assert statuses == ["built"] + ["fetched"] * 7
 
 
+@pytest.mark.s3
 def test_converted_checkpoint_from_s3(tmp_path, env, s3_bucket):
     client = s3_bucket.client()
     config = {"architecture": "LlamaForCausalLM", "dtype": "float16",
@@ -259,6 +262,7 @@ def test_repo_uses_the_cached_engine_and_validates(tmp_path, env):
     assert config.parameters["executor_worker_path"].string_value   # TP2: orchestrator
 
 
+@pytest.mark.s3
 def test_repo_on_a_new_machine_fetches_the_engine_from_s3(tmp_path, env, s3_bucket):
     cache = {"local_dir": "machine-a", "s3": s3_bucket.uri}
     trident(env, "engines", "build", "--spec", write_spec(tmp_path, cache=cache))

@@ -1,0 +1,232 @@
+"""The rendered TRT-LLM models: parameters, devices, orchestrator mode, errors, the tensor
+contract with the router's TrtllmAdapter, and the tokenizer models in a real Triton."""
+import contextlib
+import copy
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tritonclient.grpc import model_config_pb2
+
+from builder.render import RenderContext, RenderError, render_files, write_repository
+from builder.spec import parse_spec
+from builder.validate import parse_config, validate_repository
+from tests.fakes import fake_pb_utils as pb
+
+ENGINE = "/cache/engines/" + "ab" * 32
+MODEL = {
+    "name": "llama", "engine": "tensorrt_llm", "family": "llama",
+    "checkpoint": {"hf_model": "/m/llama", "family": "llama"},
+    "build": {"dtype": "bf16", "tp_size": 2},
+    "profiles": {"short-context": {"max_batch_size": 32, "max_input_len": 1024,
+                                   "max_seq_len": 2048, "max_num_tokens": 4096,
+                                   "plugins": {"paged_context_fmha": True}}},
+    "engine_args": {"kv_cache_free_gpu_mem_fraction": 0.85, "enable_kv_cache_reuse": True,
+                    "batch_scheduler_policy": "max_utilization", "max_batch_size": 16},
+}
+
+
+def render(models, tmp_path=None, engines=None, hardware=None):
+    spec = parse_spec({"name": "t", "hardware": hardware or {"gpu": "cpu"},
+                       "models": models, "router": {"default": [models[0]["name"]]}},
+                      "/deploy/t.yaml")
+    files = render_files(RenderContext(spec, {}, engines or {
+        m["name"]: ENGINE for m in models}))
+    if tmp_path is not None:
+        write_repository(files, tmp_path / "repo", validate_repository)
+    return files
+
+
+def config_of(files, name) -> model_config_pb2.ModelConfig:
+    from google.protobuf import text_format
+
+    return text_format.Parse(files[f"{name}/config.pbtxt"].decode(),
+                             model_config_pb2.ModelConfig())
+
+
+def params(config) -> dict:
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+def model(**changes):
+    data = copy.deepcopy(MODEL)
+    data.update(changes)
+    return data
+
+
+def test_four_models_render_and_validate(tmp_path):
+    files = render([model()], tmp_path)
+    assert validate_repository(tmp_path / "repo") == []
+    names = {path.split("/")[0] for path in files}
+    assert {"llama", "llama_preprocessing", "llama_tensorrt_llm",
+            "llama_postprocessing", "router"} == names
+    for name in names:
+        assert parse_config(tmp_path / "repo" / name / "config.pbtxt").name == name
+    assert "llama_preprocessing/1/tokenizing.py" in files
+
+
+def test_engine_model_parameters():
+    config = config_of(render([model()]), "llama_tensorrt_llm")
+    assert config.backend == "tensorrtllm" and config.max_batch_size == 16
+    assert config.model_transaction_policy.decoupled
+    p = params(config)
+    assert p["gpt_model_type"] == "inflight_fused_batching"
+    assert p["gpt_model_path"] == ENGINE
+    assert p["kv_cache_free_gpu_mem_fraction"] == "0.85"
+    assert p["enable_kv_cache_reuse"] == "true"
+    assert p["batch_scheduler_policy"] == "max_utilization"
+    assert p["exclude_input_in_output"] == "true" and p["max_beam_width"] == "1"
+    assert "max_batch_size" not in p                           # a config field, not a param
+    assert p["executor_worker_path"].endswith("trtllmExecutorWorker")   # TP2 → orchestrator
+
+
+def test_single_gpu_single_model_uses_leader_mode_and_defaults():
+    m = model(build={"dtype": "fp16"}, engine_args={})
+    p = params(config_of(render([m]), "llama_tensorrt_llm"))
+    assert "executor_worker_path" not in p and "gpu_device_ids" not in p
+    assert p["kv_cache_free_gpu_mem_fraction"] == "0.9"
+    assert p["enable_kv_cache_reuse"] == "false"
+    assert config_of(render([m]), "llama").max_batch_size == 32     # the profile's
+
+
+H100X8 = {"gpu": "H100-80GB", "count": 8}
+
+
+def test_gpu_device_ids_per_instance_from_placement():
+    m = model(instances=2, placement={"devices": [4, 5, 6, 7]})
+    config = config_of(render([m], hardware=H100X8), "llama_tensorrt_llm")
+    assert params(config)["gpu_device_ids"] == "4,5;6,7"
+    assert config.instance_group[0].count == 2
+    assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+
+
+def test_mig_placement_is_refused():
+    with pytest.raises(RenderError, match="placement.mig: the tensorrtllm backend"):
+        render([model(placement={"mig": "3g.40gb"})])
+
+
+def test_two_trtllm_models_use_orchestrator_mode():
+    files = render([model(build={"dtype": "fp16"}, engine_args={}),
+                    model(name="other", build={"dtype": "fp16"}, engine_args={})])
+    for name in ("llama_tensorrt_llm", "other_tensorrt_llm"):
+        assert "executor_worker_path" in params(config_of(files, name))
+    assert b"TRTLLM_ORCHESTRATOR=1" in files["llama_tensorrt_llm/config.pbtxt"]
+
+
+def test_medusa_profile_sets_decoding_mode_and_draft_model_is_refused():
+    profile = dict(MODEL["profiles"]["short-context"],
+                   speculative={"mode": "medusa", "max_draft_len": 4, "heads_model": "/h",
+                                "num_heads": 4})
+    p = params(config_of(render([model(profiles={"medusa": profile})]), "llama_tensorrt_llm"))
+    assert p["decoding_mode"] == "medusa"
+    profile["speculative"] = {"mode": "draft-model", "max_draft_len": 4, "draft_model": "x"}
+    with pytest.raises(RenderError, match="draft-model speculative decoding"):
+        render([model(profiles={"draft": profile})])
+
+
+def test_missing_engine_is_a_render_error():
+    with pytest.raises(RenderError, match="model llama: no engine directory"):
+        render([model()], engines={"none": ENGINE})
+
+
+def test_tokenizer_paths_are_relative_to_the_spec():
+    m = model(checkpoint={"path": "ckpt"}, tokenizer={"path": "tok"}, build={})
+    files = render([m])
+    assert params(config_of(files, "llama_preprocessing"))["tokenizer_dir"] == "/deploy/tok"
+    p = params(config_of(files, "llama_postprocessing"))
+    assert p["tokenizer_dir"] == "/deploy/tok" and p["skip_special_tokens"] == "true"
+
+
+# ---------------------------------------------------------------------------------------
+# The contract with bls/adapters.py TrtllmAdapter
+
+_NP_TYPES = {np.dtype(np.float32): "TYPE_FP32", np.dtype(np.int32): "TYPE_INT32",
+             np.dtype(np.uint64): "TYPE_UINT64", np.dtype(bool): "TYPE_BOOL",
+             np.dtype(object): "TYPE_STRING"}
+
+
+@contextlib.contextmanager
+def adapters_module():
+    saved = {n: sys.modules.pop(n, None) for n in ("adapters", "triton_python_backend_utils")}
+    sys.modules["triton_python_backend_utils"] = pb
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bls"))
+    try:
+        yield importlib.import_module("adapters")
+    finally:
+        sys.path.pop(0)
+        for name, module in saved.items():
+            sys.modules.pop(name, None)
+            if module is not None:
+                sys.modules[name] = module
+
+
+def test_ensemble_accepts_every_tensor_the_router_sends():
+    ensemble = config_of(render([model()]), "llama")
+    declared = {t.name: t for t in ensemble.input}
+    sampling = {"temperature": 0.5, "top_p": 0.9, "top_k": 4, "repetition_penalty": 1.1,
+                "presence_penalty": 0.1, "frequency_penalty": 0.2, "seed": 7, "min_tokens": 2}
+    request = [pb.Tensor("text_input", np.array([b"hi"], dtype=object)),
+               pb.Tensor("stream", np.array([True])),
+               pb.Tensor("exclude_input_in_output", np.array([True])),
+               pb.Tensor("max_tokens", np.array([8], dtype=np.int32)),
+               pb.Tensor("sampling_parameters",
+                         np.array([json.dumps(sampling).encode()], dtype=object))]
+    with adapters_module() as adapters:
+        sent = adapters.TrtllmAdapter("llama").inputs(request, "r1")
+        assert adapters.TrtllmAdapter("llama").outputs == [t.name for t in ensemble.output]
+    assert len(sent) == 3 + 1 + len(sampling)
+    for tensor in sent:
+        spec = declared[tensor.name()]
+        value = tensor.as_numpy()
+        assert value.shape == (1, 1) and list(spec.dims) == [1]    # batch dim + [1]
+        assert model_config_pb2.DataType.Name(spec.data_type) == _NP_TYPES[value.dtype], \
+            tensor.name()
+    required = {t.name for t in ensemble.input if not t.optional}
+    assert required <= {t.name() for t in sent}
+
+
+# ---------------------------------------------------------------------------------------
+# The tokenizer models in a real tritonserver (no TRT-LLM needed)
+
+
+@pytest.mark.server
+def test_preprocessing_and_postprocessing_round_trip(tmp_path):
+    import tritonclient.grpc as grpcclient
+
+    from builder import assets
+    from tests.conftest import start_server
+
+    tokenizer_dir = str(assets.ensure("tiny-llama"))
+    m = model(build={"dtype": "fp16"}, engine_args={},
+              checkpoint={"hf_model": tokenizer_dir, "family": "llama"})
+    render([m], tmp_path)
+    server = start_server(tmp_path / "repo", tmp_path,
+                          load_models=["llama_preprocessing", "llama_postprocessing"],
+                          timeout_s=120)
+    try:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        text = "The capital of France is"
+        inputs = [grpcclient.InferInput("QUERY", [1, 1], "BYTES"),
+                  grpcclient.InferInput("REQUEST_OUTPUT_LEN", [1, 1], "INT32")]
+        inputs[0].set_data_from_numpy(np.array([[text.encode()]], dtype=object))
+        inputs[1].set_data_from_numpy(np.array([[16]], dtype=np.int32))
+        pre = client.infer("llama_preprocessing", inputs)
+        ids, length = pre.as_numpy("INPUT_ID"), pre.as_numpy("REQUEST_INPUT_LEN")
+        assert ids.dtype == np.int32 and ids.shape == (1, int(length[0, 0]))
+        assert pre.as_numpy("REQUEST_OUTPUT_LEN").tolist() == [[16]]
+        assert pre.as_numpy("OUT_END_ID")[0, 0] >= 0
+        tokens = ids.reshape(1, 1, -1)
+        post_inputs = [grpcclient.InferInput("TOKENS_BATCH", list(tokens.shape), "INT32"),
+                       grpcclient.InferInput("SEQUENCE_LENGTH", [1, 1], "INT32")]
+        post_inputs[0].set_data_from_numpy(tokens)
+        post_inputs[1].set_data_from_numpy(length.reshape(1, 1))
+        out = client.infer("llama_postprocessing", post_inputs).as_numpy("OUTPUT")
+        assert out[0, 0].decode().strip() == text
+        inputs[1].set_data_from_numpy(np.array([[0]], dtype=np.int32))
+        with pytest.raises(Exception, match="max_tokens must be >= 1"):
+            client.infer("llama_preprocessing", inputs)
+    finally:
+        server.stop()
