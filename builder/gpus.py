@@ -85,3 +85,21 @@ GPU_TYPES: dict[str, GpuType] = {g.name: g for g in (
     _gpu("H100-94GB", 94, "90", "NVLink4", (12, 24, 24, 47, 47, 94)),
     _gpu("H200-141GB", 141, "90", "NVLink4", (18, 35, 35, 71, 71, 141)),
 )}
+
+
+def gpu_type_for(product_name: str, memory_mib: float) -> GpuType | None:
+    """The table entry for a GPU as `nvidia-smi --query-gpu=name,memory.total` reports
+    it (e.g. "NVIDIA H100 80GB HBM3", 81559), or None for a GPU trident does not know."""
+    name = product_name.upper()
+    gib = memory_mib / 1024
+    if "A30" in name:
+        return GPU_TYPES["A30-24GB"]
+    if "A100" in name:
+        return GPU_TYPES["A100-40GB" if gib < 60 else "A100-80GB"]
+    if "H200" in name:
+        return GPU_TYPES["H200-141GB"]
+    if "H100" in name:
+        if gib > 85 or "NVL" in name:
+            return GPU_TYPES["H100-94GB"]
+        return GPU_TYPES["H100-PCIE-80GB" if "PCIE" in name else "H100-80GB"]
+    return None
