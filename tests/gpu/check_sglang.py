@@ -1,0 +1,227 @@
+"""GPU check of trident's SGLang backend with the real SGLang (run by check_sglang.sh).
+
+Renders a repository with one SGLang model behind trident's router, validates it, serves
+it with tritonserver, and checks over gRPC:
+  1. streaming: several text chunks, exactly one final response, token counts, served_by;
+  2. client abort: cancelling a long stream aborts it in SGLang (aborted counter +1,
+     nothing left in flight) and the model keeps serving;
+  3. router abort: the same through the router (it tells the backend by request id);
+  4. prefix cache: turn 2 of a conversation (sent through the router with a
+     conversation_id) reuses turn 1's tokens: trident_prefix_cached_tokens_total grows.
+Prints one line per check and exits 0 only when all pass.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tritonclient.grpc as grpcclient
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from builder.infer import build_inputs  # noqa: E402
+from builder.repository import build_repository  # noqa: E402
+from builder.serve import Ports, TritonServer, free_port  # noqa: E402
+from builder.spec import parse_spec  # noqa: E402
+from builder.validate import validate_repository  # noqa: E402
+from tests.helpers import metric_value, wait_for  # noqa: E402
+
+MODEL = "qwen"
+SYSTEM = ("You are a concise geography tutor. Answer in one short sentence, name the "
+          "country and the city, and do not add any other commentary. ") * 6
+
+
+def deployment(model_path: str, gpu: str) -> dict:
+    return {
+        "name": "sglang-gpu-check",
+        "hardware": {"gpu": gpu, "count": 1},
+        "models": [{"name": MODEL, "engine": "sglang", "model": model_path, "family": "qwen",
+                    "tasks": ["chat"], "placement": {"devices": [0]},
+                    "engine_args": {"context_length": 4096, "mem_fraction_static": 0.5,
+                                    "max_running_requests": 16, "schedule_policy": "lpm"}}],
+        "router": {"default": [MODEL]},
+    }
+
+
+@dataclass
+class Result:
+    text: str = ""
+    chunks: int = 0
+    finals: int = 0
+    finish_reason: str = ""
+    output_tokens: int = 0
+    served_by: str = ""
+    ttft_s: float = 0.0
+    errors: list = field(default_factory=list)
+
+
+def _value(response, name: str):
+    array = response.as_numpy(name)
+    if array is None or array.size == 0:
+        return None
+    item = array.reshape(-1)[0]
+    return item.decode() if isinstance(item, bytes) else item
+
+
+class Stream:
+    """One gRPC stream carrying one request; read() folds its responses into a Result."""
+
+    def __init__(self, url: str):
+        self.client = grpcclient.InferenceServerClient(url)
+        self.responses: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.responses.put(
+            (result, error)))
+        self.start = time.perf_counter()
+        self.result = Result()
+
+    def send(self, model: str, inputs: list) -> None:
+        self.client.async_stream_infer(model, inputs, request_id=uuid.uuid4().hex,
+                                       enable_empty_final_response=True)
+
+    def read(self, until_chunks: int | None = None, timeout_s: float = 120.0) -> Result:
+        while until_chunks is None or self.result.chunks < until_chunks:
+            try:
+                response, error = self.responses.get(timeout=timeout_s)
+            except queue.Empty:
+                raise AssertionError(f"no response within {timeout_s:.0f} s") from None
+            if error is not None:
+                self.result.errors.append(error.message())
+                return self.result
+            if self._absorb(response):
+                return self.result
+        return self.result
+
+    def _absorb(self, response) -> bool:
+        r = self.result
+        text = _value(response, "text_output")
+        if text:
+            r.ttft_s = r.ttft_s or time.perf_counter() - self.start
+            r.chunks += 1
+            r.text += text
+        if _value(response, "error"):
+            r.errors.append(_value(response, "error"))
+        r.finish_reason = _value(response, "finish_reason") or r.finish_reason
+        r.output_tokens = int(_value(response, "num_output_tokens") or r.output_tokens)
+        r.served_by = _value(response, "served_by") or r.served_by
+        final = response.get_response().parameters.get("triton_final_response")
+        if final and final.bool_param:
+            r.finals += 1
+            return True
+        return False
+
+    def close(self, cancel: bool = False) -> None:
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+def generate(url: str, model: str, **inputs) -> Result:
+    stream = Stream(url)
+    try:
+        stream.send(model, build_inputs(**inputs))
+        return stream.read()
+    finally:
+        stream.close()
+
+
+def check_streaming(server: TritonServer) -> str:
+    r = generate(server.grpc_url, MODEL, messages=[{"role": "user", "content":
+                 "Write three sentences about the river Seine."}], max_tokens=64,
+                 sampling={"temperature": 0})
+    assert not r.errors, r.errors
+    assert r.chunks >= 3, f"only {r.chunks} chunk(s)"
+    assert r.finals == 1 and r.finish_reason in ("stop", "length"), r
+    assert r.output_tokens > 0 and r.served_by == MODEL, r
+    return f"{r.chunks} chunks, {r.output_tokens} tokens, TTFT {r.ttft_s * 1000:.0f} ms"
+
+
+def check_abort(server: TritonServer, via: str) -> str:
+    aborted = lambda: metric_value(server.metrics_url, "trident_requests_aborted_total",  # noqa: E731
+                                   model=MODEL)
+    before = aborted()
+    stream = Stream(server.grpc_url)
+    stream.send(via, build_inputs(prompt="Count from one to ten thousand: one, two,",
+                                  max_tokens=3000, sampling={"ignore_eos": True}))
+    got = stream.read(until_chunks=3)
+    stream.close(cancel=True)
+    assert not got.errors and got.chunks >= 3, got
+    wait_for(lambda: aborted() >= before + 1, timeout_s=20)
+    wait_for(lambda: metric_value(server.metrics_url, "trident_requests_in_flight",
+                                  model=MODEL) == 0, timeout_s=20)
+    after = generate(server.grpc_url, MODEL, prompt="Say OK.", max_tokens=4)
+    assert not after.errors and after.finals == 1, after
+    return f"aborted after {got.chunks} chunks; still serving"
+
+
+def check_prefix_cache(server: TritonServer) -> str:
+    cached = lambda: metric_value(server.metrics_url, "trident_prefix_cached_tokens_total",  # noqa: E731
+                                  model=MODEL)
+    hints = {"conversation_id": f"check-{uuid.uuid4().hex[:8]}"}
+    turn1 = [{"role": "system", "content": SYSTEM},
+             {"role": "user", "content": "What is the capital of France?"}]
+    first = generate(server.grpc_url, "router", messages=turn1, max_tokens=32,
+                     sampling={"temperature": 0}, hints=hints)
+    assert not first.errors and first.text, first
+    before = cached()
+    turn2 = turn1 + [{"role": "assistant", "content": first.text.strip()},
+                     {"role": "user", "content": "And of Italy?"}]
+    second = generate(server.grpc_url, "router", messages=turn2, max_tokens=32,
+                      sampling={"temperature": 0}, hints=hints)
+    assert not second.errors and second.text, second
+    gained = cached() - before
+    assert gained > 0, "turn 2 reused no cached tokens"
+    return (f"turn 2 reused {gained:.0f} cached tokens; TTFT turn 1 "
+            f"{first.ttft_s * 1000:.0f} ms, turn 2 {second.ttft_s * 1000:.0f} ms")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct",
+                        help="local folder or Hugging Face id of a small chat model")
+    parser.add_argument("--gpu", default="H100-80GB", help="a builder.gpus GPU type name")
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--ready-timeout", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="trident-sglang-check-"))
+    repo = work / "repo"
+    t0 = time.monotonic()
+    build_repository(parse_spec(deployment(args.model, args.gpu), "<check_sglang>"), repo)
+    problems = validate_repository(repo)
+    if problems:
+        print("FAIL validate:", *problems, sep="\n  ")
+        return 1
+    print(f"ok   render + validate: {repo}")
+    print(json.dumps(json.loads((repo / MODEL / "1" / "model.json").read_text())))
+    server = TritonServer(repo, Ports(free_port(), free_port(), free_port()),
+                          log_path=work / "tritonserver.log")
+    server.start()
+    failed = 0
+    try:
+        server.wait_ready(args.ready_timeout)
+        print(f"ok   ready in {time.monotonic() - t0:.0f} s (log: {work / 'tritonserver.log'})")
+        checks = [("streaming", lambda: check_streaming(server)),
+                  ("client abort", lambda: check_abort(server, MODEL)),
+                  ("router abort", lambda: check_abort(server, "router")),
+                  ("prefix cache", lambda: check_prefix_cache(server))]
+        for name, check in checks:
+            try:
+                print(f"ok   {name}: {check()}", flush=True)
+            except Exception as e:  # report every check, then fail
+                failed += 1
+                print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+    finally:
+        server.stop()
+    print(f"{'PASS' if not failed else 'FAIL'}: {4 - failed}/4 checks in "
+          f"{time.monotonic() - t0:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

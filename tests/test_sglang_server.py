@@ -1,0 +1,62 @@
+"""The SGLang model inside a real tritonserver on the CPU, with the engine double.
+
+SGLang cannot start here, so the rendered model gets tests/fakes/fake_sglang.py as its
+`sglang` module (a shim written into the temporary repository only; the stub puts the
+model directory on sys.path). Everything else is real: Triton's Python stub and
+pb_utils, decoupled streaming over gRPC, cancellation, the router with its abort by
+request id and conversation hints, Prometheus metrics. The checks are the GPU check's
+own (tests/gpu/check_sglang.py), so the GPU run exercises the same assertions.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import ROOT, render, start_server
+from tests.gpu import check_sglang
+
+pytestmark = pytest.mark.server
+
+# Slower and longer than the unit-test default so a cancel lands mid-stream.
+SHIM = f'''"""Test-only stand-in for sglang inside the stub (written by tests/test_sglang_server.py)."""
+import asyncio
+import sys
+
+sys.path.insert(0, {str(ROOT)!r})
+from tests.fakes import fake_sglang  # noqa: E402
+
+fake_sglang.REPLY = " ".join(f"w{{i}}" for i in range(300))
+__version__ = "test-double"
+
+
+class Engine(fake_sglang.Engine):
+    async def _generate(self, *args):
+        async for chunk in super()._generate(*args):
+            await asyncio.sleep(0.005)
+            yield chunk
+'''
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sglang-server")
+    repo = render(check_sglang.deployment("/models/test-double", "cpu"), tmp / "repo")
+    (repo / check_sglang.MODEL / "1" / "sglang.py").write_text(SHIM)
+    server = start_server(repo, tmp, timeout_s=60)
+    yield server
+    server.stop()
+
+
+def test_streaming(server):
+    check_sglang.check_streaming(server)
+
+
+def test_client_abort(server):
+    check_sglang.check_abort(server, check_sglang.MODEL)
+
+
+def test_router_abort(server):
+    check_sglang.check_abort(server, "router")
+
+
+def test_prefix_cache_over_two_turns(server):
+    check_sglang.check_prefix_cache(server)
