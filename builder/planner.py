@@ -14,7 +14,7 @@ config.json of local models).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 from builder import memory, mig, topology as topo
 from builder.errors import TridentError
@@ -93,24 +93,24 @@ class Plan:
 # What a model asks for
 
 
-def _section_value(section: Any, key: str) -> Any:
-    """A field of a TRT-LLM section, parsed (dataclass) or still plain data."""
-    if section is None:
-        return None
-    if isinstance(section, Mapping):
-        return section.get(key)
-    return getattr(section, key, None)
+# TensorRT-LLM quantization (builder.trtllm_spec) → the weight precision it stores.
+_TRTLLM_WEIGHTS = {"fp8": "fp8", "int8-sq": "int8", "int8-wo": "int8", "int4-wo": "int4",
+                   "int4-awq": "int4", "w4a8-awq": "int4"}
+
+
+def _trtllm_build(model: ModelSpec):
+    from builder.trtllm_spec import BuildSettings  # TRT-LLM's sections live there
+
+    return model.extra.get("build") or BuildSettings()
 
 
 def explicit_parallelism(model: ModelSpec) -> tuple[int | None, int | None]:
     """TP and PP the spec fixes: engine args for vLLM/SGLang; for TensorRT-LLM the
     `build:` section, because the engine is compiled for one TP × PP."""
-    args = model.engine_args
     if model.engine == "tensorrt_llm":
-        build = model.extra.get("build")
-        if build is None:
-            return 1, 1          # an engine built without tp_size/pp_size is 1 × 1
-        return (_section_value(build, "tp_size") or 1), (_section_value(build, "pp_size") or 1)
+        build = _trtllm_build(model)
+        return build.tp_size, build.pp_size
+    args = model.engine_args
     tp = args.get("tensor_parallel_size", args.get("tp_size"))
     pp = args.get("pipeline_parallel_size", args.get("pp_size"))
     return tp, pp
@@ -120,11 +120,8 @@ def _weight_dtype(model: ModelSpec) -> str:
     if model.placement.dtype:
         return model.placement.dtype
     if model.engine == "tensorrt_llm":
-        build = model.extra.get("build")
-        quant = _section_value(build, "quantization")
-        if quant and quant != "none":
-            return quant.split("-")[0] if quant.startswith("int") else quant
-        return _section_value(build, "dtype") or "fp16"
+        build = _trtllm_build(model)
+        return _TRTLLM_WEIGHTS.get(build.quantization, build.dtype)
     quant = model.engine_args.get("quantization")
     if quant and quant.lower() in memory.DTYPE_BYTES:
         return quant
@@ -133,7 +130,7 @@ def _weight_dtype(model: ModelSpec) -> str:
 
 def _kv_dtype(model: ModelSpec) -> str:
     if model.engine == "tensorrt_llm":
-        value = _section_value(model.extra.get("build"), "kv_cache_dtype")
+        value = _trtllm_build(model).kv_cache_dtype
     else:
         value = model.engine_args.get("kv_cache_dtype")
     return value if value and value.lower() in memory.DTYPE_BYTES else "auto"
@@ -146,18 +143,12 @@ def _targets(model: ModelSpec) -> tuple[int | None, int | None]:
         return args.get("max_num_seqs"), args.get("max_model_len")
     if model.engine == "sglang":
         return args.get("max_running_requests"), args.get("context_length")
-    profile = _serving_profile(model)
-    return (args.get("max_batch_size") or _section_value(profile, "max_batch_size"),
-            _section_value(profile, "max_seq_len"))
+    if "profiles" not in model.extra:
+        return args.get("max_batch_size"), None
+    from builder.trtllm_spec import serving_profile
 
-
-def _serving_profile(model: ModelSpec) -> Any:
-    profiles = model.extra.get("profiles")
-    if not profiles:
-        return None
-    values = list(profiles.values())
-    served = [p for p in values if _section_value(p, "serve")]
-    return (served or values)[0]
+    profile = serving_profile(model.extra)
+    return args.get("max_batch_size") or profile.max_batch_size, profile.max_seq_len
 
 
 def workload(model: ModelSpec, shape: memory.ModelShape, where: str) -> memory.Workload:
@@ -219,10 +210,18 @@ def _without_gpus(model: ModelSpec) -> ModelPlan:
     return ModelPlan(model.name, model.engine, kind, instances=instances)
 
 
+def _model_ref(model: ModelSpec) -> str:
+    """Where the model's size facts are: `model:`, else TRT-LLM's Hugging Face folder."""
+    checkpoint = model.extra.get("checkpoint")
+    if not model.model and checkpoint is not None and checkpoint.hf_model:
+        return checkpoint.hf_model
+    return model.model
+
+
 def _shape(spec: DeploymentSpec, i: int, model: ModelSpec, load_shape: ShapeLoader,
            required: bool) -> memory.ModelShape | None:
     try:
-        return load_shape(model.model)
+        return load_shape(_model_ref(model))
     except memory.UnknownModelSize as e:
         if not required:
             return None

@@ -187,6 +187,28 @@ def test_does_not_fit_says_how_much_is_missing():
     assert (big.tp, big.pp) == (2, 2)
 
 
+def trtllm(build):
+    return {"name": "t", "engine": "tensorrt_llm", "model": LLAMA70B,
+            "checkpoint": {"hf_model": "/models/llama70b", "family": "llama"}, "build": build,
+            "profiles": {"p": {"max_batch_size": 8, "max_input_len": 1024,
+                               "max_seq_len": 2048, "max_num_tokens": 2048}}}
+
+
+def test_trtllm_keeps_the_tp_its_engine_is_built_for():
+    # bf16 70B on one GPU: 131.4 GiB of weights alone.
+    with pytest.raises(PlacementError, match=r"t: does not fit: with TP×PP 1×1 .* raise "
+                       r"build.tp_size / build.pp_size"):
+        plan_for_spec(spec_of([trtllm({"dtype": "bf16"})]))
+    # TP 4 as built, 8 × 2048 tokens from the served profile, fp8 weights and KV cache:
+    #   weights 67.67/4 = 16.92 GiB; KV 80 layers · 2 heads per rank · 128 · 2 · 1 B
+    #   = 40,960 B/token × 16,384 tokens = 0.625 GiB; + workspace.
+    t = plan_for_spec(spec_of([trtllm({"dtype": "bf16", "quantization": "fp8",
+                                       "kv_cache_dtype": "fp8", "tp_size": 4})])).model("t")
+    assert (t.tp, t.pp, t.kind) == (4, 1, "model")
+    assert t.need.weights_gib == pytest.approx(72_656_371_712 / 4 / GIB)
+    assert t.need.kv_cache_gib == pytest.approx(0.625)
+
+
 def test_not_enough_free_gpus():
     spec = spec_of([vllm("a", LLAMA70B, instances=3, max_num_seqs=8, max_model_len=4096)])
     with pytest.raises(PlacementError, match=r"needs 3 instance\(s\) × TP×PP 4×1 = 12 GPUs"):
