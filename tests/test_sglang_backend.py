@@ -94,6 +94,10 @@ class Served:
     def metric(self, name: str) -> float:
         return pb.metric(name, model="qwen").value()
 
+    def wait_metric(self, name: str, value: float) -> None:
+        """For metrics the model updates after it sent the final response."""
+        wait_until(lambda: self.metric(name) == value)
+
 
 @pytest.fixture
 def served(repo, monkeypatch):
@@ -351,7 +355,7 @@ def test_client_cancel_aborts_the_sglang_request(served):
     assert sender.sent[-1] == (None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
     assert sender.final_flags() == 1 and len(sender.responses()) == 2
     assert served.metric("trident_requests_aborted_total") == 1
-    assert served.metric("trident_requests_in_flight") == 0
+    served.wait_metric("trident_requests_in_flight", 0)
 
 
 def test_router_abort_by_request_id(served):
@@ -400,7 +404,7 @@ def test_failure_after_the_first_token_is_an_error_output_then_final(served):
     served.engine.fail_after_chunks = None
     assert served.run(text_input="hi", stream=True, max_tokens=1).final_flags() == 1
     assert served.metric("trident_request_errors_total") == 1
-    assert served.metric("trident_requests_total") == 2
+    served.wait_metric("trident_requests_total", 2)
 
 
 def test_engine_side_abort_with_a_status_is_reported_as_an_error(served):
@@ -436,7 +440,7 @@ def test_cached_tokens_of_an_aborted_request_are_counted(served):
     sender.cancelled = True
     served.engine.release()
     sender.wait_closed()
-    wait_until(lambda: served.metric("trident_prefix_cached_tokens_total") == 4)
+    served.wait_metric("trident_prefix_cached_tokens_total", 4)
 
 
 def test_finalize_shuts_the_engine_down_and_frees_metrics_in_order(repo, monkeypatch):
@@ -474,3 +478,14 @@ def test_all_turns_of_a_conversation_go_to_the_same_sglang_backend():
             messages += [{"role": "assistant", "content": "answer " * 30}]
     assert all(len(backends) == 1 for backends in firsts.values())
     assert len({b for backends in firsts.values() for b in backends}) > 1   # spread
+
+
+def test_engine_start_failure_fails_the_load_with_the_reason(repo, tmp_path, monkeypatch):
+    pb.metric_violations.clear()
+    bad = with_engine_args(repo, tmp_path, {"tensor_parallel_size": 2})   # vLLM's name
+    with pytest.raises(TypeError, match="tensor_parallel_size"):
+        for _ in _serve(bad, monkeypatch):
+            pass
+    import gc
+    gc.collect()
+    assert pb.metric_violations == []

@@ -6,6 +6,7 @@ with the vLLM model (trident_common.engine_model); this file only speaks SGLang:
 sampling names, its stream chunks (dicts with `text` and `meta_info`), abort by `rid`,
 and the prefix (radix) cache's cached-token counts as a metric.
 """
+import contextlib
 import json
 from typing import Optional
 
@@ -123,7 +124,14 @@ class TritonPythonModel(AsyncEngineModel):
 
     def initialize(self, args):
         self.prefix_cache = PrefixCacheMetric(args["model_name"])
-        super().initialize(args)
+        try:
+            super().initialize(args)
+        except BaseException:
+            # Triton calls no finalize after a failed load: free what was made (metrics
+            # before their families, the loop thread) so the stub exits cleanly.
+            with contextlib.suppress(Exception):
+                self.finalize()
+            raise
 
     def finalize(self):
         try:
@@ -180,7 +188,9 @@ class TritonPythonModel(AsyncEngineModel):
         self.engine.tokenizer_manager.abort_request(rid=engine_id)
 
     async def stop_engine(self) -> None:
-        self.engine.shutdown()
+        engine = getattr(self, "engine", None)   # None when the engine failed to start
+        if engine is not None:
+            engine.shutdown()
 
 
 async def _first_chunk(chunks) -> Optional[dict]:
