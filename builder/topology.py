@@ -143,8 +143,9 @@ def _check_matrix(links: list[tuple[str, ...]], count: int, source: str) -> None
 def best_group(topology: Topology, free: Iterable[int], size: int,
                min_score: int | None = None) -> tuple[int, ...] | None:
     """The `size` free GPUs with the fastest slowest link (then the most total bandwidth,
-    then one NUMA node, then the lowest ordinals); None if no such group exists. With `min_score`, groups
-    whose slowest link is below it do not count (e.g. TP must not cross NUMA nodes).
+    then one NUMA node, then the lowest ordinals); None if no such group exists. With
+    `min_score`, groups whose slowest link is below it do not count (e.g. TP must not
+    cross NUMA nodes).
 
     Greedy from every seed: add the GPU whose slowest link to the group is fastest.
     Exact for the hierarchical topologies nvidia-smi reports (switch trees, NVSwitch,

@@ -76,7 +76,8 @@ def test_legal_layouts(counts, starts):
                                                         "H100-80GB has 7"),
     ([("2g.10gb", 1)], "H100-80GB has no MIG profile '2g.10gb'"),
     ([("7g.80gb", 1), ("1g.10gb", 1)], "needs 8 compute slices"),
-    ([("4g.40gb", 1), ("1g.20gb", 2), ("1g.10gb", 1)], "needs 9 memory slices but one H100-80GB has 8"),
+    ([("4g.40gb", 1), ("1g.20gb", 2), ("1g.10gb", 1)],
+     "needs 9 memory slices but one H100-80GB has 8"),
 ])
 def test_illegal_layouts_say_why(counts, reason):
     with pytest.raises(mig.MigError, match=reason.replace("(", r"\(")):

@@ -1,7 +1,6 @@
 """Memory math, the TP/PP + MIG planner, and the placement it renders into a repository."""
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -9,10 +8,10 @@ import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
-from builder import memory, mig, placement, topology as topo
+from builder import memory, mig, placement
 from builder.cli import main
 from builder.gpus import GPU_TYPES
-from builder.planner import PlacementError, plan_deployment, plan_for_spec
+from builder.planner import PlacementError, plan_for_spec
 from builder.render import RenderContext, render_files, write_repository
 from builder.spec import SpecError, load_spec, parse_spec
 from builder.validate import parse_config, validate_repository
@@ -30,7 +29,7 @@ def test_llama3_8b_by_hand():
     # Llama-3-8B: 32 layers, hidden 4096, 32 heads, 8 KV heads, head dim 128,
     # MLP 14336, vocab 128256, embeddings not tied.
     #   per layer: q,o 2·4096·4096 = 33,554,432; k,v 2·4096·1024 = 8,388,608;
-    #              gate/up/down 3·4096·14336 = 176,160,768   → 218,103,808 (× 32 = 6,979,321,856)
+    #              gate/up/down 3·4096·14336 = 176,160,768 → 218,103,808 (× 32 = 6,979,321,856)
     #   embeddings + LM head 2·128256·4096 = 1,050,673,152; norms 32·2·4096 + 4096 = 266,240
     #   total 8,030,261,248 parameters
     #   fp16: 2 bytes each = 16,060,522,496 B = 14.958 GiB
@@ -350,30 +349,25 @@ def test_every_emitted_plan_is_legal(entries, hardware):
 # ---------------------------------------------------------------------------------------
 # The rendered repository and the CLI
 
-def _without_trtllm(path: Path) -> dict:
-    data = yaml.safe_load(path.read_text())
-    data["models"] = [m for m in data["models"] if m["engine"] != "tensorrt_llm"]
-    data["hardware"]["topology"] = str(FIXTURES / "hgx-h100x8.txt")
-    data["router"] = {"default": ["mixtral-vllm"]}
-    return data
-
-
 def test_rendered_h100x8_repository_carries_the_placement(tmp_path):
-    spec = parse_spec(_without_trtllm(H100X8), str(H100X8))
+    spec = load_spec(H100X8)
+    engines = {"llama70b-trtllm": "/engines/" + "ab" * 32}   # as the engine cache names it
     out = tmp_path / "repo"
-    write_repository(render_files(RenderContext(spec, {}, {})), out, validate_repository)
-    assert validate_repository(out) == []
+    write_repository(render_files(RenderContext(spec, {}, engines)), out, validate_repository)
+    assert main(["validate", str(out)]) == 0
+    trt = parse_config(out / "llama70b-trtllm_tensorrt_llm" / "config.pbtxt")
+    assert trt.parameters["gpu_device_ids"].string_value == "0,1;2,3"
     moe = parse_config(out / "mixtral-vllm" / "config.pbtxt")
-    assert [(g.count, g.kind) for g in moe.instance_group] == [(1, moe.instance_group[0].KIND_MODEL)]
-    assert moe.parameters["INSTANCE_DEVICES"].string_value == "0,1"
+    kind_model = moe.instance_group[0].KIND_MODEL
+    assert [(g.count, g.kind) for g in moe.instance_group] == [(1, kind_model)]
+    assert moe.parameters["INSTANCE_DEVICES"].string_value == "4,5"
     assert json.loads((out / "mixtral-vllm/1/model.json").read_text())[
         "tensor_parallel_size"] == 2
     small = parse_config(out / "llama8b-sglang" / "config.pbtxt")
-    assert small.instance_group[0].count == 2
+    assert [(g.count, g.kind) for g in small.instance_group] == [(2, kind_model)]
     assert small.parameters["INSTANCE_DEVICES"].string_value == (
-        "mig:2:3g.40gb:0;mig:2:3g.40gb:1")
+        "mig:6:3g.40gb:0;mig:6:3g.40gb:1")
     assert json.loads((out / "llama8b-sglang/1/model.json").read_text())["tp_size"] == 1
-    assert main(["validate", str(out)]) == 0
 
 
 def test_cli_plan_table(capsys):
