@@ -23,7 +23,8 @@ import pytest
 from builder import cli
 from builder.engine_args import SGLANG_ARGS
 from builder.repository import build_repository
-from builder.spec import parse_spec
+from builder.render import RenderContext, render_files
+from builder.spec import load_spec, parse_spec
 from tests.fakes import fake_pb_utils as pb
 from tests.fakes import fake_sglang
 
@@ -242,6 +243,26 @@ def test_sglang_model_renders_and_validates(repo, capsys):
 
 def test_engine_args_table_names_real_server_args():
     assert set(SGLANG_ARGS) <= fake_sglang.SERVER_ARGS
+
+
+SHIPPED_SPECS = sorted((ROOT / "deploy").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("spec_file", SHIPPED_SPECS, ids=lambda p: p.name)
+def test_shipped_sglang_models_start_with_their_rendered_args(spec_file):
+    spec = load_spec(spec_file)
+    engines = {m.name: "/engines/" + "ab" * 32 for m in spec.models
+               if m.engine == "tensorrt_llm"}
+    files = render_files(RenderContext(spec, {}, engines))
+    for model in (m for m in spec.models if m.engine == "sglang"):
+        config = json.loads(files[f"{model.name}/1/model.json"])
+        engine = fake_sglang.Engine(**config)          # TypeError on a non-ServerArgs name
+        assert engine.server_args.model_path == model.model
+
+
+def test_h100x8_serves_an_sglang_model():
+    spec = load_spec(ROOT / "deploy" / "examples" / "h100x8.yaml")
+    assert [m.name for m in spec.models if m.engine == "sglang"] == ["llama8b-sglang"]
 
 
 # -- streaming relay ---------------------------------------------------------------------
