@@ -281,29 +281,30 @@ def _pinned_groups(spec, where, model, state, tp, pp):
     return [devices[k * world:(k + 1) * world] for k in range(model.instances)], tp, pp
 
 
-def candidate_layouts(shape: memory.ModelShape | None, gpus: int,
+def candidate_layouts(shape: memory.ModelShape, gpus: int,
                       tp: int | None, pp: int | None) -> list[tuple[int, int]]:
     """(tp, pp) pairs to try: tensor parallelism alone first (smallest TP first), then
     pipelines of ever more stages. TP must divide the attention heads; PP cannot exceed
-    the layers."""
+    the layers; an explicit TP or PP is the only one tried."""
     tps = [tp] if tp else [t for t in (1, 2, 4, 8, 16, 32, 64)
-                           if t <= gpus and (shape is None or shape.heads % t == 0)]
+                           if t <= gpus and shape.heads % t == 0]
     layouts = []
     for t in tps:
         pps = [pp] if pp else range(1, gpus // t + 1)
-        layouts += [(t, p) for p in pps if shape is None or p <= shape.layers]
+        layouts += [(t, p) for p in pps if p <= shape.layers]
     return sorted(layouts, key=lambda tp_pp: (tp_pp[1], tp_pp[0]))
 
 
 def _choose_groups(model, shape, state, usable, tp, pp, where):
-    layouts = candidate_layouts(shape, state.topology.count, tp, pp)
-    fitting = [(t, p) for t, p in layouts
-               if shape is None
-               or memory.per_gpu_need(shape, workload(model, shape, where), t, p).total_gib
-               <= usable]
+    """The first candidate layout that fits in memory and can be allocated; else the
+    error for the layout that came closest (or for the free GPUs lacking)."""
+    load = workload(model, shape, where)
+    needs = {(t, p): memory.per_gpu_need(shape, load, t, p)
+             for t, p in candidate_layouts(shape, state.topology.count, tp, pp)
+             or [(tp or 1, pp or 1)]}
+    fitting = [layout for layout, need in needs.items() if need.total_gib <= usable]
     if not fitting:
-        t, p = layouts[-1] if layouts else (tp or 1, pp or 1)
-        need = memory.per_gpu_need(shape, workload(model, shape, where), t, p)
+        (t, p), need = min(needs.items(), key=lambda item: item[1].total_gib)
         raise PlacementError(_missing(model, t, p, need, usable, state.gpu.name,
                                       explicit=bool(tp or pp)))
     for t, p in fitting:
