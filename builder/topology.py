@@ -107,14 +107,16 @@ def parse_topology(text: str, source: str = "<topology>") -> Topology:
 
 
 def _cells(line: str) -> list[str]:
-    # Columns are tab-separated; real output pads cells with spaces and may leave a cell
-    # empty (two tabs), which carries no information, so empty cells are dropped.
-    return [c.strip() for c in line.split("\t") if c.strip()]
+    """Tab-separated cells, stripped. Empty cells are kept: real output leaves e.g. an
+    unknown CPU affinity empty, and the columns after it must stay in place."""
+    return [c.strip() for c in line.split("\t")]
 
 
 def _find_header(lines: list[str], source: str) -> tuple[int, list[str]]:
     for index, line in enumerate(lines):
         cells = _cells(line)
+        if cells and not cells[0]:
+            cells = cells[1:]           # the empty corner cell above the row names
         if cells and cells[0] == "GPU0":
             return index, cells
     raise TopologyError(f"{source}: no `nvidia-smi topo -m` header (a line starting "

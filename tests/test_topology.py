@@ -49,6 +49,27 @@ def test_nvlink_bridged_pairs():
     assert topo.link_score("NV12") > topo.link_score("PIX") > topo.link_score("SYS")
 
 
+def test_empty_cpu_affinity_keeps_numa_column_in_place():
+    # Real boxes report an unknown CPU affinity as an empty cell ("\t\t0"), and an empty
+    # cell sits before "GPU NUMA ID" on every row.
+    text = ("\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+            "GPU0\t X \tNV18\tPIX\t\t0\t\tN/A\n"
+            "GPU1\tNV18\t X \tNODE\t1\t1\t\tN/A\n"
+            "NIC0\tPIX\tNODE\t X \t\t\t\t\n")
+    t = topo.parse_topology(text)
+    assert t.links == (("X", "NV18"), ("NV18", "X")) and t.numa == (0, 1)
+
+
+def test_indented_output_without_a_corner_cell():
+    # As pasted by tools that print the matrix indented (e.g. environment reports).
+    text = ("    GPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n"
+            "    GPU0\t X \tSYS\t0-7\t0\n"
+            "    GPU1\tSYS\t X \t8-15\t1\n")
+    t = topo.parse_topology(text)
+    assert t.links[0][1] == "SYS" and t.numa == (0, 1)
+    assert topo.best_group(t, range(2), 2, topo.CROSS_NUMA_SCORE + 1) is None
+
+
 @pytest.mark.parametrize("text, message", [
     ("no matrix here\n", "no `nvidia-smi topo -m` header"),
     ("\tGPU0\tGPU1\nGPU0\t X \tNV4\nGPU1\tQPI\t X \n", "unknown link 'QPI'"),
