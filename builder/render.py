@@ -126,7 +126,8 @@ ENGINE_RENDERERS: dict[str, Callable[[RenderContext, ModelSpec], dict[str, bytes
 
 
 def render_files(ctx: RenderContext) -> dict[str, bytes]:
-    """Every file of the repository, keyed by relative path. Pure and deterministic."""
+    """Every file of the repository, keyed by relative path. Pure and deterministic
+    given ctx.plan; without one, the spec is planned first (reading its topology file)."""
     if ctx.plan is None:
         from builder.planner import plan_for_spec  # reads the topology file, if any
 

@@ -16,7 +16,8 @@ nvidia-smi --query-gpu=index,name,memory.total,mig.mode.current --format=csv,noh
   | tee "$WORK/gpus.csv"
 nvidia-smi topo -m | tee "$WORK/topo.txt"
 nvidia-smi -L > "$WORK/list.txt"
-nvidia-smi mig -lgip > "$WORK/lgip.txt" 2>&1 || true    # fails harmlessly without MIG
+nvidia-smi mig -lgip > "$WORK/lgip.txt" 2>&1 || true    # fail harmlessly without MIG
+nvidia-smi mig -lgipp > "$WORK/lgipp.txt" 2>&1 || true
 
 "$PYTHON" - "$WORK" <<'PY'
 import csv, re, sys
@@ -39,13 +40,22 @@ topo = topology.parse_topology((work / "topo.txt").read_text(), "nvidia-smi topo
 assert topo.count == len(rows), f"topology has {topo.count} GPUs, nvidia-smi lists {len(rows)}"
 for size in (2, 4, 8):
     print(f"OK: best TP group of {size}:", topology.best_group(topo, range(topo.count), size))
-# Every MIG profile nvidia-smi offers must be in trident's table, with its count.
-offered = re.findall(r"MIG (\S+)\s+\d+\s+(\d+)/(\d+)", (work / "lgip.txt").read_text())
-for profile, _free, total in offered:
+# Every MIG profile nvidia-smi offers must be in trident's table, with its count and
+# its placements ({starts}:size from -lgipp, joined to names by profile ID).
+offered = re.findall(r"MIG (\S+)\s+(\d+)\s+(\d+)/(\d+)", (work / "lgip.txt").read_text())
+placements = {int(pid): (tuple(int(x) for x in starts.split(",")), int(size))
+              for pid, starts, size in re.findall(
+                  r"Profile ID\s+(\d+) Placements?\s*:\s*\{([\d,]+)\}:(\d+)",
+                  (work / "lgipp.txt").read_text())}
+for profile, pid, _free, total in offered:
     ours = gpu.mig_profile(profile)
     assert ours is not None, f"nvidia-smi offers {profile}, trident's table lacks it"
     assert ours.max_count == int(total), f"{profile}: nvidia-smi {total}, trident {ours.max_count}"
-print(f"OK: {len(offered)} MIG profile row(s) from nvidia-smi match trident's table")
+    if int(pid) in placements:
+        assert placements[int(pid)] == (ours.starts, ours.memory_slices), \
+            f"{profile}: nvidia-smi places {placements[int(pid)]}, trident {ours.starts}"
+print(f"OK: {len(offered)} MIG profile row(s) and {len(placements)} placement row(s) "
+      "from nvidia-smi match trident's table")
 slices = devices.mig_devices((work / "list.txt").read_text())
 for (ordinal, profile), uuids in sorted(slices.items()):
     print(f"OK: GPU{ordinal} has {len(uuids)} × {profile}; first resolves to",
