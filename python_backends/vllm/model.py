@@ -35,12 +35,14 @@ class TritonPythonModel(AsyncEngineModel):
 
     async def start_engine(self, config: dict) -> None:
         from vllm import AsyncEngineArgs, SamplingParams
+        from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.async_llm import AsyncLLM
 
         if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             config.setdefault("enforce_eager", True)
         self._sampling_class = SamplingParams
+        self._client_errors = (ValueError, VLLMClientError)
         self._delta = RequestOutputKind.DELTA
         self._sampling_fields = {f for f in SamplingParams.__struct_fields__
                                  if not f.startswith("_")} - _INTERNAL_FIELDS
@@ -67,7 +69,7 @@ class TritonPythonModel(AsyncEngineModel):
         outputs = self.engine.generate(prompt, sampling, engine_id)
         try:
             first = await outputs.__anext__()
-        except ValueError as e:  # vLLM's input checks, e.g. prompt longer than max_model_len
+        except self._client_errors as e:  # vLLM's request checks, e.g. prompt too long
             raise BadRequest(str(e)) from None
         except StopAsyncIteration:
             return

@@ -1,0 +1,39 @@
+"""Small client-side helpers shared by the server tests."""
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+
+
+def metric_value(metrics_url: str, name: str, **labels) -> float:
+    """The value of one Prometheus sample (0.0 when absent)."""
+    with urllib.request.urlopen(metrics_url, timeout=5) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.1):
+    """Poll until predicate() is truthy; returns its value or raises AssertionError."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 120.0):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="POST" if data else "GET",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as r:
+        return r.status, r.read().decode()
