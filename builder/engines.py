@@ -257,12 +257,13 @@ class Builder:
     def run_all(self, jobs: Iterable[EngineJob], keep_going: bool) -> list[Outcome]:
         outcomes = []
         for job in jobs:
+            started = self.clock()
             try:
                 outcomes.append(self.run(job))
             except TridentError as e:
                 if not keep_going:
                     raise
-                outcomes.append(Outcome(job, "failed", 0.0, error=str(e)))
+                outcomes.append(Outcome(job, "failed", self.clock() - started, error=str(e)))
         return outcomes
 
     def metadata(self, job: EngineJob) -> dict:

@@ -226,3 +226,21 @@ def test_missing_tool_names_the_variable(tmp_path):
     with pytest.raises(BuildStepFailed, match="install TensorRT-LLM or set TRIDENT_TRTLLM_BUILD"):
         run_steps([Step("build", ("/nonexistent/trtllm-build",))], tmp_path / "l",
                   Progress("m/p", 1, lambda _: None))
+
+
+@pytest.mark.parametrize("text, seconds", [("90s", 90), ("30m", 1800), ("12h", 43200),
+                                           ("7d", 604800), ("1.5h", 5400), ("2w", 1209600)])
+def test_gc_durations(text, seconds):
+    from builder.cli_engines import parse_duration
+
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["7", "d", "-1d", "7 days", "1y"])
+def test_gc_duration_errors(text):
+    from builder.cli_engines import parse_duration
+    from builder.errors import TridentError
+
+    with pytest.raises(TridentError, match="is not a duration") as e:
+        parse_duration(text)
+    assert e.value.exit_code == 2
