@@ -172,6 +172,18 @@ def test_eight_concurrent_builds_of_one_key_run_the_compiler_once(tmp_path, env,
     assert statuses == ["built"] + ["fetched"] * 7
 
 
+def test_concurrent_builds_on_one_machine_share_the_local_lock(tmp_path, env):
+    spec = write_spec(tmp_path, profiles={"short-context": PROFILES["short-context"]})
+    env["FAKE_TRTLLM_SLEEP"] = "1"
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: trident(env, "engines", "build", "--spec", spec,
+                                                  check=False), range(4)))
+    assert [r.returncode for r in results] == [0] * 4, [r.stderr for r in results]
+    assert compiler_calls(env) == ["convert", "build"]
+    statuses = sorted(r.stdout.splitlines()[-1].split()[0] for r in results)
+    assert statuses == ["built"] + ["skipped"] * 3
+
+
 @pytest.mark.s3
 def test_converted_checkpoint_from_s3(tmp_path, env, s3_bucket):
     client = s3_bucket.client()
