@@ -118,13 +118,17 @@ class Engine:
     # -- sglang.Engine ------------------------------------------------------------------
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None,
                              image_data=None, audio_data=None, video_data=None,
-                             return_logprob=False, logprob_start_len=None,
-                             top_logprobs_num=None, token_ids_logprob=None, lora_path=None,
-                             custom_logit_processor=None, return_hidden_states=False,
-                             stream=False, bootstrap_host=None, bootstrap_port=None,
-                             bootstrap_room=None, routed_dp_rank=None,
-                             external_trace_header=None, rid=None, session_params=None,
-                             priority=None, session_id=None, *, cache_salt=None):
+                             mm_hashes=None, mm_content_hashes=None, return_logprob=False,
+                             logprob_start_len=None, top_logprobs_num=None,
+                             token_ids_logprob=None, lora_path=None,
+                             custom_logit_processor=None, require_reasoning=False,
+                             return_hidden_states=False, return_routed_experts=False,
+                             routed_experts_start_len=0, stream=False, bootstrap_host=None,
+                             bootstrap_port=None, bootstrap_room=None, routed_dp_rank=None,
+                             disagg_prefill_dp_rank=None, kv_hints=None,
+                             data_parallel_rank=None, external_trace_header=None, rid=None,
+                             session_params=None, priority=None, session_id=None, *,
+                             cache_salt=None):
         self.calls.append({"prompt": prompt, "sampling_params": dict(sampling_params or {}),
                            "stream": stream, "rid": rid})
         chunks = self._generate(prompt, dict(sampling_params or {}), rid, stream)
