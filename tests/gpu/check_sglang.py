@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import queue
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +28,7 @@ import tritonclient.grpc as grpcclient
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from builder.gpus import gpu_type_for  # noqa: E402
 from builder.infer import build_inputs  # noqa: E402
 from builder.repository import build_repository  # noqa: E402
 from builder.serve import Ports, TritonServer, free_port  # noqa: E402
@@ -45,7 +47,8 @@ def deployment(model_path: str, gpu: str) -> dict:
         "hardware": {"gpu": gpu, "count": 1},
         "models": [{"name": MODEL, "engine": "sglang", "model": model_path, "family": "qwen",
                     "tasks": ["chat"], "placement": {"devices": [0]},
-                    "engine_args": {"context_length": 4096, "mem_fraction_static": 0.5,
+                    "engine_args": {"tp_size": 1, "context_length": 4096,
+                                    "mem_fraction_static": 0.5,
                                     "max_running_requests": 16, "schedule_policy": "lpm"}}],
         "router": {"default": [MODEL]},
     }
@@ -181,18 +184,30 @@ def check_prefix_cache(server: TritonServer) -> str:
             f"{first.ttft_s * 1000:.0f} ms, turn 2 {second.ttft_s * 1000:.0f} ms")
 
 
+def detect_gpu_type() -> str:
+    """GPU 0's builder.gpus type name; H100-80GB for a GPU trident's table lacks."""
+    line = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
+                           "--format=csv,noheader,nounits", "-i", "0"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    name, memory_mib = line.rsplit(",", 1)
+    known = gpu_type_for(name.strip(), float(memory_mib))
+    return known.name if known else "H100-80GB"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct",
                         help="local folder or Hugging Face id of a small chat model")
-    parser.add_argument("--gpu", default="H100-80GB", help="a builder.gpus GPU type name")
+    parser.add_argument("--gpu", default=None,
+                        help="a builder.gpus GPU type name (default: GPU 0's, from nvidia-smi)")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--ready-timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
+    gpu = args.gpu or detect_gpu_type()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="trident-sglang-check-"))
     repo = work / "repo"
     t0 = time.monotonic()
-    build_repository(parse_spec(deployment(args.model, args.gpu), "<check_sglang>"), repo)
+    build_repository(parse_spec(deployment(args.model, gpu), "<check_sglang>"), repo)
     problems = validate_repository(repo)
     if problems:
         print("FAIL validate:", *problems, sep="\n  ")

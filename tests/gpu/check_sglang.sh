@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of trident's SGLang backend (docs/sglang.md): serve a small chat model with
 # the real SGLang through Triton and check streaming, abort and prefix-cache hits.
-# Usage: tests/gpu/check_sglang.sh [--model PATH_OR_HF_ID] [--gpu H100-80GB] [--workdir DIR]
+# Usage: tests/gpu/check_sglang.sh [--model PATH_OR_HF_ID] [--gpu TYPE] [--workdir DIR]
 # Needs: one NVIDIA GPU, sglang (0.5.x) and trident installed in the same Python
 # environment as the Triton stub (PYTHON below), tritonserver (nvidia-pytriton or NGC).
 # Finishes in under 8 minutes or fails (timeout 480 s).
