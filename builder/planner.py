@@ -246,6 +246,9 @@ def _plan_whole_gpus(spec: DeploymentSpec, i: int, model: ModelSpec, state: _Sta
     if need is not None and need.total_gib > usable:
         raise PlacementError(_missing(model, tp, pp, need, usable, state.gpu.name))
     kind = model.placement.kind
+    if kind == "gpu" and tp * pp > 1:
+        raise SpecError(spec.file, f"{where}.placement.kind", f"KIND_GPU gives an instance "
+                        f"one GPU but TP×PP is {tp}×{pp}: use kind model (or auto)")
     if kind == "auto":
         # vLLM and SGLang own all GPUs of a multi-GPU instance (KIND_MODEL); TRT-LLM
         # instances always get their devices through gpu_device_ids (KIND_MODEL too).

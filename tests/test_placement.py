@@ -256,6 +256,8 @@ def test_mig_goes_to_gpus_left_by_whole_gpu_models():
     (vllm("s", LLAMA8B, devices=[0, 1, 2], instances=2), "models[0].placement.devices",
      "3 devices do not split evenly over 2 instances"),
     (vllm("s", "org/unknown"), "models[0].model", "size of 'org/unknown' unknown"),
+    ({**vllm("s", LLAMA8B, tensor_parallel_size=2), "placement": {"kind": "gpu"}},
+     "models[0].placement.kind", "KIND_GPU gives an instance one GPU but TP×PP is 2×1"),
 ])
 def test_spec_defects_name_the_field(entry, path, reason):
     with pytest.raises(SpecError) as info:
