@@ -2,37 +2,163 @@
 
 Per request: extract routing features once, ask the policy for candidates, call the first
 healthy one with `async_exec(decoupled=True)`, and relay its stream. A backend that fails
-before its first token (error, unhealthy stub, not loaded, first-token timeout) is
-recorded in its circuit breaker and the next candidate is tried; after the first token
-an error reaches the client as an error response and the final flag.
+before its first token (error, unhealthy stub, not loaded, first-token timeout, no answer
+to a health probe) is recorded in its circuit breaker and the next candidate is tried;
+after the first token an error reaches the client as an error response and the final flag.
 
-Hot path: the backend's response iterator blocks, so each stream is relayed by one worker
-thread (not one event-loop hop per chunk), and chunks of Python-backend engines are
-forwarded as they are, without re-encoding.
+Hot path: the backend's response iterator blocks, so each attempt is pumped by one worker
+thread (`Relay`) that sends the first response and every chunk to the client as soon as it
+arrives, with no event-loop hop in between. The event loop only supervises: client
+cancel, first-token timeout, deadline, and a backend that went silent (its stub died: a
+BLS iterator then never ends, so the router probes the backend and gives up on it).
 """
 import asyncio
 import itertools
 import json
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from adapters import ROUTER_ONLY_INPUTS, Adapters  # siblings in the model's directory
-from breaker import STATE_VALUES, BreakerConfig, CircuitBreaker
+from breaker import HALF_OPEN, STATE_VALUES, BreakerConfig, CircuitBreaker
 from policy import Policy, UnknownRoute, features_from
 from trident_common.request import first_scalar
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-CANCEL_POLL_S = 0.02
+WATCH_INTERVAL_S = 0.05   # how often the loop checks cancel and deadlines of a stream
+SILENCE_PROBE_S = 2.0     # a stream quiet this long gets its backend health-probed
+PROBE_TIMEOUT_S = 5.0     # a backend that cannot answer a no-op request this fast is down
+PROBE_REQUEST_ID = "trident-router-health-probe"   # aborting it is a no-op
 HINT_NAMES = ("route", "task", "family", "tenant", "tier", "conversation_id",
               "shared_prefix")
+CLIENT_ERROR = "client error"   # Relay.first outcome: the backend rejected the request
 
 
 class BackendFailed(Exception):
     """The backend failed before its first token; the router may try another."""
+
+
+class ClientCancelled(Exception):
+    """The client cancelled; the backend was told to abort."""
+
+
+class Relay:
+    """One attempt's stream, from the backend's response iterator to the client.
+
+    A worker thread runs `pump`; the event loop waits on `first` (None once the first
+    response went to the client, else the problem, or CLIENT_ERROR) and `done` (True, or
+    False after a mid-stream failure). Every send to the client holds `lock`, and `closed`
+    is set by whoever sends the client's final flag, so it is sent exactly once and
+    nothing follows it. An attempt the router abandons before its first token sends
+    nothing at all: the router falls back or answers the client itself.
+    """
+
+    def __init__(self, sender, adapter, backend, loop):
+        self.sender, self.adapter, self.backend, self.loop = sender, adapter, backend, loop
+        self.lock = threading.Lock()
+        self.streaming = False      # the first response went to the client
+        self.closed = False         # final flag sent, or attempt abandoned
+        self.chunks = 0             # backend responses seen: progress, for silence probes
+        self.first_relay_s = 0.0    # router time between the first response and its send
+        self.first = loop.create_future()
+        self.done = loop.create_future()
+
+    # -- worker thread ------------------------------------------------------------------
+    def pump(self, responses):
+        ok = False
+        try:
+            self._resolve(self.first, self._start(next(responses, None)))
+            ok = True
+            for response in responses:
+                self.chunks += 1
+                ok = self._forward(response) and ok
+            if ok:
+                self.close()
+        except Exception as e:  # the router must answer even if its own relay breaks
+            self.close(f"router relay failed: {e}")
+            self._resolve(self.first, f"router relay failed: {e}")
+        finally:
+            self._resolve(self.done, ok)
+
+    def _start(self, first):
+        """Send the first response, or say why not (then this attempt sends nothing more:
+        the router falls back or answers the client)."""
+        received = time.monotonic()
+        problem = ("stream ended without a response" if first is None
+                   else self.adapter.error_of(first))
+        with self.lock:
+            if self.closed:
+                return problem or "abandoned by the router"
+            if problem is not None and _client_fault(first):
+                # The request is wrong, not the backend: tell the client, retry nowhere.
+                self._finish(first.error())
+                return CLIENT_ERROR
+            if problem is not None:
+                self.closed = True
+                return problem
+            self.sender.send(self.adapter.response(first))
+            self.streaming = True
+        self.first_relay_s = time.monotonic() - received
+        return None
+
+    def _forward(self, response):
+        """Relay one chunk; False when it carries a backend error (which ends the stream)."""
+        problem = self.adapter.error_of(response)
+        with self.lock:
+            if self.closed:
+                return True             # abandoned or cancelled: drain, forward nothing
+            if problem is not None:
+                self._finish(f"{self.backend} failed mid-stream: {problem}")
+                return False
+            if response.output_tensors():
+                self.sender.send(self.adapter.response(response))
+        return True
+
+    def _resolve(self, future, value):
+        self.loop.call_soon_threadsafe(_set_once, future, value)
+
+    # -- any thread ---------------------------------------------------------------------
+    def close(self, error=None):
+        """Finish the client's stream (an error response first if given); False if it
+        was already finished."""
+        with self.lock:
+            if self.closed:
+                return False
+            self._finish(error)
+            return True
+
+    def abandon(self):
+        """Give up before the first token without telling the client anything; False if
+        the first response already went out (then the stream is the client's)."""
+        with self.lock:
+            if self.streaming or self.closed:
+                return False
+            self.closed = True
+            return True
+
+    def _finish(self, error):
+        self.closed = True
+        try:
+            if error is not None:   # a message, or a backend's TritonError (keeps its code)
+                if isinstance(error, str):
+                    error = pb_utils.TritonError(error)
+                self.sender.send(pb_utils.InferenceResponse(error=error))
+            self.sender.send(flags=FINAL)
+        except Exception:
+            pass  # the client is gone (cancelled): nothing left to tell it
+
+
+def _set_once(future, value):
+    if not future.done():
+        future.set_result(value)
+
+
+def _client_fault(response):
+    return (response.has_error()
+            and response.error().code() == pb_utils.TritonError.INVALID_ARG)
 
 
 class TritonPythonModel:
@@ -50,15 +176,19 @@ class TritonPythonModel:
         self.max_inflight = self.config["max_inflight_per_backend"]
         self.deadline_s = self.config["deadline_s"]
         self.first_token_timeout_s = self.config["first_token_timeout_s"]
-        self.pool = ThreadPoolExecutor(max_workers=min(1024, 4 * self.max_inflight),
-                                       thread_name_prefix="relay")
+        # One relay thread per stream, plus short-lived drains of control requests.
+        self.pool = ThreadPoolExecutor(
+            max_workers=min(2048, 2 * self.max_inflight * len(self.inflight) + 16),
+            thread_name_prefix="relay")
         self.ids = itertools.count()
         self.prefix = f"{self.name}-{os.getpid()}-"
-        self.metrics = RouterMetrics(self.name, list(self.config["backends"]))
+        self.background = set()     # control-request tasks (kept referenced until done)
+        self.metrics = RouterMetrics(self.name)
         for name, breaker in self.breakers.items():
             self.metrics.breaker_state(name, breaker.state)
 
     async def execute(self, requests):
+        # Breakers, counters and control requests are only touched on this loop.
         self.loop = asyncio.get_running_loop()
         await asyncio.gather(*(self.handle(request) for request in requests))
         return None
@@ -71,6 +201,19 @@ class TritonPythonModel:
     async def handle(self, request):
         arrival = time.monotonic()
         sender = request.get_response_sender()
+        attempts = []
+        try:
+            await self.route(request, sender, arrival, attempts)
+        except ClientCancelled:
+            pass  # the backend was told to abort, the client's stream is closed
+        except Exception as e:  # a router defect must never leave the client hanging
+            started = [relay for relay in attempts if relay.streaming]
+            if started:
+                started[-1].close(f"router error: {e}")
+            else:
+                self.fail(sender, f"router error: {e}", "internal")
+
+    async def route(self, request, sender, arrival, attempts):
         try:
             features = self.features(request)
             route, candidates = self.policy.candidates(features, self.available)
@@ -79,24 +222,31 @@ class TritonPythonModel:
         except ValueError as e:
             return self.fail(sender, f"bad request: {e}", "bad_request")
         if not candidates:
-            return self.fail(sender, f"no healthy backend for route {route!r} (all "
-                             "circuit breakers open or at max_inflight_per_backend)",
+            _, wanted = self.policy.candidates(features)
+            return self.fail(sender, f"no backend available for route {route!r}: "
+                             + "; ".join(self.unavailable_reason(b) for b in wanted),
                              "no_backend")
         errors = []
         for attempt, backend in enumerate(candidates):
             if not self.claim(backend):
-                errors.append(f"{backend}: busy or circuit open")
+                errors.append(self.unavailable_reason(backend))
                 continue
+            probe = self.breakers[backend].state == HALF_OPEN   # this request is the probe
+            recorded = False
             try:
-                await self.serve(request, sender, backend, route, arrival)
+                recorded = await self.serve(request, sender, backend, route, arrival,
+                                            attempts)
                 return
             except BackendFailed as e:
                 self.record(backend, ok=False)
+                recorded = True
                 errors.append(f"{backend}: {e}")
                 if attempt + 1 < len(candidates):
                     self.metrics.fallback(backend)
             finally:
                 self.inflight[backend] -= 1
+                if probe and not recorded:
+                    self.breakers[backend].release_probe()
         self.fail(sender, "every backend failed before its first token: " + "; ".join(errors),
                   "all_failed")
 
@@ -112,13 +262,24 @@ class TritonPythonModel:
                 hints[name] = first_scalar(tensor.as_numpy())
         text = _input_text(request, "text_input")
         messages_text = _input_text(request, "messages")
-        messages = json.loads(messages_text) if messages_text else None
-        if messages is not None and not isinstance(messages, list):
-            raise ValueError("messages must be a JSON list")
+        messages = None
+        if messages_text:
+            try:
+                messages = json.loads(messages_text)
+            except ValueError as e:
+                raise ValueError(f"messages is not valid JSON: {e}") from None
+            if not isinstance(messages, list):
+                raise ValueError("messages must be a JSON list of {role, content} objects")
         return features_from(text, messages, hints)
 
     def available(self, backend):
         return self.breakers[backend].available() and self.inflight[backend] < self.max_inflight
+
+    def unavailable_reason(self, backend):
+        if self.inflight[backend] >= self.max_inflight:
+            return (f"{backend}: {self.inflight[backend]} requests in flight "
+                    f"(max_inflight_per_backend is {self.max_inflight})")
+        return f"{backend}: circuit breaker {self.breakers[backend].state}"
 
     def claim(self, backend):
         if self.inflight[backend] >= self.max_inflight or not self.breakers[backend].allow():
@@ -132,12 +293,18 @@ class TritonPythonModel:
         self.metrics.breaker_state(backend, breaker.state)
 
     def fail(self, sender, message, reason):
+        """Answer with an error response, then the final flag on its own: the same shape
+        as a mid-stream failure (a gRPC stream client sees the error, then the final)."""
         self.metrics.error(reason)
-        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)),
-                    flags=FINAL)
+        try:
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)))
+            sender.send(flags=FINAL)
+        except Exception:
+            pass  # the client is gone
 
-    async def serve(self, request, sender, backend, route, arrival):
-        """Call one backend; raises BackendFailed if nothing was sent to the client."""
+    async def serve(self, request, sender, backend, route, arrival, attempts):
+        """One attempt. Raises BackendFailed if nothing reached the client; returns
+        whether the backend's outcome was recorded in its breaker."""
         adapter = self.adapters[backend]
         request_id = f"{self.prefix}{next(self.ids)}"
         inputs = [t for t in request.inputs() if t.name() not in ROUTER_ONLY_INPUTS]
@@ -147,111 +314,109 @@ class TritonPythonModel:
                 requested_output_names=adapter.outputs)
         except ValueError as e:  # the request does not fit this engine's interface
             raise BackendFailed(str(e)) from None
-        issued = time.monotonic()
         try:
             responses = await child.async_exec(decoupled=True)
         except Exception as e:  # not loaded, stub unhealthy, ...
             raise BackendFailed(str(e)) from None
-        first = await self.first_response(request, responses, backend, request_id, arrival)
-        if _client_fault(first):
-            # The request is wrong, not the backend: tell the client, retry nowhere.
+        issued = time.monotonic()
+        relay = Relay(sender, adapter, backend, self.loop)
+        attempts.append(relay)
+        self.pool.submit(relay.pump, responses)
+        first_by = min(issued + self.first_token_timeout_s, arrival + self.deadline_s)
+        problem = await self.watch(request, relay, relay.first, backend, request_id,
+                                   first_by, f"no first token within "
+                                   f"{self.first_token_timeout_s} s", before_first=True)
+        if problem == CLIENT_ERROR:
             self.metrics.error("bad_request")
-            sender.send(pb_utils.InferenceResponse(error=first.error()), flags=FINAL)
-            return
-        problem = adapter.error_of(first)
+            return False
         if problem is not None:
             raise BackendFailed(problem)
         self.record(backend, ok=True)
         self.metrics.request(route, backend)
-        relayed_at = time.monotonic()
-        ok = await asyncio.get_running_loop().run_in_executor(
-            self.pool, self.relay, request, sender, responses, first, adapter, backend,
-            request_id, arrival, relayed_at - issued)
-        if not ok:
+        self.metrics.added_latency(issued - arrival + relay.first_relay_s)
+        ok = await self.watch(request, relay, relay.done, backend, request_id,
+                              arrival + self.deadline_s,
+                              f"deadline of {self.deadline_s} s exceeded", before_first=False)
+        if ok is not True:
             self.record(backend, ok=False)
-
-    async def first_response(self, request, responses, backend, request_id, arrival):
-        loop = asyncio.get_running_loop()
-        pending = loop.run_in_executor(self.pool, next, responses, None)
-        deadline = arrival + self.first_token_timeout_s
-        while True:
-            done, _ = await asyncio.wait({pending}, timeout=CANCEL_POLL_S)
-            if done:
-                first = pending.result()
-                if first is None:
-                    raise BackendFailed("stream ended without a response")
-                return first
-            if request.is_cancelled() or time.monotonic() > deadline:
-                self.abort(backend, request_id)
-                if request.is_cancelled():
-                    # Not the backend's fault: stop here without a failure record.
-                    raise asyncio.CancelledError
-                raise BackendFailed(f"no first token within {self.first_token_timeout_s} s")
-
-    def relay(self, request, sender, responses, first, adapter, backend, request_id,
-              arrival, added_latency):
-        """Worker thread: forward the stream; returns False on a mid-stream error.
-
-        The backend's final flag ends the iterator (its last response may be empty), so
-        the client's final flag is sent as a flags-only response after the loop."""
-        send = sender.send
-        send(adapter.response(first))
-        self.metrics.added_latency(added_latency)
-        next_check = time.monotonic() + CANCEL_POLL_S
-        deadline = arrival + self.deadline_s
-        stopped = False      # aborted: drain the backend's stream, forward nothing more
-        for response in responses:
-            problem = adapter.error_of(response)
-            if problem is not None and not stopped:
-                send(pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(f"{backend} failed mid-stream: {problem}")))
-                send(flags=FINAL)
-                return False
-            if not stopped and response.output_tensors():
-                send(adapter.response(response))
-            now = time.monotonic()
-            if not stopped and now >= next_check:
-                next_check = now + CANCEL_POLL_S
-                if sender.is_cancelled():
-                    stopped = True
-                    self.abort(backend, request_id)
-                elif now > deadline:
-                    stopped = True
-                    self.abort(backend, request_id)
-                    send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                        f"deadline of {self.deadline_s} s exceeded")))
-        send(flags=FINAL)
         return True
 
-    def abort(self, backend, request_id):
-        """Tell the backend to abort a request (BLS response iterators cannot cancel).
+    async def watch(self, request, relay, until, backend, request_id, deadline, late,
+                    before_first):
+        """Wait for the future `until` while the relay thread streams; meanwhile act on a
+        client cancel, the deadline, and silence from a dead backend. Returns until's
+        result, or the problem that ended the wait."""
+        seen, quiet_since = relay.chunks, time.monotonic()
+        while True:
+            done, _ = await asyncio.wait((until,), timeout=WATCH_INTERVAL_S)
+            if done:
+                return until.result()
+            now = time.monotonic()
+            if request.is_cancelled():
+                relay.close()
+                self.abort(backend, request_id)
+                raise ClientCancelled
+            problem = None
+            if now >= deadline:
+                problem = late
+            elif relay.chunks != seen:
+                seen, quiet_since = relay.chunks, now
+            elif now - quiet_since >= SILENCE_PROBE_S:
+                quiet_since = now
+                problem = await self.probe(backend)
+            if problem is None:
+                continue
+            if before_first:
+                if not relay.abandon():
+                    continue  # the first response won the race: the stream is the client's
+                if problem == late:
+                    self.abort(backend, request_id)
+                return problem
+            if problem == late:
+                relay.close(late)
+                self.abort(backend, request_id)
+                return True   # a deadline is not the backend's failure
+            relay.close(f"{backend} failed mid-stream: {problem}")
+            return False
 
-        Callable from any thread: the BLS call itself must run on the stub's event loop
-        (a private loop in a worker thread never reaches the backend)."""
-        abort_inputs = self.adapters[backend].abort_inputs(request_id)
-        if abort_inputs is None:
+    # -- control requests to backends -------------------------------------------------------
+    def abort(self, backend, request_id):
+        """Tell the backend to abort a request (BLS response iterators cannot cancel)."""
+        inputs = self.adapters[backend].abort_inputs(request_id)
+        if inputs is None:
             return
         self.metrics.abort(backend)
-        abort = pb_utils.InferenceRequest(model_name=backend, inputs=abort_inputs,
-                                          requested_output_names=[])
-        asyncio.run_coroutine_threadsafe(self.send_abort(abort), self.loop)
+        task = self.loop.create_task(self.control(backend, inputs))
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
-    async def send_abort(self, abort):
+    async def probe(self, backend):
+        """None if the backend answers a no-op control request, else what went wrong."""
+        inputs = self.adapters[backend].abort_inputs(PROBE_REQUEST_ID)
+        if inputs is None:
+            return None   # no control input (TRT-LLM's ensemble): cannot tell
         try:
-            responses = await abort.async_exec(decoupled=True)
-            await self.loop.run_in_executor(self.pool, _drain, responses)
-        except Exception:
-            pass  # the backend is gone: nothing left to abort
+            return await asyncio.wait_for(self.control(backend, inputs), PROBE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return f"no answer to a health probe within {PROBE_TIMEOUT_S} s"
+
+    async def control(self, backend, inputs):
+        """Send a control request; the first error it gets, or None."""
+        control = pb_utils.InferenceRequest(model_name=backend, inputs=inputs,
+                                            requested_output_names=[])
+        try:
+            responses = await control.async_exec(decoupled=True)
+            return await self.loop.run_in_executor(self.pool, _first_error, responses)
+        except Exception as e:  # stub unhealthy, not loaded
+            return str(e) or type(e).__name__
 
 
-def _drain(responses):
-    for _ in responses:
-        pass
-
-
-def _client_fault(response):
-    return (response.has_error()
-            and response.error().code() == pb_utils.TritonError.INVALID_ARG)
+def _first_error(responses):
+    error = None
+    for response in responses:
+        if error is None and response.has_error():
+            error = response.error().message()
+    return error
 
 
 def _input_text(request, name):
@@ -263,7 +428,7 @@ class RouterMetrics:
     """Requests by route and backend, fallbacks, aborts, errors, breaker states, added
     latency. Label sets are created lazily and kept (the stub needs the references)."""
 
-    def __init__(self, router, backends):
+    def __init__(self, router):
         family = pb_utils.MetricFamily
         self.router = router
         self.families = {

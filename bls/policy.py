@@ -40,9 +40,11 @@ def features_from(text: Optional[str], messages: Optional[list], hints: dict) ->
     (tensors or request parameters: route, task, family, tenant, tier, conversation_id,
     shared_prefix)."""
     if messages is not None:
-        turns = sum(1 for m in messages if m.get("role") == "user")
-        length = sum(len(m.get("content", "")) for m in messages)
-        has_system = any(m.get("role") == "system" for m in messages)
+        # Malformed entries are skipped here: the backend rejects them with a clear error.
+        valid = [m for m in messages if isinstance(m, dict)]
+        turns = sum(1 for m in valid if m.get("role") == "user")
+        length = sum(len(m["content"]) for m in valid if isinstance(m.get("content"), str))
+        has_system = any(m.get("role") == "system" for m in valid)
     else:
         turns, length, has_system = 0, len(text or ""), False
     conversation = hints.get("conversation_id") or None

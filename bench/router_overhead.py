@@ -1,0 +1,148 @@
+"""Router overhead: the same requests through `router` and straight to `smollm2`, one run.
+
+Renders deploy/default.yaml, starts one tritonserver, warms both paths up, then alternates
+rounds (router, direct, router, direct, ...) so drift and noise hit both alike:
+- TTFT at 1 stream: single short requests, alternating paths (the cleanest view of the
+  latency the router adds);
+- TTFT and tokens/s at 16 concurrent streams (greedy, fixed length via ignore_eos).
+The router's own histogram (trident_router_added_latency_seconds: router time on the
+first-token path) is reported too. Targets (issue 4): router adds <= 1 ms to median TTFT
+at 16 streams and keeps >= 0.98x tokens/s.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "python_backends"))
+
+from builder.infer import stream_generate  # noqa: E402
+from builder.repository import build_repository  # noqa: E402
+from builder.serve import Ports, TritonServer, free_port  # noqa: E402
+from builder.spec import load_spec  # noqa: E402
+
+BACKEND, ROUTER = "smollm2", "router"
+STREAMS = 16
+MAX_TOKENS = 48
+ROUNDS = 4               # per path, alternating
+SINGLE_REQUESTS = 30     # per path, alternating
+SAMPLING = {"temperature": 0, "ignore_eos": True}
+PROMPTS = [f"Write a short note about the number {i}." for i in range(STREAMS)]
+
+
+def one_round(url: str, model: str) -> tuple[list[float], float]:
+    """16 concurrent streams; (TTFT of each, output tokens per second for the round)."""
+    results, errors = [None] * STREAMS, []
+
+    def worker(i: int) -> None:
+        try:
+            results[i] = stream_generate(url, model, PROMPTS[i], max_tokens=MAX_TOKENS,
+                                         sampling=SAMPLING)
+        except Exception as e:  # reported below; a failed round is not a measurement
+            errors.append(f"{model}: {e}")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(STREAMS)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - started
+    if errors:
+        raise RuntimeError("; ".join(errors[:3]))
+    tokens = sum(r.output_tokens for r in results)
+    return [r.ttft_s for r in results], tokens / wall
+
+
+def single_ttfts(url: str) -> dict[str, list[float]]:
+    ttft = {ROUTER: [], BACKEND: []}
+    for i in range(SINGLE_REQUESTS):
+        for model in (ROUTER, BACKEND) if i % 2 == 0 else (BACKEND, ROUTER):
+            ttft[model].append(stream_generate(url, model, PROMPTS[0], max_tokens=1,
+                                               sampling=SAMPLING).ttft_s)
+    return ttft
+
+
+def router_added_latency(metrics_url: str) -> tuple[float, int]:
+    """Mean router-added first-token latency from the router's histogram, and count."""
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    values = {}
+    for suffix in ("sum", "count"):
+        match = re.search(rf"^trident_router_added_latency_seconds_{suffix}\{{[^}}]*\}} (\S+)$",
+                          text, re.M)
+        values[suffix] = float(match.group(1)) if match else 0.0
+    count = int(values["count"])
+    return (values["sum"] / count if count else 0.0), count
+
+
+def measure(server: TritonServer) -> dict:
+    url = server.grpc_url
+    for model in (ROUTER, BACKEND):      # warm-up: compile paths, fill caches
+        one_round(url, model)
+    single = single_ttfts(url)
+    ttfts = {ROUTER: [], BACKEND: []}
+    rates = {ROUTER: [], BACKEND: []}
+    for i in range(ROUNDS):
+        for model in (ROUTER, BACKEND) if i % 2 == 0 else (BACKEND, ROUTER):
+            round_ttft, rate = one_round(url, model)
+            ttfts[model] += round_ttft
+            rates[model].append(rate)
+    mean_added, samples = router_added_latency(server.metrics_url)
+    return {"single": single, "ttft": ttfts, "rates": rates,
+            "router_added_mean_s": mean_added, "router_added_samples": samples}
+
+
+def rows_from(m: dict) -> list[dict]:
+    def median_ms(values):
+        return statistics.median(values) * 1000
+
+    single_r, single_d = median_ms(m["single"][ROUTER]), median_ms(m["single"][BACKEND])
+    ttft_r, ttft_d = median_ms(m["ttft"][ROUTER]), median_ms(m["ttft"][BACKEND])
+    rate_r, rate_d = statistics.median(m["rates"][ROUTER]), statistics.median(m["rates"][BACKEND])
+    return [
+        {"metric": f"TTFT median ms, {STREAMS} streams", "ours": ttft_r, "direct": ttft_d,
+         "ratio": ttft_r / ttft_d, "target": "router adds <= 1 ms",
+         "met": ttft_r - ttft_d <= 1.0},
+        {"metric": f"tokens/s, {STREAMS} streams", "ours": rate_r, "direct": rate_d,
+         "ratio": rate_r / rate_d, "target": ">= 0.98x", "met": rate_r / rate_d >= 0.98},
+        {"metric": "TTFT median ms, 1 stream", "ours": single_r, "direct": single_d,
+         "ratio": single_r / single_d, "target": "router adds <= 1 ms",
+         "met": single_r - single_d <= 1.0},
+        {"metric": "router time on first-token path, mean ms (router metric)",
+         "ours": m["router_added_mean_s"] * 1000, "direct": None, "ratio": None,
+         "target": "<= 1 ms", "met": m["router_added_mean_s"] * 1000 <= 1.0},
+    ]
+
+
+def run(out_dir: Path) -> dict:
+    with tempfile.TemporaryDirectory(prefix="trident-bench-router-") as tmp:
+        repo = Path(tmp) / "repo"
+        build_repository(load_spec(ROOT / "deploy" / "default.yaml"), repo)
+        server = TritonServer(repo, Ports(free_port(), free_port(), free_port()),
+                              log_path=Path(out_dir) / "router_overhead.tritonserver.log")
+        server.start()
+        try:
+            server.wait_ready(300)
+            measured = measure(server)
+        finally:
+            server.stop()
+    return {"name": "router_overhead", "rows": rows_from(measured),
+            "config": {"streams": STREAMS, "max_tokens": MAX_TOKENS, "rounds": ROUNDS,
+                       "single_requests": SINGLE_REQUESTS, "sampling": SAMPLING},
+            "raw": measured}
+
+
+if __name__ == "__main__":
+    import json
+
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "bench_results")
+    out.mkdir(parents=True, exist_ok=True)
+    result = run(out)
+    print(json.dumps(result["rows"], indent=2))
