@@ -117,7 +117,6 @@ class TritonServer:
     log_path: Path | None = None
     extra_args: tuple[str, ...] = ()
     process: subprocess.Popen | None = None
-    _shm_before: set[str] = field(default_factory=set)
 
     @property
     def http_url(self) -> str:
@@ -155,7 +154,6 @@ class TritonServer:
             raise ServeError(f"{', '.join(taken)} already in use; choose others with "
                              "--http-port/--grpc-port/--metrics-port")
         install = find_tritonserver()
-        self._shm_before = _shm_regions()
         log = open(self.log_path, "ab") if self.log_path else None
         self.process = subprocess.Popen(
             self.command(install), env=server_environment(), process_group=0,
@@ -170,12 +168,22 @@ class TritonServer:
             code = self.process.poll()
             if code is not None:
                 raise ServeError(f"tritonserver exited with status {code} before it was "
-                                 f"ready{self._log_hint()}")
+                                 f"ready{self._load_failures()}{self._log_hint()}")
             if self.http_get("/v2/health/ready") == 200:
                 return
             time.sleep(0.2)
         raise ServeError(f"not ready after {timeout_s:.0f} s: {self.describe_models()}"
                          f"{self._log_hint()}")
+
+    def _load_failures(self) -> str:
+        """The server's own account of models that failed to load, from its log."""
+        if not self.log_path or not Path(self.log_path).is_file():
+            return ""
+        lines = [line.split("] ", 1)[-1].strip().strip('"')[:300]
+                 for line in Path(self.log_path).read_text(errors="replace").splitlines()
+                 if line.startswith("E") and ("failed to load" in line
+                                              or "Failed to create instance" in line)]
+        return (": " + "; ".join(dict.fromkeys(lines))) if lines else ""
 
     def _log_hint(self) -> str:
         return f" (log: {self.log_path})" if self.log_path else ""
@@ -208,9 +216,11 @@ class TritonServer:
         return "; ".join(waiting) or "all models READY but the server is not"
 
     def stop(self, grace_s: float = 10.0) -> int | None:
-        """SIGTERM the process group, SIGKILL it after grace_s; remove leaked shm regions."""
+        """SIGTERM the process group, SIGKILL it after grace_s; remove the shared-memory
+        regions this server's processes had mapped and left behind."""
         if self.process is None:
             return None
+        regions = shm_regions_of_group(self.process.pid)
         code = self.process.poll()
         if code is None:
             _signal_group(self.process.pid, signal.SIGTERM)
@@ -221,15 +231,12 @@ class TritonServer:
                 code = self.process.wait()
         # Stubs may outlive the server by a moment; the group is ours, so finish it.
         _signal_group(self.process.pid, signal.SIGKILL)
-        self._cleanup_shm()
-        return code
-
-    def _cleanup_shm(self) -> None:
-        for name in _shm_regions() - self._shm_before:
+        for name in regions:
             try:
                 (SHM_DIR / name).unlink()
             except OSError:
                 pass
+        return code
 
     def __enter__(self) -> "TritonServer":
         self.start()
@@ -251,8 +258,22 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
-def _shm_regions() -> set[str]:
-    try:
-        return {p.name for p in SHM_DIR.iterdir() if p.name.startswith(SHM_PREFIX)}
-    except OSError:
-        return set()
+def shm_regions_of_group(pgid: int) -> set[str]:
+    """Python-backend shared-memory regions mapped by the processes of one group (a
+    server and its stubs). Only these are ours to remove: other servers on the same
+    machine have regions of their own."""
+    regions = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(proc.name)) != pgid:
+                continue
+            maps = (proc / "maps").read_text()
+        except (OSError, ProcessLookupError):
+            continue
+        for line in maps.splitlines():
+            marker = line.find(str(SHM_DIR / SHM_PREFIX))
+            if marker >= 0:
+                regions.add(Path(line[marker:].split(" ")[0]).name)
+    return regions
