@@ -1,13 +1,14 @@
 """`trident repo`: the I/O around the pure renderer.
 
-Resolve what the models need on disk (builtin weights, TRT-LLM engines from the cache),
-render, validate, swap into place.
+Plan the placement (reads the topology), resolve what the models need on disk (builtin
+weights, TRT-LLM engines from the cache), render, validate, swap into place.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from builder import assets
+from builder.planner import plan_for_spec
 from builder.render import RenderContext, render_files, write_repository
 from builder.spec import DeploymentSpec
 from builder.validate import validate_repository
@@ -29,7 +30,8 @@ def resolve_engines(spec: DeploymentSpec) -> dict[str, str]:
 
 def build_repository(spec: DeploymentSpec, out: Path) -> int:
     """Render spec into out (replacing it atomically); returns the number of files."""
-    ctx = RenderContext(spec, resolve_models(spec), resolve_engines(spec))
+    plan = plan_for_spec(spec)   # first: a placement error costs no model conversion
+    ctx = RenderContext(spec, resolve_models(spec), resolve_engines(spec), plan)
     files = render_files(ctx)
     write_repository(files, out, validate_repository)
     return len(files)
