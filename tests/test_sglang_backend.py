@@ -364,7 +364,9 @@ def test_engine_validation_errors_become_bad_requests(served):
 # -- cancellation ------------------------------------------------------------------------
 
 
-def test_client_cancel_aborts_the_sglang_request(served):
+def test_client_cancel_aborts_the_sglang_request(served, monkeypatch):
+    import trident_common.engine_model as engine_model
+    monkeypatch.setattr(engine_model, "CANCEL_CHECK_S", 0.0)   # check on every chunk
     served.engine.hold_after = 2
     sender = served.send(text_input="long answer", stream=True)
     wait_until(lambda: len(sender.sent) == 2)

@@ -24,6 +24,7 @@ from trident_common.triton_io import (FINAL, LlmMetrics, ResponseFactory, input_
                                       send_error)
 
 ENGINE_CONFIG_FILE = "model.json"
+CANCEL_CHECK_S = 0.05   # how stale a client's cancellation may be before we notice it
 
 
 @dataclass
@@ -146,11 +147,10 @@ class AsyncEngineModel(abc.ABC):
             await self._aborted(engine_id, sender)
         except BadRequest as e:
             self._count_error()
-            send_error(sender, self.responses, str(e), active.started, client_fault=True)
+            self._send_error(sender, str(e), active.started, client_fault=True)
         except Exception as e:  # an engine failure: report it, keep serving
             self._count_error()
-            send_error(sender, self.responses, f"{self.engine_name} error: {e}",
-                       active.started)
+            self._send_error(sender, f"{self.engine_name} error: {e}", active.started)
         else:
             self.metrics.requests.increment(1)
         finally:
@@ -159,23 +159,23 @@ class AsyncEngineModel(abc.ABC):
 
     async def _relay(self, request: GenerateRequest, prompt: str, sampling, active: _Active,
                      sender, arrival: float) -> None:
-        """Stream the engine's deltas to the client (or collect them for one response)."""
-        last_time, last_count = arrival, 0
+        """Stream the engine's deltas to the client (or collect them for one response).
+
+        Per chunk this costs one send: metrics go to Triton once per request and the
+        cancellation check (an IPC round trip) runs at most every CANCEL_CHECK_S."""
         pieces: list[str] = []
         final: Optional[Delta] = None
+        first_at: Optional[float] = None
+        next_check = arrival + CANCEL_CHECK_S
         async for delta in self.stream(prompt, sampling, active.engine_id):
             now = time.monotonic()
-            if sender.is_cancelled():
-                raise asyncio.CancelledError
-            new_tokens = delta.output_tokens - last_count
-            if last_count == 0:
+            if first_at is None and delta.output_tokens:
+                first_at = now
                 self.metrics.ttft.observe(now - arrival)
-                self.metrics.prompt_tokens.increment(delta.input_tokens)
-            elif new_tokens > 0:
-                self.metrics.itl.observe((now - last_time) / new_tokens)
-            if new_tokens > 0:
-                self.metrics.generation_tokens.increment(new_tokens)
-            last_time, last_count = now, delta.output_tokens
+            if now >= next_check:
+                next_check = now + CANCEL_CHECK_S
+                if sender.is_cancelled():
+                    raise asyncio.CancelledError
             if request.stream:
                 sender.send(self.responses.chunk(delta.text, delta.finish_reason,
                                                  delta.input_tokens, delta.output_tokens),
@@ -188,12 +188,27 @@ class AsyncEngineModel(abc.ABC):
                 break
         if final is None:
             raise RuntimeError("the engine ended the stream without a finish reason")
+        self._record_tokens(final, first_at)
         if not request.stream:
             text = "".join(pieces)
             if request.prompt is not None and not request.exclude_input_in_output:
                 text = request.prompt + text
             sender.send(self.responses.chunk(text, final.finish_reason, final.input_tokens,
                                              final.output_tokens), flags=FINAL)
+
+    def _record_tokens(self, final: Delta, first_at: Optional[float]) -> None:
+        self.metrics.prompt_tokens.increment(final.input_tokens)
+        self.metrics.generation_tokens.increment(final.output_tokens)
+        if first_at is not None and final.output_tokens > 1:
+            # The mean gap between tokens after the first, one observation per request.
+            self.metrics.itl.observe((time.monotonic() - first_at) / (final.output_tokens - 1))
+
+    def _send_error(self, sender, message: str, started: bool,
+                    client_fault: bool = False) -> None:
+        try:
+            send_error(sender, self.responses, message, started, client_fault)
+        except Exception:
+            pass  # the client is gone (or the sender closed): nothing left to tell it
 
     async def _aborted(self, engine_id: str, sender) -> None:
         try:

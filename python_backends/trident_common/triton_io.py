@@ -86,7 +86,7 @@ class LlmMetrics:
             family("trident_time_to_first_token_seconds",
                    "Time from request arrival to its first generated token", family.HISTOGRAM),
             family("trident_inter_token_latency_seconds",
-                   "Time between consecutive streamed chunks, per token", family.HISTOGRAM),
+                   "Mean time between generated tokens after the first, one observation per request", family.HISTOGRAM),
             family("trident_prompt_tokens_total", "Prompt tokens processed", family.COUNTER),
             family("trident_generation_tokens_total", "Tokens generated", family.COUNTER),
             family("trident_requests_in_flight", "Requests being generated", family.GAUGE),
