@@ -1,0 +1,56 @@
+"""Shared pieces of the serving benchmarks: prompts, concurrent gRPC streams, summaries."""
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+from builder import infer
+
+PROMPTS = [f"Write a short story about a {thing}." for thing in (
+    "dragon", "lighthouse", "robot", "garden", "violin", "glacier", "market", "comet",
+    "library", "river", "clockmaker", "desert", "harbor", "forest", "train", "kite")]
+GREEDY_LONG = {"temperature": 0, "ignore_eos": True}   # every stream makes max_tokens
+
+
+def stream_round(url: str, model: str, streams: int, max_tokens: int) -> dict:
+    """`streams` concurrent gRPC streams; tokens/s over the round, TTFT per stream."""
+    results: list = [None] * streams
+    errors: list = []
+
+    def one(i: int) -> None:
+        try:
+            results[i] = infer.stream_generate(url, model, PROMPTS[i % len(PROMPTS)],
+                                               max_tokens, chat=False, sampling=GREEDY_LONG)
+        except Exception as e:  # reported below; a benchmark never hides failures
+            errors.append(f"{model}: {e}")
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    tokens = sum(r.output_tokens for r in results)
+    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "ttft_s": [r.ttft_s for r in results]}
+
+
+def summarize(rounds: list[dict]) -> dict:
+    ttfts = [t for r in rounds for t in r["ttft_s"]]
+    return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rounds),
+            "ttft_median_s": statistics.median(ttfts),
+            "rounds": [{k: v for k, v in r.items() if k != "ttft_s"} for r in rounds]}
+
+
+def ratio_row(metric: str, ours: float, direct: float, target: str, higher_better=True,
+              threshold: float | None = None) -> dict:
+    ratio = ours / direct if direct else None
+    met = None
+    if threshold is not None and ratio is not None:
+        met = ratio >= threshold if higher_better else ratio <= threshold
+    return {"metric": metric, "ours": ours, "direct": direct, "ratio": ratio,
+            "target": target, "met": met}
