@@ -91,6 +91,13 @@ def server_environment() -> dict[str, str]:
     return env
 
 
+def needs_trtllm_orchestrator(repository: Path) -> bool:
+    """TRT-LLM's orchestrator mode (several TRT-LLM models or multi-GPU engines in one
+    server) is rendered as an executor_worker_path parameter and needs this variable."""
+    return any("executor_worker_path" in config.read_text()
+               for config in repository.glob("*/config.pbtxt"))
+
+
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -155,8 +162,11 @@ class TritonServer:
                              "--http-port/--grpc-port/--metrics-port")
         install = find_tritonserver()
         log = open(self.log_path, "ab") if self.log_path else None
+        env = server_environment()
+        if needs_trtllm_orchestrator(Path(self.repository)):
+            env["TRTLLM_ORCHESTRATOR"] = "1"
         self.process = subprocess.Popen(
-            self.command(install), env=server_environment(), process_group=0,
+            self.command(install), env=env, process_group=0,
             stdout=log or None, stderr=subprocess.STDOUT if log else None,
             stdin=subprocess.DEVNULL)
         if log:
