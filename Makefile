@@ -8,7 +8,7 @@ SPEC    ?= deploy/default.yaml
 REPO    ?= model_repository
 STAMP   := $(VENV)/.installed
 
-.PHONY: install repo validate serve run infer test test-fast bench clean
+.PHONY: install repo validate serve run test test-fast bench plan clean
 
 # Fast when nothing changed: the stamp depends on the lock file and the package metadata.
 install: $(STAMP)
@@ -37,10 +37,13 @@ test: install
 	$(BIN)/python -m pytest -q
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not server and not vllm"
+	$(BIN)/python -m pytest -q -m "not server and not vllm and not s3"
 
-bench: repo
+bench: install
 	$(BIN)/python -m bench.run
+
+plan: install
+	$(BIN)/trident plan --spec deploy/examples/h100x8.yaml
 
 clean:
 	rm -rf $(REPO) bench_results
