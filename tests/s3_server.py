@@ -81,11 +81,11 @@ class SeaweedS3:
         return command
 
     def start(self, timeout_s: float = 30.0) -> "SeaweedS3":
+        self.workdir.mkdir(parents=True, exist_ok=True)
         for attempt in range(3):          # a free port can be taken before weed binds it
-            output = open(self.workdir / f"weed-{attempt}.out", "wb")
-            self.process = subprocess.Popen(self._command(), stdout=output,
-                                            stderr=subprocess.STDOUT, start_new_session=False,
-                                            process_group=0)
+            with open(self.workdir / f"weed-{attempt}.out", "wb") as output:
+                self.process = subprocess.Popen(self._command(), stdout=output,
+                                                stderr=subprocess.STDOUT, process_group=0)
             if self._wait_ready(timeout_s):
                 return self
             self.stop()
