@@ -8,6 +8,7 @@ get_or_build:  lookup; on a miss take the local file lock (one builder per machi
 """
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import time
@@ -23,11 +24,27 @@ from engine_cache.key import is_engine_key
 from engine_cache.lease import Lease
 from engine_cache.local import LocalTier
 from engine_cache.manifest import Manifest, manifest_for_dir
-from engine_cache.s3 import DEFAULT_TRANSFER, CorruptEntry, S3Tier
+from engine_cache.s3 import DEFAULT_TRANSFER, CorruptEntry, S3Tier, S3Unreachable
 from engine_cache.stats import StatsFile
 
 log = logging.getLogger("trident.engine_cache")
 PUBLISHED_MARK = "published"     # in a local entry: S3 holds this key (ours or another's)
+
+
+def _falls_back_to_local(method):
+    """With local_only=True, an unreachable S3 endpoint is logged once and the operation
+    (and every later one) runs on the local tier alone; otherwise it is a CacheError."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except S3Unreachable as e:
+            if not self.local_only or self.s3 is None:
+                raise
+            log.warning("engine cache: %s; carrying on with the local tier only", e)
+            self.s3 = None
+            return method(self, *args, **kwargs)
+    return wrapper
 
 
 @dataclass(frozen=True)
@@ -48,19 +65,21 @@ class EngineCache:
                  lease_ttl_s: float = 600.0, poll_s: float = 5.0,
                  wait_timeout_s: float | None = None,
                  transfer_config: TransferConfig = DEFAULT_TRANSFER):
-        """local_only=True never contacts S3 (even when s3_uri is given): for offline use.
-        wait_timeout_s bounds how long a waiter waits for another builder (None: forever;
-        a dead builder's lease expires after lease_ttl_s and a waiter takes over)."""
+        """local_only=True: when the S3 endpoint is unreachable, warn and carry on with the
+        local tier (by default that is a CacheError naming the endpoint). wait_timeout_s
+        bounds how long a waiter waits for another builder (None: forever; a dead builder's
+        lease expires after lease_ttl_s and a waiter takes over)."""
         if lease_ttl_s <= 0 or poll_s <= 0:
             raise CacheError("lease_ttl_s and poll_s must be positive", 2)
         self.clock, self.sleep = clock, sleep
         self.local = LocalTier(Path(local_dir), clock)
         self.stats_file = StatsFile(Path(local_dir) / "stats.json")
-        self.s3 = None if local_only or not s3_uri else S3Tier(
-            s3_uri, endpoint_url, transfer_config, clock)
+        self.local_only = local_only
+        self.s3 = S3Tier(s3_uri, endpoint_url, transfer_config, clock) if s3_uri else None
         self.lease_ttl_s, self.poll_s, self.wait_timeout_s = lease_ttl_s, poll_s, wait_timeout_s
 
     # --- lookup ------------------------------------------------------------------------
+    @_falls_back_to_local
     def lookup(self, key: str) -> Path | None:
         """A verified local entry, else one fetched and verified from S3, else None."""
         path, outcome = self._find(_checked(key))
@@ -109,6 +128,7 @@ class EngineCache:
         self.s3.quarantine(key, problems, etag)
 
     # --- build -------------------------------------------------------------------------
+    @_falls_back_to_local
     def get_or_build(self, key: str, build: Callable[[Path], None],
                      metadata: dict) -> tuple[Path, str]:
         """(engine dir, "hit-local" | "hit-s3" | "built"). build(dir) writes the engine
@@ -182,6 +202,7 @@ class EngineCache:
         return path
 
     # --- publish -----------------------------------------------------------------------
+    @_falls_back_to_local
     def publish(self, key: str, engine_dir: Path, metadata: dict) -> None:
         """Copy an engine directory into the local tier and, if configured, into S3."""
         self.local.publish_copy(_checked(key), Path(engine_dir), metadata)
@@ -199,6 +220,10 @@ class EngineCache:
         try:
             published = self.s3.publish(manifest, self.local.files_dir(key))
         except CacheError as e:
+            if isinstance(e, S3Unreachable) and self.local_only:
+                log.warning("engine cache: %s; carrying on with the local tier only", e)
+                self.s3 = None
+                return
             if must_succeed:
                 raise CacheError(f"{key} is cached locally in {self.local.files_dir(key)} but "
                                  f"publishing it failed: {e}") from e
@@ -212,6 +237,7 @@ class EngineCache:
         mark.touch()
 
     # --- inspection and maintenance ----------------------------------------------------
+    @_falls_back_to_local
     def entries(self) -> list[EntryInfo]:
         """Every entry of both tiers (one row per key; tier says where it is)."""
         found: dict[str, tuple[Manifest, str]] = {}
@@ -248,6 +274,7 @@ class EngineCache:
                 "local_dir": str(self.local.root), "local_entries": len(keys),
                 "local_bytes": sum(sizes), "s3": self.s3.uri if self.s3 else None}
 
+    @_falls_back_to_local
     def verify(self, key: str | None = None) -> list[str]:
         """Problems found; damaged entries are quarantined (and will be rebuilt or fetched).
         Local entries are rehashed; S3 entries are checked without downloading (manifest,

@@ -18,6 +18,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from engine_cache.errors import CacheError
+
 log = logging.getLogger("trident.engine_cache")
 
 
@@ -89,9 +91,15 @@ class Lease:
         return self.etag is not None
 
     def renew(self) -> bool:
+        """Extend the lease; False once it is lost. An S3 hiccup is retried next period."""
         if self.etag is None:
             return False
-        self.etag = self.store.replace_lease(self.key, self._body(), self.etag)
+        try:
+            renewed = self.store.replace_lease(self.key, self._body(), self.etag)
+        except CacheError as e:
+            log.warning("engine cache: could not renew the build lease of %s: %s", self.key, e)
+            return True
+        self.etag = renewed
         if self.etag is None:
             log.warning("engine cache: lost the build lease of %s (renewed too late?); "
                         "the manifest's conditional write still keeps the entry consistent",
@@ -110,5 +118,9 @@ class Lease:
         if self._renewer is not None:
             self._renewer.join()
         if self.etag is not None:
-            self.store.delete_lease(self.key, self.etag)
+            try:
+                self.store.delete_lease(self.key, self.etag)
+            except CacheError as e:
+                log.warning("engine cache: could not release the build lease of %s (%s); "
+                            "it expires in at most %.0f s", self.key, e, self.ttl_s)
             self.etag = None

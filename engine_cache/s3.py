@@ -46,6 +46,10 @@ _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
 _CONFLICT = {"412", "PreconditionFailed", "409", "ConditionalRequestConflict"}
 
 
+class S3Unreachable(CacheError):
+    """The endpoint could not be reached at all (as opposed to refusing a request)."""
+
+
 class CorruptEntry(CacheError):
     """An S3 entry that must not be used (unreadable manifest, missing or damaged file)."""
 
@@ -84,7 +88,8 @@ def make_client(endpoint_url: str | None):
               or "us-east-1")
     config = Config(
         connect_timeout=5, read_timeout=120,
-        retries={"max_attempts": 3, "mode": "standard"},
+        retries={"max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS", "3")),
+                 "mode": os.environ.get("AWS_RETRY_MODE", "standard")},
         # Custom endpoints (SeaweedFS, MinIO, a loopback address) rarely resolve
         # bucket-named hosts: address buckets by path there.
         s3={"addressing_style": "path" if endpoint else "auto"},
@@ -114,9 +119,9 @@ class S3Tier:
                 botocore.exceptions.ConnectTimeoutError,
                 botocore.exceptions.ReadTimeoutError,
                 botocore.exceptions.ConnectionClosedError) as e:
-            raise CacheError(f"S3 endpoint {self.endpoint} is unreachable while {action} "
-                             f"({e}); check the endpoint and network, or run with the "
-                             "local-only cache") from e
+            raise S3Unreachable(f"S3 endpoint {self.endpoint} is unreachable while {action} "
+                                f"({e}); check the endpoint and the network, or set "
+                                "engine_cache.local_only to carry on with the local tier") from e
         except botocore.exceptions.NoCredentialsError as e:
             raise CacheError(f"no S3 credentials for {self.endpoint} while {action}: set "
                              "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or another "

@@ -20,6 +20,7 @@ from tests.test_engine_cache_local import FakeClock, builds, recording_build
 pytestmark = pytest.mark.s3
 
 KEY = engine_key(EngineInputs("a" * 64, {"max_batch_size": 8}, "90", "0.20.0", "10.10.0"))
+OTHER = engine_key(EngineInputs("b" * 64, {"max_batch_size": 8}, "90", "0.20.0", "10.10.0"))
 # Small parts so a test file of a few MiB really goes through multipart transfers.
 SMALL_PARTS = TransferConfig(multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB,
                              max_concurrency=4)
@@ -308,6 +309,39 @@ def test_unreachable_s3_is_a_clear_error_or_local_only(tmp_path, monkeypatch):
                           local_only=True)
     assert offline.get_or_build(KEY, recording_build(tmp_path / "log"), {})[1] == "built"
     assert offline.get_or_build(KEY, recording_build(tmp_path / "log"), {})[1] == "hit-local"
+    assert [e.tier for e in offline.entries()] == ["local"]
+    assert offline.lookup(OTHER) is None and offline.verify() == []
+
+
+def test_local_only_still_uses_a_reachable_s3(s3_bucket, tmp_path):
+    cache = machine(s3_bucket, tmp_path, "ci", local_only=True)
+    assert cache.get_or_build(KEY, recording_build(tmp_path / "log"), {})[1] == "built"
+    assert machine(s3_bucket, tmp_path, "other").lookup(KEY) is not None
+
+
+def test_s3_going_away_after_the_build_keeps_the_engine(s3_bucket, tmp_path):
+    """local_only: an endpoint lost between build and upload costs the upload, not the
+    build; without local_only it is an error, and the next run publishes."""
+    def build_then_lose_s3(cache):
+        def build(out: Path):
+            recording_build(tmp_path / "log")(out)
+            cache.s3.client.meta.events.register("before-send.s3", _refuse_connection)
+        return build
+
+    tolerant = machine(s3_bucket, tmp_path, "tolerant", local_only=True)
+    assert tolerant.get_or_build(KEY, build_then_lose_s3(tolerant), {})[1] == "built"
+    assert tolerant.s3 is None
+    strict = machine(s3_bucket, tmp_path, "strict")
+    with pytest.raises(CacheError, match="publishing it failed.*unreachable"):
+        strict.get_or_build(OTHER, build_then_lose_s3(strict), {})
+    assert machine(s3_bucket, tmp_path, "strict").get_or_build(
+        OTHER, recording_build(tmp_path / "log"), {})[1] == "hit-local"
+    assert machine(s3_bucket, tmp_path, "third").lookup(OTHER) is not None
+    assert builds(tmp_path / "log") == 2
+
+
+def _refuse_connection(request, **_):
+    raise botocore.exceptions.EndpointConnectionError(endpoint_url=request.url)
 
 
 def test_endpoint_from_argument_and_wrong_credentials(s3_bucket, tmp_path, monkeypatch):
