@@ -10,10 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
+
+from filelock import FileLock
 
 from engine_cache.errors import CacheError
 
@@ -110,11 +113,14 @@ def regular_files(root: Path) -> Iterator[tuple[str, Path]]:
             yield path.relative_to(root).as_posix(), path
 
 
-def checkpoint_digest(path: Path) -> str:
+def checkpoint_digest(path: Path, memo_file: Path | None = None) -> str:
     """sha256 over the sorted (relative path, size, sha256 of content) of every file.
 
     Renaming, adding, removing or changing any file changes the digest; where the checkpoint
-    lives (its absolute path) does not.
+    lives (its absolute path) does not. With memo_file, each file's sha256 is remembered
+    against its (device, inode, size, mtime, ctime), so a warm run over a checkpoint of
+    hundreds of GB costs a few stat calls instead of rehashing it (ctime changes on every
+    write, even one that restores the mtime).
     """
     path = Path(path)
     if path.is_file():
@@ -125,5 +131,52 @@ def checkpoint_digest(path: Path) -> str:
         raise CacheError(f"checkpoint {path}: no such file or directory", 2)
     if not listing:
         raise CacheError(f"checkpoint {path}: the directory holds no files", 2)
-    records = [[rel, file.stat().st_size, file_sha256(file)] for rel, file in listing]
+    memo = DigestMemo(Path(memo_file)) if memo_file is not None else None
+    records = [[rel, file.stat().st_size, memo.sha256(file) if memo else file_sha256(file)]
+               for rel, file in listing]
+    if memo is not None:
+        memo.save()
     return hashlib.sha256(canonical_json(records)).hexdigest()
+
+
+class DigestMemo:
+    """sha256 of files by their stat identity, kept in one JSON file (shared by processes)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._known = self._load()
+        self._learned: dict[str, list] = {}
+
+    def _load(self) -> dict[str, list]:
+        try:
+            data = json.loads(self.path.read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}                # absent or damaged: everything is simply rehashed
+
+    @staticmethod
+    def _identity(file: Path) -> list[int]:
+        st = file.stat()
+        return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+    def sha256(self, file: Path) -> str:
+        name = str(file.resolve())
+        identity = self._identity(file)
+        known = self._known.get(name)
+        if isinstance(known, list) and known[:-1] == identity:
+            return known[-1]
+        digest = file_sha256(file)
+        if self._identity(file) == identity:        # unchanged while we hashed it
+            self._learned[name] = [*identity, digest]
+        return digest
+
+    def save(self) -> None:
+        if not self._learned:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.path) + ".lock"):
+            merged = {**self._load(), **self._learned}
+            temporary = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+            temporary.write_text(json.dumps(merged))
+            os.replace(temporary, self.path)
+        self._learned.clear()

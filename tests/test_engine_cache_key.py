@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -142,3 +143,30 @@ def test_untrusted_manifest_is_rejected(tmp_path, mutate, words):
     mutate(data)
     with pytest.raises(CacheError, match=words):
         parse_manifest(json.dumps(data).encode(), "c" * 64, "s3://b/k/manifest.json")
+
+
+def test_digest_memo_skips_rehashing_unchanged_files(tmp_path, monkeypatch):
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    memo = tmp_path / "memo" / "digests.json"
+    cold = checkpoint_digest(ckpt, memo_file=memo)
+    assert cold == checkpoint_digest(ckpt)
+
+    hashed = []
+    real = __import__("engine_cache.key", fromlist=["file_sha256"]).file_sha256
+    monkeypatch.setattr("engine_cache.key.file_sha256", lambda p: hashed.append(p) or real(p))
+    assert checkpoint_digest(ckpt, memo_file=memo) == cold and hashed == []
+
+    weights = ckpt / "rank0.safetensors"
+    stat = weights.stat()
+    weights.write_bytes(b"\x00\x02weights")                # same size
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # and the old mtime
+    changed = checkpoint_digest(ckpt, memo_file=memo)
+    assert changed != cold and hashed == [weights]         # ctime still gave it away
+
+
+def test_damaged_memo_is_ignored(tmp_path):
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    memo = tmp_path / "digests.json"
+    memo.write_text("{not json")
+    assert checkpoint_digest(ckpt, memo_file=memo) == checkpoint_digest(ckpt)
+    assert json.loads(memo.read_text())
