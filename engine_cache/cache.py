@@ -134,10 +134,11 @@ class EngineCache:
         """(engine dir, "hit-local" | "hit-s3" | "built"). build(dir) writes the engine
         files into dir; across processes and machines only one build runs per key."""
         key = _checked(key)
-        path, outcome = self._find(key)
+        path, outcome = self.local.lookup(key), "hit-local"
         if path is None:
+            # Under the lock, so the processes of one machine fetch or build a key once.
             with self.local.lock(key):
-                path, outcome = self._find(key)      # built by another process meanwhile?
+                path, outcome = self._find(key)
                 if path is None:
                     path, outcome = self._build_once(key, build, metadata)
         if outcome == "hit-local":
@@ -279,19 +280,26 @@ class EngineCache:
         """Problems found; damaged entries are quarantined (and will be rebuilt or fetched).
         Local entries are rehashed; S3 entries are checked without downloading (manifest,
         every object's presence and size, and the sha256 the server stored when it has one)."""
-        keys = [_checked(key)] if key is not None else None
+        keys = [self._existing(key)] if key is not None else None
         problems = []
         for k in keys if keys is not None else self.local.keys():
             if self.local.entry_dir(k).exists():
                 problems += [f"local {k}: {p}" for p in self.local.verify(k)]
         if self.s3 is not None:
             for k in keys if keys is not None else self.s3.keys():
-                problems += [f"s3 {k}: {p}" for p in self._verify_s3(k, keys is not None)]
+                problems += [f"s3 {k}: {p}" for p in self._verify_s3(k)]
         if problems:
             self.stats_file.add({"corrupt_entries": len({p.split(":")[0] for p in problems})})
         return problems
 
-    def _verify_s3(self, key: str, must_exist: bool) -> list[str]:
+    def _existing(self, key: str) -> str:
+        key = _checked(key)
+        if not self.local.entry_dir(key).exists() and \
+                (self.s3 is None or not self.s3.has_manifest(key)):
+            raise CacheError(f"cache verify: no entry {key} in the cache", 2)
+        return key
+
+    def _verify_s3(self, key: str) -> list[str]:
         try:
             got = self.s3.read_manifest(key)
         except CorruptEntry as corrupt:

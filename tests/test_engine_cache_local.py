@@ -191,3 +191,9 @@ def test_concurrent_processes_on_one_machine_build_once(tmp_path):
     outcomes = sorted(line.split()[0] for line in results.read_text().splitlines())
     assert builds(log) == 1
     assert outcomes == ["built"] + ["hit-local"] * 7
+
+
+def test_verify_of_an_unknown_key_is_an_error(tmp_path):
+    with pytest.raises(CacheError, match="no entry") as e:
+        EngineCache(tmp_path / "cache").verify(KEY)
+    assert e.value.exit_code == 2

@@ -125,6 +125,7 @@ def test_verify_finds_and_quarantines_a_truncated_s3_object(s3_bucket, tmp_path)
     cache = machine(s3_bucket, tmp_path, "ci")
     cache.get_or_build(KEY, recording_build(tmp_path / "log"), {})
     assert cache.verify() == []
+    assert machine(s3_bucket, tmp_path, "s3-only").verify(KEY) == []
     client, engine_object = s3_bucket.client(), s3_file(s3_bucket, "rank0.engine")
     client.put_object(Bucket=s3_bucket.name, Key=engine_object, Body=b"short")
     problems = cache.verify()
