@@ -36,17 +36,22 @@ class PythonLlmAdapter:
     def abort_inputs(self, request_id):
         return [_string_tensor("abort_request_id", request_id)]
 
-    def response(self, response):
-        return pb_utils.InferenceResponse(output_tensors=response.output_tensors())
+    def split(self, response):
+        """(the backend's error or None, the response to relay or None if it is empty).
 
-    def error_of(self, response):
+        Per chunk on the hot path: the tensors are read once and passed on as they are."""
         if response.has_error():
-            return response.error().message()
-        tensor = pb_utils.get_output_tensor_by_name(response, "error")
-        if tensor is None:
-            return None
-        message = first_scalar(tensor.as_numpy())
-        return message or None
+            return response.error().message(), None
+        tensors = response.output_tensors()
+        if not tensors:
+            return None, None
+        for tensor in tensors:
+            if tensor.name() == "error":
+                message = first_scalar(tensor.as_numpy())
+                if message:
+                    return message, None
+                break
+        return None, pb_utils.InferenceResponse(output_tensors=tensors)
 
 
 # vLLM-style sampling names → TRT-LLM ensemble tensors (name, numpy dtype).
@@ -98,14 +103,17 @@ class TrtllmAdapter:
     def abort_inputs(self, request_id):
         return None   # the ensemble has no abort input; the stream ends on its own
 
-    def response(self, response):
+    def split(self, response):
+        """(the backend's error or None, the response in the router's interface or None
+        if it is empty)."""
+        if response.has_error():
+            return response.error().message(), None
         text = pb_utils.get_output_tensor_by_name(response, "text_output")
-        value = first_scalar(text.as_numpy()) if text is not None else ""
-        return pb_utils.InferenceResponse(output_tensors=[
-            _string_tensor("text_output", value), self.served_by, self.no_error])
-
-    def error_of(self, response):
-        return response.error().message() if response.has_error() else None
+        if text is None:
+            return None, None
+        return None, pb_utils.InferenceResponse(output_tensors=[
+            _string_tensor("text_output", first_scalar(text.as_numpy()) or ""),
+            self.served_by, self.no_error])
 
 
 class Adapters(dict):

@@ -87,8 +87,10 @@ class Relay:
         """Send the first response, or say why not (then this attempt sends nothing more:
         the router falls back or answers the client)."""
         received = time.monotonic()
-        problem = ("stream ended without a response" if first is None
-                   else self.adapter.error_of(first))
+        if first is None:
+            problem, outgoing = "stream ended without a response", None
+        else:
+            problem, outgoing = self.adapter.split(first)
         with self.lock:
             if self.closed:
                 return problem or "abandoned by the router"
@@ -99,22 +101,23 @@ class Relay:
             if problem is not None:
                 self.closed = True
                 return problem
-            self.sender.send(self.adapter.response(first))
+            if outgoing is not None:
+                self.sender.send(outgoing)
             self.streaming = True
         self.first_relay_s = time.monotonic() - received
         return None
 
     def _forward(self, response):
         """Relay one chunk; False when it carries a backend error (which ends the stream)."""
-        problem = self.adapter.error_of(response)
+        problem, outgoing = self.adapter.split(response)
         with self.lock:
             if self.closed:
                 return True             # abandoned or cancelled: drain, forward nothing
             if problem is not None:
                 self._finish(f"{self.backend} failed mid-stream: {problem}")
                 return False
-            if response.output_tensors():
-                self.sender.send(self.adapter.response(response))
+            if outgoing is not None:
+                self.sender.send(outgoing)
         return True
 
     def _resolve(self, future, value):

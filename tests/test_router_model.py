@@ -1,0 +1,500 @@
+"""The router model (bls/model.py) in milliseconds: its real code against test doubles of
+the stub's pb_utils (tests/fakes/fake_pb_utils.py) and of the backend models it calls.
+
+The fake response sender raises on anything sent after the final flag, so every test
+also checks "final flag exactly once, nothing after it". Backends are scripted: chunks
+with a delay, an error before the first token, an error mid-stream, a stub that dies
+(its BLS iterator never ends and control requests fail), INVALID_ARG rejections.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bls.policy import router_config
+from builder.spec import parse_spec
+from tests.fakes import fake_pb_utils as pb
+
+ROOT = Path(__file__).resolve().parent.parent
+FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+# -- test doubles: the backends behind the router -----------------------------------------
+
+def string_tensor(name, value):
+    return pb.Tensor(name, np.array([value.encode()], dtype=np.object_))
+
+
+def chunk(text, backend, error=""):
+    return pb.InferenceResponse(output_tensors=[
+        string_tensor("text_output", text), string_tensor("finish_reason", ""),
+        string_tensor("served_by", backend), string_tensor("error", error)])
+
+
+class FakeBackend:
+    """A backend model as the router sees it through BLS.
+
+    chunks: texts to stream; delay_s: before each; first_error: an error response
+    instead of the first chunk (code INTERNAL or INVALID_ARG); fail_after: an `error`
+    output after that many chunks; die_after: stop answering after that many chunks and
+    fail every later request (a killed stub)."""
+
+    def __init__(self, name, chunks=("a", "b", "c"), delay_s=0.0, first_error=None,
+                 first_error_code=pb.TritonError.INTERNAL, fail_after=None, die_after=None):
+        self.name, self.chunks, self.delay_s = name, list(chunks), delay_s
+        self.first_error, self.first_error_code = first_error, first_error_code
+        self.fail_after, self.die_after = fail_after, die_after
+        self.dead = threading.Event()
+        self.calls, self.aborted, self.controls = 0, [], 0
+        self._aborts: dict[str, threading.Event] = {}
+        self.lock = threading.Lock()
+
+    def open(self, inputs):
+        if self.dead.is_set():
+            raise pb.TritonModelException(f"Stub process '{self.name}_0_0' is not healthy.")
+        abort_id = inputs.get("abort_request_id")
+        if abort_id is not None:
+            return self._control(abort_id)
+        with self.lock:
+            self.calls += 1
+            stop = self._aborts.setdefault(inputs["request_id"], threading.Event())
+        return self._stream(stop)
+
+    def _control(self, request_id):
+        with self.lock:
+            self.controls += 1
+            if request_id in self._aborts:
+                self.aborted.append(request_id)
+                self._aborts[request_id].set()
+        return iter([pb.InferenceResponse()])
+
+    def _stream(self, stop):
+        if self.first_error is not None:
+            yield pb.InferenceResponse(error=pb.TritonError(self.first_error,
+                                                            self.first_error_code))
+            return
+        for i, text in enumerate(self.chunks):
+            if self.die_after is not None and i == self.die_after:
+                self.dead.set()
+                threading.Event().wait()          # a dead stub: the iterator never ends
+            if stop.wait(self.delay_s):
+                break
+            error = "engine exploded" if self.fail_after == i else ""
+            yield chunk(text, self.name, error)
+            if error:
+                return
+        yield pb.InferenceResponse()              # flags-only final: no tensors
+
+
+class BlsRequest:
+    """pb_utils.InferenceRequest as the router builds it (BLS side)."""
+
+    backends: dict[str, FakeBackend] = {}
+
+    def __init__(self, model_name, inputs, requested_output_names):
+        self.model_name = model_name
+        self.inputs = {t.name(): first(t.as_numpy()) for t in inputs}
+
+    async def async_exec(self, decoupled=False):
+        assert decoupled
+        backend = self.backends.get(self.model_name)
+        if backend is None:
+            raise pb.TritonModelException(f"Failed for execute the inference request. "
+                                          f"Model '{self.model_name}' is not ready.")
+        return backend.open(self.inputs)
+
+
+class ClientInputs(dict):
+    """Input tensors by name, also callable like the stub's request.inputs()."""
+
+    def __call__(self):
+        return list(self.values())
+
+
+class ClientRequest:
+    """A request Triton hands the router's execute()."""
+
+    def __init__(self, prompt="Hello", hints=None, parameters=None, messages=None):
+        inputs = ClientInputs()
+        if prompt is not None:
+            inputs["text_input"] = string_tensor("text_input", prompt)
+        if messages is not None:
+            inputs["messages"] = string_tensor("messages", messages)
+        inputs["stream"] = pb.Tensor("stream", np.array([True]))
+        for name, value in (hints or {}).items():
+            inputs[name] = string_tensor(name, value)
+        self.inputs = inputs
+        self._parameters = json.dumps(parameters or {})
+        self.sender = pb.ResponseSender()
+
+    def get_response_sender(self):
+        return self.sender
+
+    def is_cancelled(self):
+        return self.sender.cancelled
+
+    def parameters(self):
+        return self._parameters
+
+    # -- what the client saw -----------------------------------------------------------
+    def texts(self):
+        return [r.value("text_output") for r in self.sender.responses() if not r.has_error()]
+
+    def errors(self):
+        return [r.error().message() for r in self.sender.responses() if r.has_error()]
+
+    def served_by(self):
+        return {r.value("served_by") for r in self.sender.responses() if not r.has_error()}
+
+
+def first(value):
+    item = np.asarray(value).reshape(-1)[0]
+    return item.decode() if isinstance(item, bytes) else item.item()
+
+
+def get_output_tensor_by_name(response, name):
+    return next((t for t in response.output_tensors() if t.name() == name), None)
+
+
+# -- loading the router with the doubles --------------------------------------------------
+
+SPEC = {
+    "models": [{"name": "primary", "engine": "vllm", "model": "/m/primary"},
+               {"name": "backup", "engine": "vllm", "model": "/m/backup"},
+               {"name": "solo", "engine": "vllm", "model": "/m/solo"}],
+    "router": {"default": ["primary"], "fallback": {"primary": ["backup"]},
+               "rules": [{"name": "alone", "match": {"hint": "alone"}, "backends": ["solo"]}],
+               "breaker": {"consecutive_failures": 2, "min_requests": 100, "cooldown_s": 60},
+               "first_token_timeout_s": 5, "deadline_s": 10, "max_inflight_per_backend": 4},
+}
+
+
+@contextlib.contextmanager
+def router_modules():
+    """bls/model.py imports its siblings and the stub's modules by bare name."""
+    stub = types.ModuleType("triton_python_backend_utils")
+    stub.__dict__.update({k: v for k, v in vars(pb).items() if not k.startswith("__")})
+    stub.InferenceRequest = BlsRequest
+    stub.get_output_tensor_by_name = get_output_tensor_by_name
+    bound = ("adapters", "breaker", "policy", "trident_common.request",
+             "trident_common", "triton_python_backend_utils")
+    saved = {name: sys.modules.pop(name, None) for name in bound}
+    sys.modules["triton_python_backend_utils"] = stub
+    sys.path[:0] = [str(ROOT / "bls"), str(ROOT / "python_backends")]
+    try:
+        spec = importlib.util.spec_from_file_location("trident_router_model",
+                                                      ROOT / "bls" / "model.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.path[:2]
+        for name, module in saved.items():
+            sys.modules.pop(name, None)
+            if module is not None:
+                sys.modules[name] = module
+
+
+@pytest.fixture
+def router(tmp_path):
+    with router_modules() as module:
+        module.WATCH_INTERVAL_S = 0.005
+        module.SILENCE_PROBE_S = 0.1
+        module.PROBE_TIMEOUT_S = 0.5
+        models = []
+        yield lambda **overrides: make_router(module, tmp_path, models, **overrides)
+        for model in models:
+            model.finalize()
+
+
+def make_router(module, tmp_path, models, backends=(), **router_overrides):
+    data = json.loads(json.dumps(SPEC))
+    data["router"].update(router_overrides)
+    (tmp_path / "1").mkdir(exist_ok=True)
+    (tmp_path / "1" / "router.json").write_text(
+        json.dumps(router_config(parse_spec(data, "<test>"))))
+    BlsRequest.backends = {b.name: b for b in backends}
+    model = module.TritonPythonModel()
+    model.initialize({"model_repository": str(tmp_path), "model_version": "1"})
+    models.append(model)
+    return model
+
+
+def run(model, *requests, during=None):
+    """execute() each request concurrently on one loop (as the stub does); `during`
+    (a coroutine function) runs alongside, e.g. to cancel a request."""
+    async def main():
+        tasks = [model.execute([r]) for r in requests]
+        if during is not None:
+            tasks.append(during())
+        await asyncio.gather(*tasks)
+        # let the relay threads finish their sends
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: [r.sender.wait_closed(5) for r in requests])
+    asyncio.run(main())
+
+
+def gauge(model, backend):
+    return pb.metric("trident_router_breaker_state", router="router", backend=backend).value()
+
+
+# -- the happy path -----------------------------------------------------------------------
+
+def test_relays_every_chunk_in_order_then_one_final(router):
+    model = router(backends=[FakeBackend("primary", chunks=list("abcdef"))])
+    request = ClientRequest()
+    run(model, request)
+    assert request.texts() == list("abcdef")
+    assert request.served_by() == {"primary"}
+    assert request.sender.final_flags() == 1
+    assert request.sender.sent[-1] == (None, FINAL)      # flags-only final
+    assert pb.metric("trident_router_requests_total", router="router", route="default",
+                     served_by="primary").value() >= 1
+
+
+def test_router_only_inputs_are_not_forwarded(router):
+    seen = []
+
+    class Recording(FakeBackend):
+        def open(self, inputs):
+            seen.append(dict(inputs))
+            return super().open(inputs)
+
+    model = router(backends=[Recording("primary")])
+    run(model, ClientRequest(hints={"tier": "gold", "tenant": "acme"}))
+    assert "tier" not in seen[0] and "tenant" not in seen[0]
+    assert seen[0]["request_id"].startswith("router-")
+
+
+def test_sixteen_streams_are_relayed_in_parallel(router):
+    backend = FakeBackend("primary", chunks=list("abcde"), delay_s=0.03)
+    model = router(backends=[backend], max_inflight_per_backend=16)
+    requests = [ClientRequest() for _ in range(16)]
+    started = time.monotonic()
+    run(model, *requests)
+    elapsed = time.monotonic() - started
+    serial = 16 * 5 * 0.03
+    assert elapsed < serial / 3, f"{elapsed:.2f} s: streams were serialised"
+    for request in requests:
+        assert request.texts() == list("abcde") and request.sender.final_flags() == 1
+
+
+# -- fallback before the first token ------------------------------------------------------
+
+def test_error_before_first_token_falls_back(router):
+    primary = FakeBackend("primary", first_error="engine not ready")
+    model = router(backends=[primary, FakeBackend("backup")])
+    request = ClientRequest()
+    run(model, request)
+    assert request.served_by() == {"backup"} and not request.errors()
+    assert pb.metric("trident_router_fallbacks_total", router="router",
+                     backend="primary").value() == 1
+
+
+def test_unhealthy_or_missing_backend_falls_back(router):
+    dead = FakeBackend("primary")
+    dead.dead.set()
+    model = router(backends=[dead, FakeBackend("backup")])
+    request = ClientRequest()
+    run(model, request)
+    assert request.served_by() == {"backup"}
+    model = router(backends=[FakeBackend("backup")])          # primary not loaded
+    request = ClientRequest()
+    run(model, request)
+    assert request.served_by() == {"backup"}
+
+
+def test_consecutive_failures_open_the_breaker_and_traffic_skips_the_backend(router):
+    primary = FakeBackend("primary", first_error="boom")
+    model = router(backends=[primary, FakeBackend("backup")])
+    requests = [ClientRequest() for _ in range(4)]
+    for request in requests:
+        run(model, request)
+    assert all(r.served_by() == {"backup"} for r in requests)
+    assert primary.calls == 2                    # opened after 2: later ones skip it
+    assert gauge(model, "primary") == 2
+
+
+def test_all_candidates_failing_names_each_failure(router):
+    model = router(backends=[FakeBackend("primary", first_error="p broke"),
+                             FakeBackend("backup", first_error="b broke")])
+    request = ClientRequest()
+    run(model, request)
+    (error,) = request.errors()
+    assert "primary: p broke" in error and "backup: b broke" in error
+    assert request.sender.final_flags() == 1
+
+
+def test_client_fault_goes_to_the_client_without_fallback(router):
+    primary = FakeBackend("primary", first_error="sampling_parameters is not valid JSON",
+                          first_error_code=pb.TritonError.INVALID_ARG)
+    backup = FakeBackend("backup")
+    model = router(backends=[primary, backup])
+    request = ClientRequest()
+    run(model, request)
+    assert request.errors() == ["sampling_parameters is not valid JSON"]
+    assert request.sender.responses()[0].error().code() == pb.TritonError.INVALID_ARG
+    assert backup.calls == 0 and gauge(model, "primary") == 0
+
+
+def test_first_token_timeout_aborts_and_falls_back(router):
+    slow = FakeBackend("primary", delay_s=5)
+    model = router(backends=[slow, FakeBackend("backup")], first_token_timeout_s=0.1)
+    request = ClientRequest()
+    run(model, request)
+    assert request.served_by() == {"backup"}
+    assert len(slow.aborted) == 1
+
+
+def test_backend_dying_before_first_token_falls_back(router):
+    dying = FakeBackend("primary", die_after=0)
+    model = router(backends=[dying, FakeBackend("backup")])
+    request = ClientRequest()
+    run(model, request)
+    assert request.served_by() == {"backup"}
+
+
+# -- failures after the first token -------------------------------------------------------
+
+def test_mid_stream_error_is_an_error_response_then_the_final_flag(router):
+    model = router(backends=[FakeBackend("primary", chunks=list("abcd"), fail_after=2),
+                             FakeBackend("backup")])
+    request = ClientRequest()
+    run(model, request)
+    assert request.texts() == ["a", "b"]                  # no fallback: text was sent
+    (error,) = request.errors()
+    assert "primary failed mid-stream" in error and "engine exploded" in error
+    assert request.sender.final_flags() == 1
+    assert request.sender.sent[-1] == (None, FINAL)
+
+
+def test_backend_dying_mid_stream_ends_the_stream_with_an_error(router):
+    model = router(backends=[FakeBackend("primary", chunks=list("abcd"), die_after=2)])
+    request = ClientRequest()
+    started = time.monotonic()
+    run(model, request)
+    assert time.monotonic() - started < 2
+    assert request.texts() == ["a", "b"]
+    (error,) = request.errors()
+    assert "primary failed mid-stream" in error and "not healthy" in error
+    assert request.sender.final_flags() == 1
+
+
+def test_deadline_mid_stream_aborts_with_a_clear_error(router):
+    backend = FakeBackend("primary", chunks=["x"] * 100, delay_s=0.02)
+    model = router(backends=[backend], deadline_s=0.15)
+    request = ClientRequest()
+    run(model, request)
+    assert 0 < len(request.texts()) < 100
+    assert request.errors() == ["deadline of 0.15 s exceeded"]
+    assert request.sender.final_flags() == 1
+    assert len(backend.aborted) == 1
+    assert gauge(model, "primary") == 0          # a deadline is not the backend's fault
+
+
+# -- cancellation -------------------------------------------------------------------------
+
+def cancel_after_first_text(request, backend):
+    async def cancel():
+        while not request.texts():
+            await asyncio.sleep(0.002)
+        request.sender.cancelled = True
+        while not backend.aborted:
+            await asyncio.sleep(0.002)
+    return cancel
+
+
+def test_cancel_mid_stream_aborts_the_backend_request(router):
+    backend = FakeBackend("primary", chunks=["x"] * 200, delay_s=0.01)
+    model = router(backends=[backend])
+    request = ClientRequest()
+    run(model, request, during=cancel_after_first_text(request, backend))
+    assert len(request.texts()) < 200
+    assert backend.aborted and backend.aborted[0].startswith("router-")
+    assert request.sender.final_flags() == 1
+    assert pb.metric("trident_router_aborts_total", router="router",
+                     backend="primary").value() == 1
+
+
+def test_cancel_before_first_token_closes_the_stream_and_frees_the_probe(router):
+    backend = FakeBackend("primary", delay_s=5)
+    model = router(backends=[backend])
+    breaker = model.breakers["primary"]
+    breaker.record_failure()
+    breaker.record_failure()                      # open
+    breaker._opened_at -= 60                      # cooldown over: the next one is the probe
+    request = ClientRequest()
+
+    async def cancel():
+        while not backend.calls:
+            await asyncio.sleep(0.002)
+        request.sender.cancelled = True
+
+    run(model, request, during=cancel)
+    assert request.sender.final_flags() == 1 and not request.texts()
+    assert backend.aborted
+    assert breaker.available()                    # the probe slot is free again
+
+
+# -- limits and bad requests --------------------------------------------------------------
+
+def test_max_inflight_per_backend_rejects_with_a_clear_error(router):
+    backend = FakeBackend("solo", chunks=["x"] * 10, delay_s=0.02)
+    model = router(backends=[backend], max_inflight_per_backend=1)
+    busy, rejected = ClientRequest(hints={"route": "alone"}), ClientRequest(
+        hints={"route": "alone"})
+
+    async def second():
+        while not busy.texts():
+            await asyncio.sleep(0.002)
+        await model.execute([rejected])
+
+    run(model, busy, during=second)
+    assert busy.texts() == ["x"] * 10
+    (error,) = rejected.errors()
+    assert "max_inflight_per_backend is 1" in error and "solo" in error
+    assert rejected.sender.final_flags() == 1
+
+
+def test_unknown_route_is_an_error_naming_the_routes(router):
+    model = router(backends=[FakeBackend("primary")])
+    request = ClientRequest(hints={"route": "nope"})
+    run(model, request)
+    (error,) = request.errors()
+    assert "'nope'" in error and "alone, backup, primary, solo" in error
+    assert request.sender.sent[-1] == (None, FINAL)
+
+
+def test_hints_from_request_parameters(router):
+    model = router(backends=[FakeBackend("primary"), FakeBackend("solo")])
+    request = ClientRequest(parameters={"route": "alone"})
+    run(model, request)
+    assert request.served_by() == {"solo"}
+
+
+@pytest.mark.parametrize("messages, expected", [
+    ("not json", "messages is not valid JSON"),
+    ('{"role": "user"}', "messages must be a JSON list"),
+])
+def test_malformed_messages_are_bad_requests(router, messages, expected):
+    model = router(backends=[FakeBackend("primary")])
+    request = ClientRequest(prompt=None, messages=messages)
+    run(model, request)
+    (error,) = request.errors()
+    assert expected in error and request.sender.final_flags() == 1
+
+
+def test_breaker_state_gauges_start_closed(router):
+    model = router(backends=[])
+    assert {b: gauge(model, b) for b in ("primary", "backup", "solo")} == {
+        "primary": 0, "backup": 0, "solo": 0}

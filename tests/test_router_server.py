@@ -1,0 +1,310 @@
+"""The router against a real tritonserver: deploy/examples/cpu-fallback.yaml (two vLLM
+engines, `primary` and `backup`, behind `router`), one server for the whole module.
+
+The tests run in file order and share the server: routing and error cases first, then
+concurrency and cancellation, then the failure story (kill primary's stub mid-stream →
+error then final flag; traffic moves to backup, breaker opens; unload/load primary →
+traffic returns once the breaker closes). Waits poll a condition with a bounded deadline.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from builder.infer import build_inputs, stream_generate
+from tests.conftest import ROOT, render, start_server
+from tests.helpers import metric_value, wait_for
+
+pytestmark = [pytest.mark.server, pytest.mark.vllm]
+
+GREEDY = {"temperature": 0}
+ENDLESS = {"temperature": 0, "ignore_eos": True}   # streams that run until stopped
+MODELS = ["primary", "backup", "router"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cpu-fallback")
+    repo = render(ROOT / "deploy" / "examples" / "cpu-fallback.yaml", tmp / "repo")
+    server = start_server(repo, tmp, load_models=MODELS)
+    yield server
+    server.stop()
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+class Stream:
+    """One gRPC stream to a model, recording every response (text, error, final flag)."""
+
+    def __init__(self, server, model="router", prompt="Hello", chat=True, max_tokens=8,
+                 sampling=GREEDY, hints=None, parameters=None, raw_inputs=None):
+        self.events: queue.Queue = queue.Queue()
+        self.texts, self.errors, self.finals, self.served_by = [], [], 0, set()
+        self.chunk_times: list[float] = []
+        self.client = grpcclient.InferenceServerClient(server.grpc_url)
+        self.client.start_stream(callback=lambda result, error: self.events.put(
+            (result, error, time.monotonic())))
+        messages = [{"role": "user", "content": prompt}] if chat else None
+        inputs = raw_inputs or build_inputs(None if chat else prompt, messages, max_tokens,
+                                            True, sampling, hints)
+        self.started = time.monotonic()
+        self.client.async_stream_infer(model, inputs, request_id=uuid.uuid4().hex,
+                                       enable_empty_final_response=True,
+                                       parameters=parameters)
+
+    def pump(self, timeout_s: float) -> bool:
+        """Absorb responses until the final flag or timeout_s without one; True if final."""
+        deadline = time.monotonic() + timeout_s
+        while self.finals == 0:
+            try:
+                result, error, at = self.events.get(timeout=max(0.0, deadline -
+                                                                time.monotonic()))
+            except queue.Empty:
+                return False
+            self._absorb(result, error, at)
+        return True
+
+    def wait_first_text(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.texts:
+            result, error, at = self.events.get(timeout=max(0.01, deadline -
+                                                             time.monotonic()))
+            self._absorb(result, error, at)
+            assert not self.errors, self.errors
+
+    def _absorb(self, result, error, at):
+        if error is not None:
+            self.errors.append(error.message())
+            # Triton sends an error response and then a separate final flag; gRPC
+            # surfaces the error alone, so the final is counted when it arrives.
+            return
+        response = result.get_response()
+        final = response.parameters.get("triton_final_response")
+        text = _first(result, "text_output")
+        if text:
+            self.texts.append(text)
+            self.chunk_times.append(at)
+        served = _first(result, "served_by")
+        if served:
+            self.served_by.add(served)
+        if final is not None and final.bool_param:
+            self.finals += 1
+
+    def extra_finals(self, settle_s: float = 0.3) -> int:
+        """Responses after the final flag (there must be none)."""
+        time.sleep(settle_s)
+        extra = 0
+        while not self.events.empty():
+            self.events.get_nowait()
+            extra += 1
+        return extra
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+    def close(self, cancel=False):
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+def _first(result, name):
+    array = result.as_numpy(name)
+    if array is None or array.size == 0:
+        return None
+    value = array.reshape(-1)[0]
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def generate(server, **kwargs):
+    stream = Stream(server, **kwargs)
+    try:
+        assert stream.pump(120), "no final response within 120 s"
+        return stream
+    finally:
+        stream.close()
+
+
+def metric(server, name: str, **labels) -> float:
+    return metric_value(server.metrics_url, name, **labels)
+
+
+def stub_pid(server, model: str) -> int | None:
+    """The Python-backend stub process serving `model` of this server's repository."""
+    model_file = f"{Path(server.repository).absolute()}/{model}/"
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (len(args) > 1 and args[0].endswith(b"triton_python_backend_stub")
+                and args[1].decode(errors="replace").startswith(model_file)):
+            return int(entry)
+    return None
+
+
+def repository_call(server, model: str, action: str, timeout_s: float = 240) -> None:
+    request = urllib.request.Request(
+        f"{server.http_url}/v2/repository/models/{model}/{action}", data=b"{}",
+        method="POST")
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        assert response.status == 200
+
+
+# -- routing ------------------------------------------------------------------------------
+
+CHAT = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({}, "primary"),                                                # default route
+    ({"hints": {"route": "fast"}}, "backup"),                       # rule by hint
+    ({"hints": {"route": "backup"}}, "backup"),                     # hint = backend name
+    ({"hints": {"route": "chat"}}, "primary"),                      # hint = rule name
+    ({"hints": {"tier": "free"}}, "backup"),                        # rule by tier
+    ({"parameters": {"tier": "free"}}, "backup"),                   # ... as a parameter
+    ({"prompt": "word " * 200, "chat": False}, "backup"),          # long prompt
+])
+def test_rules_pick_the_backend(server, kwargs, expected):
+    stream = generate(server, **{"max_tokens": 4, **kwargs})
+    assert not stream.errors
+    assert stream.served_by == {expected}
+    assert stream.finals == 1
+
+
+def test_multi_turn_chat_goes_to_primary(server):
+    inputs = build_inputs(None, CHAT, 8, True, GREEDY, {"tier": "gold"})
+    stream = generate(server, raw_inputs=inputs)
+    assert stream.served_by == {"primary"}
+    assert "Paris" in stream.text
+
+
+def test_router_output_matches_the_backend(server):
+    """Relaying changes nothing: greedy text through the router equals the backend's."""
+    direct = stream_generate(server.grpc_url, "primary", "What is the capital of France?",
+                             max_tokens=12, sampling=GREEDY)
+    routed = stream_generate(server.grpc_url, "router", "What is the capital of France?",
+                             max_tokens=12, sampling=GREEDY)
+    assert routed.text == direct.text and routed.served_by == "primary"
+
+
+def test_unknown_route_names_the_valid_routes(server):
+    stream = generate(server, hints={"route": "nope"})
+    assert len(stream.errors) == 1 and not stream.texts
+    for route in ("backup", "chat", "fast", "free-tier", "long-prompt", "primary"):
+        assert route in stream.errors[0]
+    assert "'nope'" in stream.errors[0]
+
+
+def test_bad_sampling_json_is_an_error_and_the_server_stays_ready(server):
+    inputs = build_inputs(None, [{"role": "user", "content": "Hi"}], 4, True)
+    inputs.append(grpcclient.InferInput("sampling_parameters", [1], "BYTES"))
+    inputs[-1].set_data_from_numpy(np.array([b"{not json"], dtype=np.object_))
+    stream = generate(server, raw_inputs=inputs)
+    assert len(stream.errors) == 1 and "sampling_parameters" in stream.errors[0]
+    assert server.http_get("/v2/health/ready") == 200
+    # a client's mistake is not the backend's failure: no fallback, breaker closed
+    assert metric(server, "trident_router_breaker_state", backend="primary") == 0
+    assert generate(server, max_tokens=2).served_by == {"primary"}
+
+
+def test_malformed_messages_get_an_error(server):
+    for raw in (b'{"role": "user"}', b'["hi"]', b"not json"):
+            messages = grpcclient.InferInput("messages", [1], "BYTES")
+        messages.set_data_from_numpy(np.array([raw], dtype=np.object_))
+        stream = generate(server, raw_inputs=[messages])
+        assert len(stream.errors) == 1 and not stream.texts, raw
+        assert "messages" in stream.errors[0]
+
+
+# -- concurrency --------------------------------------------------------------------------
+
+def test_sixteen_streams_progress_in_parallel(server):
+    streams = [Stream(server, prompt=f"Count to {i}.", max_tokens=24, sampling=ENDLESS,
+                      hints={"route": "primary"}) for i in range(16)]
+    try:
+        for stream in streams:
+            assert stream.pump(180), "a stream never finished"
+    finally:
+        for stream in streams:
+            stream.close()
+    for stream in streams:
+        assert not stream.errors and stream.finals == 1
+        assert stream.served_by == {"primary"}
+        assert stream.extra_finals(0) == 0
+    # Serialised streams would start one after another's end; parallel ones overlap.
+    last_start = max(s.chunk_times[0] for s in streams)
+    first_end = min(s.chunk_times[-1] for s in streams)
+    assert last_start < first_end, "streams were relayed one after another"
+
+
+# -- cancellation -------------------------------------------------------------------------
+
+def test_cancel_reaches_the_backend(server):
+    aborted_before = metric(server, "trident_requests_aborted_total", model="primary")
+    stream = Stream(server, prompt="Tell me a long story.", max_tokens=400, sampling=ENDLESS,
+                    hints={"route": "primary"})
+    stream.wait_first_text(60)
+    stream.close(cancel=True)
+    wait_for(lambda: metric(server, "trident_requests_aborted_total", model="primary")
+             > aborted_before, 10)
+    assert metric(server, "trident_router_aborts_total", backend="primary") >= 1
+    wait_for(lambda: metric(server, "trident_requests_in_flight", model="primary") == 0, 10)
+    after = generate(server, max_tokens=4)
+    assert after.served_by == {"primary"} and not after.errors
+
+
+# -- failures: kill primary, watch the fallback, restart it --------------------------------
+
+def test_backend_killed_mid_stream_gives_error_then_final(server):
+    stream = Stream(server, prompt="Tell me a long story.", max_tokens=400, sampling=ENDLESS,
+                    hints={"route": "primary"})
+    try:
+        stream.wait_first_text(60)
+        pid = stub_pid(server, "primary")
+        assert pid is not None, "primary's stub process not found"
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        assert stream.pump(30), "no final flag after the backend died"
+        assert time.monotonic() - killed_at < 30
+        assert stream.extra_finals() == 0
+    finally:
+        stream.close(cancel=stream.finals == 0)
+    assert len(stream.errors) == 1 and "primary failed mid-stream" in stream.errors[0]
+    assert stream.finals == 1
+
+
+def test_traffic_moves_to_backup_and_the_breaker_opens(server):
+    started = time.monotonic()
+    served = [generate(server, max_tokens=2) for _ in range(3)]
+    assert time.monotonic() - started < 30, "fallback took too long"
+    for stream in served:
+        assert not stream.errors and stream.served_by == {"backup"}
+    assert metric(server, "trident_router_breaker_state", backend="primary") == 2
+    assert metric(server, "trident_router_fallbacks_total", backend="primary") >= 1
+
+
+def test_traffic_returns_after_primary_restarts(server):
+    repository_call(server, "primary", "unload")
+    wait_for(lambda: server.http_get("/v2/models/primary/ready") != 200, 60)
+    assert generate(server, max_tokens=2).served_by == {"backup"}
+    repository_call(server, "primary", "load")
+    assert server.http_get("/v2/models/primary/ready") == 200
+    # After the cooldown one probe request goes to primary; success closes the breaker.
+    wait_for(lambda: generate(server, max_tokens=2).served_by == {"primary"}, 60,
+             interval_s=0.5)
+    assert metric(server, "trident_router_breaker_state", backend="primary") == 0
+    assert metric(server, "trident_router_requests_total", route="default",
+                  served_by="primary") >= 1
