@@ -25,7 +25,7 @@ import triton_python_backend_utils as pb_utils
 from adapters import ROUTER_ONLY_INPUTS, Adapters  # siblings in the model's directory
 from breaker import HALF_OPEN, STATE_VALUES, BreakerConfig, CircuitBreaker
 from policy import Policy, UnknownRoute, features_from
-from trident_common.request import first_scalar
+from trident_common.request import CLIENT_FAULT_PREFIX, first_scalar
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 WATCH_INTERVAL_S = 0.05   # how often the loop checks cancel and deadlines of a stream
@@ -133,6 +133,13 @@ class Relay:
             self._finish(error)
             return True
 
+    def client_cancelled(self):
+        """Has the client cancelled? Asked under the lock and only while the stream is
+        open: once the final flag is sent Triton releases the request, and asking then
+        crashes the server (TRITONBACKEND_ResponseFactoryIsCancelled)."""
+        with self.lock:
+            return not self.closed and self.sender.is_cancelled()
+
     def abandon(self):
         """Give up before the first token without telling the client anything; False if
         the first response already went out (then the stream is the client's)."""
@@ -160,8 +167,9 @@ def _set_once(future, value):
 
 
 def _client_fault(response):
+    """A backend's error that blames the request (see CLIENT_FAULT_PREFIX)."""
     return (response.has_error()
-            and response.error().code() == pb_utils.TritonError.INVALID_ARG)
+            and response.error().message().startswith(CLIENT_FAULT_PREFIX))
 
 
 class TritonPythonModel:
@@ -326,7 +334,7 @@ class TritonPythonModel:
         attempts.append(relay)
         self.pool.submit(relay.pump, responses)
         first_by = min(issued + self.first_token_timeout_s, arrival + self.deadline_s)
-        problem = await self.watch(request, relay, relay.first, backend, request_id,
+        problem = await self.watch(relay, relay.first, backend, request_id,
                                    first_by, f"no first token within "
                                    f"{self.first_token_timeout_s} s", before_first=True)
         if problem == CLIENT_ERROR:
@@ -337,14 +345,14 @@ class TritonPythonModel:
         self.record(backend, ok=True)
         self.metrics.request(route, backend)
         self.metrics.added_latency(issued - arrival + relay.first_relay_s)
-        ok = await self.watch(request, relay, relay.done, backend, request_id,
+        ok = await self.watch(relay, relay.done, backend, request_id,
                               arrival + self.deadline_s,
                               f"deadline of {self.deadline_s} s exceeded", before_first=False)
         if ok is not True:
             self.record(backend, ok=False)
         return True
 
-    async def watch(self, request, relay, until, backend, request_id, deadline, late,
+    async def watch(self, relay, until, backend, request_id, deadline, late,
                     before_first):
         """Wait for the future `until` while the relay thread streams; meanwhile act on a
         client cancel, the deadline, and silence from a dead backend. Returns until's
@@ -355,7 +363,7 @@ class TritonPythonModel:
             if done:
                 return until.result()
             now = time.monotonic()
-            if request.is_cancelled():
+            if relay.client_cancelled():
                 relay.close()
                 self.abort(backend, request_id)
                 raise ClientCancelled

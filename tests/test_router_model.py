@@ -24,6 +24,7 @@ import pytest
 from bls.policy import router_config
 from builder.spec import parse_spec
 from tests.fakes import fake_pb_utils as pb
+from trident_common.request import CLIENT_FAULT_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -54,7 +55,7 @@ class FakeBackend:
         self.name, self.chunks, self.delay_s = name, list(chunks), delay_s
         self.first_error, self.first_error_code = first_error, first_error_code
         self.fail_after, self.die_after = fail_after, die_after
-        self.dead = threading.Event()
+        self.dead, self.buried = threading.Event(), threading.Event()
         self.calls, self.aborted, self.controls = 0, [], 0
         self._aborts: dict[str, threading.Event] = {}
         self.lock = threading.Lock()
@@ -86,7 +87,8 @@ class FakeBackend:
         for i, text in enumerate(self.chunks):
             if self.die_after is not None and i == self.die_after:
                 self.dead.set()
-                threading.Event().wait()          # a dead stub: the iterator never ends
+                self.buried.wait()                # a dead stub: the iterator never ends
+                return                            # (until the test is over)
             if stop.wait(self.delay_s):
                 break
             error = "engine exploded" if self.fail_after == i else ""
@@ -215,6 +217,8 @@ def router(tmp_path):
         yield lambda **overrides: make_router(module, tmp_path, models, **overrides)
         for model in models:
             model.finalize()
+            for backend in model.test_backends:
+                backend.buried.set()
 
 
 def make_router(module, tmp_path, models, backends=(), **router_overrides):
@@ -226,6 +230,7 @@ def make_router(module, tmp_path, models, backends=(), **router_overrides):
     BlsRequest.backends = {b.name: b for b in backends}
     model = module.TritonPythonModel()
     model.initialize({"model_repository": str(tmp_path), "model_version": "1"})
+    model.test_backends = list(backends)
     models.append(model)
     return model
 
@@ -336,13 +341,15 @@ def test_all_candidates_failing_names_each_failure(router):
 
 
 def test_client_fault_goes_to_the_client_without_fallback(router):
-    primary = FakeBackend("primary", first_error="sampling_parameters is not valid JSON",
+    # as trident's backends report a client's mistake (trident_common.triton_io)
+    message = CLIENT_FAULT_PREFIX + "sampling_parameters is not valid JSON"
+    primary = FakeBackend("primary", first_error=message,
                           first_error_code=pb.TritonError.INVALID_ARG)
     backup = FakeBackend("backup")
     model = router(backends=[primary, backup])
     request = ClientRequest()
     run(model, request)
-    assert request.errors() == ["sampling_parameters is not valid JSON"]
+    assert request.errors() == [message]
     assert request.sender.responses()[0].error().code() == pb.TritonError.INVALID_ARG
     assert backup.calls == 0 and gauge(model, "primary") == 0
 

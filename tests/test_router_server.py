@@ -212,17 +212,20 @@ def test_bad_sampling_json_is_an_error_and_the_server_stays_ready(server):
     inputs = build_inputs(None, [{"role": "user", "content": "Hi"}], 4, True)
     inputs.append(grpcclient.InferInput("sampling_parameters", [1], "BYTES"))
     inputs[-1].set_data_from_numpy(np.array([b"{not json"], dtype=np.object_))
+    fallbacks = metric(server, "trident_router_fallbacks_total", backend="primary")
     stream = generate(server, raw_inputs=inputs)
     assert len(stream.errors) == 1 and "sampling_parameters" in stream.errors[0]
     assert server.http_get("/v2/health/ready") == 200
     # a client's mistake is not the backend's failure: no fallback, breaker closed
+    assert "every backend failed" not in stream.errors[0]
+    assert metric(server, "trident_router_fallbacks_total", backend="primary") == fallbacks
     assert metric(server, "trident_router_breaker_state", backend="primary") == 0
     assert generate(server, max_tokens=2).served_by == {"primary"}
 
 
 def test_malformed_messages_get_an_error(server):
     for raw in (b'{"role": "user"}', b'["hi"]', b"not json"):
-            messages = grpcclient.InferInput("messages", [1], "BYTES")
+        messages = grpcclient.InferInput("messages", [1], "BYTES")
         messages.set_data_from_numpy(np.array([raw], dtype=np.object_))
         stream = generate(server, raw_inputs=[messages])
         assert len(stream.errors) == 1 and not stream.texts, raw
