@@ -172,11 +172,6 @@ class S3Tier:
                 if self._code(e) not in _CONFLICT | _NOT_FOUND:
                     raise
 
-    def check_bucket(self) -> None:
-        """Fail early and clearly when the endpoint, credentials or bucket are wrong."""
-        with self._call(f"opening bucket {self.location.bucket}"):
-            self.client.head_bucket(Bucket=self.location.bucket)
-
     # --- manifests ---------------------------------------------------------------------
     def manifest_key(self, key: str) -> str:
         return self.location.object_key(key, MANIFEST_NAME)
@@ -291,40 +286,46 @@ class S3Tier:
     def fetch(self, manifest: Manifest, target_dir: Path) -> list[str]:
         """Download every file into target_dir, hashing while downloading. Returns the
         problems (missing, size or sha256 mismatch); empty means every byte was verified."""
-        writers: dict[str, VerifyingFile] = {}
-        problems = []
+        targets = {record.path: target_dir / record.path for record in manifest.files}
+        for path in targets.values():
+            path.parent.mkdir(parents=True, exist_ok=True)
+        writers = {name: VerifyingFile(path) for name, path in targets.items()}
+        try:
+            missing = self._download_into(manifest, writers)
+        finally:
+            for writer in writers.values():
+                writer.close()
+        problems = [f"{name}: missing in S3" for name in missing]
+        for record in manifest.files:
+            got = writers[record.path]
+            if record.path in missing:
+                continue
+            if got.size() != record.size:
+                problems.append(f"{record.path}: got {got.size()} bytes, manifest says "
+                                f"{record.size}")
+            elif got.digest.hexdigest() != record.sha256:
+                problems.append(f"{record.path}: sha256 differs from the manifest")
+        return problems
+
+    def _download_into(self, manifest: Manifest, writers: dict[str, VerifyingFile]) -> set[str]:
+        """Parallel ranged GETs of every file; returns the names of files S3 does not have."""
+        missing = set()
         with self._call(f"downloading {manifest.key} from {self.uri}"):
             manager = create_transfer_manager(self.client, self.transfer_config)
-            futures = {}
             try:
-                for record in manifest.files:
-                    path = target_dir / record.path
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    writers[record.path] = VerifyingFile(path)
-                    futures[record.path] = manager.download(
-                        self.location.bucket, self.file_key(manifest, record),
-                        writers[record.path])
-                for path, future in futures.items():
+                futures = {record.path: manager.download(
+                    self.location.bucket, self.file_key(manifest, record), writers[record.path])
+                    for record in manifest.files}
+                for name, future in futures.items():
                     try:
                         future.result()
                     except botocore.exceptions.ClientError as e:
                         if self._code(e) not in _NOT_FOUND:
                             raise
-                        problems.append(f"{path}: missing in S3")
+                        missing.add(name)
             finally:
                 manager.shutdown(cancel=True)     # after a failure: stop the other transfers
-                for writer in writers.values():
-                    writer.close()
-        for record in manifest.files:
-            writer = writers[record.path]
-            if any(p.startswith(f"{record.path}:") for p in problems):
-                continue
-            if writer.size() != record.size:
-                problems.append(f"{record.path}: got {writer.size()} bytes, manifest says "
-                                f"{record.size}")
-            elif writer.digest.hexdigest() != record.sha256:
-                problems.append(f"{record.path}: sha256 differs from the manifest")
-        return problems
+        return missing
 
     def check(self, key: str) -> list[str]:
         """Verify an S3 entry without downloading it (see _stored_problems)."""

@@ -359,3 +359,13 @@ def test_missing_bucket_names_the_bucket(s3_bucket, tmp_path):
     cache = EngineCache(tmp_path / "a", "s3://no-such-bucket-here/engines")
     with pytest.raises(CacheError, match="no-such-bucket-here"):
         cache.lookup(KEY)
+
+
+def test_missing_credentials_say_how_to_provide_them(s3_bucket, tmp_path, monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(CacheError, match="no S3 credentials .*AWS_ACCESS_KEY_ID"):
+        machine(s3_bucket, tmp_path, "anonymous").lookup(KEY)
