@@ -369,3 +369,17 @@ def test_missing_credentials_say_how_to_provide_them(s3_bucket, tmp_path, monkey
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with pytest.raises(CacheError, match="no S3 credentials .*AWS_ACCESS_KEY_ID"):
         machine(s3_bucket, tmp_path, "anonymous").lookup(KEY)
+
+
+def test_empty_files_and_subfolders_round_trip(s3_bucket, tmp_path):
+    engine = tmp_path / "engine"
+    (engine / "tokenizer").mkdir(parents=True)
+    (engine / "rank0.engine").write_bytes(b"\x07" * 1000)
+    (engine / "empty.bin").write_bytes(b"")
+    (engine / "tokenizer" / "vocab.json").write_text('{"a": 1}')
+    machine(s3_bucket, tmp_path, "ci").publish(KEY, engine, {"note": "hand-built"})
+    fetched = machine(s3_bucket, tmp_path, "new").lookup(KEY)
+    assert sorted(p.relative_to(fetched).as_posix() for p in fetched.rglob("*")
+                  if p.is_file()) == ["empty.bin", "rank0.engine", "tokenizer/vocab.json"]
+    assert (fetched / "empty.bin").read_bytes() == b""
+    assert (fetched / "tokenizer" / "vocab.json").read_text() == '{"a": 1}'
