@@ -292,9 +292,15 @@ class S3Tier:
         writers = {name: VerifyingFile(path) for name, path in targets.items()}
         try:
             missing = self._download_into(manifest, writers)
+        except OSError as e:        # the local disk (full?), not the entry: nothing to blame
+            raise CacheError(f"writing {manifest.key} into {target_dir} failed: {e}") from e
         finally:
             for writer in writers.values():
                 writer.close()
+        for name, writer in writers.items():
+            if writer.read_error is not None:
+                raise CacheError(f"reading back {targets[name]} to verify it failed: "
+                                 f"{writer.read_error}")
         problems = [f"{name}: missing in S3" for name in missing]
         for record in manifest.files:
             got = writers[record.path]
@@ -310,21 +316,19 @@ class S3Tier:
     def _download_into(self, manifest: Manifest, writers: dict[str, VerifyingFile]) -> set[str]:
         """Parallel ranged GETs of every file; returns the names of files S3 does not have."""
         missing = set()
-        with self._call(f"downloading {manifest.key} from {self.uri}"):
-            manager = create_transfer_manager(self.client, self.transfer_config)
-            try:
-                futures = {record.path: manager.download(
-                    self.location.bucket, self.file_key(manifest, record), writers[record.path])
-                    for record in manifest.files}
-                for name, future in futures.items():
-                    try:
-                        future.result()
-                    except botocore.exceptions.ClientError as e:
-                        if self._code(e) not in _NOT_FOUND:
-                            raise
-                        missing.add(name)
-            finally:
-                manager.shutdown(cancel=True)     # after a failure: stop the other transfers
+        # Leaving the manager's context on an exception cancels the other transfers.
+        with self._call(f"downloading {manifest.key} from {self.uri}"), \
+                create_transfer_manager(self.client, self.transfer_config) as manager:
+            futures = {record.path: manager.download(
+                self.location.bucket, self.file_key(manifest, record), writers[record.path])
+                for record in manifest.files}
+            for name, future in futures.items():
+                try:
+                    future.result()
+                except botocore.exceptions.ClientError as e:
+                    if self._code(e) not in _NOT_FOUND:
+                        raise
+                    missing.add(name)
         return missing
 
     def check(self, key: str) -> list[str]:

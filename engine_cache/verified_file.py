@@ -49,6 +49,7 @@ class VerifyingFile:
         self._closing = False
         self.digest = hashlib.sha256()
         self.hashed = 0                      # bytes hashed so far (the gap-free prefix)
+        self.read_error: OSError | None = None   # a local disk failure, not a bad download
         self._hasher = threading.Thread(target=self._hash_prefix, daemon=True,
                                         name="sha256-verify")
         self._hasher.start()
@@ -84,7 +85,12 @@ class VerifyingFile:
                 if end <= self.hashed:
                     return                   # closing and everything written is hashed
             while self.hashed < end:
-                chunk = os.pread(self._fd, min(READ_BACK_BYTES, end - self.hashed), self.hashed)
+                try:
+                    chunk = os.pread(self._fd, min(READ_BACK_BYTES, end - self.hashed),
+                                     self.hashed)
+                except OSError as e:
+                    self.read_error = e
+                    return
                 if not chunk:
                     return
                 self.digest.update(chunk)

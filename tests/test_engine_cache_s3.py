@@ -383,3 +383,17 @@ def test_empty_files_and_subfolders_round_trip(s3_bucket, tmp_path):
                   if p.is_file()) == ["empty.bin", "rank0.engine", "tokenizer/vocab.json"]
     assert (fetched / "empty.bin").read_bytes() == b""
     assert (fetched / "tokenizer" / "vocab.json").read_text() == '{"a": 1}'
+
+
+def test_full_local_disk_is_an_error_not_a_corrupt_entry(s3_bucket, tmp_path, monkeypatch):
+    machine(s3_bucket, tmp_path, "ci").get_or_build(KEY, recording_build(tmp_path / "l"), {})
+
+    def disk_full(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("engine_cache.verified_file.os.pwrite", disk_full)
+    victim = machine(s3_bucket, tmp_path, "small-disk")
+    with pytest.raises(CacheError, match="No space left on device"):
+        victim.lookup(KEY)
+    assert f"engines/{KEY}/manifest.json" in s3_bucket.keys(), "the S3 entry is fine"
+    assert list((tmp_path / "small-disk" / "tmp").iterdir()) == []
