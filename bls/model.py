@@ -6,11 +6,12 @@ before its first token (error, unhealthy stub, not loaded, first-token timeout, 
 to a health probe) is recorded in its circuit breaker and the next candidate is tried;
 after the first token an error reaches the client as an error response and the final flag.
 
-Hot path: the backend's response iterator blocks, so each attempt is pumped by one worker
-thread (`Relay`) that sends the first response and every chunk to the client as soon as it
-arrives, with no event-loop hop in between. The event loop only supervises: client
-cancel, first-token timeout, deadline, and a backend that went silent (its stub died: a
-BLS iterator then never ends, so the router probes the backend and gives up on it).
+Hot path: BLS resolves `async_exec` with the backend's first response in hand, so the
+first response is sent from the event loop at once; the rest of the stream (a blocking
+iterator) is pumped by one worker thread per stream (`Relay`), which sends each chunk as
+it arrives, with no event-loop hop in between. The event loop supervises: client cancel,
+first-token timeout, deadline, and a backend that went silent (its stub died: a BLS
+iterator then never ends, so the router probes the backend and gives up on it).
 """
 import asyncio
 import itertools
@@ -28,7 +29,10 @@ from policy import Policy, UnknownRoute, features_from
 from trident_common.request import CLIENT_FAULT_PREFIX, first_scalar
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-WATCH_INTERVAL_S = 0.05   # how often the loop checks cancel and deadlines of a stream
+# How often the loop checks a stream for a client cancel, its deadline and silence:
+# often while waiting for the first token, less once streaming (cheap on the hot path).
+FIRST_TOKEN_WATCH_S = 0.02
+STREAM_WATCH_S = 0.2
 SILENCE_PROBE_S = 2.0     # a stream quiet this long gets its backend health-probed
 PROBE_TIMEOUT_S = 5.0     # a backend that cannot answer a no-op request this fast is down
 PROBE_REQUEST_ID = "trident-router-health-probe"   # aborting it is a no-op
@@ -48,12 +52,12 @@ class ClientCancelled(Exception):
 class Relay:
     """One attempt's stream, from the backend's response iterator to the client.
 
-    A worker thread runs `pump`; the event loop waits on `first` (None once the first
-    response went to the client, else the problem, or CLIENT_ERROR) and `done` (True, or
-    False after a mid-stream failure). Every send to the client holds `lock`, and `closed`
-    is set by whoever sends the client's final flag, so it is sent exactly once and
-    nothing follows it. An attempt the router abandons before its first token sends
-    nothing at all: the router falls back or answers the client itself.
+    The event loop hands the first response to `start`; a worker thread then runs
+    `pump` over the rest and resolves `done` (True, or False after a mid-stream failure).
+    Every send to the client holds `lock`, and `closed` is set by whoever sends the
+    client's final flag, so it is sent exactly once and nothing follows it. An attempt
+    the router abandons before its first token sends nothing at all: the router falls
+    back or answers the client itself.
     """
 
     def __init__(self, sender, adapter, backend, loop):
@@ -63,29 +67,12 @@ class Relay:
         self.closed = False         # final flag sent, or attempt abandoned
         self.chunks = 0             # backend responses seen: progress, for silence probes
         self.first_relay_s = 0.0    # router time between the first response and its send
-        self.first = loop.create_future()
         self.done = loop.create_future()
 
-    # -- worker thread ------------------------------------------------------------------
-    def pump(self, responses):
-        ok = False
-        try:
-            self._resolve(self.first, self._start(next(responses, None)))
-            ok = True
-            for response in responses:
-                self.chunks += 1
-                ok = self._forward(response) and ok
-            if ok:
-                self.close()
-        except Exception as e:  # the router must answer even if its own relay breaks
-            self.close(f"router relay failed: {e}")
-            self._resolve(self.first, f"router relay failed: {e}")
-        finally:
-            self._resolve(self.done, ok)
-
-    def _start(self, first):
-        """Send the first response, or say why not (then this attempt sends nothing more:
-        the router falls back or answers the client)."""
+    # -- event loop: the first response -------------------------------------------------
+    def start(self, first):
+        """Send the first response, or say why not: None, CLIENT_ERROR or the problem
+        (then this attempt sends nothing more; the router falls back or answers)."""
         received = time.monotonic()
         if first is None:
             problem, outgoing = "stream ended without a response", None
@@ -107,6 +94,22 @@ class Relay:
         self.first_relay_s = time.monotonic() - received
         return None
 
+    # -- worker thread: every later response --------------------------------------------
+    def pump(self, responses):
+        ok = False
+        try:
+            ok = True
+            for response in responses:
+                self.chunks += 1
+                ok = self._forward(response) and ok
+            if ok:
+                self.close()
+        except Exception as e:  # the router must answer even if its own relay breaks
+            ok = False
+            self.close(f"router relay failed: {e}")
+        finally:
+            self.loop.call_soon_threadsafe(_set_once, self.done, ok)
+
     def _forward(self, response):
         """Relay one chunk; False when it carries a backend error (which ends the stream)."""
         problem, outgoing = self.adapter.split(response)
@@ -119,9 +122,6 @@ class Relay:
             if outgoing is not None:
                 self.sender.send(outgoing)
         return True
-
-    def _resolve(self, future, value):
-        self.loop.call_soon_threadsafe(_set_once, future, value)
 
     # -- any thread ---------------------------------------------------------------------
     def close(self, error=None):
@@ -325,70 +325,89 @@ class TritonPythonModel:
                 requested_output_names=adapter.outputs)
         except ValueError as e:  # the request does not fit this engine's interface
             raise BackendFailed(str(e)) from None
-        try:
-            responses = await child.async_exec(decoupled=True)
-        except Exception as e:  # not loaded, stub unhealthy, ...
-            raise BackendFailed(str(e)) from None
-        issued = time.monotonic()
         relay = Relay(sender, adapter, backend, self.loop)
         attempts.append(relay)
-        self.pool.submit(relay.pump, responses)
-        first_by = min(issued + self.first_token_timeout_s, arrival + self.deadline_s)
-        problem = await self.watch(relay, relay.first, backend, request_id,
-                                   first_by, f"no first token within "
-                                   f"{self.first_token_timeout_s} s", before_first=True)
-        if problem == CLIENT_ERROR:
+        routed_s = time.monotonic() - arrival
+        # BLS resolves async_exec once the backend's first response is in, so the wait
+        # for it is supervised here and next() below does not block the loop.
+        calling = asyncio.ensure_future(child.async_exec(decoupled=True))
+        first_by = min(time.monotonic() + self.first_token_timeout_s,
+                       arrival + self.deadline_s)
+        late = f"no first token within {self.first_token_timeout_s} s"
+        try:
+            problem = await self.watch(relay, calling, backend, first_by, late,
+                                       FIRST_TOKEN_WATCH_S, request_id)
+        except ClientCancelled:
+            self.discard(calling)
+            raise
+        if problem is not None:
+            relay.abandon()
+            if problem == late:
+                self.abort(backend, request_id)
+            self.discard(calling)
+            raise BackendFailed(problem)
+        try:
+            responses = calling.result()
+        except Exception as e:  # not loaded, stub unhealthy, ...
+            raise BackendFailed(str(e) or type(e).__name__) from None
+        outcome = relay.start(next(responses, None))
+        if outcome == CLIENT_ERROR:
             self.metrics.error("bad_request")
             return False
-        if problem is not None:
-            raise BackendFailed(problem)
+        if outcome is not None:
+            raise BackendFailed(outcome)
         self.record(backend, ok=True)
         self.metrics.request(route, backend)
-        self.metrics.added_latency(issued - arrival + relay.first_relay_s)
-        ok = await self.watch(relay, relay.done, backend, request_id,
-                              arrival + self.deadline_s,
-                              f"deadline of {self.deadline_s} s exceeded", before_first=False)
-        if ok is not True:
+        self.metrics.added_latency(routed_s + relay.first_relay_s)
+        self.pool.submit(relay.pump, responses)
+        return await self.finish(relay, backend, request_id, arrival)
+
+    async def finish(self, relay, backend, request_id, arrival):
+        """Supervise a started stream until it ends; returns True (outcome recorded)."""
+        late = f"deadline of {self.deadline_s} s exceeded"
+        problem = await self.watch(relay, relay.done, backend, arrival + self.deadline_s,
+                                   late, STREAM_WATCH_S, request_id)
+        if problem == late:
+            relay.close(late)
+            self.abort(backend, request_id)   # a deadline is not the backend's failure
+        elif problem is not None:
+            relay.close(f"{backend} failed mid-stream: {problem}")
+            self.record(backend, ok=False)
+        elif relay.done.result() is not True:
             self.record(backend, ok=False)
         return True
 
-    async def watch(self, relay, until, backend, request_id, deadline, late,
-                    before_first):
-        """Wait for the future `until` while the relay thread streams; meanwhile act on a
-        client cancel, the deadline, and silence from a dead backend. Returns until's
-        result, or the problem that ended the wait."""
+    async def watch(self, relay, until, backend, deadline, late, interval, request_id):
+        """Wait for the future `until`; meanwhile abort on a client cancel (raises
+        ClientCancelled), and return `late` at the deadline or the problem of a backend
+        that went silent and fails a health probe. None when `until` is done."""
         seen, quiet_since = relay.chunks, time.monotonic()
         while True:
-            done, _ = await asyncio.wait((until,), timeout=WATCH_INTERVAL_S)
+            done, _ = await asyncio.wait((until,), timeout=interval)
             if done:
-                return until.result()
-            now = time.monotonic()
+                return None
             if relay.client_cancelled():
                 relay.close()
                 self.abort(backend, request_id)
                 raise ClientCancelled
-            problem = None
+            now = time.monotonic()
             if now >= deadline:
-                problem = late
-            elif relay.chunks != seen:
+                return late
+            if relay.chunks != seen:
                 seen, quiet_since = relay.chunks, now
             elif now - quiet_since >= SILENCE_PROBE_S:
                 quiet_since = now
                 problem = await self.probe(backend)
-            if problem is None:
-                continue
-            if before_first:
-                if not relay.abandon():
-                    continue  # the first response won the race: the stream is the client's
-                if problem == late:
-                    self.abort(backend, request_id)
-                return problem
-            if problem == late:
-                relay.close(late)
-                self.abort(backend, request_id)
-                return True   # a deadline is not the backend's failure
-            relay.close(f"{backend} failed mid-stream: {problem}")
-            return False
+                if problem is not None:
+                    return problem
+
+    def discard(self, calling):
+        """An attempt given up before its first response: drain its stream off the loop
+        once it arrives (the backend was told to abort, or is dead)."""
+        def drain(task):
+            if not task.cancelled() and task.exception() is None:
+                self.pool.submit(_drain, task.result())
+        calling.add_done_callback(drain)
 
     # -- control requests to backends -------------------------------------------------------
     def abort(self, backend, request_id):
@@ -420,6 +439,14 @@ class TritonPythonModel:
             return await self.loop.run_in_executor(self.pool, _first_error, responses)
         except Exception as e:  # stub unhealthy, not loaded
             return str(e) or type(e).__name__
+
+
+def _drain(responses):
+    try:
+        for _ in responses:
+            pass
+    except Exception:
+        pass  # the backend is gone: nothing left to drain
 
 
 def _first_error(responses):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import itertools
 import json
 import sys
 import threading
@@ -108,12 +109,25 @@ class BlsRequest:
         self.inputs = {t.name(): first(t.as_numpy()) for t in inputs}
 
     async def async_exec(self, decoupled=False):
+        """Like Triton's: resolves once the first response is in (or raises)."""
         assert decoupled
         backend = self.backends.get(self.model_name)
         if backend is None:
             raise pb.TritonModelException(f"Failed for execute the inference request. "
                                           f"Model '{self.model_name}' is not ready.")
-        return backend.open(self.inputs)
+        responses = backend.open(self.inputs)
+        loop = asyncio.get_running_loop()
+        arrived = loop.create_future()
+
+        def fetch():   # a daemon thread: a dead backend's never returns
+            first_response = next(responses, None)
+            with contextlib.suppress(RuntimeError):   # the test's loop may be gone
+                loop.call_soon_threadsafe(
+                    lambda: arrived.done() or arrived.set_result(first_response))
+
+        threading.Thread(target=fetch, daemon=True).start()
+        first_response = await arrived
+        return itertools.chain([first_response] if first_response else [], responses)
 
 
 class ClientInputs(dict):
@@ -210,7 +224,7 @@ def router_modules():
 @pytest.fixture
 def router(tmp_path):
     with router_modules() as module:
-        module.WATCH_INTERVAL_S = 0.005
+        module.FIRST_TOKEN_WATCH_S = module.STREAM_WATCH_S = 0.005
         module.SILENCE_PROBE_S = 0.1
         module.PROBE_TIMEOUT_S = 0.5
         models = []
