@@ -21,7 +21,7 @@ from tests.s3_server import SeaweedS3
 
 MiB = 1 << 20
 RANK_FILE_MIB = int(os.environ.get("TRIDENT_BENCH_CACHE_RANK_MIB", "160"))
-REPEATS = int(os.environ.get("TRIDENT_BENCH_CACHE_REPEATS", "7"))
+REPEATS = int(os.environ.get("TRIDENT_BENCH_CACHE_REPEATS", "9"))
 TARGET_RATIO = 0.9
 
 

@@ -35,11 +35,13 @@ from engine_cache.verified_file import VerifyingFile
 
 log = logging.getLogger("trident.engine_cache")
 MiB = 1 << 20
-# Parallel ranged GETs / multipart uploads of 16 MiB parts, read from the socket in 4 MiB
-# chunks: measured here, boto3's default 256 KiB chunks cost about twice the client CPU per
-# byte, which is what pays for the sha256 of every byte on a busy machine. At most 32 chunks
-# (128 MiB) wait for the writer thread.
-DEFAULT_TRANSFER = TransferConfig(multipart_threshold=16 * MiB, multipart_chunksize=16 * MiB,
+# Parallel ranged GETs / multipart uploads of 8 MiB parts (s3transfer grows them for files
+# that would need more than 10,000), read from the socket in 4 MiB chunks: measured here,
+# boto3's default 256 KiB chunks cost about twice the client CPU per byte, which is what pays
+# for the sha256 of every byte. The hash follows the gap-free prefix, so at most about
+# max_concurrency parts are left to hash after the last byte arrives: smaller parts, shorter
+# tail (16 MiB parts measured slower). At most 32 chunks wait for the writer thread.
+DEFAULT_TRANSFER = TransferConfig(multipart_threshold=8 * MiB, multipart_chunksize=8 * MiB,
                                   max_concurrency=10, io_chunksize=4 * MiB, max_io_queue=32,
                                   use_threads=True)
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
