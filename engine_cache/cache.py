@@ -29,6 +29,7 @@ from engine_cache.stats import StatsFile
 
 log = logging.getLogger("trident.engine_cache")
 PUBLISHED_MARK = "published"     # in a local entry: S3 holds this key (ours or another's)
+ABANDONED_UPLOAD_S = 24 * 3600   # an unpublished upload folder this old lost its publisher
 
 
 def _falls_back_to_local(method):
@@ -312,27 +313,54 @@ class EngineCache:
             self.s3.quarantine(key, problems, got[1])
         return problems
 
-    def gc(self, keep_last: int | None = None,
-           older_than_s: float | None = None) -> list[str]:
+    @_falls_back_to_local
+    def gc(self, keep_last: int | None = None, older_than_s: float | None = None,
+           include_s3: bool = False) -> list[str]:
         """Remove local entries beyond the keep_last most recently used, and those unused
-        for older_than_s seconds. Returns the removed keys. S3 is shared by the fleet and
-        is left to bucket lifecycle rules."""
-        if keep_last is None and older_than_s is None:
-            raise CacheError("cache gc: give keep_last and/or older_than_s", 2)
-        if keep_last is not None and keep_last < 0:
-            raise CacheError(f"cache gc: keep_last must be >= 0, got {keep_last}", 2)
-        if older_than_s is not None and older_than_s < 0:
-            raise CacheError(f"cache gc: older_than_s must be >= 0, got {older_than_s}", 2)
+        for older_than_s seconds. Returns the removed keys. With include_s3 the same policy
+        applies to the shared bucket (by creation time: S3 does not know last use), and
+        upload folders abandoned for a day by killed publishers are deleted."""
+        _check_gc_policy(keep_last, older_than_s)
         self.local.remove_abandoned_staging()
-        now = self.clock()
         by_recency = sorted(self.local.keys(), key=self.local.last_used, reverse=True)
-        doomed = []
-        for rank, key in enumerate(by_recency):
-            too_many = keep_last is not None and rank >= keep_last
-            too_old = older_than_s is not None and now - self.local.last_used(key) > older_than_s
-            if (too_many or too_old) and self.local.remove(key):
-                doomed.append(key)
+        removed = [key for key in self._expired(by_recency, self.local.last_used,
+                                                keep_last, older_than_s)
+                   if self.local.remove(key)]
+        if include_s3 and self.s3 is not None:
+            removed += self._gc_s3(keep_last, older_than_s)
+        return sorted(set(removed))
+
+    def _gc_s3(self, keep_last: int | None, older_than_s: float | None) -> list[str]:
+        created = {}
+        for key in self.s3.key_folders():
+            self.s3.sweep_abandoned_uploads(key, ABANDONED_UPLOAD_S)
+            try:
+                got = self.s3.read_manifest(key)
+            except CorruptEntry:
+                continue
+            if got is not None:
+                created[key] = got[0].created
+        newest_first = sorted(created, key=created.get, reverse=True)
+        doomed = self._expired(newest_first, created.get, keep_last, older_than_s)
+        for key in doomed:
+            self.s3.remove_entry(key)
         return doomed
+
+    def _expired(self, newest_first: list[str], timestamp: Callable[[str], float],
+                 keep_last: int | None, older_than_s: float | None) -> list[str]:
+        now = self.clock()
+        return [key for rank, key in enumerate(newest_first)
+                if (keep_last is not None and rank >= keep_last)
+                or (older_than_s is not None and now - timestamp(key) > older_than_s)]
+
+
+def _check_gc_policy(keep_last: int | None, older_than_s: float | None) -> None:
+    if keep_last is None and older_than_s is None:
+        raise CacheError("cache gc: give keep_last and/or older_than_s", 2)
+    if keep_last is not None and keep_last < 0:
+        raise CacheError(f"cache gc: keep_last must be >= 0, got {keep_last}", 2)
+    if older_than_s is not None and older_than_s < 0:
+        raise CacheError(f"cache gc: older_than_s must be >= 0, got {older_than_s}", 2)
 
 
 def _checked(key: str) -> str:

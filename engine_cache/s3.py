@@ -203,19 +203,47 @@ class S3Tier:
                                etag)
         return manifest, etag
 
-    def keys(self) -> list[str]:
-        """Keys that have a manifest (entries in progress or abandoned have none)."""
-        prefix = self.location.object_key("") + ("/" if self.location.prefix else "")
-        found = []
+    def _subfolders(self, prefix: str) -> list[str]:
+        """Names of the 'folders' directly under prefix (which ends with '/')."""
+        names = []
         with self._call(f"listing s3://{self.location.bucket}/{prefix}"):
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.location.bucket, Prefix=prefix, Delimiter="/")
             for page in pages:
-                for common in page.get("CommonPrefixes", []):
-                    name = common["Prefix"][len(prefix):].rstrip("/")
-                    if is_engine_key(name):
-                        found.append(name)
-        return sorted(k for k in found if self.has_manifest(k))
+                names += [common["Prefix"][len(prefix):].rstrip("/")
+                          for common in page.get("CommonPrefixes", [])]
+        return names
+
+    def key_folders(self) -> list[str]:
+        """Every key with objects in S3, published or not (uploads in progress, abandoned)."""
+        prefix = self.location.object_key("") + ("/" if self.location.prefix else "")
+        return sorted(name for name in self._subfolders(prefix) if is_engine_key(name))
+
+    def keys(self) -> list[str]:
+        """Keys that have a manifest (entries in progress or abandoned have none)."""
+        return [k for k in self.key_folders() if self.has_manifest(k)]
+
+    def sweep_abandoned_uploads(self, key: str, older_than_s: float) -> list[str]:
+        """Delete upload folders of key that no manifest names and that were started more
+        than older_than_s ago (a publisher killed before its manifest; younger ones may
+        still be uploading). Returns the upload ids removed."""
+        try:
+            got = self.read_manifest(key)
+        except CorruptEntry:
+            return []                # verify quarantines it first
+        live = got[0].upload_id if got else None
+        now, removed = self.clock(), []
+        for upload_id in self._subfolders(self.location.object_key(key, "files") + "/"):
+            started = upload_id.split("-", 1)[0]
+            if upload_id != live and started.isdigit() and now - int(started) > older_than_s:
+                self._delete_prefix(self.location.object_key(key, "files", upload_id) + "/")
+                removed.append(upload_id)
+        return removed
+
+    def remove_entry(self, key: str) -> None:
+        """Delete an entry: its manifest first (it disappears at once), then its files."""
+        self._delete(self.manifest_key(key))
+        self._delete_prefix(self.location.object_key(key, "files") + "/")
 
     # --- files -------------------------------------------------------------------------
     def file_key(self, manifest: Manifest, record: FileRecord) -> str:

@@ -397,3 +397,28 @@ def test_full_local_disk_is_an_error_not_a_corrupt_entry(s3_bucket, tmp_path, mo
         victim.lookup(KEY)
     assert f"engines/{KEY}/manifest.json" in s3_bucket.keys(), "the S3 entry is fine"
     assert list((tmp_path / "small-disk" / "tmp").iterdir()) == []
+
+
+def test_gc_of_the_bucket_removes_old_entries_and_abandoned_uploads(s3_bucket, tmp_path):
+    clock = FakeClock()
+    cache = machine(s3_bucket, tmp_path, "ci", clock=clock)
+    cache.get_or_build(OTHER, recording_build(tmp_path / "log"), {})
+    clock.now += 3 * 86400
+    cache.get_or_build(KEY, recording_build(tmp_path / "log"), {})
+    client = s3_bucket.client()
+    for age_days, upload_id in ((2, "abandoned"), (0, "in-progress")):
+        started = int(clock.now - age_days * 86400)
+        client.put_object(Bucket=s3_bucket.name, Body=b"half",
+                          Key=f"engines/{KEY}/files/{started}-{upload_id}/rank0.engine")
+
+    assert cache.gc(older_than_s=10 * 86400, include_s3=True) == []
+    uploads = {k.split("/")[3].split("-", 1)[1] for k in entry_objects(s3_bucket)
+               if "/files/" in k}
+    assert "abandoned" not in uploads and "in-progress" in uploads
+    assert len(uploads) == 2                    # the live one and the one in progress
+
+    assert cache.gc(older_than_s=86400) == [OTHER]
+    assert [e.tier for e in cache.entries() if e.key == OTHER] == ["s3"], "local only"
+    assert cache.gc(older_than_s=86400, include_s3=True) == [OTHER]
+    assert entry_objects(s3_bucket, OTHER) == []
+    assert machine(s3_bucket, tmp_path, "new").lookup(KEY) is not None
