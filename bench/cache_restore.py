@@ -14,7 +14,9 @@ import shutil
 import statistics
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from engine_cache import EngineCache, EngineInputs, engine_key
 from tests.s3_server import SeaweedS3
@@ -61,31 +63,50 @@ def download_plainly(server: SeaweedS3, bucket: str, object_keys: list[str],
     return elapsed
 
 
+@contextmanager
+def _aws_environment(values: dict[str, str]) -> Iterator[None]:
+    """The server's endpoint and credentials, as the standard AWS variables, for a while."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _alternating_runs(server: SeaweedS3, uri: str, key: str,
+                      work: Path) -> tuple[list[float], list[float]]:
+    client = server.client()
+    object_keys = [item["Key"] for item in client.list_objects_v2(
+        Bucket="bench", Prefix=f"engines/{key}/files/")["Contents"]]
+    ours, direct = [], []
+    for repeat in range(REPEATS):
+        # Alternate which goes first so neither always gets the warmer server.
+        if repeat % 2:
+            direct.append(download_plainly(server, "bench", object_keys, work))
+            ours.append(restore_with_cache(uri, key, work))
+        else:
+            ours.append(restore_with_cache(uri, key, work))
+            direct.append(download_plainly(server, "bench", object_keys, work))
+    return ours, direct
+
+
 def run(out_dir: Path) -> dict:
+    uri = "s3://bench/engines"
+    key = engine_key(EngineInputs("0" * 64, {"bench": True}, "90", "bench", "bench"))
     with tempfile.TemporaryDirectory(prefix="trident-bench-cache-") as tmp:
         work = Path(tmp)
         total = write_fake_engine(work / "engine", RANK_FILE_MIB)
-        with SeaweedS3(work / "s3") as server:
-            for name, value in server.env.items():
-                os.environ[name] = value
-            client = server.client()
-            client.create_bucket(Bucket="bench")
-            uri = "s3://bench/engines"
-            key = engine_key(EngineInputs("0" * 64, {"bench": True}, "90", "bench", "bench"))
+        with SeaweedS3(work / "s3") as server, _aws_environment(server.env):
+            server.client().create_bucket(Bucket="bench")
             started = time.perf_counter()
             EngineCache(work / "publisher", uri).publish(key, work / "engine", {"bench": 1})
             publish_s = time.perf_counter() - started
-            object_keys = [item["Key"] for item in client.list_objects_v2(
-                Bucket="bench", Prefix=f"engines/{key}/files/")["Contents"]]
-            ours, direct = [], []
-            for repeat in range(REPEATS):
-                # Alternate which goes first so neither always gets the warmer server.
-                if repeat % 2:
-                    direct.append(download_plainly(server, "bench", object_keys, work))
-                    ours.append(restore_with_cache(uri, key, work))
-                else:
-                    ours.append(restore_with_cache(uri, key, work))
-                    direct.append(download_plainly(server, "bench", object_keys, work))
+            ours, direct = _alternating_runs(server, uri, key, work)
             hit_s = _warm_hit_seconds(uri, key, work)
     ours_mbs = total / MiB / statistics.median(ours)
     direct_mbs = total / MiB / statistics.median(direct)
