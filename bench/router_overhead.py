@@ -11,6 +11,7 @@ at 16 streams and keeps >= 0.98x tokens/s.
 """
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import sys
@@ -136,6 +137,8 @@ def run(out_dir: Path) -> dict:
     return {"name": "router_overhead", "rows": rows_from(measured),
             "config": {"streams": STREAMS, "max_tokens": MAX_TOKENS, "rounds": ROUNDS,
                        "single_requests": SINGLE_REQUESTS, "sampling": SAMPLING},
+            # other work on the machine skews both paths; read the ratios with this
+            "load_average_after": os.getloadavg(),
             "raw": measured}
 
 

@@ -262,17 +262,20 @@ class TritonPythonModel:
                   "all_failed")
 
     def features(self, request):
+        """Routing features, from one pass over the request's inputs."""
         hints = {}
         params = request.parameters()
         if params and params != "{}":
             loaded = json.loads(params)
             hints.update({k: loaded[k] for k in HINT_NAMES if k in loaded})
+        values = {t.name(): t for t in request.inputs()
+                  if t.name() in HINT_NAMES or t.name() in ("text_input", "messages")}
         for name in HINT_NAMES:
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            if tensor is not None:
-                hints[name] = first_scalar(tensor.as_numpy())
-        text = _input_text(request, "text_input")
-        messages_text = _input_text(request, "messages")
+            if name in values:
+                hints[name] = first_scalar(values[name].as_numpy())
+        text = first_scalar(values["text_input"].as_numpy()) if "text_input" in values else None
+        messages_text = (first_scalar(values["messages"].as_numpy()) if "messages" in values
+                         else None)
         messages = None
         if messages_text:
             try:
@@ -455,11 +458,6 @@ def _first_error(responses):
         if error is None and response.has_error():
             error = response.error().message()
     return error
-
-
-def _input_text(request, name):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else first_scalar(tensor.as_numpy())
 
 
 class RouterMetrics:
