@@ -65,6 +65,7 @@ class Relay:
         self.lock = threading.Lock()
         self.streaming = False      # the first response went to the client
         self.closed = False         # final flag sent, or attempt abandoned
+        self.answered = False       # this attempt sent the client's final flag
         self.chunks = 0             # backend responses seen: progress, for silence probes
         self.first_relay_s = 0.0    # router time between the first response and its send
         self.done = loop.create_future()
@@ -150,7 +151,7 @@ class Relay:
             return True
 
     def _finish(self, error):
-        self.closed = True
+        self.closed = self.answered = True
         try:
             if error is not None:   # a message, or a backend's TritonError (keeps its code)
                 if isinstance(error, str):
@@ -218,9 +219,9 @@ class TritonPythonModel:
         except ClientCancelled:
             pass  # the backend was told to abort, the client's stream is closed
         except Exception as e:  # a router defect must never leave the client hanging
-            started = [relay for relay in attempts if relay.streaming]
-            if started:
-                started[-1].close(f"router error: {e}")
+            talking = [relay for relay in attempts if relay.streaming or relay.answered]
+            if talking:   # close() does nothing if the final flag already went out
+                talking[-1].close(f"router error: {e}")
             else:
                 self.fail(sender, f"router error: {e}", "internal")
 

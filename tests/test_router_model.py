@@ -298,13 +298,13 @@ def test_router_only_inputs_are_not_forwarded(router):
 
 
 def test_sixteen_streams_are_relayed_in_parallel(router):
-    backend = FakeBackend("primary", chunks=list("abcde"), delay_s=0.03)
+    backend = FakeBackend("primary", chunks=list("abcde"), delay_s=0.05)
     model = router(backends=[backend], max_inflight_per_backend=16)
     requests = [ClientRequest() for _ in range(16)]
     started = time.monotonic()
     run(model, *requests)
     elapsed = time.monotonic() - started
-    serial = 16 * 5 * 0.03
+    serial = 16 * 5 * 0.05          # 4 s one after another; 0.25 s in parallel
     assert elapsed < serial / 3, f"{elapsed:.2f} s: streams were serialised"
     for request in requests:
         assert request.texts() == list("abcde") and request.sender.final_flags() == 1
@@ -472,7 +472,7 @@ def test_cancel_before_first_token_closes_the_stream_and_frees_the_probe(router)
 # -- limits and bad requests --------------------------------------------------------------
 
 def test_max_inflight_per_backend_rejects_with_a_clear_error(router):
-    backend = FakeBackend("solo", chunks=["x"] * 10, delay_s=0.02)
+    backend = FakeBackend("solo", chunks=["x"] * 10, delay_s=0.1)
     model = router(backends=[backend], max_inflight_per_backend=1)
     busy, rejected = ClientRequest(hints={"route": "alone"}), ClientRequest(
         hints={"route": "alone"})
