@@ -5,7 +5,9 @@ loads); `make test-fast` skips them.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -64,3 +66,6 @@ def default_server(tmp_path_factory):
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# `kill -USR1 <pytest pid>` prints every thread's stack: the way to see what a hung run
+# waits for.
+faulthandler.register(signal.SIGUSR1, all_threads=True)

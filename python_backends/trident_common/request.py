@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 DEFAULT_MAX_TOKENS = 128
+# Error messages of requests that are wrong (not the engine) start with this. Triton 2.51's
+# BLS keeps only the message of a backend's error, not its INVALID_ARG code, so this is
+# how the router tells a bad request (answer it) from a failing backend (fall back).
+CLIENT_FAULT_PREFIX = "invalid request: "
 
 
 class BadRequest(ValueError):

@@ -12,6 +12,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trident_common.request import CLIENT_FAULT_PREFIX
+
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
@@ -61,8 +63,10 @@ class ResponseFactory:
     def error(message: str, client_fault: bool = False) -> "pb_utils.InferenceResponse":
         """An error response; client_fault marks it INVALID_ARG, which tells the router
         not to count it against this backend's health nor to retry elsewhere."""
-        code = pb_utils.TritonError.INVALID_ARG if client_fault else pb_utils.TritonError.INTERNAL
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+        if not client_fault:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(
+            CLIENT_FAULT_PREFIX + message, pb_utils.TritonError.INVALID_ARG))
 
 
 def send_error(sender, factory: ResponseFactory, message: str, started: bool,
