@@ -106,8 +106,9 @@ def test_trident_serve_stops_on_sigterm_and_cleans_up(mixed_repo, tmp_path):
         assert proc.wait(timeout=20) == 0
         assert time.monotonic() - stopping < 15
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:   # the test failed: leave no server behind
             proc.kill()
+            subprocess.run(["pkill", "-KILL", "-f", "--", f"--http-port={ports.http}"])
     server_procs = subprocess.run(["pgrep", "-f", "--", f"--http-port={ports.http}"],
                                   capture_output=True, text=True).stdout.split()
     assert server_procs == []
