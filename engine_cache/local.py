@@ -3,7 +3,7 @@
 Layout under the cache root:
   entries/<key>/manifest.json   what the entry holds (sha256 + size of every file)
   entries/<key>/files/...       the engine files (what lookup returns)
-  entries/<key>/stamp.json      (size, mtime, inode) of each file when it was last verified
+  entries/<key>/stamp.json      (size, mtime, ctime, inode) of each file when last verified
   entries/<key>/last_used       touched on every hit (gc keeps the most recently used)
   tmp/                          staging; an entry appears only by one rename from here
   quarantine/<key>-<time>-<id>/ corrupt entries, moved aside with a reason.txt
@@ -32,11 +32,11 @@ STAMP_NAME = "stamp.json"
 LAST_USED_NAME = "last_used"
 
 
-def _stat_stamp(files_dir: Path, manifest: Manifest) -> dict[str, list[int]]:
+def stat_stamp(files_dir: Path, manifest: Manifest) -> dict[str, list[int]]:
     stamp = {}
     for record in manifest.files:
         st = (files_dir / record.path).stat()
-        stamp[record.path] = [st.st_size, st.st_mtime_ns, st.st_ino]
+        stamp[record.path] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
     return stamp
 
 
@@ -72,8 +72,9 @@ class LocalTier:
     def lookup(self, key: str) -> Path | None:
         """The entry's files directory if present and intact; a damaged entry is quarantined.
 
-        Files unchanged since their last verification (same size, mtime and inode) are trusted
-        without rehashing, so a hit on a multi-GB engine costs a few stat calls."""
+        Files unchanged since their last verification (same size, mtime, ctime and inode) are
+        trusted without rehashing, so a hit on a multi-GB engine costs a few stat calls; any
+        write changes the ctime, even one that puts the mtime back."""
         entry = self.entry_dir(key)
         if not (entry / MANIFEST_NAME).is_file():
             return None
@@ -105,13 +106,13 @@ class LocalTier:
             return []
         problems = problems_in_dir(manifest, files, deep=True)
         if not problems:
-            stamp_path.write_text(json.dumps(_stat_stamp(files, manifest)))
+            stamp_path.write_text(json.dumps(stat_stamp(files, manifest)))
         return problems
 
     @staticmethod
     def _stamp_matches(stamp_path: Path, files: Path, manifest: Manifest) -> bool:
         try:
-            return json.loads(stamp_path.read_text()) == _stat_stamp(files, manifest)
+            return json.loads(stamp_path.read_text()) == stat_stamp(files, manifest)
         except (OSError, ValueError):
             return False
 
@@ -134,7 +135,7 @@ class LocalTier:
         (another process won), the existing entry is kept and the staging is dropped."""
         files = staging / "files"
         (staging / MANIFEST_NAME).write_bytes(manifest.to_json())
-        (staging / STAMP_NAME).write_text(json.dumps(_stat_stamp(files, manifest)))
+        (staging / STAMP_NAME).write_text(json.dumps(stat_stamp(files, manifest)))
         (staging / LAST_USED_NAME).write_text(f"{self.clock()}\n")
         target = self.entry_dir(manifest.key)
         try:

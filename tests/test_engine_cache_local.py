@@ -1,6 +1,7 @@
 """The local tier of EngineCache (no S3): build once, hits, damage, verify, gc, stats."""
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine_cache import CacheError, EngineCache, EngineInputs, engine_key
+from engine_cache.local import stat_stamp
 
 KEY = engine_key(EngineInputs("a" * 64, {"max_batch_size": 8}, "90", "0.20.0", "10.10.0"))
 OTHER = engine_key(EngineInputs("b" * 64, {"max_batch_size": 8}, "90", "0.20.0", "10.10.0"))
@@ -101,17 +103,34 @@ def test_truncated_local_file_is_never_served(tmp_path):
     assert cache.lookup(KEY) is None
 
 
-def test_verify_rehashes_even_untouched_looking_files(tmp_path):
+def _flip_first_byte(path: Path) -> None:
+    with open(path, "r+b") as handle:
+        first = handle.read(1)[0]
+        handle.seek(0)
+        handle.write(bytes([first ^ 1]))
+
+
+def test_a_write_that_restores_the_mtime_is_still_noticed(tmp_path):
+    cache = EngineCache(tmp_path / "cache")
+    path, _ = cache.get_or_build(KEY, recording_build(tmp_path / "log"), {})
+    engine = path / "rank0.engine"
+    stat = engine.stat()
+    _flip_first_byte(engine)
+    os.utime(engine, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert cache.lookup(KEY) is None, "the ctime gives the write away"
+
+
+def test_verify_rehashes_what_lookups_trust(tmp_path):
+    """Bit rot changes no stat field; simulated by re-stamping the entry after a write."""
     cache = EngineCache(tmp_path / "cache")
     path, _ = cache.get_or_build(KEY, recording_build(tmp_path / "log"), {})
     cache.get_or_build(OTHER, recording_build(tmp_path / "log"), {})
     assert cache.verify() == []
-    engine = path / "rank0.engine"
-    stat = engine.stat()
-    data = bytearray(engine.read_bytes())
-    data[0] ^= 1
-    engine.write_bytes(bytes(data))
-    os.utime(engine, ns=(stat.st_atime_ns, stat.st_mtime_ns))   # bit rot keeps the mtime
+    _flip_first_byte(path / "rank0.engine")
+    manifest = cache.local.manifest(KEY)
+    (cache.local.entry_dir(KEY) / "stamp.json").write_text(
+        json.dumps(stat_stamp(path, manifest)))
+    assert cache.lookup(KEY) == path, "lookups trust an unchanged stat identity"
     problems = cache.verify()
     assert problems == [f"local {KEY}: rank0.engine: sha256 differs from the manifest"]
     assert [e.key for e in cache.entries()] == [OTHER]
