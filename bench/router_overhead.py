@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "python_backends"))
 
 from builder.infer import stream_generate  # noqa: E402
 from builder.repository import build_repository  # noqa: E402
-from builder.serve import Ports, TritonServer, free_port  # noqa: E402
+from builder.serve import TritonServer, start_on_free_ports  # noqa: E402
 from builder.spec import load_spec  # noqa: E402
 
 BACKEND, ROUTER = "smollm2", "router"
@@ -126,11 +126,9 @@ def run(out_dir: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="trident-bench-router-") as tmp:
         repo = Path(tmp) / "repo"
         build_repository(load_spec(ROOT / "deploy" / "default.yaml"), repo)
-        server = TritonServer(repo, Ports(free_port(), free_port(), free_port()),
-                              log_path=Path(out_dir) / "router_overhead.tritonserver.log")
-        server.start()
+        server = start_on_free_ports(
+            repo, Path(out_dir) / "router_overhead.tritonserver.log")
         try:
-            server.wait_ready(300)
             measured = measure(server)
         finally:
             server.stop()

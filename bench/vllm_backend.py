@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bench.common import PROMPTS, ratio_row, stream_round, summarize
 from builder.repository import build_repository
-from builder.serve import Ports, TritonServer, free_port
+from builder.serve import start_on_free_ports
 from builder.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,12 +19,13 @@ STREAMS, MAX_TOKENS, ROUNDS = 8, 64, 3
 
 
 def triton_side(repo: Path, log: Path) -> dict:
-    server = TritonServer(repo, Ports(free_port(), free_port(), free_port()),
-                          load_models=("smollm2",), log_path=log)
-    with server:
+    server = start_on_free_ports(repo, log, load_models=("smollm2",))
+    try:
         stream_round(server.grpc_url, "smollm2", 1, 8)                  # warm-up
         return summarize([stream_round(server.grpc_url, "smollm2", STREAMS, MAX_TOKENS)
                           for _ in range(ROUNDS)])
+    finally:
+        server.stop()
 
 
 def direct_side(repo: Path) -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from builder import infer
 from builder.errors import TridentError
-from builder.serve import Ports, TritonServer, free_port
+from builder.serve import start_on_free_ports
 
 QUESTION = "What is the capital of France?"
 
@@ -21,14 +21,12 @@ def main(argv=None) -> int:
     parser.add_argument("--question", default=QUESTION)
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args(argv)
-    ports = Ports(free_port(), free_port(), free_port())
     log = Path(args.repo).absolute().parent / "tritonserver.log"
-    server = TritonServer(Path(args.repo), ports, log_path=log)
+    server = None
     try:
         started = time.monotonic()
         print(f"starting tritonserver on {args.repo} (log: {log}) ...", flush=True)
-        server.start()
-        server.wait_ready(300)
+        server = start_on_free_ports(Path(args.repo), log)
         print(f"ready in {time.monotonic() - started:.1f} s: HTTP {server.http_url}, "
               f"gRPC {server.grpc_url}, metrics {server.metrics_url}", flush=True)
         print(f"\n> {args.question}\n", flush=True)
@@ -43,7 +41,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
 
 
 if __name__ == "__main__":

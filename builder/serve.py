@@ -192,7 +192,8 @@ class TritonServer:
         lines = [line.split("] ", 1)[-1].strip().strip('"')[:300]
                  for line in Path(self.log_path).read_text(errors="replace").splitlines()
                  if line.startswith("E") and ("failed to load" in line
-                                              or "Failed to create instance" in line)]
+                                              or "Failed to create instance" in line
+                                              or "already in use" in line)]
         return (": " + "; ".join(dict.fromkeys(lines))) if lines else ""
 
     def _log_hint(self) -> str:
@@ -259,6 +260,25 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def start_on_free_ports(repository: Path, log_path: Path | None = None,
+                        load_models: tuple[str, ...] | None = None, timeout_s: float = 300.0,
+                        attempts: int = 3, **kwargs) -> TritonServer:
+    """A ready server on free loopback ports. A free port can be taken by another process
+    before the server binds it; then it starts again on new ports."""
+    for attempt in range(attempts):
+        server = TritonServer(Path(repository), Ports(free_port(), free_port(), free_port()),
+                              load_models=load_models, log_path=log_path, **kwargs)
+        try:
+            server.start()
+            server.wait_ready(timeout_s)
+            return server
+        except ServeError as e:
+            server.stop()
+            if "already in use" not in str(e) or attempt + 1 == attempts:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python_backends"))   # trident_common, as in the stub
 
 from builder.repository import build_repository  # noqa: E402
-from builder.serve import Ports, TritonServer, free_port  # noqa: E402
+from builder.serve import Ports, TritonServer, free_port, start_on_free_ports  # noqa: E402
 from builder.spec import load_spec, parse_spec  # noqa: E402
 
 
@@ -43,16 +43,9 @@ def render(spec_path_or_data, out: Path) -> Path:
 def start_server(repo: Path, log_dir: Path, load_models=None, timeout_s=240.0,
                  extra_args=()) -> TritonServer:
     """A started and ready tritonserver on free ports; the caller stops it."""
-    server = TritonServer(Path(repo), free_ports(), load_models=load_models,
-                          log_path=Path(log_dir) / "tritonserver.log",
-                          extra_args=tuple(extra_args))
-    server.start()
-    try:
-        server.wait_ready(timeout_s)
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    return start_on_free_ports(Path(repo), Path(log_dir) / "tritonserver.log",
+                               load_models=load_models, timeout_s=timeout_s,
+                               extra_args=tuple(extra_args))
 
 
 @pytest.fixture(scope="session")
