@@ -41,8 +41,8 @@ def _prepare(args: argparse.Namespace):
     target = engines.spec_target(spec, env, trtllm_build.MachineProbe())
     location = engines.cache_location(spec, args.cache, args.local_cache)
     s3_client = engines.s3_client_factory(location.endpoint_url)
-    jobs = engines.plan_jobs(spec, target, engines.CheckpointDigests(s3_client),
-                             getattr(args, "profile", None))
+    digests = engines.CheckpointDigests(s3_client, engines.digest_memo(location))
+    jobs = engines.plan_jobs(spec, target, digests, getattr(args, "profile", None))
     return spec, env, target, location, s3_client, jobs
 
 

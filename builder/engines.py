@@ -128,10 +128,13 @@ def build_command(spec: DeploymentSpec, profile: str) -> str:
 
 
 class CheckpointDigests:
-    """Digest of a checkpoint path or s3:// URI, memoised for one command."""
+    """Digest of a checkpoint path or s3:// URI, memoised for one command; with
+    memo_file, each local file's hash is remembered across commands by its stat identity,
+    so a warm `trident repo` does not re-read a checkpoint of hundreds of GB."""
 
-    def __init__(self, s3_client: Callable[[], object]):
+    def __init__(self, s3_client: Callable[[], object], memo_file: Path | None = None):
         self.s3_client = s3_client
+        self.memo_file = memo_file
         self.memo: dict[str, str] = {}
 
     def __call__(self, location: str) -> str:
@@ -140,11 +143,10 @@ class CheckpointDigests:
                                    else self._local(location))
         return self.memo[location]
 
-    @staticmethod
-    def _local(location: str) -> str:
+    def _local(self, location: str) -> str:
         from engine_cache import checkpoint_digest
 
-        return checkpoint_digest(Path(location))
+        return checkpoint_digest(Path(location), memo_file=self.memo_file)
 
     def _s3(self, uri: str) -> str:
         # S3 ETags are content hashes of each object: the listing identifies the content
@@ -212,6 +214,11 @@ def cache_location(spec: DeploymentSpec | None, s3: str | None = None,
     local = local_dir or (spec_path(spec, cfg.local_dir) if spec else cfg.local_dir)
     return CacheLocation(Path(os.path.expanduser(local)), s3 or cfg.s3, cfg.endpoint_url,
                          cfg.local_only)
+
+
+def digest_memo(location: CacheLocation) -> Path:
+    """Where checkpoint file hashes are remembered: beside the local engine tier."""
+    return Path(location.local_dir) / "checkpoint-digests.json"
 
 
 def open_cache(location: CacheLocation):
@@ -309,7 +316,8 @@ def engines_for_repository(spec: DeploymentSpec, trtllm: list[ModelSpec],
     env = os.environ if env is None else env
     target = spec_target(spec, env, probe or MachineProbe())
     location = cache_location(spec)
-    digest = CheckpointDigests(s3_client_factory(location.endpoint_url))
+    digest = CheckpointDigests(s3_client_factory(location.endpoint_url),
+                               digest_memo(location))
     cache = open_cache(location)
     engines = {}
     for model in trtllm:
