@@ -16,14 +16,13 @@ import re
 import statistics
 import sys
 import tempfile
-import threading
-import time
 import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python_backends"))
 
+from bench.common import GREEDY_LONG, PROMPTS, stream_round  # noqa: E402
 from builder.infer import stream_generate  # noqa: E402
 from builder.repository import build_repository  # noqa: E402
 from builder.serve import TritonServer, start_on_free_ports  # noqa: E402
@@ -34,32 +33,13 @@ STREAMS = 16
 MAX_TOKENS = 48
 ROUNDS = 4               # per path, alternating
 SINGLE_REQUESTS = 30     # per path, alternating
-SAMPLING = {"temperature": 0, "ignore_eos": True}
-PROMPTS = [f"Write a short note about the number {i}." for i in range(STREAMS)]
+SAMPLING = GREEDY_LONG
 
 
 def one_round(url: str, model: str) -> tuple[list[float], float]:
     """16 concurrent streams; (TTFT of each, output tokens per second for the round)."""
-    results, errors = [None] * STREAMS, []
-
-    def worker(i: int) -> None:
-        try:
-            results[i] = stream_generate(url, model, PROMPTS[i], max_tokens=MAX_TOKENS,
-                                         sampling=SAMPLING)
-        except Exception as e:  # reported below; a failed round is not a measurement
-            errors.append(f"{model}: {e}")
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(STREAMS)]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - started
-    if errors:
-        raise RuntimeError("; ".join(errors[:3]))
-    tokens = sum(r.output_tokens for r in results)
-    return [r.ttft_s for r in results], tokens / wall
+    result = stream_round(url, model, STREAMS, MAX_TOKENS)
+    return result["ttft_s"], result["tokens_per_s"]
 
 
 def single_ttfts(url: str) -> dict[str, list[float]]:
@@ -67,7 +47,7 @@ def single_ttfts(url: str) -> dict[str, list[float]]:
     for i in range(SINGLE_REQUESTS):
         for model in (ROUTER, BACKEND) if i % 2 == 0 else (BACKEND, ROUTER):
             ttft[model].append(stream_generate(url, model, PROMPTS[0], max_tokens=1,
-                                               sampling=SAMPLING).ttft_s)
+                                               chat=False, sampling=SAMPLING).ttft_s)
     return ttft
 
 

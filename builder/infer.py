@@ -113,9 +113,9 @@ def _absorb(result: GenerateResult, response, at: float, on_text) -> bool:
     """Fold one streamed response into result; True when it was the final one."""
     final = response.get_response().parameters.get("triton_final_response")
     text = _first(response, "text_output")
+    if text is not None and not result.ttft_s:
+        result.ttft_s = at   # the first token, even one that decodes to no text yet
     if text:
-        if result.chunks == 0:
-            result.ttft_s = at
         result.chunks += 1
         result.chunk_times.append(at)
         result.text += text
