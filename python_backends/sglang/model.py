@@ -6,7 +6,6 @@ with the vLLM model (trident_common.engine_model); this file only speaks SGLang:
 sampling names, its stream chunks (dicts with `text` and `meta_info`), abort by `rid`,
 and the prefix (radix) cache's cached-token counts as a metric.
 """
-import contextlib
 import json
 from typing import Optional
 
@@ -125,12 +124,9 @@ class TritonPythonModel(AsyncEngineModel):
     def initialize(self, args):
         self.prefix_cache = PrefixCacheMetric(args["model_name"])
         try:
-            super().initialize(args)
+            super().initialize(args)   # frees its own loop and metrics if the engine fails
         except BaseException:
-            # Triton calls no finalize after a failed load: free what was made (metrics
-            # before their families, the loop thread) so the stub exits cleanly.
-            with contextlib.suppress(Exception):
-                self.finalize()
+            self.prefix_cache.finalize()
             raise
 
     def finalize(self):

@@ -87,7 +87,14 @@ class AsyncEngineModel(abc.ABC):
         self._loop_thread = threading.Thread(target=self.loop.run_forever,
                                              name=f"{self.engine_name}-loop", daemon=True)
         self._loop_thread.start()
-        self._run(self.start_engine(config))
+        try:
+            self._run(self.start_engine(config))
+        except BaseException:
+            # Triton calls no finalize after a failed load: free the loop thread and the
+            # metrics (before their families) here, so the stub exits cleanly.
+            self._stop_loop()
+            self.metrics.finalize()
+            raise
 
     def execute(self, requests):
         for request in requests:
@@ -112,9 +119,14 @@ class AsyncEngineModel(abc.ABC):
                 self.loop.call_soon_threadsafe(active.task.cancel)
             self._run(self.stop_engine(), timeout=30)
         finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._loop_thread.join(timeout=5)
+            self._stop_loop()
             self.metrics.finalize()
+
+    def _stop_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._loop_thread.join(timeout=5)
+        if not self._loop_thread.is_alive():
+            self.loop.close()
 
     # -- internals ----------------------------------------------------------------------
     def _run(self, coroutine, timeout: Optional[float] = None):
