@@ -11,6 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
+from builder import cli_engines, cli_placement
 from builder.errors import TridentError
 from builder.spec import load_spec
 
@@ -147,26 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="*")
     p.set_defaults(func=cmd_assets)
 
-    for module in _EXTENSIONS:
-        module.add_commands(sub)
+    # Command groups that live beside their subsystem.
+    cli_engines.add_commands(sub)
+    cli_placement.add_commands(sub)
     return parser
 
 
-def _load_extensions() -> list:
-    """Command groups that live beside their subsystem (engines, cache, placement)."""
-    import importlib
-
-    modules = []
-    for name in ("builder.cli_engines", "builder.cli_placement"):
-        try:
-            modules.append(importlib.import_module(name))
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-    return modules
-
-
-_EXTENSIONS = _load_extensions()
 
 
 def main(argv: list[str] | None = None) -> int:
