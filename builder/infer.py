@@ -63,7 +63,8 @@ def build_inputs(prompt: Optional[str] = None, messages: Optional[list] = None,
     return inputs
 
 
-def _first(result, name: str):
+def first_output(result, name: str):
+    """The first element of one output of a streamed result (decoded), or None."""
     array = result.as_numpy(name)
     if array is None or array.size == 0:
         return None
@@ -112,7 +113,7 @@ def stream_generate(url: str, model: str, prompt: str, max_tokens: int = 64, cha
 def _absorb(result: GenerateResult, response, at: float, on_text) -> bool:
     """Fold one streamed response into result; True when it was the final one."""
     final = response.get_response().parameters.get("triton_final_response")
-    text = _first(response, "text_output")
+    text = first_output(response, "text_output")
     if text is not None and not result.ttft_s:
         result.ttft_s = at   # the first token, even one that decodes to no text yet
     if text:
@@ -121,7 +122,7 @@ def _absorb(result: GenerateResult, response, at: float, on_text) -> bool:
         result.text += text
         if on_text:
             on_text(text)
-    result.served_by = _first(response, "served_by") or result.served_by
-    result.finish_reason = _first(response, "finish_reason") or result.finish_reason
-    result.output_tokens = int(_first(response, "num_output_tokens") or result.output_tokens)
+    result.served_by = first_output(response, "served_by") or result.served_by
+    result.finish_reason = first_output(response, "finish_reason") or result.finish_reason
+    result.output_tokens = int(first_output(response, "num_output_tokens") or result.output_tokens)
     return bool(final and final.bool_param)

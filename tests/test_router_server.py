@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from builder.infer import build_inputs, stream_generate
+from builder.infer import build_inputs, first_output, stream_generate
 from tests.conftest import ROOT, render, start_server
 from tests.helpers import metric_value, wait_for
 
@@ -89,11 +89,11 @@ class Stream:
             return
         response = result.get_response()
         final = response.parameters.get("triton_final_response")
-        text = _first(result, "text_output")
+        text = first_output(result, "text_output")
         if text:
             self.texts.append(text)
             self.chunk_times.append(at)
-        served = _first(result, "served_by")
+        served = first_output(result, "served_by")
         if served:
             self.served_by.add(served)
         if final is not None and final.bool_param:
@@ -115,14 +115,6 @@ class Stream:
     def close(self, cancel=False):
         self.client.stop_stream(cancel_requests=cancel)
         self.client.close()
-
-
-def _first(result, name):
-    array = result.as_numpy(name)
-    if array is None or array.size == 0:
-        return None
-    value = array.reshape(-1)[0]
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def generate(server, **kwargs):

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from builder.gpus import gpu_type_for  # noqa: E402
-from builder.infer import build_inputs  # noqa: E402
+from builder.infer import build_inputs, first_output  # noqa: E402
 from builder.repository import build_repository  # noqa: E402
 from builder.serve import Ports, TritonServer, free_port  # noqa: E402
 from builder.spec import parse_spec  # noqa: E402
@@ -66,14 +66,6 @@ class Result:
     errors: list = field(default_factory=list)
 
 
-def _value(response, name: str):
-    array = response.as_numpy(name)
-    if array is None or array.size == 0:
-        return None
-    item = array.reshape(-1)[0]
-    return item.decode() if isinstance(item, bytes) else item
-
-
 class Stream:
     """One gRPC stream carrying one request; read() folds its responses into a Result."""
 
@@ -104,16 +96,16 @@ class Stream:
 
     def _absorb(self, response) -> bool:
         r = self.result
-        text = _value(response, "text_output")
+        text = first_output(response, "text_output")
         if text:
             r.ttft_s = r.ttft_s or time.perf_counter() - self.start
             r.chunks += 1
             r.text += text
-        if _value(response, "error"):
-            r.errors.append(_value(response, "error"))
-        r.finish_reason = _value(response, "finish_reason") or r.finish_reason
-        r.output_tokens = int(_value(response, "num_output_tokens") or r.output_tokens)
-        r.served_by = _value(response, "served_by") or r.served_by
+        if first_output(response, "error"):
+            r.errors.append(first_output(response, "error"))
+        r.finish_reason = first_output(response, "finish_reason") or r.finish_reason
+        r.output_tokens = int(first_output(response, "num_output_tokens") or r.output_tokens)
+        r.served_by = first_output(response, "served_by") or r.served_by
         final = response.get_response().parameters.get("triton_final_response")
         if final and final.bool_param:
             r.finals += 1
