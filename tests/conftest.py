@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+pytest_plugins = ["tests.s3_fixtures"]   # the real SeaweedFS S3 server fixtures
 sys.path.insert(0, str(ROOT / "python_backends"))   # trident_common, as in the stub
 
 from builder.repository import build_repository  # noqa: E402

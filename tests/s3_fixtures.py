@@ -1,7 +1,5 @@
-"""pytest fixtures around a real SeaweedFS S3 server. Import them into a test module:
-
-    from tests.s3_fixtures import s3_server, s3_bucket  # noqa: F401
-"""
+"""pytest fixtures around a real SeaweedFS S3 server (`s3_server`, `s3_bucket`),
+registered for every test module by tests/conftest.py."""
 from __future__ import annotations
 
 import itertools

@@ -14,7 +14,6 @@ from engine_cache import CacheError, EngineCache, EngineInputs, checkpoint_diges
 from engine_cache.lease import LeaseRecord
 from engine_cache.s3 import MiB, TransferConfig
 from builder.serve import free_port
-from tests.s3_fixtures import s3_bucket, s3_server  # noqa: F401
 from tests.test_engine_cache_local import FakeClock, builds, recording_build
 
 pytestmark = pytest.mark.s3

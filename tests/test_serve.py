@@ -2,7 +2,6 @@
 on this machine are left out with explicit model control, never by editing the output)."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

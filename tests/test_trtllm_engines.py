@@ -14,7 +14,6 @@ import yaml
 
 from builder.serve import free_port
 from builder.validate import parse_config, validate_repository
-from tests.s3_fixtures import s3_bucket, s3_server  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKES = ROOT / "tests" / "fakes"
