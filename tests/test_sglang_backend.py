@@ -13,7 +13,6 @@ import importlib.util
 import json
 import shutil
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from builder.render import RenderContext, render_files
 from builder.spec import load_spec, parse_spec
 from tests.fakes import fake_pb_utils as pb
 from tests.fakes import fake_sglang
+from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_PY = ROOT / "python_backends" / "sglang" / "model.py"
@@ -97,7 +97,7 @@ class Served:
 
     def wait_metric(self, name: str, value: float) -> None:
         """For metrics the model updates after it sent the final response."""
-        wait_until(lambda: self.metric(name) == value)
+        wait_for(lambda: self.metric(name) == value)
 
 
 @pytest.fixture
@@ -144,15 +144,6 @@ def make_request(**inputs) -> pb.InferenceRequest:
 
 def texts(sender) -> list[str]:
     return [r.value("text_output") for r in sender.responses()]
-
-
-def wait_until(predicate, timeout_s: float = 5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.002)
-    raise AssertionError("condition not met in time")
 
 
 def common_prefix(a: list, b: list) -> int:
@@ -369,7 +360,7 @@ def test_client_cancel_aborts_the_sglang_request(served, monkeypatch):
     monkeypatch.setattr(engine_model, "CANCEL_CHECK_S", 0.0)   # check on every chunk
     served.engine.hold_after = 2
     sender = served.send(text_input="long answer", stream=True)
-    wait_until(lambda: len(sender.sent) == 2)
+    wait_for(lambda: len(sender.sent) == 2)
     sender.cancelled = True
     served.engine.release()
     sender.wait_closed()
@@ -384,7 +375,7 @@ def test_client_cancel_aborts_the_sglang_request(served, monkeypatch):
 def test_router_abort_by_request_id(served):
     served.engine.hold_after = 1
     stream = served.send(text_input="long answer", stream=True, request_id="router-17")
-    wait_until(lambda: len(stream.sent) == 1)
+    wait_for(lambda: len(stream.sent) == 1)
     control = served.run(abort_request_id="router-17")
     stream.wait_closed()
     assert control.sent == [(None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)]
@@ -459,7 +450,7 @@ def test_cached_tokens_of_an_aborted_request_are_counted(served):
     served.run(text_input="one two three four five", stream=True, max_tokens=2)
     served.engine.hold_after = 1
     sender = served.send(text_input="one two three four six", stream=True)
-    wait_until(lambda: len(sender.sent) == 1)
+    wait_for(lambda: len(sender.sent) == 1)
     sender.cancelled = True
     served.engine.release()
     sender.wait_closed()
