@@ -112,11 +112,18 @@ class LlmMetrics:
         self.requests = total.Metric(labels=labels)
         self._metrics = [self.ttft, self.itl, self.prompt_tokens, self.generation_tokens,
                          self.in_flight, self.aborted, self.errors, self.requests]
+        # Set by the engine model's periodic health check; `trident serve` watches it.
+        healthy = family("trident_engine_healthy",
+                         "1 while the engine passes its health check, 0 once it died",
+                         family.GAUGE)
+        self._families.append(healthy)
+        self.engine_healthy = healthy.Metric(labels=labels)
+        self._metrics.append(self.engine_healthy)
 
     def finalize(self) -> None:
         # Metrics must go before their families, or the stub crashes at shutdown.
         self._metrics.clear()
         for name in ("ttft", "itl", "prompt_tokens", "generation_tokens", "in_flight",
-                     "aborted", "errors", "requests"):
+                     "aborted", "errors", "requests", "engine_healthy"):
             delattr(self, name)
         self._families.clear()
