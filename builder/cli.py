@@ -7,12 +7,13 @@ message on stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 from pathlib import Path
 
 from builder import cli_engines, cli_placement
-from builder.errors import TridentError
+from builder.errors import TridentError, printable
 from builder.spec import load_spec
 
 EXIT_FAILURE = 1
@@ -27,10 +28,23 @@ def cmd_repo(args: argparse.Namespace) -> int:
     from builder import repository
 
     spec = load_spec(args.spec)
-    written = repository.build_repository(spec, Path(args.out))
+    with _sigterm_as_interrupt():   # the render cleans up after itself as on Ctrl-C
+        written = repository.build_repository(spec, Path(args.out))
     print(f"rendered {len(spec.models)} model(s){' + router' if spec.router else ''} "
           f"into {args.out} ({written} files)")
     return 0
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    def on_sigterm(_signum, _frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -165,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except OSError as e:
+        # A file the job needed could not be read or written (permissions, a full disk):
+        # one line naming it, as for trident's own errors.
+        where = f"{printable(e.filename)}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":

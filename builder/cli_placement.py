@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from builder import output_dir
 from builder.errors import TridentError
 from builder.spec import load_spec
 
@@ -104,12 +105,12 @@ def cmd_mig_plan(args: argparse.Namespace) -> int:
     from builder.planner import plan_for_spec
 
     spec = load_spec(args.spec)
+    out = output_dir.check_file_target(Path(args.out), [spec.file])
     plan = plan_for_spec(spec)
     if plan.gpu is None:
         raise TridentError(f"{spec.file}: hardware.gpu is cpu: nothing to partition",
                            EXIT_USAGE)
     config = mig.mig_parted_config(f"trident-{spec.name}", plan.count, plan.mig_layouts)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(f"# Rendered by trident from {spec.file}: apply with\n"

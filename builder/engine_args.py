@@ -6,6 +6,7 @@ trident supports and passes through verbatim to the engine.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from builder.spec import SpecError
@@ -106,6 +107,28 @@ _CHOICES = {
 _POSITIVE_INTS = {"tensor_parallel_size", "pipeline_parallel_size", "tp_size", "pp_size",
                   "dp_size", "block_size", "max_num_seqs", "max_num_batched_tokens",
                   "max_model_len", "context_length", "max_batch_size"}
+_NON_NEGATIVE = {"swap_space", "cpu_offload_gb", "max_logprobs", "seed", "max_loras",
+                 "max_lora_rank", "random_seed", "max_running_requests", "max_prefill_tokens",
+                 "chunked_prefill_size", "speculative_num_steps", "speculative_eagle_topk",
+                 "speculative_num_draft_tokens", "max_tokens_in_paged_kv_cache",
+                 "max_attention_window_size", "max_queue_delay_microseconds", "max_beam_width"}
+_MAX_INT = 2 ** 63 - 1   # what the engines' C++ sides can hold
+
+# vLLM's SpeculativeConfig fields a spec may set (vllm/config/speculative.py, vllm 0.32;
+# the *_config fields vLLM fills in itself are left out).
+VLLM_SPECULATIVE_KEYS = frozenset({
+    "enforce_eager", "num_speculative_tokens", "model", "method",
+    "draft_tensor_parallel_size", "tensor_parallel_size", "quantization", "moe_backend",
+    "attention_backend", "kv_cache_dtype", "max_model_len", "revision", "code_revision",
+    "index_share_for_mtp_iteration", "disable_padded_drafter_batch",
+    "disable_eagle_block_drop", "use_local_argmax_reduction", "use_heterogeneous_vocab",
+    "prompt_lookup_max", "prompt_lookup_min", "parallel_drafting",
+    "num_speculative_tokens_per_batch_size", "suffix_decoding_max_tree_depth",
+    "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
+    "suffix_decoding_min_token_prob", "rejection_sample_method",
+    "synthetic_acceptance_rates", "synthetic_acceptance_length",
+    "enable_adaptive_verification", "draft_sample_method", "dspark_draft_topk",
+})
 _FRACTIONS = {"gpu_memory_utilization", "mem_fraction_static",
               "kv_cache_free_gpu_mem_fraction", "gpu_weights_percent"}
 
@@ -128,14 +151,42 @@ def validate(engine: str, args: Any, path: str, file: str) -> dict[str, Any]:
         if not isinstance(value, kinds):
             names = "/".join("null" if k is type(None) else k.__name__ for k in kinds)
             raise SpecError(file, where, f"expected {names}, got {type(value).__name__}")
+        _check_number(file, where, value)
+        if key == "speculative_config":
+            _check_speculative(file, where, value)
         options = _CHOICES.get((engine, key))
         if options and value not in options:
             raise SpecError(file, where, f"{value!r} is not one of {', '.join(options)}")
         if key in _POSITIVE_INTS and value < 1:
             raise SpecError(file, where, f"must be >= 1, got {value}")
+        if key in _NON_NEGATIVE and value < 0:
+            raise SpecError(file, where, f"must be >= 0, got {value}")
         if key in _FRACTIONS and not 0 < value <= 1:
             raise SpecError(file, where, f"must be in (0, 1], got {value}")
     return dict(args)
+
+
+def _check_number(file: str, where: str, value: Any) -> None:
+    """Numbers anywhere in an argument (nested ones too) are finite and fit a 64-bit int:
+    NaN, inf and 10**100 would reach the engine as nonsense or crash JSON readers."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_number(file, f"{where}.{key}", item)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_number(file, f"{where}[{i}]", item)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise SpecError(file, where, f"must be a finite number, got {value}")
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_INT:
+        raise SpecError(file, where, "is too large (more than 64 bits)")
+
+
+def _check_speculative(file: str, where: str, config: dict) -> None:
+    """Unknown keys fail here, not minutes later when vLLM builds its SpeculativeConfig."""
+    for key in config:
+        if key not in VLLM_SPECULATIVE_KEYS:
+            raise SpecError(file, f"{where}.{key}", "unknown vLLM speculative_config field "
+                            f"(known: {', '.join(sorted(VLLM_SPECULATIVE_KEYS))})")
 
 
 def validate_extra(engine: str, key: str, node) -> Any:

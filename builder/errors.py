@@ -10,3 +10,9 @@ class TridentError(Exception):
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
+
+
+def printable(text: str) -> str:
+    """text on one line: control and other unprintable characters as escapes, so a
+    hostile file name or key cannot add lines to an error message."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))

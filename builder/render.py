@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,8 +17,9 @@ from typing import Any, Callable, Mapping
 
 import jinja2
 
+from builder import escape, output_dir
 from builder import placement as placement_mod
-from builder.errors import TridentError
+from builder.errors import TridentError, printable
 from builder.spec import DeploymentSpec, ModelSpec, thaw
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -43,18 +45,20 @@ class RenderContext:
 
 
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
-        autoescape=False,
+        autoescape=False,   # each value is escaped for its own format (builder.escape)
     )
+    env.filters.update(escape.FILTERS)
+    return env
 
 
 def render_template(name: str, **values: Any) -> bytes:
     try:
         return _environment().get_template(name).render(**values).encode()
-    except jinja2.TemplateError as e:
+    except (jinja2.TemplateError, escape.EscapeError) as e:
         raise RenderError(f"template {name}: {e}") from e
 
 
@@ -147,31 +151,60 @@ def render_files(ctx: RenderContext) -> dict[str, bytes]:
 
 
 def write_repository(files: Mapping[str, bytes], out_dir: Path,
-                     validate: Callable[[Path], list[str]]) -> None:
+                     validate: Callable[[Path], list[str]],
+                     spec_file: str | None = None) -> None:
     """Write into a temp dir beside out_dir, validate, then swap it in.
 
-    The swap is two renames on one filesystem: the old repository (if any) moves aside,
-    the new one moves in, the old one is removed. A failure before that leaves out_dir as
-    it was (or absent) and removes the temp dir.
+    out_dir must pass output_dir.check_target (absent, empty, or written by trident; not
+    the spec nor a folder holding it). The swap is two renames on one filesystem: the old
+    repository (if any) moves aside, the new one moves in, the old one is removed; signals
+    wait until both renames are done. A failure before that leaves out_dir as it was (or
+    absent), removes the temp dir and any parent folders this call created.
     """
-    out_dir = Path(out_dir).absolute()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.rendering-", dir=out_dir.parent))
+    protect = [spec_file] if spec_file else []
+    out_dir = output_dir.check_target(Path(out_dir), protect)
+    output_dir.clean_stale(out_dir)
+    files = {**files, output_dir.MARKER: output_dir.marker_text(spec_file or "")}
+    created: list[Path] = []
+    tmp = None
     try:
-        for rel, data in files.items():
-            target = tmp / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
+        created = output_dir.make_parents(out_dir)
+        tmp = Path(tempfile.mkdtemp(prefix=output_dir.temp_prefix(out_dir, "rendering"),
+                                    dir=out_dir.parent))
+        _write_files(tmp, files)
         problems = validate(tmp)
         if problems:
             raise RenderError("rendered repository is invalid:\n  " + "\n  ".join(problems))
-        old = None
-        if out_dir.exists():
-            old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
-            os.rename(out_dir, old)
-        os.rename(tmp, out_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _swap(tmp, out_dir)
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        output_dir.remove_created(created)
+        if isinstance(e, OSError):
+            raise RenderError(f"{printable(out_dir)}: cannot write the repository: "
+                              f"{e.strerror or e}") from None
         raise
+
+
+def _write_files(root: Path, files: Mapping[str, bytes]) -> None:
+    for rel, data in files.items():
+        target = root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+
+
+def _swap(new: Path, out_dir: Path) -> None:
+    """new replaces out_dir; SIGINT/SIGTERM are held back between the two renames, so an
+    interrupted swap never leaves out_dir missing."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    old = None
+    try:
+        if out_dir.exists():
+            old = out_dir.parent / (output_dir.temp_prefix(out_dir, "old") + "swap")
+            os.rename(out_dir, old)
+        os.rename(new, out_dir)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

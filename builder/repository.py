@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder import assets
+from builder import assets, output_dir
 from builder.planner import plan_for_spec
 from builder.render import RenderContext, render_files, write_repository
 from builder.spec import DeploymentSpec
@@ -30,8 +30,9 @@ def resolve_engines(spec: DeploymentSpec) -> dict[str, str]:
 
 def build_repository(spec: DeploymentSpec, out: Path) -> int:
     """Render spec into out (replacing it atomically); returns the number of files."""
+    output_dir.check_target(out, [spec.file])   # before any slow work: a bad --out is cheap
     plan = plan_for_spec(spec)   # first: a placement error costs no model conversion
     ctx = RenderContext(spec, resolve_models(spec), resolve_engines(spec), plan)
     files = render_files(ctx)
-    write_repository(files, out, validate_repository)
+    write_repository(files, out, validate_repository, spec_file=spec.file)
     return len(files)

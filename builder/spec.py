@@ -6,6 +6,7 @@ of the value it wraps and rejects keys nobody asked for (unknown keys are errors
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,12 +15,14 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from builder.errors import TridentError
+from builder import yaml_loader
+from builder.errors import TridentError, printable
 
 ENGINES = ("tensorrt_llm", "vllm", "sglang")
 INSTANCE_KINDS = ("auto", "cpu", "gpu", "model")
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 _REQUIRED = object()
+MAX_INT = 2 ** 31 - 1   # every count, port and token limit in a spec fits Triton's INT32
 
 
 class SpecError(TridentError):
@@ -29,7 +32,8 @@ class SpecError(TridentError):
 
     def __init__(self, file: str, path: str, reason: str):
         self.file, self.path, self.reason = file, path, reason
-        super().__init__(f"{file}: {path}: {reason}" if path else f"{file}: {reason}")
+        shown = [printable(part) for part in (file, path, reason) if part]
+        super().__init__(": ".join(shown))
 
 
 def frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -79,18 +83,23 @@ class _Node:
         if isinstance(value, bool) and bool not in kinds:
             raise self.error(f"expected {_kind_names(kinds)}, got a boolean", key)
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
+            try:
+                value = float(value)
+            except OverflowError:
+                raise self.error(f"is too large, got {_short(value)}", key) from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.error(f"must be a finite number, got {value}", key)
         if not isinstance(value, kinds):
             raise self.error(f"expected {_kind_names(kinds)}, got {_type_name(value)}", key)
         return value
 
     def int(self, key: str, default: Any = _REQUIRED, minimum: int | None = None,
-            maximum: int | None = None) -> int:
+            maximum: int | None = MAX_INT) -> int:
         value = self.get(key, int, default)
         if value is not None and minimum is not None and value < minimum:
-            raise self.error(f"must be >= {minimum}, got {value}", key)
+            raise self.error(f"must be >= {minimum}, got {_short(value)}", key)
         if value is not None and maximum is not None and value > maximum:
-            raise self.error(f"must be <= {maximum}, got {value}", key)
+            raise self.error(f"must be <= {maximum}, got {_short(value)}", key)
         return value
 
     def choice(self, key: str, options: tuple[str, ...], default: Any = _REQUIRED) -> str:
@@ -123,6 +132,12 @@ class _Node:
         if unknown:
             raise self.error(f"unknown key (allowed: {', '.join(sorted(self._seen))})",
                              str(unknown[0]))
+
+
+def _short(value: Any) -> str:
+    """A number as the message shows it: a 10**5000 literal is not worth 5000 digits."""
+    text = str(value) if not isinstance(value, int) or abs(value) < 10 ** 30 else "a huge number"
+    return text
 
 
 def _type_name(value: Any) -> str:
@@ -257,13 +272,15 @@ def load_spec(path: str | Path) -> DeploymentSpec:
     """Read and validate a spec file; raises SpecError (never anything else) on defects."""
     file = str(path)
     try:
-        text = Path(path).read_text()
+        data = yaml_loader.load(yaml_loader.read_text(path))
     except FileNotFoundError:
         raise SpecError(file, "", "no such file") from None
+    except IsADirectoryError:
+        raise SpecError(file, "", "is a directory, not a spec file") from None
     except OSError as e:
         raise SpecError(file, "", f"cannot read: {e.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
+    except yaml_loader.YamlLimitError as e:
+        raise SpecError(file, "", str(e)) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -320,16 +337,30 @@ def _parse_hardware(node: _Node) -> HardwareSpec:
 def _parse_engine_cache(node: _Node) -> EngineCacheSpec:
     local_dir = node.get("local_dir", str, EngineCacheSpec.local_dir)
     s3 = node.get("s3", str, None)
-    if s3 is not None and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", s3):
-        raise node.error(f"{s3!r} is not an s3://bucket[/prefix] URI", "s3")
     endpoint = node.get("endpoint_url", str, None)
+    for key, url in (("s3", s3), ("endpoint_url", endpoint)):
+        if url is not None and _has_credentials(url):
+            # Never echo the value: it holds a secret.
+            raise node.error("must not hold credentials (user:secret@); give them in "
+                             "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or an AWS profile "
+                             "(AWS_PROFILE)", key)
+    if s3 is not None and not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?", s3):
+        raise node.error(f"{s3!r} is not an s3://bucket[/prefix] URI", "s3")
+    if endpoint is not None and not re.fullmatch(r"https?://[^\s/?#]+(/\S*)?", endpoint):
+        raise node.error(f"{endpoint!r} is not an http(s)://host[:port] URL", "endpoint_url")
     local_only = node.get("local_only", bool, False)
     node.done()
     return EngineCacheSpec(local_dir, s3, endpoint, local_only)
 
 
+def _has_credentials(url: str) -> bool:
+    """scheme://user[:secret]@host: an '@' before the first '/' of the authority."""
+    authority = url.split("://", 1)[-1].split("/", 1)[0]
+    return "@" in authority
+
+
 def _check_name(node: _Node, key: str, value: str) -> str:
-    if not _NAME_RE.match(value):
+    if not _NAME_RE.fullmatch(value):   # fullmatch: `$` would accept "name\n"
         raise node.error(f"{value!r} is not a safe model name (letters, digits, '_' and '-', "
                          "starting with a letter, at most 64 characters)", key)
     return value
@@ -461,6 +492,10 @@ def _parse_match(node: _Node) -> MatchSpec:
         shared_prefix=node.get("shared_prefix", bool, None),
     )
     node.done()
+    for low, high in (("min_turns", "max_turns"), ("min_prompt_tokens", "max_prompt_tokens")):
+        lo, hi = getattr(match, low), getattr(match, high)
+        if lo is not None and hi is not None and lo > hi:
+            raise node.error(f"{low} {lo} > {high} {hi}: the rule can never match", low)
     return match
 
 
