@@ -102,20 +102,46 @@ class ModelShape:
         return self.layers * self.layer_linear_params + self.embedding_params
 
 
+class BadModelConfig(UnknownModelSize):
+    """A config.json that exists but holds an unusable number: `FILE: KEY: reason`."""
+
+
+_CONFIG_LIMIT = 2 ** 40   # larger than any real layer count, width or vocabulary
+
+
+def _count(config: Mapping[str, Any], key: str) -> int:
+    """A positive whole number from config.json (1e999, 0, -3 and "x" are refused)."""
+    value = config[key]
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _CONFIG_LIMIT:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadModelConfig(f"{key}: expected a whole number, got {value!r}")
+    if not 1 <= value <= _CONFIG_LIMIT:
+        raise BadModelConfig(f"{key}: must be between 1 and {_CONFIG_LIMIT}, got {value}")
+    return value
+
+
+def _optional(config: Mapping[str, Any], key: str, default: int) -> int:
+    """Like _count; absent, null or 0 means the default (as Hugging Face reads them)."""
+    return _count(config, key) if config.get(key) else default
+
+
 def shape_from_config(config: Mapping[str, Any]) -> ModelShape:
     """A ModelShape from the fields of a Hugging Face config.json."""
-    heads = int(config["num_attention_heads"])
-    hidden = int(config["hidden_size"])
-    experts = int(config.get("num_local_experts") or config.get("num_experts") or 1)
-    intermediate = config.get("moe_intermediate_size") if experts > 1 else None
+    if not isinstance(config, Mapping):
+        raise BadModelConfig("expected a JSON object")
+    heads = _count(config, "num_attention_heads")
+    hidden = _count(config, "hidden_size")
+    experts = _optional(config, "num_local_experts", _optional(config, "num_experts", 1))
+    moe = experts > 1 and config.get("moe_intermediate_size")
     return ModelShape(
-        layers=int(config["num_hidden_layers"]), hidden=hidden, heads=heads,
-        kv_heads=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or hidden // heads),
-        intermediate=int(intermediate or config["intermediate_size"]),
-        vocab=int(config["vocab_size"]), experts=experts,
+        layers=_count(config, "num_hidden_layers"), hidden=hidden, heads=heads,
+        kv_heads=_optional(config, "num_key_value_heads", heads),
+        head_dim=_optional(config, "head_dim", max(1, hidden // heads)),
+        intermediate=_count(config, "moe_intermediate_size" if moe else "intermediate_size"),
+        vocab=_count(config, "vocab_size"), experts=experts,
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-        max_context=int(config.get("max_position_embeddings") or 4096))
+        max_context=_optional(config, "max_position_embeddings", 4096))
 
 
 def load_shape(model: str) -> ModelShape:
@@ -126,8 +152,12 @@ def load_shape(model: str) -> ModelShape:
     if not model.startswith("builtin:") and config_path.is_file():
         try:
             return shape_from_config(json.loads(config_path.read_text()))
-        except (KeyError, TypeError, ValueError) as e:
-            raise UnknownModelSize(f"{config_path}: not a usable config.json ({e})") from e
+        except BadModelConfig as e:
+            raise BadModelConfig(f"{config_path}: {e}") from None
+        except KeyError as e:
+            raise BadModelConfig(f"{config_path}: {e.args[0]}: missing") from None
+        except (TypeError, ValueError) as e:   # not JSON, not UTF-8
+            raise BadModelConfig(f"{config_path}: not a usable config.json ({e})") from None
     known = KNOWN_MODELS.get(BUILTIN_MODELS.get(model, model))
     if known is None:
         raise UnknownModelSize(
