@@ -473,10 +473,14 @@ def _parse_router(node: _Node, models: tuple[ModelSpec, ...]) -> RouterSpec:
     return router
 
 
+MAX_SECONDS = 86400.0   # a day: no timeout, window or cooldown of the router is longer
+
+
 def _positive(node: _Node, key: str, default: float) -> float:
+    """A duration in seconds: finite (checked by get), > 0 and at most a day."""
     value = node.get(key, float, default)
-    if value <= 0:
-        raise node.error(f"must be > 0, got {value}", key)
+    if not 0 < value <= MAX_SECONDS:
+        raise node.error(f"must be > 0 and <= {MAX_SECONDS:.0f}, got {value}", key)
     return value
 
 
