@@ -15,6 +15,7 @@ from pathlib import Path
 from builder import cli_engines, cli_placement
 from builder.errors import TridentError, printable
 from builder.spec import load_spec
+from engine_cache.errors import CacheError
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except TridentError as e:
+    except (TridentError, CacheError) as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:

@@ -22,6 +22,7 @@ from builder.errors import TridentError
 from builder.spec import DeploymentSpec, ModelSpec
 from builder.trtllm_build import MachineProbe, Progress, Target, Tools
 from builder.trtllm_spec import BuildSettings, Checkpoint, Profile
+from engine_cache import CacheError, parse_s3_uri
 
 ENGINE_INFO_FILE = "trident-engine.json"
 BUILD_LOG_FILE = "build.log"
@@ -159,8 +160,8 @@ class CheckpointDigests:
 
 
 def _split_s3(uri: str) -> tuple[str, str]:
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-    return bucket, (prefix.rstrip("/") + "/") if prefix else ""
+    location = parse_s3_uri(uri, "checkpoint")
+    return location.bucket, (location.prefix + "/") if location.prefix else ""
 
 
 def _s3_objects(client, uri: str) -> list[tuple[str, dict]]:
@@ -267,7 +268,7 @@ class Builder:
             started = self.clock()
             try:
                 outcomes.append(self.run(job))
-            except TridentError as e:
+            except (TridentError, CacheError) as e:
                 if not keep_going:
                     raise
                 outcomes.append(Outcome(job, "failed", self.clock() - started, error=str(e)))

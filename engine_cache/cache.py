@@ -15,21 +15,24 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
-from boto3.s3.transfer import TransferConfig
-
-from engine_cache.errors import CacheError
+from engine_cache.errors import CacheError, CorruptEntry, S3Unreachable
 from engine_cache.key import is_engine_key
 from engine_cache.lease import Lease
 from engine_cache.local import LocalTier
+from engine_cache.location import parse_s3_uri
 from engine_cache.manifest import Manifest, manifest_for_dir
-from engine_cache.s3 import DEFAULT_TRANSFER, CorruptEntry, S3Tier, S3Unreachable
 from engine_cache.stats import StatsFile
+from engine_cache.tier import Tier
+
+if TYPE_CHECKING:                # boto3 is needed only with an S3 tier
+    from boto3.s3.transfer import TransferConfig
+
+    from engine_cache.s3 import S3Tier
 
 log = logging.getLogger("trident.engine_cache")
 PUBLISHED_MARK = "published"     # in a local entry: S3 holds this key (ours or another's)
-ABANDONED_UPLOAD_S = 24 * 3600   # an unpublished upload folder this old lost its publisher
 
 
 def _falls_back_to_local(method):
@@ -65,18 +68,19 @@ class EngineCache:
                  sleep: Callable[[float], None] = time.sleep,
                  lease_ttl_s: float = 600.0, poll_s: float = 5.0,
                  wait_timeout_s: float | None = None,
-                 transfer_config: TransferConfig = DEFAULT_TRANSFER):
+                 transfer_config: TransferConfig | None = None):
         """local_only=True: when the S3 endpoint is unreachable, warn and carry on with the
         local tier (by default that is a CacheError naming the endpoint). wait_timeout_s
         bounds how long a waiter waits for another builder (None: forever; a dead builder's
-        lease expires after lease_ttl_s and a waiter takes over)."""
+        lease expires after lease_ttl_s and a waiter takes over). transfer_config:
+        boto3's, for S3 transfers (default: engine_cache.s3_client.DEFAULT_TRANSFER)."""
         if lease_ttl_s <= 0 or poll_s <= 0:
             raise CacheError("lease_ttl_s and poll_s must be positive", 2)
         self.clock, self.sleep = clock, sleep
         self.local = LocalTier(Path(local_dir), clock)
         self.stats_file = StatsFile(Path(local_dir) / "stats.json")
         self.local_only = local_only
-        self.s3 = S3Tier(s3_uri, endpoint_url, transfer_config, clock) if s3_uri else None
+        self.s3 = _open_s3(s3_uri, endpoint_url, transfer_config, clock) if s3_uri else None
         self.lease_ttl_s, self.poll_s, self.wait_timeout_s = lease_ttl_s, poll_s, wait_timeout_s
 
     # --- lookup ------------------------------------------------------------------------
@@ -103,7 +107,7 @@ class EngineCache:
 
     def _fetch(self, key: str) -> Path | None:
         try:
-            got = self.s3.read_manifest(key)
+            got = self.s3.get_manifest(key)
         except CorruptEntry as corrupt:
             self._quarantine_s3(key, corrupt.problems, corrupt.etag)
             return None
@@ -168,7 +172,7 @@ class EngineCache:
                 waited_since = self.clock()
                 self.stats_file.add({"lease_waits": 1})
                 log.info("engine cache: %s is being built by %s; waiting", key, lease.holder)
-            fetched = self._fetch(key) if self.s3.has_manifest(key) else None
+            fetched = self._fetch(key) if self.s3.has_entry(key) else None
             if fetched is not None:
                 yield fetched
                 return
@@ -239,42 +243,34 @@ class EngineCache:
         mark.touch()
 
     # --- inspection and maintenance ----------------------------------------------------
+    def _tiers(self) -> list[Tier]:
+        return [self.local] + ([self.s3] if self.s3 is not None else [])
+
     @_falls_back_to_local
     def entries(self) -> list[EntryInfo]:
         """Every entry of both tiers (one row per key; tier says where it is)."""
         found: dict[str, tuple[Manifest, str]] = {}
-        for key in self.local.keys():
-            try:
-                found[key] = (self.local.manifest(key), "local")
-            except CacheError:
-                continue                 # damaged: verify reports and quarantines it
-        for key in self.s3.keys() if self.s3 is not None else []:
-            if key in found:
-                found[key] = (found[key][0], "local+s3")
-                continue
-            try:
-                got = self.s3.read_manifest(key)
-            except CorruptEntry:
-                continue
-            if got is not None:
-                found[key] = (got[0], "s3")
+        for tier in self._tiers():
+            for key in tier.keys():
+                if key in found:         # the same key: the first tier's manifest will do
+                    found[key] = (found[key][0], f"{found[key][1]}+{tier.name}")
+                    continue
+                manifest = _readable_manifest(tier, key)
+                if manifest is not None:
+                    found[key] = (manifest, tier.name)
         return [EntryInfo(k, m.size, len(m.files), m.created, dict(m.metadata), tier)
                 for k, (m, tier) in sorted(found.items(), key=lambda kv: kv[1][0].created)]
 
     def stats(self) -> dict:
         counters = self.stats_file.read()
         keys = self.local.keys()
-        sizes = []
-        for key in keys:
-            try:
-                sizes.append(self.local.manifest(key).size)
-            except CacheError:
-                continue
+        manifests = [_readable_manifest(self.local, key) for key in keys]
         hits = counters["hits_local"] + counters["hits_s3"]
         return {**counters,
                 "hit_rate": hits / counters["lookups"] if counters["lookups"] else None,
                 "local_dir": str(self.local.root), "local_entries": len(keys),
-                "local_bytes": sum(sizes), "s3": self.s3.uri if self.s3 else None}
+                "local_bytes": sum(m.size for m in manifests if m is not None),
+                "s3": self.s3.uri if self.s3 else None}
 
     @_falls_back_to_local
     def verify(self, key: str | None = None) -> list[str]:
@@ -283,35 +279,18 @@ class EngineCache:
         every object's presence and size, and the sha256 the server stored when it has one)."""
         keys = [self._existing(key)] if key is not None else None
         problems = []
-        for k in keys if keys is not None else self.local.keys():
-            if self.local.entry_dir(k).exists():
-                problems += [f"local {k}: {p}" for p in self.local.verify(k)]
-        if self.s3 is not None:
-            for k in keys if keys is not None else self.s3.keys():
-                problems += [f"s3 {k}: {p}" for p in self._verify_s3(k)]
+        for tier in self._tiers():
+            for k in keys if keys is not None else tier.keys():
+                problems += [f"{tier.name} {k}: {p}" for p in tier.verify(k)]
         if problems:
             self.stats_file.add({"corrupt_entries": len({p.split(":")[0] for p in problems})})
         return problems
 
     def _existing(self, key: str) -> str:
         key = _checked(key)
-        if not self.local.entry_dir(key).exists() and \
-                (self.s3 is None or not self.s3.has_manifest(key)):
+        if not any(tier.has_entry(key) for tier in self._tiers()):
             raise CacheError(f"cache verify: no entry {key} in the cache", 2)
         return key
-
-    def _verify_s3(self, key: str) -> list[str]:
-        try:
-            got = self.s3.read_manifest(key)
-        except CorruptEntry as corrupt:
-            self.s3.quarantine(key, corrupt.problems, corrupt.etag)
-            return corrupt.problems
-        if got is None:
-            return []
-        problems = self.s3.check(key)
-        if problems:
-            self.s3.quarantine(key, problems, got[1])
-        return problems
 
     @_falls_back_to_local
     def gc(self, keep_last: int | None = None, older_than_s: float | None = None,
@@ -321,30 +300,24 @@ class EngineCache:
         applies to the shared bucket (by creation time: S3 does not know last use), and
         upload folders abandoned for a day by killed publishers are deleted."""
         _check_gc_policy(keep_last, older_than_s)
-        self.local.remove_abandoned_staging()
-        by_recency = sorted(self.local.keys(), key=self.local.last_used, reverse=True)
-        removed = [key for key in self._expired(by_recency, self.local.last_used,
-                                                keep_last, older_than_s)
-                   if self.local.remove(key)]
-        if include_s3 and self.s3 is not None:
-            removed += self._gc_s3(keep_last, older_than_s)
+        tiers = self._tiers() if include_s3 else [self.local]
+        removed = []
+        for tier in tiers:
+            tier.remove_abandoned()
+            removed += self._gc_tier(tier, keep_last, older_than_s)
         return sorted(set(removed))
 
-    def _gc_s3(self, keep_last: int | None, older_than_s: float | None) -> list[str]:
-        created = {}
-        for key in self.s3.key_folders():
-            self.s3.sweep_abandoned_uploads(key, ABANDONED_UPLOAD_S)
+    def _gc_tier(self, tier: Tier, keep_last: int | None,
+                 older_than_s: float | None) -> list[str]:
+        used = {}
+        for key in tier.keys():
             try:
-                got = self.s3.read_manifest(key)
-            except CorruptEntry:
-                continue
-            if got is not None:
-                created[key] = got[0].created
-        newest_first = sorted(created, key=created.get, reverse=True)
-        doomed = self._expired(newest_first, created.get, keep_last, older_than_s)
-        for key in doomed:
-            self.s3.remove_entry(key)
-        return doomed
+                used[key] = tier.last_used(key)
+            except CacheError:
+                continue                 # damaged: verify reports and quarantines it
+        newest_first = sorted(used, key=used.get, reverse=True)
+        return [key for key in self._expired(newest_first, used.get, keep_last, older_than_s)
+                if tier.remove(key)]
 
     def _expired(self, newest_first: list[str], timestamp: Callable[[str], float],
                  keep_last: int | None, older_than_s: float | None) -> list[str]:
@@ -352,6 +325,25 @@ class EngineCache:
         return [key for rank, key in enumerate(newest_first)
                 if (keep_last is not None and rank >= keep_last)
                 or (older_than_s is not None and now - timestamp(key) > older_than_s)]
+
+
+def _open_s3(uri: str, endpoint_url: str | None, transfer_config: TransferConfig | None,
+             clock: Callable[[], float]) -> S3Tier:
+    parse_s3_uri(uri)                # a bad URI is bad input, with or without boto3
+    try:
+        from engine_cache.s3 import S3Tier
+    except ImportError as e:
+        raise CacheError(f"the S3 tier {uri} needs boto3, which is not installed ({e}); "
+                         "install it, or use the local tier alone") from e
+    return S3Tier(uri, endpoint_url, transfer_config, clock)
+
+
+def _readable_manifest(tier: Tier, key: str) -> Manifest | None:
+    """The manifest, or None when absent or damaged (verify reports and quarantines it)."""
+    try:
+        return tier.read_manifest(key)
+    except CacheError:
+        return None
 
 
 def _check_gc_policy(keep_last: int | None, older_than_s: float | None) -> None:

@@ -22,7 +22,7 @@ from typing import Callable
 
 from filelock import FileLock
 
-from engine_cache.errors import CacheError
+from engine_cache.errors import CacheError, CorruptEntry
 from engine_cache.key import is_engine_key
 from engine_cache.manifest import (MANIFEST_NAME, Manifest, manifest_for_dir, parse_manifest,
                                    problems_in_dir)
@@ -41,6 +41,10 @@ def stat_stamp(files_dir: Path, manifest: Manifest) -> dict[str, list[int]]:
 
 
 class LocalTier:
+    """The machine's own tier (an engine_cache.tier.Tier, plus staging and commit)."""
+
+    name = "local"
+
     def __init__(self, root: Path, clock: Callable[[], float] = time.time):
         self.root = Path(root)
         self.clock = clock
@@ -64,7 +68,19 @@ class LocalTier:
         return sorted(p.name for p in (self.root / "entries").iterdir()
                       if is_engine_key(p.name) and (p / MANIFEST_NAME).is_file())
 
+    def has_entry(self, key: str) -> bool:
+        return self.entry_dir(key).exists()
+
     # --- reading -----------------------------------------------------------------------
+    def read_manifest(self, key: str) -> Manifest | None:
+        """None when absent; CorruptEntry when present but unreadable."""
+        if not (self.entry_dir(key) / MANIFEST_NAME).is_file():
+            return None
+        try:
+            return self.manifest(key)
+        except (CacheError, OSError) as e:
+            raise CorruptEntry(key, [str(e)]) from e
+
     def manifest(self, key: str) -> Manifest:
         path = self.entry_dir(key) / MANIFEST_NAME
         return parse_manifest(path.read_bytes(), key, str(path))
@@ -86,7 +102,10 @@ class LocalTier:
         return self.files_dir(key)
 
     def verify(self, key: str) -> list[str]:
-        """Rehash every file; a damaged entry is quarantined. Returns the problems found."""
+        """Rehash every file; a damaged entry is quarantined. Returns the problems found
+        (none for an absent entry)."""
+        if not self.has_entry(key):
+            return []
         problems = self._problems(key, trust_stamp=False)
         if problems:
             self.quarantine(key, problems)
@@ -160,17 +179,16 @@ class LocalTier:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def quarantine(self, key: str, problems: list[str]) -> Path | None:
+    def quarantine(self, key: str, problems: list[str]) -> None:
         """Move a damaged entry aside (kept for inspection, never served)."""
         target = self.root / "quarantine" / f"{key}-{int(self.clock())}-{uuid.uuid4().hex[:6]}"
         try:
             os.rename(self.entry_dir(key), target)
         except FileNotFoundError:
-            return None          # another process quarantined or removed it first
+            return               # another process quarantined or removed it first
         (target / "reason.txt").write_text("\n".join(problems) + "\n")
         log.warning("engine cache: local entry %s is damaged (%s); moved to %s",
                     key, "; ".join(problems), target)
-        return target
 
     def remove(self, key: str) -> bool:
         """Delete an entry: first renamed out of entries/ so no reader sees a partial one."""
@@ -182,7 +200,7 @@ class LocalTier:
         shutil.rmtree(doomed, ignore_errors=True)
         return True
 
-    def remove_abandoned_staging(self) -> list[Path]:
+    def remove_abandoned(self) -> list[str]:
         """Staging left by a killed process on this machine (its files never became an
         entry). Staging names start with the owner's pid; a live owner's staging is kept."""
         removed = []
@@ -190,7 +208,7 @@ class LocalTier:
             owner = path.name.split("-", 1)[0]
             if owner.isdigit() and not _pid_alive(int(owner)):
                 shutil.rmtree(path, ignore_errors=True)
-                removed.append(path)
+                removed.append(path.name)
         return removed
 
 

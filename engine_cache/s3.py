@@ -8,136 +8,51 @@ Layout under s3://bucket/prefix:
   <key>/lease.json                 the build lease (engine_cache.lease)
   quarantine/<key>/<time>/...      corrupt entries moved aside, with reason.txt
 
-Every botocore failure becomes a CacheError naming the endpoint, the object and the reason.
+Every botocore failure becomes a CacheError naming the endpoint, the object and the reason
+(engine_cache.s3_client). EngineCache imports this module only for an s3:// cache.
 """
 from __future__ import annotations
 
 import base64
 import logging
-import os
 import time
 import uuid
-from concurrent.futures import Future
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
-import boto3
 import botocore.exceptions
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
-from botocore.config import Config
 
-from engine_cache.errors import CacheError
+from engine_cache.errors import CacheError, CorruptEntry
 from engine_cache.key import is_engine_key
+from engine_cache.location import parse_s3_uri
 from engine_cache.manifest import MANIFEST_NAME, FileRecord, Manifest, parse_manifest
+from engine_cache.s3_client import (CONFLICT as _CONFLICT, DEFAULT_TRANSFER, MiB,  # noqa: F401
+                                    NOT_FOUND as _NOT_FOUND, S3Client, error_code, wait_all)
 from engine_cache.verified_file import VerifyingFile
 
 log = logging.getLogger("trident.engine_cache")
-MiB = 1 << 20
-# Parallel ranged GETs / multipart uploads of 8 MiB parts (s3transfer grows them for files
-# that would need more than 10,000), read from the socket in 4 MiB chunks: measured here,
-# boto3's default 256 KiB chunks cost about twice the client CPU per byte, which is what pays
-# for the sha256 of every byte. The hash follows the gap-free prefix, so at most about
-# max_concurrency parts are left to hash after the last byte arrives: smaller parts, shorter
-# tail (16 MiB parts measured slower). At most 32 chunks wait for the writer thread.
-DEFAULT_TRANSFER = TransferConfig(multipart_threshold=8 * MiB, multipart_chunksize=8 * MiB,
-                                  max_concurrency=10, io_chunksize=4 * MiB, max_io_queue=32,
-                                  use_threads=True)
-_NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
-_CONFLICT = {"412", "PreconditionFailed", "409", "ConditionalRequestConflict"}
-
-
-class S3Unreachable(CacheError):
-    """The endpoint could not be reached at all (as opposed to refusing a request)."""
-
-
-class CorruptEntry(CacheError):
-    """An S3 entry that must not be used (unreadable manifest, missing or damaged file)."""
-
-    def __init__(self, key: str, problems: list[str], etag: str | None = None):
-        super().__init__(f"S3 entry {key} is damaged: {'; '.join(problems)}")
-        self.key, self.problems, self.etag = key, problems, etag
-
-
-@dataclass(frozen=True)
-class S3Location:
-    bucket: str
-    prefix: str          # no leading or trailing slash; may be empty
-
-    def object_key(self, *parts: str) -> str:
-        return "/".join(p for p in (self.prefix, *parts) if p)
-
-
-def parse_s3_uri(uri: str) -> S3Location:
-    if not isinstance(uri, str) or not uri.startswith("s3://"):
-        raise CacheError(f"cache location {uri!r} is not an s3://bucket/prefix URI", 2)
-    bucket, _, prefix = uri[len("s3://"):].partition("/")
-    if not bucket:
-        raise CacheError(f"cache location {uri!r} names no bucket", 2)
-    return S3Location(bucket, prefix.strip("/"))
-
-
-def resolve_endpoint(endpoint_url: str | None) -> str | None:
-    """The explicit endpoint, else the standard AWS_ENDPOINT_URL(_S3) variables."""
-    return (endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
-            or os.environ.get("AWS_ENDPOINT_URL") or None)
-
-
-def make_client(endpoint_url: str | None):
-    endpoint = resolve_endpoint(endpoint_url)
-    region = (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-              or "us-east-1")
-    config = Config(
-        connect_timeout=5, read_timeout=120,
-        retries={"max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS", "3")),
-                 "mode": os.environ.get("AWS_RETRY_MODE", "standard")},
-        # Custom endpoints (SeaweedFS, MinIO, a loopback address) rarely resolve
-        # bucket-named hosts: address buckets by path there.
-        s3={"addressing_style": "path" if endpoint else "auto"},
-        max_pool_connections=32,
-    )
-    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name=region,
-                                          config=config)
+ABANDONED_UPLOAD_S = 24 * 3600   # an unpublished upload folder this old lost its publisher
 
 
 class S3Tier:
+    """The shared tier (an engine_cache.tier.Tier, plus publish/fetch and leases)."""
+
+    name = "s3"
+
     def __init__(self, uri: str, endpoint_url: str | None = None,
-                 transfer_config: TransferConfig = DEFAULT_TRANSFER,
+                 transfer_config: TransferConfig | None = None,
                  clock: Callable[[], float] = time.time):
         self.location = parse_s3_uri(uri)
         self.uri = uri
-        self.client = make_client(endpoint_url)
-        self.endpoint = self.client.meta.endpoint_url
-        self.transfer_config = transfer_config
+        s3 = S3Client(endpoint_url)
+        self.client, self.endpoint, self._call = s3.client, s3.endpoint, s3.call
+        self.transfer_config = transfer_config or DEFAULT_TRANSFER
         self.clock = clock
-
-    # --- errors ------------------------------------------------------------------------
-    @contextmanager
-    def _call(self, action: str) -> Iterator[None]:
-        try:
-            yield
-        except (botocore.exceptions.EndpointConnectionError,
-                botocore.exceptions.ConnectTimeoutError,
-                botocore.exceptions.ReadTimeoutError,
-                botocore.exceptions.ConnectionClosedError) as e:
-            raise S3Unreachable(f"S3 endpoint {self.endpoint} is unreachable while {action} "
-                                f"({e}); check the endpoint and the network, or set "
-                                "engine_cache.local_only to carry on with the local tier") from e
-        except botocore.exceptions.NoCredentialsError as e:
-            raise CacheError(f"no S3 credentials for {self.endpoint} while {action}: set "
-                             "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or another "
-                             "source of the standard credential chain") from e
-        except botocore.exceptions.ClientError as e:
-            error = e.response.get("Error", {})
-            raise CacheError(f"S3 {self.endpoint} refused {action}: {error.get('Code')} "
-                             f"{error.get('Message', '')}".rstrip()) from e
-        except botocore.exceptions.BotoCoreError as e:
-            raise CacheError(f"S3 {self.endpoint} failed while {action}: {e}") from e
 
     @staticmethod
     def _code(error: botocore.exceptions.ClientError) -> str:
-        return str(error.response.get("Error", {}).get("Code", ""))
+        return error_code(error)
 
     def _where(self, object_key: str) -> str:
         return f"s3://{self.location.bucket}/{object_key}"
@@ -178,7 +93,8 @@ class S3Tier:
     def manifest_key(self, key: str) -> str:
         return self.location.object_key(key, MANIFEST_NAME)
 
-    def has_manifest(self, key: str) -> bool:
+    def has_entry(self, key: str) -> bool:
+        """The entry exists exactly when its manifest does."""
         with self._call(f"looking up {self._where(self.manifest_key(key))}"):
             try:
                 self.client.head_object(Bucket=self.location.bucket, Key=self.manifest_key(key))
@@ -188,7 +104,7 @@ class S3Tier:
                 raise
             return True
 
-    def read_manifest(self, key: str) -> tuple[Manifest, str] | None:
+    def get_manifest(self, key: str) -> tuple[Manifest, str] | None:
         """(manifest, etag), None when absent; CorruptEntry when present but unusable."""
         got = self._get(self.manifest_key(key))
         if got is None:
@@ -202,6 +118,17 @@ class S3Tier:
             raise CorruptEntry(key, [f"manifest has no valid upload_id ({manifest.upload_id!r})"],
                                etag)
         return manifest, etag
+
+    def read_manifest(self, key: str) -> Manifest | None:
+        got = self.get_manifest(key)
+        return got[0] if got else None
+
+    def last_used(self, key: str) -> float:
+        """The creation time: S3 does not know when an entry was last used."""
+        got = self.get_manifest(key)
+        if got is None:
+            raise CacheError(f"no entry {key} in {self.uri}")
+        return got[0].created
 
     def _subfolders(self, prefix: str) -> list[str]:
         """Names of the 'folders' directly under prefix (which ends with '/')."""
@@ -221,14 +148,19 @@ class S3Tier:
 
     def keys(self) -> list[str]:
         """Keys that have a manifest (entries in progress or abandoned have none)."""
-        return [k for k in self.key_folders() if self.has_manifest(k)]
+        return [k for k in self.key_folders() if self.has_entry(k)]
+
+    def remove_abandoned(self) -> list[str]:
+        """Upload folders of publishers killed before their manifest, a day on."""
+        return [f"{key}/files/{upload_id}" for key in self.key_folders()
+                for upload_id in self.sweep_abandoned_uploads(key, ABANDONED_UPLOAD_S)]
 
     def sweep_abandoned_uploads(self, key: str, older_than_s: float) -> list[str]:
         """Delete upload folders of key that no manifest names and that were started more
         than older_than_s ago (a publisher killed before its manifest; younger ones may
         still be uploading). Returns the upload ids removed."""
         try:
-            got = self.read_manifest(key)
+            got = self.get_manifest(key)
         except CorruptEntry:
             return []                # verify quarantines it first
         live = got[0].upload_id if got else None
@@ -240,10 +172,12 @@ class S3Tier:
                 removed.append(upload_id)
         return removed
 
-    def remove_entry(self, key: str) -> None:
+    def remove(self, key: str) -> bool:
         """Delete an entry: its manifest first (it disappears at once), then its files."""
+        existed = self.has_entry(key)
         self._delete(self.manifest_key(key))
         self._delete_prefix(self.location.object_key(key, "files") + "/")
+        return existed
 
     # --- files -------------------------------------------------------------------------
     def file_key(self, manifest: Manifest, record: FileRecord) -> str:
@@ -253,7 +187,7 @@ class S3Tier:
         """Upload the files into a private folder, verify them, then write the manifest
         conditionally. False when another publisher's manifest is already there (our
         uploaded copy is then deleted). Interrupted before the manifest: no entry exists."""
-        if self.has_manifest(manifest.key):
+        if self.has_entry(manifest.key):
             return False
         manifest = manifest.with_upload_id(f"{int(self.clock())}-{uuid.uuid4().hex[:12]}")
         try:
@@ -280,7 +214,7 @@ class S3Tier:
                                       self.file_key(manifest, record),
                                       extra_args=self._upload_checksum(record))
                        for record in manifest.files]
-            _wait_all(futures)
+            wait_all(futures)
 
     def _upload_checksum(self, record: FileRecord) -> dict[str, str]:
         """Single-part objects carry our sha256: the server rejects bytes that do not match
@@ -361,12 +295,20 @@ class S3Tier:
                     missing.add(name)
         return missing
 
-    def check(self, key: str) -> list[str]:
-        """Verify an S3 entry without downloading it (see _stored_problems)."""
-        got = self.read_manifest(key)
+    def verify(self, key: str) -> list[str]:
+        """Check an entry without downloading it (see _stored_problems); a damaged one is
+        quarantined. An absent entry has no problems."""
+        try:
+            got = self.get_manifest(key)
+        except CorruptEntry as corrupt:
+            self.quarantine(key, corrupt.problems, corrupt.etag)
+            return corrupt.problems
         if got is None:
-            return [f"no entry {key} in {self.uri}"]
-        return self._stored_problems(got[0])
+            return []
+        problems = self._stored_problems(got[0])
+        if problems:
+            self.quarantine(key, problems, got[1])
+        return problems
 
     # --- removal -----------------------------------------------------------------------
     def _delete_prefix(self, prefix: str) -> None:
@@ -391,7 +333,7 @@ class S3Tier:
             log.warning("engine cache: could not remove the partial upload of %s: %s",
                         manifest.key, e)
 
-    def quarantine(self, key: str, problems: list[str], etag: str | None) -> None:
+    def quarantine(self, key: str, problems: list[str], etag: str | None = None) -> None:
         """Hide a damaged entry at once (delete its manifest, only if still the one we
         judged), keep the manifest and the reason under quarantine/, drop the files."""
         stamp = f"{int(self.clock())}-{uuid.uuid4().hex[:6]}"
@@ -431,14 +373,3 @@ class S3Tier:
     def delete_lease(self, key: str, etag: str) -> None:
         self._delete(self.lease_key(key), IfMatch=etag)
 
-
-def _wait_all(futures: list[Future]) -> None:
-    """Wait for every transfer; the first failure is raised after all have settled."""
-    first_error = None
-    for future in futures:
-        try:
-            future.result()
-        except Exception as e:       # noqa: BLE001 - re-raised below, after the others
-            first_error = first_error or e
-    if first_error is not None:
-        raise first_error
