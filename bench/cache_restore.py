@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-from engine_cache import EngineCache, EngineInputs, engine_key
+from engine_cache import EngineCache, EngineInputs, engine_key, parse_s3_uri
 from tests.s3_server import SeaweedS3
 
 MiB = 1 << 20
@@ -86,17 +86,18 @@ def _aws_environment(values: dict[str, str]) -> Iterator[None]:
 def _alternating_runs(server: SeaweedS3, uri: str, key: str,
                       work: Path) -> tuple[list[Timing], list[Timing]]:
     client = server.client()
+    location = parse_s3_uri(uri)
     object_keys = [item["Key"] for item in client.list_objects_v2(
-        Bucket="bench", Prefix=f"engines/{key}/files/")["Contents"]]
+        Bucket=location.bucket, Prefix=location.object_key(key, "files") + "/")["Contents"]]
     ours, direct = [], []
     for repeat in range(REPEATS):
         # Alternate which goes first so neither always gets the warmer server.
         if repeat % 2:
-            direct.append(download_plainly(server, "bench", object_keys, work))
+            direct.append(download_plainly(server, location.bucket, object_keys, work))
             ours.append(restore_with_cache(uri, key, work))
         else:
             ours.append(restore_with_cache(uri, key, work))
-            direct.append(download_plainly(server, "bench", object_keys, work))
+            direct.append(download_plainly(server, location.bucket, object_keys, work))
     return ours, direct
 
 
@@ -107,7 +108,7 @@ def run(out_dir: Path) -> dict:
         work = Path(tmp)
         total = write_fake_engine(work / "engine", RANK_FILE_MIB)
         with SeaweedS3(work / "s3") as server, _aws_environment(server.env):
-            server.client().create_bucket(Bucket="bench")
+            server.client().create_bucket(Bucket=parse_s3_uri(uri).bucket)
             started = time.perf_counter()
             EngineCache(work / "publisher", uri).publish(key, work / "engine", {"bench": 1})
             publish_s = time.perf_counter() - started

@@ -32,7 +32,9 @@ def parse_s3_uri(uri: str, what: str = "cache location") -> S3Location:
     if not isinstance(uri, str) or not uri.startswith("s3://"):
         raise CacheError(f"{what} {uri!r} is not an s3://bucket/prefix URI", 2)
     bucket, _, prefix = uri[len("s3://"):].partition("/")
-    if "@" in bucket or ":" in bucket:     # never in a bucket name: KEY:SECRET@bucket
+    # KEY:SECRET@bucket; a secret may hold "/", so an "@" anywhere counts (and a prefix
+    # cannot contain one), as does a ":" in the bucket (never in a bucket name).
+    if "@" in uri or ":" in bucket:
         raise CacheError(f"{what} s3://***@{_after_credentials(uri)}/... contains "
                          f"credentials; {CREDENTIALS_HINT}", 2)
     if not bucket:

@@ -348,10 +348,12 @@ def test_endpoint_from_argument_and_wrong_credentials(s3_bucket, tmp_path, monke
     monkeypatch.delenv("AWS_ENDPOINT_URL")
     explicit = EngineCache(tmp_path / "a", s3_bucket.uri, endpoint_url=s3_bucket.endpoint)
     assert explicit.get_or_build(KEY, recording_build(tmp_path / "log"), {})[1] == "built"
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-value")
     wrong = EngineCache(tmp_path / "b", s3_bucket.uri, endpoint_url=s3_bucket.endpoint)
-    with pytest.raises(CacheError, match="refused .*SignatureDoesNotMatch|refused .*Access"):
+    with pytest.raises(CacheError, match="refused .*SignatureDoesNotMatch|refused .*Access") \
+            as e:
         wrong.lookup(KEY)
+    assert "wrong-secret-value" not in str(e.value)
 
 
 def test_missing_bucket_names_the_bucket(s3_bucket, tmp_path):
