@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from builder.spec import SpecError
+from builder.spec_node import SpecError
 
 _NUM = (int, float)
 _OPT_STR = (str, type(None))
@@ -192,7 +192,7 @@ def _check_speculative(file: str, where: str, config: dict) -> None:
 def validate_extra(engine: str, key: str, node) -> Any:
     """Engine-specific sections (TRT-LLM checkpoint/build/profiles) are parsed by their
     engine module into frozen objects."""
-    from builder import trtllm_spec  # it imports builder.spec, as this module does
+    from builder import trtllm_spec  # local: only TRT-LLM models need it
 
     return trtllm_spec.parse_section(key, node)
 

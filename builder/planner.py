@@ -18,6 +18,7 @@ from typing import Callable, Mapping
 
 from builder import memory, mig, topology as topo
 from builder.errors import TridentError
+from builder.model_limits import check_context_lengths
 from builder.gpus import GPU_TYPES, GpuType, MigProfile
 from builder.spec import DeploymentSpec, ModelSpec, SpecError
 
@@ -420,32 +421,10 @@ def _smallest_fitting(gpu: GpuType, need: memory.MemoryNeed, share: float) -> Mi
 def plan_for_spec(spec: DeploymentSpec, live=topo.read_live) -> Plan:
     """Plan a spec as written: its topology file (or the live one) and model sizes from
     local config.json files or the table of well-known models."""
-    check_context_lengths(spec, memory.load_shape)
+    check_context_lengths(spec, memory.load_shape, _model_ref)
     if spec.hardware.gpu == "cpu":
         return plan_deployment(spec, None, memory.load_shape)
     topology = topo.load_topology(spec.hardware.topology, spec.hardware.count, spec.file,
                                   live)
     return plan_deployment(spec, topology, memory.load_shape)
 
-
-# Engine arguments that set the context length, by engine.
-_CONTEXT_ARGS = {"vllm": "max_model_len", "sglang": "context_length"}
-
-
-def check_context_lengths(spec: DeploymentSpec, load_shape: ShapeLoader) -> None:
-    """A context length above the model's max_position_embeddings fails here, when the
-    model's config.json is at hand (a local folder, a builtin, a well-known id), instead
-    of when the engine starts. A config.json with broken numbers fails here too."""
-    for i, model in enumerate(spec.models):
-        key = _CONTEXT_ARGS.get(model.engine)
-        wanted = model.engine_args.get(key) if key else None
-        try:
-            shape = load_shape(_model_ref(model)) if _model_ref(model) else None
-        except memory.BadModelConfig as e:
-            raise SpecError(spec.file, f"models[{i}].model", str(e)) from None
-        except memory.UnknownModelSize:
-            continue   # a hub id trident cannot read offline: the engine checks it
-        if shape is not None and wanted is not None and wanted > shape.max_context:
-            raise SpecError(spec.file, f"models[{i}].engine_args.{key}",
-                            f"{wanted} is more than the model's max_position_embeddings "
-                            f"({shape.max_context})")

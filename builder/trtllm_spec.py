@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from builder.spec import _Node
+from builder.spec_node import _Node
 
 DTYPES = ("fp16", "bf16", "fp32")
 # trident's quantization name → TRT-LLM's spelling (quantize.py --qformat / weight-only).
