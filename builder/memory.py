@@ -80,6 +80,7 @@ class ModelShape:
     experts: int = 1
     tied_embeddings: bool = False
     max_context: int = 4096
+    max_context_known: bool = True   # False: config.json does not say (4096 is a guess)
 
     @property
     def layer_linear_params(self) -> int:
@@ -141,7 +142,8 @@ def shape_from_config(config: Mapping[str, Any]) -> ModelShape:
         intermediate=_count(config, "moe_intermediate_size" if moe else "intermediate_size"),
         vocab=_count(config, "vocab_size"), experts=experts,
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-        max_context=_optional(config, "max_position_embeddings", 4096))
+        max_context=_optional(config, "max_position_embeddings", 4096),
+        max_context_known=bool(config.get("max_position_embeddings")))
 
 
 def load_shape(model: str) -> ModelShape:

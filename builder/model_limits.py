@@ -26,7 +26,8 @@ def check_context_lengths(spec: DeploymentSpec,
             raise SpecError(spec.file, f"models[{i}].model", str(e)) from None
         except memory.UnknownModelSize:
             continue   # a hub id trident cannot read offline: the engine checks it
-        if shape is not None and wanted is not None and wanted > shape.max_context:
+        if (shape is not None and shape.max_context_known and wanted is not None
+                and wanted > shape.max_context):
             raise SpecError(spec.file, f"models[{i}].engine_args.{key}",
                             f"{wanted} is more than the model's max_position_embeddings "
                             f"({shape.max_context})")

@@ -139,6 +139,18 @@ def test_broken_model_config_names_file_and_key(folder, key, value):
     assert "config.json" in line
 
 
+def test_context_length_is_only_checked_when_the_model_says(folder):
+    """No max_position_embeddings in config.json: trident cannot know the limit, so a long
+    max_model_len is left to the engine (the planner's 4096 is a guess, not a limit)."""
+    config = {k: v for k, v in hs.MODEL_CONFIG.items() if k != "max_position_embeddings"}
+    (folder / "model" / "config.json").write_text(json.dumps(config))
+    data = base_spec(folder / "model")
+    data["models"][0]["engine_args"]["max_model_len"] = 32768
+    spec = write_spec(folder, data)
+    got, stderr = hs.call_cli(["plan", "--spec", str(spec)])
+    assert got == 0, stderr
+
+
 # ---------------------------------------------------------------------------------------
 # Output paths
 
