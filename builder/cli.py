@@ -7,6 +7,7 @@ message on stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import contextlib
 import signal
 import sys
@@ -115,6 +116,13 @@ def _print_chunk(text: str) -> None:
     sys.stdout.flush()
 
 
+def cmd_schema(args: argparse.Namespace) -> int:
+    from builder.schema import deployment_schema
+
+    print(json.dumps(deployment_schema(), indent=2, sort_keys=True))
+    return 0
+
+
 def cmd_assets(args: argparse.Namespace) -> int:
     from builder import assets
 
@@ -162,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("assets", help="build the builtin models (done by `make install`)")
     p.add_argument("names", nargs="*")
     p.set_defaults(func=cmd_assets)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of the deployment spec")
+    p.set_defaults(func=cmd_schema)
 
     # Command groups that live beside their subsystem.
     cli_engines.add_commands(sub)

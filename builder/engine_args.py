@@ -104,15 +104,15 @@ _CHOICES = {
     ("vllm", "kv_cache_dtype"): ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"),
 }
 
-_POSITIVE_INTS = {"tensor_parallel_size", "pipeline_parallel_size", "tp_size", "pp_size",
+POSITIVE_INTS = {"tensor_parallel_size", "pipeline_parallel_size", "tp_size", "pp_size",
                   "dp_size", "block_size", "max_num_seqs", "max_num_batched_tokens",
                   "max_model_len", "context_length", "max_batch_size"}
-_NON_NEGATIVE = {"swap_space", "cpu_offload_gb", "max_logprobs", "seed", "max_loras",
+NON_NEGATIVE = {"swap_space", "cpu_offload_gb", "max_logprobs", "seed", "max_loras",
                  "max_lora_rank", "random_seed", "max_running_requests", "max_prefill_tokens",
                  "chunked_prefill_size", "speculative_num_steps", "speculative_eagle_topk",
                  "speculative_num_draft_tokens", "max_tokens_in_paged_kv_cache",
                  "max_attention_window_size", "max_queue_delay_microseconds", "max_beam_width"}
-_MAX_INT = 2 ** 63 - 1   # what the engines' C++ sides can hold
+MAX_INT = 2 ** 63 - 1   # what the engines' C++ sides can hold
 
 # vLLM's SpeculativeConfig fields a spec may set (vllm/config/speculative.py, vllm 0.32;
 # the *_config fields vLLM fills in itself are left out).
@@ -129,7 +129,7 @@ VLLM_SPECULATIVE_KEYS = frozenset({
     "synthetic_acceptance_rates", "synthetic_acceptance_length",
     "enable_adaptive_verification", "draft_sample_method", "dspark_draft_topk",
 })
-_FRACTIONS = {"gpu_memory_utilization", "mem_fraction_static",
+FRACTIONS = {"gpu_memory_utilization", "mem_fraction_static",
               "kv_cache_free_gpu_mem_fraction", "gpu_weights_percent"}
 
 
@@ -157,11 +157,11 @@ def validate(engine: str, args: Any, path: str, file: str) -> dict[str, Any]:
         options = _CHOICES.get((engine, key))
         if options and value not in options:
             raise SpecError(file, where, f"{value!r} is not one of {', '.join(options)}")
-        if key in _POSITIVE_INTS and value < 1:
+        if key in POSITIVE_INTS and value < 1:
             raise SpecError(file, where, f"must be >= 1, got {value}")
-        if key in _NON_NEGATIVE and value < 0:
+        if key in NON_NEGATIVE and value < 0:
             raise SpecError(file, where, f"must be >= 0, got {value}")
-        if key in _FRACTIONS and not 0 < value <= 1:
+        if key in FRACTIONS and not 0 < value <= 1:
             raise SpecError(file, where, f"must be in (0, 1], got {value}")
     return dict(args)
 
@@ -177,7 +177,7 @@ def _check_number(file: str, where: str, value: Any) -> None:
             _check_number(file, f"{where}[{i}]", item)
     elif isinstance(value, float) and not math.isfinite(value):
         raise SpecError(file, where, f"must be a finite number, got {value}")
-    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_INT:
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
         raise SpecError(file, where, "is too large (more than 64 bits)")
 
 

@@ -35,7 +35,7 @@ SPECULATIVE_MODES = ("draft-model", "medusa", "eagle")
 # Families with an examples/<family>/convert_checkpoint.py in TensorRT-LLM v0.16.
 FAMILIES = ("llama", "mistral", "mixtral", "qwen", "gemma", "phi", "gpt", "gptj", "gptneox",
             "falcon", "baichuan", "chatglm", "bloom", "mpt", "nemotron", "deepseek_v2")
-_PROFILE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+PROFILE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ def parse_profiles(node: _Node) -> Mapping[str, Profile]:
         raise node.error("must name at least one build profile")
     profiles = {}
     for name in list(node.data):
-        if not isinstance(name, str) or not _PROFILE_NAME.match(name):
+        if not isinstance(name, str) or not PROFILE_NAME.match(name):
             raise node.error(f"{name!r} is not a profile name (lower-case letters, digits "
                              "and '-', starting with a letter)", str(name))
         profiles[name] = parse_profile(name, node.child(name))
