@@ -1,7 +1,11 @@
 # trident: spec → Triton model repository → tritonserver.
 # `make run` is the main job on the embedded default; `make test` runs the tests.
 
-PYTHON  ?= python3
+# The embedded default runs on Python 3.11 only: the bundled tritonserver's 3.12 stub
+# corrupts string (BYTES) inputs, and the CPU torch wheel in the lock is built for 3.11.
+PYTHON  ?= $(shell for p in python3.11 python3; do \
+             $$p -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null \
+             && { echo $$p; break; }; done)
 VENV    := .venv
 BIN     := $(VENV)/bin
 SPEC    ?= deploy/default.yaml
@@ -14,7 +18,13 @@ STAMP   := $(VENV)/.installed
 install: $(STAMP)
 
 $(STAMP): requirements.lock setup.cfg pyproject.toml
+	@test -n "$(PYTHON)" || { echo "make install: trident's embedded default needs Python 3.11 \
+	(none found on PATH as python3.11 or python3): install Python 3.11, or run \
+	make PYTHON=/path/to/python3.11" >&2; exit 2; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { echo \
+	"make install: $(VENV) is not a Python 3.11 environment (the embedded default needs 3.11): remove it and run make again" >&2; \
+	exit 2; }
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -r requirements.lock
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	$(BIN)/trident assets
