@@ -2,25 +2,33 @@
 
 Per request: extract routing features once, ask the policy for candidates, call the first
 healthy one with `async_exec(decoupled=True)`, and relay its stream. A backend that fails
-before its first token (error, unhealthy stub, not loaded, first-token timeout, no answer
-to a health probe) is recorded in its circuit breaker and the next candidate is tried;
-after the first token an error reaches the client as an error response and the final flag.
+before its first token (error, unhealthy stub, not loaded, first-token timeout, a health
+probe answered with an error) is recorded in its circuit breaker and the next candidate
+is tried; after the first token an error reaches the client as an error response and the
+final flag. A client's mistake (`invalid request: ...`) is never the backend's failure.
 
 Hot path: BLS resolves `async_exec` with the backend's first response in hand, so the
 first response is sent from the event loop at once; the rest of the stream (a blocking
 iterator) is pumped by one worker thread per stream (`Relay`), which sends each chunk as
 it arrives, with no event-loop hop in between. The event loop supervises: client cancel,
 first-token timeout, deadline, and a backend that went silent (its stub died: a BLS
-iterator then never ends, so the router probes the backend and gives up on it).
+iterator then never ends, so the router probes the backend and gives up on it if the
+probe fails; a probe that is merely slow means busy, not dead).
+
+A non-streaming request (stream false or absent) is answered with exactly one response
+carrying the final flag, as the backend sent it: Triton's HTTP generate endpoint accepts
+nothing else.
 """
 import asyncio
-import itertools
 import json
 import os
+import re
+import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from adapters import ROUTER_ONLY_INPUTS, Adapters  # siblings in the model's directory
@@ -29,16 +37,24 @@ from policy import Policy, UnknownRoute, features_from
 from trident_common.request import CLIENT_FAULT_PREFIX, first_scalar
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-# How often the loop checks a stream for a client cancel, its deadline and silence:
-# often while waiting for the first token, less once streaming (cheap on the hot path).
+# How often the loop checks a stream for a client cancel, its deadline and silence: the
+# first check after FIRST_TOKEN_WATCH_S, then twice as long each time up to
+# STREAM_WATCH_S. Each check asks Triton (an IPC round trip): dozens of queued streams
+# polled every 20 ms cost more CPU than the relay itself.
 FIRST_TOKEN_WATCH_S = 0.02
 STREAM_WATCH_S = 0.2
 SILENCE_PROBE_S = 2.0     # a stream quiet this long gets its backend health-probed
-PROBE_TIMEOUT_S = 5.0     # a backend that cannot answer a no-op request this fast is down
+PROBE_TIMEOUT_S = 5.0     # no answer this fast: the backend is busy (not counted as dead)
 PROBE_REQUEST_ID = "trident-router-health-probe"   # aborting it is a no-op
 HINT_NAMES = ("route", "task", "family", "tenant", "tier", "conversation_id",
               "shared_prefix")
 CLIENT_ERROR = "client error"   # Relay.first outcome: the backend rejected the request
+# Requests the router lets wait for one backend: its engine's concurrent sequences
+# (× instances) running, as many again queued in the engine. More only wait longer for a
+# first token; the router sheds them at once with an "overloaded" error instead.
+QUEUE_FACTOR = 2
+ENGINE_CAPACITY_KEYS = {"vllm": "max_num_seqs", "sglang": "max_running_requests"}
+CONTROL_THREADS = 64      # BLS calls beyond the streams: aborts, probes, drains
 
 
 class BackendFailed(Exception):
@@ -53,19 +69,21 @@ class Relay:
     """One attempt's stream, from the backend's response iterator to the client.
 
     The event loop hands the first response to `start`; a worker thread then runs
-    `pump` over the rest and resolves `done` (True, or False after a mid-stream failure).
-    Every send to the client holds `lock`, and `closed` is set by whoever sends the
-    client's final flag, so it is sent exactly once and nothing follows it. An attempt
-    the router abandons before its first token sends nothing at all: the router falls
-    back or answers the client itself.
+    `pump` over the rest and resolves `done` (False only after the backend failed
+    mid-stream). Every send to the client holds `lock`, and `closed` is set by whoever
+    sends the client's final flag, so it is sent exactly once and nothing follows it.
+    An attempt the router abandons before its first token sends nothing at all: the
+    router falls back or answers the client itself.
     """
 
-    def __init__(self, sender, adapter, backend, loop):
+    def __init__(self, sender, adapter, backend, loop, single):
         self.sender, self.adapter, self.backend, self.loop = sender, adapter, backend, loop
+        self.single = single        # the client wants one response (stream false)
         self.lock = threading.Lock()
         self.streaming = False      # the first response went to the client
         self.closed = False         # final flag sent, or attempt abandoned
         self.answered = False       # this attempt sent the client's final flag
+        self.backend_failed = False  # the backend's error ended the stream
         self.chunks = 0             # backend responses seen: progress, for silence probes
         self.first_relay_s = 0.0    # router time between the first response and its send
         self.done = loop.create_future()
@@ -82,47 +100,53 @@ class Relay:
         with self.lock:
             if self.closed:
                 return problem or "abandoned by the router"
-            if problem is not None and _client_fault(first):
+            if problem is not None and _client_fault(problem):
                 # The request is wrong, not the backend: tell the client, retry nowhere.
-                self._finish(first.error())
+                self._finish(first.error() if first.has_error() else problem)
                 return CLIENT_ERROR
             if problem is not None:
                 self.closed = True
                 return problem
-            if outgoing is not None:
-                self.sender.send(outgoing)
             self.streaming = True
+            if outgoing is not None and self.single:
+                # The whole answer: one response with the final flag (the backend's own
+                # final follows on the iterator and is drained, not relayed).
+                self.closed = self.answered = True
+                self.sender.send(outgoing, flags=FINAL)
+            elif outgoing is not None:
+                self.sender.send(outgoing)
         self.first_relay_s = time.monotonic() - received
         return None
 
     # -- worker thread: every later response --------------------------------------------
     def pump(self, responses):
-        ok = False
         try:
-            ok = True
-            for response in responses:
+            # next(), never `for`: iter() on a finished BLS iterator (Triton 2.51) rewinds
+            # it, so a loop started after the final response replays the whole stream.
+            response = next(responses, None)
+            while response is not None:
                 self.chunks += 1
-                ok = self._forward(response) and ok
-            if ok:
-                self.close()
+                self._forward(response)
+                response = next(responses, None)
+            self.close()
         except Exception as e:  # the router must answer even if its own relay breaks
-            ok = False
             self.close(f"router relay failed: {e}")
         finally:
-            self.loop.call_soon_threadsafe(_set_once, self.done, ok)
+            self.loop.call_soon_threadsafe(_set_once, self.done, not self.backend_failed)
 
     def _forward(self, response):
-        """Relay one chunk; False when it carries a backend error (which ends the stream)."""
+        """Relay one chunk; a chunk carrying an error ends the client's stream."""
         problem, outgoing = self.adapter.split(response)
         with self.lock:
             if self.closed:
-                return True             # abandoned or cancelled: drain, forward nothing
-            if problem is not None:
+                return                  # answered, abandoned or cancelled: drain only
+            if problem is not None and _client_fault(problem):
+                self._finish(problem)   # the request's fault, not the backend's
+            elif problem is not None:
+                self.backend_failed = True
                 self._finish(f"{self.backend} failed mid-stream: {problem}")
-                return False
-            if outgoing is not None:
+            elif outgoing is not None:
                 self.sender.send(outgoing)
-        return True
 
     # -- any thread ---------------------------------------------------------------------
     def close(self, error=None):
@@ -167,10 +191,9 @@ def _set_once(future, value):
         future.set_result(value)
 
 
-def _client_fault(response):
-    """A backend's error that blames the request (see CLIENT_FAULT_PREFIX)."""
-    return (response.has_error()
-            and response.error().message().startswith(CLIENT_FAULT_PREFIX))
+def _client_fault(problem):
+    """A backend's error message that blames the request (see CLIENT_FAULT_PREFIX)."""
+    return problem.startswith(CLIENT_FAULT_PREFIX)
 
 
 class TritonPythonModel:
@@ -180,33 +203,51 @@ class TritonPythonModel:
             self.config = json.load(f)
         self.name = self.config["name"]
         self.policy = Policy(self.config)
-        self.adapters = Adapters.from_config(self.config["backends"])
+        backends = self.config["backends"]
+        self.adapters = Adapters.from_config(backends)
         breaker_config = BreakerConfig.from_dict(self.config["breaker"])
         self.breakers = {name: CircuitBreaker(breaker_config, time.monotonic)
-                         for name in self.config["backends"]}
-        self.inflight = {name: 0 for name in self.config["backends"]}
-        self.max_inflight = self.config["max_inflight_per_backend"]
+                         for name in backends}
+        self.inflight = {name: 0 for name in backends}
+        repository = os.path.dirname(os.path.abspath(args["model_repository"]))
+        self.max_inflight = {name: inflight_limit(
+            self.config["max_inflight_per_backend"],
+            engine_capacity(repository, name, info["engine"]))
+            for name, info in backends.items()}
         self.deadline_s = self.config["deadline_s"]
         self.first_token_timeout_s = self.config["first_token_timeout_s"]
-        # One relay thread per stream, plus short-lived drains of control requests.
-        self.pool = ThreadPoolExecutor(
-            max_workers=min(2048, 2 * self.max_inflight * len(self.inflight) + 16),
-            thread_name_prefix="relay")
-        self.ids = itertools.count()
-        self.prefix = f"{self.name}-{os.getpid()}-"
+        streams = sum(self.max_inflight.values())
+        # async_exec runs every BLS call in the loop's default executor, and a decoupled
+        # call holds its thread until the backend's first response. asyncio's default
+        # (CPUs + 4 threads) queued new requests and health probes behind streams waiting
+        # in an engine's queue, so a busy backend looked dead: one thread per call.
+        self.bls_threads = streams + CONTROL_THREADS
+        self.bls_pool = None
+        # One relay thread per stream, plus drains of abandoned attempts and controls.
+        self.pool = ThreadPoolExecutor(max_workers=2 * streams + CONTROL_THREADS,
+                                       thread_name_prefix="relay")
+        self.loop = None
         self.background = set()     # control-request tasks (kept referenced until done)
+        self.probes = {}            # backend → (its shared health-probe task, started at)
         self.metrics = RouterMetrics(self.name)
         for name, breaker in self.breakers.items():
             self.metrics.breaker_state(name, breaker.state)
 
     async def execute(self, requests):
         # Breakers, counters and control requests are only touched on this loop.
-        self.loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        if loop is not self.loop:   # the stub's one loop (tests run several in turn)
+            self.loop, self.probes = loop, {}
+            self.bls_pool = ThreadPoolExecutor(max_workers=self.bls_threads,
+                                               thread_name_prefix="bls")
+            loop.set_default_executor(self.bls_pool)
         await asyncio.gather(*(self.handle(request) for request in requests))
         return None
 
     def finalize(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.bls_pool is not None:
+            self.bls_pool.shutdown(wait=False, cancel_futures=True)
         self.metrics.finalize()
 
     # -- one request ----------------------------------------------------------------------
@@ -227,17 +268,14 @@ class TritonPythonModel:
 
     async def route(self, request, sender, arrival, attempts):
         try:
-            features = self.features(request)
-            route, candidates = self.policy.candidates(features, self.available)
+            inbound = self.inbound(request)
+            route, candidates = self.policy.candidates(inbound.features, self.available)
         except UnknownRoute as e:
             return self.fail(sender, str(e), "unknown_route")
         except ValueError as e:
             return self.fail(sender, f"bad request: {e}", "bad_request")
         if not candidates:
-            _, wanted = self.policy.candidates(features)
-            return self.fail(sender, f"no backend available for route {route!r}: "
-                             + "; ".join(self.unavailable_reason(b) for b in wanted),
-                             "no_backend")
+            return self.refuse(sender, route, inbound.features)
         errors = []
         for attempt, backend in enumerate(candidates):
             if not self.claim(backend):
@@ -246,8 +284,8 @@ class TritonPythonModel:
             probe = self.breakers[backend].state == HALF_OPEN   # this request is the probe
             recorded = False
             try:
-                recorded = await self.serve(request, sender, backend, route, arrival,
-                                            attempts)
+                recorded = await self.serve(request, inbound, sender, backend, route,
+                                            arrival, attempts)
                 return
             except BackendFailed as e:
                 self.record(backend, ok=False)
@@ -262,42 +300,56 @@ class TritonPythonModel:
         self.fail(sender, "every backend failed before its first token: " + "; ".join(errors),
                   "all_failed")
 
-    def features(self, request):
-        """Routing features, from one pass over the request's inputs."""
+    def refuse(self, sender, route, features):
+        """No candidate can take the request: overloaded (all full) or unavailable."""
+        _, wanted = self.policy.candidates(features)
+        reasons = "; ".join(self.unavailable_reason(b) for b in wanted)
+        if wanted and all(self.full(b) for b in wanted):
+            return self.fail(sender, f"overloaded: every backend of route {route!r} is at "
+                             f"its limit, retry later ({reasons})", "overloaded")
+        return self.fail(sender, f"no backend available for route {route!r}: {reasons}",
+                         "no_backend")
+
+    def inbound(self, request):
+        """Routing features, whether the client streams, and inputs to forward in a
+        normalised form; from one pass over the request's inputs."""
         hints = {}
         params = request.parameters()
         if params and params != "{}":
             loaded = json.loads(params)
             hints.update({k: loaded[k] for k in HINT_NAMES if k in loaded})
         values = {t.name(): t for t in request.inputs()
-                  if t.name() in HINT_NAMES or t.name() in ("text_input", "messages")}
+                  if t.name() in HINT_NAMES or t.name() in ("text_input", "messages",
+                                                            "stream")}
         for name in HINT_NAMES:
             if name in values:
                 hints[name] = first_scalar(values[name].as_numpy())
         text = first_scalar(values["text_input"].as_numpy()) if "text_input" in values else None
-        messages_text = (first_scalar(values["messages"].as_numpy()) if "messages" in values
-                         else None)
-        messages = None
-        if messages_text:
-            try:
-                messages = json.loads(messages_text)
-            except ValueError as e:
-                raise ValueError(f"messages is not valid JSON: {e}") from None
-            if not isinstance(messages, list):
-                raise ValueError("messages must be a JSON list of {role, content} objects")
-        return features_from(text, messages, hints)
+        messages, replaced = None, {}
+        if "messages" in values:
+            messages, normalised = read_messages(values["messages"].as_numpy())
+            if normalised is not None:
+                replaced["messages"] = pb_utils.Tensor("messages", np.array(
+                    [normalised.encode("utf-8")], dtype=np.object_))
+        stream = bool(first_scalar(values["stream"].as_numpy())) if "stream" in values else False
+        return Inbound(features_from(text, messages, hints), stream, replaced)
 
     def available(self, backend):
-        return self.breakers[backend].available() and self.inflight[backend] < self.max_inflight
+        return self.breakers[backend].available() and not self.full(backend)
+
+    def full(self, backend):
+        return self.inflight[backend] >= self.max_inflight[backend]
 
     def unavailable_reason(self, backend):
-        if self.inflight[backend] >= self.max_inflight:
+        if self.full(backend):
             return (f"{backend}: {self.inflight[backend]} requests in flight "
-                    f"(max_inflight_per_backend is {self.max_inflight})")
+                    f"(its limit is {self.max_inflight[backend]}: "
+                    f"max_inflight_per_backend is {self.config['max_inflight_per_backend']}, "
+                    f"the engine's {QUEUE_FACTOR} x concurrent sequences caps it)")
         return f"{backend}: circuit breaker {self.breakers[backend].state}"
 
     def claim(self, backend):
-        if self.inflight[backend] >= self.max_inflight or not self.breakers[backend].allow():
+        if self.full(backend) or not self.breakers[backend].allow():
             return False
         self.inflight[backend] += 1
         return True
@@ -317,19 +369,21 @@ class TritonPythonModel:
         except Exception:
             pass  # the client is gone
 
-    async def serve(self, request, sender, backend, route, arrival, attempts):
+    async def serve(self, request, inbound, sender, backend, route, arrival, attempts):
         """One attempt. Raises BackendFailed if nothing reached the client; returns
         whether the backend's outcome was recorded in its breaker."""
         adapter = self.adapters[backend]
-        request_id = f"{self.prefix}{next(self.ids)}"
-        inputs = [t for t in request.inputs() if t.name() not in ROUTER_ONLY_INPUTS]
+        # Unguessable: a backend aborts by this id, and any client may send aborts.
+        request_id = f"{self.name}-{secrets.token_hex(16)}"
+        inputs = [inbound.replaced.get(t.name(), t) for t in request.inputs()
+                  if t.name() not in ROUTER_ONLY_INPUTS]
         try:
             child = pb_utils.InferenceRequest(
                 model_name=backend, inputs=adapter.inputs(inputs, request_id),
                 requested_output_names=adapter.outputs)
         except ValueError as e:  # the request does not fit this engine's interface
             raise BackendFailed(str(e)) from None
-        relay = Relay(sender, adapter, backend, self.loop)
+        relay = Relay(sender, adapter, backend, self.loop, not inbound.stream)
         attempts.append(relay)
         routed_s = time.monotonic() - arrival
         # BLS resolves async_exec once the backend's first response is in, so the wait
@@ -339,8 +393,7 @@ class TritonPythonModel:
                        arrival + self.deadline_s)
         late = f"no first token within {self.first_token_timeout_s} s"
         try:
-            problem = await self.watch(relay, calling, backend, first_by, late,
-                                       FIRST_TOKEN_WATCH_S, request_id)
+            problem = await self.watch(relay, calling, backend, first_by, late, request_id)
         except ClientCancelled:
             self.discard(calling)
             raise
@@ -355,11 +408,14 @@ class TritonPythonModel:
         except Exception as e:  # not loaded, stub unhealthy, ...
             raise BackendFailed(str(e) or type(e).__name__) from None
         outcome = relay.start(next(responses, None))
-        if outcome == CLIENT_ERROR:
+        if outcome is not None:
+            # Drain off the loop: a BLS iterator dropped unfinished blocks the thread
+            # that drops it until the backend's stream ends.
+            self.pool.submit(_drain, responses)
+            if outcome != CLIENT_ERROR:
+                raise BackendFailed(outcome)
             self.metrics.error("bad_request")
             return False
-        if outcome is not None:
-            raise BackendFailed(outcome)
         self.record(backend, ok=True)
         self.metrics.request(route, backend)
         self.metrics.added_latency(routed_s + relay.first_relay_s)
@@ -370,7 +426,7 @@ class TritonPythonModel:
         """Supervise a started stream until it ends; returns True (outcome recorded)."""
         late = f"deadline of {self.deadline_s} s exceeded"
         problem = await self.watch(relay, relay.done, backend, arrival + self.deadline_s,
-                                   late, STREAM_WATCH_S, request_id)
+                                   late, request_id)
         if problem == late:
             relay.close(late)
             self.abort(backend, request_id)   # a deadline is not the backend's failure
@@ -381,15 +437,17 @@ class TritonPythonModel:
             self.record(backend, ok=False)
         return True
 
-    async def watch(self, relay, until, backend, deadline, late, interval, request_id):
+    async def watch(self, relay, until, backend, deadline, late, request_id):
         """Wait for the future `until`; meanwhile abort on a client cancel (raises
         ClientCancelled), and return `late` at the deadline or the problem of a backend
         that went silent and fails a health probe. None when `until` is done."""
         seen, quiet_since = relay.chunks, time.monotonic()
+        interval = FIRST_TOKEN_WATCH_S
         while True:
             done, _ = await asyncio.wait((until,), timeout=interval)
             if done:
                 return None
+            interval = min(2 * interval, STREAM_WATCH_S)
             if relay.client_cancelled():
                 relay.close()
                 self.abort(backend, request_id)
@@ -420,19 +478,35 @@ class TritonPythonModel:
         if inputs is None:
             return
         self.metrics.abort(backend)
-        task = self.loop.create_task(self.control(backend, inputs))
+        self.keep(self.loop.create_task(self.control(backend, inputs)))
+
+    def keep(self, task):
         self.background.add(task)
         task.add_done_callback(self.background.discard)
 
     async def probe(self, backend):
-        """None if the backend answers a no-op control request, else what went wrong."""
+        """None unless the backend answers a no-op control request with an error (stub
+        dead, model unloaded). One probe per backend at a time, shared by every silent
+        stream, and its answer reused for SILENCE_PROBE_S."""
+        now = time.monotonic()
+        task, started = self.probes.get(backend, (None, 0.0))
+        if task is None or (task.done() and now - started >= SILENCE_PROBE_S):
+            task = self.loop.create_task(self._probe(backend))
+            self.probes[backend] = (task, now)
+        return await asyncio.shield(task)
+
+    async def _probe(self, backend):
         inputs = self.adapters[backend].abort_inputs(PROBE_REQUEST_ID)
         if inputs is None:
             return None   # no control input (TRT-LLM's ensemble): cannot tell
-        try:
-            return await asyncio.wait_for(self.control(backend, inputs), PROBE_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            return f"no answer to a health probe within {PROBE_TIMEOUT_S} s"
+        control = self.loop.create_task(self.control(backend, inputs))
+        done, _ = await asyncio.wait((control,), timeout=PROBE_TIMEOUT_S)
+        if not done:
+            # Slow is busy, not dead: a loaded engine answers late. A dead stub fails the
+            # probe at once; a hung one is cut off by first_token_timeout_s / deadline_s.
+            self.keep(control)
+            return None
+        return control.result()
 
     async def control(self, backend, inputs):
         """Send a control request; the first error it gets, or None."""
@@ -445,9 +519,62 @@ class TritonPythonModel:
             return str(e) or type(e).__name__
 
 
+class Inbound:
+    """What the router reads from a client's request, once."""
+
+    __slots__ = ("features", "stream", "replaced")
+
+    def __init__(self, features, stream, replaced):
+        self.features, self.stream, self.replaced = features, stream, replaced
+
+
+def read_messages(array):
+    """Chat messages from the `messages` tensor, in the shapes clients send: one JSON
+    string holding the list (the documented form), one message object on its own, or one
+    message object per element. Returns (messages, the JSON list to forward when it had
+    to be rewritten, else None); raises ValueError naming the problem."""
+    items = [first_scalar(item) for item in np.asarray(array, dtype=np.object_).reshape(-1)]
+    if not items or not all(isinstance(item, str) for item in items):
+        raise ValueError("messages must be a JSON string: a list of {role, content} objects")
+    try:
+        parsed = [json.loads(item) for item in items]
+    except ValueError as e:
+        raise ValueError(f"messages is not valid JSON: {e}") from None
+    if len(parsed) == 1 and isinstance(parsed[0], list):
+        return parsed[0], None
+    if all(isinstance(message, dict) for message in parsed):
+        return parsed, json.dumps(parsed)
+    raise ValueError("messages must be a JSON list of {role, content} objects")
+
+
+def inflight_limit(configured, capacity):
+    """The router's limit for one backend: the spec's, capped by the engine's."""
+    return configured if capacity is None else min(configured, QUEUE_FACTOR * capacity)
+
+
+def engine_capacity(repository, backend, engine):
+    """How many sequences a backend's engine runs at once (per-instance limit from its
+    model.json × instances in its config.pbtxt), or None when its files do not say."""
+    key = ENGINE_CAPACITY_KEYS.get(engine)
+    model_dir = os.path.join(repository, backend)
+    if key is None or not os.path.isdir(model_dir):
+        return None
+    try:
+        versions = sorted((d for d in os.listdir(model_dir) if d.isdigit()), key=int)
+        with open(os.path.join(model_dir, versions[-1], "model.json")) as f:
+            per_instance = json.load(f).get(key)
+        with open(os.path.join(model_dir, "config.pbtxt")) as f:
+            counts = re.findall(r"\bcount:\s*(\d+)", f.read())
+    except (OSError, IndexError, ValueError):
+        return None   # no readable engine config: the spec's limit alone applies
+    if not isinstance(per_instance, int) or per_instance < 1:
+        return None
+    return per_instance * max(1, sum(int(c) for c in counts))
+
+
 def _drain(responses):
     try:
-        for _ in responses:
+        while next(responses, None) is not None:   # next(): see Relay.pump
             pass
     except Exception:
         pass  # the backend is gone: nothing left to drain
@@ -455,9 +582,11 @@ def _drain(responses):
 
 def _first_error(responses):
     error = None
-    for response in responses:
+    response = next(responses, None)
+    while response is not None:
         if error is None and response.has_error():
             error = response.error().message()
+        response = next(responses, None)
     return error
 
 

@@ -13,6 +13,7 @@ import contextlib
 import importlib.util
 import itertools
 import json
+import os
 import sys
 import threading
 import time
@@ -48,14 +49,19 @@ class FakeBackend:
 
     chunks: texts to stream; delay_s: before each; first_error: an error response
     instead of the first chunk (code INTERNAL or INVALID_ARG); fail_after: an `error`
-    output after that many chunks; die_after: stop answering after that many chunks and
-    fail every later request (a killed stub)."""
+    output (fail_message) after that many chunks; die_after: stop answering after that
+    many chunks and fail every later request (a killed stub); control_delay_s: how long
+    control requests (aborts, probes) take to answer (a busy engine). As trident's engine
+    models do, the last chunk carries the final flag, and stream=false gets one response."""
 
     def __init__(self, name, chunks=("a", "b", "c"), delay_s=0.0, first_error=None,
-                 first_error_code=pb.TritonError.INTERNAL, fail_after=None, die_after=None):
+                 first_error_code=pb.TritonError.INTERNAL, fail_after=None, die_after=None,
+                 fail_message="engine exploded", control_delay_s=0.0):
         self.name, self.chunks, self.delay_s = name, list(chunks), delay_s
         self.first_error, self.first_error_code = first_error, first_error_code
         self.fail_after, self.die_after = fail_after, die_after
+        self.fail_message, self.control_delay_s = fail_message, control_delay_s
+        self.request_ids = []
         self.dead, self.buried = threading.Event(), threading.Event()
         self.calls, self.aborted, self.controls = 0, [], 0
         self._aborts: dict[str, threading.Event] = {}
@@ -69,21 +75,27 @@ class FakeBackend:
             return self._control(abort_id)
         with self.lock:
             self.calls += 1
+            self.request_ids.append(inputs["request_id"])
             stop = self._aborts.setdefault(inputs["request_id"], threading.Event())
+        if inputs.get("stream") is False:
+            return self._single(stop)
         return self._stream(stop)
 
     def _control(self, request_id):
         with self.lock:
             self.controls += 1
+        time.sleep(self.control_delay_s)          # off the loop: BLS runs it in a thread
+        with self.lock:
             if request_id in self._aborts:
                 self.aborted.append(request_id)
                 self._aborts[request_id].set()
-        return iter([pb.InferenceResponse()])
+        return iter([(pb.InferenceResponse(), True)])
 
     def _stream(self, stop):
+        """(response, whether it is the final one), like Triton's final flag."""
         if self.first_error is not None:
             yield pb.InferenceResponse(error=pb.TritonError(self.first_error,
-                                                            self.first_error_code))
+                                                            self.first_error_code)), True
             return
         for i, text in enumerate(self.chunks):
             if self.die_after is not None and i == self.die_after:
@@ -92,11 +104,48 @@ class FakeBackend:
                 return                            # (until the test is over)
             if stop.wait(self.delay_s):
                 break
-            error = "engine exploded" if self.fail_after == i else ""
-            yield chunk(text, self.name, error)
-            if error:
-                return
-        yield pb.InferenceResponse()              # flags-only final: no tensors
+            error = self.fail_message if self.fail_after == i else ""
+            last = i == len(self.chunks) - 1
+            yield chunk(text, self.name, error), last and not error
+            if error or last:
+                break
+        yield pb.InferenceResponse(), True        # flags-only final: no tensors
+
+    def _single(self, stop):
+        if stop.wait(self.delay_s * len(self.chunks)):
+            yield pb.InferenceResponse(), True
+        else:
+            yield chunk("".join(self.chunks), self.name), True
+
+
+class BlsIterator:
+    """Triton 2.51's decoupled BLS response iterator (python_backend
+    src/pb_response_iterator.cc), quirks included: once the final response has been read,
+    iter() rewinds it, so a `for` loop started then yields every response again."""
+
+    def __init__(self, responses):
+        self._responses = responses              # (response, final) pairs
+        self._seen, self._index, self._finished = [], 0, False
+
+    def __iter__(self):
+        if self._finished and self._index >= len(self._seen):
+            self._index = 0
+        return self
+
+    def __next__(self):
+        if self._finished:
+            if self._index < len(self._seen):
+                self._index += 1
+                return self._seen[self._index - 1]
+            raise StopIteration
+        response, final = next(self._responses, (None, True))
+        if response is None:
+            self._finished = True
+            raise StopIteration
+        self._seen.append(response)
+        self._finished = final
+        self._index = len(self._seen)
+        return response
 
 
 class BlsRequest:
@@ -107,6 +156,7 @@ class BlsRequest:
     def __init__(self, model_name, inputs, requested_output_names):
         self.model_name = model_name
         self.inputs = {t.name(): first(t.as_numpy()) for t in inputs}
+        self.input_tensors = list(inputs)
 
     async def async_exec(self, decoupled=False):
         """Like Triton's: resolves once the first response is in (or raises)."""
@@ -127,7 +177,8 @@ class BlsRequest:
 
         threading.Thread(target=fetch, daemon=True).start()
         first_response = await arrived
-        return itertools.chain([first_response] if first_response else [], responses)
+        return BlsIterator(itertools.chain([first_response] if first_response else [],
+                                           responses))
 
 
 class ClientInputs(dict):
@@ -140,13 +191,14 @@ class ClientInputs(dict):
 class ClientRequest:
     """A request Triton hands the router's execute()."""
 
-    def __init__(self, prompt="Hello", hints=None, parameters=None, messages=None):
+    def __init__(self, prompt="Hello", hints=None, parameters=None, messages=None,
+                 stream=True):
         inputs = ClientInputs()
         if prompt is not None:
             inputs["text_input"] = string_tensor("text_input", prompt)
         if messages is not None:
             inputs["messages"] = string_tensor("messages", messages)
-        inputs["stream"] = pb.Tensor("stream", np.array([True]))
+        inputs["stream"] = pb.Tensor("stream", np.array([stream]))
         for name, value in (hints or {}).items():
             inputs[name] = string_tensor(name, value)
         self.inputs = inputs
@@ -507,7 +559,7 @@ def test_hints_from_request_parameters(router):
 
 @pytest.mark.parametrize("messages, expected", [
     ("not json", "messages is not valid JSON"),
-    ('{"role": "user"}', "messages must be a JSON list"),
+    ('"hi"', "messages must be a JSON list"),
 ])
 def test_malformed_messages_are_bad_requests(router, messages, expected):
     model = router(backends=[FakeBackend("primary")])
@@ -521,3 +573,105 @@ def test_breaker_state_gauges_start_closed(router):
     model = router(backends=[])
     assert {b: gauge(model, b) for b in ("primary", "backup", "solo")} == {
         "primary": 0, "backup": 0, "solo": 0}
+
+
+# -- single responses, ids, load -----------------------------------------------------------
+
+def test_a_non_streaming_request_gets_exactly_one_response_with_the_final_flag(router):
+    # HTTP generate rejects anything else; the 2.51 iterator's rewind once sent it twice.
+    model = router(backends=[FakeBackend("primary", chunks=["Hello", " there"])])
+    request = ClientRequest(stream=False)
+    run(model, request)
+    assert len(request.sender.sent) == 1
+    response, flags = request.sender.sent[0]
+    assert flags == FINAL and response.value("text_output") == "Hello there"
+
+
+def test_a_one_chunk_stream_is_relayed_once(router):
+    model = router(backends=[FakeBackend("primary", chunks=["Hello"])])
+    request = ClientRequest()
+    run(model, request)
+    assert request.texts() == ["Hello"] and request.sender.final_flags() == 1
+
+
+def test_backend_request_ids_are_unguessable(router):
+    backend = FakeBackend("primary")
+    model = router(backends=[backend])
+    run(model, ClientRequest(), ClientRequest())
+    first, second = backend.request_ids
+    assert first != second
+    for request_id in (first, second):
+        token = request_id.removeprefix("router-")
+        assert len(token) >= 32 and str(os.getpid()) not in request_id
+
+
+def test_a_slow_health_probe_means_busy_not_dead(router):
+    # The first token comes after several silent periods; the probes go unanswered
+    # (a loaded engine), which must neither fail primary nor fall back.
+    primary = FakeBackend("primary", chunks=["late"], delay_s=1.2, control_delay_s=5)
+    backup = FakeBackend("backup")
+    model = router(backends=[primary, backup])
+    requests = [ClientRequest() for _ in range(4)]
+    run(model, *requests)
+    for request in requests:
+        assert request.texts() == ["late"] and not request.errors()
+    assert backup.calls == 0 and gauge(model, "primary") == 0
+    assert primary.controls == 1          # one shared probe, not one per silent stream
+
+
+def test_a_client_fault_mid_stream_never_counts_against_the_backend(router):
+    message = CLIENT_FAULT_PREFIX + "temperature must be >= 0"
+    primary = FakeBackend("primary", fail_after=1, fail_message=message)
+    model = router(backends=[primary, FakeBackend("backup")])
+    requests = [ClientRequest() for _ in range(3)]   # the breaker opens after 2 failures
+    for request in requests:
+        run(model, request)
+        assert request.errors() == [message] and request.sender.final_flags() == 1
+    assert primary.calls == 3 and gauge(model, "primary") == 0
+
+
+def test_all_backends_full_is_an_overloaded_error(router):
+    backend = FakeBackend("solo", chunks=["x"] * 5, delay_s=0.05)
+    model = router(backends=[backend], max_inflight_per_backend=1)
+    busy, shed = ClientRequest(hints={"route": "alone"}), ClientRequest(
+        hints={"route": "alone"})
+
+    async def second():
+        while not busy.texts():
+            await asyncio.sleep(0.002)
+        await model.execute([shed])
+
+    run(model, busy, during=second)
+    (error,) = shed.errors()
+    assert error.startswith("overloaded: ") and "solo" in error
+    assert pb.metric("trident_router_errors_total", router="router",
+                     reason="overloaded").value() >= 1
+
+
+def test_the_engine_caps_the_inflight_limit(router, tmp_path):
+    with router_modules() as module:
+        engine = tmp_path / "repo" / "primary"
+        (engine / "1").mkdir(parents=True)
+        (engine / "1" / "model.json").write_text(json.dumps({"max_num_seqs": 16}))
+        (engine / "config.pbtxt").write_text("instance_group [ { count: 2 kind: KIND_CPU } ]")
+        repo = str(tmp_path / "repo")
+        assert module.engine_capacity(repo, "primary", "vllm") == 32
+        assert module.engine_capacity(repo, "missing", "vllm") is None
+        assert module.engine_capacity(repo, "primary", "tensorrt_llm") is None
+        assert module.inflight_limit(256, 32) == 64 and module.inflight_limit(8, 32) == 8
+        assert module.inflight_limit(256, None) == 256
+
+
+def test_one_message_object_is_forwarded_as_a_list(router):
+    seen = []
+
+    class Recording(FakeBackend):
+        def open(self, inputs):
+            seen.append(dict(inputs))
+            return super().open(inputs)
+
+    model = router(backends=[Recording("primary")])
+    request = ClientRequest(prompt=None, messages='{"role": "user", "content": "Hi"}')
+    run(model, request)
+    assert json.loads(seen[0]["messages"]) == [{"role": "user", "content": "Hi"}]
+    assert request.texts() == ["a", "b", "c"]
