@@ -8,6 +8,7 @@ check (tests/gpu/check_sglang.sh) does the same against the real SGLang.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import json
@@ -365,7 +366,7 @@ def test_client_cancel_aborts_the_sglang_request(served, monkeypatch):
     served.engine.release()
     sender.wait_closed()
     rid = served.engine.calls[-1]["rid"]
-    assert served.engine.aborts == [rid]
+    wait_for(lambda: served.engine.aborts == [rid])   # the final flag goes out first
     assert sender.sent[-1] == (None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
     assert sender.final_flags() == 1 and len(sender.responses()) == 2
     assert served.metric("trident_requests_aborted_total") == 1
@@ -397,7 +398,9 @@ def test_abort_of_an_unknown_request_only_closes_the_control_request(served):
 def test_failure_before_the_first_token_is_an_error_response(served):
     served.engine.fail_before_first = RuntimeError("scheduler died")
     sender = served.run(text_input="hi", stream=True)
-    assert len(sender.sent) == 1 and sender.final_flags() == 1
+    # The error, then the final flag on its own (a gRPC stream client sees both).
+    assert len(sender.sent) == 2
+    assert sender.sent[1] == (None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
     assert sender.responses()[0].error().message() == "sglang error: scheduler died"
     assert sender.responses()[0].error().code() == pb.TritonError.INTERNAL
     served.engine.fail_before_first = None
@@ -457,7 +460,7 @@ def test_cached_tokens_of_an_aborted_request_are_counted(served):
     served.wait_metric("trident_prefix_cached_tokens_total", 4)
 
 
-def test_finalize_shuts_the_engine_down_and_frees_metrics_in_order(repo, monkeypatch):
+def test_finalize_shuts_the_engine_down_and_keeps_the_metrics(repo, monkeypatch):
     pb.metric_violations.clear()
     for served in _serve(repo, monkeypatch):
         engine = served.engine
@@ -466,7 +469,8 @@ def test_finalize_shuts_the_engine_down_and_frees_metrics_in_order(repo, monkeyp
     gc.collect()
     assert engine.shut_down
     assert pb.metric_violations == []
-    assert pb.metric("trident_prefix_cached_tokens_total", model="qwen") is None
+    # Never deleted: the model's next instance writes the same series (trident_common.metrics).
+    assert pb.metric("trident_prefix_cached_tokens_total", model="qwen") is not None
 
 
 # -- session affinity (the router's policy) ----------------------------------------------
@@ -503,3 +507,105 @@ def test_engine_start_failure_fails_the_load_with_the_reason(repo, tmp_path, mon
     import gc
     gc.collect()
     assert pb.metric_violations == []
+
+
+# -- abort ownership, races and a dead engine ----------------------------------------------
+
+
+def test_engine_ids_cannot_be_aborted_from_outside(served):
+    served.engine.hold_after = 1
+    stream = served.send(text_input="long answer", stream=True, max_tokens=6)
+    wait_for(lambda: len(stream.sent) == 1)
+    rid = served.engine.calls[-1]["rid"]
+    for guess in [rid] + [f"qwen-{n}" for n in range(8)]:
+        assert served.run(abort_request_id=guess).final_flags() == 1
+    served.engine.release()
+    stream.wait_closed()
+    assert served.engine.aborts == []
+    assert "".join(texts(stream)) == expected_text(REPLY_WORDS[:6])
+
+
+def test_an_abort_that_overtakes_its_request_stops_it(served):
+    served.run(abort_request_id="router-early")
+    stream = served.run(text_input="hi", stream=True, request_id="router-early")
+    assert stream.sent == [(None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)]
+    assert served.engine.calls == []
+    assert served.metric("trident_requests_aborted_total") == 1
+    assert served.metric("trident_requests_in_flight") == 0
+
+
+def test_a_duplicate_request_id_does_not_take_over_the_abort(served):
+    served.engine.hold_after = 1
+    first = served.send(text_input="one", stream=True, request_id="dup")
+    wait_for(lambda: len(first.sent) == 1)
+    second = served.send(text_input="two", stream=True, request_id="dup")
+    wait_for(lambda: len(second.sent) == 1)
+    served.run(abort_request_id="dup")
+    first.wait_closed()
+    assert served.engine.aborts == [served.engine.calls[0]["rid"]]
+    served.engine.release()
+    second.wait_closed()
+    assert second.responses()[-1].value("finish_reason") == "stop"
+    served.wait_metric("trident_requests_in_flight", 0)
+
+
+def test_a_send_that_fails_on_a_cancelled_stream_still_ends_the_request(served):
+    served.engine.hold_after = 1
+    stream = served.send(text_input="long answer", stream=True)
+    wait_for(lambda: len(stream.sent) == 1)
+    stream.cancelled = True
+    stream.closed.set()          # Triton closed the stream: every send now raises
+    served.engine.release()
+    wait_for(lambda: served.engine.aborts == [served.engine.calls[-1]["rid"]])
+    served.wait_metric("trident_requests_in_flight", 0)
+    served.wait_metric("trident_requests_aborted_total", 1)
+    assert served.metric("trident_request_errors_total") == 0
+
+
+def test_a_hanging_engine_abort_does_not_hold_the_final_flag(served, monkeypatch):
+    import trident_common.engine_model as engine_model
+    monkeypatch.setattr(engine_model, "ABORT_TIMEOUT_S", 0.2)
+    hung = []
+
+    async def hang(engine_id):
+        hung.append(engine_id)
+        await asyncio.sleep(3600)
+
+    served.model.abort = hang
+    served.engine.hold_after = 1
+    stream = served.send(text_input="long answer", stream=True, request_id="r-1")
+    wait_for(lambda: len(stream.sent) == 1)
+    served.run(abort_request_id="r-1")
+    stream.wait_closed()
+    assert stream.final_flags() == 1 and hung
+    served.wait_metric("trident_requests_in_flight", 0)   # once the abort gives up
+    served.engine.release()
+
+
+def test_a_dead_engine_ends_requests_in_flight_and_refuses_new_ones(served, monkeypatch):
+    import trident_common.engine_model as engine_model
+    monkeypatch.setattr(engine_model, "HEALTH_CHECK_S", 0.05)
+    served.wait_metric("trident_engine_healthy", 1)
+    served.engine.hold_after = 1
+    stream = served.send(text_input="long answer", stream=True)
+    wait_for(lambda: len(stream.sent) == 1)
+    served.model.engine_dead = lambda: "the engine core exited"
+    stream.wait_closed(timeout_s=10)                 # the health check runs every 2 s
+    error = stream.responses()[-1].value("error")
+    assert error == "sglang engine is dead: the engine core exited"
+    assert stream.sent[-1] == (None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    served.wait_metric("trident_engine_healthy", 0)
+    after = served.run(text_input="hi", stream=True)
+    message = after.responses()[0].error().message()
+    assert message == "sglang engine is dead: the engine core exited"
+    assert after.responses()[0].error().code() == pb.TritonError.INTERNAL
+    assert after.final_flags() == 1 and len(served.engine.calls) == 1
+    served.wait_metric("trident_requests_in_flight", 0)
+    served.engine.release()
+
+
+def test_string_sampling_values_reach_sglang_typed(served):
+    served.run(text_input="hi", stream=True,
+               sampling_parameters={"temperature": "0", "seed": "5", "top_k": "-1"})
+    assert served.engine.calls[-1]["sampling_params"] == {
+        "temperature": 0.0, "sampling_seed": 5, "top_k": -1, "max_new_tokens": 128}

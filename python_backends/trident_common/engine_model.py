@@ -19,12 +19,20 @@ from typing import AsyncIterator, Optional
 
 from trident_common import devices
 from trident_common.request import (AbortRequest, BadRequest, GenerateRequest,
-                                    parse_generate)
+                                    describe, parse_generate)
 from trident_common.triton_io import (FINAL, LlmMetrics, ResponseFactory, input_getter,
-                                      send_error)
+                                      request_parameters, send_error)
 
 ENGINE_CONFIG_FILE = "model.json"
 CANCEL_CHECK_S = 0.05   # how stale a client's cancellation may be before we notice it
+HEALTH_CHECK_S = 2.0    # how often the engine's health is checked (and the gauge set)
+ABORT_TIMEOUT_S = 5.0   # an engine abort that takes longer is given up (the request ends)
+EARLY_ABORT_TTL_S = 30.0   # how long an abort for a not-yet-seen request id is remembered
+EARLY_ABORT_MAX = 1024
+
+
+class EngineDead(Exception):
+    """The engine cannot serve any request any more (e.g. vLLM's engine core died)."""
 
 
 @dataclass
@@ -37,11 +45,18 @@ class Delta:
     output_tokens: int
 
 
-@dataclass
+@dataclass(eq=False)   # hashed by identity: kept in a set
 class _Active:
+    """One generation. All fields are touched on the model's event loop only."""
+
     engine_id: str
-    task: "asyncio.Task"
+    client_id: str            # the client's request_id ("" when it gave none)
+    sender: object
+    task: Optional["asyncio.Task"] = None
+    submitted: bool = False   # handed to the engine: abort it there if it ends early
     started: bool = False     # a data response has been sent
+    closed: bool = False      # the final flag has been sent (or tried: the client left)
+    dead: Optional[str] = None   # why the engine died under this request
 
 
 class AsyncEngineModel(abc.ABC):
@@ -72,6 +87,11 @@ class AsyncEngineModel(abc.ABC):
     async def stop_engine(self) -> None:
         """Shut the engine down (model unload)."""
 
+    def engine_dead(self) -> Optional[str]:
+        """Why the engine can serve nothing any more, or None while it can. Called on
+        the loop every HEALTH_CHECK_S and before each request: keep it cheap."""
+        return None
+
     # -- Triton's interface -------------------------------------------------------------
     def initialize(self, args: dict) -> None:
         self.model_name = args["model_name"]
@@ -82,7 +102,9 @@ class AsyncEngineModel(abc.ABC):
         self.responses = ResponseFactory(self.model_name)
         self.metrics = LlmMetrics(self.model_name)
         self._ids = itertools.count()
-        self._active: dict[str, _Active] = {}
+        self._running: set[_Active] = set()
+        self._by_client_id: dict[str, _Active] = {}   # only ids clients chose
+        self._early_aborts: dict[str, float] = {}     # client id → forget-after time
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever,
                                              name=f"{self.engine_name}-loop", daemon=True)
@@ -95,27 +117,34 @@ class AsyncEngineModel(abc.ABC):
             self._stop_loop()
             self.metrics.finalize()
             raise
+        self._health = asyncio.run_coroutine_threadsafe(self._watch_health(), self.loop)
 
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
             arrival = time.monotonic()
             try:
-                parsed = parse_generate(input_getter(request))
+                parsed = parse_generate(input_getter(request), request_parameters(request))
             except BadRequest as e:
                 self._count_error()
-                sender.send(self.responses.error(str(e), client_fault=True), flags=FINAL)
+                self._send_quietly(send_error, sender, self.responses, str(e), False, True)
+                continue
+            except Exception as e:  # a defect of ours: still answer, and keep serving
+                self._count_error()
+                self._send_quietly(send_error, sender, self.responses,
+                                   f"{self.engine_name} could not read the request: "
+                                   f"{type(e).__name__}: {describe(e)}", False, False)
                 continue
             if isinstance(parsed, AbortRequest):
                 self.loop.call_soon_threadsafe(self._abort_by_client_id, parsed, sender)
             else:
-                asyncio.run_coroutine_threadsafe(self._generate(parsed, sender, arrival),
-                                                 self.loop)
+                self.loop.call_soon_threadsafe(self._start, parsed, sender, arrival)
         return None
 
     def finalize(self) -> None:
         try:
-            for active in list(self._active.values()):
+            self.loop.call_soon_threadsafe(self._health.cancel)
+            for active in list(self._running):
                 self.loop.call_soon_threadsafe(active.task.cancel)
             self._run(self.stop_engine(), timeout=30)
         finally:
@@ -136,41 +165,140 @@ class AsyncEngineModel(abc.ABC):
         self.metrics.errors.increment(1)
         self.metrics.requests.increment(1)
 
+    def _count_aborted(self) -> None:
+        self.metrics.aborted.increment(1)
+        self.metrics.requests.increment(1)
+
+    @staticmethod
+    def _send_quietly(send, *args) -> None:
+        try:
+            send(*args)
+        except Exception:
+            pass  # the client is gone (or the sender closed): nothing left to tell it
+
+    def _start(self, request: GenerateRequest, sender, arrival: float) -> None:
+        """On the loop: register the generation and start its task in one step, so an
+        abort queued after this request always finds it."""
+        if request.request_id and self._early_aborts.pop(request.request_id, None):
+            self._count_aborted()        # aborted before it arrived: never start it
+            self._send_quietly(sender.send, None, FINAL)
+            return
+        active = _Active(f"{self.model_name}-{next(self._ids)}", request.request_id, sender)
+        if active.client_id:
+            # The first request owns its id; a duplicate cannot abort (or be aborted
+            # in place of) the one already running.
+            self._by_client_id.setdefault(active.client_id, active)
+        self._running.add(active)
+        self.metrics.in_flight.increment(1)
+        active.task = self.loop.create_task(self._generate(request, active, arrival))
+        # A done callback runs however the task ends, even when it is cancelled before
+        # its first step (when none of _generate runs): the one place a request ends.
+        active.task.add_done_callback(lambda _: self._finished(active))
+
+    def _finished(self, active: _Active) -> None:
+        self._close(active)
+        self.metrics.in_flight.increment(-1)
+        self._running.discard(active)
+        if self._by_client_id.get(active.client_id) is active:
+            del self._by_client_id[active.client_id]
+
     def _abort_by_client_id(self, abort: AbortRequest, sender) -> None:
         """The router's abort: cancel the task that streams that request (which aborts
-        it in the engine), then close the control request."""
-        active = self._active.get(abort.request_id)
+        it in the engine), then close the control request. Only ids that clients chose
+        are registered: the engine's own ids cannot be aborted from outside."""
+        active = self._by_client_id.get(abort.request_id)
         if active is not None:
             active.task.cancel()
-        sender.send(flags=FINAL)
+        else:
+            self._remember_early_abort(abort.request_id)
+        self._send_quietly(sender.send, None, FINAL)
 
-    async def _generate(self, request: GenerateRequest, sender, arrival: float) -> None:
-        engine_id = f"{self.model_name}-{next(self._ids)}"
-        client_id = request.request_id or engine_id
-        active = self._active[client_id] = _Active(engine_id, asyncio.current_task())
-        self.metrics.in_flight.increment(1)
+    def _remember_early_abort(self, request_id: str) -> None:
+        """An abort may overtake its request (both are queued by Triton); remember it for
+        a while, bounded, so the request is not started when it does arrive."""
+        now = time.monotonic()
+        for key, until in list(self._early_aborts.items()):
+            if until < now or len(self._early_aborts) >= EARLY_ABORT_MAX:
+                del self._early_aborts[key]
+        self._early_aborts[request_id] = now + EARLY_ABORT_TTL_S
+
+    async def _generate(self, request: GenerateRequest, active: _Active,
+                        arrival: float) -> None:
         try:
+            self._check_alive()
             prompt = request.prompt
             if prompt is None:
                 prompt = await self.render_chat(request.messages)
             sampling = self.make_sampling(request)
-            await self._relay(request, prompt, sampling, active, sender, arrival)
-        except asyncio.CancelledError:
-            await self._aborted(engine_id, sender)
-        except BadRequest as e:
-            self._count_error()
-            self._send_error(sender, str(e), active.started, client_fault=True)
-        except Exception as e:  # an engine failure: report it, keep serving
-            self._count_error()
-            self._send_error(sender, f"{self.engine_name} error: {e}", active.started)
-        else:
+            active.submitted = True
+            await self._relay(request, prompt, sampling, active, arrival)
             self.metrics.requests.increment(1)
-        finally:
-            self.metrics.in_flight.increment(-1)
-            self._active.pop(client_id, None)
+            return
+        except asyncio.CancelledError:
+            if active.dead is not None:   # cancelled by the health check: not an abort
+                self._fail(active, f"{self.engine_name} engine is dead: {active.dead}")
+            else:
+                self._count_aborted()
+                self._close(active)   # now: the engine's abort below may be slow
+        except BadRequest as e:
+            self._fail(active, str(e), client_fault=True)
+        except Exception as e:
+            self._failed(active, e)
+        if active.submitted:   # it may still be generating: stop it
+            await self._abort_quietly(active.engine_id)
+
+    def _failed(self, active: _Active, error: Exception) -> None:
+        """Classify a failure: the client left, the engine died, or the engine failed."""
+        dead = self.engine_dead()
+        if dead is not None or isinstance(error, EngineDead):
+            self._fail(active, f"{self.engine_name} engine is dead: "
+                               f"{dead or describe(error)}")
+        elif self._client_gone(active):
+            self._count_aborted()    # e.g. a send to a cancelled stream raised
+            active.closed = True
+        else:
+            self._fail(active, f"{self.engine_name} error: {describe(error)}")
+
+    @staticmethod
+    def _client_gone(active: _Active) -> bool:
+        try:
+            return bool(active.sender.is_cancelled())
+        except Exception:
+            return True   # the sender itself is unusable: nobody can be told anything
+
+    def _check_alive(self) -> None:
+        dead = self.engine_dead()
+        if dead is not None:
+            raise EngineDead(dead)
+
+    async def _abort_quietly(self, engine_id: str) -> None:
+        try:
+            await asyncio.wait_for(self.abort(engine_id), ABORT_TIMEOUT_S)
+        except asyncio.CancelledError:
+            pass  # cancelled again while aborting (client cancel and router abort): done
+        except Exception:
+            pass  # the request has ended for the client; the engine frees it on its own
+
+    async def _watch_health(self) -> None:
+        """Set the health gauge; when the engine died, end the requests in flight with an
+        error (they would otherwise wait forever for an engine that will not answer)."""
+        while True:
+            dead = self.engine_dead()
+            self.metrics.engine_healthy.set(0 if dead else 1)
+            if dead is not None:
+                for active in list(self._running):
+                    if active.dead is None:
+                        active.dead = dead
+                        active.task.cancel()
+            await asyncio.sleep(HEALTH_CHECK_S)
+
+    def _send(self, active: _Active, response, final: bool) -> None:
+        if final:
+            active.closed = True
+        active.sender.send(response, flags=FINAL if final else 0)
 
     async def _relay(self, request: GenerateRequest, prompt: str, sampling, active: _Active,
-                     sender, arrival: float) -> None:
+                     arrival: float) -> None:
         """Stream the engine's deltas to the client (or collect them for one response).
 
         Per chunk this costs one send: metrics go to Triton once per request and the
@@ -186,12 +314,14 @@ class AsyncEngineModel(abc.ABC):
                 self.metrics.ttft.observe(now - arrival)
             if now >= next_check:
                 next_check = now + CANCEL_CHECK_S
-                if sender.is_cancelled():
+                if active.sender.is_cancelled():
                     raise asyncio.CancelledError
+            if delta.finish_reason:   # counted before the final flag lets the client go
+                self._record_tokens(delta, first_at)
             if request.stream:
-                sender.send(self.responses.chunk(delta.text, delta.finish_reason,
-                                                 delta.input_tokens, delta.output_tokens),
-                            flags=FINAL if delta.finish_reason else 0)
+                self._send(active, self.responses.chunk(
+                    delta.text, delta.finish_reason, delta.input_tokens,
+                    delta.output_tokens), final=bool(delta.finish_reason))
                 active.started = True
             else:
                 pieces.append(delta.text)
@@ -200,13 +330,13 @@ class AsyncEngineModel(abc.ABC):
                 break
         if final is None:
             raise RuntimeError("the engine ended the stream without a finish reason")
-        self._record_tokens(final, first_at)
         if not request.stream:
             text = "".join(pieces)
             if request.prompt is not None and not request.exclude_input_in_output:
                 text = request.prompt + text
-            sender.send(self.responses.chunk(text, final.finish_reason, final.input_tokens,
-                                             final.output_tokens), flags=FINAL)
+            self._send(active, self.responses.chunk(text, final.finish_reason,
+                                                    final.input_tokens, final.output_tokens),
+                       final=True)
 
     def _record_tokens(self, final: Delta, first_at: Optional[float]) -> None:
         self.metrics.prompt_tokens.increment(final.input_tokens)
@@ -215,23 +345,20 @@ class AsyncEngineModel(abc.ABC):
             # The mean gap between tokens after the first, one observation per request.
             self.metrics.itl.observe((time.monotonic() - first_at) / (final.output_tokens - 1))
 
-    def _send_error(self, sender, message: str, started: bool,
-                    client_fault: bool = False) -> None:
-        try:
-            send_error(sender, self.responses, message, started, client_fault)
-        except Exception:
-            pass  # the client is gone (or the sender closed): nothing left to tell it
+    def _close(self, active: _Active) -> None:
+        """The final flag (flags only), unless the request already had it."""
+        if not active.closed:
+            active.closed = True
+            self._send_quietly(active.sender.send, None, FINAL)
 
-    async def _aborted(self, engine_id: str, sender) -> None:
-        try:
-            await self.abort(engine_id)
-        finally:
-            self.metrics.aborted.increment(1)
-            self.metrics.requests.increment(1)
-            try:
-                sender.send(flags=FINAL)
-            except Exception:
-                pass  # the client is gone; nothing left to tell it
+    def _fail(self, active: _Active, message: str, client_fault: bool = False) -> None:
+        """End a request with an error (and the final flag), once."""
+        self._count_error()
+        if active.closed:
+            return
+        active.closed = True
+        self._send_quietly(send_error, active.sender, self.responses, message or
+                           "unknown error", active.started, client_fault)
 
 
 def apply_device_placement(args: dict) -> None:

@@ -7,6 +7,7 @@ No Triton, no engine: the same code serves vLLM and SGLang and is unit-tested al
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -57,26 +58,35 @@ def first_scalar(value: Any) -> Any:
     return value
 
 
-def parse_generate(get: Callable[[str], Any]):
-    """Inputs → GenerateRequest | AbortRequest; raises BadRequest."""
+def parse_generate(get: Callable[[str], Any], parameters: Optional[dict] = None):
+    """Inputs → GenerateRequest | AbortRequest; raises BadRequest.
+
+    `parameters` are the request's Triton parameters: vllm_backend clients may send
+    sampling values there instead of a sampling_parameters tensor."""
     abort_id = first_scalar(get("abort_request_id"))
     if abort_id:
         return AbortRequest(str(abort_id))
-    prompt = first_scalar(get("text_input"))
-    messages_json = first_scalar(get("messages"))
+    prompt = _text_input(get, "text_input")
+    messages_json = _text_input(get, "messages")
     if prompt is None and messages_json is None:
         raise BadRequest("missing input: one of 'text_input' or 'messages' is required")
     if prompt is not None and messages_json is not None:
         raise BadRequest("give either 'text_input' or 'messages', not both")
+    if prompt == "":
+        raise BadRequest("text_input is empty")
     messages = _parse_messages(messages_json) if messages_json is not None else None
-    sampling = parse_sampling(first_scalar(get("sampling_parameters")))
+    sampling_json = first_scalar(get("sampling_parameters"))
+    if sampling_json is None:
+        sampling = coerce_sampling(_sampling_from_parameters(parameters))
+    else:
+        sampling = coerce_sampling(parse_sampling(sampling_json))
     max_tokens = first_scalar(get("max_tokens"))
     if max_tokens is None:
         max_tokens = sampling.pop("max_tokens", DEFAULT_MAX_TOKENS)
     else:
         sampling.pop("max_tokens", None)
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise BadRequest(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        raise BadRequest(f"max_tokens must be a positive integer, got {_show(max_tokens)}")
     return GenerateRequest(
         prompt=prompt, messages=messages,
         stream=bool(first_scalar(get("stream")) or False),
@@ -86,16 +96,186 @@ def parse_generate(get: Callable[[str], Any]):
     )
 
 
-def parse_sampling(text: Optional[str]) -> dict:
+def _text_input(get: Callable[[str], Any], name: str) -> Optional[str]:
+    value = first_scalar(get(name))
+    if value is not None and not isinstance(value, str):
+        raise BadRequest(f"{name} must be a string (BYTES tensor), got {type(value).__name__}")
+    return value
+
+
+def parse_sampling(text: Any) -> dict:
     if not text:
         return {}
+    if not isinstance(text, str):
+        raise BadRequest("sampling_parameters must be a JSON string (BYTES tensor)")
     try:
         params = json.loads(text)
     except json.JSONDecodeError as e:
         raise BadRequest(f"sampling_parameters is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest("sampling_parameters is nested too deeply") from None
     if not isinstance(params, dict):
         raise BadRequest("sampling_parameters must be a JSON object")
     return params
+
+
+def _sampling_from_parameters(parameters: Optional[dict]) -> dict:
+    """Sampling values sent as request parameters. Only known sampling names are taken:
+    the same parameters also carry router hints and other per-request extras."""
+    return {k: v for k, v in (parameters or {}).items() if k in SAMPLING_TYPES}
+
+
+# -- sampling values ----------------------------------------------------------------------
+# The type of each sampling value a client may set, as vLLM's SamplingParams declares it
+# (vllm 0.32), plus SGLang's structured-output names. Clients of vllm_backend send every
+# value as a string ("temperature": "0"), so strings are converted; a value that does not
+# convert is refused here, before it reaches an engine (a str seed kills vLLM's engine
+# core input thread). JSON null means "the engine's default".
+INT, FLOAT, BOOL = "an integer", "a number", "a boolean"
+TEXTS = "a string or a list of strings"
+TEXT_LIST = "a list of strings"
+INT_LIST = "a list of integers"
+BIAS = "an object of token id -> number"
+OBJECT = "a JSON object"
+TEXT = "a string"
+TEXT_OR_OBJECT = "a string or a JSON object"
+
+SAMPLING_TYPES = {
+    "n": INT, "max_tokens": INT, "min_tokens": INT, "top_k": INT, "seed": INT,
+    "logprobs": INT, "prompt_logprobs": INT,
+    "temperature": FLOAT, "top_p": FLOAT, "min_p": FLOAT, "presence_penalty": FLOAT,
+    "frequency_penalty": FLOAT, "repetition_penalty": FLOAT,
+    "ignore_eos": BOOL, "skip_special_tokens": BOOL, "spaces_between_special_tokens": BOOL,
+    "include_stop_str_in_output": BOOL,
+    "stop": TEXTS, "bad_words": TEXT_LIST,
+    "stop_token_ids": INT_LIST, "allowed_token_ids": INT_LIST,
+    "logit_bias": BIAS,
+    "structured_outputs": OBJECT, "extra_args": OBJECT,
+    "json_schema": TEXT_OR_OBJECT, "regex": TEXT, "ebnf": TEXT,   # SGLang's names
+}
+
+
+def coerce_sampling(params: dict) -> dict:
+    """Known sampling values converted to their declared types; unknown keys are kept
+    for the engine's own check (which names them). Raises BadRequest naming the field."""
+    out = {}
+    for key, value in params.items():
+        kind = SAMPLING_TYPES.get(key)
+        if kind is None:
+            out[key] = value
+        elif value is not None:
+            try:
+                out[key] = _CONVERT[kind](value)
+            except (TypeError, ValueError, OverflowError):
+                raise BadRequest(f"sampling_parameters.{key}: expected {kind}, "
+                                 f"got {_show(value)}") from None
+    n = out.pop("n", 1)
+    if n != 1:
+        raise BadRequest(f"sampling_parameters.n: only n=1 is supported (one completion "
+                         f"per request), got {n}")
+    return out
+
+
+def _to_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise TypeError
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        return int(value.strip())
+    raise TypeError
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError
+    return number
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    raise TypeError
+
+
+def _container(value: Any, kind: type) -> Any:
+    """A list or dict, also when sent as JSON text (the strings dialect)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (json.JSONDecodeError, RecursionError):
+            raise ValueError from None
+    if not isinstance(value, kind):
+        raise TypeError
+    return value
+
+
+def _to_texts(value: Any):
+    if isinstance(value, str):
+        return value
+    return _to_text_list(value)
+
+
+def _to_text_list(value: Any) -> list:
+    items = _container(value, list)
+    if not all(isinstance(item, str) for item in items):
+        raise TypeError
+    return items
+
+
+def _to_int_list(value: Any) -> list:
+    return [_to_int(item) for item in _container(value, list)]
+
+
+def _to_bias(value: Any) -> dict:
+    return {_to_int(k): _to_float(v) for k, v in _container(value, dict).items()}
+
+
+def _to_text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError
+    return value
+
+
+def _to_text_or_object(value: Any):
+    if not isinstance(value, (str, dict)):
+        raise TypeError
+    return value
+
+
+_CONVERT = {INT: _to_int, FLOAT: _to_float, BOOL: _to_bool, TEXTS: _to_texts,
+            TEXT_LIST: _to_text_list, INT_LIST: _to_int_list, BIAS: _to_bias,
+            OBJECT: lambda v: _container(v, dict), TEXT: _to_text,
+            TEXT_OR_OBJECT: _to_text_or_object}
+
+
+def _show(value: Any, limit: int = 40) -> str:
+    """A value for an error message, cut short (a client may send 100 KB)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def describe(error: BaseException) -> str:
+    """An exception as words, never empty: its message, else its type (and its cause's,
+    for wrappers such as vLLM's EngineGenerateError that carry no message)."""
+    message = str(error).strip()
+    if message:
+        return message
+    cause = error.__cause__ or error.__context__
+    if cause is not None and cause is not error and str(cause).strip():
+        return f"{type(error).__name__} ({type(cause).__name__}: {str(cause).strip()})"
+    if cause is not None and cause is not error:
+        return f"{type(error).__name__} ({type(cause).__name__})"
+    return type(error).__name__
 
 
 def _parse_messages(text: str) -> list:
@@ -103,6 +283,8 @@ def _parse_messages(text: str) -> list:
         messages = json.loads(text)
     except json.JSONDecodeError as e:
         raise BadRequest(f"messages is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest("messages is nested too deeply") from None
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty JSON list of {role, content} objects")
     for i, message in enumerate(messages):

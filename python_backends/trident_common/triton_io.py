@@ -7,6 +7,7 @@ router must still see it.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -25,6 +26,19 @@ def input_getter(request) -> Callable[[str], Any]:
         tensor = pb_utils.get_input_tensor_by_name(request, name)
         return None if tensor is None else tensor.as_numpy()
     return get
+
+
+def request_parameters(request) -> dict:
+    """The request's Triton parameters (gRPC `parameters`, HTTP `parameters`) as a dict;
+    pb_utils hands them over as JSON text."""
+    parameters = getattr(request, "parameters", None)
+    if parameters is None:
+        return {}
+    try:
+        value = json.loads(parameters() or "{}")
+    except (TypeError, ValueError):
+        return {}   # Triton writes this JSON itself; nothing a client could fix
+    return value if isinstance(value, dict) else {}
 
 
 def _string(name: str, value: str) -> "pb_utils.Tensor":
@@ -72,12 +86,13 @@ class ResponseFactory:
 def send_error(sender, factory: ResponseFactory, message: str, started: bool,
                client_fault: bool = False) -> None:
     """Finish a request with an error: an error response before any data, else the
-    error output followed by a flags-only final response."""
+    error output; then a flags-only final response. Triton drops the final flag of an
+    error response: a gRPC stream client waiting for it would wait forever."""
     if started:
         sender.send(factory.error_output(message))
-        sender.send(flags=FINAL)
     else:
-        sender.send(factory.error(message, client_fault), flags=FINAL)
+        sender.send(factory.error(message, client_fault))
+    sender.send(flags=FINAL)
 
 
 class LlmMetrics:

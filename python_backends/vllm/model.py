@@ -12,10 +12,8 @@ import tempfile
 locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
 
 from trident_common.engine_model import AsyncEngineModel, Delta  # noqa: E402
-from trident_common.request import BadRequest, check_sampling_keys  # noqa: E402
-
-# Sampling fields a client may set (the rest of SamplingParams is internal to vLLM).
-_INTERNAL_FIELDS = {"output_kind", "skip_clone", "output_text_buffer_length", "detokenize"}
+from trident_common.request import (SAMPLING_TYPES, BadRequest,  # noqa: E402
+                                    check_sampling_keys, describe)
 
 
 def _cpu_defaults() -> None:
@@ -36,26 +34,44 @@ class TritonPythonModel(AsyncEngineModel):
     async def start_engine(self, config: dict) -> None:
         from vllm import AsyncEngineArgs, SamplingParams
         from vllm.exceptions import VLLMClientError
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
         from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.engine.exceptions import EngineGenerateError
 
         if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             config.setdefault("enforce_eager", True)
         self._sampling_class = SamplingParams
-        self._client_errors = (ValueError, VLLMClientError)
+        self._structured_class = StructuredOutputsParams
+        self._client_errors = (ValueError, TypeError, OverflowError, VLLMClientError)
+        self._generate_error = EngineGenerateError
         self._delta = RequestOutputKind.DELTA
-        self._sampling_fields = {f for f in SamplingParams.__struct_fields__
-                                 if not f.startswith("_")} - _INTERNAL_FIELDS
+        # The sampling names clients may use: trident's typed table, as far as this
+        # vLLM's SamplingParams has them.
+        self._sampling_fields = set(SAMPLING_TYPES) & set(SamplingParams.__struct_fields__)
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**config))
         self.tokenizer = self.engine.get_tokenizer()
 
+    def engine_dead(self):
+        engine = getattr(self, "engine", None)
+        if engine is None or not engine.errored:
+            return None
+        return describe(engine.dead_error)
+
     def make_sampling(self, request):
         check_sampling_keys(request.sampling, self._sampling_fields, "vllm")
+        values = dict(request.sampling)
+        if "structured_outputs" in values:
+            try:
+                values["structured_outputs"] = self._structured_class(
+                    **values["structured_outputs"])
+            except self._client_errors as e:
+                raise BadRequest(f"sampling_parameters.structured_outputs: {describe(e)}") \
+                    from None
         try:
-            return self._sampling_class(**request.sampling, max_tokens=request.max_tokens,
+            return self._sampling_class(**values, max_tokens=request.max_tokens,
                                         output_kind=self._delta)
-        except (TypeError, ValueError) as e:
-            raise BadRequest(f"invalid sampling_parameters: {e}") from None
+        except self._client_errors as e:   # vLLM's checks of the values (ranges, ...)
+            raise BadRequest(f"invalid sampling_parameters: {describe(e)}") from None
 
     async def render_chat(self, messages: list) -> str:
         try:
@@ -70,7 +86,14 @@ class TritonPythonModel(AsyncEngineModel):
         try:
             first = await outputs.__anext__()
         except self._client_errors as e:  # vLLM's request checks, e.g. prompt too long
-            raise BadRequest(str(e)) from None
+            raise BadRequest(describe(e)) from None
+        except self._generate_error as e:
+            # vLLM wraps what its input processing raised (e.g. a TypeError on a value
+            # it could not handle) in a message-less EngineGenerateError; the request
+            # never reached the engine core, so the request is what failed.
+            if isinstance(e.__cause__, self._client_errors):
+                raise BadRequest(describe(e.__cause__)) from None
+            raise
         except StopAsyncIteration:
             return
         async for output in _chain(first, outputs):
