@@ -34,6 +34,7 @@ import triton_python_backend_utils as pb_utils
 from adapters import ROUTER_ONLY_INPUTS, Adapters  # siblings in the model's directory
 from breaker import HALF_OPEN, STATE_VALUES, BreakerConfig, CircuitBreaker
 from policy import Policy, UnknownRoute, features_from
+from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, MetricSet
 from trident_common.request import CLIENT_FAULT_PREFIX, first_scalar
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -592,40 +593,40 @@ def _first_error(responses):
 
 class RouterMetrics:
     """Requests by route and backend, fallbacks, aborts, errors, breaker states, added
-    latency. Label sets are created lazily and kept (the stub needs the references)."""
+    latency. Label sets are created lazily; like every trident metric they outlive this
+    instance (see trident_common.metrics)."""
+
+    FAMILIES = {   # kind: (name, description, metric kind)
+        "requests": ("trident_router_requests_total",
+                     "Requests routed, by route and serving backend", COUNTER),
+        "fallbacks": ("trident_router_fallbacks_total",
+                      "Requests moved to the next candidate after this backend failed "
+                      "before its first token", COUNTER),
+        "aborts": ("trident_router_aborts_total",
+                   "Aborts sent to a backend (client cancel, timeout, deadline)", COUNTER),
+        "errors": ("trident_router_errors_total",
+                   "Requests the router answered with an error, by reason", COUNTER),
+        "breaker": ("trident_router_breaker_state",
+                    "Circuit breaker per backend: 0 closed, 1 half-open, 2 open", GAUGE),
+        "latency": ("trident_router_added_latency_seconds",
+                    "Router time on the first-token path (before the backend call and "
+                    "relaying its first response)", HISTOGRAM),
+    }
 
     def __init__(self, router):
-        family = pb_utils.MetricFamily
         self.router = router
-        self.families = {
-            "requests": family("trident_router_requests_total",
-                               "Requests routed, by route and serving backend", family.COUNTER),
-            "fallbacks": family("trident_router_fallbacks_total",
-                                "Requests moved to the next candidate after this backend "
-                                "failed before its first token", family.COUNTER),
-            "aborts": family("trident_router_aborts_total",
-                             "Aborts sent to a backend (client cancel, timeout, deadline)",
-                             family.COUNTER),
-            "errors": family("trident_router_errors_total",
-                             "Requests the router answered with an error, by reason",
-                             family.COUNTER),
-            "breaker": family("trident_router_breaker_state",
-                              "Circuit breaker per backend: 0 closed, 1 half-open, 2 open",
-                              family.GAUGE),
-            "latency": family("trident_router_added_latency_seconds",
-                              "Router time on the first-token path (before the backend "
-                              "call and relaying its first response)", family.HISTOGRAM),
-        }
+        self.set = MetricSet()
         self.metrics = {}
         self._latency = self._metric("latency", (), buckets=[
             0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1])
 
-    def _metric(self, kind, labels, **kwargs):
+    def _metric(self, kind, labels, buckets=None):
         key = (kind, labels)
         metric = self.metrics.get(key)
         if metric is None:
-            metric = self.families[kind].Metric(
-                labels={"router": self.router, **dict(labels)}, **kwargs)
+            name, description, metric_kind = self.FAMILIES[kind]
+            metric = self.set.metric(name, description, metric_kind,
+                                     {"router": self.router, **dict(labels)}, buckets)
             self.metrics[key] = metric
         return metric
 
@@ -648,6 +649,4 @@ class RouterMetrics:
         self._latency.observe(seconds)
 
     def finalize(self):
-        self._latency = None
-        self.metrics.clear()
-        self.families.clear()
+        self.set.close()   # the series stay for the router's next instance

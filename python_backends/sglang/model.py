@@ -9,9 +9,8 @@ and the prefix (radix) cache's cached-token counts as a metric.
 import json
 from typing import Optional
 
-import triton_python_backend_utils as pb_utils
-
 from trident_common.engine_model import AsyncEngineModel, Delta
+from trident_common.metrics import COUNTER, MetricSet
 from trident_common.request import BadRequest, check_sampling_keys
 
 # trident's sampling names (vLLM's, as clients of vllm_backend send them) → SGLang's
@@ -103,19 +102,17 @@ class PrefixCacheMetric:
     rate. Owned here because only SGLang reports per-request cached tokens."""
 
     def __init__(self, model: str):
-        self._family = pb_utils.MetricFamily(
+        self._set = MetricSet()   # kept past finalize: see trident_common.metrics
+        self._metric = self._set.metric(
             "trident_prefix_cached_tokens_total",
-            "Prompt tokens served from the engine's prefix cache", pb_utils.MetricFamily.COUNTER)
-        self._metric = self._family.Metric(labels={"model": model})
+            "Prompt tokens served from the engine's prefix cache", COUNTER, {"model": model})
 
     def add(self, tokens: int) -> None:
         if tokens > 0:
             self._metric.increment(tokens)
 
     def finalize(self) -> None:
-        # The metric must go before its family, or the stub crashes at shutdown.
-        del self._metric
-        del self._family
+        self._set.close()
 
 
 class TritonPythonModel(AsyncEngineModel):

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, MetricSet
 from trident_common.request import CLIENT_FAULT_PREFIX
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -96,49 +97,38 @@ def send_error(sender, factory: ResponseFactory, message: str, started: bool,
 
 
 class LlmMetrics:
-    """Per-model Prometheus metrics on Triton's metrics port (pb_utils.MetricFamily)."""
+    """Per-model Prometheus metrics on Triton's metrics port. They outlive the instance
+    (see trident_common.metrics): the model's next instance continues the same series."""
 
     def __init__(self, model: str):
         labels = {"model": model}
-        family = pb_utils.MetricFamily
-        self._families = [
-            family("trident_time_to_first_token_seconds",
-                   "Time from request arrival to its first generated token", family.HISTOGRAM),
-            family("trident_inter_token_latency_seconds",
-                   "Mean time between generated tokens after the first, one observation per request", family.HISTOGRAM),
-            family("trident_prompt_tokens_total", "Prompt tokens processed", family.COUNTER),
-            family("trident_generation_tokens_total", "Tokens generated", family.COUNTER),
-            family("trident_requests_in_flight", "Requests being generated", family.GAUGE),
-            family("trident_requests_aborted_total",
-                   "Requests aborted in the engine (client cancel or router abort)",
-                   family.COUNTER),
-            family("trident_request_errors_total", "Requests that ended in an error",
-                   family.COUNTER),
-            family("trident_requests_total", "Requests finished (any outcome)", family.COUNTER),
-        ]
-        (ttft, itl, prompt, generated, inflight, aborted, errors, total) = self._families
-        self.ttft = ttft.Metric(labels=labels, buckets=TTFT_BUCKETS)
-        self.itl = itl.Metric(labels=labels, buckets=ITL_BUCKETS)
-        self.prompt_tokens = prompt.Metric(labels=labels)
-        self.generation_tokens = generated.Metric(labels=labels)
-        self.in_flight = inflight.Metric(labels=labels)
-        self.aborted = aborted.Metric(labels=labels)
-        self.errors = errors.Metric(labels=labels)
-        self.requests = total.Metric(labels=labels)
-        self._metrics = [self.ttft, self.itl, self.prompt_tokens, self.generation_tokens,
-                         self.in_flight, self.aborted, self.errors, self.requests]
+        self._set = metrics = MetricSet()
+        self.ttft = metrics.metric(
+            "trident_time_to_first_token_seconds",
+            "Time from request arrival to its first generated token", HISTOGRAM, labels,
+            TTFT_BUCKETS)
+        self.itl = metrics.metric(
+            "trident_inter_token_latency_seconds",
+            "Mean time between generated tokens after the first, one observation per request",
+            HISTOGRAM, labels, ITL_BUCKETS)
+        self.prompt_tokens = metrics.metric(
+            "trident_prompt_tokens_total", "Prompt tokens processed", COUNTER, labels)
+        self.generation_tokens = metrics.metric(
+            "trident_generation_tokens_total", "Tokens generated", COUNTER, labels)
+        self.in_flight = metrics.metric(
+            "trident_requests_in_flight", "Requests being generated", GAUGE, labels)
+        self.aborted = metrics.metric(
+            "trident_requests_aborted_total",
+            "Requests aborted in the engine (client cancel or router abort)", COUNTER, labels)
+        self.errors = metrics.metric(
+            "trident_request_errors_total", "Requests that ended in an error", COUNTER, labels)
+        self.requests = metrics.metric(
+            "trident_requests_total", "Requests finished (any outcome)", COUNTER, labels)
         # Set by the engine model's periodic health check; `trident serve` watches it.
-        healthy = family("trident_engine_healthy",
-                         "1 while the engine passes its health check, 0 once it died",
-                         family.GAUGE)
-        self._families.append(healthy)
-        self.engine_healthy = healthy.Metric(labels=labels)
-        self._metrics.append(self.engine_healthy)
+        self.engine_healthy = metrics.metric(
+            "trident_engine_healthy", "1 while the engine passes its health check, 0 once it died",
+            GAUGE, labels)
 
     def finalize(self) -> None:
-        # Metrics must go before their families, or the stub crashes at shutdown.
-        self._metrics.clear()
-        for name in ("ttft", "itl", "prompt_tokens", "generation_tokens", "in_flight",
-                     "aborted", "errors", "requests", "engine_healthy"):
-            delattr(self, name)
-        self._families.clear()
+        """Stop writing; the series stay for the model's next instance."""
+        self._set.close()
