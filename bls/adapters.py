@@ -73,8 +73,7 @@ class TrtllmAdapter:
     outputs = ["text_output"]
 
     def __init__(self, backend):
-        self.served_by = _string_tensor("served_by", backend)
-        self.no_error = _string_tensor("error", "")
+        self.backend = backend
 
     def inputs(self, inputs, request_id):
         values = {t.name(): t.as_numpy() for t in inputs}
@@ -111,9 +110,11 @@ class TrtllmAdapter:
         text = pb_utils.get_output_tensor_by_name(response, "text_output")
         if text is None:
             return None, None
+        # Fresh tensors per response: a send copies each tensor into shared memory with
+        # the GIL released, so one tensor object shared by concurrent relays races.
         return None, pb_utils.InferenceResponse(output_tensors=[
             _string_tensor("text_output", first_scalar(text.as_numpy()) or ""),
-            self.served_by, self.no_error])
+            _string_tensor("served_by", self.backend), _string_tensor("error", "")])
 
 
 class Adapters(dict):

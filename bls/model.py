@@ -56,6 +56,11 @@ CLIENT_ERROR = "client error"   # Relay.first outcome: the backend rejected the 
 QUEUE_FACTOR = 2
 ENGINE_CAPACITY_KEYS = {"vllm": "max_num_seqs", "sglang": "max_running_requests"}
 CONTROL_THREADS = 64      # BLS calls beyond the streams: aborts, probes, drains
+# The server side of BLS holds a thread of the Python backend's pool (thread-pool-size,
+# 32 by default) per call until that call's first response. Requests queued in an engine
+# would hold them all, and aborts and health probes then wait behind them: at most this
+# many requests wait for a first response at once, the rest wait in the router.
+BLS_CALL_SLOTS = 24
 
 
 class BackendFailed(Exception):
@@ -227,7 +232,7 @@ class TritonPythonModel:
         # One relay thread per stream, plus drains of abandoned attempts and controls.
         self.pool = ThreadPoolExecutor(max_workers=2 * streams + CONTROL_THREADS,
                                        thread_name_prefix="relay")
-        self.loop = None
+        self.loop = self.bls_slots = None
         self.background = set()     # control-request tasks (kept referenced until done)
         self.probes = {}            # backend → (its shared health-probe task, started at)
         self.metrics = RouterMetrics(self.name)
@@ -239,6 +244,7 @@ class TritonPythonModel:
         loop = asyncio.get_running_loop()
         if loop is not self.loop:   # the stub's one loop (tests run several in turn)
             self.loop, self.probes = loop, {}
+            self.bls_slots = asyncio.Semaphore(BLS_CALL_SLOTS)
             self.bls_pool = ThreadPoolExecutor(max_workers=self.bls_threads,
                                                thread_name_prefix="bls")
             loop.set_default_executor(self.bls_pool)
@@ -389,7 +395,7 @@ class TritonPythonModel:
         routed_s = time.monotonic() - arrival
         # BLS resolves async_exec once the backend's first response is in, so the wait
         # for it is supervised here and next() below does not block the loop.
-        calling = asyncio.ensure_future(child.async_exec(decoupled=True))
+        calling = asyncio.ensure_future(self.call(child, relay))
         first_by = min(time.monotonic() + self.first_token_timeout_s,
                        arrival + self.deadline_s)
         late = f"no first token within {self.first_token_timeout_s} s"
@@ -464,11 +470,19 @@ class TritonPythonModel:
                 if problem is not None:
                     return problem
 
+    async def call(self, child, relay):
+        """The BLS call, once a slot is free (see BLS_CALL_SLOTS); None if the attempt
+        was given up while it waited (then it is never sent)."""
+        async with self.bls_slots:
+            if relay.closed:
+                return None
+            return await child.async_exec(decoupled=True)
+
     def discard(self, calling):
         """An attempt given up before its first response: drain its stream off the loop
         once it arrives (the backend was told to abort, or is dead)."""
         def drain(task):
-            if not task.cancelled() and task.exception() is None:
+            if not task.cancelled() and task.exception() is None and task.result():
                 self.pool.submit(_drain, task.result())
         calling.add_done_callback(drain)
 

@@ -675,3 +675,16 @@ def test_one_message_object_is_forwarded_as_a_list(router):
     run(model, request)
     assert json.loads(seen[0]["messages"]) == [{"role": "user", "content": "Hi"}]
     assert request.texts() == ["a", "b", "c"]
+
+
+def test_requests_waiting_for_a_first_response_are_bounded(router):
+    # Triton's BLS holds a server thread per call until its first response: beyond the
+    # slots, requests wait in the router, leaving threads for aborts and probes.
+    backend = FakeBackend("primary", chunks=["x"], delay_s=0.3)
+    model = router(backends=[backend], max_inflight_per_backend=8)
+    model.initialize.__globals__["BLS_CALL_SLOTS"] = 2
+    requests = [ClientRequest() for _ in range(4)]
+    started = time.monotonic()
+    run(model, *requests)
+    assert time.monotonic() - started >= 0.55      # two waves of two
+    assert all(r.texts() == ["x"] for r in requests)
