@@ -20,6 +20,7 @@ carrying the final flag, as the backend sent it: Triton's HTTP generate endpoint
 nothing else.
 """
 import asyncio
+import faulthandler
 import json
 import os
 import re
@@ -204,6 +205,9 @@ def _client_fault(problem):
 
 class TritonPythonModel:
     def initialize(self, args):
+        # A crashed stub leaves nothing in the log and its model still READY: on a fatal
+        # signal, print every thread's Python stack to stderr (the server's log).
+        faulthandler.enable(all_threads=True)
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         with open(os.path.join(version_dir, "router.json")) as f:
             self.config = json.load(f)
