@@ -1,0 +1,170 @@
+"""Reloading models in a real tritonserver (explicit model control) must not kill it.
+
+Triton 2.51 shares a custom metric's Prometheus series between every stub that creates
+the same family and labels, and frees it when one of them deletes its Metric: the old
+instance of a reloaded model used to free the series its successor was writing, and the
+next observation killed the server (trident_common.metrics). Here each model kind that
+runs on this machine (vLLM, the SGLang model with its engine double, the router) is loaded,
+loaded again, unloaded and loaded, waiting each time until the old instance's stub has
+exited (so its finalize has run), and must answer correctly all along; its histograms keep
+counting across the instances.
+"""
+from __future__ import annotations
+
+import queue
+import re
+import time
+import urllib.request
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from builder import infer
+from builder.serve import stub_processes
+from tests.conftest import render, start_server
+from tests.helpers import metric_value, wait_for
+from tests.test_sglang_server import SHIM
+
+pytestmark = pytest.mark.server
+
+SPEC = {
+    "name": "reload",
+    "hardware": {"gpu": "cpu"},
+    "models": [
+        {"name": "qwen", "engine": "sglang", "model": "/models/test-double",
+         "engine_args": {"context_length": 4096}},
+        {"name": "tiny", "engine": "vllm", "model": "builtin:tiny-llama",
+         "engine_args": {"max_model_len": 512, "block_size": 32, "max_num_seqs": 4,
+                         "dtype": "float32", "seed": 0}},
+    ],
+    "router": {"default": ["qwen"]},
+}
+DOUBLE_REPLY = " w0 w1 w2 w3"     # the SGLang double's first four words (SHIM)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("reload")
+    repo = render(SPEC, tmp / "repo")
+    (repo / "qwen" / "1" / "sglang.py").write_text(SHIM)
+    server = start_server(repo, tmp, load_models=["qwen", "tiny", "router"], timeout_s=240)
+    yield server
+    server.stop()
+
+
+def control(server, model: str, action: str) -> None:
+    request = urllib.request.Request(
+        f"{server.http_url}/v2/repository/models/{model}/{action}", data=b"{}",
+        method="POST")
+    with urllib.request.urlopen(request, timeout=240) as response:
+        assert response.status == 200
+
+
+def stubs_of(server, model: str) -> set[int]:
+    return {pid for pid, stub in stub_processes(server.process.pid).items()
+            if stub.model == model}
+
+
+def wait_for_successor(server, model: str, old: set[int]) -> None:
+    """Until the old instance's stub has exited (its finalize ran) and one new one serves."""
+    def replaced():
+        assert server.process.poll() is None, "tritonserver died (see its log)"
+        stubs = stubs_of(server, model)
+        return len(stubs) == 1 and not stubs & old
+    wait_for(replaced, timeout_s=120, interval_s=0.2)
+
+
+def answer(server, model: str) -> tuple[str, str, int]:
+    result = infer.stream_generate(server.grpc_url, model, "Hello", max_tokens=4,
+                                   sampling={"temperature": 0}, timeout_s=120)
+    return result.text, result.served_by, result.output_tokens
+
+
+def observations(server, histogram: str, **labels) -> float:
+    return metric_value(server.metrics_url, histogram + "_count", **labels)
+
+
+def reload_and_check(server, model: str, histogram: str, labels: dict,
+                     expected: tuple) -> None:
+    """Serve, load again, serve, unload + load, serve four times; the same answer
+    each time, the server alive, every request observed in the histogram."""
+    assert answer(server, model) == expected
+    counted = observations(server, histogram, **labels)
+    old = stubs_of(server, model)
+    control(server, model, "load")            # a new instance replaces the loaded one
+    wait_for_successor(server, model, old)
+    assert answer(server, model) == expected
+    old = stubs_of(server, model)
+    control(server, model, "unload")
+    control(server, model, "load")            # while the old stub may still finalize
+    wait_for_successor(server, model, old)
+    for _ in range(4):
+        assert answer(server, model) == expected
+    assert server.process.poll() is None, "tritonserver died"
+    # The new instances write the same series: nothing lost, nothing reset.
+    wait_for(lambda: observations(server, histogram, **labels) == counted + 5, 30)
+
+
+def test_sglang_model_survives_reloads(server):
+    reload_and_check(server, "qwen", "trident_time_to_first_token_seconds",
+                     {"model": "qwen"}, (DOUBLE_REPLY, "qwen", 4))
+
+
+def test_router_survives_reloads(server):
+    reload_and_check(server, "router", "trident_router_added_latency_seconds",
+                     {"router": "router"}, (DOUBLE_REPLY, "qwen", 4))
+
+
+@pytest.mark.vllm
+def test_vllm_model_survives_reloads(server):
+    text, served_by, tokens = answer(server, "tiny")
+    assert served_by == "tiny" and tokens == 4
+    reload_and_check(server, "tiny", "trident_time_to_first_token_seconds",
+                     {"model": "tiny"}, (text, "tiny", 4))   # greedy: the same text
+
+
+def test_unload_with_a_stream_in_flight(server):
+    """The stream ends (final flag), the server lives, and the model serves once loaded."""
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        client.async_stream_infer("qwen", infer.build_inputs("Hello", max_tokens=300),
+                                  enable_empty_final_response=True)
+        assert responses.get(timeout=60)[1] is None        # streaming has begun
+        old = stubs_of(server, "qwen")
+        control(server, "qwen", "unload")
+        assert _ends(responses, 60), "the in-flight stream never ended"
+    finally:
+        client.stop_stream()
+        client.close()
+    control(server, "qwen", "load")
+    wait_for_successor(server, "qwen", old)
+    assert answer(server, "qwen") == (DOUBLE_REPLY, "qwen", 4)
+    wait_for(lambda: metric_value(server.metrics_url, "trident_requests_in_flight",
+                                  model="qwen") == 0, 30)
+
+
+def _ends(responses: queue.Queue, timeout_s: float) -> bool:
+    """True once a final response (or an error, which ends the stream) arrives."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            result, error = responses.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            return False
+        if error is not None:
+            return True
+        final = result.get_response().parameters.get("triton_final_response")
+        if final and final.bool_param:
+            return True
+    return False
+
+
+def test_server_stops_cleanly_after_the_reloads(server):
+    """Last in this module: every old instance is gone, so shutdown finalizes only the
+    current ones; nothing crashes on the way out."""
+    assert server.stop() == 0
+    log = server.log_path.read_text(errors="replace")
+    signals = set(re.findall(r"Signal \((\d+)\) received", log))
+    assert signals <= {"15"}, f"tritonserver got signal {signals} (see its log)"   # 15: ours
