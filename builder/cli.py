@@ -87,8 +87,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server.wait_ready(args.timeout)
         print(f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  "
               f"metrics {server.metrics_url}", flush=True)
-        code = server.process.wait()
-        raise TridentError(f"tritonserver exited with status {code}")
+        server.monitor()   # returns only by raising: the server exited or a stub died
     except KeyboardInterrupt:
         print("stopping tritonserver", file=sys.stderr, flush=True)
         return 0
@@ -147,7 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("repo")
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("serve", help="run tritonserver on a model repository")
+    p = sub.add_parser("serve", help="run tritonserver on a model repository",
+                       description="Run tritonserver on a model repository until Ctrl-C or "
+                       "SIGTERM (exit 0). Exits 1, stopping the server, when the server "
+                       "exits, or a model's stub process or engine dies (Triton would "
+                       "keep the model READY), so a supervisor can restart it.")
     p.add_argument("--repo", default="model_repository")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
