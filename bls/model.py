@@ -20,6 +20,7 @@ carrying the final flag, as the backend sent it: Triton's HTTP generate endpoint
 nothing else.
 """
 import asyncio
+import collections
 import faulthandler
 import json
 import os
@@ -62,6 +63,32 @@ CONTROL_THREADS = 64      # BLS calls beyond the streams: aborts, probes, drains
 # would hold them all, and aborts and health probes then wait behind them: at most this
 # many requests wait for a first response at once, the rest wait in the router.
 BLS_CALL_SLOTS = 24
+RETIRE_S = 10.0           # finished BLS iterators are kept this long (see Retired)
+
+
+class Retired:
+    """Finished BLS response iterators, kept referenced for RETIRE_S, then dropped on the
+    event loop.
+
+    Why (python_backend r24.10, pb_stub.cc): reading an iterator's final response queues
+    a cleanup that a C++ thread of the stub runs later, erasing the stub's own reference
+    to the iterator, without holding the GIL. If Python dropped its references first,
+    that erase destroys the iterator and every response it kept, and each response's
+    tensors hold numpy arrays: freed without the GIL, they corrupt the heap (the stub
+    died in _multiarray_umath under cancel storms). Kept past the cleanup, the last
+    reference is Python's, released with the GIL held."""
+
+    def __init__(self):
+        self.entries = collections.deque()   # (finished at, iterator); append is atomic
+
+    def add(self, responses):
+        self.entries.append((time.monotonic(), responses))
+
+    def prune(self):
+        """Drop those finished RETIRE_S ago (on the event loop: one thread pops)."""
+        horizon = time.monotonic() - RETIRE_S
+        while self.entries and self.entries[0][0] < horizon:
+            self.entries.popleft()
 
 
 class BackendFailed(Exception):
@@ -83,8 +110,9 @@ class Relay:
     router falls back or answers the client itself.
     """
 
-    def __init__(self, sender, adapter, backend, loop, single):
+    def __init__(self, sender, adapter, backend, loop, single, retired):
         self.sender, self.adapter, self.backend, self.loop = sender, adapter, backend, loop
+        self.retired = retired
         self.single = single        # the client wants one response (stream false)
         self.lock = threading.Lock()
         self.streaming = False      # the first response went to the client
@@ -135,6 +163,7 @@ class Relay:
                 self.chunks += 1
                 self._forward(response)
                 response = next(responses, None)
+            self.retired.add(responses)
             self.close()
         except Exception as e:  # the router must answer even if its own relay breaks
             self.close(f"router relay failed: {e}")
@@ -238,6 +267,7 @@ class TritonPythonModel:
                                        thread_name_prefix="relay")
         self.loop = self.bls_slots = None
         self.background = set()     # control-request tasks (kept referenced until done)
+        self.retired = Retired()
         self.probes = {}            # backend → (its shared health-probe task, started at)
         self.metrics = RouterMetrics(self.name)
         for name, breaker in self.breakers.items():
@@ -264,6 +294,7 @@ class TritonPythonModel:
     # -- one request ----------------------------------------------------------------------
     async def handle(self, request):
         arrival = time.monotonic()
+        self.retired.prune()
         sender = request.get_response_sender()
         attempts = []
         try:
@@ -394,7 +425,7 @@ class TritonPythonModel:
                 requested_output_names=adapter.outputs)
         except ValueError as e:  # the request does not fit this engine's interface
             raise BackendFailed(str(e)) from None
-        relay = Relay(sender, adapter, backend, self.loop, not inbound.stream)
+        relay = Relay(sender, adapter, backend, self.loop, not inbound.stream, self.retired)
         attempts.append(relay)
         routed_s = time.monotonic() - arrival
         # BLS resolves async_exec once the backend's first response is in, so the wait
@@ -422,7 +453,7 @@ class TritonPythonModel:
         if outcome is not None:
             # Drain off the loop: a BLS iterator dropped unfinished blocks the thread
             # that drops it until the backend's stream ends.
-            self.pool.submit(_drain, responses)
+            self.pool.submit(_drain, responses, self.retired)
             if outcome != CLIENT_ERROR:
                 raise BackendFailed(outcome)
             self.metrics.error("bad_request")
@@ -487,7 +518,7 @@ class TritonPythonModel:
         once it arrives (the backend was told to abort, or is dead)."""
         def drain(task):
             if not task.cancelled() and task.exception() is None and task.result():
-                self.pool.submit(_drain, task.result())
+                self.pool.submit(_drain, task.result(), self.retired)
         calling.add_done_callback(drain)
 
     # -- control requests to backends -------------------------------------------------------
@@ -533,7 +564,8 @@ class TritonPythonModel:
                                             requested_output_names=[])
         try:
             responses = await control.async_exec(decoupled=True)
-            return await self.loop.run_in_executor(self.pool, _first_error, responses)
+            return await self.loop.run_in_executor(self.pool, _first_error, responses,
+                                                   self.retired)
         except Exception as e:  # stub unhealthy, not loaded
             return str(e) or type(e).__name__
 
@@ -591,21 +623,23 @@ def engine_capacity(repository, backend, engine):
     return per_instance * max(1, sum(int(c) for c in counts))
 
 
-def _drain(responses):
+def _drain(responses, retired):
     try:
         while next(responses, None) is not None:   # next(): see Relay.pump
             pass
     except Exception:
-        pass  # the backend is gone: nothing left to drain
+        return  # the backend is gone: nothing left to drain (and no cleanup queued)
+    retired.add(responses)
 
 
-def _first_error(responses):
+def _first_error(responses, retired):
     error = None
     response = next(responses, None)
     while response is not None:
         if error is None and response.has_error():
             error = response.error().message()
         response = next(responses, None)
+    retired.add(responses)
     return error
 
 

@@ -688,3 +688,26 @@ def test_requests_waiting_for_a_first_response_are_bounded(router):
     run(model, *requests)
     assert time.monotonic() - started >= 0.55      # two waves of two
     assert all(r.texts() == ["x"] for r in requests)
+
+
+def test_finished_bls_iterators_outlive_the_stubs_own_cleanup(router, monkeypatch):
+    # The stub erases its reference to a finished iterator later, from a thread without
+    # the GIL: if that is the last one, the responses' numpy arrays are freed unlocked.
+    import gc
+    import weakref
+    made = []
+
+    class Tracked(BlsIterator):
+        def __init__(self, responses):
+            super().__init__(responses)
+            made.append(weakref.ref(self))
+
+    monkeypatch.setattr(sys.modules[__name__], "BlsIterator", Tracked)
+    model = router(backends=[FakeBackend("primary")])
+    run(model, ClientRequest(), ClientRequest(stream=False))
+    gc.collect()
+    assert len(made) == 2 and all(ref() is not None for ref in made)
+    model.handle.__globals__["RETIRE_S"] = 0
+    model.retired.prune()
+    gc.collect()
+    assert all(ref() is None for ref in made)
