@@ -7,14 +7,19 @@ next observation killed the server (trident_common.metrics). Here each model kin
 runs on this machine (vLLM, the SGLang model with its engine double, the router) is loaded,
 loaded again, unloaded and loaded, waiting each time until the old instance's stub has
 exited (so its finalize has run), and must answer correctly all along; its histograms keep
-counting across the instances.
+counting across the instances. The lifecycle's own rules are checked first, without a
+server, against the pb_utils double.
 """
 from __future__ import annotations
 
+import gc
+import importlib
 import queue
 import re
+import sys
 import time
 import urllib.request
+import weakref
 
 import pytest
 import tritonclient.grpc as grpcclient
@@ -22,10 +27,11 @@ import tritonclient.grpc as grpcclient
 from builder import infer
 from builder.serve import stub_processes
 from tests.conftest import render, start_server
+from tests.fakes import fake_pb_utils as pb
 from tests.helpers import metric_value, wait_for
 from tests.test_sglang_server import SHIM
 
-pytestmark = pytest.mark.server
+server_test = pytest.mark.server
 
 SPEC = {
     "name": "reload",
@@ -40,6 +46,23 @@ SPEC = {
     "router": {"default": ["qwen"]},
 }
 DOUBLE_REPLY = " w0 w1 w2 w3"     # the SGLang double's first four words (SHIM)
+
+
+def test_metrics_outlive_their_set_and_drop_writes_once_closed(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
+    monkeypatch.delitem(sys.modules, "trident_common.metrics", raising=False)
+    metrics = importlib.import_module("trident_common.metrics")
+    pb.metric_violations.clear()
+    old = metrics.MetricSet()
+    counter = old.metric("trident_test_total", "test", metrics.COUNTER, {"model": "m"})
+    counter.increment(2)
+    old_series = weakref.ref(pb.metric("trident_test_total", model="m"))
+    old.close()                   # the old instance's finalize
+    counter.increment(5)          # a late write of the old instance: dropped
+    del old, counter
+    gc.collect()
+    assert old_series() is not None and old_series().value() == 2   # never deleted
+    assert pb.metric_violations == []
 
 
 @pytest.fixture(scope="module")
@@ -105,16 +128,19 @@ def reload_and_check(server, model: str, histogram: str, labels: dict,
     wait_for(lambda: observations(server, histogram, **labels) == counted + 5, 30)
 
 
+@server_test
 def test_sglang_model_survives_reloads(server):
     reload_and_check(server, "qwen", "trident_time_to_first_token_seconds",
                      {"model": "qwen"}, (DOUBLE_REPLY, "qwen", 4))
 
 
+@server_test
 def test_router_survives_reloads(server):
     reload_and_check(server, "router", "trident_router_added_latency_seconds",
                      {"router": "router"}, (DOUBLE_REPLY, "qwen", 4))
 
 
+@server_test
 @pytest.mark.vllm
 def test_vllm_model_survives_reloads(server):
     text, served_by, tokens = answer(server, "tiny")
@@ -123,6 +149,7 @@ def test_vllm_model_survives_reloads(server):
                      {"model": "tiny"}, (text, "tiny", 4))   # greedy: the same text
 
 
+@server_test
 def test_unload_with_a_stream_in_flight(server):
     """The stream ends (final flag), the server lives, and the model serves once loaded."""
     responses: queue.Queue = queue.Queue()
@@ -161,6 +188,7 @@ def _ends(responses: queue.Queue, timeout_s: float) -> bool:
     return False
 
 
+@server_test
 def test_server_stops_cleanly_after_the_reloads(server):
     """Last in this module: every old instance is gone, so shutdown finalizes only the
     current ones; nothing crashes on the way out."""
