@@ -8,6 +8,7 @@ traffic returns once the breaker closes). Waits poll a condition with a bounded 
 """
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -22,7 +23,7 @@ import tritonclient.grpc as grpcclient
 
 from builder.infer import build_inputs, first_output, stream_generate
 from tests.conftest import ROOT, render, start_server
-from tests.helpers import metric_value, wait_for
+from tests.helpers import http_json, metric_value, wait_for
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 
@@ -49,6 +50,7 @@ class Stream:
                  sampling=GREEDY, hints=None, parameters=None, raw_inputs=None):
         self.events: queue.Queue = queue.Queue()
         self.texts, self.errors, self.finals, self.served_by = [], [], 0, set()
+        self.responses = 0      # data responses, the final flag on one of them or alone
         self.chunk_times: list[float] = []
         self.client = grpcclient.InferenceServerClient(server.grpc_url)
         self.client.start_stream(callback=lambda result, error: self.events.put(
@@ -87,6 +89,7 @@ class Stream:
             # Triton sends an error response and then a separate final flag; gRPC
             # surfaces the error alone, so the final is counted when it arrives.
             return
+        self.responses += 1
         response = result.get_response()
         final = response.parameters.get("triton_final_response")
         text = first_output(result, "text_output")
@@ -222,6 +225,66 @@ def test_malformed_messages_get_an_error(server):
         stream = generate(server, raw_inputs=[messages])
         assert len(stream.errors) == 1 and not stream.texts, raw
         assert "messages" in stream.errors[0]
+
+
+# -- non-streaming requests: one response ------------------------------------------------
+
+@pytest.mark.parametrize("prompt_kind, hints, exclude", [
+    ("text", None, None),
+    ("chat", None, None),
+    ("text", {"route": "backup"}, None),
+    ("text", None, True),
+])
+def test_a_non_streaming_answer_is_one_final_response(server, prompt_kind, hints, exclude):
+    """Through the router exactly as from the backend: one response carrying the final
+    flag (Triton 2.51's BLS iterator, rewound by a second loop, once sent it twice)."""
+    chat = [{"role": "user", "content": "Hello"}] if prompt_kind == "chat" else None
+    text = "Hello" if prompt_kind == "text" else None
+    backend = (hints or {}).get("route", "primary")
+    streams = {}
+    for model in (backend, "router"):
+        inputs = build_inputs(text, chat, 8, False, GREEDY, hints if model == "router"
+                              else None, exclude_input_in_output=exclude)
+        streams[model] = generate(server, model=model, raw_inputs=inputs)
+    routed, direct = streams["router"], streams[backend]
+    assert not routed.errors and routed.served_by == {backend}
+    assert routed.responses == 1 and routed.finals == 1 and routed.extra_finals(0) == 0
+    assert routed.texts == direct.texts and len(direct.texts) == 1
+
+
+def test_a_one_token_stream_is_relayed_once(server):
+    routed = generate(server, max_tokens=1)
+    direct = generate(server, model="primary", max_tokens=1)
+    assert routed.texts == direct.texts and len(routed.texts) == 1
+
+
+def test_http_generate_through_the_router(server):
+    url = f"{server.http_url}/v2/models/{{}}/generate"
+    greedy = json.dumps(GREEDY)
+    body = {"text_input": "Hello", "stream": False, "max_tokens": 8,
+            "sampling_parameters": greedy}
+    _, direct = http_json(url.format("primary"), body)
+    status, routed = http_json(url.format("router"), body)
+    assert status == 200 and "text_output" in json.loads(routed), routed
+    assert json.loads(routed)["text_output"] == json.loads(direct)["text_output"]
+    assert json.loads(routed)["served_by"] == "primary"
+    # messages as the JSON generate endpoint takes them: a string holding the list, or
+    # one message object (a bare JSON array of objects never reaches a model).
+    for messages in ([{"role": "user", "content": "Hi"}], {"role": "user", "content": "Hi"}):
+        status, routed = http_json(url.format("router"), {
+            "messages": json.dumps(messages), "max_tokens": 4, "sampling_parameters": greedy})
+        assert status == 200 and json.loads(routed)["text_output"], routed
+
+
+def test_client_errors_never_trip_a_breaker(server):
+    for _ in range(10):
+        stream = generate(server, max_tokens=4, sampling={"temperature": -1})
+        assert len(stream.errors) == 1 and not stream.texts
+        assert "temperature" in stream.errors[0], stream.errors[0]
+        assert "every backend failed" not in stream.errors[0]
+    for backend in ("primary", "backup"):
+        assert metric(server, "trident_router_breaker_state", backend=backend) == 0
+    assert generate(server, max_tokens=2).served_by == {"primary"}
 
 
 # -- concurrency --------------------------------------------------------------------------
