@@ -112,8 +112,8 @@ class AsyncEngineModel(abc.ABC):
         try:
             self._run(self.start_engine(config))
         except BaseException:
-            # Triton calls no finalize after a failed load: free the loop thread and the
-            # metrics (before their families) here, so the stub exits cleanly.
+            # Triton calls no finalize after a failed load: stop the loop thread and close
+            # the metrics (later writes are dropped; the series stay, see metrics.py) here.
             self._stop_loop()
             self.metrics.finalize()
             raise
