@@ -113,7 +113,8 @@ def test_overload_queues_in_the_engine_and_never_opens_a_breaker(server):
 
     def client(i):
         while time.monotonic() < stop_at:
-            stream = Stream(server, prompt=f"Count to {i}.", max_tokens=12)
+            # Long enough that queued streams stay silent past the health-probe period.
+            stream = Stream(server, prompt=f"Count to {i}.", max_tokens=96, sampling=ENDLESS)
             try:
                 finished = stream.pump(FIRST_CHUNK_S + 30)
             finally:
