@@ -380,7 +380,7 @@ def test_router_abort_by_request_id(served):
     control = served.run(abort_request_id="router-17")
     stream.wait_closed()
     assert control.sent == [(None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)]
-    assert served.engine.aborts == [served.engine.calls[-1]["rid"]]
+    wait_for(lambda: served.engine.aborts == [served.engine.calls[-1]["rid"]])  # after final
     assert stream.final_flags() == 1 and len(stream.responses()) == 1
     served.engine.hold_after = None
     assert served.run(text_input="next", stream=True).final_flags() == 1
@@ -542,7 +542,7 @@ def test_a_duplicate_request_id_does_not_take_over_the_abort(served):
     wait_for(lambda: len(second.sent) == 1)
     served.run(abort_request_id="dup")
     first.wait_closed()
-    assert served.engine.aborts == [served.engine.calls[0]["rid"]]
+    wait_for(lambda: served.engine.aborts == [served.engine.calls[0]["rid"]])  # after final
     served.engine.release()
     second.wait_closed()
     assert second.responses()[-1].value("finish_reason") == "stop"
