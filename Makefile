@@ -41,7 +41,7 @@ serve: repo
 
 # The main job: install, render the embedded default, serve it, answer one question.
 run: repo
-	$(BIN)/python -m builder.demo --repo $(REPO)
+	$(BIN)/python -m builder.serve.demo --repo $(REPO)
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -5,7 +5,7 @@ import statistics
 import threading
 import time
 
-from builder import infer
+from builder.serve import client as infer
 
 PROMPTS = [f"Write a short story about a {thing}." for thing in (
     "dragon", "lighthouse", "robot", "garden", "violin", "glacier", "market", "comet",

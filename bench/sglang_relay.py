@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from builder.repository import build_repository
-from builder.serve import Ports, TritonServer, free_port
+from builder.pipeline import build_repository
+from builder.serve.server import Ports, TritonServer, free_port
 from builder.spec import parse_spec
 from tests.gpu import check_sglang
 

@@ -10,8 +10,8 @@ import tempfile
 from pathlib import Path
 
 from bench.common import PROMPTS, ratio_row, stream_round, summarize
-from builder.repository import build_repository
-from builder.serve import start_on_free_ports
+from builder.pipeline import build_repository
+from builder.serve.server import start_on_free_ports
 from builder.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,13 +20,10 @@ carrying the final flag, as the backend sent it: Triton's HTTP generate endpoint
 nothing else.
 """
 import asyncio
-import collections
 import faulthandler
 import json
 import os
-import re
 import secrets
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -34,10 +31,12 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from adapters import ROUTER_ONLY_INPUTS, Adapters  # siblings in the model's directory
-from breaker import HALF_OPEN, STATE_VALUES, BreakerConfig, CircuitBreaker
+from breaker import HALF_OPEN, BreakerConfig, CircuitBreaker
+from inbound import QUEUE_FACTOR, Inbound, engine_capacity, inflight_limit, read_messages
 from policy import Policy, UnknownRoute, features_from
-from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, MetricSet
-from trident_common.request import CLIENT_FAULT_PREFIX, first_scalar
+from relay import CLIENT_ERROR, Relay, Retired, drain, first_error
+from router_metrics import RouterMetrics
+from trident_common.request import first_scalar
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # How often the loop checks a stream for a client cancel, its deadline and silence: the
@@ -51,44 +50,12 @@ PROBE_TIMEOUT_S = 5.0     # no answer this fast: the backend is busy (not counte
 PROBE_REQUEST_ID = "trident-router-health-probe"   # aborting it is a no-op
 HINT_NAMES = ("route", "task", "family", "tenant", "tier", "conversation_id",
               "shared_prefix")
-CLIENT_ERROR = "client error"   # Relay.first outcome: the backend rejected the request
-# Requests the router lets wait for one backend: its engine's concurrent sequences
-# (× instances) running, as many again queued in the engine. More only wait longer for a
-# first token; the router sheds them at once with an "overloaded" error instead.
-QUEUE_FACTOR = 2
-ENGINE_CAPACITY_KEYS = {"vllm": "max_num_seqs", "sglang": "max_running_requests"}
 CONTROL_THREADS = 64      # BLS calls beyond the streams: aborts, probes, drains
 # The server side of BLS holds a thread of the Python backend's pool (thread-pool-size,
 # 32 by default) per call until that call's first response. Requests queued in an engine
 # would hold them all, and aborts and health probes then wait behind them: at most this
 # many requests wait for a first response at once, the rest wait in the router.
 BLS_CALL_SLOTS = 24
-RETIRE_S = 10.0           # finished BLS iterators are kept this long (see Retired)
-
-
-class Retired:
-    """Finished BLS response iterators, kept referenced for RETIRE_S, then dropped on the
-    event loop.
-
-    Why (python_backend r24.10, pb_stub.cc): reading an iterator's final response queues
-    a cleanup that a C++ thread of the stub runs later, erasing the stub's own reference
-    to the iterator, without holding the GIL. If Python dropped its references first,
-    that erase destroys the iterator and every response it kept, and each response's
-    tensors hold numpy arrays: freed without the GIL, they corrupt the heap (the stub
-    died in _multiarray_umath under cancel storms). Kept past the cleanup, the last
-    reference is Python's, released with the GIL held."""
-
-    def __init__(self):
-        self.entries = collections.deque()   # (finished at, iterator); append is atomic
-
-    def add(self, responses):
-        self.entries.append((time.monotonic(), responses))
-
-    def prune(self):
-        """Drop those finished RETIRE_S ago (on the event loop: one thread pops)."""
-        horizon = time.monotonic() - RETIRE_S
-        while self.entries and self.entries[0][0] < horizon:
-            self.entries.popleft()
 
 
 class BackendFailed(Exception):
@@ -97,139 +64,6 @@ class BackendFailed(Exception):
 
 class ClientCancelled(Exception):
     """The client cancelled; the backend was told to abort."""
-
-
-class Relay:
-    """One attempt's stream, from the backend's response iterator to the client.
-
-    The event loop hands the first response to `start`; a worker thread then runs
-    `pump` over the rest and resolves `done` (False only after the backend failed
-    mid-stream). Every send to the client holds `lock`, and `closed` is set by whoever
-    sends the client's final flag, so it is sent exactly once and nothing follows it.
-    An attempt the router abandons before its first token sends nothing at all: the
-    router falls back or answers the client itself.
-    """
-
-    def __init__(self, sender, adapter, backend, loop, single, retired):
-        self.sender, self.adapter, self.backend, self.loop = sender, adapter, backend, loop
-        self.retired = retired
-        self.single = single        # the client wants one response (stream false)
-        self.lock = threading.Lock()
-        self.streaming = False      # the first response went to the client
-        self.closed = False         # final flag sent, or attempt abandoned
-        self.answered = False       # this attempt sent the client's final flag
-        self.backend_failed = False  # the backend's error ended the stream
-        self.chunks = 0             # backend responses seen: progress, for silence probes
-        self.first_relay_s = 0.0    # router time between the first response and its send
-        self.done = loop.create_future()
-
-    # -- event loop: the first response -------------------------------------------------
-    def start(self, first):
-        """Send the first response, or say why not: None, CLIENT_ERROR or the problem
-        (then this attempt sends nothing more; the router falls back or answers)."""
-        received = time.monotonic()
-        if first is None:
-            problem, outgoing = "stream ended without a response", None
-        else:
-            problem, outgoing = self.adapter.split(first)
-        with self.lock:
-            if self.closed:
-                return problem or "abandoned by the router"
-            if problem is not None and _client_fault(problem):
-                # The request is wrong, not the backend: tell the client, retry nowhere.
-                self._finish(first.error() if first.has_error() else problem)
-                return CLIENT_ERROR
-            if problem is not None:
-                self.closed = True
-                return problem
-            self.streaming = True
-            if outgoing is not None and self.single:
-                # The whole answer: one response with the final flag (the backend's own
-                # final follows on the iterator and is drained, not relayed).
-                self.closed = self.answered = True
-                self.sender.send(outgoing, flags=FINAL)
-            elif outgoing is not None:
-                self.sender.send(outgoing)
-        self.first_relay_s = time.monotonic() - received
-        return None
-
-    # -- worker thread: every later response --------------------------------------------
-    def pump(self, responses):
-        try:
-            # next(), never `for`: iter() on a finished BLS iterator (Triton 2.51) rewinds
-            # it, so a loop started after the final response replays the whole stream.
-            response = next(responses, None)
-            while response is not None:
-                self.chunks += 1
-                self._forward(response)
-                response = next(responses, None)
-            self.retired.add(responses)
-            self.close()
-        except Exception as e:  # the router must answer even if its own relay breaks
-            self.close(f"router relay failed: {e}")
-        finally:
-            self.loop.call_soon_threadsafe(_set_once, self.done, not self.backend_failed)
-
-    def _forward(self, response):
-        """Relay one chunk; a chunk carrying an error ends the client's stream."""
-        problem, outgoing = self.adapter.split(response)
-        with self.lock:
-            if self.closed:
-                return                  # answered, abandoned or cancelled: drain only
-            if problem is not None and _client_fault(problem):
-                self._finish(problem)   # the request's fault, not the backend's
-            elif problem is not None:
-                self.backend_failed = True
-                self._finish(f"{self.backend} failed mid-stream: {problem}")
-            elif outgoing is not None:
-                self.sender.send(outgoing)
-
-    # -- any thread ---------------------------------------------------------------------
-    def close(self, error=None):
-        """Finish the client's stream (an error response first if given); False if it
-        was already finished."""
-        with self.lock:
-            if self.closed:
-                return False
-            self._finish(error)
-            return True
-
-    def client_cancelled(self):
-        """Has the client cancelled? Asked under the lock and only while the stream is
-        open: once the final flag is sent Triton releases the request, and asking then
-        crashes the server (TRITONBACKEND_ResponseFactoryIsCancelled)."""
-        with self.lock:
-            return not self.closed and self.sender.is_cancelled()
-
-    def abandon(self):
-        """Give up before the first token without telling the client anything; False if
-        the first response already went out (then the stream is the client's)."""
-        with self.lock:
-            if self.streaming or self.closed:
-                return False
-            self.closed = True
-            return True
-
-    def _finish(self, error):
-        self.closed = self.answered = True
-        try:
-            if error is not None:   # a message, or a backend's TritonError (keeps its code)
-                if isinstance(error, str):
-                    error = pb_utils.TritonError(error)
-                self.sender.send(pb_utils.InferenceResponse(error=error))
-            self.sender.send(flags=FINAL)
-        except Exception:
-            pass  # the client is gone (cancelled): nothing left to tell it
-
-
-def _set_once(future, value):
-    if not future.done():
-        future.set_result(value)
-
-
-def _client_fault(problem):
-    """A backend's error message that blames the request (see CLIENT_FAULT_PREFIX)."""
-    return problem.startswith(CLIENT_FAULT_PREFIX)
 
 
 class TritonPythonModel:
@@ -453,7 +287,7 @@ class TritonPythonModel:
         if outcome is not None:
             # Drain off the loop: a BLS iterator dropped unfinished blocks the thread
             # that drops it until the backend's stream ends.
-            self.pool.submit(_drain, responses, self.retired)
+            self.pool.submit(drain, responses, self.retired)
             if outcome != CLIENT_ERROR:
                 raise BackendFailed(outcome)
             self.metrics.error("bad_request")
@@ -518,7 +352,7 @@ class TritonPythonModel:
         once it arrives (the backend was told to abort, or is dead)."""
         def drain(task):
             if not task.cancelled() and task.exception() is None and task.result():
-                self.pool.submit(_drain, task.result(), self.retired)
+                self.pool.submit(drain, task.result(), self.retired)
         calling.add_done_callback(drain)
 
     # -- control requests to backends -------------------------------------------------------
@@ -564,141 +398,9 @@ class TritonPythonModel:
                                             requested_output_names=[])
         try:
             responses = await control.async_exec(decoupled=True)
-            return await self.loop.run_in_executor(self.pool, _first_error, responses,
+            return await self.loop.run_in_executor(self.pool, first_error, responses,
                                                    self.retired)
         except Exception as e:  # stub unhealthy, not loaded
             return str(e) or type(e).__name__
 
 
-class Inbound:
-    """What the router reads from a client's request, once."""
-
-    __slots__ = ("features", "stream", "replaced")
-
-    def __init__(self, features, stream, replaced):
-        self.features, self.stream, self.replaced = features, stream, replaced
-
-
-def read_messages(array):
-    """Chat messages from the `messages` tensor, in the shapes clients send: one JSON
-    string holding the list (the documented form), one message object on its own, or one
-    message object per element. Returns (messages, the JSON list to forward when it had
-    to be rewritten, else None); raises ValueError naming the problem."""
-    items = [first_scalar(item) for item in np.asarray(array, dtype=np.object_).reshape(-1)]
-    if not items or not all(isinstance(item, str) for item in items):
-        raise ValueError("messages must be a JSON string: a list of {role, content} objects")
-    try:
-        parsed = [json.loads(item) for item in items]
-    except ValueError as e:
-        raise ValueError(f"messages is not valid JSON: {e}") from None
-    if len(parsed) == 1 and isinstance(parsed[0], list):
-        return parsed[0], None
-    if all(isinstance(message, dict) for message in parsed):
-        return parsed, json.dumps(parsed)
-    raise ValueError("messages must be a JSON list of {role, content} objects")
-
-
-def inflight_limit(configured, capacity):
-    """The router's limit for one backend: the spec's, capped by the engine's."""
-    return configured if capacity is None else min(configured, QUEUE_FACTOR * capacity)
-
-
-def engine_capacity(repository, backend, engine):
-    """How many sequences a backend's engine runs at once (per-instance limit from its
-    model.json × instances in its config.pbtxt), or None when its files do not say."""
-    key = ENGINE_CAPACITY_KEYS.get(engine)
-    model_dir = os.path.join(repository, backend)
-    if key is None or not os.path.isdir(model_dir):
-        return None
-    try:
-        versions = sorted((d for d in os.listdir(model_dir) if d.isdigit()), key=int)
-        with open(os.path.join(model_dir, versions[-1], "model.json")) as f:
-            per_instance = json.load(f).get(key)
-        with open(os.path.join(model_dir, "config.pbtxt")) as f:
-            counts = re.findall(r"\bcount:\s*(\d+)", f.read())
-    except (OSError, IndexError, ValueError):
-        return None   # no readable engine config: the spec's limit alone applies
-    if not isinstance(per_instance, int) or per_instance < 1:
-        return None
-    return per_instance * max(1, sum(int(c) for c in counts))
-
-
-def _drain(responses, retired):
-    try:
-        while next(responses, None) is not None:   # next(): see Relay.pump
-            pass
-    except Exception:
-        return  # the backend is gone: nothing left to drain (and no cleanup queued)
-    retired.add(responses)
-
-
-def _first_error(responses, retired):
-    error = None
-    response = next(responses, None)
-    while response is not None:
-        if error is None and response.has_error():
-            error = response.error().message()
-        response = next(responses, None)
-    retired.add(responses)
-    return error
-
-
-class RouterMetrics:
-    """Requests by route and backend, fallbacks, aborts, errors, breaker states, added
-    latency. Label sets are created lazily; like every trident metric they outlive this
-    instance (see trident_common.metrics)."""
-
-    FAMILIES = {   # kind: (name, description, metric kind)
-        "requests": ("trident_router_requests_total",
-                     "Requests routed, by route and serving backend", COUNTER),
-        "fallbacks": ("trident_router_fallbacks_total",
-                      "Requests moved to the next candidate after this backend failed "
-                      "before its first token", COUNTER),
-        "aborts": ("trident_router_aborts_total",
-                   "Aborts sent to a backend (client cancel, timeout, deadline)", COUNTER),
-        "errors": ("trident_router_errors_total",
-                   "Requests the router answered with an error, by reason", COUNTER),
-        "breaker": ("trident_router_breaker_state",
-                    "Circuit breaker per backend: 0 closed, 1 half-open, 2 open", GAUGE),
-        "latency": ("trident_router_added_latency_seconds",
-                    "Router time on the first-token path (before the backend call and "
-                    "relaying its first response)", HISTOGRAM),
-    }
-
-    def __init__(self, router):
-        self.router = router
-        self.set = MetricSet()
-        self.metrics = {}
-        self._latency = self._metric("latency", (), buckets=[
-            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1])
-
-    def _metric(self, kind, labels, buckets=None):
-        key = (kind, labels)
-        metric = self.metrics.get(key)
-        if metric is None:
-            name, description, metric_kind = self.FAMILIES[kind]
-            metric = self.set.metric(name, description, metric_kind,
-                                     {"router": self.router, **dict(labels)}, buckets)
-            self.metrics[key] = metric
-        return metric
-
-    def request(self, route, backend):
-        self._metric("requests", (("route", route), ("served_by", backend))).increment(1)
-
-    def fallback(self, backend):
-        self._metric("fallbacks", (("backend", backend),)).increment(1)
-
-    def abort(self, backend):
-        self._metric("aborts", (("backend", backend),)).increment(1)
-
-    def error(self, reason):
-        self._metric("errors", (("reason", reason),)).increment(1)
-
-    def breaker_state(self, backend, state):
-        self._metric("breaker", (("backend", backend),)).set(STATE_VALUES[state])
-
-    def added_latency(self, seconds):
-        self._latency.observe(seconds)
-
-    def finalize(self):
-        self.set.close()   # the series stay for the router's next instance

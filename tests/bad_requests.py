@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from builder.infer import first_output
+from builder.serve.client import first_output
 from tests.helpers import http_json
 
 CLIENT = "client"    # must be refused as the client's fault ("invalid request: ...")

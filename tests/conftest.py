@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.s3_fixtures"]   # the real SeaweedFS S3 server fixtures
 sys.path.insert(0, str(ROOT / "python_backends"))   # trident_common, as in the stub
 
-from builder.repository import build_repository  # noqa: E402
-from builder.serve import Ports, TritonServer, free_port, start_on_free_ports  # noqa: E402
+from builder.pipeline import build_repository  # noqa: E402
+from builder.serve.server import (Ports, TritonServer, free_port,  # noqa: E402
+                                  start_on_free_ports)
 from builder.spec import load_spec, parse_spec  # noqa: E402
 
 

@@ -292,7 +292,7 @@ def _on_alarm(_signum, _frame):
 
 def call_cli(argv: list[str]) -> tuple[int | None, str]:
     """builder.cli.main in this process: (exit code or None if it raised, stderr)."""
-    from builder import cli
+    from builder.cli import main as cli
 
     err = io.StringIO()
     previous = signal.signal(signal.SIGALRM, _on_alarm)

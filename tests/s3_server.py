@@ -21,7 +21,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from builder.serve import free_port
+from builder.serve.server import free_port
 
 ACCESS_KEY = "trident-test-access"
 SECRET_KEY = "trident-test-secret-key"

@@ -5,8 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bls.breaker import (CLOSED, HALF_OPEN, OPEN, STATE_VALUES, BreakerConfig,
-                         CircuitBreaker)
+from bls.breaker import CLOSED, HALF_OPEN, OPEN, STATE_VALUES, BreakerConfig, CircuitBreaker
 
 
 class Clock:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from builder import cli
+from builder.cli import main as cli
 from builder.errors import TridentError
 from engine_cache import CacheError
 

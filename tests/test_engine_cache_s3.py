@@ -10,10 +10,10 @@ from pathlib import Path
 import botocore.exceptions
 import pytest
 
+from builder.serve.server import free_port
 from engine_cache import CacheError, EngineCache, EngineInputs, checkpoint_digest, engine_key
 from engine_cache.lease import LeaseRecord
 from engine_cache.s3 import MiB, TransferConfig
-from builder.serve import free_port
 from tests.test_engine_cache_local import FakeClock, builds, recording_build
 
 pytestmark = pytest.mark.s3

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 
-from builder.infer import build_inputs, first_output, stream_generate
+from builder.serve.client import build_inputs, first_output, stream_generate
 from tests import bad_requests
 from tests.conftest import render, start_server
 from tests.helpers import metric_value, wait_for

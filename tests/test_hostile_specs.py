@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder import output_dir
-from builder.validate import parse_config
+from builder.render import output_dir
+from builder.render.validate import parse_config
 from tests import hostile_specs as hs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -198,7 +198,7 @@ def test_stale_temp_folders_of_dead_processes_are_removed(folder):
 
 
 def test_sigterm_during_render_cleans_up_like_ctrl_c(folder, monkeypatch):
-    from builder import repository
+    from builder import pipeline as repository
 
     def terminated(_repo):   # SIGTERM arrives while the files are being checked
         os.kill(os.getpid(), signal.SIGTERM)
@@ -271,7 +271,7 @@ def test_strings_round_trip_as_data(folder):
 
 @pytest.mark.parametrize("spec", ["/dev/zero", "/dev/null/x", "/"])
 def test_cli_process_reads_specs_with_a_cap(folder, spec):
-    result = subprocess.run([sys.executable, "-m", "builder.cli", "repo", "--spec", spec,
+    result = subprocess.run([sys.executable, "-m", "builder.cli.main", "repo", "--spec", spec,
                              "--out", str(folder / "out")], cwd=ROOT, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 2, result.stderr

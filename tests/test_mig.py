@@ -5,11 +5,12 @@ import itertools
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from builder import mig
-from builder.cli import main
-from builder.gpus import GPU_TYPES
+from builder.cli.main import main
+from builder.plan import mig
+from builder.plan.gpus import GPU_TYPES
 
 H100 = GPU_TYPES["H100-80GB"]
 

@@ -6,15 +6,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from builder import memory, mig, placement
-from builder.cli import main
-from builder.gpus import GPU_TYPES
-from builder.planner import PlacementError, plan_for_spec
-from builder.render import RenderContext, render_files, write_repository
+from builder.cli.main import main
+from builder.plan import memory, mig, placement
+from builder.plan.gpus import GPU_TYPES
+from builder.plan.planner import PlacementError, plan_for_spec
+from builder.render.context import RenderContext
+from builder.render.repository import render_files
+from builder.render.validate import parse_config, validate_repository
+from builder.render.write import write_repository
 from builder.spec import SpecError, load_spec, parse_spec
-from builder.validate import parse_config, validate_repository
 
 ROOT = Path(__file__).resolve().parent.parent
 H100X8 = ROOT / "deploy" / "examples" / "h100x8.yaml"
@@ -355,7 +358,7 @@ def test_rendered_h100x8_repository_carries_the_placement(tmp_path):
     spec = load_spec(H100X8)
     engines = {"llama70b-trtllm": "/engines/" + "ab" * 32}   # as the engine cache names it
     out = tmp_path / "repo"
-    write_repository(render_files(RenderContext(spec, {}, engines)), out, validate_repository)
+    write_repository(render_files(RenderContext(spec, {}, engines, plan_for_spec(spec))), out, validate_repository)
     assert main(["validate", str(out)]) == 0
     trt = parse_config(out / "llama70b-trtllm_tensorrt_llm" / "config.pbtxt")
     assert trt.parameters["gpu_device_ids"].string_value == "0,1;2,3"

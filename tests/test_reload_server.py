@@ -24,8 +24,8 @@ import weakref
 import pytest
 import tritonclient.grpc as grpcclient
 
-from builder import infer
-from builder.serve import stub_processes
+from builder.serve import client as infer
+from builder.serve.watch import stub_processes
 from tests.conftest import render, start_server
 from tests.fakes import fake_pb_utils as pb
 from tests.helpers import metric_value, wait_for

@@ -6,10 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from builder import render as render_mod
-from builder.render import RenderContext, RenderError, render_files, write_repository
+from builder.plan.planner import plan_for_spec
+from builder.render import context as render_context
+from builder.render.context import RenderContext, RenderError
+from builder.render.repository import render_files
+from builder.render.validate import parse_config, validate_repository
+from builder.render.write import write_repository
 from builder.spec import parse_spec
-from builder.validate import parse_config, validate_repository
 
 SPEC = {
     "models": [
@@ -29,7 +32,7 @@ def files_of(repo: Path) -> dict[str, bytes]:
 
 def render_to(out: Path, data=SPEC) -> dict[str, bytes]:
     spec = parse_spec(data, "test.yaml")
-    write_repository(render_files(RenderContext(spec, {}, {})), out, validate_repository)
+    write_repository(render_files(RenderContext(spec, {}, {}, plan_for_spec(spec))), out, validate_repository)
     return files_of(out)
 
 
@@ -71,7 +74,7 @@ def test_failed_validation_leaves_existing_repository_untouched(tmp_path):
     before = render_to(out)
     spec = parse_spec(SPEC, "test.yaml")
     with pytest.raises(RenderError, match="invalid"):
-        write_repository(render_files(RenderContext(spec, {}, {})), out,
+        write_repository(render_files(RenderContext(spec, {}, {}, plan_for_spec(spec))), out,
                          lambda repo: ["chat/config.pbtxt: broken on purpose"])
     assert files_of(out) == before
     assert sorted(os.listdir(tmp_path)) == ["repo"]   # no temp dirs left
@@ -88,9 +91,9 @@ def test_strict_undefined_template_variable_fails(tmp_path, monkeypatch):
     templates = tmp_path / "templates"
     (templates / "python_llm").mkdir(parents=True)
     (templates / "python_llm" / "config.pbtxt.j2").write_text('name: "{{ nonexistent }}"\n')
-    monkeypatch.setattr(render_mod, "TEMPLATES_DIR", templates)
+    monkeypatch.setattr(render_context, "TEMPLATES_DIR", templates)
     with pytest.raises(RenderError, match="nonexistent"):
-        render_files(RenderContext(parse_spec(SPEC, "t.yaml"), {}, {}))
+        render_files(RenderContext(spec := parse_spec(SPEC, "t.yaml"), {}, {}, plan_for_spec(spec)))
 
 
 def test_router_config_carries_policy(tmp_path):

@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-
 from trident_common.request import (AbortRequest, BadRequest, coerce_sampling, describe,
                                     parse_generate)
 

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from trident_common.request import CLIENT_FAULT_PREFIX
 
 from bls.policy import router_config
 from builder.spec import parse_spec
 from tests.fakes import fake_pb_utils as pb
-from trident_common.request import CLIENT_FAULT_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -254,7 +254,8 @@ def router_modules():
     stub.__dict__.update({k: v for k, v in vars(pb).items() if not k.startswith("__")})
     stub.InferenceRequest = BlsRequest
     stub.get_output_tensor_by_name = get_output_tensor_by_name
-    bound = ("adapters", "breaker", "policy", "trident_common.request",
+    bound = ("adapters", "breaker", "inbound", "policy", "relay", "router_metrics",
+             "trident_common.metrics", "trident_common.request",
              "trident_common", "triton_python_backend_utils")
     saved = {name: sys.modules.pop(name, None) for name in bound}
     sys.modules["triton_python_backend_utils"] = stub
@@ -707,7 +708,7 @@ def test_finished_bls_iterators_outlive_the_stubs_own_cleanup(router, monkeypatc
     run(model, ClientRequest(), ClientRequest(stream=False))
     gc.collect()
     assert len(made) == 2 and all(ref() is not None for ref in made)
-    model.handle.__globals__["RETIRE_S"] = 0
+    sys.modules["relay"].RETIRE_S = 0     # Retired lives in the router's relay module
     model.retired.prune()
     gc.collect()
     assert all(ref() is None for ref in made)

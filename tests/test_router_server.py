@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from builder.infer import build_inputs, first_output, stream_generate
+from builder.serve.client import build_inputs, first_output, stream_generate
 from tests.conftest import ROOT, render, start_server
 from tests.helpers import http_json, metric_value, wait_for
 

@@ -11,8 +11,9 @@ import jsonschema
 import pytest
 import yaml
 
-from builder import cli, yaml_loader
-from builder.schema import deployment_schema
+from builder.cli import main as cli
+from builder.spec import yaml_loader
+from builder.spec.schema import deployment_schema
 from tests import hostile_specs as hs
 from tests.conftest import ROOT
 

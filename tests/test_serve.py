@@ -7,17 +7,18 @@ import os
 import re
 import signal
 import subprocess
-import urllib.request
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from builder import infer
-from builder.serve import (SHM_DIR, Ports, ServeError, Stub, StubWatch, TritonServer,
-                           free_port, parse_stub, runs_in_stub, shm_regions_of_group,
-                           stub_processes, unhealthy_engines)
+from builder.serve import client as infer
+from builder.serve.server import (SHM_DIR, Ports, ServeError, TritonServer, free_port,
+                                  shm_regions_of_group)
+from builder.serve.watch import (Stub, StubWatch, parse_stub, runs_in_stub, stub_processes,
+                                 unhealthy_engines)
 from tests.conftest import free_ports, render, start_server
 from tests.helpers import wait_for
 
@@ -96,7 +97,7 @@ def test_failed_model_load_is_explained(tmp_path):
 def test_trident_serve_stops_on_sigterm_and_cleans_up(mixed_repo, tmp_path):
     ports = free_ports()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "builder.cli", "serve", "--repo", str(mixed_repo),
+        [sys.executable, "-m", "builder.cli.main", "serve", "--repo", str(mixed_repo),
          "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
          "--metrics-port", str(ports.metrics), "--load-model", "router"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -126,7 +127,7 @@ def test_trident_serve_stops_on_sigterm_and_cleans_up(mixed_repo, tmp_path):
 
 
 def test_serve_missing_repository_exits_2(tmp_path, capsys):
-    from builder.cli import main
+    from builder.cli.main import main
     assert main(["serve", "--repo", str(tmp_path / "nope")]) == 2
     assert "no such model repository" in capsys.readouterr().err
 
@@ -139,7 +140,7 @@ DOUBLE = {"name": "double", "hardware": {"gpu": "cpu"},
 
 @server_test
 def test_trident_serve_exits_when_a_stub_dies_but_not_on_unload(tmp_path):
-    from tests.test_sglang_server import SHIM   # the SGLang engine double, as there
+    from tests.test_sglang_server import SHIM  # the SGLang engine double, as there
 
     repo = render(DOUBLE, tmp_path / "repo")
     (repo / "qwen" / "1" / "sglang.py").write_text(SHIM)
@@ -147,7 +148,7 @@ def test_trident_serve_exits_when_a_stub_dies_but_not_on_unload(tmp_path):
     output = tmp_path / "serve.out"
     with open(output, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "builder.cli", "serve", "--repo", str(repo),
+            [sys.executable, "-m", "builder.cli.main", "serve", "--repo", str(repo),
              "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
              "--metrics-port", str(ports.metrics), "--load-model", "qwen"],
             stdout=out, stderr=subprocess.STDOUT)

@@ -20,11 +20,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder import cli
-from builder.engine_args import SGLANG_ARGS
-from builder.repository import build_repository
-from builder.render import RenderContext, render_files
+from builder.cli import main as cli
+from builder.pipeline import build_repository
+from builder.plan.planner import plan_for_spec
+from builder.render.context import RenderContext
+from builder.render.repository import render_files
 from builder.spec import load_spec, parse_spec
+from builder.spec.engine_args import SGLANG_ARGS
 from tests.fakes import fake_pb_utils as pb
 from tests.fakes import fake_sglang
 from tests.helpers import wait_for
@@ -245,7 +247,7 @@ def test_shipped_sglang_models_start_with_their_rendered_args(spec_file):
     spec = load_spec(spec_file)
     engines = {m.name: "/engines/" + "ab" * 32 for m in spec.models
                if m.engine == "tensorrt_llm"}
-    files = render_files(RenderContext(spec, {}, engines))
+    files = render_files(RenderContext(spec, {}, engines, plan_for_spec(spec)))
     for model in (m for m in spec.models if m.engine == "sglang"):
         config = json.loads(files[f"{model.name}/1/model.json"])
         engine = fake_sglang.Engine(**config)          # TypeError on a non-ServerArgs name

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder.cli import main
+from builder.cli.main import main
 from builder.spec import SpecError, load_spec, parse_spec
 
 GOOD = {
@@ -110,7 +110,7 @@ def test_missing_file_exits_2(tmp_path, capsys):
 
 def test_cli_process_exit_status_and_no_traceback(tmp_path):
     spec = write_spec(tmp_path, with_change("models.2.engine", "vlm"))
-    proc = subprocess.run([sys.executable, "-m", "builder.cli", "repo", "--spec", str(spec),
+    proc = subprocess.run([sys.executable, "-m", "builder.cli.main", "repo", "--spec", str(spec),
                            "--out", str(tmp_path / "r")], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"error: {spec}: models[2].engine: 'vlm' is not one of "

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import topology as topo
+from builder.plan import topology as topo
 
 FIXTURES = Path(__file__).parent / "fixtures" / "topo"
 

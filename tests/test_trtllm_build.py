@@ -4,10 +4,11 @@ from dataclasses import replace
 
 import pytest
 
-from builder.trtllm_build import (BuildStepFailed, Progress, Step, Target, ToolchainError,
-                                  Tools, build_step, conversion_step, key_args, normalize_sm,
-                                  plan_steps, run_steps, target_of, tools_from_env)
-from builder.trtllm_spec import BuildSettings, Checkpoint, Plugins, Profile, Speculative
+from builder.engines.trtllm_build import (BuildStepFailed, Progress, Step, Target,
+                                          ToolchainError, Tools, build_step, conversion_step,
+                                          key_args, normalize_sm, plan_steps, run_steps,
+                                          target_of, tools_from_env)
+from builder.spec.trtllm import BuildSettings, Checkpoint, Plugins, Profile, Speculative
 
 TOOLS = Tools(build=("trtllm-build",), convert=None, quantize=None, examples="/trtllm/examples")
 HF = Checkpoint(hf_model="/m/llama", family="llama")
@@ -231,14 +232,14 @@ def test_missing_tool_names_the_variable(tmp_path):
 @pytest.mark.parametrize("text, seconds", [("90s", 90), ("30m", 1800), ("12h", 43200),
                                            ("7d", 604800), ("1.5h", 5400), ("2w", 1209600)])
 def test_gc_durations(text, seconds):
-    from builder.cli_engines import parse_duration
+    from builder.cli.engines import parse_duration
 
     assert parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["7", "d", "-1d", "7 days", "1y"])
 def test_gc_duration_errors(text):
-    from builder.cli_engines import parse_duration
+    from builder.cli.engines import parse_duration
     from builder.errors import TridentError
 
     with pytest.raises(TridentError, match="is not a duration") as e:

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder.serve import free_port
-from builder.validate import parse_config, validate_repository
+from builder.render.validate import parse_config, validate_repository
+from builder.serve.server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKES = ROOT / "tests" / "fakes"
-TRIDENT = [sys.executable, "-m", "builder.cli"]
+TRIDENT = [sys.executable, "-m", "builder.cli.main"]
 PROFILES = {
     "short-context": {"max_batch_size": 16, "max_input_len": 512, "max_seq_len": 1024,
                       "max_num_tokens": 2048, "plugins": {"paged_context_fmha": True}},

@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from builder.render import RenderContext, RenderError, render_files, write_repository
+from builder.plan.planner import plan_for_spec
+from builder.render.context import RenderContext, RenderError
+from builder.render.repository import render_files
+from builder.render.validate import parse_config, validate_repository
+from builder.render.write import write_repository
 from builder.spec import parse_spec
-from builder.validate import parse_config, validate_repository
 from tests.fakes import fake_pb_utils as pb
 
 ENGINE = "/cache/engines/" + "ab" * 32
@@ -34,7 +37,7 @@ def render(models, tmp_path=None, engines=None, hardware=None):
                        "models": models, "router": {"default": [models[0]["name"]]}},
                       "/deploy/t.yaml")
     files = render_files(RenderContext(spec, {}, engines or {
-        m["name"]: ENGINE for m in models}))
+        m["name"]: ENGINE for m in models}, plan_for_spec(spec)))
     if tmp_path is not None:
         write_repository(files, tmp_path / "repo", validate_repository)
     return files
@@ -196,7 +199,7 @@ def test_ensemble_accepts_every_tensor_the_router_sends():
 def test_preprocessing_and_postprocessing_round_trip(tmp_path):
     import tritonclient.grpc as grpcclient
 
-    from builder import assets
+    from builder.engines import assets
     from tests.conftest import start_server
 
     tokenizer_dir = str(assets.ensure("tiny-llama"))

@@ -4,7 +4,7 @@ import copy
 import pytest
 
 from builder.spec import SpecError, load_spec, parse_spec
-from builder.trtllm_spec import Checkpoint, Profile, serving_profile
+from builder.spec.trtllm import Checkpoint, Profile, serving_profile
 
 BASE = {
     "name": "t",

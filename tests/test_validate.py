@@ -6,10 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from builder.cli import main
-from builder.render import RenderContext, render_files, write_repository
+from builder.cli.main import main
+from builder.plan.planner import plan_for_spec
+from builder.render.context import RenderContext
+from builder.render.repository import render_files
+from builder.render.validate import validate_repository
+from builder.render.write import write_repository
 from builder.spec import parse_spec
-from builder.validate import validate_repository
 
 SPEC = {"models": [{"name": "m", "engine": "vllm", "model": "/models/m"}],
         "router": {"default": ["m"]}}
@@ -18,7 +21,7 @@ SPEC = {"models": [{"name": "m", "engine": "vllm", "model": "/models/m"}],
 @pytest.fixture()
 def repo(tmp_path) -> Path:
     out = tmp_path / "repo"
-    write_repository(render_files(RenderContext(parse_spec(SPEC, "t.yaml"), {}, {})), out,
+    write_repository(render_files(RenderContext(spec := parse_spec(SPEC, "t.yaml"), {}, {}, plan_for_spec(spec))), out,
                      validate_repository)
     return out
 

@@ -8,7 +8,7 @@ import urllib.error
 import pytest
 import tritonclient.grpc as grpcclient
 
-from builder import infer
+from builder.serve import client as infer
 from tests.helpers import http_json, metric_value, wait_for
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]

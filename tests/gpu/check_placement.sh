@@ -25,7 +25,9 @@ from pathlib import Path
 
 import yaml
 
-from builder import gpus, topology
+from builder.plan import gpus
+
+from builder.plan import topology
 sys.path.insert(0, "python_backends")
 from trident_common import devices
 

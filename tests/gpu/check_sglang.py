@@ -28,12 +28,12 @@ import tritonclient.grpc as grpcclient
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from builder.gpus import gpu_type_for  # noqa: E402
-from builder.infer import build_inputs, first_output  # noqa: E402
-from builder.repository import build_repository  # noqa: E402
-from builder.serve import Ports, TritonServer, free_port  # noqa: E402
+from builder.plan.gpus import gpu_type_for  # noqa: E402
+from builder.serve.client import build_inputs, first_output  # noqa: E402
+from builder.pipeline import build_repository  # noqa: E402
+from builder.serve.server import Ports, TritonServer, free_port  # noqa: E402
 from builder.spec import parse_spec  # noqa: E402
-from builder.validate import validate_repository  # noqa: E402
+from builder.render.validate import validate_repository  # noqa: E402
 from tests.helpers import metric_value, wait_for  # noqa: E402
 
 MODEL = "qwen"
@@ -177,7 +177,7 @@ def check_prefix_cache(server: TritonServer) -> str:
 
 
 def detect_gpu_type() -> str:
-    """GPU 0's builder.gpus type name; H100-80GB for a GPU trident's table lacks."""
+    """GPU 0's builder.plan.gpus type name; H100-80GB for a GPU trident's table lacks."""
     line = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
                            "--format=csv,noheader,nounits", "-i", "0"], check=True,
                           capture_output=True, text=True).stdout.strip()
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct",
                         help="local folder or Hugging Face id of a small chat model")
     parser.add_argument("--gpu", default=None,
-                        help="a builder.gpus GPU type name (default: GPU 0's, from nvidia-smi)")
+                        help="a builder.plan.gpus GPU type name (default: GPU 0's, from nvidia-smi)")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--ready-timeout", type=float, default=300.0)
     args = parser.parse_args(argv)

@@ -17,9 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from builder import assets  # noqa: E402
-from builder.infer import stream_generate  # noqa: E402
-from builder.serve import Ports, TritonServer, free_port  # noqa: E402
+from builder.engines import assets  # noqa: E402
+from builder.serve.client import stream_generate  # noqa: E402
+from builder.serve.server import Ports, TritonServer, free_port  # noqa: E402
 from tests.s3_server import SeaweedS3  # noqa: E402
 
 
@@ -28,7 +28,7 @@ def phase(name, started):
 
 
 def trident(*args, env):
-    command = [sys.executable, "-m", "builder.cli", *map(str, args)]
+    command = [sys.executable, "-m", "builder.cli.main", *map(str, args)]
     print("[check_trtllm] $ trident " + " ".join(map(str, args)), flush=True)
     result = subprocess.run(command, env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE)
     print(result.stdout, end="", flush=True)

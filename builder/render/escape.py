@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any
 
-# Sequences trident validate reads as unfilled placeholders (builder.validate._LEFTOVER).
+# Sequences trident validate reads as unfilled placeholders (builder.render.validate._LEFTOVER).
 _PLACEHOLDER_START = re.compile(r"[{$](?=[{%])")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -60,7 +60,7 @@ KNOWN_MODELS: dict[str, dict[str, Any]] = {
     "HuggingFaceTB/SmolLM2-135M-Instruct": _llama(30, 576, 9, 3, 1536, 49152, 8192,
                                                   tie_word_embeddings=True),
 }
-# builtin: assets trident ships (builder.assets) and the public model each one is.
+# builtin: assets trident ships (builder.engines.assets) and the public model each one is.
 BUILTIN_MODELS = {"builtin:smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
 

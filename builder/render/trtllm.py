@@ -6,17 +6,18 @@
     NAME_postprocessing   Python: output_ids → text
 
 Pure: (RenderContext, ModelSpec) → {path: bytes}; the engine directory comes from
-ctx.engines (resolved from the cache by builder.engines before rendering).
+ctx.engines (resolved from the cache by builder.engines.jobs before rendering).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from builder import placement as placement_mod
-from builder import trtllm_spec
-from builder.render import (BACKENDS_DIR, VERSION, RenderContext, RenderError, copy_tree,
-                            render_template)
+from builder.engines.jobs import spec_path
+from builder.plan import placement as placement_mod
+from builder.render.context import (BACKENDS_DIR, VERSION, RenderContext, RenderError,
+                                    copy_tree, render_template)
 from builder.spec import ModelSpec
+from builder.spec import trtllm as trtllm_spec
 
 TEMPLATE_DIR = "tensorrt_llm"
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
@@ -111,7 +112,6 @@ def _check_servable(model: ModelSpec, profile: trtllm_spec.Profile) -> None:
 
 
 def _tokenizer_parameters(ctx: RenderContext, model: ModelSpec) -> dict[str, str]:
-    from builder.engines import spec_path  # paths in a spec are relative to its file
 
     tokenizer = model.extra.get("tokenizer")
     return {"tokenizer_dir": spec_path(ctx.spec, trtllm_spec.tokenizer_path(model)),
@@ -162,7 +162,7 @@ def device_sets(ctx: RenderContext, model: ModelSpec, world_size: int) -> list[l
 def engine_parameters(model: ModelSpec, profile: trtllm_spec.Profile, engine_dir: str,
                       devices: list[list[int]], orchestrator: bool) -> dict[str, str]:
     """The tensorrtllm backend's parameters: mandatory ones, then the spec's runtime knobs
-    (builder.engine_args.TRTLLM_ARGS, already checked against the served profile)."""
+    (builder.spec.engine_args.TRTLLM_ARGS, already checked against the served profile)."""
     runtime: dict[str, Any] = {**DEFAULT_RUNTIME, **{
         k: v for k, v in model.engine_args.items() if k not in _CONFIG_FIELDS}}
     runtime.setdefault("max_beam_width", profile.max_beam_width)

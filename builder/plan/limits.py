@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from builder import memory
+from builder.plan import memory
 from builder.spec import DeploymentSpec, ModelSpec, SpecError
 
 # Engine arguments that set the context length, by engine.

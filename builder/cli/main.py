@@ -7,13 +7,14 @@ message on stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import contextlib
+import json
 import signal
 import sys
 from pathlib import Path
 
-from builder import cli_engines, cli_placement
+from builder.cli import engines as cli_engines
+from builder.cli import placement as cli_placement
 from builder.errors import TridentError, printable
 from builder.spec import load_spec
 from engine_cache.errors import CacheError
@@ -27,7 +28,7 @@ EXIT_USAGE = 2
 
 
 def cmd_repo(args: argparse.Namespace) -> int:
-    from builder import repository
+    from builder import pipeline as repository
 
     spec = load_spec(args.spec)
     with _sigterm_as_interrupt():   # the render cleans up after itself as on Ctrl-C
@@ -50,7 +51,7 @@ def _sigterm_as_interrupt():
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from builder.validate import validate_repository
+    from builder.render.validate import validate_repository
 
     problems = validate_repository(Path(args.repo))
     for problem in problems:
@@ -67,7 +68,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from builder.serve import Ports, TritonServer
+    from builder.serve.server import Ports, TritonServer
 
     repo = Path(args.repo)
     if not repo.is_dir():
@@ -97,7 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_infer(args: argparse.Namespace) -> int:
-    from builder import infer
+    from builder.serve import client as infer
 
     prompt = " ".join(args.prompt)
     result = infer.stream_generate(args.url, args.model, prompt, args.max_tokens,
@@ -116,14 +117,14 @@ def _print_chunk(text: str) -> None:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from builder.schema import deployment_schema
+    from builder.spec.schema import deployment_schema
 
     print(json.dumps(deployment_schema(), indent=2, sort_keys=True))
     return 0
 
 
 def cmd_assets(args: argparse.Namespace) -> int:
-    from builder import assets
+    from builder.engines import assets
 
     for name in args.names or list(assets.BUILDERS):
         print(f"{name}: {assets.ensure(name)}")

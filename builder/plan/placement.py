@@ -1,6 +1,6 @@
 """Where each model's instances run: Triton instance groups and per-instance devices.
 
-This is the seam between the placement planner (builder.planner) and the rendered
+This is the seam between the placement planner (builder.plan.planner) and the rendered
 repository: every function takes the whole deployment's Plan, since all models compete
 for the same GPUs. Without GPUs every instance is KIND_CPU; with GPUs, a model spanning
 several devices (TP×PP > 1), on a MIG slice, or served by TensorRT-LLM is KIND_MODEL (the
@@ -8,7 +8,7 @@ engine owns its devices, as vLLM and SGLang require), else KIND_GPU.
 """
 from __future__ import annotations
 
-from builder.planner import Plan
+from builder.plan.model import Plan
 from builder.spec import ModelSpec
 
 

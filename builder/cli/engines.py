@@ -1,6 +1,6 @@
 """`trident engines build | prebuild | plan` and `trident cache ls | stats | verify | gc`.
 
-Loaded by builder.cli as an extension. Failures are TridentErrors (one line, exit 1; exit 2
+Loaded by builder.cli.main as an extension. Failures are TridentErrors (one line, exit 1; exit 2
 for bad input); `engines prebuild` reports every engine and exits 1 when any failed.
 """
 from __future__ import annotations
@@ -34,7 +34,8 @@ def parse_duration(text: str) -> float:
 
 
 def _prepare(args: argparse.Namespace):
-    from builder import engines, trtllm_build
+    from builder.engines import jobs as engines
+    from builder.engines import trtllm_build
 
     spec = load_spec(args.spec)
     env = dict(os.environ)
@@ -47,7 +48,8 @@ def _prepare(args: argparse.Namespace):
 
 
 def _builder(spec, env, target, location, s3_client):
-    from builder import engines, trtllm_build
+    from builder.engines import jobs as engines
+    from builder.engines import trtllm_build
 
     tools = trtllm_build.tools_from_env(env)
     return engines.Builder(spec, engines.open_cache(location), tools, target, s3_client, env)
@@ -61,7 +63,7 @@ def _outcome_line(outcome) -> str:
 
 
 def cmd_engines_build(args: argparse.Namespace) -> int:
-    from builder import engines
+    from builder.engines import jobs as engines
 
     spec, env, target, location, s3_client, jobs = _prepare(args)
     print(f"{len(jobs)} engine(s) for SM {target.sm}, TensorRT-LLM {target.trtllm_version}, "
@@ -88,7 +90,7 @@ def cmd_engines_prebuild(args: argparse.Namespace) -> int:
 
 def cmd_engines_plan(args: argparse.Namespace) -> int:
     """Keys and exact command lines, without building (what CI would run)."""
-    from builder import trtllm_build
+    from builder.engines import trtllm_build
 
     spec, env, target, location, s3_client, jobs = _prepare(args)
     tools = trtllm_build.tools_from_env(env)
@@ -106,7 +108,7 @@ def cmd_engines_plan(args: argparse.Namespace) -> int:
 
 
 def _cache(args: argparse.Namespace):
-    from builder import engines
+    from builder.engines import jobs as engines
 
     spec = load_spec(args.spec) if args.spec else None
     location = engines.cache_location(spec, args.cache, args.local_cache)

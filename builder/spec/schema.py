@@ -16,8 +16,10 @@ import types
 import typing
 from typing import Any, Mapping
 
-from builder import engine_args, spec as spec_mod, trtllm_spec
-from builder.spec_node import MAX_INT
+from builder.spec import deployment as spec_mod
+from builder.spec import engine_args
+from builder.spec import trtllm as trtllm_spec
+from builder.spec.node import MAX_INT
 
 SCHEMA_ID = "https://trident.invalid/deployment-spec.schema.json"
 # `(?![\s\S])` ends the name in ECMA-262 and Python alike (`$` lets "name\n" through).

@@ -2,7 +2,7 @@
 
 Everything here describes what goes INTO an engine (and so into its cache key). Runtime
 knobs of the tensorrtllm backend (KV cache fraction, scheduler policy...) stay in the
-model's `engine_args` (builder.engine_args.TRTLLM_ARGS); `check_model` rejects the
+model's `engine_args` (builder.spec.engine_args.TRTLLM_ARGS); `check_model` rejects the
 runtime settings that the served profile's engine cannot honour.
 
     checkpoint:            # exactly one of:
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from builder.spec_node import _Node
+from builder.spec.node import _Node
 
 DTYPES = ("fp16", "bf16", "fp32")
 # trident's quantization name → TRT-LLM's spelling (quantize.py --qformat / weight-only).
@@ -103,7 +103,7 @@ class Tokenizer:
 
 
 # ---------------------------------------------------------------------------------------
-# Sections (called through builder.engine_args.validate_extra)
+# Sections (called through builder.spec.engine_args.validate_extra)
 
 
 def parse_section(key: str, node: _Node) -> Any:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from builder.errors import TridentError
-from builder.trtllm_spec import BuildSettings, Checkpoint, Profile
+from builder.spec.trtllm import BuildSettings, Checkpoint, Profile
 
 TRTLLM_TARGET_VERSION = "0.16"
 ENV_BUILD = "TRIDENT_TRTLLM_BUILD"

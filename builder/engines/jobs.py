@@ -4,7 +4,7 @@ and find the served engines for `trident repo` (which never builds).
 For each tensorrt_llm model and profile: EngineInputs (checkpoint content digest, every
 build argument, target SM, TRT-LLM and TensorRT versions) → engine_key →
 EngineCache.get_or_build, whose build callable runs the conversion and trtllm-build steps
-of builder.trtllm_build as subprocesses.
+of builder.engines.trtllm_build as subprocesses.
 """
 from __future__ import annotations
 
@@ -17,12 +17,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from builder import gpus, trtllm_build, trtllm_spec
+from builder.engines import trtllm_build
+from builder.engines.trtllm_build import MachineProbe, Progress, Target, Tools
 from builder.errors import TridentError
-from builder.spec import DeploymentSpec, ModelSpec
-from builder.trtllm_build import MachineProbe, Progress, Target, Tools
-from builder.trtllm_spec import BuildSettings, Checkpoint, Profile
-from engine_cache import CacheError, parse_s3_uri
+from builder.plan import gpus
+from builder.spec import DeploymentSpec, EngineCacheSpec, ModelSpec
+from builder.spec import trtllm as trtllm_spec
+from builder.spec.trtllm import BuildSettings, Checkpoint, Profile
+from engine_cache import (CacheError, EngineCache, EngineInputs, checkpoint_digest, engine_key,
+                          parse_s3_uri)
 
 ENGINE_INFO_FILE = "trident-engine.json"
 BUILD_LOG_FILE = "build.log"
@@ -77,7 +80,6 @@ def selected_profiles(model: ModelSpec, profile: str | None) -> list[Profile]:
 
 def plan_job(spec: DeploymentSpec, model: ModelSpec, profile: Profile, target: Target,
              digest: Callable[[str], str]) -> EngineJob:
-    from engine_cache import EngineInputs, engine_key
 
     checkpoint, build, _ = trtllm_spec.sections(model)
     checkpoint, profile = _with_spec_paths(spec, checkpoint, profile)
@@ -145,7 +147,6 @@ class CheckpointDigests:
         return self.memo[location]
 
     def _local(self, location: str) -> str:
-        from engine_cache import checkpoint_digest
 
         return checkpoint_digest(Path(location), memo_file=self.memo_file)
 
@@ -209,7 +210,6 @@ class CacheLocation:
 def cache_location(spec: DeploymentSpec | None, s3: str | None = None,
                    local_dir: str | None = None) -> CacheLocation:
     """The spec's engine_cache section, overridden by --cache / --local-cache."""
-    from builder.spec import EngineCacheSpec
 
     cfg = spec.engine_cache if spec else EngineCacheSpec()
     local = local_dir or (spec_path(spec, cfg.local_dir) if spec else cfg.local_dir)
@@ -223,7 +223,6 @@ def digest_memo(location: CacheLocation) -> Path:
 
 
 def open_cache(location: CacheLocation):
-    from engine_cache import EngineCache
 
     return EngineCache(location.local_dir, s3_uri=location.s3,
                        endpoint_url=location.endpoint_url, local_only=location.local_only)

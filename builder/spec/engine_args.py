@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from builder.spec_node import SpecError
+from builder.spec import trtllm as trtllm_spec
+from builder.spec.node import SpecError
 
 _NUM = (int, float)
 _OPT_STR = (str, type(None))
@@ -192,7 +193,6 @@ def _check_speculative(file: str, where: str, config: dict) -> None:
 def validate_extra(engine: str, key: str, node) -> Any:
     """Engine-specific sections (TRT-LLM checkpoint/build/profiles) are parsed by their
     engine module into frozen objects."""
-    from builder import trtllm_spec  # local: only TRT-LLM models need it
 
     return trtllm_spec.parse_section(key, node)
 
@@ -200,6 +200,5 @@ def validate_extra(engine: str, key: str, node) -> Any:
 def check_model(engine: str, args: dict[str, Any], extra: dict[str, Any], node) -> None:
     """Rules across a model's sections, e.g. runtime switches that need build support."""
     if engine == "tensorrt_llm":
-        from builder import trtllm_spec
 
         trtllm_spec.check_model(args, extra, node)

@@ -1,6 +1,6 @@
 """`trident plan` and `trident mig check|plan`: the placement planner on the command line.
 
-Loaded by builder.cli (extension module). Exit codes: 0 success; 1 the layout cannot
+Loaded by builder.cli.main (extension module). Exit codes: 0 success; 1 the layout cannot
 exist or the models do not fit; 2 bad input (spec defect, unknown GPU type).
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from builder import output_dir
 from builder.errors import TridentError
+from builder.render import output_dir
 from builder.spec import load_spec
 
 EXIT_ILLEGAL = 1
@@ -37,7 +37,7 @@ def add_commands(sub) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from builder.planner import plan_for_spec
+    from builder.plan.planner import plan_for_spec
 
     spec = load_spec(args.spec)
     print(format_plan(plan_for_spec(spec)))
@@ -83,8 +83,8 @@ def _devices(instance) -> str:
 
 
 def cmd_mig_check(args: argparse.Namespace) -> int:
-    from builder import mig
-    from builder.gpus import GPU_TYPES
+    from builder.plan import mig
+    from builder.plan.gpus import GPU_TYPES
 
     gpu = GPU_TYPES.get(args.gpu)
     if gpu is None:
@@ -101,8 +101,8 @@ def cmd_mig_check(args: argparse.Namespace) -> int:
 
 
 def cmd_mig_plan(args: argparse.Namespace) -> int:
-    from builder import mig
-    from builder.planner import plan_for_spec
+    from builder.plan import mig
+    from builder.plan.planner import plan_for_spec
 
     spec = load_spec(args.spec)
     out = output_dir.check_file_target(Path(args.out), [spec.file])

@@ -13,14 +13,17 @@ config.json of local models).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from dataclasses import dataclass
+from typing import Callable
 
-from builder import memory, mig, topology as topo
 from builder.errors import TridentError
-from builder.model_limits import check_context_lengths
-from builder.gpus import GPU_TYPES, GpuType, MigProfile
+from builder.plan import memory, mig
+from builder.plan import topology as topo
+from builder.plan.gpus import GPU_TYPES, GpuType, MigProfile
+from builder.plan.limits import check_context_lengths
+from builder.plan.model import InstancePlacement, ModelPlan, Plan
 from builder.spec import DeploymentSpec, ModelSpec, SpecError
+from builder.spec.trtllm import BuildSettings, serving_profile
 
 DEFAULT_UTILIZATION = 0.9      # share of a GPU's memory an engine may take
 DEFAULT_MAX_BATCH = 8
@@ -33,74 +36,16 @@ class PlacementError(TridentError):
     """The models do not fit the hardware; the message says by how much."""
 
 
-@dataclass(frozen=True)
-class InstancePlacement:
-    devices: tuple[int, ...] = ()              # GPU ordinals, pipeline stage by stage
-    slice: mig.Assignment | None = None        # its MIG slice, if on MIG
-
-    @property
-    def visible_devices(self) -> str:
-        """What CUDA_VISIBLE_DEVICES gets in this instance's stub process."""
-        return self.slice.device if self.slice else ",".join(map(str, self.devices))
-
-
-@dataclass(frozen=True)
-class ModelPlan:
-    name: str
-    engine: str
-    kind: str                                   # cpu | gpu | model (Triton instance kind)
-    tp: int = 1
-    pp: int = 1
-    instances: tuple[InstancePlacement, ...] = ()
-    mig_profile: MigProfile | None = None
-    need: memory.MemoryNeed | None = None       # per GPU or slice; None: size unknown
-    usable_gib: float | None = None             # per GPU or slice
-    link: str = "-"                             # slowest link inside an instance
-
-    @property
-    def free_gib(self) -> float | None:
-        if self.need is None or self.usable_gib is None:
-            return None
-        return self.usable_gib - self.need.total_gib
-
-    @property
-    def kubernetes_resources(self) -> dict[str, int]:
-        """Per instance: the extended resources a pod running it requests."""
-        if self.kind == "cpu":
-            return {}
-        if self.mig_profile is not None:
-            return {self.mig_profile.kubernetes_resource: 1}
-        return {"nvidia.com/gpu": self.tp * self.pp}
-
-
-@dataclass(frozen=True)
-class Plan:
-    gpu: GpuType | None                          # None on the CPU
-    count: int
-    topology: topo.Topology | None
-    models: Mapping[str, ModelPlan]
-    mig_layouts: Mapping[int, tuple[mig.Slice, ...]] = field(default_factory=dict)
-
-    def model(self, name: str) -> ModelPlan:
-        return self.models[name]
-
-    @property
-    def used_gpus(self) -> set[int]:
-        used = {d for m in self.models.values() for i in m.instances for d in i.devices}
-        return used | set(self.mig_layouts)
-
-
 # ---------------------------------------------------------------------------------------
 # What a model asks for
 
 
-# TensorRT-LLM quantization (builder.trtllm_spec) → the weight precision it stores.
+# TensorRT-LLM quantization (builder.spec.trtllm) → the weight precision it stores.
 _TRTLLM_WEIGHTS = {"fp8": "fp8", "int8-sq": "int8", "int8-wo": "int8", "int4-wo": "int4",
                    "int4-awq": "int4", "w4a8-awq": "int4"}
 
 
 def _trtllm_build(model: ModelSpec):
-    from builder.trtllm_spec import BuildSettings  # TRT-LLM's sections live there
 
     return model.extra.get("build") or BuildSettings()
 
@@ -146,7 +91,6 @@ def _targets(model: ModelSpec) -> tuple[int | None, int | None]:
         return args.get("max_running_requests"), args.get("context_length")
     if "profiles" not in model.extra:
         return args.get("max_batch_size"), None
-    from builder.trtllm_spec import serving_profile
 
     profile = serving_profile(model.extra)
     return args.get("max_batch_size") or profile.max_batch_size, profile.max_seq_len

@@ -7,9 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-from builder import infer
 from builder.errors import TridentError
-from builder.serve import start_on_free_ports
+from builder.serve import client as infer
+from builder.serve.server import start_on_free_ports
 
 QUESTION = "What is the capital of France?"
 

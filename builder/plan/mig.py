@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from builder.errors import TridentError
-from builder.gpus import GpuType, MigProfile
+from builder.plan.gpus import GpuType, MigProfile
 
 
 class MigError(TridentError):

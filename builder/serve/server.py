@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -23,12 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.errors import TridentError
+from builder.serve.watch import StubWatch, runs_in_stub, stub_processes, unhealthy_engines
 
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
-STUB_BINARY = "triton_python_backend_stub"
 WATCH_INTERVAL_S = 1.0       # how often `trident serve` looks at its server's stubs
-HEALTH_GAUGE = "trident_engine_healthy"   # 0: the engine died while its stub lives on
 RESTART_HINT = "exiting so a supervisor can restart the server"
 
 
@@ -364,129 +362,3 @@ def shm_regions_of_group(pgid: int) -> set[str]:
             if marker >= 0:
                 regions.add(Path(line[marker:].split(" ")[0]).name)
     return regions
-
-
-# -- stub liveness ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Stub:
-    """A Python-backend stub process: one instance of one model."""
-
-    pid: int
-    model: str
-    instance: str
-    started: int    # start time, clock ticks since boot
-
-
-def parse_stub(pid: int, cmdline: bytes, stat: str) -> Stub | None:
-    """The stub's model and instance from its command line, or None for another process
-    (or a dead stub not yet reaped: its command line is empty). 2.51 starts it as
-    `stub <repo>/<model>/<version>/model.py <shm region> <size> <growth> <parent pid>
-    <backend dir> <ipc handle> <instance name> <runtime modifier>`."""
-    args = cmdline.split(b"\0")
-    if len(args) < 9 or not args[0].endswith(STUB_BINARY.encode()):
-        return None
-    parts = Path(args[1].decode(errors="replace")).parts
-    if len(parts) < 3:
-        return None
-    # /proc/<pid>/stat: "<pid> (<comm>) <state> ...", starttime is field 22.
-    started = int(stat.rsplit(")", 1)[1].split()[19])
-    return Stub(pid, parts[-3], args[8].decode(errors="replace"), started)
-
-
-def stub_processes(pgid: int) -> dict[int, Stub]:
-    """The live stubs in one process group (a server started by TritonServer)."""
-    stubs = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(proc.name)) != pgid:
-                continue
-            stub = parse_stub(int(proc.name), (proc / "cmdline").read_bytes(),
-                              (proc / "stat").read_text())
-        except (OSError, ValueError, IndexError):
-            continue   # it exited while we looked
-        if stub is not None:
-            stubs[stub.pid] = stub
-    return stubs
-
-
-def runs_in_stub(config_text: str) -> bool:
-    """Whether a config.pbtxt is a Python-backend model (each instance one stub)."""
-    return re.search(r'^\s*backend\s*:\s*"python"', config_text, re.MULTILINE) is not None
-
-
-def unhealthy_engines(metrics_text: str) -> set[str]:
-    """Models whose `trident_engine_healthy` gauge reads 0."""
-    sick = set()
-    for line in metrics_text.splitlines():
-        if not line.startswith(HEALTH_GAUGE + "{"):
-            continue
-        labels, _, value = line.rpartition(" ")
-        model = re.search(r'model="([^"]*)"', labels)
-        if model and float(value) == 0:
-            sick.add(model.group(1))
-    return sick
-
-
-class StubWatch:
-    """Tells a stub that died from one that exited on purpose, from snapshots of the live
-    stubs, the READY models that run in stubs and the unhealthy engines, taken about once
-    a second.
-
-    A stub exits on purpose when its model is unloaded (the model leaves READY first) or
-    reloaded (Triton starts the new stubs, one per instance name, before the old ones
-    exit). Anything else is a death: a stub gone while its model is READY, or a READY
-    model without any stub (one that died before a check saw it). An engine whose healthy
-    gauge reads 0 while its model is READY counts as dead too. Each is believed only when
-    seen on two checks in a row: the stubs and the index cannot be read at one instant."""
-
-    def __init__(self, alive: dict[int, Stub]):
-        self.known = dict(alive)       # the live stubs of the last check
-        self.replaced: set[int] = set()   # stubs whose model is being reloaded
-        self.suspects: dict[int, Stub] = {}
-        self.orphans: set[str] = set()
-        self.sick: set[str] = set()
-
-    def check(self, alive: dict[int, Stub], ready: set[str],
-              unhealthy: set[str] = frozenset()) -> str | None:
-        """None, or what is wrong (one line naming the model). `ready`: the READY models
-        that run in stubs."""
-        for stub in alive.values():
-            if stub.pid not in self.known:
-                self._note_new(stub)
-        gone = {pid: stub for pid, stub in {**self.suspects, **self.known}.items()
-                if pid not in alive}
-        suspects = {pid: stub for pid, stub in gone.items()
-                    if self._died(stub, alive, ready)}
-        dead = [stub for pid, stub in suspects.items() if pid in self.suspects]
-        orphans = {model for model in ready
-                   if not any(stub.model == model for stub in alive.values())}
-        sick = {model for model in unhealthy if model in ready}
-        confirmed_orphans, confirmed_sick = orphans & self.orphans, sick & self.sick
-        self.known, self.suspects = dict(alive), suspects
-        self.orphans, self.sick = orphans, sick
-        self.replaced &= set(alive)
-        if dead:
-            return (f"the stub of model '{dead[0].model}' (instance {dead[0].instance}) "
-                    "died")
-        if confirmed_orphans:
-            return f"the stub of model '{min(confirmed_orphans)}' died"
-        if confirmed_sick:
-            return f"the engine of model '{min(confirmed_sick)}' died ({HEALTH_GAUGE} is 0)"
-        return None
-
-    def _note_new(self, new: Stub) -> None:
-        """A second stub for one instance: its model is being reloaded, and every older
-        stub of that model will exit."""
-        if any(old.model == new.model and old.instance == new.instance
-               for old in self.known.values()):
-            self.replaced.update(pid for pid, old in self.known.items()
-                                 if old.model == new.model and old.started <= new.started)
-
-    def _died(self, stub: Stub, alive: dict[int, Stub], ready: set[str]) -> bool:
-        return (stub.model in ready and stub.pid not in self.replaced
-                and not any(other.model == stub.model and other.instance == stub.instance
-                            for other in alive.values()))

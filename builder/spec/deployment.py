@@ -14,9 +14,11 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from builder import yaml_loader
-from builder.spec_node import (  # noqa: F401  (re-exported: the spec's public names)
-    _REQUIRED, SpecError, _Node, _type_name, frozen_mapping, thaw)
+from builder.plan import gpus
+from builder.plan.memory import DTYPE_BYTES
+from builder.spec import engine_args as engine_args_schema
+from builder.spec import yaml_loader
+from builder.spec.node import _REQUIRED, SpecError, _Node, frozen_mapping
 
 ENGINES = ("tensorrt_llm", "vllm", "sglang")
 INSTANCE_KINDS = ("auto", "cpu", "gpu", "model")
@@ -36,7 +38,7 @@ class ServerSpec:
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    gpu: str = "cpu"              # a GPU type name (builder.gpus) or "cpu"
+    gpu: str = "cpu"              # a GPU type name (builder.plan.gpus) or "cpu"
     count: int = 0                # GPUs on the node
     topology: str | None = None   # path to saved `nvidia-smi topo -m` output, or None
 
@@ -54,8 +56,8 @@ class PlacementSpec:
     kind: str = "auto"                 # auto | cpu | gpu | model
     devices: tuple[int, ...] = ()      # explicit GPU ordinals (else the planner chooses)
     mig: str | None = None             # a MIG profile such as "3g.40gb", or "auto"
-    # Memory-math inputs for the planner (builder.planner); None: from the engine args.
-    dtype: str | None = None           # weight precision, e.g. "fp8" (builder.memory)
+    # Memory-math inputs for the planner (builder.plan.planner); None: from the engine args.
+    dtype: str | None = None           # weight precision, e.g. "fp8" (builder.plan.memory)
     max_batch: int | None = None       # sequences one instance serves at once
     max_context: int | None = None     # tokens per sequence (prompt + output)
 
@@ -193,7 +195,6 @@ def _parse_server(node: _Node) -> ServerSpec:
 
 
 def _parse_hardware(node: _Node) -> HardwareSpec:
-    from builder import gpus  # local import: the GPU table is only needed here
 
     gpu = node.get("gpu", str, "cpu")
     if gpu != "cpu" and gpu not in gpus.GPU_TYPES:
@@ -239,7 +240,6 @@ def _check_name(node: _Node, key: str, value: str) -> str:
 
 
 def _parse_model(node: _Node) -> ModelSpec:
-    from builder import engine_args as engine_args_schema  # it imports this module
 
     name = _check_name(node, "name", node.get("name", str))
     engine = node.choice("engine", ENGINES)
@@ -282,7 +282,6 @@ def _parse_placement(node: _Node) -> PlacementSpec:
     node.done()
     if len(set(devices)) != len(devices):
         raise node.error("lists a device twice", "devices")
-    from builder.memory import DTYPE_BYTES  # local import: only placement needs it
 
     if dtype is not None and dtype.lower() not in DTYPE_BYTES:
         raise node.error(f"{dtype!r} is not one of {', '.join(sorted(DTYPE_BYTES))}", "dtype")

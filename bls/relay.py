@@ -1,0 +1,192 @@
+"""Relaying one backend attempt's stream to the client: the first response from the event
+loop, the rest from a worker thread, the client's final flag exactly once (Relay); and
+keeping finished BLS iterators alive until the stub's own cleanup is done (Retired)."""
+import collections
+import threading
+import time
+
+import triton_python_backend_utils as pb_utils
+
+from trident_common.request import CLIENT_FAULT_PREFIX
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+CLIENT_ERROR = "client error"   # Relay.start outcome: the backend rejected the request
+RETIRE_S = 10.0           # finished BLS iterators are kept this long (see Retired)
+
+
+class Retired:
+    """Finished BLS response iterators, kept referenced for RETIRE_S, then dropped on the
+    event loop.
+
+    Why (python_backend r24.10, pb_stub.cc): reading an iterator's final response queues
+    a cleanup that a C++ thread of the stub runs later, erasing the stub's own reference
+    to the iterator, without holding the GIL. If Python dropped its references first,
+    that erase destroys the iterator and every response it kept, and each response's
+    tensors hold numpy arrays: freed without the GIL, they corrupt the heap (the stub
+    died in _multiarray_umath under cancel storms). Kept past the cleanup, the last
+    reference is Python's, released with the GIL held."""
+
+    def __init__(self):
+        self.entries = collections.deque()   # (finished at, iterator); append is atomic
+
+    def add(self, responses):
+        self.entries.append((time.monotonic(), responses))
+
+    def prune(self):
+        """Drop those finished RETIRE_S ago (on the event loop: one thread pops)."""
+        horizon = time.monotonic() - RETIRE_S
+        while self.entries and self.entries[0][0] < horizon:
+            self.entries.popleft()
+
+
+class Relay:
+    """One attempt's stream, from the backend's response iterator to the client.
+
+    The event loop hands the first response to `start`; a worker thread then runs
+    `pump` over the rest and resolves `done` (False only after the backend failed
+    mid-stream). Every send to the client holds `lock`, and `closed` is set by whoever
+    sends the client's final flag, so it is sent exactly once and nothing follows it.
+    An attempt the router abandons before its first token sends nothing at all: the
+    router falls back or answers the client itself.
+    """
+
+    def __init__(self, sender, adapter, backend, loop, single, retired):
+        self.sender, self.adapter, self.backend, self.loop = sender, adapter, backend, loop
+        self.retired = retired
+        self.single = single        # the client wants one response (stream false)
+        self.lock = threading.Lock()
+        self.streaming = False      # the first response went to the client
+        self.closed = False         # final flag sent, or attempt abandoned
+        self.answered = False       # this attempt sent the client's final flag
+        self.backend_failed = False  # the backend's error ended the stream
+        self.chunks = 0             # backend responses seen: progress, for silence probes
+        self.first_relay_s = 0.0    # router time between the first response and its send
+        self.done = loop.create_future()
+
+    # -- event loop: the first response -------------------------------------------------
+    def start(self, first):
+        """Send the first response, or say why not: None, CLIENT_ERROR or the problem
+        (then this attempt sends nothing more; the router falls back or answers)."""
+        received = time.monotonic()
+        if first is None:
+            problem, outgoing = "stream ended without a response", None
+        else:
+            problem, outgoing = self.adapter.split(first)
+        with self.lock:
+            if self.closed:
+                return problem or "abandoned by the router"
+            if problem is not None and _client_fault(problem):
+                # The request is wrong, not the backend: tell the client, retry nowhere.
+                self._finish(first.error() if first.has_error() else problem)
+                return CLIENT_ERROR
+            if problem is not None:
+                self.closed = True
+                return problem
+            self.streaming = True
+            if outgoing is not None and self.single:
+                # The whole answer: one response with the final flag (the backend's own
+                # final follows on the iterator and is drained, not relayed).
+                self.closed = self.answered = True
+                self.sender.send(outgoing, flags=FINAL)
+            elif outgoing is not None:
+                self.sender.send(outgoing)
+        self.first_relay_s = time.monotonic() - received
+        return None
+
+    # -- worker thread: every later response --------------------------------------------
+    def pump(self, responses):
+        try:
+            # next(), never `for`: iter() on a finished BLS iterator (Triton 2.51) rewinds
+            # it, so a loop started after the final response replays the whole stream.
+            response = next(responses, None)
+            while response is not None:
+                self.chunks += 1
+                self._forward(response)
+                response = next(responses, None)
+            self.retired.add(responses)
+            self.close()
+        except Exception as e:  # the router must answer even if its own relay breaks
+            self.close(f"router relay failed: {e}")
+        finally:
+            self.loop.call_soon_threadsafe(_set_once, self.done, not self.backend_failed)
+
+    def _forward(self, response):
+        """Relay one chunk; a chunk carrying an error ends the client's stream."""
+        problem, outgoing = self.adapter.split(response)
+        with self.lock:
+            if self.closed:
+                return                  # answered, abandoned or cancelled: drain only
+            if problem is not None and _client_fault(problem):
+                self._finish(problem)   # the request's fault, not the backend's
+            elif problem is not None:
+                self.backend_failed = True
+                self._finish(f"{self.backend} failed mid-stream: {problem}")
+            elif outgoing is not None:
+                self.sender.send(outgoing)
+
+    # -- any thread ---------------------------------------------------------------------
+    def close(self, error=None):
+        """Finish the client's stream (an error response first if given); False if it
+        was already finished."""
+        with self.lock:
+            if self.closed:
+                return False
+            self._finish(error)
+            return True
+
+    def client_cancelled(self):
+        """Has the client cancelled? Asked under the lock and only while the stream is
+        open: once the final flag is sent Triton releases the request, and asking then
+        crashes the server (TRITONBACKEND_ResponseFactoryIsCancelled)."""
+        with self.lock:
+            return not self.closed and self.sender.is_cancelled()
+
+    def abandon(self):
+        """Give up before the first token without telling the client anything; False if
+        the first response already went out (then the stream is the client's)."""
+        with self.lock:
+            if self.streaming or self.closed:
+                return False
+            self.closed = True
+            return True
+
+    def _finish(self, error):
+        self.closed = self.answered = True
+        try:
+            if error is not None:   # a message, or a backend's TritonError (keeps its code)
+                if isinstance(error, str):
+                    error = pb_utils.TritonError(error)
+                self.sender.send(pb_utils.InferenceResponse(error=error))
+            self.sender.send(flags=FINAL)
+        except Exception:
+            pass  # the client is gone (cancelled): nothing left to tell it
+
+
+def _set_once(future, value):
+    if not future.done():
+        future.set_result(value)
+
+
+def _client_fault(problem):
+    """A backend's error message that blames the request (see CLIENT_FAULT_PREFIX)."""
+    return problem.startswith(CLIENT_FAULT_PREFIX)
+
+
+def drain(responses, retired):
+    try:
+        while next(responses, None) is not None:   # next(): see Relay.pump
+            pass
+    except Exception:
+        return  # the backend is gone: nothing left to drain (and no cleanup queued)
+    retired.add(responses)
+
+
+def first_error(responses, retired):
+    error = None
+    response = next(responses, None)
+    while response is not None:
+        if error is None and response.has_error():
+            error = response.error().message()
+        response = next(responses, None)
+    retired.add(responses)
+    return error

@@ -1,0 +1,64 @@
+"""The router's Prometheus metrics, on Triton's metrics port."""
+from breaker import STATE_VALUES
+from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, MetricSet
+
+
+class RouterMetrics:
+    """Requests by route and backend, fallbacks, aborts, errors, breaker states, added
+    latency. Label sets are created lazily; like every trident metric they outlive this
+    instance (see trident_common.metrics)."""
+
+    FAMILIES = {   # kind: (name, description, metric kind)
+        "requests": ("trident_router_requests_total",
+                     "Requests routed, by route and serving backend", COUNTER),
+        "fallbacks": ("trident_router_fallbacks_total",
+                      "Requests moved to the next candidate after this backend failed "
+                      "before its first token", COUNTER),
+        "aborts": ("trident_router_aborts_total",
+                   "Aborts sent to a backend (client cancel, timeout, deadline)", COUNTER),
+        "errors": ("trident_router_errors_total",
+                   "Requests the router answered with an error, by reason", COUNTER),
+        "breaker": ("trident_router_breaker_state",
+                    "Circuit breaker per backend: 0 closed, 1 half-open, 2 open", GAUGE),
+        "latency": ("trident_router_added_latency_seconds",
+                    "Router time on the first-token path (before the backend call and "
+                    "relaying its first response)", HISTOGRAM),
+    }
+
+    def __init__(self, router):
+        self.router = router
+        self.set = MetricSet()
+        self.metrics = {}
+        self._latency = self._metric("latency", (), buckets=[
+            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1])
+
+    def _metric(self, kind, labels, buckets=None):
+        key = (kind, labels)
+        metric = self.metrics.get(key)
+        if metric is None:
+            name, description, metric_kind = self.FAMILIES[kind]
+            metric = self.set.metric(name, description, metric_kind,
+                                     {"router": self.router, **dict(labels)}, buckets)
+            self.metrics[key] = metric
+        return metric
+
+    def request(self, route, backend):
+        self._metric("requests", (("route", route), ("served_by", backend))).increment(1)
+
+    def fallback(self, backend):
+        self._metric("fallbacks", (("backend", backend),)).increment(1)
+
+    def abort(self, backend):
+        self._metric("aborts", (("backend", backend),)).increment(1)
+
+    def error(self, reason):
+        self._metric("errors", (("reason", reason),)).increment(1)
+
+    def breaker_state(self, backend, state):
+        self._metric("breaker", (("backend", backend),)).set(STATE_VALUES[state])
+
+    def added_latency(self, seconds):
+        self._latency.observe(seconds)
+
+    def finalize(self):
+        self.set.close()   # the series stay for the router's next instance

@@ -1,0 +1,68 @@
+"""The plan: where each model's instances run (GPUs or MIG slices), with which TP × PP,
+and how much memory that takes; what the renderer, `trident plan` and the Kubernetes
+resources read. Made by builder.plan.planner."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from builder.plan import memory, mig
+from builder.plan import topology as topo
+from builder.plan.gpus import GpuType, MigProfile
+
+
+@dataclass(frozen=True)
+class InstancePlacement:
+    devices: tuple[int, ...] = ()              # GPU ordinals, pipeline stage by stage
+    slice: mig.Assignment | None = None        # its MIG slice, if on MIG
+
+    @property
+    def visible_devices(self) -> str:
+        """What CUDA_VISIBLE_DEVICES gets in this instance's stub process."""
+        return self.slice.device if self.slice else ",".join(map(str, self.devices))
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    name: str
+    engine: str
+    kind: str                                   # cpu | gpu | model (Triton instance kind)
+    tp: int = 1
+    pp: int = 1
+    instances: tuple[InstancePlacement, ...] = ()
+    mig_profile: MigProfile | None = None
+    need: memory.MemoryNeed | None = None       # per GPU or slice; None: size unknown
+    usable_gib: float | None = None             # per GPU or slice
+    link: str = "-"                             # slowest link inside an instance
+
+    @property
+    def free_gib(self) -> float | None:
+        if self.need is None or self.usable_gib is None:
+            return None
+        return self.usable_gib - self.need.total_gib
+
+    @property
+    def kubernetes_resources(self) -> dict[str, int]:
+        """Per instance: the extended resources a pod running it requests."""
+        if self.kind == "cpu":
+            return {}
+        if self.mig_profile is not None:
+            return {self.mig_profile.kubernetes_resource: 1}
+        return {"nvidia.com/gpu": self.tp * self.pp}
+
+
+@dataclass(frozen=True)
+class Plan:
+    gpu: GpuType | None                          # None on the CPU
+    count: int
+    topology: topo.Topology | None
+    models: Mapping[str, ModelPlan]
+    mig_layouts: Mapping[int, tuple[mig.Slice, ...]] = field(default_factory=dict)
+
+    def model(self, name: str) -> ModelPlan:
+        return self.models[name]
+
+    @property
+    def used_gpus(self) -> set[int]:
+        used = {d for m in self.models.values() for i in m.instances for d in i.devices}
+        return used | set(self.mig_layouts)

@@ -1,0 +1,64 @@
+"""What every renderer shares: where templates and backend sources live, the jinja
+environment with the per-format escaping filters, and the RenderContext a renderer gets
+(the spec, the plan, resolved model paths and engine directories)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import jinja2
+
+from builder.errors import TridentError
+from builder.plan.model import Plan
+from builder.render import escape
+from builder.spec import DeploymentSpec
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+TEMPLATES_DIR = PROJECT_ROOT / "model_repository_templates"
+BACKENDS_DIR = PROJECT_ROOT / "python_backends"
+BLS_DIR = PROJECT_ROOT / "bls"
+COMMON_PACKAGE = "trident_common"
+VERSION = "1"
+
+ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang", "tensorrt_llm": "TensorRT-LLM"}
+
+
+class RenderError(TridentError):
+    """A repository could not be rendered (template error, failed validation)."""
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    spec: DeploymentSpec
+    resolved_models: Mapping[str, str]      # model name → local path or id for the engine
+    engines: Mapping[str, str]              # TRT-LLM model name → engine directory
+    plan: Plan                              # where each model runs (the renderer never plans)
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,   # each value is escaped for its own format (builder.render.escape)
+    )
+    env.filters.update(escape.FILTERS)
+    return env
+
+
+def render_template(name: str, **values: Any) -> bytes:
+    try:
+        return _environment().get_template(name).render(**values).encode()
+    except (jinja2.TemplateError, escape.EscapeError) as e:
+        raise RenderError(f"template {name}: {e}") from e
+
+
+def copy_tree(source: Path, target: str) -> dict[str, bytes]:
+    """Python sources of a backend directory, keyed by their path in the repository."""
+    files = {}
+    for path in sorted(source.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        files[f"{target}/{path.relative_to(source).as_posix()}"] = path.read_bytes()
+    return files

@@ -1,0 +1,82 @@
+"""Spec + plan → every file of the Triton model repository, as {relative path: bytes}.
+
+Pure: `render_files` reads the templates and backend sources, never the machine; the
+plan comes in with the context (builder.pipeline plans first). Writing the files is
+builder.render.write's job.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from bls.policy import router_config  # the router owns the shape of its own config
+from builder.plan import placement as placement_mod
+from builder.render import trtllm as trtllm_repo
+from builder.render.context import (BACKENDS_DIR, BLS_DIR, COMMON_PACKAGE, ENGINE_TITLES,
+                                    VERSION, RenderContext, RenderError, copy_tree,
+                                    render_template)
+from builder.spec import ModelSpec, thaw
+
+
+def _common_package(model_dir: str) -> dict[str, bytes]:
+    return copy_tree(BACKENDS_DIR / COMMON_PACKAGE, f"{model_dir}/{VERSION}/{COMMON_PACKAGE}")
+
+
+def _render_python_llm(ctx: RenderContext, model: ModelSpec) -> dict[str, bytes]:
+    """vLLM and SGLang: a decoupled Python-backend model running the engine in its stub."""
+    groups = placement_mod.instance_groups(model, ctx.plan)
+    engine_args = {**thaw(model.engine_args),
+                   **placement_mod.parallel_engine_args(model, ctx.plan),
+                   **_model_path_arg(model, ctx)}
+    view = {"name": model.name, "instance_groups": groups,
+            "parameters": placement_mod.instance_parameters(model, ctx.plan)}
+    files = {
+        f"{model.name}/config.pbtxt": render_template(
+            "python_llm/config.pbtxt.j2", model=view, spec_file=ctx.spec.file,
+            engine_title=ENGINE_TITLES[model.engine]),
+        f"{model.name}/{VERSION}/model.json": render_template(
+            "python_llm/model.json.j2", engine_args=engine_args),
+    }
+    files.update(copy_tree(BACKENDS_DIR / model.engine, f"{model.name}/{VERSION}"))
+    files.update(_common_package(model.name))
+    return files
+
+
+def _model_path_arg(model: ModelSpec, ctx: RenderContext) -> dict[str, str]:
+    path = ctx.resolved_models.get(model.name, model.model)
+    return {"model_path" if model.engine == "sglang" else "model": path}
+
+
+def _render_router(ctx: RenderContext) -> dict[str, bytes]:
+    router = ctx.spec.router
+    files = {
+        f"{router.name}/config.pbtxt": render_template(
+            "router/config.pbtxt.j2", router=router, spec_file=ctx.spec.file),
+        f"{router.name}/{VERSION}/router.json": render_template(
+            "router/router.json.j2", router_config=router_config(ctx.spec)),
+    }
+    files.update(copy_tree(BLS_DIR, f"{router.name}/{VERSION}"))
+    files.update(_common_package(router.name))
+    return files
+
+
+ENGINE_RENDERERS: dict[str, Callable[[RenderContext, ModelSpec], dict[str, bytes]]] = {
+    "vllm": _render_python_llm,
+    "sglang": _render_python_llm,
+    "tensorrt_llm": trtllm_repo.render,
+}
+
+
+def render_files(ctx: RenderContext) -> dict[str, bytes]:
+    """Every file of the repository, keyed by relative path; deterministic."""
+    files: dict[str, bytes] = {}
+    for model in ctx.spec.models:
+        for path, data in ENGINE_RENDERERS[model.engine](ctx, model).items():
+            if path in files:
+                raise RenderError(f"{path} is rendered twice (model {model.name})")
+            files[path] = data
+    if ctx.spec.router is not None:
+        for path, data in _render_router(ctx).items():
+            if path in files:
+                raise RenderError(f"{path} is rendered twice (router)")
+            files[path] = data
+    return dict(sorted(files.items()))
