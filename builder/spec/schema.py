@@ -5,7 +5,7 @@ engine-argument tables and the parser's choices, so a field added to the spec ap
 here without a second definition. The parser stays the authority: the schema is what an
 editor can check while typing (types, ranges, unknown keys, enums); rules across fields
 (a backend that names no model, a profile that does not fit its build) remain the
-parser's. tests/test_schema.py checks that both accept every deploy/ file and that the
+parser's. tests/spec/test_schema.py checks that both accept every deploy/ file and that the
 schema refuses the hostile specs it can express.
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@ from bls.policy import (CHARS_PER_TOKEN, Policy, RequestFeatures, UnknownRoute, 
                         features_from, router_config)
 from builder.spec import load_spec, parse_spec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def backend(family="llama", speculative=False, engine="vllm"):

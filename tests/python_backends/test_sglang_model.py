@@ -31,7 +31,7 @@ from tests.fakes import fake_pb_utils as pb
 from tests.fakes import fake_sglang
 from tests.helpers import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODEL_PY = ROOT / "python_backends" / "sglang" / "model.py"
 REPLY_WORDS = fake_sglang.REPLY.split()
 # Modules that bind triton_python_backend_utils at import: re-imported per test so they

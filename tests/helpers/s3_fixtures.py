@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.s3_server import SeaweedS3
+from tests.helpers.s3_server import SeaweedS3
 
 _bucket_numbers = itertools.count()
 

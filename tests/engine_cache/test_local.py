@@ -8,33 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.engine_cache import FakeClock, builds, recording_build
 from engine_cache import CacheError, EngineCache, EngineInputs, engine_key
 from engine_cache.local import stat_stamp
 
 KEY = engine_key(EngineInputs("a" * 64, {"max_batch_size": 8}, "90", "0.20.0", "10.10.0"))
 OTHER = engine_key(EngineInputs("b" * 64, {"max_batch_size": 8}, "90", "0.20.0", "10.10.0"))
-
-
-class FakeClock:
-    def __init__(self, now=1_000_000.0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
-
-
-def recording_build(log: Path, payload: bytes = b"ENGINE" * 100):
-    """A stand-in compiler: writes rank0.engine + config.json and logs each call."""
-    def build(out: Path) -> None:
-        with open(log, "a") as handle:
-            handle.write(f"{os.getpid()}\n")
-        (out / "rank0.engine").write_bytes(payload)
-        (out / "config.json").write_text('{"builder_config": {"max_batch_size": 8}}')
-    return build
-
-
-def builds(log: Path) -> int:
-    return len(log.read_text().splitlines()) if log.exists() else 0
 
 
 def test_miss_builds_then_hits_locally(tmp_path):

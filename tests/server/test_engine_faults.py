@@ -15,8 +15,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from builder.serve.client import build_inputs, first_output, stream_generate
-from tests import bad_requests
-from tests.conftest import render, start_server
+from tests.helpers import bad_requests
+from tests.helpers.servers import render, start_server
 from tests.helpers import metric_value, wait_for
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]

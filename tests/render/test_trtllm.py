@@ -155,7 +155,7 @@ _NP_TYPES = {np.dtype(np.float32): "TYPE_FP32", np.dtype(np.int32): "TYPE_INT32"
 def adapters_module():
     saved = {n: sys.modules.pop(n, None) for n in ("adapters", "triton_python_backend_utils")}
     sys.modules["triton_python_backend_utils"] = pb
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bls"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bls"))
     try:
         yield importlib.import_module("adapters")
     finally:
@@ -200,7 +200,7 @@ def test_preprocessing_and_postprocessing_round_trip(tmp_path):
     import tritonclient.grpc as grpcclient
 
     from builder.engines import assets
-    from tests.conftest import start_server
+    from tests.helpers.servers import start_server
 
     tokenizer_dir = str(assets.ensure("tiny-llama"))
     m = model(build={"dtype": "fp16"}, engine_args={},

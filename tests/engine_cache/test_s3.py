@@ -14,7 +14,7 @@ from builder.serve.server import free_port
 from engine_cache import CacheError, EngineCache, EngineInputs, checkpoint_digest, engine_key
 from engine_cache.lease import LeaseRecord
 from engine_cache.s3 import MiB, TransferConfig
-from tests.test_engine_cache_local import FakeClock, builds, recording_build
+from tests.helpers.engine_cache import FakeClock, builds, recording_build
 
 pytestmark = pytest.mark.s3
 

@@ -11,30 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import ROOT, render, start_server
+from tests.helpers.servers import render, start_server
+from tests.helpers.sglang_double import SHIM
 from tests.gpu import check_sglang
 
 pytestmark = pytest.mark.server
-
-# Slower and longer than the unit-test default so a cancel lands mid-stream.
-SHIM = f'''"""Test-only stand-in for sglang inside the stub (written by tests/test_sglang_server.py)."""
-import asyncio
-import sys
-
-sys.path.insert(0, {str(ROOT)!r})
-from tests.fakes import fake_sglang  # noqa: E402
-
-fake_sglang.REPLY = " ".join(f"w{{i}}" for i in range(300))
-__version__ = "test-double"
-
-
-class Engine(fake_sglang.Engine):
-    async def _generate(self, *args):
-        async for chunk in super()._generate(*args):
-            await asyncio.sleep(0.005)
-            yield chunk
-'''
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):

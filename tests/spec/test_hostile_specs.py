@@ -17,9 +17,9 @@ import yaml
 
 from builder.render import output_dir
 from builder.render.validate import parse_config
-from tests import hostile_specs as hs
+from tests.helpers import hostile_specs as hs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def base_spec(model: Path, **router) -> dict:

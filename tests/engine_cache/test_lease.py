@@ -4,7 +4,7 @@ from __future__ import annotations
 import itertools
 
 from engine_cache.lease import Lease, LeaseRecord, parse_lease
-from tests.test_engine_cache_local import FakeClock
+from tests.helpers.engine_cache import FakeClock
 
 
 class ConditionalStore:

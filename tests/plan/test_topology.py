@@ -8,7 +8,7 @@ import pytest
 
 from builder.plan import topology as topo
 
-FIXTURES = Path(__file__).parent / "fixtures" / "topo"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "topo"
 
 
 def load(name: str) -> topo.Topology:

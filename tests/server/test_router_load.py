@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, render, start_server
+from tests.helpers.servers import ROOT, render, start_server
 from tests.helpers import metric_value, wait_for
-from tests.test_router_server import ENDLESS, Stream, generate
+from tests.helpers.streams import ENDLESS, Stream, generate
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 

@@ -1,6 +1,5 @@
 """`trident serve` and the renderer against a real tritonserver (models that cannot run
-on this machine are left out with explicit model control, never by editing the output),
-and the stub-liveness rules of `trident serve` (pure, no server)."""
+on this machine are left out with explicit model control, never by editing the output)."""
 from __future__ import annotations
 
 import os
@@ -17,10 +16,10 @@ import pytest
 from builder.serve import client as infer
 from builder.serve.server import (SHM_DIR, Ports, ServeError, TritonServer, free_port,
                                   shm_regions_of_group)
-from builder.serve.watch import (Stub, StubWatch, parse_stub, runs_in_stub, stub_processes,
-                                 unhealthy_engines)
-from tests.conftest import free_ports, render, start_server
+from builder.serve.watch import stub_processes
+from tests.helpers.servers import free_ports, render, start_server
 from tests.helpers import wait_for
+from tests.helpers.sglang_double import SHIM
 
 server_test = pytest.mark.server
 
@@ -140,7 +139,6 @@ DOUBLE = {"name": "double", "hardware": {"gpu": "cpu"},
 
 @server_test
 def test_trident_serve_exits_when_a_stub_dies_but_not_on_unload(tmp_path):
-    from tests.test_sglang_server import SHIM  # the SGLang engine double, as there
 
     repo = render(DOUBLE, tmp_path / "repo")
     (repo / "qwen" / "1" / "sglang.py").write_text(SHIM)
@@ -201,121 +199,3 @@ def _control(ports: Ports, model: str, action: str) -> None:
         method="POST")
     with urllib.request.urlopen(request, timeout=120) as response:
         assert response.status == 200
-
-
-STUB_ARGS = [b"/opt/tritonserver/backends/python/triton_python_backend_stub",
-             b"/srv/repo/primary/1/model.py",
-             b"triton_python_backend_shm_region_d4656d5f", b"1048576", b"1048576", b"4331",
-             b"/opt/tritonserver/backends/python", b"336", b"primary_0_0", b"DEFAULT"]
-STAT = "4347 (triton_python_b) S 4331 4331 4331 0 -1 4194560 " + " ".join(["0"] * 12) \
-    + " 987654 2000 300"
-
-
-def test_parse_stub_reads_model_instance_and_start_time():
-    assert parse_stub(4347, b"\0".join(STUB_ARGS) + b"\0", STAT) == Stub(
-        4347, "primary", "primary_0_0", 987654)
-
-
-@pytest.mark.parametrize("cmdline", [
-    b"",                                           # a dead stub not yet reaped
-    b"/usr/bin/python3\0-m\0vllm\0",               # another process of the group
-    b"\0".join(STUB_ARGS[:5]),                     # not a stub command line
-])
-def test_parse_stub_ignores_other_processes(cmdline):
-    assert parse_stub(1, cmdline, STAT) is None
-
-
-def test_unhealthy_engines_reads_the_gauge():
-    text = ("# TYPE trident_engine_healthy gauge\n"
-            'trident_engine_healthy{model="primary"} 0\n'
-            'trident_engine_healthy{model="backup"} 1\n'
-            'trident_requests_total{model="other"} 0\n')
-    assert unhealthy_engines(text) == {"primary"}
-    assert unhealthy_engines("") == set()
-
-
-def stub(pid, instance, started=None):
-    return Stub(pid, instance.rsplit("_", 2)[0], instance, started or pid)
-
-
-def stubs(*items):
-    return {s.pid: s for s in items}
-
-
-def checks(watch, *steps):
-    """Run (alive, ready[, unhealthy]) snapshots through the watch; the last answer."""
-    answer = None
-    for step in steps:
-        answer = watch.check(*step)
-        if answer:
-            return answer
-    return answer
-
-
-A0, A1 = stub(10, "qwen_0_0"), stub(11, "qwen_0_1")
-B0, B1 = stub(20, "qwen_0_0"), stub(21, "qwen_0_1")
-R = stub(12, "router_0_0")
-
-
-def test_a_killed_stub_of_a_ready_model_is_dead_once_seen_twice():
-    watch = StubWatch(stubs(A0, R))
-    assert watch.check(stubs(R), {"qwen", "router"}) is None       # seen once
-    assert watch.check(stubs(R), {"qwen", "router"}) == (
-        "the stub of model 'qwen' (instance qwen_0_0) died")
-
-
-def test_a_ready_model_without_any_stub_is_dead_once_seen_twice():
-    watch = StubWatch(stubs(R))    # qwen's stub died before a check saw it
-    assert checks(watch, (stubs(R), {"qwen", "router"}), (stubs(R), {"qwen", "router"})) == (
-        "the stub of model 'qwen' died")
-
-
-def test_runs_in_stub_reads_the_backend():
-    assert runs_in_stub('name: "router"\nbackend: "python"\nmax_batch_size: 0\n')
-    assert not runs_in_stub('name: "llama"\nbackend: "tensorrtllm"\n')
-    assert not runs_in_stub('name: "ensemble"\nplatform: "ensemble"\n')
-
-
-def test_one_dead_instance_of_two_is_noticed():
-    watch = StubWatch(stubs(A0, A1))
-    assert "instance qwen_0_1" in checks(watch, (stubs(A0), {"qwen"}), (stubs(A0), {"qwen"}))
-
-
-@pytest.mark.parametrize("steps", [
-    # unload: the model leaves READY, then its stub exits
-    [(stubs(R), {"router"})] * 3,
-    # unload seen half-way: the stub is gone while the index still said READY once
-    [(stubs(R), {"qwen", "router"}), (stubs(R), {"router"}), (stubs(R), {"router"})],
-    # load again: the new stub starts before the old one exits
-    [(stubs(A0, B0, R), {"qwen", "router"}), (stubs(B0, R), {"qwen", "router"})] + [
-        (stubs(B0, R), {"qwen", "router"})] * 2,
-    # load again between two checks
-    [(stubs(B0, R), {"qwen", "router"})] * 3,
-])
-def test_unloads_and_reloads_are_not_deaths(steps):
-    assert checks(StubWatch(stubs(A0, R)), *steps) is None
-
-
-def test_a_reload_with_fewer_instances_is_not_a_death():
-    watch = StubWatch(stubs(A0, A1))
-    assert checks(watch, (stubs(A0, A1, B0), {"qwen"}), (stubs(B0), {"qwen"}),
-                  (stubs(B0), {"qwen"})) is None
-
-
-def test_a_failed_reload_is_not_a_death():
-    watch = StubWatch(stubs(A0))   # the new stub dies while loading; the old one serves on
-    assert checks(watch, (stubs(A0, B0), {"qwen"}), (stubs(A0), {"qwen"}),
-                  (stubs(A0), {"qwen"})) is None
-
-
-def test_an_engine_reporting_itself_dead_counts_once_seen_twice():
-    watch = StubWatch(stubs(A0, R))
-    alive, ready = stubs(A0, R), {"qwen", "router"}
-    assert watch.check(alive, ready, {"qwen"}) is None
-    assert watch.check(alive, ready, {"qwen"}) == (
-        "the engine of model 'qwen' died (trident_engine_healthy is 0)")
-
-
-def test_a_zero_gauge_of_a_model_not_ready_is_ignored():
-    watch = StubWatch(stubs(R))    # qwen was unloaded; its series keeps its last value
-    assert checks(watch, *[(stubs(R), {"router"}, {"qwen"})] * 3) is None

@@ -28,7 +28,7 @@ from bls.policy import router_config
 from builder.spec import parse_spec
 from tests.fakes import fake_pb_utils as pb
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 

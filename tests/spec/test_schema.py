@@ -14,8 +14,8 @@ import yaml
 from builder.cli import main as cli
 from builder.spec import yaml_loader
 from builder.spec.schema import deployment_schema
-from tests import hostile_specs as hs
-from tests.conftest import ROOT
+from tests.helpers import hostile_specs as hs
+from tests.helpers.servers import ROOT
 
 STRUCTURAL = ("wrong type", "unknown key", "model name", "router name", "negative number",
               "huge number")

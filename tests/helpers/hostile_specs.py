@@ -2,7 +2,7 @@
 
 Each Case is a spec file's bytes plus what trident must do with it: render (valid=True)
 or refuse with one line naming `field`. `run_case` drives the real CLI entry
-(builder.cli.main) and classifies the outcome; `python tests/hostile_specs.py` prints the
+(builder.cli.main) and classifies the outcome; `python tests/helpers/hostile_specs.py` prints the
 counts (tried, clean errors, tracebacks, silent accepts, data lost, messy errors), and
 runs against whatever `builder` is first on PYTHONPATH, e.g. an older worktree.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BASES = ("deploy/default.yaml", "deploy/examples/cpu-fallback.yaml")
 MODEL_TOKEN = "@MODEL@"
 CASE_TIMEOUT_S = 20

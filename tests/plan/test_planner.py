@@ -19,7 +19,7 @@ from builder.render.validate import parse_config, validate_repository
 from builder.render.write import write_repository
 from builder.spec import SpecError, load_spec, parse_spec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 H100X8 = ROOT / "deploy" / "examples" / "h100x8.yaml"
 FIXTURES = ROOT / "tests" / "fixtures" / "topo"
 GIB = 1024 ** 3

@@ -11,7 +11,7 @@ from builder.cli import main as cli
 from builder.errors import TridentError
 from engine_cache import CacheError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Runs in a fresh interpreter where boto3, botocore, s3transfer and builder cannot be
 # imported at all (a meta-path hook), so a stray import anywhere fails loudly.

@@ -15,7 +15,7 @@ import yaml
 from builder.render.validate import parse_config, validate_repository
 from builder.serve.server import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FAKES = ROOT / "tests" / "fakes"
 TRIDENT = [sys.executable, "-m", "builder.cli.main"]
 PROFILES = {
