@@ -45,6 +45,7 @@ _LLAMA3_8B = _llama(32, 4096, 32, 8, 14336, 128256, 8192)
 _LLAMA31_8B = _llama(32, 4096, 32, 8, 14336, 128256, 131072)
 _LLAMA3_70B = _llama(80, 8192, 64, 8, 28672, 128256, 131072)
 _MIXTRAL_8X7B = _llama(32, 4096, 32, 8, 14336, 32000, 32768, num_local_experts=8)
+_LLAMA31_405B = _llama(126, 16384, 128, 8, 53248, 128256, 131072)
 
 KNOWN_MODELS: dict[str, dict[str, Any]] = {
     "meta-llama/Meta-Llama-3-8B": _LLAMA3_8B,
@@ -52,6 +53,7 @@ KNOWN_MODELS: dict[str, dict[str, Any]] = {
     "meta-llama/Llama-3.1-8B-Instruct": _LLAMA31_8B,
     "meta-llama/Llama-3.1-70B-Instruct": _LLAMA3_70B,
     "meta-llama/Llama-3.3-70B-Instruct": _LLAMA3_70B,
+    "meta-llama/Llama-3.1-405B-Instruct": _LLAMA31_405B,
     "mistralai/Mixtral-8x7B-Instruct-v0.1": _MIXTRAL_8X7B,
     "mistralai/Mixtral-8x7B-v0.1": _MIXTRAL_8X7B,
     "Qwen/Qwen2.5-7B-Instruct": _llama(28, 3584, 28, 4, 18944, 152064, 32768),

@@ -34,6 +34,7 @@ class ModelPlan:
     need: memory.MemoryNeed | None = None       # per GPU or slice; None: size unknown
     usable_gib: float | None = None             # per GPU or slice
     link: str = "-"                             # slowest link inside an instance
+    nodes: int = 1                              # nodes one instance spans (devices: per node)
 
     @property
     def free_gib(self) -> float | None:
@@ -43,12 +44,13 @@ class ModelPlan:
 
     @property
     def kubernetes_resources(self) -> dict[str, int]:
-        """Per instance: the extended resources a pod running it requests."""
+        """Per instance: the extended resources a pod running it requests (for an
+        instance spanning nodes, each of its pods: one node's share)."""
         if self.kind == "cpu":
             return {}
         if self.mig_profile is not None:
             return {self.mig_profile.kubernetes_resource: 1}
-        return {"nvidia.com/gpu": self.tp * self.pp}
+        return {"nvidia.com/gpu": self.tp * self.pp // self.nodes}
 
 
 @dataclass(frozen=True)
@@ -64,5 +66,8 @@ class Plan:
 
     @property
     def used_gpus(self) -> set[int]:
-        used = {d for m in self.models.values() for i in m.instances for d in i.devices}
+        """GPUs taken on the node the single-node models share (a model spanning nodes
+        takes nodes of its own)."""
+        used = {d for m in self.models.values() if m.nodes == 1
+                for i in m.instances for d in i.devices}
         return used | set(self.mig_layouts)

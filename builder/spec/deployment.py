@@ -23,6 +23,9 @@ from builder.spec.node import _REQUIRED, SpecError, _Node, frozen_mapping
 ENGINES = ("tensorrt_llm", "vllm", "sglang")
 INSTANCE_KINDS = ("auto", "cpu", "gpu", "model")
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+# A DNS-1123 subdomain: what Kubernetes accepts as a Secret's name.
+_K8S_NAME_RE = re.compile(r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+                          r"(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 # ---------------------------------------------------------------------------------------
@@ -39,8 +42,9 @@ class ServerSpec:
 @dataclass(frozen=True)
 class HardwareSpec:
     gpu: str = "cpu"              # a GPU type name (builder.plan.gpus) or "cpu"
-    count: int = 0                # GPUs on the node
+    count: int = 0                # GPUs on the node (on each node when nodes > 1)
     topology: str | None = None   # path to saved `nvidia-smi topo -m` output, or None
+    nodes: int = 1                # identical nodes; a model may span them (LeaderWorkerSet)
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,8 @@ class EngineCacheSpec:
     s3: str | None = None          # s3://bucket/prefix
     endpoint_url: str | None = None
     local_only: bool = False       # when S3 is unreachable, carry on with the local tier
+    # Kubernetes: the Secret holding AWS_* for the S3 cache (a name only, never a value).
+    credentials_secret: str | None = None
 
 
 @dataclass(frozen=True)
@@ -201,10 +207,13 @@ def _parse_hardware(node: _Node) -> HardwareSpec:
         raise node.error(f"{gpu!r} is not one of cpu, {', '.join(gpus.GPU_TYPES)}", "gpu")
     count = node.int("count", 0 if gpu == "cpu" else 1, minimum=0, maximum=64)
     topology = node.get("topology", str, None)
+    nodes = node.int("nodes", 1, minimum=1, maximum=64)
     node.done()
     if gpu != "cpu" and count == 0:
         raise node.error("must be >= 1 when a GPU type is given", "count")
-    return HardwareSpec(gpu, count, topology)
+    if gpu == "cpu" and nodes > 1:
+        raise node.error("more than one node needs a GPU type", "nodes")
+    return HardwareSpec(gpu, count, topology, nodes)
 
 
 def _parse_engine_cache(node: _Node) -> EngineCacheSpec:
@@ -222,8 +231,12 @@ def _parse_engine_cache(node: _Node) -> EngineCacheSpec:
     if endpoint is not None and not re.fullmatch(r"https?://[^\s/?#]+(/\S*)?", endpoint):
         raise node.error(f"{endpoint!r} is not an http(s)://host[:port] URL", "endpoint_url")
     local_only = node.get("local_only", bool, False)
+    secret = node.get("credentials_secret", str, None)
+    if secret is not None and not _K8S_NAME_RE.fullmatch(secret):
+        raise node.error(f"{secret!r} is not a Kubernetes Secret name (lower-case letters, "
+                         "digits, '-' and '.', at most 253 characters)", "credentials_secret")
     node.done()
-    return EngineCacheSpec(local_dir, s3, endpoint, local_only)
+    return EngineCacheSpec(local_dir, s3, endpoint, local_only, secret)
 
 
 def _has_credentials(url: str) -> bool:
