@@ -1,46 +1,32 @@
 """`trident plan` and `trident mig check|plan`: the placement planner on the command line.
 
-Loaded by builder.cli.main (extension module). Exit codes: 0 success; 1 the layout cannot
-exist or the models do not fit; 2 bad input (spec defect, unknown GPU type).
+Exit codes: 0 success; 1 the layout cannot exist or the models do not fit; 2 bad input
+(spec defect, unknown GPU type).
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
+import click
 import yaml
 
+from builder.cli.common import EXIT_FAILURE, EXIT_USAGE, group, spec_option
 from builder.errors import TridentError
 from builder.render import output_dir
 from builder.spec import load_spec
 
-EXIT_ILLEGAL = 1
-EXIT_USAGE = 2
 
+@click.command("plan")
+@spec_option()
+def plan(spec: str) -> int:
+    """Show where each model runs (TP×PP, GPUs, MIG slices).
 
-def add_commands(sub) -> None:
-    p = sub.add_parser("plan", help="show where each model runs (TP×PP, GPUs, MIG slices)")
-    p.add_argument("--spec", required=True, help="deployment spec (YAML)")
-    p.set_defaults(func=cmd_plan)
-
-    mig_parser = sub.add_parser("mig", help="MIG layouts: check one, or plan a spec's")
-    mig_sub = mig_parser.add_subparsers(dest="mig_command", required=True, metavar="COMMAND")
-    p = mig_sub.add_parser("check", help="is a set of MIG profiles legal on one GPU?")
-    p.add_argument("--gpu", required=True, help="GPU type, e.g. H100-80GB")
-    p.add_argument("--profiles", required=True, help="PROFILE=COUNT,... e.g. 3g.40gb=2")
-    p.set_defaults(func=cmd_mig_check)
-    p = mig_sub.add_parser("plan", help="write the mig-parted config a spec needs")
-    p.add_argument("--spec", required=True, help="deployment spec (YAML)")
-    p.add_argument("--out", required=True, help="mig-parted config file to write")
-    p.set_defaults(func=cmd_mig_plan)
-
-
-def cmd_plan(args: argparse.Namespace) -> int:
+    One row per model: devices or MIG slices per instance, the link between them, the
+    memory each GPU needs, has and keeps free, and the Kubernetes resource to request.
+    """
     from builder.plan.planner import plan_for_spec
 
-    spec = load_spec(args.spec)
-    print(format_plan(plan_for_spec(spec)))
+    click.echo(format_plan(plan_for_spec(load_spec(spec))))
     return 0
 
 
@@ -82,41 +68,59 @@ def _devices(instance) -> str:
     return "GPU" + ",".join(map(str, instance.devices))
 
 
-def cmd_mig_check(args: argparse.Namespace) -> int:
-    from builder.plan import mig
+@group()
+def mig() -> None:
+    """MIG layouts: check one, or plan the one a spec needs."""
+
+
+@mig.command()
+@click.option("--gpu", required=True, help="GPU type, e.g. H100-80GB")
+@click.option("--profiles", required=True, metavar="PROFILE=COUNT,...",
+              help="e.g. 4g.40gb=1,3g.40gb=1")
+def check(gpu: str, profiles: str) -> int:
+    """Is a set of MIG profiles legal on one GPU? Exit 1 when it is not."""
+    from builder.plan import mig as migs
     from builder.plan.gpus import GPU_TYPES
 
-    gpu = GPU_TYPES.get(args.gpu)
-    if gpu is None:
-        raise TridentError(f"--gpu: {args.gpu!r} is not one of {', '.join(GPU_TYPES)}",
+    gpu_type = GPU_TYPES.get(gpu)
+    if gpu_type is None:
+        raise TridentError(f"--gpu: {gpu!r} is not one of {', '.join(GPU_TYPES)}",
                            EXIT_USAGE)
     try:
-        slices = mig.check_layout(gpu, mig.parse_profile_counts(args.profiles))
-    except mig.MigError as e:
-        print(f"illegal: {e}", file=sys.stderr)
-        return EXIT_ILLEGAL
+        slices = migs.check_layout(gpu_type, migs.parse_profile_counts(profiles))
+    except migs.MigError as e:
+        click.echo(f"illegal: {e}", err=True)
+        return EXIT_FAILURE
     placed = ", ".join(f"{s.profile.name}@{s.start}" for s in slices)
-    print(f"legal on {gpu.name}: {placed} (profile@first memory slice)")
+    click.echo(f"legal on {gpu_type.name}: {placed} (profile@first memory slice)")
     return 0
 
 
-def cmd_mig_plan(args: argparse.Namespace) -> int:
-    from builder.plan import mig
+@mig.command("plan")
+@spec_option()
+@click.option("--out", required=True, metavar="FILE", help="mig-parted config file to write")
+def mig_plan(spec: str, out: str) -> int:
+    """Write the NVIDIA mig-parted config a spec needs."""
+    from builder.plan import mig as migs
     from builder.plan.planner import plan_for_spec
 
-    spec = load_spec(args.spec)
-    out = output_dir.check_file_target(Path(args.out), [spec.file])
-    plan = plan_for_spec(spec)
-    if plan.gpu is None:
-        raise TridentError(f"{spec.file}: hardware.gpu is cpu: nothing to partition",
+    deployment = load_spec(spec)
+    target = output_dir.check_file_target(Path(out), [deployment.file])
+    placement = plan_for_spec(deployment)
+    if placement.gpu is None:
+        raise TridentError(f"{deployment.file}: hardware.gpu is cpu: nothing to partition",
                            EXIT_USAGE)
-    config = mig.mig_parted_config(f"trident-{spec.name}", plan.count, plan.mig_layouts)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(f"# Rendered by trident from {spec.file}: apply with\n"
-                   f"#   nvidia-mig-parted apply -f {out.name} -c trident-{spec.name}\n"
+    name = f"trident-{deployment.name}"
+    config = migs.mig_parted_config(name, placement.count, placement.mig_layouts)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(f"# Rendered by trident from {deployment.file}: apply with\n"
+                   f"#   nvidia-mig-parted apply -f {target.name} -c {name}\n"
                    + yaml.safe_dump(config, sort_keys=False))
-    tmp.replace(out)   # never a half-written config
-    print(f"wrote {out}: {len(plan.mig_layouts)} GPU(s) with MIG "
-          f"({', '.join(map(str, sorted(plan.mig_layouts))) or 'none'})")
+    tmp.replace(target)   # never a half-written config
+    gpus = ", ".join(map(str, sorted(placement.mig_layouts))) or "none"
+    click.echo(f"wrote {target}: {len(placement.mig_layouts)} GPU(s) with MIG ({gpus})")
     return 0
+
+
+COMMANDS = [plan, mig]

@@ -1,0 +1,6 @@
+"""`python -m builder.cli`."""
+import sys
+
+from builder.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,48 @@
+"""What the command modules share: exit codes, the group class, common options.
+
+Command modules import this, never builder.cli.main, so main can import them all without
+a cycle.
+"""
+from __future__ import annotations
+
+import contextlib
+import signal
+
+import click
+
+EXIT_OK = 0
+EXIT_FAILURE = 1      # the job failed: invalid repository, server down, build failed
+EXIT_USAGE = 2        # bad input: a spec defect, a bad argument
+EXIT_INTERRUPTED = 130
+
+
+class TridentGroup(click.Group):
+    """A command group that treats a missing subcommand as a usage error (exit 2, one
+    line) instead of printing its help and exiting, as click's groups do by default."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("no_args_is_help", False)
+        super().__init__(*args, **kwargs)
+
+
+def group(name: str | None = None, **kwargs):
+    """@click.group with TridentGroup (sub-groups inherit the root's context settings)."""
+    return click.group(name, cls=TridentGroup, **kwargs)
+
+
+def spec_option(required: bool = True, help: str = "deployment spec (YAML)"):
+    return click.option("--spec", required=required, metavar="FILE", help=help)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt for the duration, so a job cleans up after itself
+    as on Ctrl-C (and exits 130)."""
+    def on_sigterm(_signum, _frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,96 @@
+"""`trident serve | infer`: run tritonserver on a repository, and talk to it."""
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from builder.cli.common import EXIT_USAGE
+from builder.errors import TridentError
+
+
+@click.command()
+@click.option("--repo", default="model_repository", metavar="DIR", show_default=True,
+              help="model repository to serve")
+@click.option("--http-port", type=int, default=8000, show_default=True)
+@click.option("--grpc-port", type=int, default=8001, show_default=True)
+@click.option("--metrics-port", type=int, default=8002, show_default=True)
+@click.option("--timeout", type=float, default=300.0, show_default=True,
+              help="seconds to wait for the server to be ready")
+@click.option("--load-model", multiple=True, metavar="MODEL",
+              help="load only these models (explicit model control); repeatable")
+def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, timeout: float,
+          load_model: tuple[str, ...]) -> int:
+    """Run tritonserver on a model repository.
+
+    Serves until Ctrl-C or SIGTERM (exit 0). Exits 1, stopping the server, when the
+    server exits, or a model's stub process or engine dies (Triton would keep the model
+    READY), so a supervisor can restart it. Uses tritonserver from PATH when there is one,
+    else the bundled one.
+    """
+    from builder.serve.server import Ports, TritonServer
+
+    repo_dir = Path(repo)
+    if not repo_dir.is_dir():
+        raise TridentError(f"{repo_dir}: no such model repository (run `trident repo` "
+                           "first)", EXIT_USAGE)
+    server = TritonServer(repo_dir, Ports(http_port, grpc_port, metrics_port),
+                          load_models=load_model or None)
+
+    def on_signal(_signum, _frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        server.start()
+        server.wait_ready(timeout)
+        click.echo(f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  "
+                   f"metrics {server.metrics_url}")
+        sys.stdout.flush()
+        server.monitor()   # returns only by raising: the server exited or a stub died
+    except KeyboardInterrupt:
+        click.echo("stopping tritonserver", err=True)
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        server.stop()
+    return 0
+
+
+@click.command()
+@click.option("--model", default="router", show_default=True, help="model to ask")
+@click.option("--url", default="127.0.0.1:8001", show_default=True, metavar="HOST:PORT",
+              help="gRPC endpoint")
+@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="0 is greedy")
+@click.option("--raw", is_flag=True, help="send text_input as is instead of a chat message")
+@click.argument("prompt", nargs=-1, required=True)
+def infer(model: str, url: str, max_tokens: int, temperature: float, raw: bool,
+          prompt: tuple[str, ...]) -> int:
+    """Stream a generation for PROMPT from a served model over gRPC.
+
+    Prints the text as it arrives, then who served it, why it finished, the time to the
+    first token and the token count (on stderr).
+    """
+    # lazy: tritonclient and grpc take a while to import; `trident --help` need not wait
+    from builder.serve import client
+
+    result = client.stream_generate(url, model, " ".join(prompt), max_tokens,
+                                    chat=not raw, on_text=_print_chunk,
+                                    sampling={"temperature": temperature})
+    click.echo()
+    click.echo(f"[served_by={result.served_by} finish_reason={result.finish_reason} "
+               f"ttft={result.ttft_s * 1000:.0f} ms tokens={result.output_tokens}]",
+               err=True)
+    return 0
+
+
+def _print_chunk(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+COMMANDS = [serve, infer]
