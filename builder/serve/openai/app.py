@@ -1,0 +1,182 @@
+"""The FastAPI application: GET /v1/models, POST /v1/chat/completions, /v1/completions.
+
+Every error leaves in OpenAI's shape with its status. A streamed answer starts (200,
+text/event-stream) only after Triton's first response, so a request that fails before
+its first token still gets a real 4xx/5xx; a failure after that is one `data:` event
+with an `error` object (the openai client raises it), then `data: [DONE]`. A client
+that goes away cancels the gRPC call, which aborts the request in the engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from builder.serve.openai.protocol import (Answer, Generation, OpenAIError, invalid,
+                                           parse_chat, parse_completion)
+from builder.serve.openai.triton import Call, Piece, Triton
+
+log = logging.getLogger("trident.openai")
+OWNER = "trident"
+
+
+def create_app(triton_url: str) -> FastAPI:
+    triton = Triton(triton_url)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        await triton.close()
+
+    app = FastAPI(title="trident OpenAI frontend", lifespan=lifespan, docs_url=None,
+                  redoc_url=None, openapi_url=None)
+    app.state.triton = triton
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_request, error: OpenAIError):
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request, error: HTTPException):
+        kind = "invalid_request_error" if error.status_code < 500 else "server_error"
+        return JSONResponse(OpenAIError(error.status_code, str(error.detail), kind).body(),
+                            status_code=error.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request, error: Exception):
+        log.exception("unexpected error")
+        return JSONResponse(OpenAIError(500, f"frontend error: {type(error).__name__}: "
+                                        f"{error}", "server_error").body(), status_code=500)
+
+    @app.get("/health")
+    async def health():
+        await triton.models(fresh=True)
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def list_models():
+        models = await triton.models(fresh=True)
+        created = int(time.time())
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": OWNER}
+            for name in sorted(models)]}
+
+    @app.get("/v1/models/{model}")
+    async def get_model(model: str):
+        await triton.info(model)
+        return {"id": model, "object": "model", "created": int(time.time()),
+                "owned_by": OWNER}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _generate(triton, request, parse_chat(await _body(request),
+                                                           request.headers))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _generate(triton, request, parse_completion(await _body(request),
+                                                                 request.headers))
+
+    return app
+
+
+async def _body(request: Request):
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise invalid(None, "the request body is not valid JSON", "invalid_json") from None
+
+
+async def _generate(triton: Triton, request: Request, generation: Generation):
+    info = await triton.info(generation.model)
+    call = triton.stream(generation, info)
+    answer = Answer(generation)
+    pieces = call.pieces()
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(request, call))
+    try:
+        if not generation.stream:
+            return JSONResponse(await _whole(answer, pieces, call))
+        first = await _next(pieces)
+    except OpenAIError:
+        call.finish()    # Triton answered with an error: let its call end
+        raise
+    except BaseException:
+        call.cancel()
+        raise
+    finally:
+        watcher.cancel()   # from here on Starlette watches the client (see _events)
+    return StreamingResponse(_events(answer, first, pieces, call),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _cancel_on_disconnect(request: Request, call: Call) -> None:
+    """Cancel the gRPC call when the client disconnects before the answer starts."""
+    while True:
+        message = await request.receive()
+        if message.get("type") == "http.disconnect":
+            call.cancel()
+            return
+
+
+async def _next(pieces: AsyncIterator[Piece]) -> Optional[Piece]:
+    try:
+        return await pieces.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+async def _whole(answer: Answer, pieces: AsyncIterator[Piece], call: Call) -> dict:
+    texts, last = [], None
+    async for piece in pieces:
+        texts.append(piece.text)
+        last = piece
+    if call.cancelled:
+        raise OpenAIError(499, "the client closed the request", "invalid_request_error")
+    if last is None or not last.finish_reason:
+        raise OpenAIError(502, f"{answer.generation.model}: the stream ended without a "
+                          "finish reason", "server_error", None, "backend_error")
+    call.finish()
+    return answer.whole("".join(texts), last.finish_reason, last.input_tokens,
+                        last.output_tokens)
+
+
+def _sse(data) -> bytes:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+async def _events(answer: Answer, first: Optional[Piece], pieces: AsyncIterator[Piece],
+                  call: Call) -> AsyncIterator[bytes]:
+    """The SSE body. Starlette cancels this generator when the client disconnects; the
+    finally then cancels the gRPC call (Triton cancels the request, the engine aborts)."""
+    last = first
+    try:
+        if first is None:
+            raise OpenAIError(502, f"{answer.generation.model}: the stream ended without "
+                              "a response", "server_error", None, "backend_error")
+        yield _sse(answer.chunk(first.text, None, first=True))
+        async for piece in pieces:
+            last = piece
+            if piece.text:
+                yield _sse(answer.chunk(piece.text))
+        if not last.finish_reason:
+            raise OpenAIError(502, f"{answer.generation.model}: the stream ended without "
+                              "a finish reason", "server_error", None, "backend_error")
+        call.finish()
+        yield _sse(answer.chunk(None if answer.chat else "", last.finish_reason))
+        if answer.generation.include_usage:
+            yield _sse(answer.usage_chunk(last.input_tokens, last.output_tokens))
+    except OpenAIError as error:
+        call.finish()
+        yield _sse(error.body())
+    finally:
+        call.cancel()   # a no-op once the call ended or was handed to finish()
+    yield b"data: [DONE]\n\n"

@@ -1,0 +1,83 @@
+"""Run the OpenAI frontend: in the foreground (`trident openai`) or in a thread beside
+the tritonserver that `trident serve --openai-port` runs (started once Triton is ready,
+stopped with it)."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Optional
+
+import uvicorn
+
+from builder.errors import TridentError
+from builder.serve.openai.app import create_app
+from builder.serve.server import port_in_use
+
+
+class FrontendError(TridentError):
+    """The frontend could not start; the message says why."""
+
+
+def _config(triton_url: str, host: str, port: int) -> uvicorn.Config:
+    return uvicorn.Config(create_app(triton_url), host=host, port=port, log_level="warning",
+                          access_log=False, timeout_graceful_shutdown=5)
+
+
+def _check_port(host: str, port: int) -> None:
+    if port_in_use(port, host):
+        raise FrontendError(f"OpenAI port {port} on {host} is already in use; choose "
+                            "another with --port/--openai-port")
+
+
+def run(triton_url: str, host: str = "127.0.0.1", port: int = 9000) -> None:
+    """Serve until Ctrl-C or SIGTERM (uvicorn handles both)."""
+    _check_port(host, port)
+    server = uvicorn.Server(_config(triton_url, host, port))
+    server.run()
+    if not server.started:
+        raise FrontendError(f"the OpenAI frontend did not start on {host}:{port}")
+
+
+class Frontend:
+    """The frontend in a background thread with its own event loop."""
+
+    def __init__(self, triton_url: str, host: str = "127.0.0.1", port: int = 9000):
+        self.triton_url, self.host, self.port = triton_url, host, port
+        self._server: Optional[uvicorn.Server] = None
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 15.0) -> "Frontend":
+        _check_port(self.host, self.port)
+        self._server = uvicorn.Server(_config(self.triton_url, self.host, self.port))
+        # uvicorn installs signal handlers only on the main thread: none here.
+        self._thread = threading.Thread(target=self._server.run, name="openai-frontend",
+                                        daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise FrontendError(f"the OpenAI frontend did not start on "
+                                    f"{self.host}:{self.port}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive() and self._server is not None:
+                self._server.force_exit = True
+                self._thread.join(timeout_s)
+        self._server = self._thread = None
+
+    def __enter__(self) -> "Frontend":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

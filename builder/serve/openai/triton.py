@@ -1,0 +1,280 @@
+"""The Triton side of the OpenAI frontend: which models serve text, and one request as
+one gRPC stream (tritonclient.grpc.aio), cancellable.
+
+A stream ends when Triton ends the gRPC call: the request iterator half-closes after its
+one request, and Triton finishes the call once the request's final flag is sent (the
+router's flags-only final included, which the aio client never surfaces). The frontend
+may stop reading at the engine's finish reason; the rest is drained in the background.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator, Optional
+
+import numpy as np
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.grpc import InferInput
+from tritonclient.utils import InferenceServerException
+
+from builder.serve.openai.protocol import (Generation, OpenAIError, from_triton, invalid,
+                                           model_not_found)
+
+INDEX_TTL_S = 2.0        # how long the repository index (ready models) is believed
+DRAIN_TIMEOUT_S = 10.0   # after the finish reason: wait this long for the call to end
+DTYPES = {"TYPE_BOOL": ("BOOL", bool), "TYPE_INT32": ("INT32", np.int32),
+          "TYPE_INT64": ("INT64", np.int64), "TYPE_UINT64": ("UINT64", np.uint64),
+          "TYPE_FP32": ("FP32", np.float32), "TYPE_STRING": ("BYTES", np.object_)}
+
+
+class TritonUnavailable(OpenAIError):
+    def __init__(self, url: str, why: str):
+        super().__init__(503, f"Triton at {url} does not answer: {why}", "server_error",
+                         None, "triton_unavailable")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the frontend needs of a model's config."""
+
+    name: str
+    inputs: dict             # input name -> Triton data type (TYPE_...)
+    batched: bool            # max_batch_size > 0: tensors get a batch dimension
+
+    @staticmethod
+    def from_config(config: dict) -> Optional["ModelInfo"]:
+        """The model, if it speaks text in and text out (an LLM: the router, an engine
+        model, a TRT-LLM ensemble); None for the rest (TRT-LLM's pre/post-processing
+        and engine models take token ids)."""
+        inputs = {i.get("name"): i.get("data_type", "") for i in config.get("input", [])}
+        outputs = {o.get("name") for o in config.get("output", [])}
+        if "text_output" not in outputs or not {"text_input", "messages"} & set(inputs):
+            return None
+        return ModelInfo(config.get("name", ""), inputs,
+                         int(config.get("max_batch_size", 0) or 0) > 0)
+
+
+@dataclass
+class Piece:
+    """One streamed response: new text, and the engine's counts so far."""
+
+    text: str
+    finish_reason: Optional[str]
+    input_tokens: int
+    output_tokens: int
+
+
+def build_inputs(generation: Generation, info: ModelInfo) -> list:
+    """Triton inputs for one generation; raises OpenAIError (400) for what this model
+    cannot take."""
+    tensors: list = []
+
+    def add(name: str, value) -> None:
+        dtype, np_dtype = DTYPES[info.inputs.get(name, "TYPE_STRING")]
+        shape = [1, 1] if info.batched else [1]
+        tensor = InferInput(name, shape, dtype)
+        if np_dtype is np.object_:
+            value = str(value).encode()
+        tensor.set_data_from_numpy(np.array([value], dtype=np_dtype).reshape(shape))
+        tensors.append(tensor)
+
+    if generation.kind == "chat":
+        if "messages" not in info.inputs:
+            raise invalid("model", f"model '{info.name}' takes no chat messages (use "
+                          "/v1/completions, or the router)", "unsupported_model")
+        add("messages", json.dumps(generation.messages))
+    else:
+        if "text_input" not in info.inputs:
+            raise invalid("model", f"model '{info.name}' takes no text prompt (use "
+                          "/v1/chat/completions)", "unsupported_model")
+        add("text_input", generation.prompt)
+    if "stream" in info.inputs:
+        add("stream", generation.stream)
+    if generation.max_tokens is not None:
+        add("max_tokens", generation.max_tokens)
+    if "exclude_input_in_output" in info.inputs:
+        add("exclude_input_in_output", True)
+    if generation.sampling and "sampling_parameters" in info.inputs:
+        add("sampling_parameters", json.dumps(generation.sampling))
+    elif generation.sampling:
+        # A model with one tensor per sampling value (a TRT-LLM ensemble).
+        for name, value in generation.sampling.items():
+            if name not in info.inputs or isinstance(value, (list, dict)):
+                raise invalid(name, f"model '{info.name}' does not take '{name}'",
+                              "unsupported_parameter")
+            add(name, value)
+    for name, value in generation.hints.items():
+        if name in info.inputs:   # a model without a router ignores routing hints
+            add(name, value)
+    return tensors
+
+
+def read_piece(result) -> tuple[Piece, Optional[str]]:
+    """A streamed result as a Piece, and the mid-stream error it carries (or None)."""
+    def first(name: str):
+        try:
+            array = result.as_numpy(name)
+        except Exception:
+            return None
+        if array is None or array.size == 0:
+            return None
+        value = array.reshape(-1)[0]
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+    text = first("text_output") or ""
+    error = first("error") or None
+    return Piece(text, first("finish_reason") or None, int(first("num_input_tokens") or 0),
+                 int(first("num_output_tokens") or 0)), error
+
+
+class Triton:
+    """A gRPC connection to one tritonserver, made on the frontend's event loop."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self._client: Optional[grpcaio.InferenceServerClient] = None
+        self._models: dict[str, ModelInfo] = {}
+        self._configs: dict[tuple, Optional[ModelInfo]] = {}   # (name, version) -> info
+        self._index_at = -INDEX_TTL_S
+        self._index_lock: Optional[asyncio.Lock] = None
+        self._draining: set = set()
+
+    @property
+    def client(self) -> grpcaio.InferenceServerClient:
+        if self._client is None:
+            self._client = grpcaio.InferenceServerClient(self.url)
+        return self._client
+
+    async def close(self) -> None:
+        for task in list(self._draining):
+            task.cancel()
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    async def models(self, fresh: bool = False) -> dict[str, ModelInfo]:
+        """The READY text models, by name (the repository index, briefly cached)."""
+        if self._index_lock is None:
+            self._index_lock = asyncio.Lock()
+        async with self._index_lock:
+            if fresh or time.monotonic() - self._index_at > INDEX_TTL_S:
+                self._models = await self._read_index()
+                self._index_at = time.monotonic()
+        return self._models
+
+    async def _read_index(self) -> dict[str, ModelInfo]:
+        try:
+            index = await self.client.get_model_repository_index(as_json=True)
+            models = {}
+            for entry in index.get("models", []):
+                if entry.get("state") != "READY":
+                    continue
+                key = (entry["name"], entry.get("version", ""))
+                if key not in self._configs:
+                    config = await self.client.get_model_config(entry["name"], as_json=True)
+                    self._configs[key] = ModelInfo.from_config(config.get("config", {}))
+                if self._configs[key] is not None:
+                    models[entry["name"]] = self._configs[key]
+            return models
+        except InferenceServerException as e:
+            raise TritonUnavailable(self.url, e.message() or str(e)) from None
+
+    async def info(self, model: str) -> ModelInfo:
+        """The model's info; 404 when it is not a READY text model."""
+        found = (await self.models()).get(model)
+        if found is None:
+            found = (await self.models(fresh=True)).get(model)   # loaded a moment ago?
+        if found is None:
+            raise model_not_found(model)
+        return found
+
+    def stream(self, generation: Generation, info: ModelInfo) -> "Call":
+        return Call(self, info.name, build_inputs(generation, info))
+
+    def _keep_draining(self, call: "Call") -> None:
+        task = asyncio.ensure_future(call.drain())
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
+
+
+class Call:
+    """One request's gRPC stream. Iterate `pieces()`; `cancel()` aborts it in Triton (the
+    engine stops); `finish()` after the finish reason lets the call end on its own."""
+
+    def __init__(self, triton: Triton, model: str, inputs: list):
+        self.triton, self.model = triton, model
+        self.request_id = uuid.uuid4().hex
+        self.done = False         # the call ended, or is no longer ours to end
+        self.cancelled = False    # cancelled by cancel() (the client went away)
+
+        async def one_request():
+            yield {"model_name": model, "inputs": inputs, "request_id": self.request_id}
+
+        self._responses = triton.client.stream_infer(one_request())
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """The responses as Pieces, up to the one with a finish reason; raises
+        OpenAIError for an error response (or an `error` output mid-stream)."""
+        while True:
+            try:
+                result, error = await self._responses.__anext__()
+            except StopAsyncIteration:
+                self.done = True
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:   # grpc.aio.AioRpcError: cancelled, or the server left
+                self.done = True
+                if self.cancelled:
+                    return
+                raise TritonUnavailable(self.triton.url, _rpc_reason(e)) from None
+            if error is not None:
+                raise from_triton(error.message() or str(error), self.model)
+            piece, problem = read_piece(result)
+            if problem:
+                raise from_triton(problem, self.model)
+            yield piece
+            if piece.finish_reason:
+                return
+
+    async def drain(self) -> None:
+        """Read to the end of the call (the final flag), cancelling it if that takes
+        longer than DRAIN_TIMEOUT_S."""
+        self.done = True
+        try:
+            async def rest():
+                while True:
+                    await self._responses.__anext__()
+            await asyncio.wait_for(rest(), DRAIN_TIMEOUT_S)
+        except StopAsyncIteration:
+            pass
+        except asyncio.TimeoutError:
+            self._responses.cancel()
+        except Exception:
+            pass
+
+    def finish(self) -> None:
+        """The answer is complete: let the call end in the background."""
+        if not self.done:
+            self.done = True
+            self.triton._keep_draining(self)
+
+    def cancel(self) -> None:
+        """Cancel the gRPC call: Triton cancels the request, and trident's models abort
+        it in the engine."""
+        if not self.done:
+            self.done = self.cancelled = True
+            self._responses.cancel()
+
+
+def _rpc_reason(error: Exception) -> str:
+    details = getattr(error, "details", None)
+    if callable(details):
+        try:
+            return str(details() or error)
+        except Exception:
+            pass
+    return str(error) or type(error).__name__
