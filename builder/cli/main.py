@@ -15,7 +15,7 @@ import sys
 
 import click
 
-from builder.cli import completion, engines, logs, placement, repository, serve
+from builder.cli import completion, engines, logs, openai, placement, repository, serve
 from builder.cli.common import (EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, TridentGroup)
 from builder.errors import TridentError, printable
 from engine_cache.errors import CacheError
@@ -23,6 +23,7 @@ from engine_cache.errors import CacheError
 COMMAND_MODULES = [
     repository,     # repo, validate, schema, assets
     serve,          # serve, infer
+    openai,         # openai (the OpenAI-compatible HTTP frontend)
     placement,      # plan, mig check|plan
     engines,        # engines plan|build|prebuild, cache ls|stats|verify|gc
     completion,     # completion bash|zsh|fish

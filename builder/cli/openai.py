@@ -1,0 +1,31 @@
+"""`trident openai`: the OpenAI-compatible HTTP frontend in front of a running Triton."""
+from __future__ import annotations
+
+import click
+
+
+@click.command("openai")
+@click.option("--triton", "triton_url", default="127.0.0.1:8001", show_default=True,
+              metavar="HOST:PORT", help="Triton's gRPC endpoint")
+@click.option("--port", type=click.IntRange(1, 65535), default=9000, show_default=True,
+              help="HTTP port of the OpenAI API")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="address to listen on (0.0.0.0: every interface)")
+def openai_command(triton_url: str, port: int, host: str) -> int:
+    """Serve OpenAI's API (/v1/models, /v1/chat/completions, /v1/completions) for the
+    models of a running tritonserver, over its gRPC port.
+
+    Every request is one gRPC stream to the Triton model named by `model` (`router`, or
+    an engine model); routing hints come from the body (`route`, `task`, `tenant`,
+    `conversation_id` ...) or `X-Trident-*` headers. Serves until Ctrl-C or SIGTERM.
+    """
+    # lazy: fastapi, uvicorn and grpc take a while to import; `trident --help` need not wait
+    from builder.serve.openai.runner import run
+
+    click.echo(f"OpenAI API on http://{host}:{port}/v1 for Triton at {triton_url}",
+               err=True)
+    run(triton_url, host, port)
+    return 0
+
+
+COMMANDS = [openai_command]
