@@ -15,7 +15,8 @@ import sys
 
 import click
 
-from builder.cli import completion, engines, logs, openai, placement, repository, serve
+from builder.cli import (completion, engines, k8s, logs, openai, placement, repository,
+                         serve)
 from builder.cli.common import (EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, TridentGroup)
 from builder.errors import TridentError, printable
 from engine_cache.errors import CacheError
@@ -26,6 +27,7 @@ COMMAND_MODULES = [
     openai,         # openai (the OpenAI-compatible HTTP frontend)
     placement,      # plan, mig check|plan
     engines,        # engines plan|build|prebuild, cache ls|stats|verify|gc
+    k8s,            # k8s, monitoring
     completion,     # completion bash|zsh|fish
 ]
 

@@ -1,0 +1,338 @@
+"""The serving workloads: a StatefulSet for the models that fit one node (one
+tritonserver, router included), a LeaderWorkerSet per model spanning nodes, their
+Services and PodDisruptionBudgets, and the ConfigMap carrying the spec.
+
+Each pod renders its own repository: an init container runs `trident repo` on the spec
+from the ConfigMap (fetching TensorRT-LLM engines from the S3 engine cache, with AWS
+credentials only as a reference to a Secret), then the server container runs
+`trident serve` on it. Pure: spec + plan + options → objects (plain dicts).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from builder.errors import printable
+from builder.k8s import names
+from builder.k8s.names import K8sError
+from builder.plan.model import ModelPlan, Plan
+from builder.spec import DeploymentSpec
+
+SPEC_DIR = "/etc/trident"
+SPEC_KEY = "spec.yaml"
+TOPOLOGY_KEY = "topology.txt"
+WORK_DIR = "/var/lib/trident"        # HOME of both containers: repository + engine cache
+REPO_DIR = f"{WORK_DIR}/model_repository"
+RAY_PORT = 6379
+# `trident serve` runs tritonserver with --exit-timeout-secs=5 and SIGKILLs its process
+# group 10 s after SIGTERM; the pod waits for both, twice over.
+TRITON_EXIT_TIMEOUT_S = 5
+SERVE_KILL_AFTER_S = 10
+GRACE_PERIOD_S = 2 * (TRITON_EXIT_TIMEOUT_S + SERVE_KILL_AFTER_S)
+# Engine loading (weights from disk, CUDA graphs, TRT-LLM engines) may take long.
+STARTUP_BUDGET_S = 1800
+STARTUP_PERIOD_S = 10
+
+
+@dataclass(frozen=True)
+class Options:
+    namespace: str | None = None
+    image: str = names.DEFAULT_IMAGE
+    cache_secret: str | None = None     # --cache-secret, else engine_cache.credentials_secret
+    ttft_p99_s: float = 2.0             # the TTFT alert's threshold
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which models run where: the single-node server, and the models spanning nodes."""
+
+    app: str
+    single: tuple[str, ...]
+    spanning: tuple[str, ...]
+    component: dict              # model name (or "server") → object name suffix
+
+
+def layout(spec: DeploymentSpec, plan: Plan) -> Layout:
+    app = names.app_name(spec.name)
+    single = tuple(m.name for m in spec.models if plan.model(m.name).nodes == 1)
+    spanning = tuple(m.name for m in spec.models if plan.model(m.name).nodes > 1)
+    component = {"server": "server"}
+    for i, name in enumerate(spanning):
+        label = names.dns_label(name, f"models[{i}].name", limit=20)
+        if label in component.values():
+            raise K8sError(f"{spec.file}: model {name!r}: its Kubernetes name {label!r} "
+                           "is already taken by another model")
+        component[name] = label
+    _check_spanning(spec, plan, spanning)
+    return Layout(app, single, spanning, component)
+
+
+def _check_spanning(spec: DeploymentSpec, plan: Plan, spanning: tuple[str, ...]) -> None:
+    for name in spanning:
+        model = spec.model(name)
+        if (model.engine != "vllm"
+                or model.engine_args.get("distributed_executor_backend") != "ray"):
+            raise K8sError(f"{spec.file}: model {name!r} spans {plan.model(name).nodes} "
+                           "nodes; trident renders multi-node workloads only for vllm "
+                           "with engine_args.distributed_executor_backend: ray")
+    router = spec.router
+    if router is None:
+        return
+    used = set(router.default) | {b for r in router.rules for b in r.backends}
+    used |= set(router.fallback) | {b for bs in router.fallback.values() for b in bs}
+    for name in spanning:
+        if name in used:
+            raise K8sError(f"{spec.file}: router: backend {name!r} spans nodes and runs "
+                           "in its own LeaderWorkerSet, but the router reaches only the "
+                           "models of its own server (BLS); route to it from outside")
+
+
+def gpu_resources(plan: Plan, models: tuple[str, ...]) -> dict[str, int]:
+    """Extended resources of one pod serving `models`: per-instance resources of the
+    plan summed over their instances (nvidia.com/gpu, nvidia.com/mig-<profile>)."""
+    total: dict[str, int] = {}
+    for name in models:
+        placed = plan.model(name)
+        for resource, count in placed.kubernetes_resources.items():
+            total[resource] = total.get(resource, 0) + count * len(placed.instances)
+    return dict(sorted(total.items()))
+
+
+def mig_config_name(spec: DeploymentSpec) -> str:
+    """The layout's name in `trident mig plan`'s mig-parted file: the value the GPU
+    Operator's MIG manager applies from the node label nvidia.com/mig.config."""
+    value = f"trident-{spec.name}"
+    if len(value) > 63 or not names._LABEL.fullmatch(value.lower()) or not value.isascii():
+        raise K8sError(f"{spec.file}: name: {printable(spec.name)} cannot be a label value "
+                       "(nvidia.com/mig.config=trident-<name>)")
+    return value
+
+
+def shm_size(plan: Plan, models: tuple[str, ...], gpus: int) -> str:
+    """/dev/shm: 1 GiB, + 1 GiB per model instance (the Python backend's stub regions),
+    + 1 GiB per GPU (NCCL's buffers between tensor/pipeline ranks), + 1 for the router."""
+    instances = sum(max(1, len(plan.model(name).instances)) for name in models)
+    return f"{2 + instances + gpus}Gi"
+
+
+# ---------------------------------------------------------------------------------------
+# Spec ConfigMap
+
+
+def topology_item(spec: DeploymentSpec) -> tuple[str, Path] | None:
+    """(path below SPEC_DIR, file here) of the spec's topology file, which goes into the
+    ConfigMap at the same relative place, so the pod plans on the same matrix."""
+    if not spec.hardware.topology:
+        return None
+    relative = PurePosixPath(spec.hardware.topology)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise K8sError(f"{spec.file}: hardware.topology: {printable(spec.hardware.topology)} "
+                       "must be a relative path without '..' to travel in the ConfigMap")
+    here = Path(spec.hardware.topology)
+    if not here.is_file():
+        here = Path(spec.file).parent / relative
+    return str(relative), here
+
+
+def spec_configmap(spec: DeploymentSpec, app: str, options: Options) -> dict:
+    data = {SPEC_KEY: Path(spec.file).read_text()}
+    item = topology_item(spec)
+    if item is not None:
+        data[TOPOLOGY_KEY] = item[1].read_text()
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": names.metadata(f"{app}-spec", options.namespace,
+                                       names.labels(app, "spec")),
+            "data": data}
+
+
+# ---------------------------------------------------------------------------------------
+# Pods
+
+
+def _ports(spec: DeploymentSpec) -> list[dict]:
+    ports = [{"name": "http", "containerPort": spec.server.http_port},
+             {"name": "grpc", "containerPort": spec.server.grpc_port},
+             {"name": "metrics", "containerPort": spec.server.metrics_port}]
+    openai = getattr(spec.server, "openai_port", None)
+    if openai:
+        ports.append({"name": "openai", "containerPort": openai})
+    return [{**p, "protocol": "TCP"} for p in ports]
+
+
+def _probe(path: str, period: int, failures: int) -> dict:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period,
+            "timeoutSeconds": 5, "failureThreshold": failures}
+
+
+def _init_container(spec: DeploymentSpec, options: Options) -> dict:
+    container = {
+        "name": "render-repository", "image": options.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["trident", "repo", "--spec", f"{SPEC_DIR}/{SPEC_KEY}", "--out", REPO_DIR],
+        "workingDir": SPEC_DIR,
+        "env": [{"name": "HOME", "value": WORK_DIR}],
+        "volumeMounts": [{"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+                         {"name": "work", "mountPath": WORK_DIR}],
+    }
+    secret = options.cache_secret or spec.engine_cache.credentials_secret
+    if secret:   # a reference only: the values stay in the Secret
+        container["envFrom"] = [{"secretRef": {"name": secret}}]
+    return container
+
+
+def _serve_command(spec: DeploymentSpec, load: tuple[str, ...] | None) -> list[str]:
+    command = ["trident", "serve", "--repo", REPO_DIR,
+               "--http-port", str(spec.server.http_port),
+               "--grpc-port", str(spec.server.grpc_port),
+               "--metrics-port", str(spec.server.metrics_port),
+               "--timeout", str(STARTUP_BUDGET_S)]
+    for model in load or ():
+        command += ["--load-model", model]
+    return command
+
+
+def _server_container(spec: DeploymentSpec, options: Options, command: list[str],
+                      resources: dict[str, int], serving: bool = True) -> dict:
+    container: dict = {"name": "triton" if serving else "ray-worker", "image": options.image,
+                       "imagePullPolicy": "IfNotPresent", "command": command,
+                       "env": [{"name": "HOME", "value": WORK_DIR}]}
+    if serving:
+        container["ports"] = _ports(spec)
+    quantities = {k: str(v) for k, v in resources.items()}
+    if quantities:
+        container["resources"] = {"requests": dict(quantities), "limits": dict(quantities)}
+    if serving:
+        container["startupProbe"] = _probe("/v2/health/ready", STARTUP_PERIOD_S,
+                                           STARTUP_BUDGET_S // STARTUP_PERIOD_S)
+        container["readinessProbe"] = _probe("/v2/health/ready", 5, 3)
+        container["livenessProbe"] = _probe("/v2/health/live", 10, 3)
+    container["volumeMounts"] = [{"name": "work", "mountPath": WORK_DIR},
+                                 {"name": "dshm", "mountPath": "/dev/shm"}]
+    return container
+
+
+def _pod_spec(spec: DeploymentSpec, app: str, containers: list[dict], init: bool,
+              shm: str, mig: bool) -> dict:
+    pod: dict = {"terminationGracePeriodSeconds": GRACE_PERIOD_S}
+    if mig:
+        pod["nodeSelector"] = {"nvidia.com/mig.config": mig_config_name(spec)}
+    if spec.hardware.gpu != "cpu":
+        pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists",
+                               "effect": "NoSchedule"}]
+    if init:
+        pod["initContainers"] = [containers.pop(0)]
+    pod["containers"] = containers
+    volumes = [{"name": "work", "emptyDir": {}},
+               {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}]
+    if init:
+        volumes.append({"name": "spec", "configMap": _spec_volume(spec, app)})
+    pod["volumes"] = volumes
+    return pod
+
+
+def _spec_volume(spec: DeploymentSpec, app: str) -> dict:
+    items = [{"key": SPEC_KEY, "path": SPEC_KEY}]
+    item = topology_item(spec)
+    if item is not None:
+        items.append({"key": TOPOLOGY_KEY, "path": item[0]})
+    return {"name": f"{app}-spec", "items": items}
+
+
+def _uses_mig(plan: Plan, models: tuple[str, ...]) -> bool:
+    return any(plan.model(name).mig_profile is not None for name in models)
+
+
+# ---------------------------------------------------------------------------------------
+# Workloads
+
+
+def server_statefulset(spec: DeploymentSpec, plan: Plan, lay: Layout,
+                       options: Options) -> dict:
+    """The tritonserver of every single-node model (and the router)."""
+    resources = gpu_resources(plan, lay.single)
+    gpus = sum(resources.values())
+    load = (lay.single + ((spec.router.name,) if spec.router else ())
+            if lay.spanning else None)
+    containers = [_init_container(spec, options),
+                  _server_container(spec, options, _serve_command(spec, load), resources)]
+    labels = names.labels(lay.app, "server")
+    pod = _pod_spec(spec, lay.app, containers, True,
+                    shm_size(plan, lay.single, gpus), _uses_mig(plan, lay.single))
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": names.metadata(f"{lay.app}-server", options.namespace, labels),
+            "spec": {"serviceName": f"{lay.app}-server-headless", "replicas": 1,
+                     "podManagementPolicy": "Parallel",
+                     "selector": {"matchLabels": names.selector(lay.app, "server")},
+                     "template": {"metadata": {"labels": labels}, "spec": pod}}}
+
+
+def model_leaderworkerset(spec: DeploymentSpec, plan: Plan, lay: Layout, model: str,
+                          options: Options) -> dict:
+    """One model over several nodes: the leader renders the repository, starts the Ray
+    head and serves the model; each worker joins the leader's Ray cluster with its GPUs."""
+    placed: ModelPlan = plan.model(model)
+    component = lay.component[model]
+    resources = placed.kubernetes_resources
+    gpus = sum(resources.values())
+    shm = shm_size(plan, (model,), gpus)
+    serve = " ".join(_serve_command(spec, (model,)))
+    leader_command = ["sh", "-c", f"ray start --head --port={RAY_PORT} && exec {serve}"]
+    worker_command = ["sh", "-c", f'exec ray start --address="$LWS_LEADER_ADDRESS:{RAY_PORT}" '
+                      "--block"]
+    labels = names.labels(lay.app, component)
+    leader = _pod_spec(spec, lay.app, [_init_container(spec, options), _server_container(
+        spec, options, leader_command, resources)], True, shm, False)
+    worker = _pod_spec(spec, lay.app, [_server_container(
+        spec, options, worker_command, resources, serving=False)], False, shm, False)
+    return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+            "metadata": names.metadata(f"{lay.app}-{component}", options.namespace, labels),
+            "spec": {"replicas": len(placed.instances), "startupPolicy": "LeaderCreated",
+                     "leaderWorkerTemplate": {
+                         "size": placed.nodes,
+                         "restartPolicy": "RecreateGroupOnPodRestart",
+                         "leaderTemplate": {"metadata": {"labels": labels}, "spec": leader},
+                         "workerTemplate": {"metadata": {"labels": labels}, "spec": worker},
+                     }}}
+
+
+def services(spec: DeploymentSpec, lay: Layout, options: Options) -> list[dict]:
+    """Per workload a ClusterIP Service (http, grpc, metrics, openai if configured); the
+    StatefulSet also gets its headless governing Service."""
+    ports = [{"name": p["name"], "port": p["containerPort"], "targetPort": p["name"],
+              "protocol": "TCP"} for p in _ports(spec)]
+    out = []
+    if lay.single:
+        labels = names.labels(lay.app, "server")
+        select = names.selector(lay.app, "server")
+        out.append(_service(f"{lay.app}-server", labels, select, ports, options))
+        out.append(_service(f"{lay.app}-server-headless", labels, select, ports, options,
+                            headless=True))
+    for model in lay.spanning:
+        component = lay.component[model]
+        select = {**names.selector(lay.app, component),
+                  "leaderworkerset.sigs.k8s.io/worker-index": "0"}   # leaders serve
+        out.append(_service(f"{lay.app}-{component}", names.labels(lay.app, component),
+                            select, ports, options))
+    return out
+
+
+def _service(name, labels, select, ports, options, headless=False) -> dict:
+    spec: dict = {"type": "ClusterIP", "selector": select, "ports": ports}
+    if headless:
+        spec["clusterIP"] = "None"
+        spec["publishNotReadyAddresses"] = True
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": names.metadata(name, options.namespace, labels), "spec": spec}
+
+
+def disruption_budgets(lay: Layout, options: Options) -> list[dict]:
+    """At most one pod of a workload down for voluntary disruptions (drains); pods still
+    starting (not ready) may always be evicted."""
+    components = (["server"] if lay.single else []) + [lay.component[m] for m in lay.spanning]
+    return [{"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+             "metadata": names.metadata(f"{lay.app}-{c}", options.namespace,
+                                        names.labels(lay.app, c)),
+             "spec": {"maxUnavailable": 1,
+                      "unhealthyPodEvictionPolicy": "AlwaysAllow",
+                      "selector": {"matchLabels": names.selector(lay.app, c)}}}
+            for c in components]
