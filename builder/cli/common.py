@@ -9,6 +9,7 @@ import contextlib
 import signal
 
 import click
+from click.shell_completion import CompletionItem
 
 EXIT_OK = 0
 EXIT_FAILURE = 1      # the job failed: invalid repository, server down, build failed
@@ -30,8 +31,19 @@ def group(name: str | None = None, **kwargs):
     return click.group(name, cls=TridentGroup, **kwargs)
 
 
+# Shell completion of paths without click.Path: its conversion would stat the argument
+# and fail on it in its own words, where trident's loaders name the file and the reason.
+def complete_file(_ctx, _param, incomplete: str) -> list[CompletionItem]:
+    return [CompletionItem(incomplete, type="file")]
+
+
+def complete_dir(_ctx, _param, incomplete: str) -> list[CompletionItem]:
+    return [CompletionItem(incomplete, type="dir")]
+
+
 def spec_option(required: bool = True, help: str = "deployment spec (YAML)"):
-    return click.option("--spec", required=required, metavar="FILE", help=help)
+    return click.option("--spec", required=required, metavar="FILE", help=help,
+                        shell_complete=complete_file)
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ import time
 
 import click
 
-from builder.cli.common import EXIT_USAGE, group, spec_option
+from builder.cli.common import EXIT_USAGE, complete_dir, group, spec_option
 from builder.errors import TridentError
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
@@ -32,7 +32,7 @@ def parse_duration(text: str) -> float:
 def _cache_options(spec_required: bool):
     """--spec, --cache and --local-cache, on every engines and cache command."""
     def decorate(command):
-        command = click.option("--local-cache", metavar="DIR",
+        command = click.option("--local-cache", metavar="DIR", shell_complete=complete_dir,
                                help="local tier (overrides the spec's "
                                     "engine_cache.local_dir)")(command)
         command = click.option("--cache", metavar="s3://BUCKET/PREFIX",

@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 import yaml
 
-from builder.cli.common import EXIT_FAILURE, EXIT_USAGE, group, spec_option
+from builder.cli.common import (EXIT_FAILURE, EXIT_USAGE, complete_file, group,
+                                spec_option)
 from builder.errors import TridentError
 from builder.render import output_dir
 from builder.spec import load_spec
@@ -73,8 +74,15 @@ def mig() -> None:
     """MIG layouts: check one, or plan the one a spec needs."""
 
 
+def _gpu_types(incomplete: str) -> list[str]:
+    from builder.plan.gpus import GPU_TYPES
+
+    return [name for name in GPU_TYPES if name.lower().startswith(incomplete.lower())]
+
+
 @mig.command()
-@click.option("--gpu", required=True, help="GPU type, e.g. H100-80GB")
+@click.option("--gpu", required=True, help="GPU type, e.g. H100-80GB",
+              shell_complete=lambda _ctx, _param, incomplete: _gpu_types(incomplete))
 @click.option("--profiles", required=True, metavar="PROFILE=COUNT,...",
               help="e.g. 4g.40gb=1,3g.40gb=1")
 def check(gpu: str, profiles: str) -> int:
@@ -98,7 +106,8 @@ def check(gpu: str, profiles: str) -> int:
 
 @mig.command("plan")
 @spec_option()
-@click.option("--out", required=True, metavar="FILE", help="mig-parted config file to write")
+@click.option("--out", required=True, metavar="FILE", shell_complete=complete_file,
+              help="mig-parted config file to write")
 def mig_plan(spec: str, out: str) -> int:
     """Write the NVIDIA mig-parted config a spec needs."""
     from builder.plan import mig as migs

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import click
 
-from builder.cli.common import EXIT_FAILURE, sigterm_as_interrupt, spec_option
+from builder.cli.common import (EXIT_FAILURE, complete_dir, sigterm_as_interrupt,
+                                spec_option)
 
 
 @click.command()
 @spec_option()
-@click.option("--out", required=True, metavar="DIR",
+@click.option("--out", required=True, metavar="DIR", shell_complete=complete_dir,
               help="model repository directory to (re)place")
 def repo(spec: str, out: str) -> int:
     """Render a spec into a Triton model repository.
@@ -32,7 +33,7 @@ def repo(spec: str, out: str) -> int:
 
 
 @click.command()
-@click.argument("repo_dir", metavar="DIR")
+@click.argument("repo_dir", metavar="DIR", shell_complete=complete_dir)
 def validate(repo_dir: str) -> int:
     """Check the model repository DIR.
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import click
 
-from builder.cli.common import EXIT_USAGE
+from builder.cli.common import EXIT_USAGE, complete_dir
 from builder.errors import TridentError
 
 
 @click.command()
 @click.option("--repo", default="model_repository", metavar="DIR", show_default=True,
-              help="model repository to serve")
+              shell_complete=complete_dir, help="model repository to serve")
 @click.option("--http-port", type=int, default=8000, show_default=True)
 @click.option("--grpc-port", type=int, default=8001, show_default=True)
 @click.option("--metrics-port", type=int, default=8002, show_default=True)
@@ -21,8 +21,12 @@ from builder.errors import TridentError
               help="seconds to wait for the server to be ready")
 @click.option("--load-model", multiple=True, metavar="MODEL",
               help="load only these models (explicit model control); repeatable")
+@click.option("--openai-port", type=click.IntRange(1, 65535), default=None,
+              help="also serve the OpenAI API on this port (started once Triton is ready)")
+@click.option("--openai-host", default="127.0.0.1", show_default=True,
+              help="address of the OpenAI API")
 def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, timeout: float,
-          load_model: tuple[str, ...]) -> int:
+          load_model: tuple[str, ...], openai_port: int | None, openai_host: str) -> int:
     """Run tritonserver on a model repository.
 
     Serves until Ctrl-C or SIGTERM (exit 0). Exits 1, stopping the server, when the
@@ -38,6 +42,10 @@ def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, timeout:
                            "first)", EXIT_USAGE)
     server = TritonServer(repo_dir, Ports(http_port, grpc_port, metrics_port),
                           load_models=load_model or None)
+    frontend = None
+    if openai_port is not None:
+        from builder.serve.openai.runner import Frontend, check_port
+        check_port(openai_host, openai_port)   # before minutes of model loading
 
     def on_signal(_signum, _frame):
         raise KeyboardInterrupt
@@ -48,6 +56,9 @@ def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, timeout:
         server.wait_ready(timeout)
         click.echo(f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  "
                    f"metrics {server.metrics_url}")
+        if openai_port is not None:
+            frontend = Frontend(server.grpc_url, openai_host, openai_port).start()
+            click.echo(f"OpenAI API: {frontend.url}/v1")
         sys.stdout.flush()
         server.monitor()   # returns only by raising: the server exited or a stub died
     except KeyboardInterrupt:
@@ -55,6 +66,8 @@ def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, timeout:
         return 0
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if frontend is not None:
+            frontend.stop()
         server.stop()
     return 0
 
