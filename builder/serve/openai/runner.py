@@ -23,7 +23,7 @@ def _config(triton_url: str, host: str, port: int) -> uvicorn.Config:
                           access_log=False, timeout_graceful_shutdown=5)
 
 
-def _check_port(host: str, port: int) -> None:
+def check_port(host: str, port: int) -> None:
     if port_in_use(port, host):
         raise FrontendError(f"OpenAI port {port} on {host} is already in use; choose "
                             "another with --port/--openai-port")
@@ -31,7 +31,7 @@ def _check_port(host: str, port: int) -> None:
 
 def run(triton_url: str, host: str = "127.0.0.1", port: int = 9000) -> None:
     """Serve until Ctrl-C or SIGTERM (uvicorn handles both)."""
-    _check_port(host, port)
+    check_port(host, port)
     server = uvicorn.Server(_config(triton_url, host, port))
     server.run()
     if not server.started:
@@ -51,7 +51,7 @@ class Frontend:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 15.0) -> "Frontend":
-        _check_port(self.host, self.port)
+        check_port(self.host, self.port)
         self._server = uvicorn.Server(_config(self.triton_url, self.host, self.port))
         # uvicorn installs signal handlers only on the main thread: none here.
         self._thread = threading.Thread(target=self._server.run, name="openai-frontend",
