@@ -7,13 +7,13 @@ from pathlib import Path
 
 import click
 
-from builder.cli.common import EXIT_USAGE
+from builder.cli.common import EXIT_USAGE, complete_dir
 from builder.errors import TridentError
 
 
 @click.command()
 @click.option("--repo", default="model_repository", metavar="DIR", show_default=True,
-              help="model repository to serve")
+              shell_complete=complete_dir, help="model repository to serve")
 @click.option("--http-port", type=int, default=8000, show_default=True)
 @click.option("--grpc-port", type=int, default=8001, show_default=True)
 @click.option("--metrics-port", type=int, default=8002, show_default=True)
