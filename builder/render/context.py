@@ -14,6 +14,9 @@ from builder.plan.model import Plan
 from builder.render import escape
 from builder.spec import DeploymentSpec
 
+# The templates and backend sources lie beside the packages in both layouts: at the
+# repository root in the source tree, and in site-packages (or a --target folder) when
+# installed, where setup.cfg ships them as top-level folders of the wheel.
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES_DIR = PROJECT_ROOT / "model_repository_templates"
 BACKENDS_DIR = PROJECT_ROOT / "python_backends"
@@ -56,6 +59,9 @@ def render_template(name: str, **values: Any) -> bytes:
 
 def copy_tree(source: Path, target: str) -> dict[str, bytes]:
     """Python sources of a backend directory, keyed by their path in the repository."""
+    if not source.is_dir():   # else a model would be rendered without its model.py
+        raise RenderError(f"{source}: backend sources are missing (an install without "
+                          "trident's package data?)")
     files = {}
     for path in sorted(source.rglob("*.py")):
         if "__pycache__" in path.parts:
