@@ -8,6 +8,7 @@ routing hints come from the body (`extra_body`) or `X-Trident-*` headers.
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -379,10 +380,12 @@ def from_triton(message: str, model: str) -> OpenAIError:
 
 
 def _param_of(reason: str) -> Optional[str]:
-    """The parameter an engine's complaint names (`sampling_parameters.seed: ...`)."""
-    head = reason.split(":", 1)[0].strip()
-    if head.startswith("sampling_parameters."):
-        return head[len("sampling_parameters."):]
-    if head.startswith("messages") or head in ("max_tokens", "text_input"):
-        return "prompt" if head == "text_input" else head
-    return None
+    """The parameter an engine's complaint starts with (`sampling_parameters.seed: ...`,
+    `messages[0] must be ...`, `max_tokens must be ...`), in OpenAI's names."""
+    match = re.match(r"[A-Za-z_][\w.\[\]]*", reason.strip())
+    word = match.group(0).rstrip(".") if match else ""
+    if word.startswith("sampling_parameters."):
+        return word[len("sampling_parameters."):]
+    if word.startswith("messages") or word in ("max_tokens", "stop", "seed"):
+        return word
+    return "prompt" if word == "text_input" else None

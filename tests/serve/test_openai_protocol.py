@@ -1,0 +1,167 @@
+"""The OpenAI frontend's request and answer mapping, without a server."""
+from __future__ import annotations
+
+import pytest
+
+from builder.serve.openai.protocol import (Answer, OpenAIError, finish_reason, from_triton,
+                                           parse_chat, parse_completion)
+
+HELLO = [{"role": "user", "content": "Hello"}]
+
+
+def chat(**body):
+    return parse_chat({"model": "router", "messages": HELLO, **body})
+
+
+def error_of(call, *args, **kwargs) -> OpenAIError:
+    with pytest.raises(OpenAIError) as caught:
+        call(*args, **kwargs)
+    return caught.value
+
+
+def test_chat_maps_sampling_to_vllm_names_and_max_tokens():
+    g = chat(temperature=0, top_p=0.5, seed=7, presence_penalty=0.1, frequency_penalty=-1,
+             stop="\n", max_completion_tokens=12, stream=True,
+             stream_options={"include_usage": True}, top_k=5, ignore_eos=True)
+    assert g.kind == "chat" and g.model == "router" and g.messages == HELLO
+    assert g.sampling == {"temperature": 0.0, "top_p": 0.5, "seed": 7,
+                          "presence_penalty": 0.1, "frequency_penalty": -1.0,
+                          "stop": ["\n"], "top_k": 5, "ignore_eos": True}
+    assert g.max_tokens == 12 and g.stream and g.include_usage
+
+
+def test_max_completion_tokens_wins_over_max_tokens_and_defaults_stay_unset():
+    assert chat(max_tokens=3, max_completion_tokens=9).max_tokens == 9
+    g = chat()
+    assert g.max_tokens is None and g.sampling == {} and not g.stream
+
+
+def test_messages_text_parts_and_developer_role():
+    g = parse_chat({"model": "m", "messages": [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "a"},
+                                     {"type": "text", "text": "b"}], "name": "x"}]})
+    assert g.messages == [{"role": "system", "content": "Be brief."},
+                          {"role": "user", "content": "a\nb"}]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"temperature": -0.5}, "temperature"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"temperature": True}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"presence_penalty": 3}, "presence_penalty"),
+    ({"frequency_penalty": float("nan")}, "frequency_penalty"),
+    ({"seed": "7"}, "seed"),
+    ({"seed": 1.5}, "seed"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_completion_tokens": -1}, "max_completion_tokens"),
+    ({"n": 2}, "n"),
+    ({"stop": 5}, "stop"),
+    ({"stop": ["", "x"]}, "stop"),
+    ({"stream": "yes"}, "stream"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"stream": True, "stream_options": {"include_usage": 1}},
+     "stream_options.include_usage"),
+    ({"tools": [{"type": "function"}]}, "tools"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"logprobs": True}, "logprobs"),
+    ({"logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"route": 5}, "route"),
+    ({"top_k": "5"}, "top_k"),
+    ({"model": ""}, "model"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages[0].content[0]"),
+    ({"messages": ["hi"]}, "messages[0]"),
+])
+def test_bad_chat_requests_are_400_naming_the_parameter(body, param):
+    error = error_of(chat, **body)
+    assert error.status == 400 and error.param == param
+    assert error.body()["error"]["type"] == "invalid_request_error"
+    assert error.body()["error"]["message"]
+
+
+def test_a_body_that_is_not_an_object_is_400():
+    assert error_of(parse_chat, ["x"]).status == 400
+
+
+def test_completion_prompt_forms():
+    g = parse_completion({"model": "m", "prompt": ["Once"], "max_tokens": 4, "echo": True})
+    assert g.kind == "completion" and g.prompt == "Once" and g.max_tokens == 4 and g.echo
+    for prompt in (["a", "b"], [1, 2, 3], "", None):
+        assert error_of(parse_completion, {"model": "m", "prompt": prompt}).param == "prompt"
+    for field, value in (("best_of", 2), ("suffix", "x"), ("logprobs", 2), ("echo", "y")):
+        assert error_of(parse_completion, {"model": "m", "prompt": "a",
+                                           field: value}).param == field
+
+
+def test_hints_from_body_first_then_headers():
+    g = parse_chat({"model": "router", "messages": HELLO, "route": "fast",
+                    "conversation_id": "c1"},
+                   {"X-Trident-Route": "slow", "X-Trident-Tenant": "acme",
+                    "x-trident-conversation-id": "c2", "Authorization": "Bearer x"})
+    assert g.hints == {"route": "fast", "tenant": "acme", "conversation_id": "c1"}
+
+
+def test_finish_reasons():
+    assert [finish_reason(r) for r in ("stop", "length", "eos", "", None, "abort")] == \
+        ["stop", "length", "stop", None, None, "stop"]
+
+
+def test_whole_chat_answer_shape():
+    answer = Answer(chat(), id="chatcmpl-1", created=5)
+    body = answer.whole("Paris.", "stop", 37, 8)
+    assert body == {"id": "chatcmpl-1", "object": "chat.completion", "created": 5,
+                    "model": "router",
+                    "choices": [{"index": 0, "logprobs": None, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": "Paris."}}],
+                    "usage": {"prompt_tokens": 37, "completion_tokens": 8,
+                              "total_tokens": 45}}
+
+
+def test_stream_chunks_carry_null_usage_only_when_asked():
+    answer = Answer(chat(stream=True, stream_options={"include_usage": True}))
+    first = answer.chunk("The", first=True)
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "The"}
+    assert first["usage"] is None and first["object"] == "chat.completion.chunk"
+    last = answer.chunk(None, "length")
+    assert last["choices"][0] == {"index": 0, "delta": {}, "logprobs": None,
+                                  "finish_reason": "length"}
+    assert answer.usage_chunk(3, 4)["choices"] == []
+    assert answer.usage_chunk(3, 4)["usage"]["total_tokens"] == 7
+    assert "usage" not in Answer(chat(stream=True)).chunk("x")
+
+
+def test_completion_echo_prefixes_the_prompt_once():
+    g = parse_completion({"model": "m", "prompt": "Say", "echo": True, "stream": True})
+    answer = Answer(g)
+    assert answer.chunk(" hi", first=True)["choices"][0]["text"] == "Say hi"
+    assert answer.chunk(" more")["choices"][0]["text"] == " more"
+    assert answer.whole(" hi", "stop", 1, 1)["choices"][0]["text"] == "Say hi"
+    assert answer.whole(" hi", "stop", 1, 1)["object"] == "text_completion"
+
+
+@pytest.mark.parametrize("message, status, param", [
+    ("invalid request: sampling_parameters.seed: expected an integer, got 'x'", 400, "seed"),
+    ("[request id: 1] invalid request: messages[0] must be an object", 400, "messages[0]"),
+    ("invalid request: max_tokens must be a positive integer", 400, "max_tokens"),
+    ("Request for unknown model: 'x' is not found", 404, "model"),
+    ("smollm2: 24 requests in flight: overloaded", 503, None),
+    ("Stub process 'smollm2_0_0' is not healthy.", 503, None),
+    ("vllm error: RuntimeError (boom)", 500, None),
+])
+def test_triton_errors_map_to_openai_errors(message, status, param):
+    error = from_triton(message, "router")
+    assert (error.status, error.param) == (status, param)
+    assert error.body()["error"]["message"]
+    if status == 400:
+        assert not error.message.startswith("invalid request")
+    if status >= 500:
+        assert error.body()["error"]["type"] == "server_error" and "router" in error.message
