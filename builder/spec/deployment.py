@@ -17,6 +17,7 @@ import yaml
 from builder.plan import gpus
 from builder.plan.memory import DTYPE_BYTES
 from builder.spec import engine_args as engine_args_schema
+from builder.spec import trtllm as trtllm_spec
 from builder.spec import yaml_loader
 from builder.spec.node import _REQUIRED, SpecError, _Node, frozen_mapping
 
@@ -82,8 +83,15 @@ class ModelSpec:
 
     @property
     def speculative(self) -> bool:
-        return bool(self.engine_args.get("speculative_config")
-                    or self.extra.get("speculative"))
+        """Whether the engine decodes speculatively, each engine by its own switch (the
+        router sends short prompts to a plain twin instead): vLLM's speculative_config,
+        SGLang's speculative_algorithm, the speculative section of TRT-LLM's served
+        profile (the engine `trident repo` serves was built with it)."""
+        if self.engine == "tensorrt_llm":
+            return trtllm_spec.serving_profile(self.extra).speculative is not None
+        if self.engine == "sglang":
+            return bool(self.engine_args.get("speculative_algorithm"))
+        return bool(self.engine_args.get("speculative_config"))
 
 
 @dataclass(frozen=True)

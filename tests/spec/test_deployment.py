@@ -141,3 +141,45 @@ def test_router_name_must_not_clash_with_a_model():
 def test_shipped_specs_load(root):
     for path in sorted((root / "deploy").rglob("*.yaml")):
         load_spec(path)
+
+
+# ---------------------------------------------------------------------------------------
+# Speculative decoding, as each engine spells it (the router's short-prompt bypass)
+
+def _trtllm(name: str, speculative_served: bool) -> dict:
+    medusa = {"mode": "medusa", "max_draft_len": 4, "heads_model": "/m/heads", "num_heads": 4}
+    profiles = {"plain": {"max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048,
+                          "max_num_tokens": 4096, "serve": not speculative_served},
+                "medusa": {"max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048,
+                           "max_num_tokens": 4096, "speculative": medusa,
+                           "serve": speculative_served}}
+    return {"name": name, "engine": "tensorrt_llm", "family": "llama",
+            "checkpoint": {"hf_model": "/m/llama", "family": "llama"}, "profiles": profiles}
+
+
+SPECULATIVE = {"models": [
+    {"name": "plain", "engine": "vllm", "model": "/m/a", "family": "llama"},
+    {"name": "vllm-spec", "engine": "vllm", "model": "/m/a", "family": "llama",
+     "engine_args": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}},
+    {"name": "sglang-spec", "engine": "sglang", "model": "/m/a", "family": "llama",
+     "engine_args": {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3}},
+    {"name": "sglang-plain", "engine": "sglang", "model": "/m/a", "family": "llama"},
+    _trtllm("trtllm-spec", speculative_served=True),
+    _trtllm("trtllm-plain", speculative_served=False),   # a medusa profile, not served
+], "router": {"default": ["vllm-spec", "sglang-spec", "trtllm-spec", "plain"]}}
+
+
+def test_each_engine_marks_speculative_decoding_by_its_own_switch():
+    spec = parse_spec(SPECULATIVE, "s.yaml")
+    assert {m.name: m.speculative for m in spec.models} == {
+        "plain": False, "vllm-spec": True, "sglang-spec": True, "sglang-plain": False,
+        "trtllm-spec": True, "trtllm-plain": False}
+
+
+def test_short_prompts_skip_the_speculative_backends_of_every_engine():
+    from bls.policy import Policy, RequestFeatures, router_config
+
+    policy = Policy(router_config(parse_spec(SPECULATIVE, "s.yaml")))
+    assert policy.candidates(RequestFeatures(prompt_tokens=1))[1] == ["plain"]
+    assert policy.candidates(RequestFeatures(prompt_tokens=10_000))[1] == [
+        "vllm-spec", "sglang-spec", "trtllm-spec", "plain"]
