@@ -141,11 +141,10 @@ def plan_deployment(spec: DeploymentSpec, topology: topo.Topology | None,
     for i, model in indexed:
         if model.name in spanning:
             plans[model.name] = _plan_multi_node(spec, i, model, gpu, load_shape)
-    whole_nodes = sum(plans[name].nodes * spec.model(name).instances for name in spanning)
-    if whole_nodes + (len(spanning) < len(spec.models)) > hardware.nodes:
-        raise PlacementError(f"the models spanning nodes take {whole_nodes} whole node(s) "
-                             f"and the other models one more; hardware.nodes is "
-                             f"{hardware.nodes}")
+    whole = sum(plans[name].nodes * spec.model(name).instances for name in spanning)
+    if whole + (len(spanning) < len(spec.models)) > hardware.nodes:
+        raise PlacementError(f"models spanning nodes take {whole} whole node(s), the others "
+                             f"one more; hardware.nodes is {hardware.nodes}")
     for i, model in indexed:
         if not model.placement.mig and model.name not in spanning:
             plans[model.name] = _plan_whole_gpus(spec, i, model, state, load_shape)
@@ -156,31 +155,26 @@ def plan_deployment(spec: DeploymentSpec, topology: topo.Topology | None,
 
 
 def _spans_nodes(model: ModelSpec, per_node: int) -> bool:
-    """A model whose explicit TP × PP needs more GPUs than one node has."""
-    tp, pp = explicit_parallelism(model)
+    tp, pp = explicit_parallelism(model)   # explicit TP×PP over one node's GPUs
     return (tp or 1) * (pp or 1) > per_node
 
 
 def _plan_multi_node(spec: DeploymentSpec, i: int, model: ModelSpec, gpu: GpuType,
                      load_shape: ShapeLoader) -> ModelPlan:
-    """Minimal multi-node placement: each instance takes whole nodes, a TP group stays
-    inside one node (NVLink), pipeline stages fill the nodes in order. Every node of an
-    instance runs GPUs 0..count-1, so the devices recorded are one node's."""
+    """Each instance takes whole nodes, a TP group inside one node, pipeline stages
+    filling the nodes in order; devices: the GPUs of each node (0..count-1)."""
     where = f"models[{i}]"
     hardware = spec.hardware
     tp, pp = explicit_parallelism(model)
     tp, pp = tp or 1, pp or 1
     per_node = hardware.count
     if hardware.nodes == 1:
-        raise PlacementError(f"{model.name}: TP×PP {tp}×{pp} needs {tp * pp} GPUs but the "
-                             f"node has {per_node} (set hardware.nodes to span nodes)")
-    for key in ("mig", "devices"):
-        if getattr(model.placement, key):
-            raise SpecError(spec.file, f"{where}.placement.{key}",
-                            "a model spanning nodes takes whole nodes; remove it")
-    if model.placement.kind in ("cpu", "gpu"):
-        raise SpecError(spec.file, f"{where}.placement.kind",
-                        "a model spanning nodes runs as KIND_MODEL (use auto or model)")
+        raise PlacementError(f"{model.name}: TP×PP {tp}×{pp} needs {tp * pp} GPUs, the node "
+                             f"has {per_node} (set hardware.nodes to span nodes)")
+    placement = model.placement
+    if placement.mig or placement.devices or placement.kind in ("cpu", "gpu"):
+        raise SpecError(spec.file, f"{where}.placement", "a model spanning nodes takes "
+                        "whole nodes as KIND_MODEL: no mig, devices, kind cpu or gpu")
     if per_node % tp or (tp * pp) % per_node:
         raise SpecError(spec.file, where, f"TP×PP {tp}×{pp} does not fill whole nodes of "
                         f"{per_node} GPUs with each TP group inside one node")
@@ -194,9 +188,8 @@ def _plan_multi_node(spec: DeploymentSpec, i: int, model: ModelSpec, gpu: GpuTyp
     need = memory.per_gpu_need(shape, workload(model, shape, where), tp, pp)
     if need.total_gib > usable:
         raise PlacementError(_missing(model, tp, pp, need, usable, gpu.name))
-    node_gpus = InstancePlacement(tuple(range(per_node)))
-    return ModelPlan(model.name, model.engine, "model", tp, pp,
-                     (node_gpus,) * model.instances, None, need, usable, "-", nodes)
+    return ModelPlan(model.name, model.engine, "model", tp, pp, (InstancePlacement(
+        tuple(range(per_node))),) * model.instances, None, need, usable, "-", nodes)
 
 
 def _without_gpus(model: ModelSpec) -> ModelPlan:
