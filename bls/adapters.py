@@ -10,14 +10,15 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trident_common import interface
 from trident_common.request import DEFAULT_MAX_TOKENS, first_scalar
 
-# Inputs only the router reads (routing hints); never forwarded to a backend.
-ROUTER_ONLY_INPUTS = frozenset({"route", "task", "family", "tenant", "tier",
-                                "conversation_id", "shared_prefix", "request_id",
-                                "abort_request_id"})
-LLM_OUTPUTS = ["text_output", "finish_reason", "num_input_tokens", "num_output_tokens",
-               "served_by", "error"]
+# Inputs only the router reads (routing hints, its own ids); never forwarded as they are.
+ROUTER_ONLY_INPUTS = interface.ROUTER_ONLY_INPUTS
+LLM_OUTPUTS = list(interface.OUTPUT_NAMES)
+# vLLM-style sampling name → (TRT-LLM ensemble input, numpy dtype).
+TRTLLM_SAMPLING = {key: (t.ensemble, np.dtype(interface.NUMPY_DTYPES[t.dtype]))
+                   for key, t in interface.TRTLLM_SAMPLING.items()}
 
 
 def _string_tensor(name, value, shape=(1,)):
@@ -31,10 +32,10 @@ class PythonLlmAdapter:
     outputs = LLM_OUTPUTS
 
     def inputs(self, inputs, request_id):
-        return inputs + [_string_tensor("request_id", request_id)]
+        return inputs + [_string_tensor(interface.REQUEST_ID, request_id)]
 
     def abort_inputs(self, request_id):
-        return [_string_tensor("abort_request_id", request_id)]
+        return [_string_tensor(interface.ABORT_REQUEST_ID, request_id)]
 
     def split(self, response):
         """(the backend's error or None, the response to relay or None if it is empty).
@@ -54,23 +55,10 @@ class PythonLlmAdapter:
         return None, pb_utils.InferenceResponse(output_tensors=tensors)
 
 
-# vLLM-style sampling names → TRT-LLM ensemble tensors (name, numpy dtype).
-_TRTLLM_SAMPLING = {
-    "temperature": ("temperature", np.float32),
-    "top_p": ("top_p", np.float32),
-    "top_k": ("top_k", np.int32),
-    "repetition_penalty": ("repetition_penalty", np.float32),
-    "presence_penalty": ("presence_penalty", np.float32),
-    "frequency_penalty": ("frequency_penalty", np.float32),
-    "seed": ("random_seed", np.uint64),
-    "min_tokens": ("min_length", np.int32),
-}
-
-
 class TrtllmAdapter:
     """TRT-LLM's ensemble (preprocessing → tensorrt_llm → postprocessing)."""
 
-    outputs = ["text_output"]
+    outputs = [t.name for t in interface.TRTLLM_ENSEMBLE_OUTPUTS]
 
     def __init__(self, backend):
         self.backend = backend
@@ -92,10 +80,10 @@ class TrtllmAdapter:
             out.append(pb_utils.Tensor("exclude_input_in_output", np.array(
                 [[bool(first_scalar(values["exclude_input_in_output"]))]], dtype=bool)))
         for key, value in sampling.items():
-            if key not in _TRTLLM_SAMPLING:
+            if key not in TRTLLM_SAMPLING:
                 raise ValueError(f"sampling parameter {key!r} is not supported by TRT-LLM "
-                                 f"(supported: {', '.join(sorted(_TRTLLM_SAMPLING))})")
-            name, dtype = _TRTLLM_SAMPLING[key]
+                                 f"(supported: {', '.join(sorted(TRTLLM_SAMPLING))})")
+            name, dtype = TRTLLM_SAMPLING[key]
             out.append(pb_utils.Tensor(name, np.array([[value]], dtype=dtype)))
         return out
 

@@ -3,6 +3,7 @@ environment with the per-format escaping filters, and the RenderContext a render
 (the spec, the plan, resolved model paths and engine directories)."""
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -24,6 +25,8 @@ BLS_DIR = PROJECT_ROOT / "bls"
 COMMON_PACKAGE = "trident_common"
 VERSION = "1"
 
+INTERFACE_FILE = BACKENDS_DIR / COMMON_PACKAGE / "interface.py"
+
 ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang", "tensorrt_llm": "TensorRT-LLM"}
 
 
@@ -39,6 +42,21 @@ class RenderContext:
     plan: Plan                              # where each model runs (the renderer never plans)
 
 
+def load_interface(path: Path = INTERFACE_FILE):
+    """trident's tensor interface (trident_common/interface.py), for the templates.
+
+    Loaded from its file: trident_common is not an installed package but sources copied
+    into each model directory, where the stub imports it as a top-level package. The
+    module imports nothing from trident, so loading it alone is the whole of it."""
+    spec = importlib.util.spec_from_file_location("trident_interface", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+INTERFACE = load_interface()
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
@@ -47,6 +65,7 @@ def _environment() -> jinja2.Environment:
         autoescape=False,   # each value is escaped for its own format (builder.render.escape)
     )
     env.filters.update(escape.FILTERS)
+    env.globals["interface"] = INTERFACE
     return env
 
 

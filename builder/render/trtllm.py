@@ -14,8 +14,8 @@ from typing import Any
 
 from builder.engines.jobs import spec_path
 from builder.plan import placement as placement_mod
-from builder.render.context import (BACKENDS_DIR, VERSION, RenderContext, RenderError,
-                                    copy_tree, render_template)
+from builder.render.context import (BACKENDS_DIR, INTERFACE, VERSION, RenderContext,
+                                    RenderError, copy_tree, render_template)
 from builder.spec import ModelSpec
 from builder.spec import trtllm as trtllm_spec
 
@@ -28,35 +28,20 @@ DEFAULT_RUNTIME = {"batch_scheduler_policy": "guaranteed_no_evict",
 # engine_args consumed by the config itself rather than passed as backend parameters.
 _CONFIG_FIELDS = ("max_batch_size", "max_queue_delay_microseconds")
 
-# Ensemble input (what TrtllmAdapter sends) → tensorrt_llm input, with its dtype (v0.16).
-SAMPLING_INPUTS = (
-    ("stream", "TYPE_BOOL", "streaming"),
-    ("exclude_input_in_output", "TYPE_BOOL", "exclude_input_in_output"),
-    ("temperature", "TYPE_FP32", "temperature"),
-    ("top_p", "TYPE_FP32", "runtime_top_p"),
-    ("top_k", "TYPE_INT32", "runtime_top_k"),
-    ("repetition_penalty", "TYPE_FP32", "repetition_penalty"),
-    ("presence_penalty", "TYPE_FP32", "presence_penalty"),
-    ("frequency_penalty", "TYPE_FP32", "frequency_penalty"),
-    ("random_seed", "TYPE_UINT64", "random_seed"),
-    ("min_length", "TYPE_INT32", "min_length"),
-)
+_T = INTERFACE.Tensor
+# The tokenizer models' own tensors (TensorRT-LLM's inflight_batcher_llm layout).
 PREPROCESSING_IO = {
-    "inputs": [{"name": "QUERY", "dtype": "TYPE_STRING", "dims": [1], "optional": False},
-               {"name": "REQUEST_OUTPUT_LEN", "dtype": "TYPE_INT32", "dims": [1],
-                "optional": False}],
-    "outputs": [{"name": "INPUT_ID", "dtype": "TYPE_INT32", "dims": [-1]},
-                {"name": "REQUEST_INPUT_LEN", "dtype": "TYPE_INT32", "dims": [1]},
-                {"name": "REQUEST_OUTPUT_LEN", "dtype": "TYPE_INT32", "dims": [1]},
-                {"name": "OUT_END_ID", "dtype": "TYPE_INT32", "dims": [1]},
-                {"name": "OUT_PAD_ID", "dtype": "TYPE_INT32", "dims": [1]}],
+    "inputs": [_T("QUERY", "TYPE_STRING", (1,)),
+               _T("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,))],
+    "outputs": [_T("INPUT_ID", "TYPE_INT32", (-1,)),
+                _T("REQUEST_INPUT_LEN", "TYPE_INT32", (1,)),
+                _T("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,)),
+                _T("OUT_END_ID", "TYPE_INT32", (1,)), _T("OUT_PAD_ID", "TYPE_INT32", (1,))],
 }
 POSTPROCESSING_IO = {
-    "inputs": [{"name": "TOKENS_BATCH", "dtype": "TYPE_INT32", "dims": [-1, -1],
-                "optional": False},
-               {"name": "SEQUENCE_LENGTH", "dtype": "TYPE_INT32", "dims": [-1],
-                "optional": False}],
-    "outputs": [{"name": "OUTPUT", "dtype": "TYPE_STRING", "dims": [-1]}],
+    "inputs": [_T("TOKENS_BATCH", "TYPE_INT32", (-1, -1)),
+               _T("SEQUENCE_LENGTH", "TYPE_INT32", (-1,))],
+    "outputs": [_T("OUTPUT", "TYPE_STRING", (-1,))],
 }
 
 
@@ -79,9 +64,7 @@ def render(ctx: RenderContext, model: ModelSpec) -> dict[str, bytes]:
     files = {
         f"{n['ensemble']}/config.pbtxt": render_template(
             f"{TEMPLATE_DIR}/ensemble.pbtxt.j2", model_name=n["ensemble"],
-            sampling_inputs=SAMPLING_INPUTS, **{k: n[k] for k in
-                                                ("preprocessing", "engine", "postprocessing")},
-            **common),
+            **{k: n[k] for k in ("preprocessing", "engine", "postprocessing")}, **common),
         f"{n['engine']}/config.pbtxt": _engine_config(ctx, model, profile, n["engine"], common),
         # Triton needs a version directory; the engine itself stays in the cache.
         f"{n['engine']}/{VERSION}/engine.txt":
@@ -125,7 +108,7 @@ def _engine_config(ctx: RenderContext, model: ModelSpec, profile: trtllm_spec.Pr
     parameters = engine_parameters(model, profile, ctx.engines[model.name],
                                    device_sets(ctx, model, build.world_size), orchestrator)
     scalar_inputs = [("end_id", "TYPE_INT32"), ("pad_id", "TYPE_INT32")] + [
-        (target, dtype) for _, dtype, target in SAMPLING_INPUTS]
+        (t.engine, t.dtype) for t in INTERFACE.TRTLLM_INPUTS]
     engine = {"profile": profile.name, "orchestrator": orchestrator,
               "key": _engine_key(ctx.engines[model.name])}
     return render_template(

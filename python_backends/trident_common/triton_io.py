@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trident_common import interface
 from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, MetricSet
 from trident_common.request import CLIENT_FAULT_PREFIX
 
@@ -42,28 +43,32 @@ def request_parameters(request) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _string(name: str, value: str) -> "pb_utils.Tensor":
-    return pb_utils.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_))
+# Each output's numpy dtype, from its Triton dtype in the interface.
+_OUTPUT_DTYPES = {name: np.dtype(interface.NUMPY_DTYPES[dtype])
+                  for name, dtype in interface.OUTPUT_DTYPES.items()}
 
 
-def _uint32(name: str, value: int) -> "pb_utils.Tensor":
-    return pb_utils.Tensor(name, np.array([value], dtype=np.uint32))
+def _output(name: str, value) -> "pb_utils.Tensor":
+    dtype = _OUTPUT_DTYPES[name]
+    if dtype == np.object_:
+        value = value.encode("utf-8")
+    return pb_utils.Tensor(name, np.array([value], dtype=dtype))
 
 
 class ResponseFactory:
     """Builds this model's responses; `served_by` is fixed per model."""
 
     def __init__(self, served_by: str):
-        self._served_by = _string("served_by", served_by)
-        self._no_error = _string("error", "")
+        self._served_by = _output("served_by", served_by)
+        self._no_error = _output("error", "")
 
     def chunk(self, text: str, finish_reason: Optional[str], input_tokens: int,
               output_tokens: int) -> "pb_utils.InferenceResponse":
         return pb_utils.InferenceResponse(output_tensors=[
-            _string("text_output", text),
-            _string("finish_reason", finish_reason or ""),
-            _uint32("num_input_tokens", input_tokens),
-            _uint32("num_output_tokens", output_tokens),
+            _output("text_output", text),
+            _output("finish_reason", finish_reason or ""),
+            _output("num_input_tokens", input_tokens),
+            _output("num_output_tokens", output_tokens),
             self._served_by,
             self._no_error,
         ])
@@ -71,8 +76,8 @@ class ResponseFactory:
     def error_output(self, message: str) -> "pb_utils.InferenceResponse":
         """A data response that carries the error in the `error` output (mid-stream)."""
         return pb_utils.InferenceResponse(output_tensors=[
-            _string("text_output", ""), _string("finish_reason", "error"),
-            self._served_by, _string("error", message)])
+            _output("text_output", ""), _output("finish_reason", "error"),
+            self._served_by, _output("error", message)])
 
     @staticmethod
     def error(message: str, client_fault: bool = False) -> "pb_utils.InferenceResponse":

@@ -1,0 +1,99 @@
+"""trident's tensor interface, defined once.
+
+The router and the vLLM/SGLang models speak it (Triton's LLM dialect, see DESIGN.md
+"Interface conventions"); the TRT-LLM ensemble speaks its own batch-dimension variant,
+mapped here too. The Python code reads these lists, and the builder hands this module to
+the jinja templates (builder.render.context), which write every config.pbtxt from them:
+a new hint, input or output is added here and nowhere else.
+
+Pure Python with no imports from trident, so the builder can load it by path and every
+rendered model directory carries it inside its copy of trident_common.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+
+class Tensor(NamedTuple):
+    name: str
+    dtype: str                 # Triton's data_type
+    dims: tuple                # as in config.pbtxt (-1: any length)
+    optional: bool = False     # inputs only
+
+
+def _text(name: str) -> Tensor:
+    return Tensor(name, "TYPE_STRING", (1,), True)
+
+
+# What a client sends to the router, and the router to a vLLM or SGLang model.
+REQUEST_INPUTS = (
+    _text("text_input"),
+    _text("messages"),                 # chat: JSON list of {role, content} (request.py)
+    Tensor("stream", "TYPE_BOOL", (1,), True),
+    _text("sampling_parameters"),      # JSON object of vLLM-style sampling values
+    Tensor("max_tokens", "TYPE_INT32", (1,), True),
+    Tensor("exclude_input_in_output", "TYPE_BOOL", (1,), True),
+)
+# Control inputs: the router names each request it forwards, and aborts it by that name
+# (a BLS response iterator cannot cancel).
+REQUEST_ID, ABORT_REQUEST_ID = "request_id", "abort_request_id"
+CONTROL_INPUTS = (_text(REQUEST_ID), _text(ABORT_REQUEST_ID))
+# Routing hints: the router reads them (as inputs or request parameters) and never
+# forwards them; bls/policy.py gives each its meaning.
+HINT_NAMES = ("route", "task", "family", "tenant", "tier", "conversation_id",
+              "shared_prefix")
+
+ENGINE_INPUTS = REQUEST_INPUTS + CONTROL_INPUTS
+ROUTER_INPUTS = ENGINE_INPUTS + tuple(_text(name) for name in HINT_NAMES)
+# Inputs the router consumes itself (it sets its own request_id per backend call).
+ROUTER_ONLY_INPUTS = frozenset(HINT_NAMES) | {REQUEST_ID, ABORT_REQUEST_ID}
+
+# Every response of the router and of the vLLM/SGLang models carries these. Token counts
+# are UINT32 as in vllm_backend; `error` carries a failure after the first response
+# (Triton 2.51's BLS drops an error response that follows data).
+LLM_OUTPUTS = (
+    Tensor("text_output", "TYPE_STRING", (-1,)),
+    Tensor("finish_reason", "TYPE_STRING", (-1,)),
+    Tensor("num_input_tokens", "TYPE_UINT32", (1,)),
+    Tensor("num_output_tokens", "TYPE_UINT32", (1,)),
+    Tensor("served_by", "TYPE_STRING", (1,)),
+    Tensor("error", "TYPE_STRING", (1,)),
+)
+OUTPUT_NAMES = tuple(tensor.name for tensor in LLM_OUTPUTS)
+OUTPUT_DTYPES = {tensor.name: tensor.dtype for tensor in LLM_OUTPUTS}
+
+
+# -- TensorRT-LLM's ensemble ----------------------------------------------------------------
+class TrtllmInput(NamedTuple):
+    ensemble: str                  # the ensemble's input (what the router sends)
+    dtype: str
+    engine: str                    # the tensorrtllm backend's input it is mapped to
+    sampling: Optional[str] = None  # the vLLM-style sampling name it carries, if any
+
+
+# Optional ensemble inputs, in config order (tensorrtllm backend v0.16 names and dtypes).
+TRTLLM_INPUTS = (
+    TrtllmInput("stream", "TYPE_BOOL", "streaming"),
+    TrtllmInput("exclude_input_in_output", "TYPE_BOOL", "exclude_input_in_output"),
+    TrtllmInput("temperature", "TYPE_FP32", "temperature", "temperature"),
+    TrtllmInput("top_p", "TYPE_FP32", "runtime_top_p", "top_p"),
+    TrtllmInput("top_k", "TYPE_INT32", "runtime_top_k", "top_k"),
+    TrtllmInput("repetition_penalty", "TYPE_FP32", "repetition_penalty",
+                "repetition_penalty"),
+    TrtllmInput("presence_penalty", "TYPE_FP32", "presence_penalty", "presence_penalty"),
+    TrtllmInput("frequency_penalty", "TYPE_FP32", "frequency_penalty", "frequency_penalty"),
+    TrtllmInput("random_seed", "TYPE_UINT64", "random_seed", "seed"),
+    TrtllmInput("min_length", "TYPE_INT32", "min_length", "min_tokens"),
+)
+# vLLM-style sampling name → the ensemble input that carries it.
+TRTLLM_SAMPLING = {t.sampling: t for t in TRTLLM_INPUTS if t.sampling}
+# The ensemble has batch dimensions (a request is [1, 1]) and needs max_tokens.
+TRTLLM_ENSEMBLE_INPUTS = (
+    Tensor("text_input", "TYPE_STRING", (1,)),
+    Tensor("max_tokens", "TYPE_INT32", (1,)),
+) + tuple(Tensor(t.ensemble, t.dtype, (1,), True) for t in TRTLLM_INPUTS)
+TRTLLM_ENSEMBLE_OUTPUTS = (Tensor("text_output", "TYPE_STRING", (-1,)),)
+
+# numpy's name for each Triton dtype used above (numpy itself is the stub's to import).
+NUMPY_DTYPES = {"TYPE_STRING": "object", "TYPE_BOOL": "bool", "TYPE_INT32": "int32",
+                "TYPE_UINT32": "uint32", "TYPE_UINT64": "uint64", "TYPE_FP32": "float32"}
