@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from bls.breaker import BreakerConfig
 from builder.plan import gpus
 from builder.plan.memory import DTYPE_BYTES
 from builder.spec import engine_args as engine_args_schema
@@ -115,13 +116,16 @@ class RuleSpec:
     backends: tuple[str, ...]
 
 
+_BREAKER = BreakerConfig()   # the router's own defaults (bls/breaker.py, pure Python)
+
+
 @dataclass(frozen=True)
 class BreakerSpec:
-    error_rate: float = 0.05
-    window_s: float = 30.0
-    min_requests: int = 20
-    consecutive_failures: int = 5
-    cooldown_s: float = 10.0
+    error_rate: float = _BREAKER.error_rate
+    window_s: float = _BREAKER.window_s
+    min_requests: int = _BREAKER.min_requests
+    consecutive_failures: int = _BREAKER.consecutive_failures
+    cooldown_s: float = _BREAKER.cooldown_s
 
 
 @dataclass(frozen=True)
@@ -396,14 +400,15 @@ def _parse_match(node: _Node) -> MatchSpec:
 
 
 def _parse_breaker(node: _Node) -> BreakerSpec:
-    rate = node.get("error_rate", float, 0.05)
+    rate = node.get("error_rate", float, _BREAKER.error_rate)
     if not 0 < rate <= 1:
         raise node.error(f"must be in (0, 1], got {rate}", "error_rate")
     breaker = BreakerSpec(
-        error_rate=rate, window_s=_positive(node, "window_s", 30.0),
-        min_requests=node.int("min_requests", 20, minimum=1),
-        consecutive_failures=node.int("consecutive_failures", 5, minimum=1),
-        cooldown_s=_positive(node, "cooldown_s", 10.0),
+        error_rate=rate, window_s=_positive(node, "window_s", _BREAKER.window_s),
+        min_requests=node.int("min_requests", _BREAKER.min_requests, minimum=1),
+        consecutive_failures=node.int("consecutive_failures",
+                                      _BREAKER.consecutive_failures, minimum=1),
+        cooldown_s=_positive(node, "cooldown_s", _BREAKER.cooldown_s),
     )
     node.done()
     return breaker

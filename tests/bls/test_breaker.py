@@ -29,6 +29,17 @@ def test_defaults_match_the_spec():
             config.consecutive_failures, config.cooldown_s) == (0.05, 30.0, 20, 5, 10.0)
 
 
+def test_the_spec_takes_its_breaker_defaults_from_the_router():
+    from dataclasses import asdict
+
+    from builder.spec import BreakerSpec, parse_spec
+
+    spec = parse_spec({"models": [{"name": "a", "engine": "vllm", "model": "/m"}],
+                       "router": {"default": ["a"], "breaker": {}}}, "t.yaml")
+    assert asdict(spec.router.breaker) == asdict(BreakerSpec()) == asdict(BreakerConfig())
+    assert BreakerConfig.from_dict(asdict(spec.router.breaker)) == BreakerConfig()
+
+
 def test_from_dict_ignores_unknown_keys_and_keeps_defaults():
     config = BreakerConfig.from_dict({"window_s": 3.0, "something": 1})
     assert config == BreakerConfig(window_s=3.0)
