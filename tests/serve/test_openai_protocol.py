@@ -152,6 +152,7 @@ def test_completion_echo_prefixes_the_prompt_once():
     ("invalid request: sampling_parameters.seed: expected an integer, got 'x'", 400, "seed"),
     ("[request id: 1] invalid request: messages[0] must be an object", 400, "messages[0]"),
     ("invalid request: max_tokens must be a positive integer", 400, "max_tokens"),
+    ("invalid request: invalid sampling_parameters: min_p must be in [0, 1]", 400, "min_p"),
     ("Request for unknown model: 'x' is not found", 404, "model"),
     ("smollm2: 24 requests in flight: overloaded", 503, None),
     ("Stub process 'smollm2_0_0' is not healthy.", 503, None),

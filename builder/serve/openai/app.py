@@ -25,6 +25,7 @@ from builder.serve.openai.triton import Call, Piece, Triton
 
 log = logging.getLogger("trident.openai")
 OWNER = "trident"
+SERVED_BY_HEADER = "X-Trident-Served-By"
 
 
 def create_app(triton_url: str) -> FastAPI:
@@ -103,7 +104,8 @@ async def _generate(triton: Triton, request: Request, generation: Generation):
     watcher = asyncio.ensure_future(_cancel_on_disconnect(request, call))
     try:
         if not generation.stream:
-            return JSONResponse(await _whole(answer, pieces, call))
+            body, served_by = await _whole(answer, pieces, call)
+            return JSONResponse(body, headers=_served(served_by))
         first = await _next(pieces)
     except OpenAIError:
         call.finish()    # Triton answered with an error: let its call end
@@ -115,7 +117,13 @@ async def _generate(triton: Triton, request: Request, generation: Generation):
         watcher.cancel()   # from here on Starlette watches the client (see _events)
     return StreamingResponse(_events(answer, first, pieces, call),
                              media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                      **_served(first.served_by if first else "")})
+
+
+def _served(served_by: str) -> dict:
+    """Which engine model answered (known at the first response), as a header."""
+    return {SERVED_BY_HEADER: served_by} if served_by else {}
 
 
 async def _cancel_on_disconnect(request: Request, call: Call) -> None:
@@ -134,7 +142,7 @@ async def _next(pieces: AsyncIterator[Piece]) -> Optional[Piece]:
         return None
 
 
-async def _whole(answer: Answer, pieces: AsyncIterator[Piece], call: Call) -> dict:
+async def _whole(answer: Answer, pieces: AsyncIterator[Piece], call: Call) -> tuple:
     texts, last = [], None
     async for piece in pieces:
         texts.append(piece.text)
@@ -146,7 +154,7 @@ async def _whole(answer: Answer, pieces: AsyncIterator[Piece], call: Call) -> di
                           "finish reason", "server_error", None, "backend_error")
     call.finish()
     return answer.whole("".join(texts), last.finish_reason, last.input_tokens,
-                        last.output_tokens)
+                        last.output_tokens), last.served_by
 
 
 def _sse(data) -> bytes:

@@ -382,6 +382,9 @@ def from_triton(message: str, model: str) -> OpenAIError:
 def _param_of(reason: str) -> Optional[str]:
     """The parameter an engine's complaint starts with (`sampling_parameters.seed: ...`,
     `messages[0] must be ...`, `max_tokens must be ...`), in OpenAI's names."""
+    named = re.search(r"sampling_parameters(?:\.|: )(\w+)", reason)
+    if named:
+        return named.group(1)
     match = re.match(r"[A-Za-z_][\w.\[\]]*", reason.strip())
     word = match.group(0).rstrip(".") if match else ""
     if word.startswith("sampling_parameters."):

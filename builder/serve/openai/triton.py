@@ -65,6 +65,7 @@ class Piece:
     finish_reason: Optional[str]
     input_tokens: int
     output_tokens: int
+    served_by: str = ""      # the engine model that answered (through the router)
 
 
 def build_inputs(generation: Generation, info: ModelInfo) -> list:
@@ -127,7 +128,7 @@ def read_piece(result) -> tuple[Piece, Optional[str]]:
     text = first("text_output") or ""
     error = first("error") or None
     return Piece(text, first("finish_reason") or None, int(first("num_input_tokens") or 0),
-                 int(first("num_output_tokens") or 0)), error
+                 int(first("num_output_tokens") or 0), first("served_by") or ""), error
 
 
 class Triton:
