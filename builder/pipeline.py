@@ -27,8 +27,8 @@ def resolve_models(spec: DeploymentSpec) -> dict[str, str]:
     return {m.name: assets.resolve(m.model) for m in spec.models if m.model}
 
 
-def resolve_engines(spec: DeploymentSpec) -> dict[str, str]:
-    """TRT-LLM model name → local engine directory, fetched from the engine cache."""
+def resolve_engines(spec: DeploymentSpec) -> dict[str, engines.ServedEngine]:
+    """TRT-LLM model name → its local engine directory and key, from the engine cache."""
     trtllm = [m for m in spec.models if m.engine == "tensorrt_llm"]
     return engines.engines_for_repository(spec, trtllm) if trtllm else {}
 

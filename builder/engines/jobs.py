@@ -52,6 +52,15 @@ class EngineJob:
         return f"{self.model}/{self.profile.name}"
 
 
+@dataclass(frozen=True)
+class ServedEngine:
+    """The engine `trident repo` serves for a model: where it lies, and its cache key
+    (named in the rendered config, so an operator can find the entry in the cache)."""
+
+    path: str
+    key: str
+
+
 def spec_path(spec: DeploymentSpec, value: str) -> str:
     """A path in the spec, relative to the spec file's folder (s3:// URIs unchanged)."""
     if value.startswith("s3://"):
@@ -310,9 +319,9 @@ class Builder:
 
 def engines_for_repository(spec: DeploymentSpec, trtllm: list[ModelSpec],
                            env: Mapping[str, str] | None = None,
-                           probe: MachineProbe | None = None) -> dict[str, str]:
-    """Model name → local engine dir of its served profile, fetched from the cache when
-    needed. Never builds: a missing engine fails naming its key and the build command."""
+                           probe: MachineProbe | None = None) -> dict[str, ServedEngine]:
+    """Model name → the engine of its served profile (local dir and key), fetched from
+    the cache when needed. Never builds: a missing engine fails naming its key and the build command."""
     env = os.environ if env is None else env
     target = spec_target(spec, env, probe or MachineProbe())
     location = cache_location(spec)
@@ -330,5 +339,5 @@ def engines_for_repository(spec: DeploymentSpec, trtllm: list[ModelSpec],
                 f"(key {job.key}, SM {target.sm}, TensorRT-LLM {target.trtllm_version}) in "
                 f"the engine cache ({describe(location)}); build it with: "
                 f"{build_command(spec, profile.name)}")
-        engines[model.name] = str(Path(path).resolve())
+        engines[model.name] = ServedEngine(str(Path(path).resolve()), job.key)
     return engines

@@ -38,7 +38,7 @@ class RenderError(TridentError):
 class RenderContext:
     spec: DeploymentSpec
     resolved_models: Mapping[str, str]      # model name → local path or id for the engine
-    engines: Mapping[str, str]              # TRT-LLM model name → engine directory
+    engines: Mapping[str, Any]              # TRT-LLM model name → engines.jobs.ServedEngine
     plan: Plan                              # where each model runs (the renderer never plans)
 
 

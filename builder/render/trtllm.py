@@ -5,8 +5,9 @@
     NAME_tensorrt_llm     tensorrtllm backend: the cached engine, inflight fused batching
     NAME_postprocessing   Python: output_ids → text
 
-Pure: (RenderContext, ModelSpec) → {path: bytes}; the engine directory comes from
-ctx.engines (resolved from the cache by builder.engines.jobs before rendering).
+Pure: (RenderContext, ModelSpec) → {path: bytes}; the engine directory and its cache key
+come from ctx.engines (a ServedEngine each, resolved from the cache by
+builder.engines.jobs before rendering).
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def render(ctx: RenderContext, model: ModelSpec) -> dict[str, bytes]:
         f"{n['engine']}/config.pbtxt": _engine_config(ctx, model, profile, n["engine"], common),
         # Triton needs a version directory; the engine itself stays in the cache.
         f"{n['engine']}/{VERSION}/engine.txt":
-            f"served engine (gpt_model_path): {ctx.engines[model.name]}\n".encode(),
+            f"served engine (gpt_model_path): {ctx.engines[model.name].path}\n".encode(),
     }
     for role, io, purpose in (
             ("preprocessing", PREPROCESSING_IO, "Tokenizer: text_input → input_ids."),
@@ -105,24 +106,17 @@ def _engine_config(ctx: RenderContext, model: ModelSpec, profile: trtllm_spec.Pr
                    name: str, common: dict) -> bytes:
     _, build, _ = trtllm_spec.sections(model)
     orchestrator = needs_orchestrator(ctx, model, build.world_size)
-    parameters = engine_parameters(model, profile, ctx.engines[model.name],
+    served = ctx.engines[model.name]
+    parameters = engine_parameters(model, profile, served.path,
                                    device_sets(ctx, model, build.world_size), orchestrator)
     scalar_inputs = [("end_id", "TYPE_INT32"), ("pad_id", "TYPE_INT32")] + [
         (t.engine, t.dtype) for t in INTERFACE.TRTLLM_INPUTS]
-    engine = {"profile": profile.name, "orchestrator": orchestrator,
-              "key": _engine_key(ctx.engines[model.name])}
+    engine = {"profile": profile.name, "orchestrator": orchestrator, "key": served.key}
     return render_template(
         f"{TEMPLATE_DIR}/tensorrt_llm.pbtxt.j2", model_name=name, engine=engine,
         instances=model.instances, parameters=parameters, scalar_inputs=scalar_inputs,
         max_queue_delay_microseconds=int(model.engine_args.get(
             "max_queue_delay_microseconds", 0)), **common)
-
-
-def _engine_key(engine_dir: str) -> str:
-    """Cache entries are named by their key; any other directory is shown as a path."""
-    parts = [p for p in engine_dir.replace("\\", "/").split("/") if p]
-    return next((p for p in reversed(parts) if len(p) == 64 and
-                 all(c in "0123456789abcdef" for c in p)), engine_dir)
 
 
 def needs_orchestrator(ctx: RenderContext, model: ModelSpec, world_size: int) -> bool:

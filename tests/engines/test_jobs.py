@@ -267,6 +267,10 @@ def test_repo_uses_the_cached_engine_and_validates(tmp_path, env):
     assert trident(env, "validate", tmp_path / "repo").stdout.strip().endswith("OK")
     config = parse_config(tmp_path / "repo" / "tiny_tensorrt_llm" / "config.pbtxt")
     engine_dir = Path(config.parameters["gpt_model_path"].string_value)
+    key = engine_dir.parent.name      # the cache's entry: <key>/files
+    assert f"(cache key {key})" in (tmp_path / "repo" / "tiny_tensorrt_llm" /
+                                    "config.pbtxt").read_text()
+    assert key in trident(env, "engines", "plan", "--spec", spec).stdout
     assert sorted(p.name for p in engine_dir.glob("rank*.engine")) == ["rank0.engine",
                                                                       "rank1.engine"]
     assert config.parameters["enable_kv_cache_reuse"].string_value == "true"

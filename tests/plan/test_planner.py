@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from builder.cli.main import main
+from builder.engines.jobs import ServedEngine
 from builder.plan import memory, mig, placement
 from builder.plan.gpus import GPU_TYPES
 from builder.plan.planner import PlacementError, plan_for_spec
@@ -356,7 +357,7 @@ def test_every_emitted_plan_is_legal(entries, hardware):
 
 def test_rendered_h100x8_repository_carries_the_placement(tmp_path):
     spec = load_spec(H100X8)
-    engines = {"llama70b-trtllm": "/engines/" + "ab" * 32}   # as the engine cache names it
+    engines = {"llama70b-trtllm": ServedEngine("/engines/" + "ab" * 32, "ab" * 32)}
     out = tmp_path / "repo"
     write_repository(render_files(RenderContext(spec, {}, engines, plan_for_spec(spec))), out, validate_repository)
     assert main(["validate", str(out)]) == 0

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from builder.cli import main as cli
+from builder.engines.jobs import ServedEngine
 from builder.pipeline import build_repository
 from builder.plan.planner import plan_for_spec
 from builder.render.context import RenderContext
@@ -245,7 +246,7 @@ SHIPPED_SPECS = sorted((ROOT / "deploy").rglob("*.yaml"))
 @pytest.mark.parametrize("spec_file", SHIPPED_SPECS, ids=lambda p: p.name)
 def test_shipped_sglang_models_start_with_their_rendered_args(spec_file):
     spec = load_spec(spec_file)
-    engines = {m.name: "/engines/" + "ab" * 32 for m in spec.models
+    engines = {m.name: ServedEngine("/engines/" + "ab" * 32, "ab" * 32) for m in spec.models
                if m.engine == "tensorrt_llm"}
     files = render_files(RenderContext(spec, {}, engines, plan_for_spec(spec)))
     for model in (m for m in spec.models if m.engine == "sglang"):

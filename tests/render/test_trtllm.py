@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2
 
+from builder.engines.jobs import ServedEngine
 from builder.plan.planner import plan_for_spec
 from builder.render.context import RenderContext, RenderError
 from builder.render.repository import render_files
@@ -19,7 +20,8 @@ from builder.render.write import write_repository
 from builder.spec import parse_spec
 from tests.fakes import fake_pb_utils as pb
 
-ENGINE = "/cache/engines/" + "ab" * 32
+# A path that does not spell the key: the key must come from the cache lookup.
+ENGINE = ServedEngine("/cache/engines/llama-short-context", "ab" * 32)
 MODEL = {
     "name": "llama", "engine": "tensorrt_llm", "family": "llama",
     "checkpoint": {"hf_model": "/m/llama", "family": "llama"},
@@ -77,13 +79,20 @@ def test_engine_model_parameters():
     assert config.model_transaction_policy.decoupled
     p = params(config)
     assert p["gpt_model_type"] == "inflight_fused_batching"
-    assert p["gpt_model_path"] == ENGINE
+    assert p["gpt_model_path"] == ENGINE.path
     assert p["kv_cache_free_gpu_mem_fraction"] == "0.85"
     assert p["enable_kv_cache_reuse"] == "true"
     assert p["batch_scheduler_policy"] == "max_utilization"
     assert p["exclude_input_in_output"] == "true" and p["max_beam_width"] == "1"
     assert "max_batch_size" not in p                           # a config field, not a param
     assert p["executor_worker_path"].endswith("trtllmExecutorWorker")   # TP2 → orchestrator
+
+
+def test_engine_config_names_the_served_profile_and_cache_key():
+    files = render([model()])
+    text = files["llama_tensorrt_llm/config.pbtxt"].decode()
+    assert f"short-context (cache key {ENGINE.key})" in text
+    assert files["llama_tensorrt_llm/1/engine.txt"].decode().strip().endswith(ENGINE.path)
 
 
 def test_single_gpu_single_model_uses_leader_mode_and_defaults():
