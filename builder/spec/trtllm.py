@@ -300,7 +300,7 @@ def _check_profile_build(node: _Node, where: str, profile: Profile, checkpoint: 
 
 
 def _check_runtime_args(node: _Node, args: Mapping[str, Any], profile: Profile) -> None:
-    """Runtime switches that need build support (DESIGN.md, 'Facts about engines')."""
+    """Runtime switches that need build support (docs/trtllm.md, 'The spec')."""
     where = f"profiles.{profile.name}"
     if args.get("enable_kv_cache_reuse") and not profile.plugins.paged_context_fmha:
         raise node.error(f"needs the served profile {profile.name!r} built with "
