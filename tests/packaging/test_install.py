@@ -60,13 +60,18 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-def test_the_wheel_carries_templates_and_backend_sources(wheel):
+SHIPPED = ("builder", "engine_cache", "bls", "python_backends", "model_repository_templates")
+
+
+def test_the_wheel_carries_every_file_of_the_shipped_folders(wheel):
+    """Sources, templates and data files alike: a file added without its package_data
+    pattern in setup.cfg fails here, not in a user's install."""
     names = set(zipfile.ZipFile(wheel).namelist())
-    for folder in ("model_repository_templates", "python_backends", "bls"):
-        expected = {p.relative_to(ROOT).as_posix() for p in (ROOT / folder).rglob("*")
-                    if p.is_file() and p.suffix in (".py", ".j2")
-                    and "__pycache__" not in p.parts}
-        assert expected and expected <= names, f"missing: {sorted(expected - names)}"
+    tracked = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                    *SHIPPED], cwd=ROOT).stdout.split("\0")
+    expected = {rel for rel in tracked if rel and (ROOT / rel).is_file()}
+    assert {f"{folder}/" for folder in SHIPPED} <= {e.split("/")[0] + "/" for e in expected}
+    assert expected <= names, f"missing from the wheel: {sorted(expected - names)}"
     assert not [n for n in names if n.startswith("tests/") or "__pycache__" in n]
 
 
