@@ -6,6 +6,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 from trident_common import interface
 
+from builder.engines.jobs import ServedEngine
 from builder.plan.planner import plan_for_spec
 from builder.render import context as render_context
 from builder.render.context import RenderContext
@@ -28,7 +29,7 @@ SPEC = {
 
 def configs() -> dict[str, model_config_pb2.ModelConfig]:
     spec = parse_spec(SPEC, "/deploy/t.yaml")
-    files = render_files(RenderContext(spec, {}, {"llama": "/engines/llama"},
+    files = render_files(RenderContext(spec, {}, {"llama": ServedEngine("/engines/llama", "ab" * 32)},
                                        plan_for_spec(spec)))
     return {path.split("/")[0]: text_format.Parse(data.decode(),
                                                   model_config_pb2.ModelConfig())
