@@ -1,12 +1,9 @@
-"""What the router reads from a client's request (chat messages in the shapes clients
-send), and how many requests one backend may hold (its engine's capacity)."""
+"""What the router reads from a client's request, and how many requests one backend may
+hold (its engine's capacity). Chat messages are checked by trident_common.request's
+parse_messages, shared with the engine models."""
 import json
 import os
 import re
-
-import numpy as np
-
-from trident_common.request import first_scalar
 
 # Requests the router lets wait for one backend: its engine's concurrent sequences
 # (× instances) running, as many again queued in the engine. More only wait longer for a
@@ -22,25 +19,6 @@ class Inbound:
 
     def __init__(self, features, stream, replaced):
         self.features, self.stream, self.replaced = features, stream, replaced
-
-
-def read_messages(array):
-    """Chat messages from the `messages` tensor, in the shapes clients send: one JSON
-    string holding the list (the documented form), one message object on its own, or one
-    message object per element. Returns (messages, the JSON list to forward when it had
-    to be rewritten, else None); raises ValueError naming the problem."""
-    items = [first_scalar(item) for item in np.asarray(array, dtype=np.object_).reshape(-1)]
-    if not items or not all(isinstance(item, str) for item in items):
-        raise ValueError("messages must be a JSON string: a list of {role, content} objects")
-    try:
-        parsed = [json.loads(item) for item in items]
-    except ValueError as e:
-        raise ValueError(f"messages is not valid JSON: {e}") from None
-    if len(parsed) == 1 and isinstance(parsed[0], list):
-        return parsed[0], None
-    if all(isinstance(message, dict) for message in parsed):
-        return parsed, json.dumps(parsed)
-    raise ValueError("messages must be a JSON list of {role, content} objects")
 
 
 def inflight_limit(configured, capacity):

@@ -67,14 +67,15 @@ def parse_generate(get: Callable[[str], Any], parameters: Optional[dict] = None)
     if abort_id:
         return AbortRequest(str(abort_id))
     prompt = _text_input(get, "text_input")
-    messages_json = _text_input(get, "messages")
-    if prompt is None and messages_json is None:
+    messages_value = get("messages")
+    has_messages = bool(_elements(messages_value))
+    if prompt is None and not has_messages:
         raise BadRequest("missing input: one of 'text_input' or 'messages' is required")
-    if prompt is not None and messages_json is not None:
+    if prompt is not None and has_messages:
         raise BadRequest("give either 'text_input' or 'messages', not both")
     if prompt == "":
         raise BadRequest("text_input is empty")
-    messages = _parse_messages(messages_json) if messages_json is not None else None
+    messages = parse_messages(messages_value)[0] if has_messages else None
     sampling_json = first_scalar(get("sampling_parameters"))
     if sampling_json is None:
         sampling = coerce_sampling(_sampling_from_parameters(parameters))
@@ -278,21 +279,57 @@ def describe(error: BaseException) -> str:
     return type(error).__name__
 
 
-def _parse_messages(text: str) -> list:
-    try:
-        messages = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BadRequest(f"messages is not valid JSON: {e}") from None
-    except RecursionError:
-        raise BadRequest("messages is nested too deeply") from None
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages must be a non-empty JSON list of {role, content} objects")
+# -- chat messages ---------------------------------------------------------------------------
+MESSAGES_SHAPE = "a JSON list of {role, content} objects (not empty), or one such object"
+
+
+def parse_messages(value: Any) -> tuple[list, Optional[str]]:
+    """Chat messages from a `messages` input; the router and the engine models both
+    check them here. Accepted, in the shapes clients send:
+      - one JSON string holding the list of messages (the documented form);
+      - one JSON string holding a single message object;
+      - one JSON string per tensor element, each a message object.
+    Every message is an object with a string `role` and a string `content`.
+    Returns (messages, their JSON list when the input was in another shape, else None:
+    the router forwards that, so an engine model gets the documented form). Raises
+    BadRequest naming the problem."""
+    items = [first_scalar(item) for item in _elements(value)]
+    if not items or not all(isinstance(item, str) for item in items):
+        raise BadRequest(f"messages must be a JSON string (BYTES tensor): {MESSAGES_SHAPE}")
+    parsed = [_messages_json(item) for item in items]
+    if len(parsed) == 1 and isinstance(parsed[0], list):
+        messages, rewritten = parsed[0], None
+    elif all(isinstance(item, dict) for item in parsed):
+        messages = parsed
+        rewritten = json.dumps(parsed)
+    else:
+        raise BadRequest(f"messages must be {MESSAGES_SHAPE}")
+    if not messages:
+        raise BadRequest(f"messages must be {MESSAGES_SHAPE}")
     for i, message in enumerate(messages):
         if (not isinstance(message, dict) or not isinstance(message.get("role"), str)
                 or not isinstance(message.get("content"), str)):
             raise BadRequest(f"messages[{i}] must be an object with string 'role' and "
                              "'content'")
-    return messages
+    return messages, rewritten
+
+
+def _elements(value: Any) -> list:
+    """A tensor value (numpy array, nested lists, or one scalar) as a flat list."""
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [item for part in value for item in _elements(part)]
+    return [] if value is None else [value]
+
+
+def _messages_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadRequest(f"messages is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest("messages is nested too deeply") from None
 
 
 def check_sampling_keys(params: dict, allowed, engine: str) -> None:

@@ -109,7 +109,8 @@ def cases() -> list[Case]:
         Case("max_tokens negative", _prompt(max_tokens=-5)),
         # -- messages -------------------------------------------------------------------
         Case("messages not JSON", _messages("[{role: user")),
-        Case("messages an object", _messages(json.dumps({"role": "user", "content": "hi"}))),
+        Case("messages an object", _messages(json.dumps({"role": "user", "content": "hi"})),
+             ANSWER),   # one message on its own is an accepted shape (parse_messages)
         Case("messages an empty list", _messages("[]")),
         Case("messages null", _messages("null")),
         Case("messages a list of strings", _messages(json.dumps(["hi"]))),

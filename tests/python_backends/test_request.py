@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 from trident_common.request import (AbortRequest, BadRequest, coerce_sampling, describe,
-                                    parse_generate)
+                                    parse_generate, parse_messages)
 
 
 def getter(**inputs):
@@ -116,8 +116,10 @@ def test_bad_request_parameters_are_refused_by_field():
     ({"text_input": ""}, "text_input is empty"),
     ({"text_input": b"\xff\xfe"}, "not valid UTF-8"),
     ({"messages": "[{role"}, "messages is not valid JSON"),
-    ({"messages": {"role": "user"}}, "non-empty JSON list"),
-    ({"messages": []}, "non-empty JSON list"),
+    ({"messages": {"role": "user"}}, r"messages\[0\] must be"),
+    ({"messages": []}, r"a JSON list of \{role, content\} objects \(not empty\)"),
+    ({"messages": "hi"}, "messages is not valid JSON"),
+    ({"messages": '"hi"'}, "messages must be a JSON list"),
     ({"messages": [{"role": "user"}]}, r"messages\[0\] must be"),
     ({"messages": "[" * 5000 + "]" * 5000}, "nested too deeply"),
     ({"text_input": "hi", "sampling_parameters": "[1]"}, "must be a JSON object"),
@@ -135,6 +137,46 @@ def test_text_input_must_be_text():
     get = lambda name: np.array([5], dtype=np.int32) if name == "text_input" else None  # noqa: E731
     with pytest.raises(BadRequest, match="text_input must be a string"):
         parse_generate(get)
+
+
+# -- chat messages: one checker for the router and the engine models ------------------------
+
+HI = {"role": "user", "content": "hi"}
+
+
+def tensor(*items):
+    return np.array([json.dumps(item).encode() for item in items], dtype=np.object_)
+
+
+@pytest.mark.parametrize("value, rewritten", [
+    (tensor([HI, {"role": "assistant", "content": "hello"}]), None),   # the documented form
+    (tensor(HI), [HI]),                                                 # one object
+    (tensor(HI, HI), [HI, HI]),                                         # one per element
+    (tensor(HI).reshape(1, 1), [HI]),                                   # batch dims
+])
+def test_every_accepted_shape_of_messages(value, rewritten):
+    messages, forwarded = parse_messages(value)
+    assert messages == (rewritten or json.loads(value[0]))
+    assert (json.loads(forwarded) if forwarded else None) == rewritten
+
+
+@pytest.mark.parametrize("value, match", [
+    (np.array([b"[]"], dtype=np.object_), "not empty"),
+    (np.array([5], dtype=np.int32), "must be a JSON string"),
+    (np.array([], dtype=np.object_), "must be a JSON string"),
+    (tensor(HI, [HI]), "messages must be a JSON list"),
+    (tensor({"role": "user", "content": 5}), r"messages\[0\] must be"),
+    (tensor([HI, "hi"]), r"messages\[1\] must be"),
+    (np.array([b"\xff"], dtype=np.object_), "not valid UTF-8"),
+])
+def test_messages_in_no_accepted_shape_are_refused(value, match):
+    with pytest.raises(BadRequest, match=match):
+        parse_messages(value)
+
+
+def test_an_engine_model_reads_a_single_message_object_too():
+    request = parse_generate(getter(messages=HI))
+    assert request.messages == [HI] and request.prompt is None
 
 
 def test_abort_request():
