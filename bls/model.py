@@ -32,11 +32,13 @@ import triton_python_backend_utils as pb_utils
 
 from adapters import ROUTER_ONLY_INPUTS, Adapters  # siblings in the model's directory
 from breaker import HALF_OPEN, BreakerConfig, CircuitBreaker
-from inbound import QUEUE_FACTOR, Inbound, engine_capacity, inflight_limit, read_messages
+from inbound import QUEUE_FACTOR, Inbound, engine_capacity, inflight_limit
 from policy import Policy, UnknownRoute, features_from
 from relay import CLIENT_ERROR, Relay, Retired, drain, first_error
 from router_metrics import RouterMetrics
-from trident_common.request import first_scalar
+from trident_common.interface import HINT_NAMES
+from trident_common.log import Log
+from trident_common.request import first_scalar, parse_messages
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # How often the loop checks a stream for a client cancel, its deadline and silence: the
@@ -48,8 +50,6 @@ STREAM_WATCH_S = 0.2
 SILENCE_PROBE_S = 2.0     # a stream quiet this long gets its backend health-probed
 PROBE_TIMEOUT_S = 5.0     # no answer this fast: the backend is busy (not counted as dead)
 PROBE_REQUEST_ID = "trident-router-health-probe"   # aborting it is a no-op
-HINT_NAMES = ("route", "task", "family", "tenant", "tier", "conversation_id",
-              "shared_prefix")
 CONTROL_THREADS = 64      # BLS calls beyond the streams: aborts, probes, drains
 # The server side of BLS holds a thread of the Python backend's pool (thread-pool-size,
 # 32 by default) per call until that call's first response. Requests queued in an engine
@@ -75,6 +75,7 @@ class TritonPythonModel:
         with open(os.path.join(version_dir, "router.json")) as f:
             self.config = json.load(f)
         self.name = self.config["name"]
+        self.log = Log(self.name)
         self.policy = Policy(self.config)
         backends = self.config["backends"]
         self.adapters = Adapters.from_config(backends)
@@ -136,6 +137,7 @@ class TritonPythonModel:
         except ClientCancelled:
             pass  # the backend was told to abort, the client's stream is closed
         except Exception as e:  # a router defect must never leave the client hanging
+            self.log.error(f"router error: {type(e).__name__}: {e}")
             talking = [relay for relay in attempts if relay.streaming or relay.answered]
             if talking:   # close() does nothing if the final flag already went out
                 talking[-1].close(f"router error: {e}")
@@ -168,6 +170,8 @@ class TritonPythonModel:
                 recorded = True
                 errors.append(f"{backend}: {e}")
                 if attempt + 1 < len(candidates):
+                    self.log.warning(f"{backend} failed before its first token, "
+                                     f"falling back: {e}")
                     self.metrics.fallback(backend)
             finally:
                 self.inflight[backend] -= 1
@@ -203,7 +207,7 @@ class TritonPythonModel:
         text = first_scalar(values["text_input"].as_numpy()) if "text_input" in values else None
         messages, replaced = None, {}
         if "messages" in values:
-            messages, normalised = read_messages(values["messages"].as_numpy())
+            messages, normalised = parse_messages(values["messages"].as_numpy())
             if normalised is not None:
                 replaced["messages"] = pb_utils.Tensor("messages", np.array(
                     [normalised.encode("utf-8")], dtype=np.object_))
@@ -231,14 +235,18 @@ class TritonPythonModel:
         return True
 
     def record(self, backend, ok):
-        breaker = self.breakers[backend]
+        breaker, before = self.breakers[backend], self.breakers[backend].state
         breaker.record_success() if ok else breaker.record_failure()
+        if breaker.state != before:
+            self.log.warning(f"{backend}: circuit breaker {before} -> {breaker.state}")
         self.metrics.breaker_state(backend, breaker.state)
 
     def fail(self, sender, message, reason):
         """Answer with an error response, then the final flag on its own: the same shape
         as a mid-stream failure (a gRPC stream client sees the error, then the final)."""
         self.metrics.error(reason)
+        if reason in ("all_failed", "internal"):   # not the client's doing
+            self.log.error(message)
         try:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)))
             sender.send(flags=FINAL)

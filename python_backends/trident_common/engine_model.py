@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Optional
 
 from trident_common import devices
+from trident_common.log import Log
 from trident_common.request import (AbortRequest, BadRequest, GenerateRequest,
                                     describe, parse_generate)
 from trident_common.triton_io import (FINAL, LlmMetrics, ResponseFactory, input_getter,
@@ -99,6 +100,7 @@ class AsyncEngineModel(abc.ABC):
         with open(os.path.join(version_dir, ENGINE_CONFIG_FILE)) as f:
             config = json.load(f)
         apply_device_placement(args)
+        self.log = Log(self.engine_name)
         self.responses = ResponseFactory(self.model_name)
         self.metrics = LlmMetrics(self.model_name)
         self._ids = itertools.count()
@@ -109,15 +111,19 @@ class AsyncEngineModel(abc.ABC):
         self._loop_thread = threading.Thread(target=self.loop.run_forever,
                                              name=f"{self.engine_name}-loop", daemon=True)
         self._loop_thread.start()
+        self.log.info(f"Starting the engine of model {self.model_name}")
         try:
             self._run(self.start_engine(config))
-        except BaseException:
+        except BaseException as e:
+            self.log.error(f"The engine of model {self.model_name} failed to start: "
+                           f"{describe(e)}")
             # Triton calls no finalize after a failed load: stop the loop thread and close
             # the metrics (later writes are dropped; the series stay, see metrics.py) here.
             self._stop_loop()
             self.metrics.finalize()
             raise
         self._health = asyncio.run_coroutine_threadsafe(self._watch_health(), self.loop)
+        self.log.info(f"The engine of model {self.model_name} is ready")
 
     def execute(self, requests):
         for request in requests:
@@ -130,6 +136,7 @@ class AsyncEngineModel(abc.ABC):
                 self._send_quietly(send_error, sender, self.responses, str(e), False, True)
                 continue
             except Exception as e:  # a defect of ours: still answer, and keep serving
+                self.log.error(f"Could not read a request: {type(e).__name__}: {describe(e)}")
                 self._count_error()
                 self._send_quietly(send_error, sender, self.responses,
                                    f"{self.engine_name} could not read the request: "
@@ -142,6 +149,7 @@ class AsyncEngineModel(abc.ABC):
         return None
 
     def finalize(self) -> None:
+        self.log.info(f"Stopping the engine of model {self.model_name}")
         try:
             self.loop.call_soon_threadsafe(self._health.cancel)
             for active in list(self._running):
@@ -238,6 +246,7 @@ class AsyncEngineModel(abc.ABC):
             if active.dead is not None:   # cancelled by the health check: not an abort
                 self._fail(active, f"{self.engine_name} engine is dead: {active.dead}")
             else:
+                self.log.info(f"Cancelling the request {active.client_id or active.engine_id}")
                 self._count_aborted()
                 self._close(active)   # now: the engine's abort below may be slow
         except BadRequest as e:
@@ -276,15 +285,19 @@ class AsyncEngineModel(abc.ABC):
             await asyncio.wait_for(self.abort(engine_id), ABORT_TIMEOUT_S)
         except asyncio.CancelledError:
             pass  # cancelled again while aborting (client cancel and router abort): done
-        except Exception:
-            pass  # the request has ended for the client; the engine frees it on its own
+        except Exception as e:  # the request has ended for the client: only say so
+            self.log.warning(f"Aborting {engine_id} in the engine failed: {describe(e)}")
 
     async def _watch_health(self) -> None:
         """Set the health gauge; when the engine died, end the requests in flight with an
         error (they would otherwise wait forever for an engine that will not answer)."""
+        reported = False
         while True:
             dead = self.engine_dead()
             self.metrics.engine_healthy.set(0 if dead else 1)
+            if dead is not None and not reported:
+                reported = True
+                self.log.error(f"The engine of model {self.model_name} died: {dead}")
             if dead is not None:
                 for active in list(self._running):
                     if active.dead is None:
@@ -354,6 +367,8 @@ class AsyncEngineModel(abc.ABC):
     def _fail(self, active: _Active, message: str, client_fault: bool = False) -> None:
         """End a request with an error (and the final flag), once."""
         self._count_error()
+        if not client_fault:
+            self.log.error(f"Request {active.client_id or active.engine_id} failed: {message}")
         if active.closed:
             return
         active.closed = True

@@ -13,6 +13,7 @@ import contextlib
 import importlib.util
 import itertools
 import json
+import logging
 import os
 import sys
 import threading
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from trident_common import interface
 from trident_common.request import CLIENT_FAULT_PREFIX
 
 from bls.policy import router_config
@@ -255,7 +257,8 @@ def router_modules():
     stub.InferenceRequest = BlsRequest
     stub.get_output_tensor_by_name = get_output_tensor_by_name
     bound = ("adapters", "breaker", "inbound", "policy", "relay", "router_metrics",
-             "trident_common.metrics", "trident_common.request",
+             "trident_common.metrics", "trident_common.request", "trident_common.interface",
+             "trident_common.log",
              "trident_common", "triton_python_backend_utils")
     saved = {name: sys.modules.pop(name, None) for name in bound}
     sys.modules["triton_python_backend_utils"] = stub
@@ -345,9 +348,20 @@ def test_router_only_inputs_are_not_forwarded(router):
             return super().open(inputs)
 
     model = router(backends=[Recording("primary")])
-    run(model, ClientRequest(hints={"tier": "gold", "tenant": "acme"}))
-    assert "tier" not in seen[0] and "tenant" not in seen[0]
-    assert seen[0]["request_id"].startswith("router-")
+    hints = {name: "x" for name in interface.HINT_NAMES}
+    run(model, ClientRequest(hints={**hints, "route": "primary", "request_id": "mine"}))
+    assert not set(seen[0]) & set(interface.HINT_NAMES)
+    assert seen[0]["request_id"].startswith("router-")   # the router's id, not the client's
+
+
+def test_the_router_reads_its_names_from_the_interface(router):
+    model = router(backends=[])
+    adapters = sys.modules["adapters"]
+    assert model.initialize.__globals__["HINT_NAMES"] == interface.HINT_NAMES
+    assert adapters.ROUTER_ONLY_INPUTS == interface.ROUTER_ONLY_INPUTS
+    assert model.adapters["primary"].outputs == list(interface.OUTPUT_NAMES)
+    assert {key: name for key, (name, _) in adapters.TRTLLM_SAMPLING.items()} == {
+        key: t.ensemble for key, t in interface.TRTLLM_SAMPLING.items()}
 
 
 def test_sixteen_streams_are_relayed_in_parallel(router):
@@ -561,6 +575,8 @@ def test_hints_from_request_parameters(router):
 @pytest.mark.parametrize("messages, expected", [
     ("not json", "messages is not valid JSON"),
     ('"hi"', "messages must be a JSON list"),
+    ('{"role": "user"}', "messages[0] must be an object with string 'role' and 'content'"),
+    ("[]", "not empty"),
 ])
 def test_malformed_messages_are_bad_requests(router, messages, expected):
     model = router(backends=[FakeBackend("primary")])
@@ -568,6 +584,17 @@ def test_malformed_messages_are_bad_requests(router, messages, expected):
     run(model, request)
     (error,) = request.errors()
     assert expected in error and request.sender.final_flags() == 1
+
+
+def test_fallbacks_and_breaker_transitions_are_logged(router, caplog):
+    model = router(backends=[FakeBackend("primary", first_error="boom"),
+                             FakeBackend("backup")])
+    with caplog.at_level(logging.INFO, logger="trident"):
+        for _ in range(2):
+            run(model, ClientRequest())
+    lines = [r.getMessage() for r in caplog.records]
+    assert "[router] primary failed before its first token, falling back: boom" in lines
+    assert "[router] primary: circuit breaker closed -> open" in lines
 
 
 def test_breaker_state_gauges_start_closed(router):

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import logging
 import shutil
 import sys
 import types
@@ -565,7 +566,8 @@ def test_a_send_that_fails_on_a_cancelled_stream_still_ends_the_request(served):
     assert served.metric("trident_request_errors_total") == 0
 
 
-def test_a_hanging_engine_abort_does_not_hold_the_final_flag(served, monkeypatch):
+def test_a_hanging_engine_abort_does_not_hold_the_final_flag(served, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="trident")
     import trident_common.engine_model as engine_model
     monkeypatch.setattr(engine_model, "ABORT_TIMEOUT_S", 0.2)
     hung = []
@@ -580,9 +582,14 @@ def test_a_hanging_engine_abort_does_not_hold_the_final_flag(served, monkeypatch
     wait_for(lambda: len(stream.sent) == 1)
     served.run(abort_request_id="r-1")
     stream.wait_closed()
-    assert stream.final_flags() == 1 and hung
+    assert stream.final_flags() == 1
+    wait_for(lambda: hung)   # the engine abort starts after the final flag went out
     served.wait_metric("trident_requests_in_flight", 0)   # once the abort gives up
     served.engine.release()
+    lines = [r.getMessage() for r in caplog.records]
+    assert "[sglang] Cancelling the request r-1" in lines
+    assert any(line.startswith(f"[sglang] Aborting {hung[0]} in the engine failed")
+               for line in lines)
 
 
 def test_a_dead_engine_ends_requests_in_flight_and_refuses_new_ones(served, monkeypatch):
