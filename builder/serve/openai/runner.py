@@ -3,6 +3,7 @@ the tritonserver that `trident serve --openai-port` runs (started once Triton is
 stopped with it)."""
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from typing import Optional
@@ -33,7 +34,13 @@ def run(triton_url: str, host: str = "127.0.0.1", port: int = 9000) -> None:
     """Serve until Ctrl-C or SIGTERM (uvicorn handles both)."""
     check_port(host, port)
     server = uvicorn.Server(_config(triton_url, host, port))
-    server.run()
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the
+    # handler it found: make that one a no-op, so SIGTERM exits 0 (as `trident serve`).
+    previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
+    try:
+        server.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if not server.started:
         raise FrontendError(f"the OpenAI frontend did not start on {host}:{port}")
 
