@@ -28,8 +28,9 @@ OWNER = "trident"
 SERVED_BY_HEADER = "X-Trident-Served-By"
 
 
-def create_app(triton_url: str) -> FastAPI:
-    triton = Triton(triton_url)
+def create_app(triton_url: str, triton: Optional[Triton] = None) -> FastAPI:
+    """The application for the Triton at triton_url (`triton`: a stand-in, for tests)."""
+    triton = triton or Triton(triton_url)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -165,7 +166,7 @@ async def _events(answer: Answer, first: Optional[Piece], pieces: AsyncIterator[
                   call: Call) -> AsyncIterator[bytes]:
     """The SSE body. Starlette cancels this generator when the client disconnects; the
     finally then cancels the gRPC call (Triton cancels the request, the engine aborts)."""
-    last = first
+    last, ended = first, False    # ended: the call was handed to finish()
     try:
         if first is None:
             raise OpenAIError(502, f"{answer.generation.model}: the stream ended without "
@@ -179,12 +180,15 @@ async def _events(answer: Answer, first: Optional[Piece], pieces: AsyncIterator[
             raise OpenAIError(502, f"{answer.generation.model}: the stream ended without "
                               "a finish reason", "server_error", None, "backend_error")
         call.finish()
+        ended = True
         yield _sse(answer.chunk(None if answer.chat else "", last.finish_reason))
         if answer.generation.include_usage:
             yield _sse(answer.usage_chunk(last.input_tokens, last.output_tokens))
     except OpenAIError as error:
         call.finish()
+        ended = True
         yield _sse(error.body())
     finally:
-        call.cancel()   # a no-op once the call ended or was handed to finish()
+        if not ended:
+            call.cancel()   # the client left (Starlette cancelled us) or we broke
     yield b"data: [DONE]\n\n"
