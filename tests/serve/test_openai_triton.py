@@ -2,7 +2,6 @@
 tensors a request becomes."""
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
