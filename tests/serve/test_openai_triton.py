@@ -2,7 +2,6 @@
 tensors a request becomes."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from tritonclient.grpc import InferResult, service_pb2
