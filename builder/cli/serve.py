@@ -25,14 +25,20 @@ from builder.errors import TridentError
               help="also serve the OpenAI API on this port (started once Triton is ready)")
 @click.option("--openai-host", default="127.0.0.1", show_default=True,
               help="address of the OpenAI API")
+@click.option("--no-self-test", is_flag=True,
+              help="skip the start-up check that the server's Python stub passes strings "
+                   "intact (one echo through a throwaway second server, ~0.5 s)")
 def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, timeout: float,
-          load_model: tuple[str, ...], openai_port: int | None, openai_host: str) -> int:
+          load_model: tuple[str, ...], openai_port: int | None, openai_host: str,
+          no_self_test: bool) -> int:
     """Run tritonserver on a model repository.
 
     Serves until Ctrl-C or SIGTERM (exit 0). Exits 1, stopping the server, when the
     server exits, or a model's stub process or engine dies (Triton would keep the model
     READY), so a supervisor can restart it. Uses tritonserver from PATH when there is one,
-    else the bundled one.
+    else the bundled one. Before it reports ready, one string goes through an echo model
+    on a short-lived second server with the same binary and stub; exits 1 if it comes
+    back changed (the bundled Python 3.12 stub corrupts strings).
     """
     from builder.serve.server import Ports, TritonServer
 
@@ -41,7 +47,7 @@ def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, timeout:
         raise TridentError(f"{repo_dir}: no such model repository (run `trident repo` "
                            "first)", EXIT_USAGE)
     server = TritonServer(repo_dir, Ports(http_port, grpc_port, metrics_port),
-                          load_models=load_model or None)
+                          load_models=load_model or None, self_test=not no_self_test)
     frontend = None
     if openai_port is not None:
         from builder.serve.openai.runner import Frontend, check_port

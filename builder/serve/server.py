@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.errors import TridentError
+from builder.serve import selftest
 from builder.serve.watch import StubWatch, runs_in_stub, stub_processes, unhealthy_engines
 
 SHM_DIR = Path("/dev/shm")
@@ -126,6 +127,9 @@ class TritonServer:
     load_models: tuple[str, ...] | None = None   # explicit model control when given
     log_path: Path | None = None
     extra_args: tuple[str, ...] = ()
+    # One string round trip through a throwaway echo model before the first start in
+    # this process (selftest.py): a stub that corrupts strings fails here, not later.
+    self_test: bool = True
     process: subprocess.Popen | None = None
 
     @property
@@ -174,6 +178,13 @@ class TritonServer:
             stdin=subprocess.DEVNULL)
         if log:
             log.close()
+        if self.self_test:
+            # While this server loads its models, so the check adds little to start-up.
+            try:
+                selftest.ensure(install.binary, install.bundled, _self_test_server)
+            except BaseException:
+                self.stop()
+                raise
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -334,6 +345,11 @@ def start_on_free_ports(repository: Path, log_path: Path | None = None,
             if "already in use" not in str(e) or attempt + 1 == attempts:
                 raise
     raise AssertionError("unreachable")
+
+
+def _self_test_server(repository: Path, log_path: Path) -> TritonServer:
+    return start_on_free_ports(repository, log_path, timeout_s=selftest.TIMEOUT_S,
+                               self_test=False)
 
 
 def _signal_group(pid: int, sig: int) -> None:
