@@ -36,6 +36,7 @@ from inbound import QUEUE_FACTOR, Inbound, engine_capacity, inflight_limit
 from policy import Policy, UnknownRoute, features_from
 from relay import CLIENT_ERROR, Relay, Retired, drain, first_error
 from router_metrics import RouterMetrics
+from tenants import Tenants
 from trident_common.interface import HINT_NAMES
 from trident_common.log import Log
 from trident_common.request import first_scalar, parse_messages
@@ -105,6 +106,7 @@ class TritonPythonModel:
         self.retired = Retired()
         self.probes = {}            # backend → (its shared health-probe task, started at)
         self.metrics = RouterMetrics(self.name)
+        self.tenants = Tenants(self.config.get("tenants"), self.metrics, self.deadline_s)
         for name, breaker in self.breakers.items():
             self.metrics.breaker_state(name, breaker.state)
 
@@ -154,6 +156,10 @@ class TritonPythonModel:
             return self.fail(sender, f"bad request: {e}", "bad_request")
         if not candidates:
             return self.refuse(sender, route, inbound.features)
+        work = self.attempt(request, inbound, sender, route, candidates, arrival, attempts)
+        await self.tenants.run(inbound.features.tenant, work, attempts, sender, self.fail)
+
+    async def attempt(self, request, inbound, sender, route, candidates, arrival, attempts):
         errors = []
         for attempt, backend in enumerate(candidates):
             if not self.claim(backend):
@@ -260,7 +266,7 @@ class TritonPythonModel:
         # Unguessable: a backend aborts by this id, and any client may send aborts.
         request_id = f"{self.name}-{secrets.token_hex(16)}"
         inputs = [inbound.replaced.get(t.name(), t) for t in request.inputs()
-                  if t.name() not in ROUTER_ONLY_INPUTS]
+                  if t.name() not in ROUTER_ONLY_INPUTS] + self.tenants.inputs(inbound)
         try:
             child = pb_utils.InferenceRequest(
                 model_name=backend, inputs=adapter.inputs(inputs, request_id),

@@ -171,4 +171,7 @@ def router_config(spec) -> dict:
         "deadline_s": router.deadline_s,
         "first_token_timeout_s": router.first_token_timeout_s,
         "max_inflight_per_backend": router.max_inflight_per_backend,
+        # Read by bls/tenants.py, written by builder/spec/tenants.py (it holds no secret).
+        "tenants": (spec.tenants.router_config(spec.name)
+                    if getattr(spec, "tenants", None) else None),
     }

@@ -61,6 +61,7 @@ class Relay:
         self.backend_failed = False  # the backend's error ended the stream
         self.chunks = 0             # backend responses seen: progress, for silence probes
         self.first_relay_s = 0.0    # router time between the first response and its send
+        self.last = None            # the last response sent (bls/tenants.py reads its counts)
         self.done = loop.create_future()
 
     # -- event loop: the first response -------------------------------------------------
@@ -90,6 +91,7 @@ class Relay:
                 self.sender.send(outgoing, flags=FINAL)
             elif outgoing is not None:
                 self.sender.send(outgoing)
+            self.last = outgoing
         self.first_relay_s = time.monotonic() - received
         return None
 
@@ -123,6 +125,7 @@ class Relay:
                 self._finish(f"{self.backend} failed mid-stream: {problem}")
             elif outgoing is not None:
                 self.sender.send(outgoing)
+                self.last = outgoing
 
     # -- any thread ---------------------------------------------------------------------
     def close(self, error=None):

@@ -19,6 +19,7 @@ from builder.plan import gpus
 from builder.plan.memory import DTYPE_BYTES
 from builder.spec import engine_args as engine_args_schema
 from builder.spec import trtllm as trtllm_spec
+from builder.spec.tenants import TenantsSpec, parse_tenants
 from builder.spec import yaml_loader
 from builder.spec.node import _REQUIRED, SpecError, _Node, frozen_mapping
 
@@ -151,6 +152,7 @@ class DeploymentSpec:
     engine_cache: EngineCacheSpec
     models: tuple[ModelSpec, ...]
     router: RouterSpec | None
+    tenants: TenantsSpec | None = None   # builder/spec/tenants.py
 
     def model(self, name: str) -> ModelSpec:
         return next(m for m in self.models if m.name == name)
@@ -196,10 +198,11 @@ def parse_spec(data: Any, file: str = "<spec>") -> DeploymentSpec:
         router = _parse_router(root.child("router"), models)
     else:
         root.child("router")  # mark as seen
+    tenants = parse_tenants(root, router is not None)
     root.done()
     if router and router.name in {m.name for m in models}:
         raise SpecError(file, "router.name", f"{router.name!r} is also a model name")
-    return DeploymentSpec(file, name, server, hardware, cache, models, router)
+    return DeploymentSpec(file, name, server, hardware, cache, models, router, tenants)
 
 
 def _parse_server(node: _Node) -> ServerSpec:

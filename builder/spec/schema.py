@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from builder.spec import deployment as spec_mod
 from builder.spec import engine_args
+from builder.spec import tenants as tenants_spec
 from builder.spec import trtllm as trtllm_spec
 from builder.spec.node import MAX_INT
 
@@ -53,6 +54,7 @@ _RULES: dict[tuple[type, str], dict[str, Any]] = {
     (trtllm_spec.BuildSettings, "kv_cache_dtype"): {"enum": list(trtllm_spec.KV_CACHE_DTYPES)},
     (trtllm_spec.Checkpoint, "family"): {"enum": list(trtllm_spec.FAMILIES)},
     (trtllm_spec.Speculative, "mode"): {"enum": list(trtllm_spec.SPECULATIVE_MODES)},
+    **tenants_spec.SCHEMA_RULES,
 }
 # Fields of the typed spec that are not keys of the YAML (derived or bookkeeping).
 _NOT_IN_YAML = {(spec_mod.DeploymentSpec, "file"), (spec_mod.ModelSpec, "extra"),
@@ -137,7 +139,8 @@ def deployment_schema() -> dict[str, Any]:
                spec_mod.ModelSpec, spec_mod.PlacementSpec, spec_mod.MatchSpec,
                spec_mod.RuleSpec, spec_mod.BreakerSpec, spec_mod.RouterSpec,
                trtllm_spec.Checkpoint, trtllm_spec.BuildSettings, trtllm_spec.Plugins,
-               trtllm_spec.Speculative, trtllm_spec.Profile, trtllm_spec.Tokenizer]
+               trtllm_spec.Speculative, trtllm_spec.Profile, trtllm_spec.Tokenizer,
+               *tenants_spec.SCHEMA_CLASSES]
     defs = {cls.__name__: _object(cls) for cls in classes}
     model = defs["ModelSpec"]
     model["properties"].update({

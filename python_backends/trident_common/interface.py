@@ -43,8 +43,12 @@ CONTROL_INPUTS = (_text(REQUEST_ID), _text(ABORT_REQUEST_ID))
 HINT_NAMES = ("route", "task", "family", "tenant", "tier", "conversation_id",
               "shared_prefix")
 
-ENGINE_INPUTS = REQUEST_INPUTS + CONTROL_INPUTS
-ROUTER_INPUTS = ENGINE_INPUTS + tuple(_text(name) for name in HINT_NAMES)
+# Set by the router from the spec's `tenants:` (bls/tenants.py), never by a client: the
+# tenant's tier as vLLM's request priority, and its prefix-cache salt.
+TENANT_INPUTS = (Tensor("priority", "TYPE_INT32", (1,), True), _text("cache_salt"))
+
+ENGINE_INPUTS = REQUEST_INPUTS + CONTROL_INPUTS + TENANT_INPUTS
+ROUTER_INPUTS = REQUEST_INPUTS + CONTROL_INPUTS + tuple(_text(name) for name in HINT_NAMES)
 # Inputs the router consumes itself (it sets its own request_id per backend call).
 ROUTER_ONLY_INPUTS = frozenset(HINT_NAMES) | {REQUEST_ID, ABORT_REQUEST_ID}
 

@@ -31,6 +31,8 @@ class GenerateRequest:
     max_tokens: int = DEFAULT_MAX_TOKENS
     exclude_input_in_output: bool = False
     request_id: str = ""
+    priority: int = 0                  # the tenant's tier (bls/tenants.py)
+    cache_salt: Optional[str] = None   # the tenant's prefix-cache salt
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ def parse_generate(get: Callable[[str], Any], parameters: Optional[dict] = None)
         sampling=sampling, max_tokens=max_tokens,
         exclude_input_in_output=bool(first_scalar(get("exclude_input_in_output")) or False),
         request_id=str(first_scalar(get("request_id")) or ""),
+        priority=int(first_scalar(get("priority")) or 0),
+        cache_salt=first_scalar(get("cache_salt")) or None,
     )
 
 

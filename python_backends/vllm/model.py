@@ -7,6 +7,7 @@ interface, cancellation, errors and metrics are shared with the SGLang model
 import locale
 import os
 import tempfile
+from typing import NamedTuple, Optional
 
 # The stub's Python starts in the ASCII locale; vLLM reads UTF-8 files at import time.
 locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
@@ -48,6 +49,8 @@ class TritonPythonModel(AsyncEngineModel):
         # The sampling names clients may use: trident's typed table, as far as this
         # vLLM's SamplingParams has them.
         self._sampling_fields = set(SAMPLING_TYPES) & set(SamplingParams.__struct_fields__)
+        # vLLM refuses a priority unless it schedules by priority (spec tenants' tiers).
+        self._by_priority = config.get("scheduling_policy") == "priority"
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**config))
         self.tokenizer = self.engine.get_tokenizer()
 
@@ -68,10 +71,11 @@ class TritonPythonModel(AsyncEngineModel):
                 raise BadRequest(f"sampling_parameters.structured_outputs: {describe(e)}") \
                     from None
         try:
-            return self._sampling_class(**values, max_tokens=request.max_tokens,
-                                        output_kind=self._delta)
+            params = self._sampling_class(**values, max_tokens=request.max_tokens,
+                                          output_kind=self._delta)
         except self._client_errors as e:   # vLLM's checks of the values (ranges, ...)
             raise BadRequest(f"invalid sampling_parameters: {describe(e)}") from None
+        return _Call(params, request.priority if self._by_priority else 0, request.cache_salt)
 
     async def render_chat(self, messages: list) -> str:
         try:
@@ -82,7 +86,10 @@ class TritonPythonModel(AsyncEngineModel):
 
     async def stream(self, prompt, sampling, engine_id):
         input_tokens = output_tokens = 0
-        outputs = self.engine.generate(prompt, sampling, engine_id)
+        if sampling.cache_salt:   # the tenant's own prefix cache (bls/tenants.py)
+            prompt = {"prompt": prompt, "cache_salt": sampling.cache_salt}
+        outputs = self.engine.generate(prompt, sampling.params, engine_id,
+                                       priority=sampling.priority)
         try:
             first = await outputs.__anext__()
         except self._client_errors as e:  # vLLM's request checks, e.g. prompt too long
@@ -109,6 +116,14 @@ class TritonPythonModel(AsyncEngineModel):
 
     async def stop_engine(self) -> None:
         self.engine.shutdown()
+
+
+class _Call(NamedTuple):
+    """What one generate() call takes besides the prompt: sampling and the tenant's."""
+
+    params: object
+    priority: int
+    cache_salt: Optional[str]
 
 
 async def _chain(first, rest):

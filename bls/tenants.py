@@ -1,0 +1,250 @@
+"""Per-tenant admission in the router: quotas, rate limits, priority tiers and
+prefix-cache isolation (the spec's `tenants:` section, builder/spec/tenants.py).
+
+Every request is admitted or refused before the router tries a backend, so a refusal
+never reaches a backend nor counts against one. The tenant is the `tenant` routing hint
+(an input tensor or a request parameter). An admitted request holds a concurrency lease
+until its stream ends, however it ends (`run` releases it in a `finally`), and is charged
+its real prompt + completion tokens then. The counters live in tenant_store (in this
+process, or in Redis shared by every router); when Redis is down or slow, the spec's
+on_redis_error decides, and the decision is counted.
+
+The tier (from the spec, never from the request) becomes vLLM's request `priority`; a
+`cache_salt` per tenant keeps tenants' prefix caches apart unless they are listed in
+share_prefix_cache. Both travel to the engine model as input tensors.
+"""
+import asyncio
+import hashlib
+import os
+import re
+import secrets
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tenant_store import Limits, LocalStore, RedisStore, StoreUnavailable
+from trident_common.metrics import COUNTER, GAUGE
+
+LEASE_MARGIN_S = 30.0     # a lease outlives the router's deadline by this much
+ANONYMOUS = "_anonymous"  # the bucket of requests that name no tenant
+OTHER = "_other"          # metric label of tenants not in the spec (clients pick names)
+# builder/spec/tenants.py's TENANT_RE (the stub cannot import the builder).
+TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
+UNITS = {"requests_per_minute": "requests per minute",
+         "tokens_per_minute": "tokens per minute",
+         "max_concurrent": "concurrent requests (max_concurrent)"}
+
+
+class Tenant:
+    __slots__ = ("name", "label", "limits", "quota", "priority", "salt")
+
+    def __init__(self, name, label, entry, shared):
+        self.name, self.label = name, label
+        self.quota = entry   # the spec's numbers, for messages
+        self.limits = Limits(entry["requests_per_minute"], entry["tokens_per_minute"],
+                             entry["max_concurrent"])
+        self.priority = entry["priority"]
+        # Not secret: clients cannot send cache_salt through the router (not its input).
+        self.salt = None if shared else hashlib.sha256(name.encode()).hexdigest()[:32]
+
+
+class Ticket:
+    """One admitted request: its tenant and concurrency lease."""
+
+    __slots__ = ("tenant", "lease_id")
+
+    def __init__(self, tenant, lease_id):
+        self.tenant, self.lease_id = tenant, lease_id
+
+
+class Refused(Exception):
+    def __init__(self, label, reason, message):
+        super().__init__(message)
+        self.label, self.reason = label, reason
+
+
+def read_password(config):
+    """The Redis password from the environment or a file; raises if named but absent."""
+    if config.get("password_env"):
+        value = os.environ.get(config["password_env"])
+        if not value:
+            raise RuntimeError(f"tenants.password_env: the environment variable "
+                               f"{config['password_env']} is not set")
+        return value
+    if config.get("password_file"):
+        try:
+            with open(config["password_file"]) as f:
+                return f.read().strip()
+        except OSError as e:
+            raise RuntimeError(f"tenants.password_file: cannot read "
+                               f"{config['password_file']}: {e.strerror}") from None
+    return None
+
+
+class Tenants:
+    """The router's tenant gate; a no-op when the spec has no `tenants:` section."""
+
+    def __init__(self, config, router_metrics, deadline_s, store=None):
+        self.config = config
+        self.enabled = config is not None
+        if not self.enabled:
+            return
+        self.lease_ms = (deadline_s + LEASE_MARGIN_S) * 1000.0
+        shared = set(config["share_prefix_cache"])
+        self.known = {name: Tenant(name, name, entry, name in shared)
+                      for name, entry in config["limits"].items()}
+        self.metrics = TenantMetrics(router_metrics.router, router_metrics.set)
+        self.pending = set()   # release tasks, referenced until done
+        if store is None and config["redis"]:
+            store = RedisStore(config["redis"], read_password(config), config["namespace"])
+        self.store = store or LocalStore()
+
+    def identify(self, name):
+        """The request's Tenant; raises Refused (unknown or malformed name)."""
+        if name is None or name == "":
+            name = ANONYMOUS
+        name = str(name)
+        tenant = self.known.get(name)
+        if tenant is not None:
+            return tenant
+        label = ANONYMOUS if name == ANONYMOUS else OTHER
+        if name != ANONYMOUS and not TENANT_RE.fullmatch(name):
+            raise Refused(label, "bad_tenant", f"bad request: tenant {name[:64]!r} is not a "
+                          "tenant name (letters, digits, '_', '.', '@', '-')")
+        if self.config["unknown"] == "reject":
+            what = ("the request names no tenant (give the `tenant` input or parameter)"
+                    if name == ANONYMOUS else f"tenant {name!r} is not known")
+            raise Refused(label, "unknown_tenant", f"rate limit: {what}")
+        tenant = Tenant(name, label, self.config["default"],
+                        name in self.config["share_prefix_cache"])
+        return tenant
+
+    async def admit(self, name):
+        """A Ticket, or raises Refused naming the tenant and the limit."""
+        tenant = self.identify(name)
+        lease_id = secrets.token_hex(8)
+        try:
+            reason = await self.store.admit(tenant.name, tenant.limits, lease_id,
+                                            self.lease_ms)
+        except StoreUnavailable as e:
+            decision = self.config["on_redis_error"]
+            self.metrics.redis_failure(decision)
+            if decision == "deny":
+                raise Refused(tenant.label, "redis_unavailable",
+                              f"rate limit: cannot check tenant {tenant.name!r}: {e}; "
+                              "refused (on_redis_error: deny)") from None
+            reason = ""
+        if reason:
+            limit = tenant.quota[reason]
+            raise Refused(tenant.label, reason, f"rate limit: tenant {tenant.name!r} is "
+                          f"over {limit} {UNITS[reason]}")
+        self.metrics.admitted(tenant.label)
+        return Ticket(tenant, lease_id)
+
+    async def run(self, name, work, attempts, sender, fail):
+        """Await the coroutine `work` (the request's attempts) if the tenant is admitted,
+        else close it and answer with `fail` (the router's); release the ticket however
+        the request ends."""
+        if not self.enabled:
+            return await work
+        try:
+            ticket = await self.admit(name)
+        except Refused as e:
+            work.close()
+            self.metrics.rejected(e.label, e.reason)
+            return fail(sender, str(e), "tenant")
+        try:
+            return await work
+        finally:
+            self.finish(ticket, attempts)
+
+    def finish(self, ticket, attempts):
+        """Release the lease and charge the tokens, off the request's path."""
+        tenant = ticket.tenant
+        prompt, completion = _token_counts(attempts)
+        self.metrics.finished(tenant.label, prompt, completion)
+        task = asyncio.get_running_loop().create_task(self._release(ticket, prompt + completion))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    async def _release(self, ticket, tokens):
+        try:
+            await self.store.finish(ticket.tenant.name, ticket.tenant.limits, ticket.lease_id,
+                                    tokens)
+        except StoreUnavailable:
+            self.metrics.redis_failure("lost")   # the lease expires by itself
+
+    def inputs(self, inbound):
+        """The engine inputs for this request's tenant: priority and cache_salt."""
+        if not self.enabled:
+            return []
+        name = inbound.features.tenant
+        tenant = self.known.get(str(name)) if name else None
+        if tenant is None:
+            tenant = self.identify(name)   # admitted already: it does not raise
+        tensors = [pb_utils.Tensor("priority", np.array([tenant.priority], dtype=np.int32))]
+        if tenant.salt is not None:
+            tensors.append(pb_utils.Tensor("cache_salt", np.array(
+                [tenant.salt.encode()], dtype=np.object_)))
+        return tensors
+
+
+def _token_counts(attempts):
+    """(prompt, completion) tokens of the attempt that answered, from its last response
+    (the engines report running totals); zeros when none did or it reports none."""
+    for relay in reversed(attempts):
+        response = getattr(relay, "last", None)
+        if response is None:
+            continue
+        counts = []
+        for name in ("num_input_tokens", "num_output_tokens"):
+            tensor = pb_utils.get_output_tensor_by_name(response, name)
+            counts.append(0 if tensor is None else int(tensor.as_numpy().reshape(-1)[0]))
+        return tuple(counts)
+    return 0, 0
+
+
+class TenantMetrics:
+    FAMILIES = {
+        "admitted": ("trident_tenant_admitted_total", "Requests admitted, by tenant", COUNTER),
+        "rejected": ("trident_tenant_rejected_total",
+                     "Requests refused before any backend, by tenant and reason", COUNTER),
+        "tokens": ("trident_tenant_tokens_total",
+                   "Tokens charged to a tenant, by kind (prompt, completion)", COUNTER),
+        "inflight": ("trident_tenant_inflight",
+                     "A tenant's requests in flight in this router", GAUGE),
+        "redis": ("trident_tenant_redis_failures_total",
+                  "Redis calls that failed or timed out, by what was done: allow or deny "
+                  "(on_redis_error), lost (a release or token charge not written)", COUNTER),
+    }
+
+    def __init__(self, router, metric_set):
+        self.router, self.set, self.metrics = router, metric_set, {}  # the router's set
+        self.inflight = {}
+
+    def _metric(self, kind, labels):
+        metric = self.metrics.get((kind, labels))
+        if metric is None:
+            name, description, metric_kind = self.FAMILIES[kind]
+            metric = self.set.metric(name, description, metric_kind,
+                                     {"router": self.router, **dict(labels)})
+            self.metrics[(kind, labels)] = metric
+        return metric
+
+    def admitted(self, tenant):
+        self._metric("admitted", (("tenant", tenant),)).increment(1)
+        self.inflight[tenant] = self.inflight.get(tenant, 0) + 1
+        self._metric("inflight", (("tenant", tenant),)).set(self.inflight[tenant])
+
+    def rejected(self, tenant, reason):
+        self._metric("rejected", (("tenant", tenant), ("reason", reason))).increment(1)
+
+    def finished(self, tenant, prompt, completion):
+        self.inflight[tenant] -= 1
+        self._metric("inflight", (("tenant", tenant),)).set(self.inflight[tenant])
+        for kind, count in (("prompt", prompt), ("completion", completion)):
+            if count:
+                self._metric("tokens", (("tenant", tenant), ("kind", kind))).increment(count)
+
+    def redis_failure(self, decision):
+        self._metric("redis", (("decision", decision),)).increment(1)

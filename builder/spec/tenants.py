@@ -1,0 +1,152 @@
+"""The spec's `tenants:` section: per-tenant quotas, rate limits, priority tiers and
+prefix-cache isolation, enforced by the router (bls/tenants.py).
+
+A tenant's entry under `limits` overrides `default` field by field (`bob: {}` is the
+default). Counters are shared through Redis when `redis` is given; its password comes
+from an environment variable or a file, never from the spec, so nothing secret is ever
+rendered into the repository.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from builder.spec.node import SpecError, _Node
+
+# Tier → vLLM request priority (lower is scheduled first, vLLM's convention).
+TIERS = {"premium": 0, "standard": 1, "batch": 2}
+ON_REDIS_ERROR = ("allow", "deny")
+UNKNOWN = ("default", "reject")
+LIMIT_KEYS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
+# Tenant names become Redis keys and metric labels: keep them plain.
+TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
+_ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_REDIS_RE = re.compile(r"rediss?://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)"
+                       r"(:(?P<port>\d{1,5}))?(/(?P<db>\d{1,2})?)?")
+
+
+@dataclass(frozen=True)
+class TenantLimits:
+    tier: str = "standard"
+    requests_per_minute: int | None = None    # None: unlimited
+    tokens_per_minute: int | None = None      # prompt + completion tokens
+    max_concurrent: int | None = None         # streams open at once
+
+
+@dataclass(frozen=True)
+class TenantsSpec:
+    redis: str | None = None          # redis://host[:port][/db]; None: counters per router
+    password_env: str | None = None   # the name of an environment variable
+    password_file: str | None = None  # a path read by the router at start
+    on_redis_error: str = "allow"     # allow | deny, when Redis is down or slow
+    default: TenantLimits = field(default_factory=TenantLimits)
+    limits: Mapping[str, TenantLimits] = field(default_factory=lambda: MappingProxyType({}))
+    unknown: str = "default"          # default | reject: a tenant not under `limits`
+    share_prefix_cache: tuple[str, ...] = ()
+
+    def tiers(self) -> set[str]:
+        return {self.default.tier} | {t.tier for t in self.limits.values()}
+
+    def router_config(self, namespace: str) -> dict:
+        """The router's `tenants` config (router.json): no secret, only where to find
+        one; `namespace` (the deployment's name) prefixes its Redis keys."""
+        def limits(entry: TenantLimits) -> dict:
+            values = {f.name: getattr(entry, f.name) for f in fields(entry)}
+            return {**values, "priority": TIERS[entry.tier]}
+
+        return {
+            "namespace": namespace, "redis": self.redis,
+            "password_env": self.password_env, "password_file": self.password_file,
+            "on_redis_error": self.on_redis_error, "default": limits(self.default),
+            "limits": {name: limits(entry) for name, entry in self.limits.items()},
+            "unknown": self.unknown, "share_prefix_cache": list(self.share_prefix_cache),
+        }
+
+
+# JSON Schema ranges and enums (builder/spec/schema.py merges them into its rules).
+SCHEMA_RULES: dict[tuple[type, str], dict[str, Any]] = {
+    (TenantLimits, "tier"): {"enum": list(TIERS)},
+    **{(TenantLimits, key): {"minimum": 1} for key in LIMIT_KEYS},
+    (TenantsSpec, "on_redis_error"): {"enum": list(ON_REDIS_ERROR)},
+    (TenantsSpec, "unknown"): {"enum": list(UNKNOWN)},
+    (TenantsSpec, "redis"): {"pattern": "^rediss?://[^@/]+(/[0-9]{0,2})?$"},
+    (TenantsSpec, "password_env"): {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+    (TenantsSpec, "limits"): {"propertyNames": {"pattern": f"^{TENANT_RE.pattern}$"}},
+}
+SCHEMA_CLASSES = (TenantLimits, TenantsSpec)
+
+
+def parse_tenants(root: _Node, has_router: bool) -> TenantsSpec | None:
+    """The `tenants:` section of the spec's root, or None when it is absent."""
+    if "tenants" not in root.data:
+        root.child("tenants")   # mark as seen
+        return None
+    node = root.child("tenants")
+    if not has_router:
+        raise node.error("needs a router: the router enforces tenants' limits")
+    redis = _redis_url(node)
+    password_env = node.get("password_env", str, None)
+    if password_env is not None and not _ENV_RE.fullmatch(password_env):
+        raise node.error(f"{password_env!r} is not an environment variable name",
+                         "password_env")
+    password_file = node.get("password_file", str, None)
+    if password_env and password_file:
+        raise node.error("give password_env or password_file, not both", "password_file")
+    if (password_env or password_file) and redis is None:
+        raise node.error("a Redis password needs a redis URL", "redis")
+    on_error = node.choice("on_redis_error", ON_REDIS_ERROR, "allow")
+    default = _parse_limits(node.child("default"), TenantLimits())
+    limits_node = node.child("limits")
+    limits = {}
+    for name in list(limits_node.data):
+        if not isinstance(name, str) or not TENANT_RE.fullmatch(name):
+            raise limits_node.error("a tenant name is letters, digits, '_', '.', '@' and "
+                                    "'-' (at most 128 characters)", str(name))
+        limits[name] = _parse_limits(limits_node.child(name), default)
+    limits_node.done()
+    unknown = node.choice("unknown", UNKNOWN, "default")
+    shared = node.str_list("share_prefix_cache")
+    node.done()
+    for i, name in enumerate(shared):
+        if not TENANT_RE.fullmatch(name):
+            raise SpecError(node.file, f"{node.child_path('share_prefix_cache')}[{i}]",
+                            f"{name!r} is not a tenant name")
+    return TenantsSpec(redis, password_env, password_file, on_error, default,
+                       MappingProxyType(limits), unknown, shared)
+
+
+def _redis_url(node: _Node) -> str | None:
+    url = node.get("redis", str, None)
+    if url is None:
+        return None
+    authority = url.split("://", 1)[-1].split("/", 1)[0]
+    if "@" in authority:   # never echo the value: it holds a secret
+        raise node.error("must not hold a password (user:secret@); give it in "
+                         "password_env or password_file", "redis")
+    match = _REDIS_RE.fullmatch(url)
+    if match is None:
+        raise node.error(f"{url!r} is not a redis://host[:port][/db] URL", "redis")
+    if match["port"] is not None and not 1 <= int(match["port"]) <= 65535:
+        raise node.error(f"port {match['port']} is not in 1..65535", "redis")
+    return url
+
+
+def _parse_limits(node: _Node, base: TenantLimits) -> TenantLimits:
+    """A tenant's limits: each field given here, else the base's."""
+    values = {"tier": node.choice("tier", tuple(TIERS), base.tier)}
+    for key in LIMIT_KEYS:
+        values[key] = node.int(key, getattr(base, key), minimum=1)
+    node.done()
+    return replace(base, **values)
+
+
+# -- what the rest of trident reads from it ---------------------------------------------
+def engine_args(tenants: TenantsSpec | None, engine: str, args: Mapping) -> dict:
+    """Engine arguments the tenants section implies: vLLM schedules by priority when the
+    tenants' tiers differ (unless the spec chose a policy itself)."""
+    if (tenants is None or engine != "vllm" or len(tenants.tiers()) < 2
+            or "scheduling_policy" in args):
+        return {}
+    return {"scheduling_policy": "priority"}
