@@ -256,7 +256,8 @@ def router_modules():
     stub.__dict__.update({k: v for k, v in vars(pb).items() if not k.startswith("__")})
     stub.InferenceRequest = BlsRequest
     stub.get_output_tensor_by_name = get_output_tensor_by_name
-    bound = ("adapters", "breaker", "inbound", "policy", "relay", "router_metrics",
+    bound = ("adapters", "breaker", "inbound", "policy", "relay", "router_metrics", "tenants",
+             "tenant_store",
              "trident_common.metrics", "trident_common.request", "trident_common.interface",
              "trident_common.log",
              "trident_common", "triton_python_backend_utils")

@@ -1,0 +1,284 @@
+"""The tenants' limiter: its algorithm in both stores (this process, and a real
+redis-server shared by two "routers"), Redis failures within the time budget, and the
+router refusing a tenant before any backend (bls/tenants.py, bls/tenant_store.py)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import pytest
+
+from bls import tenant_store
+from bls.policy import router_config
+from bls.tenant_store import Limits, LocalStore, RedisStore, StoreUnavailable
+from builder.spec import parse_spec
+from tests.bls.test_model import SPEC, BlsRequest, ClientRequest, FakeBackend, router_modules, run
+from tests.fakes import fake_pb_utils as pb
+from tests.helpers.redis_server import RedisServer
+
+LEASE_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def redis():
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def stores(redis, namespace):
+    """Two routers' stores over one Redis."""
+    return (RedisStore(redis.url, None, namespace), RedisStore(redis.url, None, namespace))
+
+
+def admit_all(store, tenant, limits, n):
+    async def go():
+        return [await store.admit(tenant, limits, f"lease{i}", LEASE_MS) for i in range(n)]
+    return asyncio.run(go())
+
+
+# -- the algorithm, in this process (clock injected) ------------------------------------
+
+def test_local_requests_per_minute_burst_then_refill():
+    clock = Clock()
+    store = LocalStore(clock)
+    limits = Limits(rpm=3)
+    assert admit_all(store, "alice", limits, 5) == ["", "", "", "requests_per_minute",
+                                                    "requests_per_minute"]
+    assert admit_all(store, "bob", limits, 1) == [""]      # another tenant untouched
+    clock.now += 19.9
+    assert admit_all(store, "alice", limits, 1) == ["requests_per_minute"]
+    clock.now += 0.2                                       # 60 s / 3 earns one back
+    assert admit_all(store, "alice", limits, 2) == ["", "requests_per_minute"]
+
+
+def test_local_tokens_are_charged_after_and_refuse_while_in_debt():
+    clock = Clock()
+    store = LocalStore(clock)
+    limits = Limits(tpm=100)
+
+    async def go():
+        assert await store.admit("t", limits, "a", LEASE_MS) == ""
+        await store.finish("t", limits, "a", 150)          # 50 tokens of debt
+        assert await store.admit("t", limits, "b", LEASE_MS) == "tokens_per_minute"
+        clock.now += 29.0                                  # 100 tokens/min: 48 back
+        assert await store.admit("t", limits, "b", LEASE_MS) == "tokens_per_minute"
+        clock.now += 2.0
+        assert await store.admit("t", limits, "b", LEASE_MS) == ""
+    asyncio.run(go())
+
+
+def test_local_concurrency_leases_return_on_finish_and_expire():
+    clock = Clock()
+    store = LocalStore(clock)
+    limits = Limits(max_concurrent=2)
+
+    async def go():
+        assert [await store.admit("t", limits, i, 5000) for i in "abc"] == [
+            "", "", "max_concurrent"]
+        await store.finish("t", limits, "a", 0)
+        assert await store.admit("t", limits, "c", 5000) == ""
+        clock.now += 5.1                                   # a dead router's leases expire
+        assert await store.admit("t", limits, "d", 5000) == ""
+    asyncio.run(go())
+
+
+# -- the same in a real Redis ---------------------------------------------------------------
+
+def test_redis_two_routers_share_one_limit(redis):
+    one, two = stores(redis, "share")
+    limits = Limits(rpm=3)
+
+    async def go():
+        results = []
+        for i in range(6):
+            store = one if i % 2 else two
+            results.append(await store.admit("alice", limits, f"l{i}", LEASE_MS))
+        results.append(await one.admit("bob", limits, "b", LEASE_MS))
+        return results
+    results = asyncio.run(go())
+    assert results[:6].count("") == 3 and results[3:6] == ["requests_per_minute"] * 3
+    assert results[6] == ""                                # another tenant untouched
+    # Keys expire by themselves: a full bucket leaves nothing behind.
+    pttl = int(redis.command("PTTL", "trident:share:{alice}:rpm").split(b"\r\n")[0][1:])
+    assert 0 < pttl <= 60_001
+
+
+def test_redis_concurrency_and_tokens(redis):
+    store = RedisStore(redis.url, None, "conc")
+    limits = Limits(tpm=100, max_concurrent=2)
+
+    async def go():
+        assert [await store.admit("t", limits, i, LEASE_MS) for i in "abc"] == [
+            "", "", "max_concurrent"]
+        await store.finish("t", limits, "a", 40)
+        await store.finish("t", limits, "b", 70)          # 110 of 100: over
+        assert await store.admit("t", limits, "c", LEASE_MS) == "tokens_per_minute"
+        assert await store.admit("u", limits, "c", LEASE_MS) == ""
+    asyncio.run(go())
+
+
+def test_redis_leases_of_a_dead_router_expire(redis):
+    store = RedisStore(redis.url, None, "expiry")
+    limits = Limits(max_concurrent=1)
+
+    async def go():
+        assert await store.admit("t", limits, "a", 200) == ""
+        assert await store.admit("t", limits, "b", 200) == "max_concurrent"
+        await asyncio.sleep(0.3)                           # never released
+        assert await store.admit("t", limits, "c", 200) == ""
+    asyncio.run(go())
+
+
+def test_redis_with_a_password_and_a_wrong_one():
+    server = RedisServer(password="s3cret-pw").start()
+    try:
+        async def go(password):
+            store = RedisStore(server.url, password, "auth")
+            try:
+                return await store.admit("t", Limits(rpm=5), "a", LEASE_MS)
+            except StoreUnavailable as e:
+                return e
+        assert asyncio.run(go("s3cret-pw")) == ""
+        refused = asyncio.run(go("wrong"))
+        assert isinstance(refused, StoreUnavailable) and "AUTH" in str(refused)
+        assert "wrong" not in str(refused) and "s3cret" not in str(refused)
+    finally:
+        server.stop()
+
+
+def test_redis_down_slow_and_back():
+    """Killed: fails at once; paused (slow): gives up within the budget; after the retry
+    pause it reconnects by itself and the counters are Redis's again."""
+    server = RedisServer().start()
+    store = RedisStore(server.url, None, "outage", retry_s=0.2)
+    limits = Limits(rpm=2)
+
+    async def timed():
+        started = time.monotonic()
+        try:
+            result = await store.admit("t", limits, "x", LEASE_MS)
+        except StoreUnavailable as e:
+            result = e
+        return result, time.monotonic() - started
+
+    try:
+        assert asyncio.run(timed())[0] == ""
+        server.pause()
+        result, took = asyncio.run(timed())
+        assert isinstance(result, StoreUnavailable) and took < 0.5
+        result, took = asyncio.run(timed())                # within the retry pause
+        assert isinstance(result, StoreUnavailable) and took < 0.01
+        server.resume()
+        server.kill()
+        time.sleep(0.25)
+        result, took = asyncio.run(timed())
+        assert isinstance(result, StoreUnavailable) and took < 0.5
+        server.start()
+        time.sleep(0.25)
+        # A fresh Redis: the limit counts from zero again, and is enforced.
+        assert [asyncio.run(timed())[0] for _ in range(3)] == ["", "", "requests_per_minute"]
+    finally:
+        server.stop()
+
+
+def test_the_budget_is_50_ms():
+    assert tenant_store.TIMEOUT_S == 0.05
+
+
+# -- the router: refusals before any backend --------------------------------------------
+
+TENANTS = {"default": {"requests_per_minute": 100, "max_concurrent": 1},
+           "limits": {"alice": {"tier": "premium", "requests_per_minute": 2}, "bob": {}},
+           "unknown": "reject", "share_prefix_cache": ["bob"]}
+
+
+@pytest.fixture
+def tenant_router(tmp_path):
+    with router_modules() as module:
+        module.FIRST_TOKEN_WATCH_S = module.STREAM_WATCH_S = 0.005
+        sys.modules.pop("tenants", None), sys.modules.pop("tenant_store", None)
+        models = []
+
+        def make(backends, tenants=TENANTS):
+            data = json.loads(json.dumps(SPEC))
+            data["tenants"] = tenants
+            (tmp_path / "1").mkdir(exist_ok=True)
+            (tmp_path / "1" / "router.json").write_text(
+                json.dumps(router_config(parse_spec(data, "<test>"))))
+            BlsRequest.backends = {b.name: b for b in backends}
+            model = module.TritonPythonModel()
+            model.initialize({"model_repository": str(tmp_path), "model_version": "1"})
+            models.append(model)
+            return model
+        yield make
+        for model in models:
+            model.finalize()
+        sys.modules.pop("tenants", None), sys.modules.pop("tenant_store", None)
+
+
+def rejected(tenant, reason):
+    metric = pb.metric("trident_tenant_rejected_total", router="router", tenant=tenant,
+                       reason=reason)
+    return 0 if metric is None else metric.value()
+
+
+def test_over_the_limit_never_reaches_a_backend(tenant_router):
+    seen = []
+
+    class Recording(FakeBackend):
+        def open(self, inputs):
+            seen.append(dict(inputs))
+            return super().open(inputs)
+
+    backend = Recording("primary")
+    model = tenant_router([backend])
+    before = rejected("alice", "requests_per_minute")
+    requests = [ClientRequest(hints={"tenant": "alice"}) for _ in range(3)]
+    for request in requests:
+        run(model, request)
+    assert [r.errors() for r in requests[:2]] == [[], []]
+    assert requests[2].errors() == [
+        "rate limit: tenant 'alice' is over 2 requests per minute"]
+    assert requests[2].sender.final_flags() == 1
+    assert backend.calls == 2 and model.breakers["primary"].state == "closed"
+    assert rejected("alice", "requests_per_minute") == before + 1
+    # The tier and salt travel as inputs; bob shares the prefix cache (no salt).
+    assert seen[0]["priority"] == 0 and len(seen[0]["cache_salt"]) == 32
+    run(model, ClientRequest(hints={"tenant": "bob"}))
+    assert seen[2]["priority"] == 1 and "cache_salt" not in seen[2]
+
+
+def test_unknown_and_missing_tenants_are_refused_with_reject(tenant_router):
+    model = tenant_router([FakeBackend("primary")])
+    nobody, stranger = ClientRequest(), ClientRequest(parameters={"tenant": "zed"})
+    run(model, nobody, stranger)
+    assert "names no tenant" in nobody.errors()[0]
+    assert stranger.errors() == ["rate limit: tenant 'zed' is not known"]
+
+
+def test_a_concurrency_slot_returns_after_a_cancel(tenant_router):
+    backend = FakeBackend("primary", chunks=["x"] * 50, delay_s=0.02)
+    model = tenant_router([backend])
+    first, second = (ClientRequest(hints={"tenant": "bob"}) for _ in range(2))
+
+    async def cancel_first_then_send():
+        await asyncio.sleep(0.1)
+        second_refused = ClientRequest(hints={"tenant": "bob"})
+        await model.execute([second_refused])
+        assert "1 concurrent requests" in second_refused.errors()[0]
+        first.sender.cancelled = True
+
+    run(model, first, during=cancel_first_then_send)
+    run(model, second)                                  # the slot came back
+    assert second.errors() == [] and second.texts()
