@@ -11,8 +11,13 @@ BIN     := $(VENV)/bin
 SPEC    ?= deploy/default.yaml
 REPO    ?= model_repository
 STAMP   := $(VENV)/.installed
+# The lock's torch pin: its +cpu build comes from the extra index the lock names. pip asks
+# every index for every pin, and an unreachable index costs ~10 s of retries a pin, so
+# where pip's configuration already has this torch (a local wheel folder), make install
+# leaves the lock's --extra-index-url line out.
+TORCH_PIN := $(shell grep -m1 '^torch==' requirements.lock)
 
-.PHONY: install repo validate serve run test test-fast bench plan clean
+.PHONY: install redis-server repo validate serve run test test-fast bench plan clean
 
 # Fast when nothing changed: the stamp depends on the lock file and the package metadata.
 install: $(STAMP)
@@ -25,10 +30,21 @@ $(STAMP): requirements.lock setup.cfg pyproject.toml
 	@$(BIN)/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { echo \
 	"make install: $(VENV) is not a Python 3.11 environment (the embedded default needs 3.11): remove it and run make again" >&2; \
 	exit 2; }
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -r requirements.lock
+	lock=requirements.lock; \
+	if $(BIN)/pip install --quiet --disable-pip-version-check --dry-run --no-deps \
+	     --no-index --ignore-installed "$(TORCH_PIN)" >/dev/null 2>&1; then \
+	  lock=$(VENV)/requirements.local; grep -v '^--extra-index-url' requirements.lock > $$lock; \
+	fi; \
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -r $$lock
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	$(BIN)/trident assets
 	touch $@
+
+# The tenants' tests start their own Redis (tests/helpers/redis_server.py): Debian's
+# redis-server, installed when missing (needs root, as on CI).
+redis-server:
+	@command -v redis-server >/dev/null || test -x /usr/bin/redis-server || \
+	  { apt-get update && apt-get install -y redis-server; }
 
 repo: install
 	$(BIN)/trident repo --spec $(SPEC) --out $(REPO)
