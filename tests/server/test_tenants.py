@@ -1,0 +1,139 @@
+"""Tenants' limits in two real tritonservers sharing one real Redis.
+
+One rendered repository (the SGLang model with its engine double, behind the router),
+served twice: server `allow` as rendered, server `deny` from a copy whose router.json says
+on_redis_error: deny. Both count in the same Redis keys, so a tenant's limit holds across
+them. Redis is killed mid-run and brought back on the same port.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import pytest
+
+from tests.gpu import check_sglang
+from tests.helpers import metric_value, wait_for
+from tests.helpers.redis_server import RedisServer
+from tests.helpers.servers import render, start_server
+from tests.helpers.sglang_double import SHIM
+from tests.helpers.streams import Stream, generate
+
+pytestmark = pytest.mark.server
+
+TENANTS = {
+    "default": {"requests_per_minute": 1000},
+    "limits": {"alice": {"tier": "premium", "requests_per_minute": 3}, "bob": {},
+               "carol": {"max_concurrent": 1}, "dave": {"tokens_per_minute": 20}},
+}
+
+
+@pytest.fixture(scope="module")
+def redis():
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(redis, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tenants")
+    spec = check_sglang.deployment("/models/test-double", "cpu")
+    spec["tenants"] = {**TENANTS, "redis": redis.url}
+    allow_repo = render(spec, tmp / "repo")
+    (allow_repo / check_sglang.MODEL / "1" / "sglang.py").write_text(SHIM)
+    deny_repo = tmp / "repo-deny"
+    shutil.copytree(allow_repo, deny_repo)
+    config_path = deny_repo / "router" / "1" / "router.json"
+    config = json.loads(config_path.read_text())
+    config["tenants"]["on_redis_error"] = "deny"
+    config_path.write_text(json.dumps(config))
+    (tmp / "allow").mkdir(), (tmp / "deny").mkdir()
+    started = {"allow": start_server(allow_repo, tmp / "allow", timeout_s=90)}
+    try:
+        started["deny"] = start_server(deny_repo, tmp / "deny", timeout_s=90)
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+def ask(server, tenant, max_tokens=2, timeout_s=30):
+    stream = Stream(server, hints={"tenant": tenant}, max_tokens=max_tokens)
+    try:
+        assert stream.pump(timeout_s), "no final response"
+        return stream
+    finally:
+        stream.close()
+
+
+def total(servers, name, **labels):
+    return sum(metric_value(s.metrics_url, name, router="router", **labels)
+               for s in servers.values())
+
+
+def test_three_requests_per_minute_hold_across_two_servers(servers):
+    pair = [servers["allow"], servers["deny"]]
+    answers = [ask(pair[i % 2], "alice") for i in range(6)]
+    passed = [a for a in answers if not a.errors]
+    assert len(passed) == 3 and all(a.text for a in passed)
+    refused = [a.errors for a in answers if a.errors]
+    assert refused == [["rate limit: tenant 'alice' is over 3 requests per minute"]] * 3
+    assert all(a.finals == 1 for a in answers)
+    assert total(servers, "trident_tenant_admitted_total", tenant="alice") == 3
+    assert total(servers, "trident_tenant_rejected_total", tenant="alice",
+                 reason="requests_per_minute") == 3
+    # Another tenant is untouched, and no refusal counted against the backend.
+    assert not ask(pair[0], "bob").errors and not ask(pair[1], "bob").errors
+    assert total(servers, "trident_router_breaker_state", backend=check_sglang.MODEL) == 0
+
+
+def test_tokens_are_charged_after_the_response(servers):
+    first = ask(servers["allow"], "dave", max_tokens=30)
+    assert not first.errors
+    wait_for(lambda: metric_value(servers["allow"].metrics_url, "trident_tenant_tokens_total",
+                                  tenant="dave", kind="completion") >= 1, timeout_s=10)
+    time.sleep(0.2)   # the charge is written to Redis off the request's path
+    second = ask(servers["deny"], "dave")
+    assert second.errors == ["rate limit: tenant 'dave' is over 20 tokens per minute"]
+
+
+def test_a_concurrency_slot_returns_after_a_cancel(servers):
+    server = servers["allow"]
+    long = Stream(server, hints={"tenant": "carol"}, max_tokens=300)
+    try:
+        long.wait_first_text(30)
+        assert metric_value(server.metrics_url, "trident_tenant_inflight", tenant="carol") == 1
+        blocked = ask(servers["deny"], "carol")
+        assert blocked.errors == [
+            "rate limit: tenant 'carol' is over 1 concurrent requests (max_concurrent)"]
+    finally:
+        long.close(cancel=True)
+    wait_for(lambda: metric_value(server.metrics_url, "trident_tenant_inflight",
+                                  tenant="carol") == 0, timeout_s=15)
+    wait_for(lambda: not ask(servers["deny"], "carol").errors, timeout_s=15)
+
+
+def test_redis_killed_allow_passes_deny_fails_fast_then_limits_resume(servers, redis):
+    redis.kill()
+    try:
+        started = time.monotonic()
+        passed = ask(servers["allow"], "alice")        # over its limit, but unchecked
+        assert not passed.errors
+        assert time.monotonic() - started < 10         # bounded: never a hang
+        started = time.monotonic()
+        denied = ask(servers["deny"], "bob")
+        took = time.monotonic() - started
+        assert len(denied.errors) == 1 and "on_redis_error: deny" in denied.errors[0]
+        assert took < 5, took
+        assert total(servers, "trident_tenant_redis_failures_total", decision="allow") >= 1
+        assert total(servers, "trident_tenant_redis_failures_total", decision="deny") >= 1
+    finally:
+        redis.start()
+    # Both routers reconnect by themselves; the fresh Redis counts from zero.
+    wait_for(lambda: not ask(servers["deny"], "bob").errors, timeout_s=15, interval_s=0.3)
+    time.sleep(1.0)   # past the allow router's retry pause too
+    pair = [servers["allow"], servers["deny"]]
+    answers = [ask(pair[i % 2], "alice") for i in range(4)]
+    assert [bool(a.errors) for a in answers].count(False) == 3
