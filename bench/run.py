@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARKS = ["vllm_backend", "router_overhead", "openai_frontend", "cache_restore"]
+BENCHMARKS = ["vllm_backend", "router_overhead", "openai_frontend", "tenant_check", "cache_restore"]
 
 
 def _fmt(value) -> str:
