@@ -33,7 +33,7 @@ import triton_python_backend_utils as pb_utils
 from adapters import ROUTER_ONLY_INPUTS, Adapters  # siblings in the model's directory
 from breaker import HALF_OPEN, BreakerConfig, CircuitBreaker
 from inbound import QUEUE_FACTOR, Inbound, engine_capacity, inflight_limit
-from policy import Policy, UnknownRoute, features_from
+from policy import ADAPTER_KEYS, Policy, UnknownRoute, features_from
 from relay import CLIENT_ERROR, Relay, Retired, drain, first_error
 from router_metrics import RouterMetrics
 from tenants import Tenants
@@ -203,11 +203,11 @@ class TritonPythonModel:
         params = request.parameters()
         if params and params != "{}":
             loaded = json.loads(params)
-            hints.update({k: loaded[k] for k in HINT_NAMES if k in loaded})
+            hints.update({k: loaded[k] for k in (*HINT_NAMES, *ADAPTER_KEYS) if k in loaded})
         values = {t.name(): t for t in request.inputs()
                   if t.name() in HINT_NAMES or t.name() in ("text_input", "messages",
-                                                            "stream")}
-        for name in HINT_NAMES:
+                                                            "stream", *ADAPTER_KEYS)}
+        for name in (*HINT_NAMES, *ADAPTER_KEYS):   # the adapter's: policy.adapter_name
             if name in values:
                 hints[name] = first_scalar(values[name].as_numpy())
         text = first_scalar(values["text_input"].as_numpy()) if "text_input" in values else None

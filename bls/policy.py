@@ -7,15 +7,23 @@ JSON that `trident repo` renders beside the router (router.json), built by
 """
 from __future__ import annotations
 
+import json
 import zlib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 CHARS_PER_TOKEN = 4   # prompt length estimate without a tokenizer (English text ≈ 4)
+# Where a request names its LoRA adapter: in its sampling_parameters tensor (JSON), or
+# `lora_name` among its request parameters. The router collects both with the hints.
+ADAPTER_KEYS = ("sampling_parameters", "lora_name")
 
 
 class UnknownRoute(ValueError):
     """A route hint that names neither a rule nor a backend."""
+
+
+class UnknownAdapter(UnknownRoute):
+    """A LoRA adapter (sampling_parameters.lora_name) that no backend of the route holds."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,7 @@ class RequestFeatures:
     tier: Optional[str] = None
     shared_prefix: bool = False
     conversation_id: Optional[str] = None
+    adapter: Optional[str] = None       # the LoRA adapter the request names (lora_name)
 
 
 def estimate_tokens(text_length: int) -> int:
@@ -58,7 +67,23 @@ def features_from(text: Optional[str], messages: Optional[list], hints: dict) ->
         tier=hints.get("tier") or None,
         shared_prefix=bool(shared) if shared is not None else (
             has_system or turns > 1 or conversation is not None),
-        conversation_id=conversation)
+        conversation_id=conversation, adapter=adapter_name(hints))
+
+
+def adapter_name(hints: dict) -> Optional[str]:
+    """The adapter a request names: `lora_name` in its sampling_parameters tensor, else
+    among its request parameters (vllm_backend's dialects; the tensor wins, as in
+    request.parse_generate). Malformed JSON names none here: the backend says why."""
+    text = hints.get("sampling_parameters")
+    if text is None:
+        name = hints.get("lora_name")
+    else:
+        try:
+            loaded = json.loads(text) if isinstance(text, str) and text else None
+        except (ValueError, RecursionError):
+            return None
+        name = loaded.get("lora_name") if isinstance(loaded, dict) else None
+    return name if isinstance(name, str) and name else None
 
 
 def _matches(match: dict, f: RequestFeatures) -> bool:
@@ -119,11 +144,34 @@ class Policy:
         ordered: list[str] = []
         for name in primaries:
             self._append_chain(name, ordered)
+        if f.adapter is not None:
+            route, ordered = self._holders(f, route, ordered)
         # Health first: a plain backend that is down must not push out its speculative twin.
         healthy = [name for name in ordered if available(name)]
         if f.prompt_tokens < self.short_prompt_tokens:
             healthy = self._skip_speculative(healthy)
         return route, healthy
+
+    def _holders(self, f: RequestFeatures, route: str, ordered: list[str]
+                 ) -> tuple[str, list[str]]:
+        """Only backends holding the adapter, in the route's order (fallbacks included).
+        A route without any: every holder, in spec order, unless the client named the
+        backend or rule itself."""
+        holders = [n for n, b in self.backends.items() if f.adapter in b.get("adapters", ())]
+        if not holders:
+            raise UnknownAdapter(f"unknown adapter {f.adapter!r}: no backend holds it "
+                                 f"(adapters: {self._adapter_list()})")
+        kept = [n for n in ordered if n in holders]
+        if kept:
+            return route, kept
+        if f.hint is not None:
+            raise UnknownAdapter(f"route {route!r} has no backend holding adapter "
+                                 f"{f.adapter!r} (held by: {', '.join(holders)})")
+        return f"adapter:{f.adapter}", holders
+
+    def _adapter_list(self) -> str:
+        held = [f"{a} ({n})" for n, b in self.backends.items() for a in b.get("adapters", ())]
+        return ", ".join(held) or "none"
 
     def _append_chain(self, name: str, ordered: list[str]) -> None:
         if name in ordered:
@@ -160,7 +208,8 @@ def router_config(spec) -> dict:
     return {
         "name": router.name,
         "backends": {m.name: {"engine": m.engine, "family": m.family, "tasks": list(m.tasks),
-                              "speculative": m.speculative}
+                              "speculative": m.speculative,
+                              "adapters": sorted(getattr(m, "extra", {}).get("adapters", ()))}
                      for m in spec.models},
         "default": list(router.default),
         "rules": [{"name": r.name, "match": drop_none(r.match), "backends": list(r.backends)}

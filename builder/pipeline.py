@@ -20,6 +20,7 @@ from builder.render.repository import render_files
 from builder.render.validate import validate_repository
 from builder.render.write import write_repository
 from builder.spec import DeploymentSpec, load_spec
+from builder.spec.adapters import check_files as check_adapters
 
 
 def resolve_models(spec: DeploymentSpec) -> dict[str, str]:
@@ -35,7 +36,9 @@ def resolve_engines(spec: DeploymentSpec) -> dict[str, engines.ServedEngine]:
 
 def render(spec: DeploymentSpec, plan: Plan) -> dict[str, bytes]:
     """Every file of the repository (resolves models and engines on the way)."""
-    return render_files(RenderContext(spec, resolve_models(spec), resolve_engines(spec), plan))
+    models = resolve_models(spec)
+    check_adapters(spec, models)   # the LoRA folders, before any engine is fetched
+    return render_files(RenderContext(spec, models, resolve_engines(spec), plan))
 
 
 def build_repository(spec: DeploymentSpec, out: Path) -> int:

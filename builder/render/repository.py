@@ -15,6 +15,7 @@ from builder.render.context import (BACKENDS_DIR, BLS_DIR, COMMON_PACKAGE, ENGIN
                                     VERSION, RenderContext, RenderError, copy_tree,
                                     render_template)
 from builder.spec import ModelSpec, thaw
+from builder.spec import adapters as adapters_spec
 from builder.spec import tenants as tenants_spec
 
 
@@ -28,7 +29,8 @@ def _render_python_llm(ctx: RenderContext, model: ModelSpec) -> dict[str, bytes]
     engine_args = {**thaw(model.engine_args),
                    **placement_mod.parallel_engine_args(model, ctx.plan),
                    **_model_path_arg(model, ctx),
-                   **tenants_spec.engine_args(ctx.spec.tenants, model.engine, model.engine_args)}
+                   **tenants_spec.engine_args(ctx.spec.tenants, model.engine, model.engine_args),
+                   **adapters_spec.engine_args(ctx.spec.file, model)}
     view = {"name": model.name, "instance_groups": groups,
             "parameters": placement_mod.instance_parameters(model, ctx.plan)}
     files = {

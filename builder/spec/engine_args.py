@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from builder.spec import adapters as adapters_spec
 from builder.spec import trtllm as trtllm_spec
 from builder.spec.node import SpecError
 
@@ -41,6 +42,7 @@ VLLM_ARGS: dict[str, tuple] = {
     "enable_lora": (bool,),
     "max_loras": (int,),
     "max_lora_rank": (int,),
+    "max_cpu_loras": (int,),
     "cpu_offload_gb": _NUM,
     "distributed_executor_backend": (str,),
 }
@@ -93,9 +95,12 @@ TRTLLM_ARGS: dict[str, tuple] = {
 
 ENGINE_ARGS = {"vllm": VLLM_ARGS, "sglang": SGLANG_ARGS, "tensorrt_llm": TRTLLM_ARGS}
 
-# Engine-specific sections of a model besides engine_args (TRT-LLM build inputs).
+# Sections of a model besides engine_args: TRT-LLM build inputs, LoRA adapters.
+TRTLLM_SECTIONS = ("checkpoint", "build", "profiles", "tokenizer")
 EXTRA_SECTIONS: dict[str, tuple[str, ...]] = {
-    "tensorrt_llm": ("checkpoint", "build", "profiles", "tokenizer"),
+    "tensorrt_llm": TRTLLM_SECTIONS + adapters_spec.SECTIONS,
+    "vllm": adapters_spec.SECTIONS,
+    "sglang": adapters_spec.SECTIONS,
 }
 
 _CHOICES = {
@@ -192,13 +197,16 @@ def _check_speculative(file: str, where: str, config: dict) -> None:
 
 def validate_extra(engine: str, key: str, node) -> Any:
     """Engine-specific sections (TRT-LLM checkpoint/build/profiles) are parsed by their
-    engine module into frozen objects."""
+    engine module into frozen objects; LoRA sections by builder/spec/adapters.py."""
+    if key in adapters_spec.SECTIONS:
+        return adapters_spec.parse_section(key, node)
 
     return trtllm_spec.parse_section(key, node)
 
 
 def check_model(engine: str, args: dict[str, Any], extra: dict[str, Any], node) -> None:
     """Rules across a model's sections, e.g. runtime switches that need build support."""
+    adapters_spec.check_model(engine, args, extra, node)
     if engine == "tensorrt_llm":
 
         trtllm_spec.check_model(args, extra, node)

@@ -16,6 +16,7 @@ import types
 import typing
 from typing import Any, Mapping
 
+from builder.spec import adapters as adapters_spec
 from builder.spec import deployment as spec_mod
 from builder.spec import engine_args
 from builder.spec import tenants as tenants_spec
@@ -127,9 +128,9 @@ def _model_rules() -> list[dict[str, Any]]:
         then: dict[str, Any] = {"properties": {
             "engine_args": _engine_args(engine_args.ENGINE_ARGS[engine])}}
         sections = engine_args.EXTRA_SECTIONS.get(engine, ())
-        if not sections:
+        if not set(engine_args.TRTLLM_SECTIONS) & set(sections):
             then["not"] = {"anyOf": [{"required": [key]} for key in
-                                     ("checkpoint", "build", "profiles", "tokenizer")]}
+                                     engine_args.TRTLLM_SECTIONS]}
         rules.append({"if": {"properties": {"engine": {"const": engine}}}, "then": then})
     return rules
 
@@ -140,7 +141,7 @@ def deployment_schema() -> dict[str, Any]:
                spec_mod.RuleSpec, spec_mod.BreakerSpec, spec_mod.RouterSpec,
                trtllm_spec.Checkpoint, trtllm_spec.BuildSettings, trtllm_spec.Plugins,
                trtllm_spec.Speculative, trtllm_spec.Profile, trtllm_spec.Tokenizer,
-               *tenants_spec.SCHEMA_CLASSES]
+               *tenants_spec.SCHEMA_CLASSES, adapters_spec.LoraSettings]
     defs = {cls.__name__: _object(cls) for cls in classes}
     model = defs["ModelSpec"]
     model["properties"].update({
@@ -150,6 +151,10 @@ def deployment_schema() -> dict[str, Any]:
         "profiles": {"type": "object", "minProperties": 1,
                      "propertyNames": {"pattern": trtllm_spec.PROFILE_NAME.pattern},
                      "additionalProperties": {"$ref": "#/$defs/Profile"}},
+        "adapters": {"type": "object", "minProperties": 1,
+                     "propertyNames": {"pattern": adapters_spec.NAME_RE.pattern},
+                     "additionalProperties": {"type": "string", "minLength": 1}},
+        "lora": {"$ref": "#/$defs/LoraSettings"},
     })
     model["allOf"] = _model_rules()
     root = _object(spec_mod.DeploymentSpec)

@@ -102,6 +102,7 @@ class AsyncEngineModel(abc.ABC):
         apply_device_placement(args)
         self.log = Log(self.engine_name)
         self.responses = ResponseFactory(self.model_name)
+        self._adapter_responses: dict[str, ResponseFactory] = {}   # served_by model:adapter
         self.metrics = LlmMetrics(self.model_name)
         self._ids = itertools.count()
         self._running: set[_Active] = set()
@@ -320,6 +321,7 @@ class AsyncEngineModel(abc.ABC):
         final: Optional[Delta] = None
         first_at: Optional[float] = None
         next_check = arrival + CANCEL_CHECK_S
+        responses = self.responses_for(request)
         async for delta in self.stream(prompt, sampling, active.engine_id):
             now = time.monotonic()
             if first_at is None and delta.output_tokens:
@@ -332,7 +334,7 @@ class AsyncEngineModel(abc.ABC):
             if delta.finish_reason:   # counted before the final flag lets the client go
                 self._record_tokens(delta, first_at)
             if request.stream:
-                self._send(active, self.responses.chunk(
+                self._send(active, responses.chunk(
                     delta.text, delta.finish_reason, delta.input_tokens,
                     delta.output_tokens), final=bool(delta.finish_reason))
                 active.started = True
@@ -347,9 +349,20 @@ class AsyncEngineModel(abc.ABC):
             text = "".join(pieces)
             if request.prompt is not None and not request.exclude_input_in_output:
                 text = request.prompt + text
-            self._send(active, self.responses.chunk(text, final.finish_reason,
+            self._send(active, responses.chunk(text, final.finish_reason,
                                                     final.input_tokens, final.output_tokens),
                        final=True)
+
+    def responses_for(self, request: GenerateRequest) -> ResponseFactory:
+        """Answers of a LoRA adapter say so: served_by is `model:adapter`. (Only known
+        adapters get here: make_sampling refused the others.)"""
+        name = request.lora_name
+        if not name:
+            return self.responses
+        self.metrics.adapter_requests(name).increment(1)
+        if name not in self._adapter_responses:
+            self._adapter_responses[name] = ResponseFactory(f"{self.model_name}:{name}")
+        return self._adapter_responses[name]
 
     def _record_tokens(self, final: Delta, first_at: Optional[float]) -> None:
         self.metrics.prompt_tokens.increment(final.input_tokens)

@@ -33,6 +33,7 @@ class GenerateRequest:
     request_id: str = ""
     priority: int = 0                  # the tenant's tier (bls/tenants.py)
     cache_salt: Optional[str] = None   # the tenant's prefix-cache salt
+    lora_name: Optional[str] = None    # a LoRA adapter of the model (None: the base model)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,8 @@ def parse_generate(get: Callable[[str], Any], parameters: Optional[dict] = None)
         sampling = coerce_sampling(_sampling_from_parameters(parameters))
     else:
         sampling = coerce_sampling(parse_sampling(sampling_json))
+    # vllm_backend's dialect: the adapter is named among the sampling values.
+    lora_name = sampling.pop("lora_name", None) or None
     max_tokens = first_scalar(get("max_tokens"))
     if max_tokens is None:
         max_tokens = sampling.pop("max_tokens", DEFAULT_MAX_TOKENS)
@@ -98,6 +101,7 @@ def parse_generate(get: Callable[[str], Any], parameters: Optional[dict] = None)
         request_id=str(first_scalar(get("request_id")) or ""),
         priority=int(first_scalar(get("priority")) or 0),
         cache_salt=first_scalar(get("cache_salt")) or None,
+        lora_name=lora_name,
     )
 
 
@@ -157,6 +161,7 @@ SAMPLING_TYPES = {
     "logit_bias": BIAS,
     "structured_outputs": OBJECT, "extra_args": OBJECT,
     "json_schema": TEXT_OR_OBJECT, "regex": TEXT, "ebnf": TEXT,   # SGLang's names
+    "lora_name": TEXT,   # not a SamplingParams field: parse_generate takes it out
 }
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trident_common import interface
-from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, MetricSet
+from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, Metric, MetricSet
 from trident_common.request import CLIENT_FAULT_PREFIX
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -108,6 +108,7 @@ class LlmMetrics:
     def __init__(self, model: str):
         labels = {"model": model}
         self._set = metrics = MetricSet()
+        self._model, self._adapters = model, {}
         self.ttft = metrics.metric(
             "trident_time_to_first_token_seconds",
             "Time from request arrival to its first generated token", HISTOGRAM, labels,
@@ -133,6 +134,14 @@ class LlmMetrics:
         self.engine_healthy = metrics.metric(
             "trident_engine_healthy", "1 while the engine passes its health check, 0 once it died",
             GAUGE, labels)
+
+    def adapter_requests(self, adapter: str) -> Metric:
+        """Requests served with a LoRA adapter, per adapter (a series on first use)."""
+        if adapter not in self._adapters:
+            self._adapters[adapter] = self._set.metric(
+                "trident_adapter_requests_total", "Requests served with a LoRA adapter",
+                COUNTER, {"model": self._model, "adapter": adapter})
+        return self._adapters[adapter]
 
     def finalize(self) -> None:
         """Stop writing; the series stay for the model's next instance."""

@@ -51,6 +51,7 @@ class TritonPythonModel(AsyncEngineModel):
         self._sampling_fields = set(SAMPLING_TYPES) & set(SamplingParams.__struct_fields__)
         # vLLM refuses a priority unless it schedules by priority (spec tenants' tiers).
         self._by_priority = config.get("scheduling_policy") == "priority"
+        self.loras = lora_requests(config.pop("lora_adapters", {}))
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**config))
         self.tokenizer = self.engine.get_tokenizer()
 
@@ -75,7 +76,18 @@ class TritonPythonModel(AsyncEngineModel):
                                           output_kind=self._delta)
         except self._client_errors as e:   # vLLM's checks of the values (ranges, ...)
             raise BadRequest(f"invalid sampling_parameters: {describe(e)}") from None
-        return _Call(params, request.priority if self._by_priority else 0, request.cache_salt)
+        return _Call(params, request.priority if self._by_priority else 0, request.cache_salt,
+                     self.lora_for(request.lora_name))
+
+    def lora_for(self, name):
+        """The LoRARequest of an adapter named in the request (None: the base model)."""
+        if name is None:
+            return None
+        if name not in self.loras:
+            held = ", ".join(sorted(self.loras)) or "none"
+            raise BadRequest(f"unknown adapter {name!r} (sampling_parameters.lora_name): "
+                             f"model {self.model_name} has adapters: {held}")
+        return self.loras[name]
 
     async def render_chat(self, messages: list) -> str:
         try:
@@ -89,7 +101,8 @@ class TritonPythonModel(AsyncEngineModel):
         if sampling.cache_salt:   # the tenant's own prefix cache (bls/tenants.py)
             prompt = {"prompt": prompt, "cache_salt": sampling.cache_salt}
         outputs = self.engine.generate(prompt, sampling.params, engine_id,
-                                       priority=sampling.priority)
+                                       priority=sampling.priority,
+                                       lora_request=sampling.lora)
         try:
             first = await outputs.__anext__()
         except self._client_errors as e:  # vLLM's request checks, e.g. prompt too long
@@ -124,6 +137,16 @@ class _Call(NamedTuple):
     params: object
     priority: int
     cache_salt: Optional[str]
+    lora: object = None     # vLLM's LoRARequest, or None for the base model
+
+
+def lora_requests(adapters: dict) -> dict:
+    """name → vLLM LoRARequest. vLLM tells adapters apart by their integer id (> 0), so
+    ids are fixed here, in name order, and never reused for another folder."""
+    from vllm.lora.request import LoRARequest
+
+    return {name: LoRARequest(name, index, adapters[name])
+            for index, name in enumerate(sorted(adapters), start=1)}
 
 
 async def _chain(first, rest):

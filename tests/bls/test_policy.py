@@ -288,7 +288,8 @@ def test_router_config_of_the_cpu_fallback_example():
     assert config["name"] == "router"
     assert set(config["backends"]) == {"primary", "backup"}
     assert config["backends"]["primary"] == {"engine": "vllm", "family": "llama",
-                                             "tasks": ["chat"], "speculative": False}
+                                             "tasks": ["chat"], "speculative": False,
+                                             "adapters": []}
     assert config["default"] == ["primary"]
     assert config["fallback"] == {"primary": ["backup"]}
     assert [r["name"] for r in config["rules"]] == ["fast", "free-tier", "long-prompt", "chat"]
@@ -325,7 +326,7 @@ def test_router_config_carries_every_spec_field():
     assert config["name"] == "front"
     assert config["backends"]["m1"]["speculative"] is True
     assert config["backends"]["m2"] == {"engine": "vllm", "family": "", "tasks": ["rag"],
-                                        "speculative": False}
+                                        "speculative": False, "adapters": []}
     # unnamed rules get positional names; unset match fields are left out
     assert config["rules"] == [{"name": "rule0", "match": {"min_turns": 2,
                                                            "shared_prefix": True},

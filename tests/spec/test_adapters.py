@@ -1,0 +1,182 @@
+"""LoRA adapters in the spec, the router and the request parser, without a server.
+
+Real PEFT folders (tests/helpers/lora.py) on disk; `trident repo` as the CLI runs it.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from bls.policy import Policy, RequestFeatures, UnknownAdapter, adapter_name, router_config
+from builder.cli.main import main as trident
+from builder.spec import parse_spec
+from builder.spec.adapters import LoraSettings, adapter_problem, engine_args
+from builder.spec.node import SpecError
+from trident_common.request import parse_generate
+from tests.helpers.lora import write_adapter, write_config
+
+
+def model(name="m", engine="vllm", **extra):
+    return {"name": name, "engine": engine, "model": "builtin:tiny-llama", "family": "llama",
+            **extra}
+
+
+def spec_of(*models, router=None):
+    data = {"name": "t", "models": list(models)}
+    if router is not None:
+        data["router"] = router
+    return parse_spec(data, "deploy/t.yaml")
+
+
+def error_of(*models) -> str:
+    with pytest.raises(SpecError) as e:
+        spec_of(*models)
+    return str(e.value)
+
+
+# -- parsing ------------------------------------------------------------------------------
+
+def test_adapters_and_limits_are_typed():
+    spec = spec_of(model(adapters={"support": "a/support", "legal.v2": "/srv/legal"},
+                         lora={"max_loras": 2, "max_lora_rank": 8, "max_cpu_loras": 3}))
+    m = spec.models[0]
+    assert dict(m.extra["adapters"]) == {"support": "a/support", "legal.v2": "/srv/legal"}
+    assert m.extra["lora"] == LoraSettings(2, 8, 3)
+
+
+@pytest.mark.parametrize("models, expected", [
+    ([model(adapters={"a:b": "x"})],
+     "deploy/t.yaml: models[0].adapters: 'a:b' is not a safe adapter name"),
+    ([model(adapters={"../x": "x"})], "models[0].adapters: '../x' is not a safe"),
+    ([model(adapters={"a": 3})], "models[0].adapters.a: expected"),
+    ([model(adapters={"a": " "})], "models[0].adapters.a: must be the path"),
+    ([model(adapters={})], "models[0].adapters: must name at least one adapter"),
+    ([model(lora={"max_loras": 2})], "models[0].lora: is set but the model declares no"),
+    ([model(adapters={"a": "x"}, lora={"max_lora_rank": 0})], "models[0].lora.max_lora_rank"),
+    ([model(adapters={"a": "x"}, lora={"max_loras": 4, "max_cpu_loras": 2})],
+     "models[0].lora.max_cpu_loras: must be >= max_loras (4), got 2"),
+    ([model(adapters={"a": "x"}, lora={"rank": 8})], "models[0].lora.rank"),
+    ([model(adapters={"a": "x"}, engine_args={"max_loras": 2})],
+     "models[0].engine_args.max_loras: is set by the lora section"),
+])
+def test_bad_sections_name_the_field(models, expected):
+    assert expected in error_of(*models)
+
+
+# -- the folders (render time) ------------------------------------------------------------
+
+def test_a_real_adapter_passes(tmp_path):
+    folder = write_adapter(tmp_path / "a", seed=0, rank=8)
+    assert adapter_problem(str(folder), "llama", LoraSettings(max_lora_rank=8)) is None
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda f: (f / "adapter_config.json").unlink(), "has no adapter_config.json"),
+    (lambda f: write_config(f, peft_type="IA3"), "peft_type 'IA3', not 'LORA'"),
+    (lambda f: write_config(f, rank=16), "rank r=16 is larger than lora.max_lora_rank (8)"),
+    (lambda f: write_config(f, r="8"), "r must be a positive integer"),
+    (lambda f: write_config(f, targets=["q_proj", "qkv_proj"]),
+     "target_modules qkv_proj are not modules of a llama model"),
+    (lambda f: (f / "adapter_model.safetensors").unlink(), "no adapter_model.safetensors"),
+    (lambda f: (f / "adapter_config.json").write_text("{"), "cannot read"),
+])
+def test_bad_folders_say_why(tmp_path, change, expected):
+    folder = tmp_path / "a"
+    folder.mkdir()
+    write_config(folder)
+    (folder / "adapter_model.safetensors").write_bytes(b"")
+    change(folder)
+    assert expected in adapter_problem(str(folder), "llama", LoraSettings(max_lora_rank=8))
+
+
+def test_a_missing_folder(tmp_path):
+    assert "is not a folder" in adapter_problem(str(tmp_path / "no"), "llama", LoraSettings())
+
+
+def test_trident_repo_refuses_a_bad_adapter_with_one_line(tmp_path, capsys):
+    write_adapter(tmp_path / "support", seed=0, rank=8)
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump({"name": "t", "models": [
+        model(model="builtin:tiny-llama", adapters={"support": "support"},
+              lora={"max_lora_rank": 4})]}))
+    out = tmp_path / "repo"
+    assert trident(["repo", "--spec", str(spec_file), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: {spec_file}: models[0].adapters.support: rank r=8 is larger "
+                   f"than lora.max_lora_rank (4)")
+    assert not out.exists()
+
+
+def test_rendered_engine_args(tmp_path):
+    spec = spec_of(model(adapters={"b": "rel/b", "a": "/abs/a"}, lora={"max_loras": 2}),
+                   model("s", engine="sglang", adapters={"a": "/abs/a"}))
+    vllm_args = engine_args("/specs/t.yaml", spec.models[0])
+    assert vllm_args == {"enable_lora": True, "max_loras": 2, "max_lora_rank": 16,
+                         "lora_adapters": {"b": "/specs/rel/b", "a": "/abs/a"}}
+    assert engine_args("/specs/t.yaml", spec.models[1]) == {
+        "enable_lora": True, "lora_paths": {"a": "/abs/a"}, "max_loras_per_batch": 4,
+        "max_lora_rank": 16}
+    assert engine_args("/specs/t.yaml", spec_of(model()).models[0]) == {}
+
+
+# -- the router ---------------------------------------------------------------------------
+
+def _policy():
+    spec = spec_of(model("base"), model("m1", adapters={"a": "/x"}),
+                   model("m2", adapters={"a": "/x", "b": "/y"}),
+                   router={"default": ["base", "m1"], "fallback": {"base": ["m2"]},
+                           "rules": [{"name": "only-base", "match": {"hint": "only-base"},
+                                      "backends": ["base"]}]})
+    config = json.loads(json.dumps(router_config(spec)))   # as router.json carries it
+    assert config["backends"]["m2"]["adapters"] == ["a", "b"]
+    return Policy(config)
+
+
+def test_adapter_requests_go_only_to_holders_in_route_order():
+    policy = _policy()
+    assert policy.candidates(RequestFeatures())[1] == ["base", "m2", "m1"]
+    assert policy.candidates(RequestFeatures(adapter="a"))[1] == ["m2", "m1"]
+    assert policy.candidates(RequestFeatures(adapter="b"))[1] == ["m2"]
+    down = policy.candidates(RequestFeatures(adapter="a"), lambda n: n != "m2")
+    assert down[1] == ["m1"]
+
+
+def test_unknown_adapter_and_a_route_without_holders_are_errors():
+    policy = _policy()
+    with pytest.raises(UnknownAdapter, match=r"unknown adapter 'zz': no backend holds it "
+                                             r"\(adapters: a \(m1\), a \(m2\), b \(m2\)\)"):
+        policy.candidates(RequestFeatures(adapter="zz"))
+    with pytest.raises(UnknownAdapter, match=r"route 'm1' has no backend holding adapter "
+                                             r"'b' \(held by: m2\)"):
+        policy.candidates(RequestFeatures(hint="m1", adapter="b"))
+    # Without a hint, a route that has no holder gives way to the holders.
+    assert policy.candidates(RequestFeatures(hint="only-base", adapter="b"))[1] == ["m2"]
+    assert policy.candidates(RequestFeatures(hint=None, adapter="b", tenant="x"))[1] == ["m2"]
+
+
+def test_the_adapter_is_read_where_vllm_backend_clients_put_it():
+    assert adapter_name({"sampling_parameters": '{"lora_name": "a"}'}) == "a"
+    assert adapter_name({"lora_name": "b"}) == "b"
+    assert adapter_name({"sampling_parameters": "{}", "lora_name": "b"}) is None
+    assert adapter_name({"sampling_parameters": "{bad"}) is None
+
+
+def test_backends_parse_lora_name_out_of_sampling():
+    def get(values):
+        return lambda name: values.get(name)
+    request = parse_generate(get({"text_input": "hi", "sampling_parameters":
+                                  '{"lora_name": "a", "temperature": "0"}'}))
+    assert request.lora_name == "a" and request.sampling == {"temperature": 0.0}
+    assert parse_generate(get({"text_input": "hi"}), {"lora_name": "b"}).lora_name == "b"
+    assert parse_generate(get({"text_input": "hi"})).lora_name is None
+    with pytest.raises(ValueError, match="lora_name: expected a string"):
+        parse_generate(get({"text_input": "hi", "sampling_parameters": '{"lora_name": 1}'}))
+
+
+def test_schema_knows_the_sections():
+    from builder.spec.schema import deployment_schema
+    props = deployment_schema()["$defs"]["ModelSpec"]["properties"]
+    assert props["lora"] == {"$ref": "#/$defs/LoraSettings"}
+    assert props["adapters"]["additionalProperties"] == {"type": "string", "minLength": 1}
