@@ -11,7 +11,7 @@ from typing import Optional
 
 from trident_common.engine_model import AsyncEngineModel, Delta
 from trident_common.metrics import COUNTER, MetricSet
-from trident_common.request import BadRequest, check_sampling_keys
+from trident_common.request import BadRequest, check_adapter, check_sampling_keys
 
 # trident's sampling names (vLLM's, as clients of vllm_backend send them) → SGLang's
 # SamplingParams names. Anything else is rejected, so a typo never silently samples
@@ -138,11 +138,14 @@ class TritonPythonModel(AsyncEngineModel):
         # Built on the model's event loop (this coroutine runs there), so the engine's
         # tokenizer manager serves its requests on the same loop.
         self.engine = sglang.Engine(**config)
+        self.loras = set(config.get("lora_paths") or ())   # adapter names (spec order)
         self._incremental = bool(getattr(self.engine.server_args,
                                          "incremental_streaming_output", False))
 
     def make_sampling(self, request):
-        return map_sampling(request.sampling, request.max_tokens)
+        # SGLang names the adapter per request in lora_path (its name in lora_paths).
+        lora = check_adapter(request.lora_name, self.loras, self.model_name)
+        return map_sampling(request.sampling, request.max_tokens), lora
 
     async def render_chat(self, messages: list) -> str:
         tokenizer = self.engine.tokenizer_manager.tokenizer
@@ -156,8 +159,9 @@ class TritonPythonModel(AsyncEngineModel):
             raise BadRequest(f"cannot apply the chat template: {e}") from None
 
     async def stream(self, prompt, sampling, engine_id):
-        chunks = await self.engine.async_generate(prompt=prompt, sampling_params=sampling,
-                                                  stream=True, rid=engine_id)
+        params, lora = sampling
+        chunks = await self.engine.async_generate(prompt=prompt, sampling_params=params,
+                                                  stream=True, rid=engine_id, lora_path=lora)
         texts = TextDeltas(self._incremental)
         cached, counted = 0, False
         try:

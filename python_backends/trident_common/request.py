@@ -105,6 +105,15 @@ def parse_generate(get: Callable[[str], Any], parameters: Optional[dict] = None)
     )
 
 
+def check_adapter(name: Optional[str], held, model: str) -> Optional[str]:
+    """The adapter a request named, if this model holds it; BadRequest listing the
+    model's adapters otherwise (None: the base model)."""
+    if name is not None and name not in held:
+        raise BadRequest(f"unknown adapter {name!r} (sampling_parameters.lora_name): "
+                         f"model {model} has adapters: {', '.join(sorted(held)) or 'none'}")
+    return name
+
+
 def _text_input(get: Callable[[str], Any], name: str) -> Optional[str]:
     value = first_scalar(get(name))
     if value is not None and not isinstance(value, str):

@@ -14,7 +14,7 @@ locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
 
 from trident_common.engine_model import AsyncEngineModel, Delta  # noqa: E402
 from trident_common.request import (SAMPLING_TYPES, BadRequest,  # noqa: E402
-                                    check_sampling_keys, describe)
+                                    check_adapter, check_sampling_keys, describe)
 
 
 def _cpu_defaults() -> None:
@@ -81,13 +81,8 @@ class TritonPythonModel(AsyncEngineModel):
 
     def lora_for(self, name):
         """The LoRARequest of an adapter named in the request (None: the base model)."""
-        if name is None:
-            return None
-        if name not in self.loras:
-            held = ", ".join(sorted(self.loras)) or "none"
-            raise BadRequest(f"unknown adapter {name!r} (sampling_parameters.lora_name): "
-                             f"model {self.model_name} has adapters: {held}")
-        return self.loras[name]
+        name = check_adapter(name, self.loras, self.model_name)
+        return None if name is None else self.loras[name]
 
     async def render_chat(self, messages: list) -> str:
         try:

@@ -43,6 +43,7 @@ SERVER_ARGS = {
     "trust_remote_code", "attention_backend", "enable_metrics", "log_level",
     "incremental_streaming_output", "enable_cache_report", "skip_tokenizer_init",
     "chat_template", "served_model_name", "stream_interval", "device", "base_gpu_id",
+    "enable_lora", "lora_paths", "max_loras_per_batch", "max_lora_rank",
 }
 
 # sglang 0.5.23 SamplingParams API fields (python/sglang/srt/sampling/sampling_params.py).
@@ -130,7 +131,11 @@ class Engine:
                              session_params=None, priority=None, session_id=None, *,
                              cache_salt=None):
         self.calls.append({"prompt": prompt, "sampling_params": dict(sampling_params or {}),
-                           "stream": stream, "rid": rid})
+                           "stream": stream, "rid": rid, "lora_path": lora_path})
+        loaded = self.server_args.extra.get("lora_paths") or {}
+        if lora_path is not None and lora_path not in loaded:
+            # SGLang refuses a name its lora_paths did not load.
+            raise ValueError(f"LoRA adapter {lora_path!r} is not loaded")
         chunks = self._generate(prompt, dict(sampling_params or {}), rid, stream)
         if stream is True:
             return chunks

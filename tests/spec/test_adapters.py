@@ -180,3 +180,30 @@ def test_schema_knows_the_sections():
     props = deployment_schema()["$defs"]["ModelSpec"]["properties"]
     assert props["lora"] == {"$ref": "#/$defs/LoraSettings"}
     assert props["adapters"]["additionalProperties"] == {"type": "string", "minLength": 1}
+
+
+# -- SGLang (against tests/fakes/fake_sglang.py: SGLang cannot start on this CPU) -----------
+
+def test_sglang_gets_lora_paths_and_a_lora_path_per_request(tmp_path, monkeypatch):
+    from builder.pipeline import build_repository
+    from tests.python_backends import test_sglang_model as sgl
+
+    data = sgl.sglang_spec()
+    data["models"][0].update(adapters={"support": str(write_adapter(tmp_path / "s", 0))})
+    repo = tmp_path / "repo"
+    build_repository(parse_spec(data, str(tmp_path / "t.yaml")), repo)
+    serving = sgl._serve(repo, monkeypatch)
+    served = next(serving)
+    try:
+        assert served.engine.server_args.extra["lora_paths"] == {
+            "support": str(tmp_path / "s")}
+        sender = served.run(text_input="hi", sampling_parameters={"lora_name": "support"})
+        assert served.engine.calls[-1]["lora_path"] == "support"
+        assert sender.responses()[0].value("served_by") == "qwen:support"
+        served.run(text_input="hi")
+        assert served.engine.calls[-1]["lora_path"] is None
+        bad = served.run(text_input="hi", sampling_parameters={"lora_name": "nope"})
+        assert ("unknown adapter 'nope' (sampling_parameters.lora_name): model qwen has "
+                "adapters: support") in bad.responses()[0].error().message()
+    finally:
+        serving.close()
