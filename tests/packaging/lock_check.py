@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.tags import sys_tags
+from pip._internal.models import index as _pip_index
 from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name,
                              parse_sdist_filename, parse_wheel_filename)
 from packaging.version import InvalidVersion, Version
 
-PYPI = "https://pypi.org/simple"
+# pip's own default index (the lock's implicit first index), as pip itself names it.
+PYPI = _pip_index.PyPI.simple_url
 DEADLINE_S = 45.0
 REQUEST_TIMEOUT_S = 10.0
 WORKERS = 8
