@@ -79,6 +79,9 @@ def check_model(engine: str, args: Mapping[str, Any], extra: Mapping[str, Any], 
         raise node.error("is set but the model declares no adapters", "lora")
     if "adapters" not in extra:
         return
+    if engine == "tensorrt_llm":   # the build (--lora_plugin) and runtime sides are not rendered yet
+        raise node.error("LoRA adapters are served by vllm and sglang models; TensorRT-LLM "
+                         "adapters are not supported yet", "adapters")
     for key in _LORA_ENGINE_ARGS:
         if key in args:
             raise node.error("is set by the lora section when a model has adapters "

@@ -60,6 +60,10 @@ def test_adapters_and_limits_are_typed():
     ([model(adapters={"a": "x"}, lora={"rank": 8})], "models[0].lora.rank"),
     ([model(adapters={"a": "x"}, engine_args={"max_loras": 2})],
      "models[0].engine_args.max_loras: is set by the lora section"),
+    ([model(engine="tensorrt_llm", adapters={"a": "x"}, checkpoint={"path": "/ckpt"},
+            profiles={"p": {"max_batch_size": 1, "max_input_len": 8, "max_seq_len": 16,
+                            "max_num_tokens": 16}})],
+     "models[0].adapters: LoRA adapters are served by vllm and sglang models"),
 ])
 def test_bad_sections_name_the_field(models, expected):
     assert expected in error_of(*models)
