@@ -13,19 +13,19 @@ PROMPTS = [f"Write a short story about a {thing}." for thing in (
 GREEDY_LONG = {"temperature": 0, "ignore_eos": True}   # every stream makes max_tokens
 
 
-def stream_round(url: str, model: str, streams: int, max_tokens: int) -> dict:
-    """`streams` concurrent gRPC streams; tokens/s over the round, TTFT per stream."""
-    results: list = [None] * streams
+def concurrently(count: int, call, label: str) -> tuple[list, float]:
+    """call(i) for i in range(count), each in its own thread at once; (results, wall s).
+    Any failure fails the round: a benchmark never hides one."""
+    results: list = [None] * count
     errors: list = []
 
     def one(i: int) -> None:
         try:
-            results[i] = infer.stream_generate(url, model, PROMPTS[i % len(PROMPTS)],
-                                               max_tokens, chat=False, sampling=GREEDY_LONG)
-        except Exception as e:  # reported below; a benchmark never hides failures
-            errors.append(f"{model}: {e}")
+            results[i] = call(i)
+        except Exception as e:  # reported below, all together
+            errors.append(f"{label}: {e}")
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
     start = time.perf_counter()
     for t in threads:
         t.start()
@@ -34,6 +34,14 @@ def stream_round(url: str, model: str, streams: int, max_tokens: int) -> dict:
     wall = time.perf_counter() - start
     if errors:
         raise RuntimeError("; ".join(errors))
+    return results, wall
+
+
+def stream_round(url: str, model: str, streams: int, max_tokens: int) -> dict:
+    """`streams` concurrent gRPC streams; tokens/s over the round, TTFT per stream."""
+    results, wall = concurrently(streams, lambda i: infer.stream_generate(
+        url, model, PROMPTS[i % len(PROMPTS)], max_tokens, chat=False,
+        sampling=GREEDY_LONG), model)
     tokens = sum(r.output_tokens for r in results)
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
             "ttft_s": [r.ttft_s for r in results]}

@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python_backends"))
 
-from bench.common import PROMPTS  # noqa: E402
+from bench.common import PROMPTS, concurrently  # noqa: E402
 from builder.pipeline import build_repository  # noqa: E402
 from builder.serve.client import stream_generate  # noqa: E402
 from builder.serve.server import TritonServer, free_port, start_on_free_ports  # noqa: E402
@@ -82,24 +81,8 @@ def one(path: str, server: TritonServer, http_url: str, client: httpx.Client,
 
 def concurrent_round(path, server, http_url, client) -> tuple[list[float], float]:
     """STREAMS concurrent streams; (TTFT of each, tokens/s over the round)."""
-    results: list = [None] * STREAMS
-    errors: list = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = one(path, server, http_url, client, PROMPTS[i % len(PROMPTS)])
-        except Exception as e:  # reported below; a benchmark never hides failures
-            errors.append(f"{path}: {e}")
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(STREAMS)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
-    if errors:
-        raise RuntimeError("; ".join(errors))
+    results, wall = concurrently(STREAMS, lambda i: one(
+        path, server, http_url, client, PROMPTS[i % len(PROMPTS)]), path)
     return [r[0] for r in results], sum(r[1] for r in results) / wall
 
 

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import click
 
+from builder.spec import ServerSpec
+
 
 @click.command("openai")
-@click.option("--triton", "triton_url", default="127.0.0.1:8001", show_default=True,
+@click.option("--triton", "triton_url", default=f"127.0.0.1:{ServerSpec.grpc_port}",
+              show_default=True,
               metavar="HOST:PORT", help="Triton's gRPC endpoint")
 @click.option("--port", type=click.IntRange(1, 65535), default=9000, show_default=True,
               help="HTTP port of the OpenAI API")

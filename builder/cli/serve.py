@@ -9,14 +9,15 @@ import click
 
 from builder.cli.common import EXIT_USAGE, complete_dir
 from builder.errors import TridentError
+from builder.spec import ServerSpec
 
 
 @click.command()
 @click.option("--repo", default="model_repository", metavar="DIR", show_default=True,
               shell_complete=complete_dir, help="model repository to serve")
-@click.option("--http-port", type=int, default=8000, show_default=True)
-@click.option("--grpc-port", type=int, default=8001, show_default=True)
-@click.option("--metrics-port", type=int, default=8002, show_default=True)
+@click.option("--http-port", type=int, default=ServerSpec.http_port, show_default=True)
+@click.option("--grpc-port", type=int, default=ServerSpec.grpc_port, show_default=True)
+@click.option("--metrics-port", type=int, default=ServerSpec.metrics_port, show_default=True)
 @click.option("--timeout", type=float, default=300.0, show_default=True,
               help="seconds to wait for the server to be ready")
 @click.option("--load-model", multiple=True, metavar="MODEL",
@@ -80,7 +81,8 @@ def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, timeout:
 
 @click.command()
 @click.option("--model", default="router", show_default=True, help="model to ask")
-@click.option("--url", default="127.0.0.1:8001", show_default=True, metavar="HOST:PORT",
+@click.option("--url", default=f"127.0.0.1:{ServerSpec.grpc_port}", show_default=True,
+              metavar="HOST:PORT",
               help="gRPC endpoint")
 @click.option("--max-tokens", type=int, default=64, show_default=True)
 @click.option("--temperature", type=float, default=0.0, show_default=True,

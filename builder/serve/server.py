@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.errors import TridentError
+from builder.spec import ServerSpec
 from builder.serve import selftest
-from builder.serve.watch import StubWatch, runs_in_stub, stub_processes, unhealthy_engines
+from builder.serve.watch import (StubWatch, group_processes, runs_in_stub, stub_processes,
+                                 unhealthy_engines)
 
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
@@ -37,9 +39,9 @@ class ServeError(TridentError):
 
 @dataclass(frozen=True)
 class Ports:
-    http: int = 8000
-    grpc: int = 8001
-    metrics: int = 8002
+    http: int = ServerSpec.http_port      # the defaults are the spec's (one place)
+    grpc: int = ServerSpec.grpc_port
+    metrics: int = ServerSpec.metrics_port
 
 
 @dataclass(frozen=True)
@@ -364,15 +366,11 @@ def shm_regions_of_group(pgid: int) -> set[str]:
     server and its stubs). Only these are ours to remove: other servers on the same
     machine have regions of their own."""
     regions = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    for proc in group_processes(pgid):
         try:
-            if os.getpgid(int(proc.name)) != pgid:
-                continue
             maps = (proc / "maps").read_text()
-        except (OSError, ProcessLookupError):
-            continue
+        except OSError:
+            continue   # it exited while we looked
         for line in maps.splitlines():
             marker = line.find(str(SHM_DIR / SHM_PREFIX))
             if marker >= 0:

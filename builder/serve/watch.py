@@ -14,6 +14,7 @@ from pathlib import Path
 STUB_BINARY = "triton_python_backend_stub"
 HEALTH_GAUGE = "trident_engine_healthy"   # 0: the engine died while its stub lives on
 
+
 @dataclass(frozen=True)
 class Stub:
     """A Python-backend stub process: one instance of one model."""
@@ -40,15 +41,23 @@ def parse_stub(pid: int, cmdline: bytes, stat: str) -> Stub | None:
     return Stub(pid, parts[-3], args[8].decode(errors="replace"), started)
 
 
-def stub_processes(pgid: int) -> dict[int, Stub]:
-    """The live stubs in one process group (a server started by TritonServer)."""
-    stubs = {}
+def group_processes(pgid: int):
+    """/proc entries of the live processes in one process group (a server and its stubs)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            if os.getpgid(int(proc.name)) != pgid:
-                continue
+            if os.getpgid(int(proc.name)) == pgid:
+                yield proc
+        except OSError:
+            continue   # it exited while we looked
+
+
+def stub_processes(pgid: int) -> dict[int, Stub]:
+    """The live stubs in one process group (a server started by TritonServer)."""
+    stubs = {}
+    for proc in group_processes(pgid):
+        try:
             stub = parse_stub(int(proc.name), (proc / "cmdline").read_bytes(),
                               (proc / "stat").read_text())
         except (OSError, ValueError, IndexError):

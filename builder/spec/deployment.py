@@ -207,8 +207,8 @@ def parse_spec(data: Any, file: str = "<spec>") -> DeploymentSpec:
 
 def _parse_server(node: _Node) -> ServerSpec:
     ports = {key: node.int(key, default, minimum=1, maximum=65535)
-             for key, default in (("http_port", 8000), ("grpc_port", 8001),
-                                  ("metrics_port", 8002))}
+             for key, default in ((k, getattr(ServerSpec, k)) for k in
+                                  ("http_port", "grpc_port", "metrics_port"))}
     node.done()
     if len(set(ports.values())) != 3:
         raise node.error("http_port, grpc_port and metrics_port must differ")
