@@ -21,6 +21,7 @@ from trident_common import devices
 from trident_common.log import Log
 from trident_common.request import (AbortRequest, BadRequest, GenerateRequest,
                                     describe, parse_generate)
+from trident_common.returns import Outputs
 from trident_common.triton_io import (FINAL, LlmMetrics, ResponseFactory, input_getter,
                                       request_parameters, send_error)
 
@@ -44,6 +45,8 @@ class Delta:
     finish_reason: Optional[str]
     input_tokens: int
     output_tokens: int
+    logprobs: Optional[list] = None          # this delta's (returns.logprobs_json)
+    cumulative_logprob: Optional[float] = None
 
 
 @dataclass(eq=False)   # hashed by identity: kept in a set
@@ -322,6 +325,7 @@ class AsyncEngineModel(abc.ABC):
         first_at: Optional[float] = None
         next_check = arrival + CANCEL_CHECK_S
         responses = self.responses_for(request)
+        outputs, usual = Outputs(request.returns, request.stream), request.returns is None
         async for delta in self.stream(prompt, sampling, active.engine_id):
             now = time.monotonic()
             if first_at is None and delta.output_tokens:
@@ -333,10 +337,10 @@ class AsyncEngineModel(abc.ABC):
                     raise asyncio.CancelledError
             if delta.finish_reason:   # counted before the final flag lets the client go
                 self._record_tokens(delta, first_at)
+            outputs.take(delta)
             if request.stream:
-                self._send(active, responses.chunk(
-                    delta.text, delta.finish_reason, delta.input_tokens,
-                    delta.output_tokens), final=bool(delta.finish_reason))
+                self._send(active, responses.chunk(outputs.values(delta, delta.text), usual),
+                           final=bool(delta.finish_reason))
                 active.started = True
             else:
                 pieces.append(delta.text)
@@ -349,9 +353,7 @@ class AsyncEngineModel(abc.ABC):
             text = "".join(pieces)
             if request.prompt is not None and not request.exclude_input_in_output:
                 text = request.prompt + text
-            self._send(active, responses.chunk(text, final.finish_reason,
-                                                    final.input_tokens, final.output_tokens),
-                       final=True)
+            self._send(active, responses.chunk(outputs.values(final, text), usual), final=True)
 
     def responses_for(self, request: GenerateRequest) -> ResponseFactory:
         """Answers of a LoRA adapter say so: served_by is `model:adapter`. (Only known

@@ -25,6 +25,12 @@ def _text(name: str) -> Tensor:
     return Tensor(name, "TYPE_STRING", (1,), True)
 
 
+# vllm_backend's `return_<output>` flags: a client that sends any of them gets text_output
+# and the outputs it asked for (trident_common/returns.py); one that sends none gets the
+# usual outputs (LLM_OUTPUTS less the two logprob ones).
+RETURNABLE = ("finish_reason", "cumulative_logprob", "logprobs", "num_input_tokens",
+              "num_output_tokens")
+
 # What a client sends to the router, and the router to a vLLM or SGLang model.
 REQUEST_INPUTS = (
     _text("text_input"),
@@ -33,7 +39,7 @@ REQUEST_INPUTS = (
     _text("sampling_parameters"),      # JSON object of vLLM-style sampling values
     Tensor("max_tokens", "TYPE_INT32", (1,), True),
     Tensor("exclude_input_in_output", "TYPE_BOOL", (1,), True),
-)
+) + tuple(Tensor(f"return_{name}", "TYPE_BOOL", (1,), True) for name in RETURNABLE)
 # Control inputs: the router names each request it forwards, and aborts it by that name
 # (a BLS response iterator cannot cancel).
 REQUEST_ID, ABORT_REQUEST_ID = "request_id", "abort_request_id"
@@ -62,6 +68,8 @@ LLM_OUTPUTS = (
     Tensor("num_output_tokens", "TYPE_UINT32", (1,)),
     Tensor("served_by", "TYPE_STRING", (1,)),
     Tensor("error", "TYPE_STRING", (1,)),
+    Tensor("cumulative_logprob", "TYPE_FP32", (1,)),   # only when asked (return_*)
+    Tensor("logprobs", "TYPE_STRING", (1,)),           # JSON, only when asked
 )
 OUTPUT_NAMES = tuple(tensor.name for tensor in LLM_OUTPUTS)
 OUTPUT_DTYPES = {tensor.name: tensor.dtype for tensor in LLM_OUTPUTS}

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from trident_common.interface import RETURNABLE
+
 DEFAULT_MAX_TOKENS = 128
 # Error messages of requests that are wrong (not the engine) start with this. Triton 2.51's
 # BLS keeps only the message of a backend's error, not its INVALID_ARG code, so this is
@@ -34,6 +36,8 @@ class GenerateRequest:
     priority: int = 0                  # the tenant's tier (bls/tenants.py)
     cache_salt: Optional[str] = None   # the tenant's prefix-cache salt
     lora_name: Optional[str] = None    # a LoRA adapter of the model (None: the base model)
+    # The outputs named by the client's return_* flags (None: it sent none of them).
+    returns: Optional[frozenset] = None
 
 
 @dataclass(frozen=True)
@@ -93,16 +97,30 @@ def parse_generate(get: Callable[[str], Any], parameters: Optional[dict] = None)
         sampling.pop("max_tokens", None)
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise BadRequest(f"max_tokens must be a positive integer, got {_show(max_tokens)}")
+    stream = bool(first_scalar(get("stream")) or False)
+    exclude = first_scalar(get("exclude_input_in_output"))
+    if stream and exclude is not None and not exclude:
+        # as vllm_backend: a streamed response carries new text only, never the prompt
+        raise BadRequest("streaming with exclude_input_in_output=false is not supported: "
+                         "streamed responses carry only the new text")
     return GenerateRequest(
-        prompt=prompt, messages=messages,
-        stream=bool(first_scalar(get("stream")) or False),
+        prompt=prompt, messages=messages, stream=stream,
         sampling=sampling, max_tokens=max_tokens,
-        exclude_input_in_output=bool(first_scalar(get("exclude_input_in_output")) or False),
+        exclude_input_in_output=bool(exclude or False),
         request_id=str(first_scalar(get("request_id")) or ""),
         priority=int(first_scalar(get("priority")) or 0),
         cache_salt=first_scalar(get("cache_salt")) or None,
-        lora_name=lora_name,
+        lora_name=lora_name, returns=_returns(get),
     )
+
+
+def _returns(get: Callable[[str], Any]) -> Optional[frozenset]:
+    """The outputs a client asked for with vllm_backend's return_* flags; None when it
+    sent no flag at all (then it gets trident's usual outputs)."""
+    flags = {name: first_scalar(get(f"return_{name}")) for name in RETURNABLE}
+    if all(value is None for value in flags.values()):
+        return None
+    return frozenset(name for name, value in flags.items() if value)
 
 
 def check_adapter(name: Optional[str], held, model: str) -> Optional[str]:

@@ -62,16 +62,13 @@ class ResponseFactory:
         self._served_by = _output("served_by", served_by)
         self._no_error = _output("error", "")
 
-    def chunk(self, text: str, finish_reason: Optional[str], input_tokens: int,
-              output_tokens: int) -> "pb_utils.InferenceResponse":
-        return pb_utils.InferenceResponse(output_tensors=[
-            _output("text_output", text),
-            _output("finish_reason", finish_reason or ""),
-            _output("num_input_tokens", input_tokens),
-            _output("num_output_tokens", output_tokens),
-            self._served_by,
-            self._no_error,
-        ])
+    def chunk(self, values: dict, usual: bool = True) -> "pb_utils.InferenceResponse":
+        """A data response from returns.Outputs' values; served_by and an empty error
+        join them unless the client chose its outputs (return_* flags)."""
+        tensors = [_output(name, value) for name, value in values.items()]
+        if usual:
+            tensors += [self._served_by, self._no_error]
+        return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def error_output(self, message: str) -> "pb_utils.InferenceResponse":
         """A data response that carries the error in the `error` output (mid-stream)."""

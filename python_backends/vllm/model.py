@@ -15,6 +15,7 @@ locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
 from trident_common.engine_model import AsyncEngineModel, Delta  # noqa: E402
 from trident_common.request import (SAMPLING_TYPES, BadRequest,  # noqa: E402
                                     check_adapter, check_sampling_keys, describe)
+from trident_common.returns import logprobs_json, wants_logprobs  # noqa: E402
 
 
 def _cpu_defaults() -> None:
@@ -30,7 +31,18 @@ class TritonPythonModel(AsyncEngineModel):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         if args.get("model_instance_kind") == "CPU":
             _cpu_defaults()
-        super().initialize(args)
+        self.prefix_cache = PrefixCacheMetric(args["model_name"])
+        try:
+            super().initialize(args)   # frees its own loop and metrics if the engine fails
+        except BaseException:
+            self.prefix_cache.finalize()
+            raise
+
+    def finalize(self):
+        try:
+            super().finalize()
+        finally:
+            self.prefix_cache.finalize()
 
     async def start_engine(self, config: dict) -> None:
         from vllm import AsyncEngineArgs, SamplingParams
@@ -64,6 +76,8 @@ class TritonPythonModel(AsyncEngineModel):
     def make_sampling(self, request):
         check_sampling_keys(request.sampling, self._sampling_fields, "vllm")
         values = dict(request.sampling)
+        if wants_logprobs(request.returns) and values.get("logprobs") is None:
+            values["logprobs"] = 0   # the sampled token's own logprob only
         if "structured_outputs" in values:
             try:
                 values["structured_outputs"] = self._structured_class(
@@ -95,9 +109,9 @@ class TritonPythonModel(AsyncEngineModel):
         input_tokens = output_tokens = 0
         if sampling.cache_salt:   # the tenant's own prefix cache (bls/tenants.py)
             prompt = {"prompt": prompt, "cache_salt": sampling.cache_salt}
-        outputs = self.engine.generate(prompt, sampling.params, engine_id,
-                                       priority=sampling.priority,
-                                       lora_request=sampling.lora)
+        outputs = self.prefix_cache.count(self.engine.generate(
+            prompt, sampling.params, engine_id, priority=sampling.priority,
+            lora_request=sampling.lora))
         try:
             first = await outputs.__anext__()
         except self._client_errors as e:  # vLLM's request checks, e.g. prompt too long
@@ -117,13 +131,53 @@ class TritonPythonModel(AsyncEngineModel):
             completion = output.outputs[0]
             output_tokens += len(completion.token_ids)
             yield Delta(completion.text, completion.finish_reason, input_tokens,
-                        output_tokens)
+                        output_tokens, None if completion.logprobs is None else
+                        logprobs_json(completion.logprobs), completion.cumulative_logprob)
 
     async def abort(self, engine_id: str) -> None:
         await self.engine.abort(engine_id)
 
     async def stop_engine(self) -> None:
         self.engine.shutdown()
+
+
+class PrefixCacheMetric:
+    """trident_prefix_cached_tokens_total{model}: prompt tokens vLLM's prefix cache served
+    instead of computing them (RequestOutput.num_cached_tokens, the request's prefill hit;
+    vLLM's own prefix-cache counters live in its stat loggers, which trident does not
+    export). The SGLang model exports the same family. With trident_prompt_tokens_total
+    it gives the hit rate."""
+
+    def __init__(self, model: str):
+        from trident_common.metrics import COUNTER, MetricSet
+
+        self._set = MetricSet()   # kept past finalize: see trident_common.metrics
+        self._metric = self._set.metric(
+            "trident_prefix_cached_tokens_total",
+            "Prompt tokens served from the engine's prefix cache", COUNTER, {"model": model})
+
+    async def count(self, outputs):
+        """outputs, passed through; the request's cached tokens are counted when its
+        last output comes (before the client sees it), or when it ends early (aborted,
+        failed): the hit happened all the same."""
+        cached, counted = 0, False
+        try:
+            async for output in outputs:
+                cached = max(cached, output.num_cached_tokens or 0)
+                if output.finished and not counted:
+                    self.add(cached)
+                    counted = True
+                yield output
+        finally:
+            if not counted:
+                self.add(cached)
+
+    def add(self, tokens: int) -> None:
+        if tokens > 0:
+            self._metric.increment(tokens)
+
+    def finalize(self) -> None:
+        self._set.close()
 
 
 class _Call(NamedTuple):

@@ -1,0 +1,62 @@
+"""Which outputs each response of one generation carries, and their values.
+
+vllm_backend's dialect: a client that sends any `return_<output>` flag gets text_output
+and exactly the outputs it asked for; there, a streamed num_output_tokens counts the
+tokens of that response. A client that sends none gets trident's usual outputs, with
+running token totals. Pure Python: the Triton side (triton_io) only turns the values
+into tensors.
+"""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+LOGPROB_OUTPUTS = frozenset({"logprobs", "cumulative_logprob"})
+
+
+def wants_logprobs(returns: Optional[frozenset]) -> bool:
+    """Whether the engine must compute logprobs for this request (they cost time)."""
+    return bool(returns and returns & LOGPROB_OUTPUTS)
+
+
+def logprobs_json(positions) -> list:
+    """vLLM's per-position {token id: Logprob} as vllm_backend writes them."""
+    return [{str(token_id): {"logprob": lp.logprob, "rank": lp.rank,
+                             "decoded_token": lp.decoded_token}
+             for token_id, lp in position.items()} for position in positions]
+
+
+class Outputs:
+    """One generation's responses: feed every delta to `take`, then ask `values` for
+    each response to send (every delta when streaming, the last one otherwise)."""
+
+    def __init__(self, returns: Optional[frozenset], stream: bool):
+        self.returns, self.stream = returns, stream
+        self._counted = 0          # output tokens reported so far (per-response counts)
+        self._logprobs: Optional[list] = None   # the whole answer's, when not streaming
+
+    def take(self, delta) -> None:
+        if not self.stream and delta.logprobs is not None:
+            self._logprobs = (self._logprobs or []) + delta.logprobs
+
+    def values(self, delta, text: str) -> dict:
+        """Output name → value for the response that ends with `delta`."""
+        if self.returns is None:
+            return {"text_output": text, "finish_reason": delta.finish_reason or "",
+                    "num_input_tokens": delta.input_tokens,
+                    "num_output_tokens": delta.output_tokens}
+        asked, out = self.returns, {"text_output": text}
+        if "finish_reason" in asked:
+            out["finish_reason"] = delta.finish_reason or ""
+        if "num_input_tokens" in asked:
+            out["num_input_tokens"] = delta.input_tokens
+        if "num_output_tokens" in asked:
+            out["num_output_tokens"] = delta.output_tokens - self._counted
+        self._counted = delta.output_tokens
+        if "cumulative_logprob" in asked and delta.cumulative_logprob is not None:
+            out["cumulative_logprob"] = float(delta.cumulative_logprob)
+        if "logprobs" in asked:
+            logprobs = delta.logprobs if self.stream else self._logprobs
+            if logprobs is not None:
+                out["logprobs"] = json.dumps(logprobs)
+        return out
