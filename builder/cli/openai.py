@@ -14,7 +14,11 @@ from builder.spec import ServerSpec
               help="HTTP port of the OpenAI API")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="address to listen on (0.0.0.0: every interface)")
-def openai_command(triton_url: str, port: int, host: str) -> int:
+@click.option("--api-keys-file", type=click.Path(dir_okay=False), default=None,
+              metavar="FILE", help="require API keys: one `KEY TENANT` per line; a key "
+              "sets the request's tenant (401 for a missing or unknown key)")
+def openai_command(triton_url: str, port: int, host: str,
+                   api_keys_file: str | None) -> int:
     """Serve OpenAI's API (/v1/models, /v1/chat/completions, /v1/completions) for the
     models of a running tritonserver, over its gRPC port.
 
@@ -23,11 +27,13 @@ def openai_command(triton_url: str, port: int, host: str) -> int:
     `conversation_id` ...) or `X-Trident-*` headers. Serves until Ctrl-C or SIGTERM.
     """
     # lazy: fastapi, uvicorn and grpc take a while to import; `trident --help` need not wait
+    from builder.serve.openai.keys import load_keys
     from builder.serve.openai.runner import run
 
+    keys = None if api_keys_file is None else load_keys(api_keys_file)
     click.echo(f"OpenAI API on http://{host}:{port}/v1 for Triton at {triton_url}",
                err=True)
-    run(triton_url, host, port)
+    run(triton_url, host, port, keys)
     return 0
 
 

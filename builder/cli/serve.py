@@ -26,12 +26,15 @@ from builder.spec import ServerSpec
               help="also serve the OpenAI API on this port (started once Triton is ready)")
 @click.option("--openai-host", default="127.0.0.1", show_default=True,
               help="address of the OpenAI API")
+@click.option("--api-keys-file", type=click.Path(dir_okay=False), default=None,
+              metavar="FILE", help="the OpenAI API requires keys: one `KEY TENANT` per "
+              "line (see `trident openai --help`)")
 @click.option("--no-self-test", is_flag=True,
               help="skip the start-up check that the server's Python stub passes strings "
                    "intact (one echo through a throwaway second server, ~0.5 s)")
 def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, timeout: float,
           load_model: tuple[str, ...], openai_port: int | None, openai_host: str,
-          no_self_test: bool) -> int:
+          api_keys_file: str | None, no_self_test: bool) -> int:
     """Run tritonserver on a model repository.
 
     Serves until Ctrl-C or SIGTERM (exit 0). Exits 1, stopping the server, when the
@@ -53,6 +56,13 @@ def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, timeout:
     if openai_port is not None:
         from builder.serve.openai.runner import Frontend, check_port
         check_port(openai_host, openai_port)   # before minutes of model loading
+    if api_keys_file is not None:
+        if openai_port is None:
+            raise TridentError("--api-keys-file needs --openai-port", EXIT_USAGE)
+        from builder.serve.openai.keys import load_keys
+        api_keys = load_keys(api_keys_file)   # before loading too: a bad file fails now
+    else:
+        api_keys = None
 
     def on_signal(_signum, _frame):
         raise KeyboardInterrupt
@@ -64,7 +74,8 @@ def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, timeout:
         click.echo(f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  "
                    f"metrics {server.metrics_url}")
         if openai_port is not None:
-            frontend = Frontend(server.grpc_url, openai_host, openai_port).start()
+            frontend = Frontend(server.grpc_url, openai_host, openai_port,
+                                api_keys).start()
             click.echo(f"OpenAI API: {frontend.url}/v1")
         sys.stdout.flush()
         server.monitor()   # returns only by raising: the server exited or a stub died

@@ -13,12 +13,14 @@ import json
 import logging
 import time
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Optional
+from dataclasses import replace
+from typing import AsyncIterator, Mapping, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from builder.serve.openai.keys import tenant_of
 from builder.serve.openai.protocol import (Answer, Generation, OpenAIError, invalid,
                                            parse_chat, parse_completion)
 from builder.serve.openai.triton import Call, Piece, Triton
@@ -28,9 +30,20 @@ OWNER = "trident"
 SERVED_BY_HEADER = "X-Trident-Served-By"
 
 
-def create_app(triton_url: str, triton: Optional[Triton] = None) -> FastAPI:
-    """The application for the Triton at triton_url (`triton`: a stand-in, for tests)."""
+def create_app(triton_url: str, triton: Optional[Triton] = None,
+               api_keys: Optional[Mapping[str, str]] = None) -> FastAPI:
+    """The application for the Triton at triton_url (`triton`: a stand-in, for tests).
+    With api_keys (key → tenant, builder.serve.openai.keys), every /v1 request needs one
+    of the keys, and its tenant is the request's tenant hint."""
     triton = triton or Triton(triton_url)
+
+    def tenant(request: Request) -> Optional[str]:
+        return None if api_keys is None else tenant_of(api_keys, request.headers)
+
+    def as_tenant(generation: Generation, name: Optional[str]) -> Generation:
+        if name is None:
+            return generation
+        return replace(generation, hints={**generation.hints, "tenant": name})
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -63,7 +76,8 @@ def create_app(triton_url: str, triton: Optional[Triton] = None) -> FastAPI:
         return {"status": "ok"}
 
     @app.get("/v1/models")
-    async def list_models():
+    async def list_models(request: Request):
+        tenant(request)
         models = await triton.models(fresh=True)
         created = int(time.time())
         return {"object": "list", "data": [
@@ -71,20 +85,23 @@ def create_app(triton_url: str, triton: Optional[Triton] = None) -> FastAPI:
             for name in sorted(models)]}
 
     @app.get("/v1/models/{model}")
-    async def get_model(model: str):
+    async def get_model(model: str, request: Request):
+        tenant(request)
         await triton.info(model)
         return {"id": model, "object": "model", "created": int(time.time()),
                 "owned_by": OWNER}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await _generate(triton, request, parse_chat(await _body(request),
-                                                           request.headers))
+        name = tenant(request)
+        return await _generate(triton, request, as_tenant(
+            parse_chat(await _body(request), request.headers), name))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await _generate(triton, request, parse_completion(await _body(request),
-                                                                 request.headers))
+        name = tenant(request)
+        return await _generate(triton, request, as_tenant(
+            parse_completion(await _body(request), request.headers), name))
 
     return app
 

@@ -363,7 +363,7 @@ CLIENT_FAULT = "invalid request: "     # trident_common.request.CLIENT_FAULT_PRE
 
 def from_triton(message: str, model: str) -> OpenAIError:
     """A Triton error message as an OpenAI error: the engine's `invalid request: ...` is
-    the client's fault (400), an unknown model 404, an overloaded or unavailable
+    the client's fault (400), a tenant over its limit 429, an unknown model 404, an overloaded or unavailable
     backend 503, anything else a backend failure (500); the message says why."""
     text = message.strip()
     lowered = text.lower()
@@ -371,6 +371,8 @@ def from_triton(message: str, model: str) -> OpenAIError:
         reason = text[text.index(CLIENT_FAULT) + len(CLIENT_FAULT):]
         return OpenAIError(400, reason or text, "invalid_request_error", _param_of(reason),
                            "invalid_value")
+    if "rate limit: " in lowered:   # the router's tenant limits (bls/tenants.py)
+        return OpenAIError(429, f"{model}: {text}", "requests", None, "rate_limit_exceeded")
     if "unknown model" in lowered or ("model" in lowered and "is not found" in lowered):
         return model_not_found(model)
     if "overloaded" in lowered or "not ready" in lowered or "unavailable" in lowered \

@@ -19,8 +19,9 @@ class FrontendError(TridentError):
     """The frontend could not start; the message says why."""
 
 
-def _config(triton_url: str, host: str, port: int) -> uvicorn.Config:
-    return uvicorn.Config(create_app(triton_url), host=host, port=port, log_level="warning",
+def _config(triton_url: str, host: str, port: int,
+            api_keys: Optional[dict] = None) -> uvicorn.Config:
+    return uvicorn.Config(create_app(triton_url, api_keys=api_keys), host=host, port=port, log_level="warning",
                           access_log=False, timeout_graceful_shutdown=5)
 
 
@@ -30,10 +31,11 @@ def check_port(host: str, port: int) -> None:
                             "another with --port/--openai-port")
 
 
-def run(triton_url: str, host: str = "127.0.0.1", port: int = 9000) -> None:
+def run(triton_url: str, host: str = "127.0.0.1", port: int = 9000,
+        api_keys: Optional[dict] = None) -> None:
     """Serve until Ctrl-C or SIGTERM (uvicorn handles both)."""
     check_port(host, port)
-    server = uvicorn.Server(_config(triton_url, host, port))
+    server = uvicorn.Server(_config(triton_url, host, port, api_keys))
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the
     # handler it found: make that one a no-op, so SIGTERM exits 0 (as `trident serve`).
     previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
@@ -48,8 +50,10 @@ def run(triton_url: str, host: str = "127.0.0.1", port: int = 9000) -> None:
 class Frontend:
     """The frontend in a background thread with its own event loop."""
 
-    def __init__(self, triton_url: str, host: str = "127.0.0.1", port: int = 9000):
+    def __init__(self, triton_url: str, host: str = "127.0.0.1", port: int = 9000,
+                 api_keys: Optional[dict] = None):
         self.triton_url, self.host, self.port = triton_url, host, port
+        self.api_keys = api_keys
         self._server: Optional[uvicorn.Server] = None
         self._thread: Optional[threading.Thread] = None
 
@@ -59,7 +63,8 @@ class Frontend:
 
     def start(self, timeout_s: float = 15.0) -> "Frontend":
         check_port(self.host, self.port)
-        self._server = uvicorn.Server(_config(self.triton_url, self.host, self.port))
+        self._server = uvicorn.Server(_config(self.triton_url, self.host, self.port,
+                                              self.api_keys))
         # uvicorn installs signal handlers only on the main thread: none here.
         self._thread = threading.Thread(target=self._server.run, name="openai-frontend",
                                         daemon=True)

@@ -1,0 +1,89 @@
+"""The OpenAI frontend's API keys (--api-keys-file): the file, 401s, the tenant a key sets."""
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from builder.cli.main import main
+from builder.serve.openai.app import create_app
+from builder.serve.openai.keys import KeysFileError, load_keys
+from builder.serve.openai.protocol import from_triton
+from builder.serve.openai.triton import Piece
+from tests.serve.test_openai_app import FakeTriton
+
+SECRET = "sk-alice-0123456789"
+CHAT = {"model": "router", "messages": [{"role": "user", "content": "Hi"}]}
+
+
+class RecordingTriton(FakeTriton):
+    def stream(self, generation, info):
+        self.generations = getattr(self, "generations", []) + [generation]
+        return super().stream(generation, info)
+
+
+def app_with_keys():
+    triton = RecordingTriton([Piece("Hi", "stop", 1, 1, "smollm2")])
+    return TestClient(create_app("unused", triton, {SECRET: "alice"})), triton
+
+
+def test_the_file_has_one_key_and_tenant_per_line(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(f"# comment\n\n{SECRET} alice\nsk-bob bob\n")
+    assert load_keys(path) == {SECRET: "alice", "sk-bob": "bob"}
+
+
+@pytest.mark.parametrize("text, why", [
+    (f"{SECRET}\n", "expected `KEY TENANT`"),
+    (f"{SECRET} alice extra\n", "expected `KEY TENANT`"),
+    (f"{SECRET} al/ice\n", "tenant names"),
+    (f"{SECRET} alice\n{SECRET} bob\n", "already on an earlier line"),
+    ("# nothing\n", "no `KEY TENANT` line"),
+])
+def test_a_bad_file_is_refused_without_showing_a_key(tmp_path, text, why):
+    path = tmp_path / "keys"
+    path.write_text(text)
+    with pytest.raises(KeysFileError, match=why) as error:
+        load_keys(path)
+    assert SECRET not in str(error.value) and error.value.exit_code == 2
+
+
+def test_the_cli_names_the_file_and_never_the_key(tmp_path, capsys):
+    path = tmp_path / "keys"
+    path.write_text(f"{SECRET}\n")
+    assert main(["openai", "--api-keys-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:1" in err and SECRET not in err
+    assert main(["serve", "--repo", str(tmp_path), "--api-keys-file", str(path)]) == 2
+    assert main(["openai", "--api-keys-file", str(tmp_path / "no")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer sk-wrong"},
+                                     {"Authorization": SECRET}])
+def test_a_missing_or_unknown_key_is_401_in_openai_shape(headers):
+    client, triton = app_with_keys()
+    for response in (client.post("/v1/chat/completions", json=CHAT, headers=headers),
+                     client.get("/v1/models", headers=headers)):
+        assert response.status_code == 401
+        assert response.json()["error"]["code"] == "invalid_api_key"
+        assert "sk-wrong" not in response.text
+    assert not triton.calls
+
+
+def test_a_known_key_sets_the_tenant_over_the_clients_own():
+    client, triton = app_with_keys()
+    response = client.post("/v1/chat/completions", json={**CHAT, "tenant": "bob"},
+                           headers={"Authorization": f"Bearer {SECRET}",
+                                    "X-Trident-Tenant": "carol"})
+    assert response.status_code == 200, response.text
+    assert triton.generations[0].hints["tenant"] == "alice"
+
+
+def test_without_keys_no_key_is_needed():
+    client = TestClient(create_app("unused", RecordingTriton([Piece("Hi", "stop", 1, 1)])))
+    assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def test_the_routers_tenant_limit_is_429():
+    error = from_triton("rate limit: tenant 'alice' is over 3 requests per minute", "router")
+    assert error.status == 429 and error.body()["error"]["code"] == "rate_limit_exceeded"
