@@ -99,7 +99,7 @@ def delta_from_chunk(chunk: dict, texts: TextDeltas) -> Delta:
 class PrefixCacheMetric:
     """trident_prefix_cached_tokens_total{model}: prompt tokens SGLang's radix cache
     served instead of computing them. With trident_prompt_tokens_total it gives the hit
-    rate. Owned here because only SGLang reports per-request cached tokens."""
+    rate. The vLLM model exports the same family from vLLM's num_cached_tokens."""
 
     def __init__(self, model: str):
         self._set = MetricSet()   # kept past finalize: see trident_common.metrics
