@@ -10,7 +10,6 @@ import json
 from typing import Optional
 
 from trident_common.engine_model import AsyncEngineModel, Delta
-from trident_common.metrics import COUNTER, MetricSet
 from trident_common.request import BadRequest, check_adapter, check_sampling_keys
 
 # trident's sampling names (vLLM's, as clients of vllm_backend send them) → SGLang's
@@ -96,41 +95,8 @@ def delta_from_chunk(chunk: dict, texts: TextDeltas) -> Delta:
                  output_tokens=int(meta.get("completion_tokens") or 0))
 
 
-class PrefixCacheMetric:
-    """trident_prefix_cached_tokens_total{model}: prompt tokens SGLang's radix cache
-    served instead of computing them. With trident_prompt_tokens_total it gives the hit
-    rate. The vLLM model exports the same family from vLLM's num_cached_tokens."""
-
-    def __init__(self, model: str):
-        self._set = MetricSet()   # kept past finalize: see trident_common.metrics
-        self._metric = self._set.metric(
-            "trident_prefix_cached_tokens_total",
-            "Prompt tokens served from the engine's prefix cache", COUNTER, {"model": model})
-
-    def add(self, tokens: int) -> None:
-        if tokens > 0:
-            self._metric.increment(tokens)
-
-    def finalize(self) -> None:
-        self._set.close()
-
-
 class TritonPythonModel(AsyncEngineModel):
     engine_name = "sglang"
-
-    def initialize(self, args):
-        self.prefix_cache = PrefixCacheMetric(args["model_name"])
-        try:
-            super().initialize(args)   # frees its own loop and metrics if the engine fails
-        except BaseException:
-            self.prefix_cache.finalize()
-            raise
-
-    def finalize(self):
-        try:
-            super().finalize()
-        finally:
-            self.prefix_cache.finalize()
 
     async def start_engine(self, config: dict) -> None:
         import sglang
@@ -170,14 +136,18 @@ class TritonPythonModel(AsyncEngineModel):
                 cached = int((chunk.get("meta_info") or {}).get("cached_tokens") or cached)
                 delta = delta_from_chunk(chunk, texts)
                 if delta.finish_reason:
-                    self.prefix_cache.add(cached)
+                    self._count_cached(cached)
                     counted = True
                 yield delta
                 chunk = await anext(chunks, None)
         finally:
             if not counted:  # aborted or failed: the cache hit still happened
-                self.prefix_cache.add(cached)
+                self._count_cached(cached)
             await chunks.aclose()
+
+    def _count_cached(self, tokens: int) -> None:
+        if tokens > 0:
+            self.metrics.prefix_cached_tokens.increment(tokens)
 
     async def abort(self, engine_id: str) -> None:
         # TokenizerManager.abort_request is synchronous; it ignores ids it no longer

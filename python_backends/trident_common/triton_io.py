@@ -8,7 +8,7 @@ router must still see it.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -127,6 +127,12 @@ class LlmMetrics:
             "trident_request_errors_total", "Requests that ended in an error", COUNTER, labels)
         self.requests = metrics.metric(
             "trident_requests_total", "Requests finished (any outcome)", COUNTER, labels)
+        # Prompt tokens the engine's prefix cache served instead of computing them (vLLM:
+        # RequestOutput.num_cached_tokens; SGLang: meta_info.cached_tokens), counted once
+        # per request even when it ends early. With prompt_tokens it gives the hit rate.
+        self.prefix_cached_tokens = metrics.metric(
+            "trident_prefix_cached_tokens_total",
+            "Prompt tokens served from the engine's prefix cache", COUNTER, labels)
         # Set by the engine model's periodic health check; `trident serve` watches it.
         self.engine_healthy = metrics.metric(
             "trident_engine_healthy", "1 while the engine passes its health check, 0 once it died",

@@ -31,18 +31,7 @@ class TritonPythonModel(AsyncEngineModel):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         if args.get("model_instance_kind") == "CPU":
             _cpu_defaults()
-        self.prefix_cache = PrefixCacheMetric(args["model_name"])
-        try:
-            super().initialize(args)   # frees its own loop and metrics if the engine fails
-        except BaseException:
-            self.prefix_cache.finalize()
-            raise
-
-    def finalize(self):
-        try:
-            super().finalize()
-        finally:
-            self.prefix_cache.finalize()
+        super().initialize(args)
 
     async def start_engine(self, config: dict) -> None:
         from vllm import AsyncEngineArgs, SamplingParams
@@ -109,7 +98,7 @@ class TritonPythonModel(AsyncEngineModel):
         input_tokens = output_tokens = 0
         if sampling.cache_salt:   # the tenant's own prefix cache (bls/tenants.py)
             prompt = {"prompt": prompt, "cache_salt": sampling.cache_salt}
-        outputs = self.prefix_cache.count(self.engine.generate(
+        outputs = self._count_cached(self.engine.generate(
             prompt, sampling.params, engine_id, priority=sampling.priority,
             lora_request=sampling.lora))
         try:
@@ -134,50 +123,27 @@ class TritonPythonModel(AsyncEngineModel):
                         output_tokens, None if completion.logprobs is None else
                         logprobs_json(completion.logprobs), completion.cumulative_logprob)
 
-    async def abort(self, engine_id: str) -> None:
-        await self.engine.abort(engine_id)
-
-    async def stop_engine(self) -> None:
-        self.engine.shutdown()
-
-
-class PrefixCacheMetric:
-    """trident_prefix_cached_tokens_total{model}: prompt tokens vLLM's prefix cache served
-    instead of computing them (RequestOutput.num_cached_tokens, the request's prefill hit;
-    vLLM's own prefix-cache counters live in its stat loggers, which trident does not
-    export). The SGLang model exports the same family. With trident_prompt_tokens_total
-    it gives the hit rate."""
-
-    def __init__(self, model: str):
-        from trident_common.metrics import COUNTER, MetricSet
-
-        self._set = MetricSet()   # kept past finalize: see trident_common.metrics
-        self._metric = self._set.metric(
-            "trident_prefix_cached_tokens_total",
-            "Prompt tokens served from the engine's prefix cache", COUNTER, {"model": model})
-
-    async def count(self, outputs):
-        """outputs, passed through; the request's cached tokens are counted when its
-        last output comes (before the client sees it), or when it ends early (aborted,
-        failed): the hit happened all the same."""
+    async def _count_cached(self, outputs):
+        """outputs, passed through; the request's cached tokens are counted when its last
+        output comes (before the client sees it), or when it ends early (aborted, failed):
+        the hit happened all the same."""
         cached, counted = 0, False
         try:
             async for output in outputs:
                 cached = max(cached, output.num_cached_tokens or 0)
                 if output.finished and not counted:
-                    self.add(cached)
+                    self.metrics.prefix_cached_tokens.increment(cached)
                     counted = True
                 yield output
         finally:
-            if not counted:
-                self.add(cached)
+            if not counted and cached:
+                self.metrics.prefix_cached_tokens.increment(cached)
 
-    def add(self, tokens: int) -> None:
-        if tokens > 0:
-            self._metric.increment(tokens)
+    async def abort(self, engine_id: str) -> None:
+        await self.engine.abort(engine_id)
 
-    def finalize(self) -> None:
-        self._set.close()
+    async def stop_engine(self) -> None:
+        self.engine.shutdown()
 
 
 class _Call(NamedTuple):
