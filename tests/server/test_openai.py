@@ -1,6 +1,6 @@
 """The OpenAI frontend against a real tritonserver serving deploy/default.yaml (SmolLM2 on
-vLLM behind `router`), asked by the real `openai` client and by curl; one server and one
-frontend for the module.
+vLLM behind `router`), asked by the real `openai` client and by curl; the session's default
+server and one frontend for the module.
 
 Equality is checked at temperature 0 against answers from the same server (streamed vs
 non-streamed; the OpenAI usage vs the engine's counts over gRPC). Waits poll a condition
@@ -24,7 +24,7 @@ from builder.serve.client import build_inputs, first_output
 from builder.serve.openai.runner import Frontend
 from builder.serve.server import free_port
 from tests.helpers import metric_value, wait_for
-from tests.helpers.servers import ROOT, render, start_server
+from tests.helpers.servers import ROOT
 
 pytestmark = [pytest.mark.vllm]
 
@@ -33,12 +33,8 @@ ENGINE = "smollm2"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("openai")
-    repo = render(ROOT / "deploy" / "default.yaml", tmp / "repo")
-    server = start_server(repo, tmp)
-    yield server
-    server.stop()
+def server(default_server):
+    return default_server
 
 
 @pytest.fixture(scope="module")
