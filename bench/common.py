@@ -1,6 +1,7 @@
 """Shared pieces of the serving benchmarks: prompts, concurrent gRPC streams, summaries."""
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -62,3 +63,11 @@ def ratio_row(metric: str, ours: float, direct: float, target: str, higher_bette
         met = ratio >= threshold if higher_better else ratio <= threshold
     return {"metric": metric, "ours": ours, "direct": direct, "ratio": ratio,
             "target": target, "met": met}
+
+
+def bench_result(name: str, rows: list[dict], config: dict, raw) -> dict:
+    """One benchmark's result, as bench/run.py records it."""
+    return {"name": name, "rows": rows, "config": config,
+            # other work on the machine skews both paths; read the ratios with this
+            "load_average_after": os.getloadavg(),
+            "raw": raw}

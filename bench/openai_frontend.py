@@ -16,7 +16,6 @@ Wire into bench/run.py by adding "openai_frontend" to BENCHMARKS; alone:
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python_backends"))
 
-from bench.common import PROMPTS, concurrently  # noqa: E402
+from bench.common import PROMPTS, bench_result, concurrently  # noqa: E402
 from builder.pipeline import build_repository  # noqa: E402
 from builder.serve.client import stream_generate  # noqa: E402
 from builder.serve.server import TritonServer, free_port, start_on_free_ports  # noqa: E402
@@ -169,13 +168,10 @@ def run(out_dir: Path) -> dict:
                 except subprocess.TimeoutExpired:
                     frontend.kill()
             server.stop()
-    return {"name": "openai_frontend", "rows": rows_from(measured),
-            "config": {"model": MODEL, "max_tokens": MAX_TOKENS, "streams": STREAMS,
-                       "rounds": ROUNDS, "single_requests": SINGLE_REQUESTS,
-                       "sampling": SAMPLING},
-            # other work on the machine skews both paths; read the ratios with this
-            "load_average_after": os.getloadavg(),
-            "raw": measured}
+    return bench_result("openai_frontend", rows_from(measured),
+                        {"model": MODEL, "max_tokens": MAX_TOKENS, "streams": STREAMS,
+                         "rounds": ROUNDS, "single_requests": SINGLE_REQUESTS,
+                         "sampling": SAMPLING}, measured)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ at 16 streams and keeps >= 0.98x tokens/s.
 """
 from __future__ import annotations
 
-import os
 import re
 import statistics
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python_backends"))
 
-from bench.common import GREEDY_LONG, PROMPTS, stream_round  # noqa: E402
+from bench.common import GREEDY_LONG, PROMPTS, bench_result, stream_round  # noqa: E402
 from builder.serve.client import stream_generate  # noqa: E402
 from builder.pipeline import build_repository  # noqa: E402
 from builder.serve.server import TritonServer, start_on_free_ports  # noqa: E402
@@ -112,12 +111,10 @@ def run(out_dir: Path) -> dict:
             measured = measure(server)
         finally:
             server.stop()
-    return {"name": "router_overhead", "rows": rows_from(measured),
-            "config": {"streams": STREAMS, "max_tokens": MAX_TOKENS, "rounds": ROUNDS,
-                       "single_requests": SINGLE_REQUESTS, "sampling": SAMPLING},
-            # other work on the machine skews both paths; read the ratios with this
-            "load_average_after": os.getloadavg(),
-            "raw": measured}
+    return bench_result("router_overhead", rows_from(measured),
+                        {"streams": STREAMS, "max_tokens": MAX_TOKENS, "rounds": ROUNDS,
+                         "single_requests": SINGLE_REQUESTS, "sampling": SAMPLING},
+                        measured)
 
 
 if __name__ == "__main__":

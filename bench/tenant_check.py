@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import ratio_row
+from bench.common import bench_result, ratio_row
 from builder.pipeline import build_repository
 from builder.serve.server import start_on_free_ports
 from builder.spec import parse_spec
@@ -84,9 +83,8 @@ def run(out_dir: Path, requests: int = REQUESTS) -> dict:
     rows = [ratio_row(f"TTFT p50 ms, tenant check {name} vs none", ttft[name] * 1000,
                       ttft["none"] * 1000, "cost of the check", higher_better=False)
             for name in ("local", "redis")]
-    return {"name": "tenant_check", "rows": rows, "config": {"requests": requests},
-            "load_average_after": os.getloadavg(),
-            "raw": {name: value * 1000 for name, value in ttft.items()}}
+    return bench_result("tenant_check", rows, {"requests": requests},
+                        {name: value * 1000 for name, value in ttft.items()})
 
 
 def main() -> None:
