@@ -224,14 +224,19 @@ class TritonServer:
         except (urllib.error.URLError, OSError):
             return None
 
-    def model_states(self) -> list[dict]:
+    def _repository_index(self) -> list[dict] | None:
+        """The repository index (every model and its state), or None when the server does
+        not answer."""
         request = urllib.request.Request(self.http_url + "/v2/repository/index",
                                          data=b"{}", method="POST")
         try:
             with urllib.request.urlopen(request, timeout=2) as r:
                 return json.loads(r.read())
         except (urllib.error.URLError, OSError, ValueError):
-            return []
+            return None
+
+    def model_states(self) -> list[dict]:
+        return self._repository_index() or []
 
     def describe_models(self) -> str:
         states = self.model_states()
@@ -244,12 +249,12 @@ class TritonServer:
 
     def ready_models(self) -> set[str] | None:
         """Names of the READY models, or None when the server does not answer."""
-        request = urllib.request.Request(self.http_url + "/v2/repository/index",
-                                         data=b"{}", method="POST")
+        states = self._repository_index()
+        if states is None:
+            return None
         try:
-            with urllib.request.urlopen(request, timeout=2) as r:
-                return {m["name"] for m in json.loads(r.read()) if m.get("state") == "READY"}
-        except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
+            return {m["name"] for m in states if m.get("state") == "READY"}
+        except (KeyError, TypeError):
             return None
 
     def metrics_text(self) -> str:
