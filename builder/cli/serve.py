@@ -1,13 +1,12 @@
 """`trident serve | infer`: run tritonserver on a repository, and talk to it."""
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 
 import click
 
-from builder.cli.common import EXIT_USAGE, complete_dir
+from builder.cli.common import EXIT_USAGE, complete_dir, sigterm_as_interrupt
 from builder.errors import TridentError
 from builder.spec import ServerSpec
 
@@ -64,26 +63,22 @@ def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, timeout:
     else:
         api_keys = None
 
-    def on_signal(_signum, _frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_signal)
     try:
-        server.start()
-        server.wait_ready(timeout)
-        click.echo(f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  "
-                   f"metrics {server.metrics_url}")
-        if openai_port is not None:
-            frontend = Frontend(server.grpc_url, openai_host, openai_port,
-                                api_keys).start()
-            click.echo(f"OpenAI API: {frontend.url}/v1")
-        sys.stdout.flush()
-        server.monitor()   # returns only by raising: the server exited or a stub died
+        with sigterm_as_interrupt():
+            server.start()
+            server.wait_ready(timeout)
+            click.echo(f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  "
+                       f"metrics {server.metrics_url}")
+            if openai_port is not None:
+                frontend = Frontend(server.grpc_url, openai_host, openai_port,
+                                    api_keys).start()
+                click.echo(f"OpenAI API: {frontend.url}/v1")
+            sys.stdout.flush()
+            server.monitor()   # returns only by raising: the server exited or a stub died
     except KeyboardInterrupt:
         click.echo("stopping tritonserver", err=True)
         return 0
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if frontend is not None:
             frontend.stop()
         server.stop()
