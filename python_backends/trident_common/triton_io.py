@@ -98,45 +98,41 @@ def send_error(sender, factory: ResponseFactory, message: str, started: bool,
     sender.send(flags=FINAL)
 
 
+# LlmMetrics' series: (attribute, name, help, kind, histogram buckets).
+_LLM_METRICS = [
+    ("ttft", "trident_time_to_first_token_seconds",
+     "Time from request arrival to its first generated token", HISTOGRAM, TTFT_BUCKETS),
+    ("itl", "trident_inter_token_latency_seconds",
+     "Mean time between generated tokens after the first, one observation per request",
+     HISTOGRAM, ITL_BUCKETS),
+    ("prompt_tokens", "trident_prompt_tokens_total", "Prompt tokens processed", COUNTER, None),
+    ("generation_tokens", "trident_generation_tokens_total", "Tokens generated", COUNTER, None),
+    ("in_flight", "trident_requests_in_flight", "Requests being generated", GAUGE, None),
+    ("aborted", "trident_requests_aborted_total",
+     "Requests aborted in the engine (client cancel or router abort)", COUNTER, None),
+    ("errors", "trident_request_errors_total", "Requests that ended in an error", COUNTER, None),
+    ("requests", "trident_requests_total", "Requests finished (any outcome)", COUNTER, None),
+    # Prompt tokens the engine's prefix cache served instead of computing them (vLLM:
+    # RequestOutput.num_cached_tokens; SGLang: meta_info.cached_tokens), counted once
+    # per request even when it ends early. With prompt_tokens it gives the hit rate.
+    ("prefix_cached_tokens", "trident_prefix_cached_tokens_total",
+     "Prompt tokens served from the engine's prefix cache", COUNTER, None),
+    # Set by the engine model's periodic health check; `trident serve` watches it.
+    ("engine_healthy", "trident_engine_healthy",
+     "1 while the engine passes its health check, 0 once it died", GAUGE, None),
+]
+
+
 class LlmMetrics:
     """Per-model Prometheus metrics on Triton's metrics port. They outlive the instance
     (see trident_common.metrics): the model's next instance continues the same series."""
 
     def __init__(self, model: str):
-        labels = {"model": model}
         self._set = metrics = MetricSet()
         self._model, self._adapters = model, {}
-        self.ttft = metrics.metric(
-            "trident_time_to_first_token_seconds",
-            "Time from request arrival to its first generated token", HISTOGRAM, labels,
-            TTFT_BUCKETS)
-        self.itl = metrics.metric(
-            "trident_inter_token_latency_seconds",
-            "Mean time between generated tokens after the first, one observation per request",
-            HISTOGRAM, labels, ITL_BUCKETS)
-        self.prompt_tokens = metrics.metric(
-            "trident_prompt_tokens_total", "Prompt tokens processed", COUNTER, labels)
-        self.generation_tokens = metrics.metric(
-            "trident_generation_tokens_total", "Tokens generated", COUNTER, labels)
-        self.in_flight = metrics.metric(
-            "trident_requests_in_flight", "Requests being generated", GAUGE, labels)
-        self.aborted = metrics.metric(
-            "trident_requests_aborted_total",
-            "Requests aborted in the engine (client cancel or router abort)", COUNTER, labels)
-        self.errors = metrics.metric(
-            "trident_request_errors_total", "Requests that ended in an error", COUNTER, labels)
-        self.requests = metrics.metric(
-            "trident_requests_total", "Requests finished (any outcome)", COUNTER, labels)
-        # Prompt tokens the engine's prefix cache served instead of computing them (vLLM:
-        # RequestOutput.num_cached_tokens; SGLang: meta_info.cached_tokens), counted once
-        # per request even when it ends early. With prompt_tokens it gives the hit rate.
-        self.prefix_cached_tokens = metrics.metric(
-            "trident_prefix_cached_tokens_total",
-            "Prompt tokens served from the engine's prefix cache", COUNTER, labels)
-        # Set by the engine model's periodic health check; `trident serve` watches it.
-        self.engine_healthy = metrics.metric(
-            "trident_engine_healthy", "1 while the engine passes its health check, 0 once it died",
-            GAUGE, labels)
+        for attribute, name, description, kind, buckets in _LLM_METRICS:
+            setattr(self, attribute,
+                    metrics.metric(name, description, kind, {"model": model}, buckets))
 
     def adapter_requests(self, adapter: str) -> Metric:
         """Requests served with a LoRA adapter, per adapter (a series on first use)."""
