@@ -46,6 +46,12 @@ def spec_option(required: bool = True, help: str = "deployment spec (YAML)"):
                         shell_complete=complete_file)
 
 
+def api_keys_option(help: str):
+    """--api-keys-file: the OpenAI frontend requires keys (builder.serve.openai.keys)."""
+    return click.option("--api-keys-file", type=click.Path(dir_okay=False), default=None,
+                        metavar="FILE", help=help)
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt():
     """SIGTERM raises KeyboardInterrupt for the duration, so a job cleans up after itself

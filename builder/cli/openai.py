@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from builder.cli.common import api_keys_option
 from builder.spec import ServerSpec
 
 
@@ -14,9 +15,8 @@ from builder.spec import ServerSpec
               help="HTTP port of the OpenAI API")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="address to listen on (0.0.0.0: every interface)")
-@click.option("--api-keys-file", type=click.Path(dir_okay=False), default=None,
-              metavar="FILE", help="require API keys: one `KEY TENANT` per line; a key "
-              "sets the request's tenant (401 for a missing or unknown key)")
+@api_keys_option("require API keys: one `KEY TENANT` per line; a key sets the request's "
+                 "tenant (401 for a missing or unknown key)")
 def openai_command(triton_url: str, port: int, host: str,
                    api_keys_file: str | None) -> int:
     """Serve OpenAI's API (/v1/models, /v1/chat/completions, /v1/completions) for the

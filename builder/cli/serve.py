@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from builder.cli.common import EXIT_USAGE, complete_dir, sigterm_as_interrupt
+from builder.cli.common import (EXIT_USAGE, api_keys_option, complete_dir,
+                                 sigterm_as_interrupt)
 from builder.errors import TridentError
 from builder.spec import ServerSpec
 
@@ -25,9 +26,8 @@ from builder.spec import ServerSpec
               help="also serve the OpenAI API on this port (started once Triton is ready)")
 @click.option("--openai-host", default="127.0.0.1", show_default=True,
               help="address of the OpenAI API")
-@click.option("--api-keys-file", type=click.Path(dir_okay=False), default=None,
-              metavar="FILE", help="the OpenAI API requires keys: one `KEY TENANT` per "
-              "line (see `trident openai --help`)")
+@api_keys_option("the OpenAI API requires keys: one `KEY TENANT` per line (see "
+                 "`trident openai --help`)")
 @click.option("--no-self-test", is_flag=True,
               help="skip the start-up check that the server's Python stub passes strings "
                    "intact (one echo through a throwaway second server, ~0.5 s)")
