@@ -20,8 +20,9 @@ def check_context_lengths(spec: DeploymentSpec,
     for i, model in enumerate(spec.models):
         key = _CONTEXT_ARGS.get(model.engine)
         wanted = model.engine_args.get(key) if key else None
+        ref = model_ref(model)
         try:
-            shape = load_shape(model_ref(model)) if model_ref(model) else None
+            shape = load_shape(ref) if ref else None
         except memory.BadModelConfig as e:
             raise SpecError(spec.file, f"models[{i}].model", str(e)) from None
         except memory.UnknownModelSize:

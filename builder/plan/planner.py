@@ -13,6 +13,7 @@ config.json of local models).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -411,10 +412,9 @@ def _smallest_fitting(gpu: GpuType, need: memory.MemoryNeed, share: float) -> Mi
 def plan_for_spec(spec: DeploymentSpec, live=topo.read_live) -> Plan:
     """Plan a spec as written: its topology file (or the live one) and model sizes from
     local config.json files or the table of well-known models."""
-    check_context_lengths(spec, memory.load_shape, _model_ref)
-    if spec.hardware.gpu == "cpu":
-        return plan_deployment(spec, None, memory.load_shape)
-    topology = topo.load_topology(spec.hardware.topology, spec.hardware.count, spec.file,
-                                  live)
-    return plan_deployment(spec, topology, memory.load_shape)
+    load_shape = functools.cache(memory.load_shape)   # each config.json is read once
+    check_context_lengths(spec, load_shape, _model_ref)
+    topology = None if spec.hardware.gpu == "cpu" else topo.load_topology(
+        spec.hardware.topology, spec.hardware.count, spec.file, live)
+    return plan_deployment(spec, topology, load_shape)
 
