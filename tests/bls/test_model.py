@@ -54,7 +54,8 @@ class FakeBackend:
     output (fail_message) after that many chunks; die_after: stop answering after that
     many chunks and fail every later request (a killed stub); control_delay_s: how long
     control requests (aborts, probes) take to answer (a busy engine). As trident's engine
-    models do, the last chunk carries the final flag, and stream=false gets one response."""
+    models do, the last chunk carries the final flag, and stream=false gets one response.
+    seen_inputs: every request's inputs, in order (aborts and probes too)."""
 
     def __init__(self, name, chunks=("a", "b", "c"), delay_s=0.0, first_error=None,
                  first_error_code=pb.TritonError.INTERNAL, fail_after=None, die_after=None,
@@ -63,13 +64,14 @@ class FakeBackend:
         self.first_error, self.first_error_code = first_error, first_error_code
         self.fail_after, self.die_after = fail_after, die_after
         self.fail_message, self.control_delay_s = fail_message, control_delay_s
-        self.request_ids = []
+        self.request_ids, self.seen_inputs = [], []
         self.dead, self.buried = threading.Event(), threading.Event()
         self.calls, self.aborted, self.controls = 0, [], 0
         self._aborts: dict[str, threading.Event] = {}
         self.lock = threading.Lock()
 
     def open(self, inputs):
+        self.seen_inputs.append(dict(inputs))
         if self.dead.is_set():
             raise pb.TritonModelException(f"Stub process '{self.name}_0_0' is not healthy.")
         abort_id = inputs.get("abort_request_id")
@@ -341,14 +343,9 @@ def test_relays_every_chunk_in_order_then_one_final(router):
 
 
 def test_router_only_inputs_are_not_forwarded(router):
-    seen = []
-
-    class Recording(FakeBackend):
-        def open(self, inputs):
-            seen.append(dict(inputs))
-            return super().open(inputs)
-
-    model = router(backends=[Recording("primary")])
+    backend = FakeBackend("primary")
+    seen = backend.seen_inputs
+    model = router(backends=[backend])
     hints = {name: "x" for name in interface.HINT_NAMES}
     run(model, ClientRequest(hints={**hints, "route": "primary", "request_id": "mine"}))
     assert not set(seen[0]) & set(interface.HINT_NAMES)
@@ -692,14 +689,9 @@ def test_the_engine_caps_the_inflight_limit(router, tmp_path):
 
 
 def test_one_message_object_is_forwarded_as_a_list(router):
-    seen = []
-
-    class Recording(FakeBackend):
-        def open(self, inputs):
-            seen.append(dict(inputs))
-            return super().open(inputs)
-
-    model = router(backends=[Recording("primary")])
+    backend = FakeBackend("primary")
+    seen = backend.seen_inputs
+    model = router(backends=[backend])
     request = ClientRequest(prompt=None, messages='{"role": "user", "content": "Hi"}')
     run(model, request)
     assert json.loads(seen[0]["messages"]) == [{"role": "user", "content": "Hi"}]

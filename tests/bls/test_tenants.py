@@ -234,14 +234,8 @@ def rejected(tenant, reason):
 
 
 def test_over_the_limit_never_reaches_a_backend(tenant_router):
-    seen = []
-
-    class Recording(FakeBackend):
-        def open(self, inputs):
-            seen.append(dict(inputs))
-            return super().open(inputs)
-
-    backend = Recording("primary")
+    backend = FakeBackend("primary")
+    seen = backend.seen_inputs
     model = tenant_router([backend])
     before = rejected("alice", "requests_per_minute")
     requests = [ClientRequest(hints={"tenant": "alice"}) for _ in range(3)]
