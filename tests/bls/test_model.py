@@ -324,6 +324,16 @@ def run(model, *requests, during=None):
     asyncio.run(main())
 
 
+def run_with_one_more(model, busy, other):
+    """run(busy); once it has streamed a text, execute `other` alongside it."""
+    async def after_first_text():
+        while not busy.texts():
+            await asyncio.sleep(0.002)
+        await model.execute([other])
+
+    run(model, busy, during=after_first_text)
+
+
 def gauge(model, backend):
     return pb.metric("trident_router_breaker_state", router="router", backend=backend).value()
 
@@ -541,13 +551,7 @@ def test_max_inflight_per_backend_rejects_with_a_clear_error(router):
     model = router(backends=[backend], max_inflight_per_backend=1)
     busy, rejected = ClientRequest(hints={"route": "alone"}), ClientRequest(
         hints={"route": "alone"})
-
-    async def second():
-        while not busy.texts():
-            await asyncio.sleep(0.002)
-        await model.execute([rejected])
-
-    run(model, busy, during=second)
+    run_with_one_more(model, busy, rejected)
     assert busy.texts() == ["x"] * 10
     (error,) = rejected.errors()
     assert "max_inflight_per_backend is 1" in error and "solo" in error
@@ -661,13 +665,7 @@ def test_all_backends_full_is_an_overloaded_error(router):
     model = router(backends=[backend], max_inflight_per_backend=1)
     busy, shed = ClientRequest(hints={"route": "alone"}), ClientRequest(
         hints={"route": "alone"})
-
-    async def second():
-        while not busy.texts():
-            await asyncio.sleep(0.002)
-        await model.execute([shed])
-
-    run(model, busy, during=second)
+    run_with_one_more(model, busy, shed)
     (error,) = shed.errors()
     assert error.startswith("overloaded: ") and "solo" in error
     assert pb.metric("trident_router_errors_total", router="router",
