@@ -37,7 +37,9 @@ class Outputs:
 
     def take(self, delta) -> None:
         if not self.stream and delta.logprobs is not None:
-            self._logprobs = (self._logprobs or []) + delta.logprobs
+            if self._logprobs is None:
+                self._logprobs = []
+            self._logprobs.extend(delta.logprobs)   # in place: not a copy per delta
 
     def values(self, delta, text: str) -> dict:
         """Output name → value for the response that ends with `delta`."""
