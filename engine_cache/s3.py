@@ -27,8 +27,8 @@ from engine_cache.errors import CacheError, CorruptEntry
 from engine_cache.key import is_engine_key
 from engine_cache.location import parse_s3_uri
 from engine_cache.manifest import MANIFEST_NAME, FileRecord, Manifest, parse_manifest
-from engine_cache.s3_client import (CONFLICT as _CONFLICT, DEFAULT_TRANSFER, MiB,  # noqa: F401
-                                    NOT_FOUND as _NOT_FOUND, S3Client, error_code, wait_all)
+from engine_cache.s3_client import (CONFLICT, DEFAULT_TRANSFER, MiB,  # noqa: F401
+                                    NOT_FOUND, S3Client, error_code, wait_all)
 from engine_cache.verified_file import VerifyingFile
 
 log = logging.getLogger("trident.engine_cache")
@@ -50,10 +50,6 @@ class S3Tier:
         self.transfer_config = transfer_config or DEFAULT_TRANSFER
         self.clock = clock
 
-    @staticmethod
-    def _code(error: botocore.exceptions.ClientError) -> str:
-        return error_code(error)
-
     def _where(self, object_key: str) -> str:
         return f"s3://{self.location.bucket}/{object_key}"
 
@@ -63,7 +59,7 @@ class S3Tier:
             try:
                 response = self.client.get_object(Bucket=self.location.bucket, Key=object_key)
             except botocore.exceptions.ClientError as e:
-                if self._code(e) in _NOT_FOUND:
+                if error_code(e) in NOT_FOUND:
                     return None
                 raise
             return response["Body"].read(), response["ETag"]
@@ -75,7 +71,7 @@ class S3Tier:
                 response = self.client.put_object(Bucket=self.location.bucket, Key=object_key,
                                                   Body=body, **condition)
             except botocore.exceptions.ClientError as e:
-                if self._code(e) in _CONFLICT or self._code(e) in _NOT_FOUND:
+                if error_code(e) in CONFLICT or error_code(e) in NOT_FOUND:
                     return None
                 raise
             return response["ETag"]
@@ -86,7 +82,7 @@ class S3Tier:
                 self.client.delete_object(Bucket=self.location.bucket, Key=object_key,
                                           **condition)
             except botocore.exceptions.ClientError as e:
-                if self._code(e) not in _CONFLICT | _NOT_FOUND:
+                if error_code(e) not in CONFLICT | NOT_FOUND:
                     raise
 
     # --- manifests ---------------------------------------------------------------------
@@ -99,7 +95,7 @@ class S3Tier:
             try:
                 self.client.head_object(Bucket=self.location.bucket, Key=self.manifest_key(key))
             except botocore.exceptions.ClientError as e:
-                if self._code(e) in _NOT_FOUND:
+                if error_code(e) in NOT_FOUND:
                     return False
                 raise
             return True
@@ -234,7 +230,7 @@ class S3Tier:
                     head = self.client.head_object(Bucket=self.location.bucket, Key=object_key,
                                                    ChecksumMode="ENABLED")
                 except botocore.exceptions.ClientError as e:
-                    if self._code(e) in _NOT_FOUND:
+                    if error_code(e) in NOT_FOUND:
                         problems.append(f"{record.path}: missing in S3")
                         continue
                     raise
@@ -290,7 +286,7 @@ class S3Tier:
                 try:
                     future.result()
                 except botocore.exceptions.ClientError as e:
-                    if self._code(e) not in _NOT_FOUND:
+                    if error_code(e) not in NOT_FOUND:
                         raise
                     missing.add(name)
         return missing
