@@ -29,33 +29,35 @@ class RouterMetrics:
         self.router = router
         self.set = MetricSet()
         self.metrics = {}
-        self._latency = self._metric("latency", (), buckets=[
+        self._latency = self.metric("latency", (), buckets=[
             0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1])
 
-    def _metric(self, kind, labels, buckets=None):
+    def metric(self, kind, labels, buckets=None, families=None):
+        """The series of family `kind` (in `families`, else FAMILIES) with the router's
+        label and `labels`, created on first use. TenantMetrics' families live here too."""
         key = (kind, labels)
         metric = self.metrics.get(key)
         if metric is None:
-            name, description, metric_kind = self.FAMILIES[kind]
+            name, description, metric_kind = (families or self.FAMILIES)[kind]
             metric = self.set.metric(name, description, metric_kind,
                                      {"router": self.router, **dict(labels)}, buckets)
             self.metrics[key] = metric
         return metric
 
     def request(self, route, backend):
-        self._metric("requests", (("route", route), ("served_by", backend))).increment(1)
+        self.metric("requests", (("route", route), ("served_by", backend))).increment(1)
 
     def fallback(self, backend):
-        self._metric("fallbacks", (("backend", backend),)).increment(1)
+        self.metric("fallbacks", (("backend", backend),)).increment(1)
 
     def abort(self, backend):
-        self._metric("aborts", (("backend", backend),)).increment(1)
+        self.metric("aborts", (("backend", backend),)).increment(1)
 
     def error(self, reason):
-        self._metric("errors", (("reason", reason),)).increment(1)
+        self.metric("errors", (("reason", reason),)).increment(1)
 
     def breaker_state(self, backend, state):
-        self._metric("breaker", (("backend", backend),)).set(STATE_VALUES[state])
+        self.metric("breaker", (("backend", backend),)).set(STATE_VALUES[state])
 
     def added_latency(self, seconds):
         self._latency.observe(seconds)

@@ -93,7 +93,7 @@ class Tenants:
         shared = set(config["share_prefix_cache"])
         self.known = {name: Tenant(name, name, entry, name in shared)
                       for name, entry in config["limits"].items()}
-        self.metrics = TenantMetrics(router_metrics.router, router_metrics.set)
+        self.metrics = TenantMetrics(router_metrics)
         self.pending = set()   # release tasks, referenced until done
         if store is None and config["redis"]:
             store = RedisStore(config["redis"], read_password(config), config["namespace"])
@@ -218,18 +218,12 @@ class TenantMetrics:
                   "(on_redis_error), lost (a release or token charge not written)", COUNTER),
     }
 
-    def __init__(self, router, metric_set):
-        self.router, self.set, self.metrics = router, metric_set, {}  # the router's set
+    def __init__(self, router_metrics):
+        self.router_metrics = router_metrics   # its set and series cache hold these too
         self.inflight = {}
 
     def _metric(self, kind, labels):
-        metric = self.metrics.get((kind, labels))
-        if metric is None:
-            name, description, metric_kind = self.FAMILIES[kind]
-            metric = self.set.metric(name, description, metric_kind,
-                                     {"router": self.router, **dict(labels)})
-            self.metrics[(kind, labels)] = metric
-        return metric
+        return self.router_metrics.metric(kind, labels, families=self.FAMILIES)
 
     def admitted(self, tenant):
         self._metric("admitted", (("tenant", tenant),)).increment(1)
