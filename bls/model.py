@@ -42,6 +42,8 @@ from trident_common.log import Log
 from trident_common.request import first_scalar, parse_messages
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+HINT_KEYS = (*HINT_NAMES, *ADAPTER_KEYS)   # the hints, and the adapter's (policy.adapter_name)
+READ_INPUTS = frozenset((*HINT_KEYS, "text_input", "messages", "stream"))   # Inbound's
 # How often the loop checks a stream for a client cancel, its deadline and silence: the
 # first check after FIRST_TOKEN_WATCH_S, then twice as long each time up to
 # STREAM_WATCH_S. Each check asks Triton (an IPC round trip): dozens of queued streams
@@ -203,11 +205,9 @@ class TritonPythonModel:
         params = request.parameters()
         if params and params != "{}":
             loaded = json.loads(params)
-            hints.update({k: loaded[k] for k in (*HINT_NAMES, *ADAPTER_KEYS) if k in loaded})
-        values = {t.name(): t for t in request.inputs()
-                  if t.name() in HINT_NAMES or t.name() in ("text_input", "messages",
-                                                            "stream", *ADAPTER_KEYS)}
-        for name in (*HINT_NAMES, *ADAPTER_KEYS):   # the adapter's: policy.adapter_name
+            hints.update({k: loaded[k] for k in HINT_KEYS if k in loaded})
+        values = {t.name(): t for t in request.inputs() if t.name() in READ_INPUTS}
+        for name in HINT_KEYS:
             if name in values:
                 hints[name] = first_scalar(values[name].as_numpy())
         text = first_scalar(values["text_input"].as_numpy()) if "text_input" in values else None
