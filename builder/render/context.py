@@ -3,6 +3,7 @@ environment with the per-format escaping filters, and the RenderContext a render
 (the spec, the plan, resolved model paths and engine directories)."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,21 +58,23 @@ def load_interface(path: Path = INTERFACE_FILE):
 INTERFACE = load_interface()
 
 
-def _environment() -> jinja2.Environment:
+@functools.cache   # one environment per (templates, interface): each template compiles once
+def _environment(templates: Path, interface) -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        loader=jinja2.FileSystemLoader(str(templates)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,   # each value is escaped for its own format (builder.render.escape)
     )
     env.filters.update(escape.FILTERS)
-    env.globals["interface"] = INTERFACE
+    env.globals["interface"] = interface
     return env
 
 
 def render_template(name: str, **values: Any) -> bytes:
     try:
-        return _environment().get_template(name).render(**values).encode()
+        template = _environment(TEMPLATES_DIR, INTERFACE).get_template(name)
+        return template.render(**values).encode()
     except (jinja2.TemplateError, escape.EscapeError) as e:
         raise RenderError(f"template {name}: {e}") from e
 
