@@ -12,10 +12,6 @@ from builder.plan.model import Plan
 from builder.spec import ModelSpec
 
 
-def instance_kind(model: ModelSpec, plan: Plan) -> str:
-    return plan.model(model.name).kind
-
-
 def instance_groups(model: ModelSpec, plan: Plan) -> list[dict]:
     """Triton instance groups. KIND_GPU lists one GPU per instance and lets Triton pass
     each instance its device; KIND_MODEL instances learn theirs from INSTANCE_DEVICES."""
