@@ -11,6 +11,8 @@ import json
 import re
 from typing import Any
 
+from builder.errors import printable
+
 # Sequences trident validate reads as unfilled placeholders (builder.render.validate._LEFTOVER).
 _PLACEHOLDER_START = re.compile(r"[{$](?=[{%])")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -38,8 +40,7 @@ def pbtxt_string(value: Any) -> str:
 def pbtxt_comment(value: Any) -> str:
     """Text for after a `#`: one line (a newline would end the comment), placeholder
     starts written as \\x escapes; it is never parsed back, only read."""
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
-    return _PLACEHOLDER_START.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return _PLACEHOLDER_START.sub(lambda m: f"\\x{ord(m.group()):02x}", printable(value))
 
 
 def pbtxt_ident(value: Any) -> str:
