@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterable
 
 from builder.errors import TridentError, printable
+from builder.spec.yaml_loader import MAX_BYTES
 
 MARKER = ".trident-repository"
 EXIT_USAGE = 2
@@ -34,7 +35,7 @@ def marker_text(spec_file: str) -> bytes:
     """The marker's content: what wrote the directory, and from which spec bytes."""
     try:
         with open(spec_file, "rb") as f:   # capped: the spec was read with the same cap
-            digest = hashlib.sha256(f.read(1 << 20)).hexdigest()
+            digest = hashlib.sha256(f.read(MAX_BYTES)).hexdigest()
     except OSError:
         digest = "none"   # a spec given as data (tests, the API): no file to digest
     return (f"trident model repository; `trident repo` may replace this directory.\n"
