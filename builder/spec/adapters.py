@@ -110,9 +110,12 @@ def check_files(spec, resolved_models: Mapping[str, str]) -> None:
     """Every adapter folder of every model is a LoRA the model can load; SpecError
     naming models[i].adapters.NAME otherwise."""
     for index, model in enumerate(spec.models):
+        adapters = adapters_of(model)
+        if not adapters:
+            continue   # no config.json to read for a model without adapters
         family = model.family or _model_type(resolved_models.get(model.name))
         limits = settings_of(model)
-        for name, path in adapters_of(model).items():
+        for name, path in adapters.items():
             reason = adapter_problem(adapter_path(spec.file, path), family, limits)
             if reason:
                 raise SpecError(spec.file, f"models[{index}].adapters.{name}", reason)
