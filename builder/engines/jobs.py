@@ -17,7 +17,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
+from builder.engines import lora as lora_mod
 from builder.engines import trtllm_build
+from builder.engines.lora import LoraBuild
 from builder.engines.trtllm_build import MachineProbe, Progress, Target, Tools
 from builder.errors import TridentError
 from builder.plan import gpus
@@ -46,6 +48,7 @@ class EngineJob:
     profile: Profile
     inputs: object          # engine_cache.EngineInputs
     key: str
+    lora: LoraBuild | None = None   # the model's adapters, when it has any
 
     @property
     def title(self) -> str:
@@ -96,11 +99,14 @@ def plan_job(spec: DeploymentSpec, model: ModelSpec, profile: Profile, target: T
     extra = {}
     if profile.speculative and profile.speculative.heads_model:
         extra["speculative_heads"] = digest(profile.speculative.heads_model)
-    args = trtllm_build.key_args(checkpoint, build, profile, extra)
+    lora = lora_mod.lora_build(spec.file, model, build.dtype)
+    args = trtllm_build.key_args(checkpoint, build, profile, extra,
+                                 lora_mod.key_args(lora, digest))
     inputs = EngineInputs(checkpoint_digest=digest(source), build_args=args,
                           target_sm=target.sm, trtllm_version=target.trtllm_version,
                           tensorrt_version=target.tensorrt_version)
-    return EngineJob(model.name, checkpoint, build, profile, inputs, engine_key(inputs))
+    return EngineJob(model.name, checkpoint, build, profile, inputs, engine_key(inputs),
+                     lora)
 
 
 def _with_spec_paths(spec: DeploymentSpec, checkpoint: Checkpoint,
@@ -294,7 +300,8 @@ class Builder:
             with tempfile.TemporaryDirectory(prefix="trident-build-") as work:
                 checkpoint_dir = self.checkpoint_dir(job, Path(work))
                 steps = trtllm_build.plan_steps(job.checkpoint, job.build, job.profile,
-                                                self.tools, checkpoint_dir, work, str(out_dir))
+                                                self.tools, checkpoint_dir, work, str(out_dir),
+                                                job.lora)
                 progress = Progress(job.title, len(steps), self.write, self.clock)
                 trtllm_build.run_steps(steps, out_dir / BUILD_LOG_FILE, progress, self.env)
             info = {**self.metadata(job), "key": job.key,

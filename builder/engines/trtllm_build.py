@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from builder.engines import lora as lora_mod
+from builder.engines.lora import LoraBuild
 from builder.errors import TridentError
 from builder.spec.trtllm import BuildSettings, Checkpoint, Profile
 
@@ -235,7 +237,7 @@ def gemm_plugin_value(profile: Profile, build: BuildSettings) -> str:
 
 
 def build_step(profile: Profile, build: BuildSettings, tools: Tools, checkpoint_dir: str,
-               out_dir: str) -> Step:
+               out_dir: str, lora: LoraBuild | None = None) -> Step:
     """trtllm-build: TRT-LLM checkpoint → rank<N>.engine + config.json in out_dir."""
     plugins = profile.plugins
 
@@ -266,35 +268,42 @@ def build_step(profile: Profile, build: BuildSettings, tools: Tools, checkpoint_
         argv += ["--speculative_decoding_mode",
                  SPECULATIVE_BUILD_MODES[profile.speculative.mode],
                  "--max_draft_len", str(profile.speculative.max_draft_len)]
+    if lora:
+        argv += lora_mod.build_flags(lora)      # LoRA plugin, adapters, rank, modules
     return Step("build", tuple(argv))
 
 
 def plan_steps(checkpoint: Checkpoint, build: BuildSettings, profile: Profile, tools: Tools,
-               checkpoint_dir: str, work_dir: str, out_dir: str) -> list[Step]:
+               checkpoint_dir: str, work_dir: str, out_dir: str,
+               lora: LoraBuild | None = None) -> list[Step]:
     """All steps of one engine. checkpoint_dir: the converted checkpoint when the spec gives
     one (a local copy of checkpoint.path); else the conversion writes into work_dir."""
     steps = []
     if checkpoint.needs_conversion:
         checkpoint_dir = str(Path(work_dir) / "checkpoint")
         steps.append(conversion_step(checkpoint, build, profile, tools, checkpoint_dir))
-    steps.append(build_step(profile, build, tools, checkpoint_dir, out_dir))
+    steps.append(build_step(profile, build, tools, checkpoint_dir, out_dir, lora))
     return steps
 
 
 def key_args(checkpoint: Checkpoint, build: BuildSettings, profile: Profile,
-             extra_digests: Mapping[str, str]) -> dict:
+             extra_digests: Mapping[str, str], lora: dict | None = None) -> dict:
     """Every build argument of one engine, for its cache key. Paths are left out: the
-    checkpoint (and heads/draft weights) enter the key through content digests."""
+    checkpoint (and heads/draft weights, adapters) enter the key through content digests.
+    `lora` (lora.key_args) only when the model has adapters: other keys stay as they were."""
     profile_args = asdict(profile)
     profile_args.pop("name")        # a profile renamed in the spec is the same engine
     profile_args.pop("serve")       # which engine is served is a runtime choice
     if profile.speculative:
         profile_args["speculative"].pop("heads_model")
-    return {"format": f"trtllm-{TRTLLM_TARGET_VERSION}-cli",
+    args = {"format": f"trtllm-{TRTLLM_TARGET_VERSION}-cli",
             "conversion": {"family": checkpoint.family, "modelopt": uses_modelopt(build)}
             if checkpoint.needs_conversion else None,
             "build": asdict(build), "profile": profile_args,
             "inputs": dict(sorted(extra_digests.items()))}
+    if lora is not None:
+        args["lora"] = lora
+    return args
 
 
 # ---------------------------------------------------------------------------------------

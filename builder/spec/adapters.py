@@ -79,13 +79,29 @@ def check_model(engine: str, args: Mapping[str, Any], extra: Mapping[str, Any], 
         raise node.error("is set but the model declares no adapters", "lora")
     if "adapters" not in extra:
         return
-    if engine == "tensorrt_llm":   # the build (--lora_plugin) and runtime sides are not rendered yet
-        raise node.error("LoRA adapters are served by vllm and sglang models; TensorRT-LLM "
-                         "adapters are not supported yet", "adapters")
+    if engine == "tensorrt_llm":
+        _check_trtllm(extra, node)
     for key in _LORA_ENGINE_ARGS:
         if key in args:
             raise node.error("is set by the lora section when a model has adapters "
                              "(give it there)", f"engine_args.{key}")
+
+
+def _check_trtllm(extra: Mapping[str, Any], node) -> None:
+    """What TensorRT-LLM's LoRA (as trident wires it, docs/lora.md) cannot take."""
+    build = extra.get("build")
+    dtype = getattr(build, "dtype", "fp16")
+    if dtype == "bf16":   # the pre-processing model sends the weights as numpy arrays
+        raise node.error("TensorRT-LLM adapters need build.dtype fp16 or fp32 (their weights "
+                         "travel as numpy arrays, which have no bfloat16)", "adapters")
+    for name, path in extra["adapters"].items():
+        if path.startswith("s3://"):
+            raise node.error("TensorRT-LLM adapters are local folders (trtllm-build reads "
+                             "them and trident repo converts them)", f"adapters.{name}")
+    lora = extra.get("lora")
+    if lora is not None and lora.max_cpu_loras is not None:
+        raise node.error("applies to vllm; TensorRT-LLM keeps every adapter in a host cache "
+                         "that trident sizes to hold them all", "lora.max_cpu_loras")
 
 
 def adapters_of(model) -> Mapping[str, str]:

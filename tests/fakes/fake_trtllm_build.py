@@ -18,6 +18,8 @@ from pathlib import Path
 
 SWITCH = ["enable", "disable"]
 PLUGIN_DTYPES = ["float16", "float32", "bfloat16", "fp8", "disable"]
+LORA_MODULES = ["attn_qkv", "attn_q", "attn_k", "attn_v", "attn_dense", "mlp_h_to_4h",
+                "mlp_4h_to_h", "mlp_gate"]
 
 
 def parse(argv):
@@ -38,7 +40,26 @@ def parse(argv):
                    choices=["draft_tokens_external", "lookahead_decoding", "medusa",
                             "explicit_draft_tokens", "eagle"])
     p.add_argument("--log_level", choices=["verbose", "info", "warning", "error"])
+    # LoRA arguments (build.py's "LoRA arguments" group; lora_plugin from plugin.py).
+    p.add_argument("--lora_plugin", choices=["auto", "float16", "float32", "bfloat16"])
+    p.add_argument("--lora_dir", nargs="+")
+    p.add_argument("--lora_ckpt_source", choices=["hf", "nemo"], default="hf")
+    p.add_argument("--max_lora_rank", type=int, default=64)
+    p.add_argument("--lora_target_modules", nargs="+", choices=LORA_MODULES)
     return p.parse_args(argv)
+
+
+def check_lora(args):
+    """What the real build reads of --lora_dir: each folder's adapter_config.json."""
+    for folder in args.lora_dir or []:
+        config_path = Path(folder) / "adapter_config.json"
+        if not config_path.is_file():
+            fail(f"{folder}: no adapter_config.json")
+        rank = json.loads(config_path.read_text()).get("r", 0)
+        if rank > args.max_lora_rank:
+            fail(f"{folder}: LoRA rank {rank} exceeds max_lora_rank {args.max_lora_rank}")
+    if args.lora_dir and not args.lora_plugin:
+        print("[TRT-LLM] [W] --lora_dir without --lora_plugin: LoRA is ignored", flush=True)
 
 
 def fail(message):
@@ -64,6 +85,7 @@ def main(argv):
         fail("inflight batching needs the GPT attention plugin")
     if args.use_paged_context_fmha == "enable" and args.context_fmha != "enable":
         fail("paged context FMHA needs context FMHA")
+    check_lora(args)
     mapping = pretrained.get("mapping", {})
     world = int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1))
     print(f"[TRT-LLM] [I] Set dtype to {pretrained.get('dtype')}.", flush=True)

@@ -23,6 +23,19 @@ def model(name="m", engine="vllm", **extra):
             **extra}
 
 
+def trt_model(**extra):
+    base = {"name": "t", "engine": "tensorrt_llm", "adapters": {"a": "x"},
+            "checkpoint": {"path": "/ckpt"}, "tokenizer": {"path": "/tok"},
+            "profiles": {"p": {"max_batch_size": 1, "max_input_len": 8, "max_seq_len": 16,
+                               "max_num_tokens": 16}}}
+    return {**base, **extra}
+
+
+def test_tensorrt_llm_adapters_parse():
+    m = spec_of(trt_model(build={"dtype": "fp16"}, lora={"max_lora_rank": 8})).models[0]
+    assert dict(m.extra["adapters"]) == {"a": "x"} and m.extra["lora"].max_lora_rank == 8
+
+
 def spec_of(*models, router=None):
     data = {"name": "t", "models": list(models)}
     if router is not None:
@@ -60,10 +73,12 @@ def test_adapters_and_limits_are_typed():
     ([model(adapters={"a": "x"}, lora={"rank": 8})], "models[0].lora.rank"),
     ([model(adapters={"a": "x"}, engine_args={"max_loras": 2})],
      "models[0].engine_args.max_loras: is set by the lora section"),
-    ([model(engine="tensorrt_llm", adapters={"a": "x"}, checkpoint={"path": "/ckpt"},
-            profiles={"p": {"max_batch_size": 1, "max_input_len": 8, "max_seq_len": 16,
-                            "max_num_tokens": 16}})],
-     "models[0].adapters: LoRA adapters are served by vllm and sglang models"),
+    ([trt_model(build={"dtype": "bf16"})],
+     "models[0].adapters: TensorRT-LLM adapters need build.dtype fp16 or fp32"),
+    ([trt_model(adapters={"a": "s3://b/a"})],
+     "models[0].adapters.a: TensorRT-LLM adapters are local folders"),
+    ([trt_model(lora={"max_cpu_loras": 8})],
+     "models[0].lora.max_cpu_loras: applies to vllm"),
 ])
 def test_bad_sections_name_the_field(models, expected):
     assert expected in error_of(*models)
