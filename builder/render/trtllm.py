@@ -11,13 +11,16 @@ builder.engines.jobs before rendering).
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from builder.engines import lora as lora_mod
 from builder.engines.jobs import spec_path
 from builder.plan import placement as placement_mod
 from builder.render.context import (BACKENDS_DIR, INTERFACE, VERSION, RenderContext,
                                     RenderError, copy_tree, render_template)
 from builder.spec import ModelSpec
+from builder.spec import adapters as adapters_spec
 from builder.spec import trtllm as trtllm_spec
 
 TEMPLATE_DIR = "tensorrt_llm"
@@ -39,6 +42,20 @@ PREPROCESSING_IO = {
                 _T("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,)),
                 _T("OUT_END_ID", "TYPE_INT32", (1,)), _T("OUT_PAD_ID", "TYPE_INT32", (1,))],
 }
+# With adapters: the ensemble's lora_name → the pre-processing model → the engine's LoRA
+# inputs (tensorrtllm backend v0.16 names; lora_weights in the build dtype).
+LORA_NAME = _T("lora_name", "TYPE_STRING", (1,), True)
+LORA_PREPROCESSING_IO = {
+    "inputs": [_T("LORA_NAME", "TYPE_STRING", (1,), True)],
+    "outputs": [_T("LORA_TASK_ID", "TYPE_UINT64", (1,)),
+                _T("LORA_WEIGHTS", "LORA_DTYPE", (-1, -1)),
+                _T("LORA_CONFIG", "TYPE_INT32", (-1, 3))],
+}
+LORA_ENGINE_INPUTS = {"LORA_TASK_ID": "lora_task_id", "LORA_WEIGHTS": "lora_weights",
+                      "LORA_CONFIG": "lora_config"}
+LORA_WEIGHT_TYPES = {"fp16": "TYPE_FP16", "fp32": "TYPE_FP32"}
+LORA_CACHE_GPU_FRACTION = 0.05     # TRT-LLM's own default share of free GPU memory
+LORA_CACHE_MIN_HOST_BYTES = 1 << 30
 POSTPROCESSING_IO = {
     "inputs": [_T("TOKENS_BATCH", "TYPE_INT32", (-1, -1)),
                _T("SEQUENCE_LENGTH", "TYPE_INT32", (-1,))],
@@ -62,25 +79,67 @@ def render(ctx: RenderContext, model: ModelSpec) -> dict[str, bytes]:
     batch = int(model.engine_args.get("max_batch_size", profile.max_batch_size))
     common = {"spec_file": ctx.spec.file, "max_batch_size": batch}
     tokenizer = _tokenizer_parameters(ctx, model)
+    lora = _lora(ctx, model, n)
+    ensemble_inputs = INTERFACE.TRTLLM_ENSEMBLE_INPUTS + ((LORA_NAME,) if lora else ())
     files = {
         f"{n['ensemble']}/config.pbtxt": render_template(
             f"{TEMPLATE_DIR}/ensemble.pbtxt.j2", model_name=n["ensemble"],
+            inputs=ensemble_inputs, lora=bool(lora),
             **{k: n[k] for k in ("preprocessing", "engine", "postprocessing")}, **common),
-        f"{n['engine']}/config.pbtxt": _engine_config(ctx, model, profile, n["engine"], common),
+        f"{n['engine']}/config.pbtxt": _engine_config(ctx, model, profile, n["engine"], common,
+                                                      lora),
         # Triton needs a version directory; the engine itself stays in the cache.
         f"{n['engine']}/{VERSION}/engine.txt":
             f"served engine (gpt_model_path): {ctx.engines[model.name].path}\n".encode(),
     }
-    for role, io, purpose in (
-            ("preprocessing", PREPROCESSING_IO, "Tokenizer: text_input → input_ids."),
-            ("postprocessing", POSTPROCESSING_IO, "Detokenizer: output_ids → text_output.")):
+    roles = (("preprocessing", lora.get("io", PREPROCESSING_IO), lora.get("parameters", {}),
+              "Tokenizer: text_input → input_ids" + (", lora_name → the engine's LoRA "
+                                                      "inputs." if lora else ".")),
+             ("postprocessing", POSTPROCESSING_IO, {},
+              "Detokenizer: output_ids → text_output."))
+    for role, io, extra, purpose in roles:
         files[f"{n[role]}/config.pbtxt"] = render_template(
             f"{TEMPLATE_DIR}/python_model.pbtxt.j2", model_name=n[role], purpose=purpose,
-            instances=model.instances, parameters=tokenizer, **io, **common)
+            instances=model.instances, parameters={**tokenizer, **extra}, **io, **common)
         files.update(copy_tree(BACKENDS_DIR / "tensorrt_llm" / role, f"{n[role]}/{VERSION}"))
         files.update(copy_tree(BACKENDS_DIR / "tensorrt_llm" / "common",
                                f"{n[role]}/{VERSION}"))
+    files.update(lora.get("files", {}))
     return files
+
+
+def _lora(ctx: RenderContext, model: ModelSpec, n: dict[str, str]) -> dict[str, Any]:
+    """The pre-processing model's LoRA tensors, parameters and converted adapters, and the
+    engine's LoRA inputs and cache parameters ({} for a model without adapters)."""
+    if not adapters_spec.adapters_of(model):
+        return {}
+    _, build, _ = trtllm_spec.sections(model)
+    weight_type = LORA_WEIGHT_TYPES[build.dtype]
+    files = lora_mod.adapter_files(ctx.spec.file, model, build.dtype,
+                                   f"{n['preprocessing']}/{VERSION}/lora")
+    outputs = [t._replace(dtype=weight_type) if t.dtype == "LORA_DTYPE" else t
+               for t in LORA_PREPROCESSING_IO["outputs"]]
+    rank = adapters_spec.settings_of(model).max_lora_rank
+    weight_bytes = sum(len(data) for path, data in files.items()
+                       if path.endswith(lora_mod.WEIGHTS_NPY))
+    return {
+        "io": {"inputs": PREPROCESSING_IO["inputs"] + LORA_PREPROCESSING_IO["inputs"],
+               "outputs": PREPROCESSING_IO["outputs"] + outputs},
+        "parameters": {"model_name": model.name,
+                       "lora_adapters": json.dumps(lora_mod.task_ids(model), sort_keys=True),
+                       # each engine instance has its own adapter cache
+                       "lora_send_weights": "first_use" if model.instances == 1 else "always"},
+        "files": files,
+        "weight_type": weight_type,
+        "engine_parameters": {
+            "lora_cache_optimal_adapter_size": str(rank),
+            "lora_cache_max_adapter_size": str(rank),
+            "lora_cache_gpu_memory_fraction": str(LORA_CACHE_GPU_FRACTION),
+            # every adapter stays in host memory: the weights are sent only once
+            "lora_cache_host_memory_bytes": str(max(LORA_CACHE_MIN_HOST_BYTES,
+                                                    2 * weight_bytes)),
+        },
+    }
 
 
 def _check_servable(model: ModelSpec, profile: trtllm_spec.Profile) -> None:
@@ -103,18 +162,20 @@ def _tokenizer_parameters(ctx: RenderContext, model: ModelSpec) -> dict[str, str
 
 
 def _engine_config(ctx: RenderContext, model: ModelSpec, profile: trtllm_spec.Profile,
-                   name: str, common: dict) -> bytes:
+                   name: str, common: dict, lora: dict[str, Any]) -> bytes:
     _, build, _ = trtllm_spec.sections(model)
     orchestrator = needs_orchestrator(ctx, model, build.world_size)
     served = ctx.engines[model.name]
     parameters = engine_parameters(model, profile, served.path,
                                    device_sets(ctx, model, build.world_size), orchestrator)
+    parameters.update(lora.get("engine_parameters", {}))
     scalar_inputs = [("end_id", "TYPE_INT32"), ("pad_id", "TYPE_INT32")] + [
         (t.engine, t.dtype) for t in INTERFACE.TRTLLM_INPUTS]
     engine = {"profile": profile.name, "orchestrator": orchestrator, "key": served.key}
     return render_template(
         f"{TEMPLATE_DIR}/tensorrt_llm.pbtxt.j2", model_name=name, engine=engine,
         instances=model.instances, parameters=parameters, scalar_inputs=scalar_inputs,
+        lora_weight_type=lora.get("weight_type"),
         max_queue_delay_microseconds=int(model.engine_args.get(
             "max_queue_delay_microseconds", 0)), **common)
 

@@ -153,6 +153,67 @@ def test_tokenizer_paths_are_relative_to_the_spec():
 
 
 # ---------------------------------------------------------------------------------------
+# LoRA adapters (docs/lora.md): ensemble lora_name → pre-processing → the engine's inputs
+
+
+def lora_model(tmp_path, **changes):
+    from tests.helpers.lora import write_adapter
+
+    adapters = {name: str(write_adapter(tmp_path / name, seed=seed, rank=8))
+                for name, seed in (("support", 1), ("legal", 2))}
+    return model(build={"dtype": "fp16", "tp_size": 2}, adapters=adapters,
+                 lora={"max_lora_rank": 8}, **changes)
+
+
+def test_lora_wiring_renders_and_validates(tmp_path):
+    from builder.engines.lora import convert_adapter
+
+    files = render([lora_model(tmp_path)], tmp_path)
+    assert validate_repository(tmp_path / "repo") == []
+    ensemble = config_of(files, "llama")
+    lora_input = next(t for t in ensemble.input if t.name == "lora_name")
+    assert lora_input.optional and model_config_pb2.DataType.Name(lora_input.data_type) \
+        == "TYPE_STRING"
+    pre, engine = ensemble.ensemble_scheduling.step[0], ensemble.ensemble_scheduling.step[1]
+    assert pre.input_map["LORA_NAME"] == "lora_name"
+    assert {k: engine.input_map[k] for k in ("lora_task_id", "lora_weights", "lora_config")} \
+        == {k: pre.output_map[v] for k, v in (("lora_task_id", "LORA_TASK_ID"),
+                                              ("lora_weights", "LORA_WEIGHTS"),
+                                              ("lora_config", "LORA_CONFIG"))}
+    engine_config = config_of(files, "llama_tensorrt_llm")
+    inputs = {t.name: t for t in engine_config.input}
+    assert model_config_pb2.DataType.Name(inputs["lora_weights"].data_type) == "TYPE_FP16"
+    assert all(inputs[n].optional for n in ("lora_task_id", "lora_weights", "lora_config"))
+    assert list(inputs["lora_config"].dims) == [-1, 3]
+    p = params(engine_config)
+    assert p["lora_cache_max_adapter_size"] == "8" == p["lora_cache_optimal_adapter_size"]
+    assert float(p["lora_cache_gpu_memory_fraction"]) == 0.05
+    assert int(p["lora_cache_host_memory_bytes"]) >= 1 << 30
+    pre_config = config_of(files, "llama_preprocessing")
+    pp = params(pre_config)
+    assert json.loads(pp["lora_adapters"]) == {"legal": 1, "support": 2}
+    assert (pp["lora_send_weights"], pp["model_name"]) == ("first_use", "llama")
+    assert {t.name for t in pre_config.output} >= {"LORA_TASK_ID", "LORA_WEIGHTS",
+                                                   "LORA_CONFIG"}
+    weights, config = convert_adapter(tmp_path / "legal", "fp16")
+    stored = np.load(tmp_path / "repo/llama_preprocessing/1/lora/legal/model.lora_weights.npy")
+    np.testing.assert_array_equal(stored, weights)
+    assert "llama_preprocessing/1/lora_adapters.py" in files
+
+
+def test_several_engine_instances_send_weights_always(tmp_path):
+    files = render([lora_model(tmp_path, instances=2)])
+    assert params(config_of(files, "llama_preprocessing"))["lora_send_weights"] == "always"
+
+
+def test_without_adapters_nothing_of_lora_is_rendered():
+    files = render([model()])
+    for name in ("llama", "llama_tensorrt_llm", "llama_preprocessing"):
+        assert "lora" not in files[f"{name}/config.pbtxt"].decode().lower(), name
+    assert not any("/lora/" in path for path in files)
+
+
+# ---------------------------------------------------------------------------------------
 # The contract with bls/adapters.py TrtllmAdapter
 
 _NP_TYPES = {np.dtype(np.float32): "TYPE_FP32", np.dtype(np.int32): "TYPE_INT32",

@@ -1,11 +1,17 @@
-"""TRT-LLM ensemble step 1: text_input → input_ids (the model's own tokenizer).
+"""TRT-LLM ensemble step 1: text_input → input_ids (the model's own tokenizer), and for a
+model with LoRA adapters, lora_name → the engine's lora_task_id / lora_weights / lora_config.
 
-Parameters (config.pbtxt): tokenizer_dir. Outputs end/pad ids so the engine stops where
-the tokenizer says a sequence ends.
+Parameters (config.pbtxt): tokenizer_dir; with adapters also model_name, lora_adapters and
+lora_send_weights (lora_adapters.py). Outputs end/pad ids so the engine stops where the
+tokenizer says a sequence ends.
 """
+import json
+from pathlib import Path
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from lora_adapters import LoraTable, engine_tensors, requested_name
 from tokenizing import encode_batch, load_tokenizer, special_ids
 
 
@@ -15,14 +21,19 @@ def _parameter(config, key):
 
 class TritonPythonModel:
     def initialize(self, args):
-        import json
-
         config = json.loads(args["model_config"])
         self.tokenizer = load_tokenizer(_parameter(config, "tokenizer_dir"))
         self.end_id, self.pad_id = special_ids(self.tokenizer)
+        parameters = config["parameters"]
+        model = parameters.get("model_name", {}).get("string_value", config["name"])
+        self.adapters = LoraTable.from_parameters(model, parameters,
+                                                  Path(__file__).resolve().parent / "lora")
 
     def execute(self, requests):
-        return [self._one(request) for request in requests]
+        responses = [self._one(request) for request in requests]
+        if self.adapters is not None:
+            self.adapters.commit()
+        return responses
 
     def _one(self, request):
         try:
@@ -32,6 +43,7 @@ class TritonPythonModel:
             if (output_len < 1).any():
                 raise ValueError("max_tokens must be >= 1")
             ids, lengths = encode_batch(self.tokenizer, query, self.pad_id)
+            lora = engine_tensors(self.adapters, _lora_name(request), ids.shape[0])
         except Exception as e:  # a bad request fails alone, never the model
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
         batch = ids.shape[0]
@@ -41,4 +53,11 @@ class TritonPythonModel:
             pb_utils.Tensor("REQUEST_OUTPUT_LEN", output_len.reshape(batch, 1)),
             pb_utils.Tensor("OUT_END_ID", np.full((batch, 1), self.end_id, dtype=np.int32)),
             pb_utils.Tensor("OUT_PAD_ID", np.full((batch, 1), self.pad_id, dtype=np.int32)),
-        ])
+        ] + [pb_utils.Tensor(name, value) for name, value in lora.items()])
+
+
+def _lora_name(request):
+    tensor = pb_utils.get_input_tensor_by_name(request, "LORA_NAME")
+    parameters = getattr(request, "parameters", None)   # Triton's request parameters (JSON)
+    return requested_name(tensor.as_numpy() if tensor is not None else None,
+                          parameters() if parameters else None)

@@ -1,0 +1,103 @@
+"""The LoRA adapters of a TRT-LLM model, as its pre-processing model hands them to the engine.
+
+`trident repo` converted each adapter into TRT-LLM's format beside this file
+(lora/NAME/model.lora_weights.npy, model.lora_config.npy) and names them in the
+`lora_adapters` parameter (name → lora_task_id). A request names its adapter with
+`lora_name` (the ensemble input, else a request parameter); the engine gets
+`lora_task_id` and, the first time this instance sends that task, its weights and config:
+the tensorrtllm backend caches adapters by task id (its host cache is sized to hold them
+all). With `lora_send_weights: always` (several engine instances, each with its own
+cache) every request carries them. Free of Triton types.
+"""
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+
+WEIGHTS_NPY = "model.lora_weights.npy"
+CONFIG_NPY = "model.lora_config.npy"
+
+
+class UnknownAdapter(ValueError):
+    """A request named an adapter the model does not hold (a client error)."""
+
+
+class LoraTable:
+    def __init__(self, model, task_ids, folder, send_always=False):
+        self.model = model
+        self.task_ids = dict(task_ids)
+        self.folder = Path(folder)
+        self.send_always = send_always
+        self._sent = set()          # task ids whose weights reached the engine
+        self._pending = set()       # ... in the batch being answered now
+        self._arrays = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_parameters(cls, model, parameters, folder):
+        """None for a model without adapters (its config has no lora_adapters)."""
+        if "lora_adapters" not in parameters:
+            return None
+        send = parameters.get("lora_send_weights", {}).get("string_value", "first_use")
+        return cls(model, json.loads(parameters["lora_adapters"]["string_value"]), folder,
+                   send_always=send == "always")
+
+    def select(self, name):
+        """(task id, weights or None, config or None) for adapter `name`."""
+        task = self.task_ids.get(name)
+        if task is None:
+            raise UnknownAdapter(
+                f"invalid request: unknown adapter {name!r} (lora_name): model "
+                f"{self.model} has adapters: {', '.join(sorted(self.task_ids))}")
+        with self._lock:
+            if task in self._sent and not self.send_always:
+                return task, None, None
+            self._pending.add(task)
+        weights, config = self._load(name)
+        return task, weights, config
+
+    def commit(self):
+        """The batch was answered: its adapters now sit in the engine's cache. Requests of
+        one batch all carry the weights, so none reaches the engine before them."""
+        with self._lock:
+            self._sent |= self._pending
+            self._pending.clear()
+
+    def _load(self, name):
+        if name not in self._arrays:   # a race loads twice, harmlessly
+            folder = self.folder / name
+            self._arrays[name] = (np.load(folder / WEIGHTS_NPY, allow_pickle=False),
+                                  np.load(folder / CONFIG_NPY, allow_pickle=False))
+        return self._arrays[name]
+
+
+def requested_name(name_tensor, parameters_json):
+    """The adapter a request names: the lora_name input, else its `lora_name` request
+    parameter; None for the base model."""
+    if name_tensor is not None:
+        values = np.asarray(name_tensor, dtype=object).reshape(-1)
+        value = values[0] if len(values) else b""
+        value = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+        if value:
+            return value
+    if parameters_json:
+        value = json.loads(parameters_json).get("lora_name")
+        if value:
+            return str(value)
+    return None
+
+
+def engine_tensors(table, name, batch):
+    """{output name: array} for the engine's LoRA inputs ({} for the base model)."""
+    if name is None:
+        return {}
+    if table is None:
+        raise UnknownAdapter(f"invalid request: unknown adapter {name!r} (lora_name): the "
+                             "model has no adapters")
+    task, weights, config = table.select(name)
+    out = {"LORA_TASK_ID": np.full((batch, 1), task, dtype=np.uint64)}
+    if weights is not None:
+        out["LORA_WEIGHTS"] = np.repeat(weights, batch, axis=0)
+        out["LORA_CONFIG"] = np.repeat(config, batch, axis=0)
+    return out

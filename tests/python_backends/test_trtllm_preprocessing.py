@@ -1,0 +1,132 @@
+"""The TRT-LLM pre-processing model with LoRA adapters, as `trident repo` renders it.
+
+The rendered model.py runs against tests/fakes/fake_pb_utils.py (Triton's stub module),
+with the tiny-llama tokenizer and two random adapters converted at render time; Triton
+drives it through initialize / execute. TRT-LLM itself cannot run here: what the engine
+does with the tensors is the GPU check's business (docs/lora.md).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import sys
+
+import numpy as np
+import pytest
+from google.protobuf import json_format
+
+from builder.engines import assets
+from builder.engines.lora import convert_adapter
+from builder.render.validate import parse_config
+from tests.fakes import fake_pb_utils as pb
+from tests.helpers.lora import write_adapter
+from tests.render.test_trtllm import model, render
+
+_MODULES = ("model", "lora_adapters", "tokenizing", "triton_python_backend_utils")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("trt-lora")
+    tokenizer = str(assets.ensure("tiny-llama"))
+    adapters = {name: str(write_adapter(tmp / name, seed=seed, rank=8))
+                for name, seed in (("support", 1), ("legal", 2))}
+    m = model(build={"dtype": "fp16"}, engine_args={}, adapters=adapters,
+              lora={"max_lora_rank": 8}, checkpoint={"hf_model": tokenizer, "family": "llama"})
+    render([m], tmp)
+    return tmp
+
+
+@contextlib.contextmanager
+def loaded(repo, config_changes=None):
+    """The rendered preprocessing model, initialized as Triton would."""
+    folder = repo / "repo" / "llama_preprocessing"
+    config = json.loads(json_format.MessageToJson(parse_config(folder / "config.pbtxt"),
+                                                  preserving_proto_field_name=True))
+    config.update(config_changes or {})
+    saved = {n: sys.modules.pop(n, None) for n in _MODULES}
+    sys.modules["triton_python_backend_utils"] = pb
+    sys.path.insert(0, str(folder / "1"))
+    try:
+        instance = importlib.import_module("model").TritonPythonModel()
+        instance.initialize({"model_config": json.dumps(config)})
+        yield instance
+    finally:
+        sys.path.pop(0)
+        for name, module in saved.items():
+            sys.modules.pop(name, None)
+            if module is not None:
+                sys.modules[name] = module
+
+
+class Request(pb.InferenceRequest):
+    """With Triton's request parameters (the fake has none)."""
+
+    def __init__(self, inputs, parameters=None):
+        super().__init__(inputs)
+        self._parameters = json.dumps(parameters or {})
+
+    def parameters(self):
+        return self._parameters
+
+
+def request(lora_name=None, parameters=None):
+    inputs = {"QUERY": pb.Tensor("QUERY", np.array([[b"hello there"]], dtype=object)),
+              "REQUEST_OUTPUT_LEN": pb.Tensor("REQUEST_OUTPUT_LEN",
+                                              np.array([[8]], dtype=np.int32))}
+    if lora_name is not None:
+        inputs["LORA_NAME"] = pb.Tensor("LORA_NAME",
+                                        np.array([[lora_name.encode()]], dtype=object))
+    return Request(inputs, parameters)
+
+
+def outputs(response) -> dict:
+    assert not response.has_error(), response.error().message()
+    return {t.name(): t.as_numpy() for t in response.output_tensors()}
+
+
+def test_base_requests_carry_no_lora_tensors(repo):
+    with loaded(repo) as m:
+        out = outputs(m.execute([request()])[0])
+    assert "INPUT_ID" in out and not any(name.startswith("LORA_") for name in out)
+
+
+def test_an_adapter_sends_its_task_and_weights_once(repo):
+    weights, config = convert_adapter(repo / "support", "fp16")
+    with loaded(repo) as m:
+        first, same_batch = (outputs(r) for r in m.execute([request("support")] * 2))
+        later = outputs(m.execute([request("support")])[0])
+        other = outputs(m.execute([request("legal")])[0])
+    for out in (first, same_batch):      # the whole first batch carries the weights
+        assert out["LORA_TASK_ID"].tolist() == [[2]] and out["LORA_TASK_ID"].dtype == np.uint64
+        np.testing.assert_array_equal(out["LORA_WEIGHTS"], weights)
+        np.testing.assert_array_equal(out["LORA_CONFIG"], config)
+        assert out["LORA_WEIGHTS"].dtype == np.float16 and out["LORA_CONFIG"].shape[-1] == 3
+    assert set(later) >= {"LORA_TASK_ID"} and "LORA_WEIGHTS" not in later   # cached now
+    assert later["LORA_TASK_ID"].tolist() == [[2]]
+    assert other["LORA_TASK_ID"].tolist() == [[1]] and "LORA_WEIGHTS" in other
+
+
+def test_send_always_for_several_engine_instances(repo):
+    parameters = parse_config(repo / "repo/llama_preprocessing/config.pbtxt").parameters
+    changed = {k: {"string_value": v.string_value} for k, v in parameters.items()}
+    changed["lora_send_weights"] = {"string_value": "always"}
+    with loaded(repo, {"parameters": changed}) as m:
+        for _ in range(2):
+            assert "LORA_WEIGHTS" in outputs(m.execute([request("legal")])[0])
+
+
+def test_the_request_parameter_names_an_adapter_too(repo):
+    with loaded(repo) as m:
+        out = outputs(m.execute([request(parameters={"lora_name": "legal"})])[0])
+    assert out["LORA_TASK_ID"].tolist() == [[1]]
+
+
+def test_an_unknown_adapter_fails_alone_listing_the_adapters(repo):
+    with loaded(repo) as m:
+        bad, good = m.execute([request("nope"), request("legal")])
+    assert bad.has_error() and bad.error().message() == (
+        "invalid request: unknown adapter 'nope' (lora_name): model llama has adapters: "
+        "legal, support")
+    assert outputs(good)["LORA_TASK_ID"].tolist() == [[1]]
