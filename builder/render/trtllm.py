@@ -88,6 +88,9 @@ def render(ctx: RenderContext, model: ModelSpec) -> dict[str, bytes]:
             **{k: n[k] for k in ("preprocessing", "engine", "postprocessing")}, **common),
         f"{n['engine']}/config.pbtxt": _engine_config(ctx, model, profile, n["engine"], common,
                                                       lora),
+        # Triton loads no model without a version folder, an ensemble included.
+        f"{n['ensemble']}/{VERSION}/ensemble.txt":
+            b"The ensemble's steps are in config.pbtxt; this folder is its version.\n",
         # Triton needs a version directory; the engine itself stays in the cache.
         f"{n['engine']}/{VERSION}/engine.txt":
             f"served engine (gpt_model_path): {ctx.engines[model.name].path}\n".encode(),
