@@ -1,0 +1,211 @@
+"""The router hop with a zero-cost engine: `router` vs the engine model, same server, one run.
+
+trident's SGLang model serves the SGLang test double (tests/fakes/fake_sglang.py), which
+makes tokens at no cost, so what is measured is Triton + the Python stubs + the relay, plus
+the router's BLS hop on the router path. Requests alternate between the two paths so that
+noise hits both. A client is one asyncio process with one gRPC stream per concurrent
+worker (tritonclient.grpc.aio), each worker sending its requests one after another.
+
+Goals (issue 16): TTFT p50 <= direct + 1 ms sequential and <= direct + 2 ms at 16 streams;
+requests/s at 64 concurrent streams >= 0.9x direct; per streamed chunk <= 1.3x direct.
+Usage: .venv/bin/python -m bench.zero_cost [OUT_DIR]
+"""
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import tritonclient.grpc.aio as aioclient
+
+from bench.common import bench_result
+from builder.pipeline import build_repository
+from builder.serve.client import build_inputs, first_output
+from builder.serve.server import start_on_free_ports
+from builder.spec import parse_spec
+from tests.gpu import check_sglang
+
+ROOT = Path(__file__).resolve().parent.parent
+DIRECT, ROUTER = check_sglang.MODEL, "router"
+SEQUENTIAL = 200          # single requests per path, alternating
+SHORT_TOKENS = 8          # tokens per request in the latency and throughput rounds
+CONCURRENCY = (16, 64)
+PER_WORKER = 12           # requests per worker per round
+ROUNDS = 3                # concurrent rounds per path, alternating
+LONG_TOKENS = 1000        # one stream, for the per-chunk cost
+LONG_RUNS = 5
+
+
+def engine_double(tokens: int) -> str:
+    """The model folder's `sglang.py`: the SGLang double, replying `tokens` words."""
+    return (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+            "from tests.fakes import fake_sglang\n"
+            f"fake_sglang.REPLY = ' '.join(f'w{{i}}' for i in range({tokens}))\n"
+            "Engine = fake_sglang.Engine\n")
+
+
+class Worker:
+    """One gRPC stream; `one()` sends a request and reads its responses to the last one."""
+
+    def __init__(self, url: str):
+        self.client = aioclient.InferenceServerClient(url)
+        self.outgoing: asyncio.Queue = asyncio.Queue()
+        self.responses = self.client.stream_infer(self._requests())
+
+    async def _requests(self):
+        while (request := await self.outgoing.get()) is not None:
+            yield request
+
+    async def one(self, model: str, tokens: int) -> tuple[float, int]:
+        """(seconds to the first text chunk, chunks) of one streamed request."""
+        await self.outgoing.put({"model_name": model, "inputs": build_inputs(
+            prompt="go", max_tokens=tokens), "request_id": uuid.uuid4().hex,
+            "enable_empty_final_response": True})
+        start, ttft, chunks = time.perf_counter(), None, 0
+        async for result, error in self.responses:
+            if error is not None:
+                raise RuntimeError(f"{model}: {error}")
+            if first_output(result, "text_output"):
+                ttft = ttft or time.perf_counter() - start
+                chunks += 1
+            # The aio client cannot ask for the empty final response (a reserved
+            # parameter): the last chunk is the one that carries a finish reason.
+            if first_output(result, "finish_reason"):
+                return ttft or 0.0, chunks
+        raise RuntimeError(f"{model}: stream ended without a finish reason")
+
+    async def close(self) -> None:
+        await self.outgoing.put(None)
+        await self.client.close()
+
+
+async def sequential(url: str) -> dict[str, list[float]]:
+    worker, ttft = Worker(url), {ROUTER: [], DIRECT: []}
+    try:
+        for i in range(SEQUENTIAL):
+            for model in (ROUTER, DIRECT) if i % 2 == 0 else (DIRECT, ROUTER):
+                ttft[model].append((await worker.one(model, 1))[0])
+    finally:
+        await worker.close()
+    return ttft
+
+
+async def concurrent_round(url: str, model: str, streams: int) -> dict:
+    workers = [Worker(url) for _ in range(streams)]
+
+    async def run(worker):
+        return [await worker.one(model, SHORT_TOKENS) for _ in range(PER_WORKER)]
+
+    try:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(run(w) for w in workers))
+        wall = time.perf_counter() - start
+    finally:
+        await asyncio.gather(*(w.close() for w in workers))
+    done = [r for worker_results in results for r in worker_results]
+    return {"requests_per_s": len(done) / wall, "ttft_s": [t for t, _ in done]}
+
+
+async def concurrent(url: str, streams: int) -> dict:
+    rounds = {ROUTER: [], DIRECT: []}
+    for i in range(ROUNDS):
+        for model in (ROUTER, DIRECT) if i % 2 == 0 else (DIRECT, ROUTER):
+            rounds[model].append(await concurrent_round(url, model, streams))
+    return {model: {"requests_per_s": statistics.median(r["requests_per_s"] for r in rs),
+                    "ttft_p50_s": statistics.median(t for r in rs for t in r["ttft_s"])}
+            for model, rs in rounds.items()}
+
+
+async def per_chunk(url: str) -> dict[str, float]:
+    """Seconds per streamed chunk of a LONG_TOKENS stream (median of LONG_RUNS)."""
+    worker, seconds = Worker(url), {ROUTER: [], DIRECT: []}
+    try:
+        for i in range(LONG_RUNS):
+            for model in (ROUTER, DIRECT) if i % 2 == 0 else (DIRECT, ROUTER):
+                start = time.perf_counter()
+                _, chunks = await worker.one(model, LONG_TOKENS)
+                if chunks != LONG_TOKENS:
+                    raise RuntimeError(f"{model}: {chunks} chunks, wanted {LONG_TOKENS}")
+                seconds[model].append((time.perf_counter() - start) / chunks)
+    finally:
+        await worker.close()
+    return {model: statistics.median(values) for model, values in seconds.items()}
+
+
+async def measure(url: str) -> dict:
+    await concurrent_round(url, ROUTER, 4)      # warm-up: both paths, every code path
+    await concurrent_round(url, DIRECT, 4)
+    single = await sequential(url)
+    return {"sequential_ttft_s": single,
+            "concurrent": {str(n): await concurrent(url, n) for n in CONCURRENCY},
+            "per_chunk_s": await per_chunk(url)}
+
+
+def rows_from(m: dict) -> list[dict]:
+    def ms(seconds):
+        return seconds * 1000
+
+    seq = {k: ms(statistics.median(v)) for k, v in m["sequential_ttft_s"].items()}
+    c16, c64 = m["concurrent"]["16"], m["concurrent"]["64"]
+    t16 = {k: ms(v["ttft_p50_s"]) for k, v in c16.items()}
+    rps64 = {k: v["requests_per_s"] for k, v in c64.items()}
+    chunk = {k: ms(v) for k, v in m["per_chunk_s"].items()}
+    return [
+        _row("TTFT p50 ms, sequential", seq, "<= direct + 1 ms", seq[ROUTER] - seq[DIRECT] <= 1),
+        _row("TTFT p50 ms, 16 streams", t16, "<= direct + 2 ms", t16[ROUTER] - t16[DIRECT] <= 2),
+        _row("TTFT p50 ms, 64 streams", {k: ms(v["ttft_p50_s"]) for k, v in c64.items()},
+             "report", None),
+        _row("requests/s, 16 streams", {k: v["requests_per_s"] for k, v in c16.items()},
+             "report", None),
+        _row("requests/s, 64 streams", rps64, ">= 0.9x direct",
+             rps64[ROUTER] >= 0.9 * rps64[DIRECT]),
+        _row("ms per streamed chunk", chunk, "<= 1.3x direct", chunk[ROUTER] <= 1.3 * chunk[DIRECT]),
+    ]
+
+
+def _row(metric: str, values: dict, target: str, met) -> dict:
+    ours, direct = values[ROUTER], values[DIRECT]
+    return {"metric": metric, "ours": ours, "direct": direct,
+            "ratio": ours / direct if direct else None, "target": target, "met": met}
+
+
+def deployment() -> dict:
+    """check_sglang's deployment, with room for 64 streams: the router sheds requests
+    beyond twice the engine's max_running_requests (16 there), and this bench measures
+    the hop, not the shedding."""
+    spec = check_sglang.deployment("/models/double", "cpu")
+    spec["models"][0]["engine_args"]["max_running_requests"] = max(CONCURRENCY)
+    return spec
+
+
+def serve_and_measure(work: Path) -> dict:
+    repo = work / "repo"
+    build_repository(parse_spec(deployment(), "<bench>"), repo)
+    (repo / DIRECT / "1" / "sglang.py").write_text(engine_double(LONG_TOKENS))
+    server = start_on_free_ports(repo, work / "tritonserver.log", timeout_s=120)
+    try:
+        return asyncio.run(measure(server.grpc_url))
+    finally:
+        server.stop()
+
+
+def run(out_dir: Path) -> dict:
+    with tempfile.TemporaryDirectory(prefix="trident-bench-zero-cost-") as tmp:
+        measured = serve_and_measure(Path(tmp))
+    return bench_result("zero_cost", rows_from(measured),
+                        {"engine": "SGLang test double (zero cost)", "sequential": SEQUENTIAL,
+                         "short_tokens": SHORT_TOKENS, "per_worker": PER_WORKER,
+                         "rounds": ROUNDS, "long_tokens": LONG_TOKENS}, measured)
+
+
+if __name__ == "__main__":
+    import json
+
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "bench_results")
+    out.mkdir(parents=True, exist_ok=True)
+    result = run(out)
+    print(json.dumps(result["rows"], indent=2))
