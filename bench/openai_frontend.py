@@ -3,127 +3,222 @@ frontend, `trident openai`, in its own process) and over gRPC straight to `route
 server, one run.
 
 Renders deploy/default.yaml, starts one tritonserver and one frontend, warms both paths
-up, then alternates (frontend, gRPC, gRPC, frontend, ...) so drift and noise hit both:
-- 1 stream: single requests, TTFT p50 and tokens/s per request;
-- 8 concurrent streams: TTFT p50 over every stream and tokens/s over the round.
-Greedy, fixed length (ignore_eos). The HTTP client is httpx reading raw SSE (not the
-openai package, whose parsing would be counted against the frontend). tokens/s counts
-the engine's own completion tokens (usage; num_output_tokens on gRPC).
+up, then alternates rounds (frontend, gRPC, gRPC, frontend, ...) so drift and noise hit
+both paths alike:
+- 1 stream: single requests, TTFT p50 and tokens/s per request (median);
+- 8 and 16 concurrent streams: TTFT p50 over every stream, tokens/s over each round
+  (median of the rounds).
+
+Both paths do the same work on the client: one asyncio loop, the same messages, greedy
+sampling with a fixed length (ignore_eos), one connection shared by every stream on the
+gRPC side (tritonclient.grpc.aio, as the frontend itself talks to Triton) and a pool of
+keep-alive connections on the HTTP side (httpx, raw SSE split by hand: no openai
+package, whose parsing would be counted against the frontend). TTFT is the first
+response (the first chunk); the end of a request is the response carrying the finish
+reason. tokens/s counts the engine's own completion tokens (usage; num_output_tokens).
+The CPU time of the frontend process and of this client is recorded per path, the
+steadiest sign of what the frontend costs on a busy machine.
 
 Wire into bench/run.py by adding "openai_frontend" to BENCHMARKS; alone:
 `.venv/bin/python -m bench.openai_frontend [OUT_DIR]`.
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import httpx
+import tritonclient.grpc.aio as grpcaio
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python_backends"))
 
-from bench.common import PROMPTS, bench_result, concurrently  # noqa: E402
+from bench.common import PROMPTS, bench_result  # noqa: E402
 from builder.pipeline import build_repository  # noqa: E402
-from builder.serve.client import stream_generate  # noqa: E402
+from builder.serve.client import build_inputs, first_output  # noqa: E402
 from builder.serve.server import TritonServer, free_port, start_on_free_ports  # noqa: E402
 from builder.spec import load_spec  # noqa: E402
 
 MODEL = "router"
 MAX_TOKENS = 32
-SINGLE_REQUESTS = 10     # per path, alternating
-ROUNDS = 3               # 8-stream rounds per path, alternating
-STREAMS = 8
+SINGLE_REQUESTS = 16     # per path, alternating
+ROUNDS = 5               # concurrent rounds per path and stream count, alternating
+STREAM_COUNTS = (8, 16)
 SAMPLING = {"temperature": 0, "ignore_eos": True}
 HTTP, GRPC = "openai_http", "grpc"
+PATHS = (HTTP, GRPC)
 
 
-def http_stream(client: httpx.Client, url: str, prompt: str) -> tuple[float, int, float]:
-    """(TTFT s, completion tokens, total s) of one streamed chat completion."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}],
-            "stream": True, "max_tokens": MAX_TOKENS, "stream_options":
-                {"include_usage": True}, **SAMPLING}
+def chat_body(prompt: str) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": prompt}],
+            "stream": True, "max_tokens": MAX_TOKENS,
+            "stream_options": {"include_usage": True}, **SAMPLING}
+
+
+def sse_events(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """The complete `data:` payloads in buffer, and the unfinished rest."""
+    *events, rest = buffer.split(b"\n\n")
+    return [e[len(b"data: "):] for e in events if e.startswith(b"data: ")], rest
+
+
+async def http_stream(client: httpx.AsyncClient, url: str, prompt: str) -> tuple:
+    """(TTFT s, completion tokens, s to the finish reason) of one streamed completion."""
     start = time.perf_counter()
-    ttft, tokens = 0.0, 0
-    with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
+    ttft = end = 0.0
+    tokens, buffer = 0, b""
+    async with client.stream("POST", url + "/v1/chat/completions",
+                             json=chat_body(prompt)) as response:
         if response.status_code != 200:
-            raise RuntimeError(f"HTTP {response.status_code}: {response.read()[:300]!r}")
-        for line in response.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[len("data: "):])
-            if "error" in chunk:
-                raise RuntimeError(chunk["error"]["message"])
-            if not ttft and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                ttft = time.perf_counter() - start
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-    return ttft, tokens, time.perf_counter() - start
+            raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread())[:300]!r}")
+        async for data in response.aiter_raw():
+            events, buffer = sse_events(buffer + data)
+            for event in events:
+                if event == b"[DONE]":
+                    continue
+                chunk = json.loads(event)
+                if "error" in chunk:
+                    raise RuntimeError(chunk["error"]["message"])
+                now = time.perf_counter()
+                choices = chunk["choices"]
+                if choices and not ttft:
+                    ttft = now - start
+                if choices and choices[0]["finish_reason"]:
+                    end = now - start
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+    return ttft, tokens, end
 
 
-def grpc_stream(url: str, prompt: str) -> tuple[float, int, float]:
-    result = stream_generate(url, MODEL, prompt, MAX_TOKENS, chat=True, sampling=SAMPLING)
-    return result.ttft_s, result.output_tokens, result.total_s
+async def grpc_stream(client: grpcaio.InferenceServerClient, prompt: str) -> tuple:
+    """The same as http_stream, over one gRPC stream straight to MODEL."""
+    inputs = build_inputs(messages=[{"role": "user", "content": prompt}],
+                          max_tokens=MAX_TOKENS, stream=True, sampling=SAMPLING,
+                          exclude_input_in_output=True)   # as the frontend sends it
+
+    async def one_request():
+        yield {"model_name": MODEL, "inputs": inputs, "request_id": uuid.uuid4().hex}
+
+    start = time.perf_counter()
+    ttft = end = 0.0
+    tokens = 0
+    async for result, error in client.stream_infer(one_request()):
+        if error is not None:
+            raise RuntimeError(f"{MODEL}: {error.message()}")
+        now = time.perf_counter()
+        if not ttft:
+            ttft = now - start
+        tokens = int(first_output(result, "num_output_tokens") or tokens)
+        if first_output(result, "finish_reason"):
+            end = now - start
+    return ttft, tokens, end
 
 
-def one(path: str, server: TritonServer, http_url: str, client: httpx.Client,
-        prompt: str) -> tuple[float, int, float]:
-    if path == HTTP:
-        return http_stream(client, http_url, prompt)
-    return grpc_stream(server.grpc_url, prompt)
+class Paths:
+    """Both paths' clients, and the CPU seconds each path cost (frontend, this client)."""
+
+    def __init__(self, http_url: str, grpc_url: str, frontend_pid: int):
+        limits = httpx.Limits(max_connections=max(STREAM_COUNTS),
+                              max_keepalive_connections=max(STREAM_COUNTS))
+        self.http = httpx.AsyncClient(timeout=300, limits=limits)
+        self.grpc = grpcaio.InferenceServerClient(grpc_url)
+        self.http_url, self.frontend_pid = http_url, frontend_pid
+        self.cpu = {p: {"frontend_s": 0.0, "client_s": 0.0, "tokens": 0} for p in PATHS}
+
+    async def close(self) -> None:
+        await self.http.aclose()
+        await self.grpc.close()
+
+    def one(self, path: str, prompt: str):
+        if path == HTTP:
+            return http_stream(self.http, self.http_url, prompt)
+        return grpc_stream(self.grpc, prompt)
+
+    async def round(self, path: str, streams: int) -> tuple[list[tuple], float]:
+        """`streams` requests at once; (each one's figures, wall s)."""
+        frontend, client = process_cpu_s(self.frontend_pid), time.process_time()
+        start = time.perf_counter()
+        results = await asyncio.gather(*(self.one(path, PROMPTS[i % len(PROMPTS)])
+                                         for i in range(streams)))
+        wall = time.perf_counter() - start
+        cpu = self.cpu[path]
+        cpu["frontend_s"] += process_cpu_s(self.frontend_pid) - frontend
+        cpu["client_s"] += time.process_time() - client
+        cpu["tokens"] += sum(r[1] for r in results)
+        return results, wall
 
 
-def concurrent_round(path, server, http_url, client) -> tuple[list[float], float]:
-    """STREAMS concurrent streams; (TTFT of each, tokens/s over the round)."""
-    results, wall = concurrently(STREAMS, lambda i: one(
-        path, server, http_url, client, PROMPTS[i % len(PROMPTS)]), path)
-    return [r[0] for r in results], sum(r[1] for r in results) / wall
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(server: TritonServer, http_url: str) -> dict:
-    limits = httpx.Limits(max_connections=STREAMS * 2, max_keepalive_connections=STREAMS)
-    with httpx.Client(timeout=300, limits=limits) as client:
-        for path in (HTTP, GRPC):     # warm-up
-            concurrent_round(path, server, http_url, client)
-        single = {HTTP: [], GRPC: []}
+def alternating(i: int) -> tuple:
+    return PATHS if i % 2 == 0 else PATHS[::-1]
+
+
+async def measure_async(http_url: str, grpc_url: str, frontend_pid: int) -> dict:
+    paths = Paths(http_url, grpc_url, frontend_pid)
+    try:
+        for path in PATHS:     # warm-up: connections, the engine's first batches
+            await paths.round(path, max(STREAM_COUNTS))
+        paths.cpu = {p: {k: 0 for k in paths.cpu[p]} for p in PATHS}
+        single = {p: [] for p in PATHS}
         for i in range(SINGLE_REQUESTS):
-            for path in (HTTP, GRPC) if i % 2 == 0 else (GRPC, HTTP):
-                single[path].append(one(path, server, http_url, client, PROMPTS[i]))
-        ttfts, rates = {HTTP: [], GRPC: []}, {HTTP: [], GRPC: []}
+            for path in alternating(i):
+                (result,), _ = await paths.round(path, 1)
+                single[path].append(result)
+        concurrent = {str(n): {p: {"ttft_s": [], "tokens_per_s": []} for p in PATHS}
+                      for n in STREAM_COUNTS}
         for i in range(ROUNDS):
-            for path in (HTTP, GRPC) if i % 2 == 0 else (GRPC, HTTP):
-                round_ttfts, rate = concurrent_round(path, server, http_url, client)
-                ttfts[path] += round_ttfts
-                rates[path].append(rate)
-    return {"single": single, "ttft": ttfts, "rates": rates}
+            for streams in STREAM_COUNTS:
+                for path in alternating(i):
+                    results, wall = await paths.round(path, streams)
+                    runs = concurrent[str(streams)][path]
+                    runs["ttft_s"] += [r[0] for r in results]
+                    runs["tokens_per_s"].append(sum(r[1] for r in results) / wall)
+        return {"single": single, "concurrent": concurrent, "cpu": paths.cpu}
+    finally:
+        await paths.close()
+
+
+def measure(server: TritonServer, http_url: str, frontend_pid: int) -> dict:
+    return asyncio.run(measure_async(http_url, server.grpc_url, frontend_pid))
 
 
 def rows_from(m: dict) -> list[dict]:
-    def p50_ms(values):
-        return statistics.median(values) * 1000
-
     def row(metric, ours, direct, higher_better):
         return {"metric": metric, "ours": ours, "direct": direct,
                 "ratio": ours / direct if direct else None,
                 "target": "measured (frontend vs gRPC to router)", "met": None,
                 "higher_better": higher_better}
 
-    single_rate = {p: statistics.median(t / total for _, t, total in m["single"][p])
-                   for p in (HTTP, GRPC)}
-    return [
-        row("TTFT p50 ms, 1 stream", p50_ms([r[0] for r in m["single"][HTTP]]),
-            p50_ms([r[0] for r in m["single"][GRPC]]), False),
-        row("tokens/s, 1 stream", single_rate[HTTP], single_rate[GRPC], True),
-        row(f"TTFT p50 ms, {STREAMS} streams", p50_ms(m["ttft"][HTTP]),
-            p50_ms(m["ttft"][GRPC]), False),
-        row(f"tokens/s, {STREAMS} streams", statistics.median(m["rates"][HTTP]),
-            statistics.median(m["rates"][GRPC]), True),
-    ]
+    def ttft_ms(values):
+        return statistics.median(values) * 1000
+
+    single = m["single"]
+    rows = [row("TTFT p50 ms, 1 stream", ttft_ms([r[0] for r in single[HTTP]]),
+                ttft_ms([r[0] for r in single[GRPC]]), False),
+            row("tokens/s, 1 stream", *(statistics.median(t / end for _, t, end in single[p])
+                                        for p in PATHS), True)]
+    for streams, by_path in m["concurrent"].items():
+        rows.append(row(f"TTFT p50 ms, {streams} streams",
+                        *(ttft_ms(by_path[p]["ttft_s"]) for p in PATHS), False))
+        rows.append(row(f"tokens/s, {streams} streams",
+                        *(statistics.median(by_path[p]["tokens_per_s"]) for p in PATHS), True))
+    cpu = m["cpu"]
+    rows.append(row("CPU ms per token (frontend + client)",
+                    *((cpu[p]["frontend_s"] + cpu[p]["client_s"]) * 1000 / cpu[p]["tokens"]
+                      for p in PATHS), False))
+    return rows
 
 
 def start_frontend(grpc_url: str, log_path: Path) -> tuple[subprocess.Popen, str]:
@@ -151,6 +246,7 @@ def start_frontend(grpc_url: str, log_path: Path) -> tuple[subprocess.Popen, str
 
 def run(out_dir: Path) -> dict:
     out_dir = Path(out_dir)
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="trident-bench-openai-") as tmp:
         repo = Path(tmp) / "repo"
         build_repository(load_spec(ROOT / "deploy" / "default.yaml"), repo)
@@ -159,7 +255,7 @@ def run(out_dir: Path) -> dict:
         try:
             frontend, http_url = start_frontend(server.grpc_url,
                                                 out_dir / "openai_frontend.frontend.log")
-            measured = measure(server, http_url)
+            measured = measure(server, http_url, frontend.pid)
         finally:
             if frontend is not None:
                 frontend.terminate()
@@ -168,14 +264,16 @@ def run(out_dir: Path) -> dict:
                 except subprocess.TimeoutExpired:
                     frontend.kill()
             server.stop()
+    measured["load_average_before"] = load_before
     return bench_result("openai_frontend", rows_from(measured),
-                        {"model": MODEL, "max_tokens": MAX_TOKENS, "streams": STREAMS,
-                         "rounds": ROUNDS, "single_requests": SINGLE_REQUESTS,
-                         "sampling": SAMPLING}, measured)
+                        {"model": MODEL, "max_tokens": MAX_TOKENS,
+                         "stream_counts": STREAM_COUNTS, "rounds": ROUNDS,
+                         "single_requests": SINGLE_REQUESTS, "sampling": SAMPLING}, measured)
 
 
 if __name__ == "__main__":
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "bench_results")
     out.mkdir(parents=True, exist_ok=True)
     result = run(out)
+    (out / "openai_frontend.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["rows"], indent=2))
