@@ -1,6 +1,8 @@
 """The OpenAI frontend's request and answer mapping, without a server."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from builder.serve.openai.protocol import (Answer, OpenAIError, finish_reason, from_triton,
@@ -137,6 +139,18 @@ def test_stream_chunks_carry_null_usage_only_when_asked():
     assert answer.usage_chunk(3, 4)["choices"] == []
     assert answer.usage_chunk(3, 4)["usage"]["total_tokens"] == 7
     assert "usage" not in Answer(chat(stream=True)).chunk("x")
+
+
+def test_a_text_chunk_from_the_template_is_the_chunk_json():
+    texts = ["Paris", ' "quoted" \\ back', "caf\u00e9 \u4e16\u754c", "\0 nul", "line\n", ""]
+    for answer in (Answer(chat(stream=True, stream_options={"include_usage": True})),
+                   Answer(chat(stream=True)),
+                   Answer(parse_completion({"model": "m", "prompt": "Say", "echo": True,
+                                            "stream": True}))):
+        answer.chunk("first", first=True)
+        for text in texts:
+            assert answer.text_chunk_json(text) == json.dumps(answer.chunk(text),
+                                                               ensure_ascii=False)
 
 
 def test_completion_echo_prefixes_the_prompt_once():

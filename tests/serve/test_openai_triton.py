@@ -112,3 +112,7 @@ def test_read_piece():
     piece, error = read_piece(_result(text_output="", finish_reason="error",
                                       error="engine died"))
     assert error == "engine died"
+    piece, error = read_piece(_result(text_output="caf\u00e9", served_by="smollm2",
+                                      finish_reason="length", num_output_tokens=32))
+    assert (piece.text, piece.served_by, piece.finish_reason, piece.output_tokens,
+            error) == ("caf\u00e9", "smollm2", "length", 32, None)

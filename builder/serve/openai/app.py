@@ -192,7 +192,7 @@ async def _events(answer: Answer, first: Optional[Piece], pieces: AsyncIterator[
         async for piece in pieces:
             last = piece
             if piece.text:
-                yield _sse(answer.chunk(piece.text))
+                yield b"data: " + answer.text_chunk_json(piece.text).encode() + b"\n\n"
         if not last.finish_reason:
             raise OpenAIError(502, f"{answer.generation.model}: the stream ended without "
                               "a finish reason", "server_error", None, "backend_error")

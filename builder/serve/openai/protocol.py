@@ -7,6 +7,7 @@ routing hints come from the body (`extra_body`) or `X-Trident-*` headers.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -297,6 +298,7 @@ class Answer:
     generation: Generation
     id: str = ""
     created: int = 0
+    _template: Optional[tuple] = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         self.id = self.id or new_id(self.generation.kind)
@@ -348,6 +350,16 @@ class Answer:
         if self.generation.include_usage:
             out["usage"] = None
         return out
+
+    def text_chunk_json(self, text: str) -> str:
+        """json.dumps(chunk(text)) from a template made once per answer: a streamed
+        token then costs one string encode, not a dict tree built and encoded."""
+        if self._template is None:
+            mark = json.dumps("\0")      # a request's id and model never hold a NUL
+            whole = json.dumps(self.chunk("\0"), ensure_ascii=False)
+            self._template = tuple(whole.rsplit(mark, 1))   # the text is the last string
+        head, tail = self._template
+        return head + json.dumps(text, ensure_ascii=False) + tail
 
     def usage_chunk(self, tokens_in: int, tokens_out: int) -> dict:
         out = self._head("chat.completion.chunk" if self.chat else "text_completion")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 import time
 import uuid
 from dataclasses import dataclass
@@ -113,22 +114,53 @@ def build_inputs(generation: Generation, info: ModelInfo) -> list:
     return tensors
 
 
+# One element of a numeric output, straight from its raw bytes (little-endian).
+NUMERIC = {"BOOL": struct.Struct("<?"), "INT32": struct.Struct("<i"),
+           "INT64": struct.Struct("<q"), "UINT32": struct.Struct("<I"),
+           "UINT64": struct.Struct("<Q"), "FP32": struct.Struct("<f")}
+
+
 def read_piece(result) -> tuple[Piece, Optional[str]]:
     """A streamed result as a Piece, and the mid-stream error it carries (or None)."""
-    def first(name: str):
-        try:
-            array = result.as_numpy(name)
-        except Exception:
-            return None
-        if array is None or array.size == 0:
-            return None
-        value = array.reshape(-1)[0]
-        return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    values = first_values(result)
+    text = values.get("text_output") or ""
+    error = values.get("error") or None
+    return Piece(text, values.get("finish_reason") or None,
+                 int(values.get("num_input_tokens") or 0),
+                 int(values.get("num_output_tokens") or 0),
+                 values.get("served_by") or ""), error
 
-    text = first("text_output") or ""
-    error = first("error") or None
-    return Piece(text, first("finish_reason") or None, int(first("num_input_tokens") or 0),
-                 int(first("num_output_tokens") or 0), first("served_by") or ""), error
+
+def first_values(result) -> dict:
+    """The first element of each output, by name (BYTES decoded as UTF-8). Read from
+    the response's raw bytes: this runs for every streamed token, and tritonclient's
+    as_numpy (a name search and a numpy array per output) costs several times more."""
+    response = result.get_response()
+    raws = response.raw_output_contents
+    values = {}
+    for i, output in enumerate(response.outputs):
+        raw = raws[i] if i < len(raws) else None
+        values[output.name] = _first(result, output, raw)
+    return values
+
+
+def _first(result, output, raw: Optional[bytes]):
+    if raw is not None and output.datatype == "BYTES":
+        if len(raw) < 4:
+            return None
+        size = int.from_bytes(raw[:4], "little")
+        return raw[4:4 + size].decode("utf-8", "replace")
+    if raw is not None and output.datatype in NUMERIC:
+        reader = NUMERIC[output.datatype]
+        return reader.unpack_from(raw)[0] if len(raw) >= reader.size else None
+    try:
+        array = result.as_numpy(output.name)    # typed contents, or a rarer data type
+    except Exception:
+        return None
+    if array is None or array.size == 0:
+        return None
+    value = array.reshape(-1)[0]
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 class Triton:
@@ -142,6 +174,7 @@ class Triton:
         self._index_at = -INDEX_TTL_S
         self._index_lock: Optional[asyncio.Lock] = None
         self._draining: set = set()
+        self._refreshing: Optional[asyncio.Future] = None
 
     @property
     def client(self) -> grpcaio.InferenceServerClient:
@@ -150,8 +183,9 @@ class Triton:
         return self._client
 
     async def close(self) -> None:
-        for task in list(self._draining):
-            task.cancel()
+        for task in [*self._draining, self._refreshing]:
+            if task is not None:
+                task.cancel()
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -184,13 +218,29 @@ class Triton:
             raise TritonUnavailable(self.url, e.message() or str(e)) from None
 
     async def info(self, model: str) -> ModelInfo:
-        """The model's info; 404 when it is not a READY text model."""
-        found = (await self.models()).get(model)
-        if found is None:
-            found = (await self.models(fresh=True)).get(model)   # loaded a moment ago?
+        """The model's info; 404 when it is not a READY text model. A model already
+        known is answered from the cache, and a stale index is re-read in the
+        background: a request never waits for the index (Triton's own answer says if
+        the model has gone since, as a 404)."""
+        found = self._models.get(model)
+        if found is not None:
+            if time.monotonic() - self._index_at > INDEX_TTL_S:
+                self._refresh_index()
+            return found
+        found = (await self.models(fresh=True)).get(model)   # loaded a moment ago?
         if found is None:
             raise model_not_found(model)
         return found
+
+    def _refresh_index(self) -> None:
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._refresh_quietly())
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self.models(fresh=True)
+        except OpenAIError:
+            pass     # Triton is away: the request that comes next says so
 
     def stream(self, generation: Generation, info: ModelInfo) -> "Call":
         return Call(self, info.name, build_inputs(generation, info))
