@@ -42,11 +42,12 @@ PREPROCESSING_IO = {
                 _T("REQUEST_OUTPUT_LEN", "TYPE_INT32", (1,)),
                 _T("OUT_END_ID", "TYPE_INT32", (1,)), _T("OUT_PAD_ID", "TYPE_INT32", (1,))],
 }
-# With adapters: the ensemble's lora_name → the pre-processing model → the engine's LoRA
+# With adapters: the ensemble's lora_name (or sampling_parameters.lora_name, vllm_backend's
+# dialect) → the pre-processing model → the engine's LoRA
 # inputs (tensorrtllm backend v0.16 names; lora_weights in the build dtype).
-LORA_NAME = _T("lora_name", "TYPE_STRING", (1,), True)
+LORA_INPUTS = {"lora_name": "LORA_NAME", "sampling_parameters": "SAMPLING_PARAMETERS"}
 LORA_PREPROCESSING_IO = {
-    "inputs": [_T("LORA_NAME", "TYPE_STRING", (1,), True)],
+    "inputs": [_T(name, "TYPE_STRING", (1,), True) for name in LORA_INPUTS.values()],
     "outputs": [_T("LORA_TASK_ID", "TYPE_UINT64", (1,)),
                 _T("LORA_WEIGHTS", "LORA_DTYPE", (-1, -1)),
                 _T("LORA_CONFIG", "TYPE_INT32", (-1, 3))],
@@ -80,11 +81,12 @@ def render(ctx: RenderContext, model: ModelSpec) -> dict[str, bytes]:
     common = {"spec_file": ctx.spec.file, "max_batch_size": batch}
     tokenizer = _tokenizer_parameters(ctx, model)
     lora = _lora(ctx, model, n)
-    ensemble_inputs = INTERFACE.TRTLLM_ENSEMBLE_INPUTS + ((LORA_NAME,) if lora else ())
+    ensemble_inputs = INTERFACE.TRTLLM_ENSEMBLE_INPUTS + (tuple(
+        _T(name, "TYPE_STRING", (1,), True) for name in LORA_INPUTS) if lora else ())
     files = {
         f"{n['ensemble']}/config.pbtxt": render_template(
             f"{TEMPLATE_DIR}/ensemble.pbtxt.j2", model_name=n["ensemble"],
-            inputs=ensemble_inputs, lora=bool(lora),
+            inputs=ensemble_inputs, lora_inputs=LORA_INPUTS if lora else {},
             **{k: n[k] for k in ("preprocessing", "engine", "postprocessing")}, **common),
         f"{n['engine']}/config.pbtxt": _engine_config(ctx, model, profile, n["engine"], common,
                                                       lora),

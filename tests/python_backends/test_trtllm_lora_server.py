@@ -31,7 +31,7 @@ def stand_in_engine(repo: Path, record: Path) -> None:
     shutil.copy(STAND_IN, folder / "1" / "model.py")
 
 
-def generate(client, lora_name=None):
+def generate(client, lora_name=None, sampling=None):
     """One streamed request to the ensemble: (text or None, error message or None)."""
     import tritonclient.grpc as grpcclient
 
@@ -39,6 +39,9 @@ def generate(client, lora_name=None):
               "max_tokens": np.array([[4]], dtype=np.int32)}
     if lora_name is not None:
         values["lora_name"] = np.array([[lora_name.encode()]], dtype=object)
+    if sampling is not None:
+        values["sampling_parameters"] = np.array([[json.dumps(sampling).encode()]],
+                                                 dtype=object)
     inputs = []
     for name, value in values.items():
         tensor = grpcclient.InferInput(name, list(value.shape),
@@ -79,7 +82,7 @@ def test_lora_tensors_reach_the_engine_step(tmp_path):
         text, error = generate(client, "nope")
         assert text is None and "unknown adapter 'nope' (lora_name): model llama has " \
             "adapters: legal, support" in error
-        assert generate(client, "legal")[1] is None
+        assert generate(client, sampling={"lora_name": "legal"})[1] is None
     finally:
         server.stop()
     seen = [json.loads(line) for line in record.read_text().splitlines()]

@@ -71,13 +71,16 @@ class Request(pb.InferenceRequest):
         return self._parameters
 
 
-def request(lora_name=None, parameters=None):
+def request(lora_name=None, parameters=None, sampling=None):
     inputs = {"QUERY": pb.Tensor("QUERY", np.array([[b"hello there"]], dtype=object)),
               "REQUEST_OUTPUT_LEN": pb.Tensor("REQUEST_OUTPUT_LEN",
                                               np.array([[8]], dtype=np.int32))}
     if lora_name is not None:
         inputs["LORA_NAME"] = pb.Tensor("LORA_NAME",
                                         np.array([[lora_name.encode()]], dtype=object))
+    if sampling is not None:
+        inputs["SAMPLING_PARAMETERS"] = pb.Tensor(
+            "SAMPLING_PARAMETERS", np.array([[json.dumps(sampling).encode()]], dtype=object))
     return Request(inputs, parameters)
 
 
@@ -117,10 +120,20 @@ def test_send_always_for_several_engine_instances(repo):
             assert "LORA_WEIGHTS" in outputs(m.execute([request("legal")])[0])
 
 
-def test_the_request_parameter_names_an_adapter_too(repo):
+@pytest.mark.parametrize("how", [{"parameters": {"lora_name": "legal"}},
+                                 {"sampling": {"lora_name": "legal"}}])
+def test_sampling_parameters_or_a_request_parameter_name_an_adapter_too(repo, how):
     with loaded(repo) as m:
-        out = outputs(m.execute([request(parameters={"lora_name": "legal"})])[0])
+        out = outputs(m.execute([request(**how)])[0])
     assert out["LORA_TASK_ID"].tolist() == [[1]]
+
+
+def test_other_sampling_parameters_are_refused_not_ignored(repo):
+    with loaded(repo) as m:
+        response = m.execute([request(sampling={"lora_name": "legal", "top_k": 3})])[0]
+    assert response.error().message() == ("sampling_parameters of the TRT-LLM ensemble carry "
+                                          "only lora_name; send top_k as the ensemble's own "
+                                          "inputs")
 
 
 def test_an_unknown_adapter_fails_alone_listing_the_adapters(repo):

@@ -3,7 +3,8 @@
 `trident repo` converted each adapter into TRT-LLM's format beside this file
 (lora/NAME/model.lora_weights.npy, model.lora_config.npy) and names them in the
 `lora_adapters` parameter (name → lora_task_id). A request names its adapter with
-`lora_name` (the ensemble input, else a request parameter); the engine gets
+`lora_name` (the ensemble input, in sampling_parameters, or a request parameter); the
+engine gets
 `lora_task_id` and, the first time this instance sends that task, its weights and config:
 the tensorrtllm backend caches adapters by task id (its host cache is sized to hold them
 all). With `lora_send_weights: always` (several engine instances, each with its own
@@ -72,20 +73,29 @@ class LoraTable:
         return self._arrays[name]
 
 
-def requested_name(name_tensor, parameters_json):
-    """The adapter a request names: the lora_name input, else its `lora_name` request
-    parameter; None for the base model."""
-    if name_tensor is not None:
-        values = np.asarray(name_tensor, dtype=object).reshape(-1)
-        value = values[0] if len(values) else b""
-        value = value.decode("utf-8") if isinstance(value, bytes) else str(value)
-        if value:
-            return value
-    if parameters_json:
-        value = json.loads(parameters_json).get("lora_name")
-        if value:
-            return str(value)
-    return None
+def _first_text(tensor):
+    values = np.asarray(tensor, dtype=object).reshape(-1) if tensor is not None else []
+    value = values[0] if len(values) else b""
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def requested_name(name_tensor, sampling_tensor, parameters_json):
+    """The adapter a request names: the lora_name input, else `lora_name` in its
+    sampling_parameters (vllm_backend's dialect), else its `lora_name` request parameter;
+    None for the base model. The ensemble's sampling_parameters carry only lora_name:
+    TRT-LLM's sampling knobs are tensors of their own, and ignoring them would be silent."""
+    name = _first_text(name_tensor)
+    sampling = json.loads(_first_text(sampling_tensor) or "{}")
+    if not isinstance(sampling, dict):
+        raise ValueError("sampling_parameters must be a JSON object")
+    others = sorted(set(sampling) - {"lora_name"})
+    if others:
+        raise ValueError(f"sampling_parameters of the TRT-LLM ensemble carry only lora_name; "
+                         f"send {', '.join(others)} as the ensemble's own inputs")
+    name = name or sampling.get("lora_name") or ""
+    if not name and parameters_json:
+        name = json.loads(parameters_json).get("lora_name") or ""
+    return str(name) or None
 
 
 def engine_tensors(table, name, batch):

@@ -57,7 +57,9 @@ class TritonPythonModel:
 
 
 def _lora_name(request):
-    tensor = pb_utils.get_input_tensor_by_name(request, "LORA_NAME")
+    name, sampling = (pb_utils.get_input_tensor_by_name(request, n)
+                      for n in ("LORA_NAME", "SAMPLING_PARAMETERS"))
     parameters = getattr(request, "parameters", None)   # Triton's request parameters (JSON)
-    return requested_name(tensor.as_numpy() if tensor is not None else None,
+    return requested_name(name.as_numpy() if name is not None else None,
+                          sampling.as_numpy() if sampling is not None else None,
                           parameters() if parameters else None)
