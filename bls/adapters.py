@@ -31,7 +31,9 @@ class PythonLlmAdapter:
 
     outputs = LLM_OUTPUTS
 
-    def inputs(self, inputs, request_id):
+    def inputs(self, inputs, request_id, adapter=None):
+        """The client's inputs and the router's request id (the model reads the adapter
+        from sampling_parameters or the forwarded request parameters itself)."""
         return inputs + [_string_tensor(interface.REQUEST_ID, request_id)]
 
     def abort_inputs(self, request_id):
@@ -63,11 +65,14 @@ class TrtllmAdapter:
     def __init__(self, backend):
         self.backend = backend
 
-    def inputs(self, inputs, request_id):
+    def inputs(self, inputs, request_id, adapter=None):
+        """The ensemble's inputs; `adapter` is the LoRA adapter the request names (in
+        sampling_parameters or a request parameter), sent as the lora_name input."""
         values = {t.name(): t.as_numpy() for t in inputs}
         if "messages" in values:
             raise ValueError("the TRT-LLM ensemble takes text_input, not messages")
         sampling = json.loads(first_scalar(values.get("sampling_parameters")) or "{}")
+        adapter = sampling.pop("lora_name", None) or adapter
         max_tokens = first_scalar(values.get("max_tokens"))
         max_tokens = max_tokens or sampling.pop("max_tokens", DEFAULT_MAX_TOKENS)
         out = [
@@ -79,6 +84,8 @@ class TrtllmAdapter:
         if "exclude_input_in_output" in values:
             out.append(pb_utils.Tensor("exclude_input_in_output", np.array(
                 [[bool(first_scalar(values["exclude_input_in_output"]))]], dtype=bool)))
+        if adapter:
+            out.append(_string_tensor("lora_name", adapter, (1, 1)))
         for key, value in sampling.items():
             if key not in TRTLLM_SAMPLING:
                 raise ValueError(f"sampling parameter {key!r} is not supported by TRT-LLM "

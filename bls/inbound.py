@@ -15,10 +15,16 @@ ENGINE_CAPACITY_KEYS = {"vllm": "max_num_seqs", "sglang": "max_running_requests"
 class Inbound:
     """What the router reads from a client's request, once."""
 
-    __slots__ = ("features", "stream", "replaced")
+    __slots__ = ("features", "stream", "replaced", "returns", "parameters")
 
-    def __init__(self, features, stream, replaced):
+    def __init__(self, features, stream, replaced, returns=None, parameters=None):
         self.features, self.stream, self.replaced = features, stream, replaced
+        # The client's request parameters, forwarded to the backend as they are: they may
+        # carry sampling values (vllm_backend's dialect). None when there are none.
+        self.parameters = parameters
+        # The return_* flags the client sent, name → value (None: it sent none; then
+        # the engine reports running token totals, else per-response counts).
+        self.returns = returns
 
 
 def inflight_limit(configured, capacity):

@@ -7,13 +7,14 @@ probe answered with an error) is recorded in its circuit breaker and the next ca
 is tried; after the first token an error reaches the client as an error response and the
 final flag. A client's mistake (`invalid request: ...`) is never the backend's failure.
 
-Hot path: BLS resolves `async_exec` with the backend's first response in hand, so the
-first response is sent from the event loop at once; the rest of the stream (a blocking
-iterator) is pumped by one worker thread per stream (`Relay`), which sends each chunk as
-it arrives, with no event-loop hop in between. The event loop supervises: client cancel,
-first-token timeout, deadline, and a backend that went silent (its stub died: a BLS
-iterator then never ends, so the router probes the backend and gives up on it if the
-probe fails; a probe that is merely slow means busy, not dead).
+Hot path: one worker thread per attempt (`Relay.run`) makes the BLS call, which returns
+with the backend's first response in hand, sends it at once, then sends each later chunk
+as it arrives from the (blocking) BLS iterator: no event-loop hop anywhere between the
+backend and the client. The event loop decides and supervises: routing, tenants,
+fallback after a failed first response, client cancel, first-token timeout, deadline,
+and a backend that went silent (its stub died: a BLS iterator then never ends, so the
+router probes the backend and gives up on it if the probe fails; a probe that is merely
+slow means busy, not dead).
 
 A non-streaming request (stream false or absent) is answered with exactly one response
 carrying the final flag, as the backend sent it: Triton's HTTP generate endpoint accepts
@@ -24,6 +25,7 @@ import faulthandler
 import json
 import os
 import secrets
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -32,33 +34,42 @@ import triton_python_backend_utils as pb_utils
 
 from adapters import ROUTER_ONLY_INPUTS, Adapters  # siblings in the model's directory
 from breaker import HALF_OPEN, BreakerConfig, CircuitBreaker
+from control import SILENCE_PROBE_S, Controls
 from inbound import QUEUE_FACTOR, Inbound, engine_capacity, inflight_limit
 from policy import ADAPTER_KEYS, Policy, UnknownRoute, features_from
-from relay import CLIENT_ERROR, Relay, Retired, drain, first_error
+from relay import CLIENT_ERROR, Relay, Retired
 from router_metrics import RouterMetrics
 from tenants import Tenants
-from trident_common.interface import HINT_NAMES
+from trident_common.interface import HINT_NAMES, RETURNABLE
 from trident_common.log import Log
 from trident_common.request import first_scalar, parse_messages
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 HINT_KEYS = (*HINT_NAMES, *ADAPTER_KEYS)   # the hints, and the adapter's (policy.adapter_name)
-READ_INPUTS = frozenset((*HINT_KEYS, "text_input", "messages", "stream"))   # Inbound's
+RETURN_FLAGS = tuple(f"return_{name}" for name in RETURNABLE)
+READ_INPUTS = frozenset((*HINT_KEYS, *RETURN_FLAGS, "text_input", "messages", "stream"))
 # How often the loop checks a stream for a client cancel, its deadline and silence: the
 # first check after FIRST_TOKEN_WATCH_S, then twice as long each time up to
 # STREAM_WATCH_S. Each check asks Triton (an IPC round trip): dozens of queued streams
 # polled every 20 ms cost more CPU than the relay itself.
 FIRST_TOKEN_WATCH_S = 0.02
 STREAM_WATCH_S = 0.2
-SILENCE_PROBE_S = 2.0     # a stream quiet this long gets its backend health-probed
-PROBE_TIMEOUT_S = 5.0     # no answer this fast: the backend is busy (not counted as dead)
-PROBE_REQUEST_ID = "trident-router-health-probe"   # aborting it is a no-op
 CONTROL_THREADS = 64      # BLS calls beyond the streams: aborts, probes, drains
 # The server side of BLS holds a thread of the Python backend's pool (thread-pool-size,
 # 32 by default) per call until that call's first response. Requests queued in an engine
 # would hold them all, and aborts and health probes then wait behind them: at most this
 # many requests wait for a first response at once, the rest wait in the router.
 BLS_CALL_SLOTS = 24
+
+
+def forwardable(parameters):
+    """Request parameters as a BLS request takes them: the stub accepts bool, int and
+    str values only, so a float travels as its text (the engine models convert sampling
+    values sent as text, as vllm_backend does). None when there are none."""
+    if not parameters:
+        return None
+    return {k: str(v) if isinstance(v, float) else v for k, v in parameters.items()
+            if isinstance(v, (bool, int, str, float))}
 
 
 class BackendFailed(Exception):
@@ -94,20 +105,19 @@ class TritonPythonModel:
         self.deadline_s = self.config["deadline_s"]
         self.first_token_timeout_s = self.config["first_token_timeout_s"]
         streams = sum(self.max_inflight.values())
-        # async_exec runs every BLS call in the loop's default executor, and a decoupled
-        # call holds its thread until the backend's first response. asyncio's default
-        # (CPUs + 4 threads) queued new requests and health probes behind streams waiting
-        # in an engine's queue, so a busy backend looked dead: one thread per call.
-        self.bls_threads = streams + CONTROL_THREADS
-        self.bls_pool = None
-        # One relay thread per stream, plus drains of abandoned attempts and controls.
+        # One thread per attempt (a relay waits in its BLS call, then pumps its stream),
+        # plus drains of abandoned attempts and control requests.
         self.pool = ThreadPoolExecutor(max_workers=2 * streams + CONTROL_THREADS,
                                        thread_name_prefix="relay")
-        self.loop = self.bls_slots = None
-        self.background = set()     # control-request tasks (kept referenced until done)
+        self.bls_slots = threading.BoundedSemaphore(BLS_CALL_SLOTS)
+        # Control requests use async_exec, which runs each call in the loop's default
+        # executor until its first response: asyncio's default (CPUs + 4 threads) would
+        # queue an abort behind probes of a busy engine.
+        self.control_pool = None
+        self.loop = None
         self.retired = Retired()
-        self.probes = {}            # backend → (its shared health-probe task, started at)
         self.metrics = RouterMetrics(self.name)
+        self.controls = Controls(self.adapters, self.metrics, self.pool, self.retired)
         self.tenants = Tenants(self.config.get("tenants"), self.metrics, self.deadline_s)
         for name, breaker in self.breakers.items():
             self.metrics.breaker_state(name, breaker.state)
@@ -116,18 +126,18 @@ class TritonPythonModel:
         # Breakers, counters and control requests are only touched on this loop.
         loop = asyncio.get_running_loop()
         if loop is not self.loop:   # the stub's one loop (tests run several in turn)
-            self.loop, self.probes = loop, {}
-            self.bls_slots = asyncio.Semaphore(BLS_CALL_SLOTS)
-            self.bls_pool = ThreadPoolExecutor(max_workers=self.bls_threads,
-                                               thread_name_prefix="bls")
-            loop.set_default_executor(self.bls_pool)
+            self.loop = loop
+            self.controls.bind(loop)
+            self.control_pool = ThreadPoolExecutor(max_workers=CONTROL_THREADS,
+                                                   thread_name_prefix="control")
+            loop.set_default_executor(self.control_pool)
         await asyncio.gather(*(self.handle(request) for request in requests))
         return None
 
     def finalize(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
-        if self.bls_pool is not None:
-            self.bls_pool.shutdown(wait=False, cancel_futures=True)
+        if self.control_pool is not None:
+            self.control_pool.shutdown(wait=False, cancel_futures=True)
         self.metrics.finalize()
 
     # -- one request ----------------------------------------------------------------------
@@ -201,7 +211,7 @@ class TritonPythonModel:
     def inbound(self, request):
         """Routing features, whether the client streams, and inputs to forward in a
         normalised form; from one pass over the request's inputs."""
-        hints = {}
+        hints, loaded = {}, None
         params = request.parameters()
         if params and params != "{}":
             loaded = json.loads(params)
@@ -218,7 +228,10 @@ class TritonPythonModel:
                 replaced["messages"] = pb_utils.Tensor("messages", np.array(
                     [normalised.encode("utf-8")], dtype=np.object_))
         stream = bool(first_scalar(values["stream"].as_numpy())) if "stream" in values else False
-        return Inbound(features_from(text, messages, hints), stream, replaced)
+        returns = {name: bool(first_scalar(values[name].as_numpy()))
+                   for name in RETURN_FLAGS if name in values} or None
+        return Inbound(features_from(text, messages, hints), stream, replaced, returns,
+                       forwardable(loaded))
 
     def available(self, backend):
         return self.breakers[backend].available() and not self.full(backend)
@@ -245,7 +258,7 @@ class TritonPythonModel:
         breaker.record_success() if ok else breaker.record_failure()
         if breaker.state != before:
             self.log.warning(f"{backend}: circuit breaker {before} -> {breaker.state}")
-        self.metrics.breaker_state(backend, breaker.state)
+            self.metrics.breaker_state(backend, breaker.state)
 
     def fail(self, sender, message, reason):
         """Answer with an error response, then the final flag on its own: the same shape
@@ -265,51 +278,41 @@ class TritonPythonModel:
         adapter = self.adapters[backend]
         # Unguessable: a backend aborts by this id, and any client may send aborts.
         request_id = f"{self.name}-{secrets.token_hex(16)}"
+        added = self.tenants.inputs(inbound)
+        skipped = ROUTER_ONLY_INPUTS.union(t.name() for t in added) if added else \
+            ROUTER_ONLY_INPUTS
         inputs = [inbound.replaced.get(t.name(), t) for t in request.inputs()
-                  if t.name() not in ROUTER_ONLY_INPUTS] + self.tenants.inputs(inbound)
+                  if t.name() not in skipped] + added
         try:
             child = pb_utils.InferenceRequest(
-                model_name=backend, inputs=adapter.inputs(inputs, request_id),
-                requested_output_names=adapter.outputs)
+                model_name=backend,
+                inputs=adapter.inputs(inputs, request_id, inbound.features.adapter),
+                requested_output_names=adapter.outputs, parameters=inbound.parameters)
         except ValueError as e:  # the request does not fit this engine's interface
             raise BackendFailed(str(e)) from None
         relay = Relay(sender, adapter, backend, self.loop, not inbound.stream, self.retired)
+        relay.tally = self.tenants.tally(inbound)
         attempts.append(relay)
         routed_s = time.monotonic() - arrival
-        # BLS resolves async_exec once the backend's first response is in, so the wait
-        # for it is supervised here and next() below does not block the loop.
-        calling = asyncio.ensure_future(self.call(child, relay))
+        self.pool.submit(relay.run, child, self.bls_slots)
         first_by = min(time.monotonic() + self.first_token_timeout_s,
                        arrival + self.deadline_s)
         late = f"no first token within {self.first_token_timeout_s} s"
-        try:
-            problem = await self.watch(relay, calling, backend, first_by, late, request_id)
-        except ClientCancelled:
-            self.discard(calling)
-            raise
-        if problem is not None:
-            relay.abandon()
+        problem = await self.watch(relay, relay.first, backend, first_by, late, request_id)
+        # abandon() fails once the relay sent the first response: the stream is on.
+        if problem is not None and relay.abandon():
             if problem == late:
-                self.abort(backend, request_id)
-            self.discard(calling)
+                self.controls.abort(backend, request_id)
             raise BackendFailed(problem)
-        try:
-            responses = calling.result()
-        except Exception as e:  # not loaded, stub unhealthy, ...
-            raise BackendFailed(str(e) or type(e).__name__) from None
-        outcome = relay.start(next(responses, None))
-        if outcome is not None:
-            # Drain off the loop: a BLS iterator dropped unfinished blocks the thread
-            # that drops it until the backend's stream ends.
-            self.pool.submit(drain, responses, self.retired)
-            if outcome != CLIENT_ERROR:
-                raise BackendFailed(outcome)
+        outcome = await relay.first
+        if outcome == CLIENT_ERROR:
             self.metrics.error("bad_request")
             return False
+        if outcome is not None:
+            raise BackendFailed(outcome)
         self.record(backend, ok=True)
         self.metrics.request(route, backend)
         self.metrics.added_latency(routed_s + relay.first_relay_s)
-        self.pool.submit(relay.pump, responses)
         return await self.finish(relay, backend, request_id, arrival)
 
     async def finish(self, relay, backend, request_id, arrival):
@@ -319,7 +322,7 @@ class TritonPythonModel:
                                    late, request_id)
         if problem == late:
             relay.close(late)
-            self.abort(backend, request_id)   # a deadline is not the backend's failure
+            self.controls.abort(backend, request_id)   # not the backend's failure
         elif problem is not None:
             relay.close(f"{backend} failed mid-stream: {problem}")
             self.record(backend, ok=False)
@@ -340,7 +343,7 @@ class TritonPythonModel:
             interval = min(2 * interval, STREAM_WATCH_S)
             if relay.client_cancelled():
                 relay.close()
-                self.abort(backend, request_id)
+                self.controls.abort(backend, request_id)
                 raise ClientCancelled
             now = time.monotonic()
             if now >= deadline:
@@ -349,72 +352,6 @@ class TritonPythonModel:
                 seen, quiet_since = relay.chunks, now
             elif now - quiet_since >= SILENCE_PROBE_S:
                 quiet_since = now
-                problem = await self.probe(backend)
+                problem = await self.controls.probe(backend)
                 if problem is not None:
                     return problem
-
-    async def call(self, child, relay):
-        """The BLS call, once a slot is free (see BLS_CALL_SLOTS); None if the attempt
-        was given up while it waited (then it is never sent)."""
-        async with self.bls_slots:
-            if relay.closed:
-                return None
-            return await child.async_exec(decoupled=True)
-
-    def discard(self, calling):
-        """An attempt given up before its first response: drain its stream off the loop
-        once it arrives (the backend was told to abort, or is dead)."""
-        def drain(task):
-            if not task.cancelled() and task.exception() is None and task.result():
-                self.pool.submit(drain, task.result(), self.retired)
-        calling.add_done_callback(drain)
-
-    # -- control requests to backends -------------------------------------------------------
-    def abort(self, backend, request_id):
-        """Tell the backend to abort a request (BLS response iterators cannot cancel)."""
-        inputs = self.adapters[backend].abort_inputs(request_id)
-        if inputs is None:
-            return
-        self.metrics.abort(backend)
-        self.keep(self.loop.create_task(self.control(backend, inputs)))
-
-    def keep(self, task):
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
-
-    async def probe(self, backend):
-        """None unless the backend answers a no-op control request with an error (stub
-        dead, model unloaded). One probe per backend at a time, shared by every silent
-        stream, and its answer reused for SILENCE_PROBE_S."""
-        now = time.monotonic()
-        task, started = self.probes.get(backend, (None, 0.0))
-        if task is None or (task.done() and now - started >= SILENCE_PROBE_S):
-            task = self.loop.create_task(self._probe(backend))
-            self.probes[backend] = (task, now)
-        return await asyncio.shield(task)
-
-    async def _probe(self, backend):
-        inputs = self.adapters[backend].abort_inputs(PROBE_REQUEST_ID)
-        if inputs is None:
-            return None   # no control input (TRT-LLM's ensemble): cannot tell
-        control = self.loop.create_task(self.control(backend, inputs))
-        done, _ = await asyncio.wait((control,), timeout=PROBE_TIMEOUT_S)
-        if not done:
-            # Slow is busy, not dead: a loaded engine answers late. A dead stub fails the
-            # probe at once; a hung one is cut off by first_token_timeout_s / deadline_s.
-            self.keep(control)
-            return None
-        return control.result()
-
-    async def control(self, backend, inputs):
-        """Send a control request; the first error it gets, or None."""
-        control = pb_utils.InferenceRequest(model_name=backend, inputs=inputs,
-                                            requested_output_names=[])
-        try:
-            responses = await control.async_exec(decoupled=True)
-            return await self.loop.run_in_executor(self.pool, first_error, responses,
-                                                   self.retired)
-        except Exception as e:  # stub unhealthy, not loaded
-            return str(e) or type(e).__name__
-
-

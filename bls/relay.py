@@ -1,6 +1,7 @@
-"""Relaying one backend attempt's stream to the client: the first response from the event
-loop, the rest from a worker thread, the client's final flag exactly once (Relay); and
-keeping finished BLS iterators alive until the stub's own cleanup is done (Retired)."""
+"""Relaying one backend attempt's stream to the client (Relay): a worker thread makes the
+BLS call, sends the first response at once and then every later one, and the client's
+final flag exactly once; and keeping finished BLS iterators alive until the stub's own
+cleanup is done (Retired)."""
 import collections
 import threading
 import time
@@ -12,6 +13,7 @@ from trident_common.request import CLIENT_FAULT_PREFIX
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CLIENT_ERROR = "client error"   # Relay.start outcome: the backend rejected the request
 RETIRE_S = 10.0           # finished BLS iterators are kept this long (see Retired)
+PRUNE_EVERY_S = 1.0       # how often Retired.prune looks (it is called per request)
 
 
 class Retired:
@@ -28,26 +30,33 @@ class Retired:
 
     def __init__(self):
         self.entries = collections.deque()   # (finished at, iterator); append is atomic
+        self.next_prune = 0.0
 
     def add(self, responses):
         self.entries.append((time.monotonic(), responses))
 
     def prune(self):
         """Drop those finished RETIRE_S ago (on the event loop: one thread pops)."""
-        horizon = time.monotonic() - RETIRE_S
+        now = time.monotonic()
+        if now < self.next_prune:
+            return
+        self.next_prune = now + PRUNE_EVERY_S
+        horizon = now - RETIRE_S
         while self.entries and self.entries[0][0] < horizon:
             self.entries.popleft()
 
 
 class Relay:
-    """One attempt's stream, from the backend's response iterator to the client.
+    """One attempt's stream, from the backend to the client.
 
-    The event loop hands the first response to `start`; a worker thread then runs
-    `pump` over the rest and resolves `done` (False only after the backend failed
-    mid-stream). Every send to the client holds `lock`, and `closed` is set by whoever
-    sends the client's final flag, so it is sent exactly once and nothing follows it.
-    An attempt the router abandons before its first token sends nothing at all: the
-    router falls back or answers the client itself.
+    A worker thread runs `run`: the BLS call (which returns once the backend's first
+    response is in), `start` on that first response, then `pump` over the rest. The
+    first-token path never waits for the event loop; the loop learns the outcome of the
+    first response from `first` and the end of the stream from `done` (False only after
+    the backend failed mid-stream). Every send to the client holds `lock`, and `closed`
+    is set by whoever sends the client's final flag, so it is sent exactly once and
+    nothing follows it. An attempt the router abandons before its first token sends
+    nothing at all: the router falls back or answers the client itself.
     """
 
     def __init__(self, sender, adapter, backend, loop, single, retired):
@@ -62,9 +71,34 @@ class Relay:
         self.chunks = 0             # backend responses seen: progress, for silence probes
         self.first_relay_s = 0.0    # router time between the first response and its send
         self.last = None            # the last response sent (bls/tenants.py reads its counts)
+        self.tally = None           # counts tokens per response, if set (bls/tenants.py)
+        self.first = loop.create_future()   # start's outcome (or the call's failure)
         self.done = loop.create_future()
 
-    # -- event loop: the first response -------------------------------------------------
+    # -- worker thread ------------------------------------------------------------------
+    def run(self, child, slots):
+        """The whole attempt, on a worker thread: call, first response, the rest."""
+        responses = None
+        try:
+            with slots:   # see BLS_CALL_SLOTS in model.py
+                if self.closed:
+                    outcome = "abandoned by the router"
+                else:
+                    responses = child.exec(decoupled=True)
+            if responses is not None:
+                outcome = self.start(next(responses, None))
+        except Exception as e:  # not loaded, stub unhealthy, ...
+            outcome = str(e) or type(e).__name__
+        self.loop.call_soon_threadsafe(_set_once, self.first, outcome)
+        if responses is None:
+            return
+        if outcome is None:
+            self.pump(responses)
+        else:
+            # The attempt is over; its stream is drained here (a BLS iterator dropped
+            # unfinished blocks the thread that drops it until the backend's stream ends).
+            drain(responses, self.retired)
+
     def start(self, first):
         """Send the first response, or say why not: None, CLIENT_ERROR or the problem
         (then this attempt sends nothing more; the router falls back or answers)."""
@@ -72,7 +106,7 @@ class Relay:
         if first is None:
             problem, outgoing = "stream ended without a response", None
         else:
-            problem, outgoing = self.adapter.split(first)
+            problem, outgoing = self._split(first)
         with self.lock:
             if self.closed:
                 return problem or "abandoned by the router"
@@ -95,7 +129,6 @@ class Relay:
         self.first_relay_s = time.monotonic() - received
         return None
 
-    # -- worker thread: every later response --------------------------------------------
     def pump(self, responses):
         try:
             # next(), never `for`: iter() on a finished BLS iterator (Triton 2.51) rewinds
@@ -114,7 +147,7 @@ class Relay:
 
     def _forward(self, response):
         """Relay one chunk; a chunk carrying an error ends the client's stream."""
-        problem, outgoing = self.adapter.split(response)
+        problem, outgoing = self._split(response)
         with self.lock:
             if self.closed:
                 return                  # answered, abandoned or cancelled: drain only
@@ -126,6 +159,12 @@ class Relay:
             elif outgoing is not None:
                 self.sender.send(outgoing)
                 self.last = outgoing
+
+    def _split(self, response):
+        problem, outgoing = self.adapter.split(response)
+        if outgoing is not None and self.tally is not None:
+            outgoing = self.tally.take(outgoing)
+        return problem, outgoing
 
     # -- any thread ---------------------------------------------------------------------
     def close(self, error=None):

@@ -175,7 +175,8 @@ class Tenants:
             self.metrics.redis_failure("lost")   # the lease expires by itself
 
     def inputs(self, inbound):
-        """The engine inputs for this request's tenant: priority and cache_salt."""
+        """The engine inputs for this request's tenant: priority and cache_salt, and the
+        token-count flags a Tally needs (they replace the client's own)."""
         if not self.enabled:
             return []
         name = inbound.features.tenant
@@ -186,13 +187,54 @@ class Tenants:
         if tenant.salt is not None:
             tensors.append(pb_utils.Tensor("cache_salt", np.array(
                 [tenant.salt.encode()], dtype=np.object_)))
+        if inbound.returns is not None:
+            tensors += [pb_utils.Tensor(flag, np.array([True])) for flag in Tally.FLAGS]
         return tensors
+
+    def tally(self, inbound):
+        """A Tally for a request whose return_* flags would hide or split the token
+        counts the router charges; None when the engine's running totals will do."""
+        if not self.enabled or inbound.returns is None:
+            return None
+        return Tally({name for name, flag in zip(Tally.OUTPUTS, Tally.FLAGS)
+                      if not inbound.returns.get(flag)})
+
+
+class Tally:
+    """Token counts of a request sent with vllm_backend's return_* flags. The router asks
+    the engine for both counts (then each response carries that response's own output
+    tokens), adds them up, and removes the counts the client did not ask for."""
+
+    OUTPUTS = ("num_input_tokens", "num_output_tokens")
+    FLAGS = tuple(f"return_{name}" for name in OUTPUTS)
+
+    def __init__(self, hidden):
+        self.hidden = hidden
+        self.prompt = self.completion = 0
+
+    def take(self, response):
+        """Count one response; the response the client gets (without hidden outputs)."""
+        tensors = response.output_tensors()
+        for tensor in tensors:
+            name = tensor.name()
+            if name == "num_input_tokens":
+                self.prompt = int(tensor.as_numpy().reshape(-1)[0])
+            elif name == "num_output_tokens":
+                self.completion += int(tensor.as_numpy().reshape(-1)[0])
+        if not self.hidden:
+            return response
+        return pb_utils.InferenceResponse(output_tensors=[
+            t for t in tensors if t.name() not in self.hidden])
 
 
 def _token_counts(attempts):
-    """(prompt, completion) tokens of the attempt that answered, from its last response
-    (the engines report running totals); zeros when none did or it reports none."""
+    """(prompt, completion) tokens of the attempt that answered: its Tally's, else from
+    its last response (the engines report running totals); zeros when none did or it
+    reports none."""
     for relay in reversed(attempts):
+        tally = getattr(relay, "tally", None)
+        if tally is not None and getattr(relay, "last", None) is not None:
+            return tally.prompt, tally.completion
         response = getattr(relay, "last", None)
         if response is None:
             continue

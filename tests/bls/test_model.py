@@ -65,6 +65,7 @@ class FakeBackend:
         self.fail_after, self.die_after = fail_after, die_after
         self.fail_message, self.control_delay_s = fail_message, control_delay_s
         self.request_ids, self.seen_inputs = [], []
+        self.parameters = []                      # each request's parameters (BLS calls)
         self.dead, self.buried = threading.Event(), threading.Event()
         self.calls, self.aborted, self.controls = 0, [], 0
         self._aborts: dict[str, threading.Event] = {}
@@ -157,13 +158,30 @@ class BlsRequest:
 
     backends: dict[str, FakeBackend] = {}
 
-    def __init__(self, model_name, inputs, requested_output_names):
+    def __init__(self, model_name, inputs, requested_output_names, parameters=None):
+        assert parameters is None or all(isinstance(v, (bool, int, str))
+                                         for v in parameters.values()), parameters
+        self.parameters = parameters
         self.model_name = model_name
         self.inputs = {t.name(): first(t.as_numpy()) for t in inputs}
         self.input_tensors = list(inputs)
 
+    def exec(self, decoupled=False):
+        """Like Triton's: returns once the first response is in (or raises)."""
+        assert decoupled
+        backend = self.backends.get(self.model_name)
+        if backend is None:
+            raise pb.TritonModelException(f"Failed for execute the inference request. "
+                                          f"Model '{self.model_name}' is not ready.")
+        backend.parameters.append(self.parameters)
+        responses = backend.open(self.inputs)
+        first_response = next(responses, None)   # a dead backend's never returns
+        return BlsIterator(itertools.chain([first_response] if first_response else [],
+                                           responses))
+
     async def async_exec(self, decoupled=False):
-        """Like Triton's: resolves once the first response is in (or raises)."""
+        """Like Triton's: resolves once the first response is in (or raises); the
+        router sends its control requests this way."""
         assert decoupled
         backend = self.backends.get(self.model_name)
         if backend is None:
@@ -258,7 +276,8 @@ def router_modules():
     stub.__dict__.update({k: v for k, v in vars(pb).items() if not k.startswith("__")})
     stub.InferenceRequest = BlsRequest
     stub.get_output_tensor_by_name = get_output_tensor_by_name
-    bound = ("adapters", "breaker", "inbound", "policy", "relay", "router_metrics", "tenants",
+    bound = ("adapters", "breaker", "control", "inbound", "policy", "relay", "router_metrics",
+             "tenants",
              "tenant_store",
              "trident_common.metrics", "trident_common.request", "trident_common.interface",
              "trident_common.log",
@@ -284,8 +303,8 @@ def router_modules():
 def router(tmp_path):
     with router_modules() as module:
         module.FIRST_TOKEN_WATCH_S = module.STREAM_WATCH_S = 0.005
-        module.SILENCE_PROBE_S = 0.1
-        module.PROBE_TIMEOUT_S = 0.5
+        module.SILENCE_PROBE_S = sys.modules["control"].SILENCE_PROBE_S = 0.1
+        sys.modules["control"].PROBE_TIMEOUT_S = 0.5
         models = []
         yield lambda **overrides: make_router(module, tmp_path, models, **overrides)
         for model in models:
@@ -319,8 +338,8 @@ def run(model, *requests, during=None):
         # let the relay threads finish their sends, and control requests (aborts) land
         await asyncio.get_running_loop().run_in_executor(
             None, lambda: [r.sender.wait_closed(5) for r in requests])
-        while model.background:
-            await asyncio.gather(*model.background)
+        while model.controls.background:
+            await asyncio.gather(*model.controls.background)
     asyncio.run(main())
 
 
@@ -701,7 +720,7 @@ def test_requests_waiting_for_a_first_response_are_bounded(router):
     # slots, requests wait in the router, leaving threads for aborts and probes.
     backend = FakeBackend("primary", chunks=["x"], delay_s=0.3)
     model = router(backends=[backend], max_inflight_per_backend=8)
-    model.initialize.__globals__["BLS_CALL_SLOTS"] = 2
+    model.bls_slots = threading.BoundedSemaphore(2)
     requests = [ClientRequest() for _ in range(4)]
     started = time.monotonic()
     run(model, *requests)
@@ -727,6 +746,22 @@ def test_finished_bls_iterators_outlive_the_stubs_own_cleanup(router, monkeypatc
     gc.collect()
     assert len(made) == 2 and all(ref() is not None for ref in made)
     sys.modules["relay"].RETIRE_S = 0     # Retired lives in the router's relay module
+    model.retired.next_prune = 0.0
     model.retired.prune()
     gc.collect()
     assert all(ref() is None for ref in made)
+
+
+def test_request_parameters_travel_to_the_backend(router):
+    # vllm_backend's clients may send sampling values as request parameters; the stub
+    # takes bool/int/str parameter values only, so a float goes as its text.
+    backend = FakeBackend("primary")
+    model = router(backends=[backend])
+    request = ClientRequest(parameters={"temperature": 0.5, "max_tokens": 5,
+                                        "ignore_eos": True, "tenant": "t1"})
+    run(model, request)
+    assert request.errors() == []
+    assert backend.parameters == [{"temperature": "0.5", "max_tokens": 5,
+                                   "ignore_eos": True, "tenant": "t1"}]
+    run(model, ClientRequest())
+    assert backend.parameters[-1] is None

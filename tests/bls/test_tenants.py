@@ -8,13 +8,15 @@ import json
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from bls import tenant_store
 from bls.policy import router_config
 from bls.tenant_store import Limits, LocalStore, RedisStore, StoreUnavailable
 from builder.spec import parse_spec
-from tests.bls.test_model import SPEC, BlsRequest, ClientRequest, FakeBackend, router_modules, run
+from tests.bls.test_model import (SPEC, BlsRequest, ClientRequest, FakeBackend, router_modules,
+                                  run, string_tensor)
 from tests.fakes import fake_pb_utils as pb
 from tests.helpers.redis_server import RedisServer
 
@@ -276,3 +278,55 @@ def test_a_concurrency_slot_returns_after_a_cancel(tenant_router):
     run(model, first, during=cancel_first_then_send)
     run(model, second)                                  # the slot came back
     assert second.errors() == [] and second.texts()
+
+
+class CountingBackend(FakeBackend):
+    """Reports token counts as trident's engine models do (trident_common/returns.py):
+    running totals; or, when the request carries return_* flags, each response's own
+    output tokens, and only the counts whose flag is set."""
+
+    PROMPT_TOKENS = 5
+
+    def _stream(self, stop):
+        flags = {name[len("return_"):]: value for name, value in self.seen_inputs[-1].items()
+                 if name.startswith("return_")}
+        for i, text in enumerate(self.chunks, start=1):
+            tensors = [string_tensor("text_output", text), string_tensor("error", ""),
+                       string_tensor("served_by", self.name)]
+            counts = {"num_input_tokens": self.PROMPT_TOKENS,
+                      "num_output_tokens": 1 if flags else i}
+            tensors += [pb.Tensor(name, np.array([value], dtype=np.int32))
+                        for name, value in counts.items() if not flags or flags.get(name)]
+            yield pb.InferenceResponse(output_tensors=tensors), i == len(self.chunks)
+
+
+def charged(tenant):
+    values = [pb.metric("trident_tenant_tokens_total", router="router", tenant=tenant,
+                        kind=kind) for kind in ("prompt", "completion")]
+    return tuple(0 if metric is None else metric.value() for metric in values)
+
+
+@pytest.mark.parametrize("flags", [{}, {"return_finish_reason": True},
+                                   {"return_num_output_tokens": True},
+                                   {"return_num_input_tokens": False}])
+def test_tokens_are_charged_in_full_whatever_return_flags_the_client_sends(tenant_router,
+                                                                            flags):
+    backend = CountingBackend("primary", chunks=["a", "b", "c"])
+    model = tenant_router([backend])
+    request = ClientRequest(hints={"tenant": "bob"})
+    for name, value in flags.items():
+        request.inputs[name] = pb.Tensor(name, np.array([value]))
+    run(model, request)
+    assert request.texts() == ["a", "b", "c"]
+    assert charged("bob") == (5, 3)      # this router's own counters
+    # The client sees exactly the counts it asked for, as the engine would send them.
+    sent = [r for r in request.sender.responses() if r.output_tensors()]
+    if not flags:
+        assert [r.value("num_output_tokens") for r in sent] == [1, 2, 3]
+    else:
+        assert backend.seen_inputs[-1]["return_num_input_tokens"] is True
+        wanted = {name for name, value in flags.items() if value}
+        for name in ("num_input_tokens", "num_output_tokens"):
+            values = [r.value(name) for r in sent]
+            expected = [1, 1, 1] if name == "num_output_tokens" else [5, 5, 5]
+            assert values == (expected if f"return_{name}" in wanted else [None] * 3)

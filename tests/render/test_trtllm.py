@@ -303,3 +303,22 @@ def test_preprocessing_and_postprocessing_round_trip(tmp_path):
             client.infer("llama_preprocessing", inputs)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("named_in", ["sampling_parameters", "request parameter"])
+def test_router_sends_the_adapter_as_the_ensembles_lora_name(tmp_path, named_in):
+    ensemble = config_of(render([lora_model(tmp_path)], tmp_path), "llama")
+    declared = {t.name: t for t in ensemble.input}
+    sampling = {"temperature": 0.5}
+    if named_in == "sampling_parameters":
+        sampling["lora_name"] = "support"
+    request = [pb.Tensor("text_input", np.array([b"hi"], dtype=object)),
+               pb.Tensor("sampling_parameters",
+                         np.array([json.dumps(sampling).encode()], dtype=object))]
+    with adapters_module() as adapters:
+        # The router passes the adapter it routed by (features.adapter) either way.
+        sent = adapters.TrtllmAdapter("llama").inputs(request, "r1", "support")
+    lora = next(t for t in sent if t.name() == "lora_name")
+    assert lora.as_numpy().shape == (1, 1) and lora.as_numpy()[0, 0] == b"support"
+    assert model_config_pb2.DataType.Name(declared["lora_name"].data_type) == "TYPE_STRING"
+    assert {t.name() for t in sent} <= set(declared)

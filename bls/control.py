@@ -1,0 +1,72 @@
+"""The router's control requests to its backends: aborts, and health probes of a backend
+whose stream went silent. Both are BLS calls carrying only `abort_request_id`; they run on
+the router's event loop and never block a stream."""
+import asyncio
+import time
+
+import triton_python_backend_utils as pb_utils
+
+from relay import first_error
+
+SILENCE_PROBE_S = 2.0     # a stream quiet this long gets its backend health-probed
+PROBE_TIMEOUT_S = 5.0     # no answer this fast: the backend is busy (not counted as dead)
+PROBE_REQUEST_ID = "trident-router-health-probe"   # aborting it is a no-op
+
+
+class Controls:
+    def __init__(self, adapters, metrics, pool, retired):
+        self.adapters, self.metrics, self.pool, self.retired = adapters, metrics, pool, retired
+        self.loop = None
+        self.background = set()     # control-request tasks (kept referenced until done)
+        self.probes = {}            # backend → (its shared health-probe task, started at)
+
+    def bind(self, loop):
+        """Run on this event loop (the stub's; tests run several in turn)."""
+        self.loop, self.probes = loop, {}
+
+    def abort(self, backend, request_id):
+        """Tell the backend to abort a request (BLS response iterators cannot cancel)."""
+        inputs = self.adapters[backend].abort_inputs(request_id)
+        if inputs is None:
+            return
+        self.metrics.abort(backend)
+        self._keep(self.loop.create_task(self._send(backend, inputs)))
+
+    async def probe(self, backend):
+        """None unless the backend answers a no-op control request with an error (stub
+        dead, model unloaded). One probe per backend at a time, shared by every silent
+        stream, and its answer reused for SILENCE_PROBE_S."""
+        now = time.monotonic()
+        task, started = self.probes.get(backend, (None, 0.0))
+        if task is None or (task.done() and now - started >= SILENCE_PROBE_S):
+            task = self.loop.create_task(self._probe(backend))
+            self.probes[backend] = (task, now)
+        return await asyncio.shield(task)
+
+    def _keep(self, task):
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def _probe(self, backend):
+        inputs = self.adapters[backend].abort_inputs(PROBE_REQUEST_ID)
+        if inputs is None:
+            return None   # no control input (TRT-LLM's ensemble): cannot tell
+        control = self.loop.create_task(self._send(backend, inputs))
+        done, _ = await asyncio.wait((control,), timeout=PROBE_TIMEOUT_S)
+        if not done:
+            # Slow is busy, not dead: a loaded engine answers late. A dead stub fails the
+            # probe at once; a hung one is cut off by first_token_timeout_s / deadline_s.
+            self._keep(control)
+            return None
+        return control.result()
+
+    async def _send(self, backend, inputs):
+        """Send a control request; the first error it gets, or None."""
+        control = pb_utils.InferenceRequest(model_name=backend, inputs=inputs,
+                                            requested_output_names=[])
+        try:
+            responses = await control.async_exec(decoupled=True)
+            return await self.loop.run_in_executor(self.pool, first_error, responses,
+                                                   self.retired)
+        except Exception as e:  # stub unhealthy, not loaded
+            return str(e) or type(e).__name__
