@@ -136,7 +136,8 @@ def plan_engines(spec: str, cache: str | None, local_cache: str | None,
         click.echo(f"{job.title} key={job.key}")
         checkpoint_dir = "" if job.checkpoint.needs_conversion else job.checkpoint.path
         for step in trtllm_build.plan_steps(job.checkpoint, job.build, job.profile, tools,
-                                            checkpoint_dir, "$WORK", "$ENGINE_DIR"):
+                                            checkpoint_dir, "$WORK", "$ENGINE_DIR",
+                                            job.lora):
             click.echo(f"  {step.label}: {step.shell()}")
     return 0
 

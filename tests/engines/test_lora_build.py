@@ -96,3 +96,10 @@ def test_a_module_trtllm_cannot_adapt_is_an_error(tmp_path, env, targets, expect
     result = trident(env, "engines", "plan", "--spec", spec, check=False)
     assert result.returncode == 2 and expected in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_plan_prints_the_lora_flags(tmp_path, env):  # noqa: F811
+    spec = lora_spec(tmp_path)
+    out = trident(env, "engines", "plan", "--spec", spec, "--profile", "short-context").stdout
+    assert "--lora_plugin float16" in out and "--max_lora_rank 16" in out
+    assert compiler_calls(env) == []
