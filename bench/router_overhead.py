@@ -4,10 +4,11 @@ Renders deploy/default.yaml, starts one tritonserver, warms both paths up, then 
 rounds (router, direct, router, direct, ...) so drift and noise hit both alike:
 - TTFT at 1 stream: single short requests, alternating paths (the cleanest view of the
   latency the router adds);
-- TTFT and tokens/s at 16 concurrent streams (greedy, fixed length via ignore_eos).
+- TTFT and tokens/s at 8 and 16 concurrent streams (greedy, fixed length via ignore_eos).
 The router's own histogram (trident_router_added_latency_seconds: router time on the
-first-token path) is reported too. Targets (issue 4): router adds <= 1 ms to median TTFT
-at 16 streams and keeps >= 0.98x tokens/s.
+first-token path) is reported too. Targets (issues 4 and 16): router keeps >= 0.98x
+tokens/s at 8 and 16 streams; TTFT is reported against direct + 1 ms (1 stream) and
+direct + 2 ms (16 streams), the zero-cost engine's goals (bench/zero_cost.py).
 """
 from __future__ import annotations
 
@@ -28,16 +29,16 @@ from builder.serve.server import TritonServer, start_on_free_ports  # noqa: E402
 from builder.spec import load_spec  # noqa: E402
 
 BACKEND, ROUTER = "smollm2", "router"
-STREAMS = 16
+STREAMS = (8, 16)
 MAX_TOKENS = 48
 ROUNDS = 4               # per path, alternating
 SINGLE_REQUESTS = 30     # per path, alternating
 SAMPLING = GREEDY_LONG
 
 
-def one_round(url: str, model: str) -> tuple[list[float], float]:
-    """16 concurrent streams; (TTFT of each, output tokens per second for the round)."""
-    result = stream_round(url, model, STREAMS, MAX_TOKENS)
+def one_round(url: str, model: str, streams: int) -> tuple[list[float], float]:
+    """Concurrent streams; (TTFT of each, output tokens per second for the round)."""
+    result = stream_round(url, model, streams, MAX_TOKENS)
     return result["ttft_s"], result["tokens_per_s"]
 
 
@@ -65,15 +66,16 @@ def router_added_latency(metrics_url: str) -> tuple[float, int]:
 def measure(server: TritonServer) -> dict:
     url = server.grpc_url
     for model in (ROUTER, BACKEND):      # warm-up: compile paths, fill caches
-        one_round(url, model)
+        one_round(url, model, max(STREAMS))
     single = single_ttfts(url)
-    ttfts = {ROUTER: [], BACKEND: []}
-    rates = {ROUTER: [], BACKEND: []}
-    for i in range(ROUNDS):
-        for model in (ROUTER, BACKEND) if i % 2 == 0 else (BACKEND, ROUTER):
-            round_ttft, rate = one_round(url, model)
-            ttfts[model] += round_ttft
-            rates[model].append(rate)
+    ttfts = {n: {ROUTER: [], BACKEND: []} for n in STREAMS}
+    rates = {n: {ROUTER: [], BACKEND: []} for n in STREAMS}
+    for streams in STREAMS:
+        for i in range(ROUNDS):
+            for model in (ROUTER, BACKEND) if i % 2 == 0 else (BACKEND, ROUTER):
+                round_ttft, rate = one_round(url, model, streams)
+                ttfts[streams][model] += round_ttft
+                rates[streams][model].append(rate)
     mean_added, samples = router_added_latency(server.metrics_url)
     return {"single": single, "ttft": ttfts, "rates": rates,
             "router_added_mean_s": mean_added, "router_added_samples": samples}
@@ -84,21 +86,22 @@ def rows_from(m: dict) -> list[dict]:
         return statistics.median(values) * 1000
 
     single_r, single_d = median_ms(m["single"][ROUTER]), median_ms(m["single"][BACKEND])
-    ttft_r, ttft_d = median_ms(m["ttft"][ROUTER]), median_ms(m["ttft"][BACKEND])
-    rate_r, rate_d = statistics.median(m["rates"][ROUTER]), statistics.median(m["rates"][BACKEND])
-    return [
-        {"metric": f"TTFT median ms, {STREAMS} streams", "ours": ttft_r, "direct": ttft_d,
-         "ratio": ttft_r / ttft_d, "target": "router adds <= 1 ms",
-         "met": ttft_r - ttft_d <= 1.0},
-        {"metric": f"tokens/s, {STREAMS} streams", "ours": rate_r, "direct": rate_d,
-         "ratio": rate_r / rate_d, "target": ">= 0.98x", "met": rate_r / rate_d >= 0.98},
-        {"metric": "TTFT median ms, 1 stream", "ours": single_r, "direct": single_d,
-         "ratio": single_r / single_d, "target": "router adds <= 1 ms",
-         "met": single_r - single_d <= 1.0},
-        {"metric": "router time on first-token path, mean ms (router metric)",
-         "ours": m["router_added_mean_s"] * 1000, "direct": None, "ratio": None,
-         "target": "<= 1 ms", "met": m["router_added_mean_s"] * 1000 <= 1.0},
-    ]
+    rows = [{"metric": "TTFT median ms, 1 stream", "ours": single_r, "direct": single_d,
+             "ratio": single_r / single_d, "target": "router adds <= 1 ms",
+             "met": single_r - single_d <= 1.0}]
+    for streams in STREAMS:
+        ttft_r, ttft_d = (median_ms(m["ttft"][streams][p]) for p in (ROUTER, BACKEND))
+        rate_r, rate_d = (statistics.median(m["rates"][streams][p]) for p in (ROUTER, BACKEND))
+        rows.append({"metric": f"tokens/s, {streams} streams", "ours": rate_r,
+                     "direct": rate_d, "ratio": rate_r / rate_d, "target": ">= 0.98x",
+                     "met": rate_r / rate_d >= 0.98})
+        rows.append({"metric": f"TTFT median ms, {streams} streams", "ours": ttft_r,
+                     "direct": ttft_d, "ratio": ttft_r / ttft_d,
+                     "target": "router adds <= 2 ms", "met": ttft_r - ttft_d <= 2.0})
+    rows.append({"metric": "router time on first-token path, mean ms (router metric)",
+                 "ours": m["router_added_mean_s"] * 1000, "direct": None, "ratio": None,
+                 "target": "<= 1 ms", "met": m["router_added_mean_s"] * 1000 <= 1.0})
+    return rows
 
 
 def run(out_dir: Path) -> dict:

@@ -13,7 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARKS = ["vllm_backend", "router_overhead", "openai_frontend", "tenant_check", "cache_restore"]
+# Issue 16's table first (zero-cost engine, vLLM, the vllm_backend anchor), then the rest.
+BENCHMARKS = ["zero_cost", "router_overhead", "vllm_backend", "anchor", "openai_frontend",
+              "lora", "tenant_check", "cache_restore"]
 
 
 def _fmt(value) -> str:
