@@ -1,6 +1,9 @@
 """vLLM's AsyncLLM called directly in one process: the baseline of bench/vllm_backend.py.
 
-Run as a script (vLLM needs a __main__ guard); prints one JSON line of results.
+Run as a script (vLLM needs a __main__ guard). It starts the engine, prints `READY`, then
+answers each JSON line on stdin ({"prompts": [...], "max_tokens": n, "rounds": k}) with one
+`RESULT <json>` line, until stdin closes: the engine stays up between measurements, so
+the benchmark can alternate it with the Triton side.
 """
 from __future__ import annotations
 
@@ -8,9 +11,10 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
+import sys
 import tempfile
 import time
+from itertools import count
 
 
 async def one_round(engine, sampling_cls, delta, prompts, max_tokens, round_id):
@@ -34,40 +38,38 @@ async def one_round(engine, sampling_cls, delta, prompts, max_tokens, round_id):
             "ttft_s": [t for t, _ in results]}
 
 
-async def main_async(args):
+async def serve(config_path: str) -> None:
     from vllm import AsyncEngineArgs, SamplingParams
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    with open(args.config) as f:
+    with open(config_path) as f:
         config = json.load(f)
     config.setdefault("enforce_eager", True)
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**config))
-    prompts = json.loads(args.prompts)
-    await one_round(engine, SamplingParams, RequestOutputKind.DELTA, prompts[:1],
-                    args.max_tokens, "warmup")
-    rounds = []
-    for r in range(args.rounds):
-        rounds.append(await one_round(engine, SamplingParams, RequestOutputKind.DELTA,
-                                      prompts, args.max_tokens, r))
-    engine.shutdown()
-    ttfts = [t for r in rounds for t in r["ttft_s"]]
-    return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rounds),
-            "ttft_median_s": statistics.median(ttfts),
-            "rounds": [{k: v for k, v in r.items() if k != "ttft_s"} for r in rounds]}
+    delta, ids = RequestOutputKind.DELTA, count()
+    await one_round(engine, SamplingParams, delta, ["Hello"], 8, "warmup")
+    print("READY", flush=True)
+    loop = asyncio.get_running_loop()
+    try:
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            ask = json.loads(line)
+            rounds = [await one_round(engine, SamplingParams, delta, ask["prompts"],
+                                      ask["max_tokens"], next(ids))
+                      for _ in range(ask["rounds"])]
+            print("RESULT " + json.dumps(rounds), flush=True)
+    finally:
+        engine.shutdown()
 
 
 if __name__ == "__main__":
     import locale
     locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
     parser = argparse.ArgumentParser()
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--prompts", required=True, help="JSON list")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--config", required=True, help="the model's model.json")
     args = parser.parse_args()
     # The same settings the Triton model applies on a CPU instance.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="trident-vllm-"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    print("RESULT " + json.dumps(asyncio.run(main_async(args))), flush=True)
+    asyncio.run(serve(args.config))
