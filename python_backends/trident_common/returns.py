@@ -48,8 +48,8 @@ class Outputs:
                     "num_input_tokens": delta.input_tokens,
                     "num_output_tokens": delta.output_tokens}
         asked, out = self.returns, {"text_output": text}
-        if "finish_reason" in asked:
-            out["finish_reason"] = delta.finish_reason or ""
+        if "finish_reason" in asked:   # vllm_backend writes vLLM's None as "None"
+            out["finish_reason"] = delta.finish_reason or "None"
         if "num_input_tokens" in asked:
             out["num_input_tokens"] = delta.input_tokens
         if "num_output_tokens" in asked:

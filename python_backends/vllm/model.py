@@ -4,18 +4,28 @@ Engine arguments come from model.json (rendered from the spec's engine_args). Th
 interface, cancellation, errors and metrics are shared with the SGLang model
 (trident_common.engine_model); this file only speaks vLLM.
 """
+import json
 import locale
 import os
 import tempfile
+import threading
 from typing import NamedTuple, Optional
 
 # The stub's Python starts in the ASCII locale; vLLM reads UTF-8 files at import time.
 locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
 
+import triton_python_backend_utils as pb_utils  # noqa: E402
 from trident_common.engine_model import AsyncEngineModel, Delta  # noqa: E402
+from trident_common.triton_io import FINAL  # noqa: E402
 from trident_common.request import (SAMPLING_TYPES, BadRequest,  # noqa: E402
                                     check_adapter, check_sampling_keys, describe)
 from trident_common.returns import logprobs_json, wants_logprobs  # noqa: E402
+from stats import VllmStats  # noqa: E402   (python_backends/vllm/stats.py, copied beside)
+
+# vllm_backend's model parameters (config.pbtxt `parameters`), with its meanings.
+REPORT_CUSTOM_METRICS = "REPORT_CUSTOM_METRICS"        # "true": vllm:* families (rendered on)
+ENABLE_VLLM_HEALTH_CHECK = "ENABLE_VLLM_HEALTH_CHECK"  # "true": a dead engine unloads the model
+UNHEALTHY = "Model is unavailable due to unhealthy vLLM engine"   # vllm_backend's words
 
 
 def _cpu_defaults() -> None:
@@ -31,7 +41,37 @@ class TritonPythonModel(AsyncEngineModel):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         if args.get("model_instance_kind") == "CPU":
             _cpu_defaults()
-        super().initialize(args)
+        params = model_parameters(args)
+        self._labels = {"model": args["model_name"], "version": args["model_version"]}
+        self._report_stats = params.get(REPORT_CUSTOM_METRICS, "").lower() == "true"
+        self._health_check = params.get(ENABLE_VLLM_HEALTH_CHECK, "").lower() == "true"
+        self._unloading = threading.Lock()   # taken once, by the first to see the engine dead
+        self._stats = None
+        try:
+            super().initialize(args)
+        except BaseException:
+            self._close_stats()   # no finalize() follows a failed load
+            raise
+
+    def execute(self, requests):
+        """vllm_backend's health check: once the engine is dead, refuse in its words
+        (UNAVAILABLE) instead of trident's usual "engine is dead" error."""
+        if self._health_check and self.engine_dead() is not None:
+            for request in requests:
+                self._count_error()
+                _refuse_unhealthy(request.get_response_sender())
+            return None
+        return super().execute(requests)
+
+    def finalize(self):
+        try:
+            super().finalize()
+        finally:
+            self._close_stats()
+
+    def _close_stats(self) -> None:
+        if self._stats is not None:
+            self._stats.close()
 
     async def start_engine(self, config: dict) -> None:
         from vllm import AsyncEngineArgs, SamplingParams
@@ -53,14 +93,45 @@ class TritonPythonModel(AsyncEngineModel):
         # vLLM refuses a priority unless it schedules by priority (spec tenants' tiers).
         self._by_priority = config.get("scheduling_policy") == "priority"
         self.loras = lora_requests(config.pop("lora_adapters", {}))
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**config))
+        engine_args = AsyncEngineArgs(**config)
+        loggers = []
+        # vLLM computes no stats with disable_log_stats: then there is nothing to export.
+        if self._report_stats and not engine_args.disable_log_stats:
+            self._stats = VllmStats(self._labels, self._max_model_len(engine_args))
+            loggers.append(self._stats.logger_factory)
+        self.engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=loggers or None)
         self.tokenizer = self.engine.get_tokenizer()
+
+    @staticmethod
+    def _max_model_len(engine_args) -> int:
+        """The token-count histograms' top edge: the context length, when the spec set
+        it (else vLLM takes the model's; 32k covers the models trident ships)."""
+        return engine_args.max_model_len or 32768
 
     def engine_dead(self):
         engine = getattr(self, "engine", None)
         if engine is None or not engine.errored:
             return None
+        if self._health_check:
+            self._unload_once()
         return describe(engine.dead_error)
+
+    def _unload_once(self) -> None:
+        """As vllm_backend does: ask Triton to unload this model, so it stops being READY.
+        From a thread of its own: unloading waits for finalize(), which needs the loop
+        that the health watcher (a caller of engine_dead) runs on."""
+        if not self._unloading.acquire(blocking=False):
+            return
+        self.log.error(f"Engine is not healthy and model {self.model_name} "
+                       f"will be unloaded")
+        threading.Thread(target=self._unload, name="vllm-unload", daemon=True).start()
+
+    def _unload(self) -> None:
+        try:
+            pb_utils.unload_model(self.model_name)
+        except Exception as e:   # e.g. not in explicit model-control mode
+            self.log.error(f"Cannot unload model {self.model_name} ({describe(e)}): it "
+                           f"stays loaded and refuses every request")
 
     def make_sampling(self, request):
         check_sampling_keys(request.sampling, self._sampling_fields, "vllm")
@@ -141,6 +212,8 @@ class TritonPythonModel(AsyncEngineModel):
 
     async def abort(self, engine_id: str) -> None:
         await self.engine.abort(engine_id)
+        # The line vllm_backend writes (its clients' tests look for it in the log).
+        self.log.info(f"Successfully cancelled the request {engine_id}")
 
     async def stop_engine(self) -> None:
         self.engine.shutdown()
@@ -153,6 +226,21 @@ class _Call(NamedTuple):
     priority: int
     cache_salt: Optional[str]
     lora: object = None     # vLLM's LoRARequest, or None for the base model
+
+
+def model_parameters(args: dict) -> dict:
+    """config.pbtxt's `parameters`, name → string value."""
+    config = json.loads(args.get("model_config") or "{}")
+    return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+
+
+def _refuse_unhealthy(sender) -> None:
+    try:
+        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+            UNHEALTHY, pb_utils.TritonError.UNAVAILABLE)))
+        sender.send(flags=FINAL)   # Triton drops the final flag of an error response
+    except Exception:
+        pass   # the client is gone: nobody is left to tell
 
 
 def lora_requests(adapters: dict) -> dict:

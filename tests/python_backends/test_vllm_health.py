@@ -1,0 +1,101 @@
+"""vllm_backend's ENABLE_VLLM_HEALTH_CHECK on trident's vLLM model (python_backends/vllm/
+model.py), without vLLM: an instance whose engine has died, against the stub's pb_utils
+double. The real server case (an EngineCore killed) is tests/server/test_vllm_metrics.py."""
+from __future__ import annotations
+
+import json
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from tests.fakes import fake_pb_utils as pb
+from tests.python_backends.test_sglang_model import ROOT, fake_stub_modules, make_request
+
+MODEL_PY = ROOT / "python_backends" / "vllm" / "model.py"
+
+
+@pytest.fixture
+def module(monkeypatch):
+    import importlib.util
+    import sys
+
+    monkeypatch.syspath_prepend(str(MODEL_PY.parent))   # stats.py, as beside model.py
+    with fake_stub_modules():
+        monkeypatch.delitem(sys.modules, "stats", raising=False)
+        monkeypatch.delitem(sys.modules, "trident_common.metrics", raising=False)
+        spec = importlib.util.spec_from_file_location("trident_vllm_model", MODEL_PY)
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+        yield loaded
+        sys.modules.pop("stats", None)
+        sys.modules.pop("trident_common.metrics", None)
+
+
+class Unloads:
+    def __init__(self, fail=False):
+        self.names, self.fail, self.done = [], fail, threading.Event()
+
+    def __call__(self, name):
+        self.names.append(name)
+        self.done.set()
+        if self.fail:
+            raise pb.TritonModelException("explicit model load / unload is not allowed")
+
+
+def dead_model(module, monkeypatch, unloads, health_check=True):
+    monkeypatch.setattr(pb, "unload_model", unloads, raising=False)
+    model = module.TritonPythonModel()
+    model.model_name, model._health_check = "chat", health_check
+    model._unloading = threading.Lock()
+    model.engine = SimpleNamespace(errored=True, dead_error=RuntimeError("core gone"))
+    model.errors = []
+    model.log = SimpleNamespace(error=model.errors.append)
+    counted = model.counted = []
+    model._count_error = lambda: counted.append(1)
+    return model
+
+
+def test_a_dead_engine_refuses_in_vllm_backends_words_and_unloads_once(module, monkeypatch):
+    unloads = Unloads()
+    model = dead_model(module, monkeypatch, unloads)
+    requests = [make_request(text_input="hi"), make_request(text_input="ho")]
+    model.execute(requests)
+    model.execute([make_request(text_input="again")])
+    for request in requests:
+        (response,) = request.sender.responses()
+        assert response.error().message() == module.UNHEALTHY
+        assert response.error().code() == pb.TritonError.UNAVAILABLE
+        assert request.sender.final_flags() == 1
+    assert unloads.done.wait(5) and unloads.names == ["chat"]
+    assert len(model.counted) == 3
+    assert any("will be unloaded" in line for line in model.errors)
+
+
+def test_a_model_that_cannot_unload_says_so_and_keeps_refusing(module, monkeypatch):
+    unloads = Unloads(fail=True)
+    model = dead_model(module, monkeypatch, unloads)
+    model.execute([make_request(text_input="hi")])
+    assert unloads.done.wait(5)
+    for _ in range(50):
+        if any("stays loaded" in line for line in model.errors):
+            break
+        threading.Event().wait(0.02)
+    assert any("stays loaded" in line for line in model.errors), model.errors
+    request = make_request(text_input="hi")
+    model.execute([request])
+    assert request.sender.responses()[0].error().message() == module.UNHEALTHY
+
+
+def test_without_the_parameter_a_dead_engine_is_not_unloaded(module, monkeypatch):
+    unloads = Unloads()
+    model = dead_model(module, monkeypatch, unloads, health_check=False)
+    assert model.engine_dead() == "core gone"
+    assert not unloads.done.wait(0.2)
+
+
+def test_model_parameters_and_their_defaults(module):
+    config = {"parameters": {"ENABLE_VLLM_HEALTH_CHECK": {"string_value": "true"}}}
+    assert module.model_parameters({"model_config": json.dumps(config)}) == {
+        "ENABLE_VLLM_HEALTH_CHECK": "true"}
+    assert module.model_parameters({}) == {}

@@ -1,0 +1,159 @@
+"""vLLM's own metrics and vllm_backend's health check on the real server: SmolLM2 on real
+vLLM as `primary`, its config.pbtxt given ENABLE_VLLM_HEALTH_CHECK as vllm_backend's own
+test does, loaded in explicit model-control mode (so the model can unload itself).
+
+Tests run in file order: the engine is killed in the last one.
+"""
+from __future__ import annotations
+
+import json
+
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+
+from builder.serve.client import build_inputs
+from tests.helpers import metric_value, wait_for
+from tests.helpers.servers import render, start_server
+from tests.server.test_vllm_clients import Recorded
+
+pytestmark = [pytest.mark.server, pytest.mark.vllm]
+
+SPEC = {
+    "name": "vllm-metrics", "hardware": {"gpu": "cpu"},
+    "models": [{"name": "primary", "engine": "vllm", "model": "builtin:smollm2-135m-instruct",
+                "family": "llama", "tasks": ["chat"],
+                "engine_args": {"max_model_len": 1024, "max_num_seqs": 8,
+                                "max_num_batched_tokens": 1024, "block_size": 32,
+                                "dtype": "float32", "seed": 0}}],
+    "router": {"default": ["primary"]},
+}
+# vllm_backend's clients send sampling values as strings.
+GREEDY = {"temperature": "0", "top_p": "1"}
+PROMPTS = ["The most dangerous animal is", "The capital of France is", "The future of AI is"]
+UNHEALTHY = "Model is unavailable due to unhealthy vLLM engine"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vllm-metrics")
+    repo = render(SPEC, tmp / "repo")
+    with open(repo / "primary" / "config.pbtxt", "a") as config:
+        config.write('parameters: { key: "ENABLE_VLLM_HEALTH_CHECK" '
+                     'value: { string_value: "true" } }\n')
+    server = start_server(repo, tmp, load_models=["primary"])
+    yield server
+    server.stop()
+
+
+def generate(server, prompt, max_tokens=8, sampling=GREEDY) -> Recorded:
+    inputs = build_inputs(prompt, None, max_tokens, True, sampling)
+    recorded = Recorded(server, model="primary", raw_inputs=inputs)
+    try:
+        assert recorded.pump(120), "no final response within 120 s"
+        return recorded
+    finally:
+        recorded.close()
+
+
+def vllm_metric(server, name, **labels) -> float:
+    return metric_value(server.metrics_url, name, model="primary", version="1", **labels)
+
+
+NAMES = {"prompt": "vllm:prompt_tokens_total", "generated": "vllm:generation_tokens_total",
+         "ttft": "vllm:time_to_first_token_seconds_count",
+         "tpot": "vllm:time_per_output_token_seconds_count",
+         "e2e": "vllm:e2e_request_latency_seconds_count",
+         "per_request": "vllm:request_generation_tokens_sum"}
+
+
+def snapshot(server) -> dict:
+    values = {key: vllm_metric(server, name) for key, name in NAMES.items()}
+    values["length"] = vllm_metric(server, "vllm:request_success_total",
+                                   finished_reason="length")
+    return values
+
+
+def test_vllm_counters_equal_the_real_token_counts(server):
+    before = snapshot(server)
+    answers = [generate(server, prompt) for prompt in PROMPTS]
+    assert all(not a.errors for a in answers), [a.errors for a in answers]
+    prompt_tokens = sum(a.outputs[-1]["num_input_tokens"] for a in answers)
+    generated = sum(a.outputs[-1]["num_output_tokens"] for a in answers)
+    assert generated == 8 * len(PROMPTS) and prompt_tokens > len(PROMPTS)
+    expected = {"prompt": prompt_tokens, "generated": generated, "ttft": len(PROMPTS),
+                "tpot": generated - len(PROMPTS), "e2e": len(PROMPTS),
+                "per_request": generated, "length": len(PROMPTS)}
+    # The writer thread applies vLLM's stats shortly after the final response.
+    grew = lambda: {k: snapshot(server)[k] - before[k] for k in expected}   # noqa: E731
+    try:
+        wait_for(lambda: grew() == expected, timeout_s=20)
+    except AssertionError:
+        assert grew() == expected
+    assert vllm_metric(server, "vllm:num_requests_running") == 0
+
+
+def test_structured_outputs_as_a_json_string(server):
+    """vllm_backend's clients send structured_outputs as JSON text; a bad one is refused
+    in words, not with an empty message."""
+    sampling = {**GREEDY, "structured_outputs": json.dumps({"choice": ["yes", "no"]})}
+    answer = generate(server, "Is Paris in France? Answer yes or no.", sampling=sampling)
+    assert not answer.errors and answer.text in ("yes", "no")
+    bad = {**GREEDY, "structured_outputs": json.dumps({"colour": "blue"})}
+    refused = generate(server, "Hi", sampling=bad)
+    assert refused.errors and "structured_outputs" in refused.errors[0]
+    assert refused.errors[0].split(":", 1)[1].strip(), refused.errors
+    not_json = {**GREEDY, "structured_outputs": "{choice"}
+    refused = generate(server, "Hi", sampling=not_json)
+    assert refused.errors and "structured_outputs" in refused.errors[0], refused.errors
+
+
+# -- vllm_backend's health check (last: it leaves primary without an engine) -------------
+
+def _kill_engine_cores(server) -> None:
+    root = psutil.Process(server.process.pid)
+    cores = [p for p in root.children(recursive=True) if "EngineCore" in _name(p)]
+    assert cores, "no vLLM EngineCore process found"
+    for core in cores:
+        core.kill()
+
+
+def _name(process) -> str:
+    try:
+        return process.name() + " " + " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def _ready(server) -> bool:
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        return client.is_model_ready("primary")
+
+
+def _first_error(server) -> str:
+    """The error of one request to primary (a refused request may get no final flag:
+    Triton answers a request for an unloaded model with the error alone)."""
+    inputs = build_inputs("Hi", None, 2, True, GREEDY)
+    recorded = Recorded(server, model="primary", raw_inputs=inputs)
+    try:
+        wait_for(lambda: recorded.pump(0.05) or recorded.errors, timeout_s=60)
+        return recorded.errors[0] if recorded.errors else ""
+    finally:
+        recorded.close()
+
+
+def test_a_dead_engine_is_refused_in_vllm_backends_words_and_unloaded(server):
+    assert _ready(server) and not generate(server, "Hi", max_tokens=2).errors
+    _kill_engine_cores(server)
+    # From now on a request is refused: "engine is dead" while the engine's death is not
+    # yet seen, in vllm_backend's words once it is, until the model has unloaded itself
+    # (it asks within HEALTH_CHECK_S); then Triton answers that the model is unknown.
+    # (tests/python_backends/test_vllm_health.py checks the refusal without the race.)
+    errors = [_first_error(server)]
+    while "unknown model" not in errors[-1].lower():
+        assert len(errors) < 500, errors[-3:]
+        errors.append(_first_error(server))
+    assert all(UNHEALTHY in e or e.startswith("vllm engine is dead: ")
+               for e in errors[:-1]), set(errors)
+    assert not _ready(server)
+    assert "unknown model" in _first_error(server).lower()   # it stays unloaded
