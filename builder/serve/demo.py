@@ -1,5 +1,6 @@
-"""`make run`: serve a rendered repository, ask it one question through the router,
-print the streamed answer, and stop. The main job of the README, end to end."""
+"""`make run`: serve a rendered repository, ask it one question through the router over
+gRPC (streamed) and once more through the OpenAI endpoint, print both answers, and stop.
+The main job of the README, end to end."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from builder.errors import TridentError
 from builder.serve import client as infer
-from builder.serve.server import start_on_free_ports
+from builder.serve.server import free_port, start_on_free_ports
 
 QUESTION = "What is the capital of France?"
 
@@ -36,6 +37,7 @@ def main(argv=None) -> int:
         print(f"\n\n[served_by={result.served_by} finish_reason={result.finish_reason} "
               f"time_to_first_token={result.ttft_s * 1000:.0f} ms "
               f"tokens={result.output_tokens} in {result.total_s:.2f} s]")
+        ask_openai(server.grpc_url, args.model, args.question, args.max_tokens)
         return 0
     except TridentError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -43,6 +45,28 @@ def main(argv=None) -> int:
     finally:
         if server is not None:
             server.stop()
+
+
+def ask_openai(triton_url: str, model: str, question: str, max_tokens: int) -> None:
+    """The same question through the OpenAI frontend (`trident serve --openai-port`),
+    with the openai SDK as any OpenAI client would send it."""
+    from openai import OpenAI
+
+    from builder.serve.openai.runner import Frontend
+
+    frontend = Frontend(triton_url, port=free_port()).start()
+    try:
+        print(f"\nOpenAI API: {frontend.url}/v1 (trident serve --openai-port PORT)",
+              flush=True)
+        client = OpenAI(base_url=f"{frontend.url}/v1", api_key="unused", max_retries=0)
+        answer = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": question}],
+            max_tokens=max_tokens, temperature=0)
+        print(f"> {question}\n\n{answer.choices[0].message.content}\n\n"
+              f"[model={answer.model} finish_reason={answer.choices[0].finish_reason} "
+              f"usage={answer.usage.prompt_tokens}+{answer.usage.completion_tokens} tokens]")
+    finally:
+        frontend.stop()
 
 
 if __name__ == "__main__":
