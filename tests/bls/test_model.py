@@ -341,6 +341,7 @@ def run(model, *requests, during=None):
         while model.controls.background:
             await asyncio.gather(*model.controls.background)
     asyncio.run(main())
+    model.metrics.writes.flush()      # the router writes its metrics from a thread
 
 
 def run_with_one_more(model, busy, other):
@@ -620,6 +621,7 @@ def test_fallbacks_and_breaker_transitions_are_logged(router, caplog):
 
 def test_breaker_state_gauges_start_closed(router):
     model = router(backends=[])
+    model.metrics.writes.flush()
     assert {b: gauge(model, b) for b in ("primary", "backup", "solo")} == {
         "primary": 0, "backup": 0, "solo": 0}
 
