@@ -22,8 +22,8 @@ from trident_common.log import Log
 from trident_common.request import (AbortRequest, BadRequest, GenerateRequest,
                                     describe, parse_generate)
 from trident_common.returns import Outputs
-from trident_common.triton_io import (FINAL, LlmMetrics, Outbox, ResponseFactory,
-                                      input_getter, request_parameters, send_error)
+from trident_common.triton_io import (FINAL, LlmMetrics, ResponseFactory, input_getter,
+                                      request_parameters, send_error)
 
 ENGINE_CONFIG_FILE = "model.json"
 CANCEL_CHECK_S = 0.05   # how stale a client's cancellation may be before we notice it
@@ -61,7 +61,6 @@ class _Active:
     started: bool = False     # a data response has been sent
     closed: bool = False      # the final flag has been sent (or tried: the client left)
     dead: Optional[str] = None   # why the engine died under this request
-    send_failed: Optional[str] = None   # why a send failed while the client stayed
 
 
 class AsyncEngineModel(abc.ABC):
@@ -127,8 +126,6 @@ class AsyncEngineModel(abc.ABC):
             self._stop_loop()
             self.metrics.finalize()
             raise
-        self.outbox = Outbox(self.model_name, lambda *problem: self.loop.call_soon_threadsafe(
-            self._send_problem, *problem))
         self._health = asyncio.run_coroutine_threadsafe(self._watch_health(), self.loop)
         self.log.info(f"The engine of model {self.model_name} is ready")
 
@@ -140,14 +137,14 @@ class AsyncEngineModel(abc.ABC):
                 parsed = parse_generate(input_getter(request), request_parameters(request))
             except BadRequest as e:
                 self._count_error()
-                send_error(self.outbox.quiet(sender), self.responses, str(e), False, True)
+                self._send_quietly(send_error, sender, self.responses, str(e), False, True)
                 continue
             except Exception as e:  # a defect of ours: still answer, and keep serving
                 self.log.error(f"Could not read a request: {type(e).__name__}: {describe(e)}")
                 self._count_error()
-                send_error(self.outbox.quiet(sender), self.responses,
-                           f"{self.engine_name} could not read the request: "
-                           f"{type(e).__name__}: {describe(e)}", False, False)
+                self._send_quietly(send_error, sender, self.responses,
+                                   f"{self.engine_name} could not read the request: "
+                                   f"{type(e).__name__}: {describe(e)}", False, False)
                 continue
             if isinstance(parsed, AbortRequest):
                 self.loop.call_soon_threadsafe(self._abort_by_client_id, parsed, sender)
@@ -164,7 +161,6 @@ class AsyncEngineModel(abc.ABC):
             self._run(self.stop_engine(), timeout=30)
         finally:
             self._stop_loop()
-            self.outbox.close()   # after the loop: the final flags it queued go out
             self.metrics.finalize()
 
     def _stop_loop(self) -> None:
@@ -185,12 +181,19 @@ class AsyncEngineModel(abc.ABC):
         self.metrics.aborted.increment(1)
         self.metrics.requests.increment(1)
 
+    @staticmethod
+    def _send_quietly(send, *args) -> None:
+        try:
+            send(*args)
+        except Exception:
+            pass  # the client is gone (or the sender closed): nothing left to tell it
+
     def _start(self, request: GenerateRequest, sender, arrival: float) -> None:
         """On the loop: register the generation and start its task in one step, so an
         abort queued after this request always finds it."""
         if request.request_id and self._early_aborts.pop(request.request_id, None):
             self._count_aborted()        # aborted before it arrived: never start it
-            self.outbox.quiet(sender).send(None, FINAL)
+            self._send_quietly(sender.send, None, FINAL)
             return
         active = _Active(f"{self.model_name}-{next(self._ids)}", request.request_id, sender)
         if active.client_id:
@@ -220,7 +223,7 @@ class AsyncEngineModel(abc.ABC):
             active.task.cancel()
         else:
             self._remember_early_abort(abort.request_id)
-        self.outbox.quiet(sender).send(None, FINAL)
+        self._send_quietly(sender.send, None, FINAL)
 
     def _remember_early_abort(self, request_id: str) -> None:
         """An abort may overtake its request (both are queued by Triton); remember it for
@@ -246,8 +249,6 @@ class AsyncEngineModel(abc.ABC):
         except asyncio.CancelledError:
             if active.dead is not None:   # cancelled by the health check: not an abort
                 self._fail(active, f"{self.engine_name} engine is dead: {active.dead}")
-            elif active.send_failed is not None:
-                self._fail(active, f"{self.engine_name} error: {active.send_failed}")
             else:
                 self.log.info(f"Cancelling the request {active.client_id or active.engine_id}")
                 self._count_aborted()
@@ -270,14 +271,6 @@ class AsyncEngineModel(abc.ABC):
             active.closed = True
         else:
             self._fail(active, f"{self.engine_name} error: {describe(error)}")
-
-    def _send_problem(self, active: _Active, error: Exception) -> None:
-        """From the outbox: a send failed. Stop; an error unless the client left."""
-        if active.task is None or active.task.done():
-            return
-        if not self._client_gone(active):
-            active.send_failed = describe(error)
-        active.task.cancel()
 
     @staticmethod
     def _client_gone(active: _Active) -> bool:
@@ -319,15 +312,14 @@ class AsyncEngineModel(abc.ABC):
     def _send(self, active: _Active, response, final: bool) -> None:
         if final:
             active.closed = True
-        self.outbox.send(active.sender, response, FINAL if final else 0, active)
+        active.sender.send(response, flags=FINAL if final else 0)
 
     async def _relay(self, request: GenerateRequest, prompt: str, sampling, active: _Active,
                      arrival: float) -> None:
         """Stream the engine's deltas to the client (or collect them for one response).
 
-        Per chunk this costs one queued send (the outbox thread makes it): metrics go to
-        Triton once per request and the cancellation check (an IPC round trip, also on the
-        outbox thread) is asked for at most every CANCEL_CHECK_S."""
+        Per chunk this costs one send: metrics go to Triton once per request and the
+        cancellation check (an IPC round trip) runs at most every CANCEL_CHECK_S."""
         pieces: list[str] = []
         final: Optional[Delta] = None
         first_at: Optional[float] = None
@@ -341,7 +333,7 @@ class AsyncEngineModel(abc.ABC):
                 self.metrics.ttft.observe(now - arrival)
             if now >= next_check:
                 next_check = now + CANCEL_CHECK_S
-                if await asyncio.wrap_future(self.outbox.check_cancelled(active.sender)):
+                if active.sender.is_cancelled():
                     raise asyncio.CancelledError
             if delta.finish_reason:   # counted before the final flag lets the client go
                 self._record_tokens(delta, first_at)
@@ -385,7 +377,7 @@ class AsyncEngineModel(abc.ABC):
         """The final flag (flags only), unless the request already had it."""
         if not active.closed:
             active.closed = True
-            self.outbox.quiet(active.sender).send(None, FINAL)
+            self._send_quietly(active.sender.send, None, FINAL)
 
     def _fail(self, active: _Active, message: str, client_fault: bool = False) -> None:
         """End a request with an error (and the final flag), once."""
@@ -395,8 +387,8 @@ class AsyncEngineModel(abc.ABC):
         if active.closed:
             return
         active.closed = True
-        send_error(self.outbox.quiet(active.sender), self.responses, message or
-                   "unknown error", active.started, client_fault)
+        self._send_quietly(send_error, active.sender, self.responses, message or
+                           "unknown error", active.started, client_fault)
 
 
 def apply_device_placement(args: dict) -> None:

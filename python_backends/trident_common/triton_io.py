@@ -8,10 +8,7 @@ router must still see it.
 from __future__ import annotations
 
 import json
-import queue
-import threading
-from concurrent.futures import Future
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -99,81 +96,6 @@ def send_error(sender, factory: ResponseFactory, message: str, started: bool,
     else:
         sender.send(factory.error(message, client_fault))
     sender.send(flags=FINAL)
-
-
-class Outbox:
-    """Sends responses from a thread of its own, in the order they were given.
-
-    A send is an IPC round trip to the server that blocks its caller; made on the
-    engine's event loop it holds up the engine's output handling for every stream. Here
-    the loop only queues it. The thread also checks cancellation when asked, after the
-    sends queued before. `problem(key, error)` (called on the thread) hears of a send
-    that failed; that stream's later data responses are dropped, its final flag is still
-    sent."""
-
-    _CHECK = object()
-
-    def __init__(self, name: str, problem: Callable[[Any, Optional[Exception]], None]):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._problem, self._dropped = problem, set()
-        self._thread = threading.Thread(target=self._run, name=f"{name}-outbox", daemon=True)
-        self._thread.start()
-
-    def send(self, sender, response, flags: int = 0, key=None) -> None:
-        """Queue a send; with a key, a failure is reported to `problem` (else ignored)."""
-        self._queue.put((sender, response, flags, key))
-
-    def check_cancelled(self, sender) -> Future:
-        """A future of whether the client cancelled (or left); set once the sends
-        queued before it were made."""
-        answer: Future = Future()
-        self._queue.put((sender, self._CHECK, 0, answer))
-        return answer
-
-    def quiet(self, sender) -> "_QueuedSender":
-        """sender's stand-in whose sends go through here, failures ignored."""
-        return _QueuedSender(self, sender)
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Send what is queued, then stop the thread."""
-        self._queue.put(None)
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            sender, response, flags, key = item
-            if response is self._CHECK:
-                key.set_result(self._cancelled(sender))
-            elif not (flags & FINAL) and sender in self._dropped:
-                continue   # the client has gone: nothing more to tell it but the end
-            else:
-                self._send(sender, response, flags, key)
-
-    def _cancelled(self, sender) -> bool:
-        if sender in self._dropped:
-            return True
-        try:
-            return bool(sender.is_cancelled())
-        except Exception:
-            return True   # the sender itself is unusable: nobody is listening
-
-    def _send(self, sender, response, flags: int, key) -> None:
-        try:
-            sender.send(response, flags=flags)
-        except Exception as e:
-            if key is not None and sender not in self._dropped:
-                self._dropped.add(sender)
-                self._problem(key, e)
-        if flags & FINAL:
-            self._dropped.discard(sender)
-
-
-class _QueuedSender:
-    def __init__(self, outbox: Outbox, sender):
-        self._outbox, self._sender = outbox, sender
-
-    def send(self, response=None, flags: int = 0) -> None:
-        self._outbox.send(self._sender, response, flags)
 
 
 # LlmMetrics' series: (attribute, name, help, kind, histogram buckets).
