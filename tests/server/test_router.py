@@ -106,6 +106,19 @@ def test_router_output_matches_the_backend(server):
     assert routed.text == direct.text and routed.served_by == "primary"
 
 
+@pytest.mark.parametrize("model", ["router", "primary"])
+def test_sampling_values_sent_as_request_parameters(server, model):
+    # vllm_backend's clients may send them as request parameters, floats included (the
+    # router forwards a float as text: BLS takes bool/int/str parameter values only).
+    greedy_five = {"temperature": 0, "max_tokens": 5, "ignore_eos": True}
+    expected = generate(server, model="primary", max_tokens=None, sampling=greedy_five)
+    stream = generate(server, model=model, max_tokens=None, sampling=None,
+                      parameters={"temperature": 0.0, "top_p": 1.0, "max_tokens": 5,
+                                  "ignore_eos": True})
+    assert not stream.errors and stream.finals == 1
+    assert stream.text == expected.text and expected.text
+
+
 def test_unknown_route_names_the_valid_routes(server):
     stream = generate(server, hints={"route": "nope"})
     assert len(stream.errors) == 1 and not stream.texts
