@@ -40,21 +40,26 @@ class PythonLlmAdapter:
         return [_string_tensor(interface.ABORT_REQUEST_ID, request_id)]
 
     def split(self, response):
-        """(the backend's error or None, the response to relay or None if it is empty).
+        """(the backend's error or None, the response to relay or None if it is empty,
+        whether it is the answer's last: it carries a finish reason).
 
         Per chunk on the hot path: the tensors are read once and passed on as they are."""
         if response.has_error():
-            return response.error().message(), None
+            return response.error().message(), None, False
         tensors = response.output_tensors()
         if not tensors:
-            return None, None
+            return None, None, False
+        last = False
         for tensor in tensors:
-            if tensor.name() == "error":
+            name = tensor.name()
+            if name == "error":
                 message = first_scalar(tensor.as_numpy())
                 if message:
-                    return message, None
-                break
-        return None, pb_utils.InferenceResponse(output_tensors=tensors)
+                    return message, None, False
+            elif name == "finish_reason":
+                # "None" is vllm_backend's word for "not finished" (return_finish_reason).
+                last = first_scalar(tensor.as_numpy()) not in ("", "None", None)
+        return None, pb_utils.InferenceResponse(output_tensors=tensors), last
 
 
 class TrtllmAdapter:
@@ -101,15 +106,15 @@ class TrtllmAdapter:
         """(the backend's error or None, the response in the router's interface or None
         if it is empty)."""
         if response.has_error():
-            return response.error().message(), None
+            return response.error().message(), None, False
         text = pb_utils.get_output_tensor_by_name(response, "text_output")
         if text is None:
-            return None, None
+            return None, None, False
         # Fresh tensors per response: a send copies each tensor into shared memory with
         # the GIL released, so one tensor object shared by concurrent relays races.
         return None, pb_utils.InferenceResponse(output_tensors=[
             _string_tensor("text_output", first_scalar(text.as_numpy()) or ""),
-            _string_tensor("served_by", self.backend), _string_tensor("error", "")])
+            _string_tensor("served_by", self.backend), _string_tensor("error", "")]), False
 
 
 class Adapters(dict):

@@ -104,9 +104,9 @@ class Relay:
         (then this attempt sends nothing more; the router falls back or answers)."""
         received = time.monotonic()
         if first is None:
-            problem, outgoing = "stream ended without a response", None
+            problem, outgoing, last = "stream ended without a response", None, False
         else:
-            problem, outgoing = self._split(first)
+            problem, outgoing, last = self._split(first)
         with self.lock:
             if self.closed:
                 return problem or "abandoned by the router"
@@ -118,13 +118,10 @@ class Relay:
                 self.closed = True
                 return problem
             self.streaming = True
-            if outgoing is not None and self.single:
-                # The whole answer: one response with the final flag (the backend's own
-                # final follows on the iterator and is drained, not relayed).
-                self.closed = self.answered = True
-                self.sender.send(outgoing, flags=FINAL)
-            elif outgoing is not None:
-                self.sender.send(outgoing)
+            if outgoing is not None:
+                # A non-streamed answer is this one response (the backend's own final
+                # follows on the iterator and is drained, not relayed).
+                self._send(outgoing, last or self.single)
             self.last = outgoing
         self.first_relay_s = time.monotonic() - received
         return None
@@ -147,7 +144,7 @@ class Relay:
 
     def _forward(self, response):
         """Relay one chunk; a chunk carrying an error ends the client's stream."""
-        problem, outgoing = self._split(response)
+        problem, outgoing, last = self._split(response)
         with self.lock:
             if self.closed:
                 return                  # answered, abandoned or cancelled: drain only
@@ -157,14 +154,23 @@ class Relay:
                 self.backend_failed = True
                 self._finish(f"{self.backend} failed mid-stream: {problem}")
             elif outgoing is not None:
-                self.sender.send(outgoing)
+                self._send(outgoing, last)
                 self.last = outgoing
 
+    def _send(self, outgoing, last):
+        """Relay a response; the answer's last carries the client's final flag (one send
+        fewer than a separate final, as the engine model itself sends it). Under lock."""
+        if last:
+            self.closed = self.answered = True
+            self.sender.send(outgoing, flags=FINAL)
+        else:
+            self.sender.send(outgoing)
+
     def _split(self, response):
-        problem, outgoing = self.adapter.split(response)
+        problem, outgoing, last = self.adapter.split(response)
         if outgoing is not None and self.tally is not None:
             outgoing = self.tally.take(outgoing)
-        return problem, outgoing
+        return problem, outgoing, last
 
     # -- any thread ---------------------------------------------------------------------
     def close(self, error=None):

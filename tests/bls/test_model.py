@@ -40,9 +40,9 @@ def string_tensor(name, value):
     return pb.Tensor(name, np.array([value.encode()], dtype=np.object_))
 
 
-def chunk(text, backend, error=""):
+def chunk(text, backend, error="", finish_reason=""):
     return pb.InferenceResponse(output_tensors=[
-        string_tensor("text_output", text), string_tensor("finish_reason", ""),
+        string_tensor("text_output", text), string_tensor("finish_reason", finish_reason),
         string_tensor("served_by", backend), string_tensor("error", error)])
 
 
@@ -767,3 +767,21 @@ def test_request_parameters_travel_to_the_backend(router):
                                    "ignore_eos": True, "tenant": "t1"}]
     run(model, ClientRequest())
     assert backend.parameters[-1] is None
+
+
+@pytest.mark.parametrize("finish_reason, sends", [("length", 3), ("None", 4), ("", 4)])
+def test_the_answers_last_chunk_carries_the_final_flag(router, finish_reason, sends):
+    # As the engine models send it: no separate final send after a chunk that says it
+    # is the last (a finish reason; "None" is vllm_backend's "not finished").
+    class Finishing(FakeBackend):
+        def _stream(self, stop):
+            for i, text in enumerate(self.chunks):
+                last = i == len(self.chunks) - 1
+                yield chunk(text, self.name, finish_reason=finish_reason if last else ""), last
+
+    model = router(backends=[Finishing("primary")])
+    request = ClientRequest()
+    run(model, request)
+    assert request.texts() == ["a", "b", "c"] and request.sender.final_flags() == 1
+    assert len(request.sender.sent) == sends
+    assert request.sender.sent[2][1] == (FINAL if sends == 3 else 0)
