@@ -37,6 +37,10 @@ def default_server(tmp_path_factory):
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# pip's internals (tests/packaging's lock check) import the standard library's distutils;
+# setuptools, imported later by torch under vLLM, then asserts it owns distutils and
+# fails. One distutils for the whole session: the standard library's.
+os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
 # `kill -USR1 <pytest pid>` prints every thread's stack: the way to see what a hung run
 # waits for.
 faulthandler.register(signal.SIGUSR1, all_threads=True)
