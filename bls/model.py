@@ -25,7 +25,6 @@ import faulthandler
 import json
 import os
 import secrets
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,7 +36,7 @@ from breaker import HALF_OPEN, BreakerConfig, CircuitBreaker
 from control import SILENCE_PROBE_S, Controls
 from inbound import QUEUE_FACTOR, Inbound, engine_capacity, inflight_limit
 from policy import ADAPTER_KEYS, Policy, UnknownRoute, features_from
-from relay import CLIENT_ERROR, Relay, Retired
+from relay import CLIENT_ERROR, CallSlots, Relay, Retired
 from router_metrics import RouterMetrics
 from tenants import Tenants
 from trident_common.interface import HINT_NAMES, RETURNABLE
@@ -109,12 +108,11 @@ class TritonPythonModel:
         # plus drains of abandoned attempts and control requests.
         self.pool = ThreadPoolExecutor(max_workers=2 * streams + CONTROL_THREADS,
                                        thread_name_prefix="relay")
-        self.bls_slots = threading.BoundedSemaphore(BLS_CALL_SLOTS)
         # Control requests use async_exec, which runs each call in the loop's default
         # executor until its first response: asyncio's default (CPUs + 4 threads) would
         # queue an abort behind probes of a busy engine.
         self.control_pool = None
-        self.loop = None
+        self.loop = self.bls_slots = None
         self.retired = Retired()
         self.metrics = RouterMetrics(self.name)
         self.controls = Controls(self.adapters, self.metrics, self.pool, self.retired)
@@ -127,6 +125,7 @@ class TritonPythonModel:
         loop = asyncio.get_running_loop()
         if loop is not self.loop:   # the stub's one loop (tests run several in turn)
             self.loop = loop
+            self.bls_slots = CallSlots(BLS_CALL_SLOTS, self.pool, loop)
             self.controls.bind(loop)
             self.control_pool = ThreadPoolExecutor(max_workers=CONTROL_THREADS,
                                                    thread_name_prefix="control")
@@ -294,7 +293,7 @@ class TritonPythonModel:
         relay.tally = self.tenants.tally(inbound)
         attempts.append(relay)
         routed_s = time.monotonic() - arrival
-        self.pool.submit(relay.run, child, self.bls_slots)
+        self.bls_slots.start(relay, child)
         first_by = min(time.monotonic() + self.first_token_timeout_s,
                        arrival + self.deadline_s)
         late = f"no first token within {self.first_token_timeout_s} s"

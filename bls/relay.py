@@ -46,6 +46,37 @@ class Retired:
             self.entries.popleft()
 
 
+class CallSlots:
+    """At most `size` attempts wait in a BLS call for their first response; the others
+    wait here, first come first served (a freed slot never goes to a newer attempt
+    while an older one waits: that one would pass its first-token timeout). Queued and
+    started on the event loop; a relay thread releases its slot."""
+
+    def __init__(self, size, pool, loop):
+        self.free, self.pool, self.loop = size, pool, loop
+        self.waiting = collections.deque()   # (relay, child)
+
+    def start(self, relay, child):
+        """Run relay.run(child) on the pool now, or once a slot is free."""
+        self.waiting.append((relay, child))
+        self._start_waiting()
+
+    def release(self):   # any thread
+        self.loop.call_soon_threadsafe(self._released)
+
+    def _released(self):
+        self.free += 1
+        self._start_waiting()
+
+    def _start_waiting(self):
+        while self.free and self.waiting:
+            relay, child = self.waiting.popleft()
+            if relay.closed:
+                continue   # given up while it waited: never sent
+            self.free -= 1
+            self.pool.submit(relay.run, child, self)
+
+
 class Relay:
     """One attempt's stream, from the backend to the client.
 
@@ -77,14 +108,17 @@ class Relay:
 
     # -- worker thread ------------------------------------------------------------------
     def run(self, child, slots):
-        """The whole attempt, on a worker thread: call, first response, the rest."""
+        """The whole attempt, on a worker thread: call, first response, the rest. The
+        call holds one of `slots` (CallSlots) until the backend's first response."""
         responses = None
         try:
-            with slots:   # see BLS_CALL_SLOTS in model.py
+            try:
                 if self.closed:
                     outcome = "abandoned by the router"
                 else:
                     responses = child.exec(decoupled=True)
+            finally:
+                slots.release()
             if responses is not None:
                 outcome = self.start(next(responses, None))
         except Exception as e:  # not loaded, stub unhealthy, ...

@@ -722,7 +722,7 @@ def test_requests_waiting_for_a_first_response_are_bounded(router):
     # slots, requests wait in the router, leaving threads for aborts and probes.
     backend = FakeBackend("primary", chunks=["x"], delay_s=0.3)
     model = router(backends=[backend], max_inflight_per_backend=8)
-    model.bls_slots = threading.BoundedSemaphore(2)
+    model.initialize.__globals__["BLS_CALL_SLOTS"] = 2
     requests = [ClientRequest() for _ in range(4)]
     started = time.monotonic()
     run(model, *requests)
@@ -785,3 +785,15 @@ def test_the_answers_last_chunk_carries_the_final_flag(router, finish_reason, se
     assert request.texts() == ["a", "b", "c"] and request.sender.final_flags() == 1
     assert len(request.sender.sent) == sends
     assert request.sender.sent[2][1] == (FINAL if sends == 3 else 0)
+
+
+def test_requests_waiting_for_a_call_slot_go_first_come_first_served(router):
+    # A freed slot goes to the request that waited longest, never to a newer one: under
+    # steady load an unlucky request would otherwise pass its first-token timeout.
+    backend = FakeBackend("primary", chunks=["x"], delay_s=0.05)
+    model = router(backends=[backend], max_inflight_per_backend=8)
+    model.initialize.__globals__["BLS_CALL_SLOTS"] = 1
+    requests = [ClientRequest(prompt=f"p{i}") for i in range(6)]
+    run(model, *requests)
+    calls = [inputs["text_input"] for inputs in backend.seen_inputs if "text_input" in inputs]
+    assert calls == [f"p{i}" for i in range(6)]
