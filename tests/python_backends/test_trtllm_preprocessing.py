@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import sys
 
 import numpy as np
 import pytest
@@ -21,9 +20,10 @@ from builder.engines.lora import convert_adapter
 from builder.render.validate import parse_config
 from tests.fakes import fake_pb_utils as pb
 from tests.helpers.lora import write_adapter
+from tests.helpers.modules import stub_imports
 from tests.render.test_trtllm import model, render
 
-_MODULES = ("model", "lora_adapters", "tokenizing", "triton_python_backend_utils")
+_MODULES = ("model", "lora_adapters", "tokenizing")
 
 
 @pytest.fixture(scope="module")
@@ -45,19 +45,10 @@ def loaded(repo, config_changes=None):
     config = json.loads(json_format.MessageToJson(parse_config(folder / "config.pbtxt"),
                                                   preserving_proto_field_name=True))
     config.update(config_changes or {})
-    saved = {n: sys.modules.pop(n, None) for n in _MODULES}
-    sys.modules["triton_python_backend_utils"] = pb
-    sys.path.insert(0, str(folder / "1"))
-    try:
+    with stub_imports(folder / "1", _MODULES):
         instance = importlib.import_module("model").TritonPythonModel()
         instance.initialize({"model_config": json.dumps(config)})
         yield instance
-    finally:
-        sys.path.pop(0)
-        for name, module in saved.items():
-            sys.modules.pop(name, None)
-            if module is not None:
-                sys.modules[name] = module
 
 
 class Request(pb.InferenceRequest):

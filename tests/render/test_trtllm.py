@@ -4,7 +4,6 @@ import contextlib
 import copy
 import importlib
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ from builder.render.validate import parse_config, validate_repository
 from builder.render.write import write_repository
 from builder.spec import parse_spec
 from tests.fakes import fake_pb_utils as pb
+from tests.helpers.modules import stub_imports
 
 # A path that does not spell the key: the key must come from the cache lookup.
 ENGINE = ServedEngine("/cache/engines/llama-short-context", "ab" * 32)
@@ -223,17 +223,8 @@ _NP_TYPES = {np.dtype(np.float32): "TYPE_FP32", np.dtype(np.int32): "TYPE_INT32"
 
 @contextlib.contextmanager
 def adapters_module():
-    saved = {n: sys.modules.pop(n, None) for n in ("adapters", "triton_python_backend_utils")}
-    sys.modules["triton_python_backend_utils"] = pb
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bls"))
-    try:
+    with stub_imports(Path(__file__).resolve().parents[2] / "bls", ("adapters",)):
         yield importlib.import_module("adapters")
-    finally:
-        sys.path.pop(0)
-        for name, module in saved.items():
-            sys.modules.pop(name, None)
-            if module is not None:
-                sys.modules[name] = module
 
 
 def test_ensemble_accepts_every_tensor_the_router_sends():
