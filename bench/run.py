@@ -57,7 +57,12 @@ def main(argv=None) -> int:
             print(f"{name}: not available", file=sys.stderr)
             continue
         started = time.time()
-        result = module.run(out)
+        try:
+            result = module.run(out)
+        except Exception as e:  # one broken benchmark must not lose the others' results
+            print(f"{name}: failed: {type(e).__name__}: {e}", file=sys.stderr)
+            result = {"rows": [{"metric": "failed", "target": f"{type(e).__name__}: {e}"[:80],
+                                "met": False}], "error": f"{type(e).__name__}: {e}"}
         result.setdefault("name", name)
         result["wall_s"] = round(time.time() - started, 1)
         (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
