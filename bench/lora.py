@@ -54,7 +54,8 @@ def measure(url: str) -> list[dict]:
 
 def run(out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="bench-lora-", dir=out_dir))
+    # Absolute: the spec's adapter path is read relative to the spec file's folder.
+    work = Path(tempfile.mkdtemp(prefix="bench-lora-", dir=out_dir)).resolve()
     adapter = write_adapter(work / "adapters" / ADAPTER, seed=1, rank=8)
     repo = work / "repo"
     build_repository(parse_spec(spec(adapter), str(work / "spec.yaml")), repo)
