@@ -2,51 +2,21 @@
 
 Every write of a Triton metric is an IPC round trip from the stub to the server that
 blocks its caller. The router's event loop and relay threads only queue their writes;
-one thread of the router's own makes them, in order (Writes)."""
-import queue
-import threading
-
+a trident_common.metrics.Writer thread makes them, in order."""
 from breaker import STATE_VALUES
-from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, MetricSet
+from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, MetricSet, Writer
 
 
-class Writes:
-    """Metric writes made by a thread of their own, in the order they were queued."""
-
-    def __init__(self):
-        self.queue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name="router-metrics", daemon=True)
-        self.thread.start()
-
-    def put(self, series, op, value):
-        self.queue.put((series, op, value))
-
-    def flush(self, timeout=5.0):
-        """Wait until every write queued before this call was made."""
-        done = threading.Event()
-        self.queue.put(done)
-        return done.wait(timeout)
-
-    def close(self, timeout=5.0):
-        self.queue.put(None)
-        self.thread.join(timeout)
-
-    def _run(self):
-        while (item := self.queue.get()) is not None:
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            series, op, value = item
-            try:
-                if series.metric is None:
-                    series.metric = series.create()   # also an IPC call: made here
-                getattr(series.metric, op)(value)
-            except Exception:
-                pass   # a metric must never break the router (the server is stopping)
+def _apply(write):
+    """One queued write: (series, op, value); the series is made on its first write."""
+    series, op, value = write
+    if series.metric is None:
+        series.metric = series.create()
+    getattr(series.metric, op)(value)
 
 
 class Series:
-    """One labelled series; its writes go through Writes."""
+    """One labelled series; its writes go through the router's Writer."""
 
     __slots__ = ("create", "metric", "writes")
 
@@ -54,13 +24,13 @@ class Series:
         self.create, self.metric, self.writes = create, None, writes
 
     def increment(self, value):
-        self.writes.put(self, "increment", value)
+        self.writes.put([(self, "increment", value)])
 
     def set(self, value):
-        self.writes.put(self, "set", value)
+        self.writes.put([(self, "set", value)])
 
     def observe(self, value):
-        self.writes.put(self, "observe", value)
+        self.writes.put([(self, "observe", value)])
 
 
 class RouterMetrics:
@@ -88,7 +58,7 @@ class RouterMetrics:
     def __init__(self, router):
         self.router = router
         self.set = MetricSet()
-        self.writes = Writes()
+        self.writes = Writer("router-metrics", _apply)
         self.metrics = {}
         self._latency = self.metric("latency", (), buckets=[
             0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1])

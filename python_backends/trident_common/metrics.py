@@ -23,8 +23,9 @@ the series belong to its successor.
 from __future__ import annotations
 
 import ctypes
+import queue
 import threading
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import triton_python_backend_utils as pb_utils
 
@@ -89,3 +90,57 @@ class MetricSet:
     def close(self) -> None:
         """Stop writing (the series stay: the model's next instance writes them)."""
         self.open = False
+
+
+class Writer:
+    """Metric writes made by a thread of their own, in the order they were queued.
+
+    A write to a Triton metric (and making a series) is an IPC round trip to the server
+    that blocks its caller: an engine's event loop or the router's relays only queue
+    batches of items here. `apply(item)` makes one write; `merge(items)`, if given, may
+    turn the items waiting at once into fewer writes with the same result."""
+
+    def __init__(self, name: str, apply: Callable[[Any], None],
+                 merge: Optional[Callable[[list], list]] = None):
+        self._apply, self._merge = apply, merge
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, batch: list) -> None:
+        self._queue.put(batch)
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every write queued before this call was made."""
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Make the writes queued so far, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            waiting = [self._queue.get()]
+            while not self._queue.empty():
+                waiting.append(self._queue.get_nowait())
+            pending: list = []
+            for entry in waiting:
+                if isinstance(entry, list):
+                    pending.extend(entry)
+                    continue
+                self._write(pending)
+                pending = []
+                if entry is None:
+                    return
+                entry.set()
+            self._write(pending)
+
+    def _write(self, items: list) -> None:
+        for item in self._merge(items) if self._merge and items else items:
+            try:
+                self._apply(item)
+            except Exception:
+                pass   # one lost sample: the writer must outlive it to keep counting

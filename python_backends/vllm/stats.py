@@ -11,11 +11,9 @@ deleted: the next instance of a reloaded model carries on counting).
 """
 from __future__ import annotations
 
-import queue
-import threading
-from typing import Iterable, NamedTuple, Optional
+from typing import Iterable, NamedTuple
 
-from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, MetricSet
+from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, MetricSet, Writer
 
 # Bucket edges: vllm_backend's (which took them from vLLM's own examples).
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -128,9 +126,7 @@ class VllmStats:
                                              token_buckets(max_model_len)
                                              if buckets is TOKENS else buckets)
                        for key, name, description, kind, buckets in FAMILIES}
-        self._queue: "queue.SimpleQueue[Optional[list]]" = queue.SimpleQueue()
-        self._writer = threading.Thread(target=self._write, name="vllm-stats", daemon=True)
-        self._writer.start()
+        self._writer = Writer("vllm-stats", self._apply, merge=coalesce)
 
     def logger_factory(self, vllm_config, engine_index: int = 0) -> "StatLogger":
         return StatLogger(self)
@@ -138,26 +134,15 @@ class VllmStats:
     def record(self, scheduler_stats, iteration_stats) -> None:
         batch = updates(scheduler_stats, iteration_stats)
         if batch:
-            self._queue.put(batch)
+            self._writer.put(batch)
 
     def close(self) -> None:
         """Write what is queued, then stop (the series stay for the next instance)."""
-        self._queue.put(None)
-        self._writer.join(timeout=5)
+        self._writer.close()
         self._set.close()
 
-    def _write(self) -> None:
-        while True:
-            batches = [self._queue.get()]
-            while not self._queue.empty():
-                batches.append(self._queue.get())
-            for update in coalesce(u for batch in batches if batch for u in batch):
-                try:
-                    getattr(self._metric(update.key), update.op)(update.value)
-                except Exception:
-                    pass   # one lost sample; the writer must outlive it to keep counting
-            if None in batches:
-                return
+    def _apply(self, update: Update) -> None:
+        getattr(self._metric(update.key), update.op)(update.value)
 
     def _metric(self, key: str):
         if key not in self.series:   # request_success_total, per finish reason
