@@ -23,7 +23,7 @@ from trident_common.request import (AbortRequest, BadRequest, GenerateRequest,
                                     describe, parse_generate)
 from trident_common.returns import Outputs
 from trident_common.triton_io import (FINAL, LlmMetrics, ResponseFactory, input_getter,
-                                      request_parameters, send_error)
+                                      model_parameters, request_parameters, send_error)
 
 ENGINE_CONFIG_FILE = "model.json"
 CANCEL_CHECK_S = 0.05   # how stale a client's cancellation may be before we notice it
@@ -398,8 +398,7 @@ def apply_device_placement(args: dict) -> None:
     CUDA_VISIBLE_DEVICES gets (GPU ordinals, or a MIG slice that devices.resolve turns
     into its UUID). The instance index is the
     last part of Triton's instance name (`<model>_<group>_<index>`)."""
-    config = json.loads(args.get("model_config", "{}"))
-    params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+    params = model_parameters(args)
     per_instance = params.get("INSTANCE_DEVICES")
     if per_instance:
         entries = per_instance.split(";")

@@ -48,6 +48,12 @@ _OUTPUT_DTYPES = {name: np.dtype(interface.NUMPY_DTYPES[dtype])
                   for name, dtype in interface.OUTPUT_DTYPES.items()}
 
 
+def model_parameters(args: dict) -> dict:
+    """config.pbtxt's `parameters` of the model being initialized, name → string value."""
+    config = json.loads(args.get("model_config") or "{}")
+    return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+
+
 def _output(name: str, value) -> "pb_utils.Tensor":
     dtype = _OUTPUT_DTYPES[name]
     if dtype == np.object_:

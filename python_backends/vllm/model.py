@@ -4,7 +4,6 @@ Engine arguments come from model.json (rendered from the spec's engine_args). Th
 interface, cancellation, errors and metrics are shared with the SGLang model
 (trident_common.engine_model); this file only speaks vLLM.
 """
-import json
 import locale
 import os
 import tempfile
@@ -16,7 +15,7 @@ locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 from trident_common.engine_model import AsyncEngineModel, Delta  # noqa: E402
-from trident_common.triton_io import FINAL  # noqa: E402
+from trident_common.triton_io import FINAL, model_parameters  # noqa: E402
 from trident_common.request import (SAMPLING_TYPES, BadRequest,  # noqa: E402
                                     check_adapter, check_sampling_keys, describe)
 from trident_common.returns import logprobs_json, wants_logprobs  # noqa: E402
@@ -226,12 +225,6 @@ class _Call(NamedTuple):
     priority: int
     cache_salt: Optional[str]
     lora: object = None     # vLLM's LoRARequest, or None for the base model
-
-
-def model_parameters(args: dict) -> dict:
-    """config.pbtxt's `parameters`, name → string value."""
-    config = json.loads(args.get("model_config") or "{}")
-    return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
 
 
 def _refuse_unhealthy(sender) -> None:
