@@ -22,7 +22,7 @@ from pathlib import Path
 
 import tritonclient.grpc.aio as aioclient
 
-from bench.common import bench_result
+from bench.common import bench_result, ratio_row
 from builder.pipeline import build_repository
 from builder.serve.client import build_inputs, first_output
 from builder.serve.server import start_on_free_ports
@@ -168,9 +168,8 @@ def rows_from(m: dict) -> list[dict]:
 
 
 def _row(metric: str, values: dict, target: str, met) -> dict:
-    ours, direct = values[ROUTER], values[DIRECT]
-    return {"metric": metric, "ours": ours, "direct": direct,
-            "ratio": ours / direct if direct else None, "target": target, "met": met}
+    """bench.common's row; `met` is given (some goals are differences, not ratios)."""
+    return {**ratio_row(metric, values[ROUTER], values[DIRECT], target), "met": met}
 
 
 def deployment() -> dict:
