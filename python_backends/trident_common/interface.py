@@ -53,6 +53,12 @@ HINT_NAMES = ("route", "task", "family", "tenant", "tier", "conversation_id",
 # tenant's tier as vLLM's request priority, and its prefix-cache salt.
 TENANT_INPUTS = (Tensor("priority", "TYPE_INT32", (1,), True), _text("cache_salt"))
 
+# The environment variable holding the per-server secret the router proves itself with to the
+# engine models (trident_common/trust.py). `trident serve` sets it per start when absent; the
+# engine models honour tenant-sensitive inputs (TENANT_INPUTS, ABORT_REQUEST_ID) only from a
+# request that carries a proof derived from it.
+ROUTER_SECRET_ENV = "TRIDENT_ROUTER_SECRET"
+
 ENGINE_INPUTS = REQUEST_INPUTS + CONTROL_INPUTS + TENANT_INPUTS
 ROUTER_INPUTS = REQUEST_INPUTS + CONTROL_INPUTS + tuple(_text(name) for name in HINT_NAMES)
 # Inputs the router consumes itself (it sets its own request_id per backend call).
