@@ -131,19 +131,31 @@ class Policy:
                 return rule["name"], list(rule["backends"])
         return "default", list(self.default)
 
+    def pinned(self, f: RequestFeatures) -> bool:
+        """Whether the request names a backend (route hint = a backend's name, not a rule's):
+        then only that backend may answer it."""
+        return (f.hint is not None and f.hint not in self._rule_by_name
+                and f.hint in self.backends)
+
     def candidates(self, f: RequestFeatures,
                    available: Callable[[str], bool] = lambda name: True
                    ) -> tuple[str, list[str]]:
         """(route name, backends to try in order): primaries each followed by their
-        fallback chain, unavailable (breaker open, full) backends left out, and
-        speculative backends skipped for short prompts when a healthy plain backend of
-        the same family is still on the list."""
+        fallback chain (a pinned backend alone), unavailable (breaker open, full)
+        backends left out, and speculative backends skipped for short prompts when a
+        healthy plain backend of the same family is still on the list."""
         route, primaries = self.primary(f)
         if f.conversation_id and len(primaries) > 1:
             primaries = _affinity_order(primaries, f.conversation_id)
         ordered: list[str] = []
-        for name in primaries:
-            self._append_chain(name, ordered)
+        if self.pinned(f):
+            # A client that names a backend asked for that model: its fallback answering
+            # would be another model's answer. That backend, or an error (overloaded,
+            # unavailable, failed), never a substitute.
+            ordered = list(primaries)
+        else:
+            for name in primaries:
+                self._append_chain(name, ordered)
         if f.adapter is not None:
             route, ordered = self._holders(f, route, ordered)
         # Health first: a plain backend that is down must not push out its speculative twin.

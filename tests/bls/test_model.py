@@ -693,6 +693,28 @@ def test_all_backends_full_is_an_overloaded_error(router):
                      reason="overloaded").value() >= 1
 
 
+def test_a_pinned_backend_is_never_answered_by_its_fallback(router):
+    """route: primary (a backend) under overload or failure: primary's answer or an error
+    (overloaded / failed), never backup's, though backup is primary's fallback."""
+    primary, backup = FakeBackend("primary", chunks=["x"] * 5, delay_s=0.05), FakeBackend(
+        "backup")
+    model = router(backends=[primary, backup], max_inflight_per_backend=1)
+    busy, pinned = (ClientRequest(hints={"route": "primary"}),
+                    ClientRequest(hints={"route": "primary"}))
+    run_with_one_more(model, busy, pinned)
+    assert busy.served_by() == {"primary"}
+    (error,) = pinned.errors()
+    assert error.startswith("overloaded: ") and "'primary'" in error and not pinned.texts()
+    broken = router(backends=[FakeBackend("primary", first_error="boom"), backup])
+    failed = ClientRequest(hints={"route": "primary"})
+    run(broken, failed)
+    assert failed.errors() == ["every backend failed before its first token: primary: boom"]
+    assert backup.calls == 0
+    unpinned = ClientRequest()   # the default route still falls back
+    run(broken, unpinned)
+    assert unpinned.served_by() == {"backup"}
+
+
 def test_the_engine_caps_the_inflight_limit(router, tmp_path):
     with router_modules() as module:
         engine = tmp_path / "repo" / "primary"

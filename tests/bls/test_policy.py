@@ -178,6 +178,24 @@ def test_unavailable_backends_are_left_out_but_their_fallbacks_stay():
     assert policy.candidates(RequestFeatures(), lambda n: False)[1] == []
 
 
+def test_a_pinned_backend_gets_no_fallback():
+    """route: <backend> names a model: its fallback chain (another model) never answers;
+    full or down, the request gets no candidate (the router answers overloaded or
+    unavailable). A rule of the same routes keeps its chains."""
+    policy = make_policy(rules=[("r", {}, ["a"])], default=["a"], fallback={"a": ["b"]})
+    assert policy.candidates(RequestFeatures(hint="a")) == ("a", ["a"])
+    assert policy.candidates(RequestFeatures(hint="a"), lambda n: n != "a") == ("a", [])
+    assert policy.candidates(RequestFeatures(hint="r"))[1] == ["a", "b"]
+    assert policy.candidates(RequestFeatures())[1] == ["a", "b"]
+    assert policy.pinned(RequestFeatures(hint="a"))
+    assert not policy.pinned(RequestFeatures(hint="r")) and not policy.pinned(RequestFeatures())
+
+
+def test_a_rule_named_like_a_backend_is_a_rule():
+    policy = make_policy(rules=[("a", {}, ["c"])], fallback={"c": ["d"]})
+    assert policy.candidates(RequestFeatures(hint="a")) == ("a", ["c", "d"])
+
+
 @settings(max_examples=200)
 @given(fallback=st.dictionaries(st.sampled_from("abcd"),
                                 st.lists(st.sampled_from("abcd"), min_size=1, max_size=4)),
