@@ -40,7 +40,7 @@ $(STAMP): requirements.lock setup.cfg pyproject.toml
 	$(BIN)/trident assets
 	touch $@
 
-# The tenants' tests start their own Redis (tests/helpers/redis_server.py): Debian's
+# The tenants' tests start their own Redis (support/redis_server.py): Debian's
 # redis-server, installed when missing (needs root, as on CI).
 redis-server:
 	@command -v redis-server >/dev/null || test -x /usr/bin/redis-server || \

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from engine_cache import EngineCache, EngineInputs, engine_key, parse_s3_uri
-from tests.helpers.s3_server import SeaweedS3
+from support.s3_server import SeaweedS3
 
 MiB = 1 << 20
 RANK_FILE_MIB = int(os.environ.get("TRIDENT_BENCH_CACHE_RANK_MIB", "160"))

@@ -19,7 +19,7 @@ from builder.pipeline import build_repository
 from builder.serve import client as infer
 from builder.serve.server import start_on_free_ports
 from builder.spec import parse_spec
-from tests.helpers.lora import write_adapter
+from support.lora import write_adapter
 
 STREAMS, MAX_TOKENS, PAIRS = 8, 64, 3
 ADAPTER = "bench"

@@ -21,9 +21,9 @@ from bench.common import bench_result, ratio_row
 from builder.pipeline import build_repository
 from builder.serve.server import start_on_free_ports
 from builder.spec import parse_spec
-from tests.gpu import check_sglang
-from tests.helpers.redis_server import RedisServer
-from tests.helpers.sglang_double import SHIM
+from support import sglang_double
+from support.grpc_stream import generate
+from support.redis_server import RedisServer
 
 REQUESTS = 200
 TENANTS = {"default": {"requests_per_minute": 1_000_000, "tokens_per_minute": 1_000_000_000,
@@ -45,8 +45,8 @@ def measure(urls: dict, requests: int) -> dict:
     ttfts = {name: [] for name in urls}
     for i in range(requests + 10):
         for name, url in urls.items():
-            result = check_sglang.generate(url, "router", prompt="go", max_tokens=2,
-                                           hints={"tenant": "bench"})
+            result = generate(url, "router", prompt="go", max_tokens=2,
+                              hints={"tenant": "bench"})
             if result.errors:
                 raise RuntimeError(f"{name}: {result.errors}")
             if i >= 10:   # warm-up: connections, the Lua script's first load
@@ -60,11 +60,11 @@ def run(out_dir: Path, requests: int = REQUESTS) -> dict:
     try:
         with tempfile.TemporaryDirectory(prefix="trident-bench-tenants-") as tmp:
             work = Path(tmp)
-            spec = check_sglang.deployment("/models/double", "cpu")
+            spec = sglang_double.deployment("/models/double", "cpu")
             spec["tenants"] = {**TENANTS, "redis": redis.url}
             repo = work / "repo"
             build_repository(parse_spec(spec, "<bench>"), repo)
-            (repo / check_sglang.MODEL / "1" / "sglang.py").write_text(SHIM)
+            (repo / sglang_double.MODEL / "1" / "sglang.py").write_text(sglang_double.SHIM)
             rendered = json.loads((repo / "router" / "1" / "router.json").read_text())
             repos = {"none": _variant(repo, work, "none", None),
                      "local": _variant(repo, work, "local",

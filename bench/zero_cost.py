@@ -1,6 +1,6 @@
 """The router hop with a zero-cost engine: `router` vs the engine model, same server, one run.
 
-trident's SGLang model serves the SGLang test double (tests/fakes/fake_sglang.py), which
+trident's SGLang model serves the SGLang test double (support/fake_sglang.py), which
 makes tokens at no cost, so what is measured is Triton + the Python stubs + the relay, plus
 the router's BLS hop on the router path. Requests alternate between the two paths so that
 noise hits both. A client is one asyncio process with one gRPC stream per concurrent
@@ -27,10 +27,10 @@ from builder.pipeline import build_repository
 from builder.serve.client import build_inputs, first_output
 from builder.serve.server import start_on_free_ports
 from builder.spec import parse_spec
-from tests.gpu import check_sglang
+from support import sglang_double
 
 ROOT = Path(__file__).resolve().parent.parent
-DIRECT, ROUTER = check_sglang.MODEL, "router"
+DIRECT, ROUTER = sglang_double.MODEL, "router"
 SEQUENTIAL = 200          # single requests per path, alternating
 SHORT_TOKENS = 8          # tokens per request in the latency and throughput rounds
 CONCURRENCY = (16, 64)
@@ -38,14 +38,6 @@ PER_WORKER = 12           # requests per worker per round
 ROUNDS = 3                # concurrent rounds per path, alternating
 LONG_TOKENS = 1000        # one stream, for the per-chunk cost
 LONG_RUNS = 5
-
-
-def engine_double(tokens: int) -> str:
-    """The model folder's `sglang.py`: the SGLang double, replying `tokens` words."""
-    return (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-            "from tests.fakes import fake_sglang\n"
-            f"fake_sglang.REPLY = ' '.join(f'w{{i}}' for i in range({tokens}))\n"
-            "Engine = fake_sglang.Engine\n")
 
 
 class Worker:
@@ -173,10 +165,10 @@ def _row(metric: str, values: dict, target: str, met) -> dict:
 
 
 def deployment() -> dict:
-    """check_sglang's deployment, with room for 64 streams: the router sheds requests
+    """The SGLang check's deployment, with room for 64 streams: the router sheds requests
     beyond twice the engine's max_running_requests (16 there), and this bench measures
     the hop, not the shedding."""
-    spec = check_sglang.deployment("/models/double", "cpu")
+    spec = sglang_double.deployment("/models/double", "cpu")
     spec["models"][0]["engine_args"]["max_running_requests"] = max(CONCURRENCY)
     return spec
 
@@ -184,7 +176,7 @@ def deployment() -> dict:
 def serve_and_measure(work: Path) -> dict:
     repo = work / "repo"
     build_repository(parse_spec(deployment(), "<bench>"), repo)
-    (repo / DIRECT / "1" / "sglang.py").write_text(engine_double(LONG_TOKENS))
+    (repo / DIRECT / "1" / "sglang.py").write_text(sglang_double.zero_cost_shim(LONG_TOKENS))
     server = start_on_free_ports(repo, work / "tritonserver.log", timeout_s=120)
     try:
         return asyncio.run(measure(server.grpc_url))

@@ -18,7 +18,7 @@ from builder.spec import parse_spec
 from tests.bls.test_model import (SPEC, BlsRequest, ClientRequest, FakeBackend, router_modules,
                                   run, string_tensor)
 from tests.fakes import fake_pb_utils as pb
-from tests.helpers.redis_server import RedisServer
+from support.redis_server import RedisServer
 
 LEASE_MS = 60_000
 

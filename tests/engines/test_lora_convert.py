@@ -1,5 +1,5 @@
 """PEFT adapter → TRT-LLM's lora_weights / lora_config (builder/engines/lora.py), checked
-against a random SmolLM2 adapter written with safetensors (tests/helpers/lora.py)."""
+against a random SmolLM2 adapter written with safetensors (support/lora.py)."""
 import json
 import math
 
@@ -8,7 +8,7 @@ import pytest
 
 from builder.engines.lora import (MODULE_IDS, AdapterError, convert_adapter, npy_bytes,
                                   read_safetensors)
-from tests.helpers.lora import SMOLLM2, write_adapter, write_config
+from support.lora import SMOLLM2, write_adapter, write_config
 
 HIDDEN, LAYERS = SMOLLM2["hidden_size"], SMOLLM2["num_hidden_layers"]
 Q_OUT = SMOLLM2["num_attention_heads"] * SMOLLM2["head_dim"]     # 576

@@ -1,3 +1,4 @@
-"""Test doubles for what cannot run on these machines (SGLang) or only inside a Triton
-stub (triton_python_backend_utils). They live only here and are installed through
+"""Test doubles for what runs only inside a Triton stub (triton_python_backend_utils) or
+cannot run on these machines (the SGLang double, shared with the benchmarks, is
+support/fake_sglang.py). They live only here and are installed through
 sys.modules by the tests that use them; shipped code never imports them."""

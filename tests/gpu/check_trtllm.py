@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 from builder.engines import assets  # noqa: E402
 from builder.serve.client import stream_generate  # noqa: E402
 from builder.serve.server import Ports, TritonServer, free_port  # noqa: E402
-from tests.helpers.s3_server import SeaweedS3  # noqa: E402
+from support.s3_server import SeaweedS3  # noqa: E402
 
 
 def phase(name, started):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.helpers.s3_server import SeaweedS3
+from support.s3_server import SeaweedS3
 
 _bucket_numbers = itertools.count()
 

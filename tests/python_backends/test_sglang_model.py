@@ -1,7 +1,7 @@
 """trident's SGLang model (python_backends/sglang/model.py) on the CPU.
 
 SGLang cannot start here, so the real model.py runs against test doubles installed via
-sys.modules: tests/fakes/fake_sglang.py (sglang.Engine's async interface) and
+sys.modules: support/fake_sglang.py (sglang.Engine's async interface) and
 tests/fakes/fake_pb_utils.py (the stub's triton_python_backend_utils). The model is
 driven through initialize / execute / finalize exactly as Triton drives it; the GPU
 check (tests/gpu/check_sglang.sh) does the same against the real SGLang.
@@ -30,7 +30,7 @@ from builder.render.repository import render_files
 from builder.spec import load_spec, parse_spec
 from builder.spec.engine_args import SGLANG_ARGS
 from tests.fakes import fake_pb_utils as pb
-from tests.fakes import fake_sglang
+from support import fake_sglang
 from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from builder.engines import assets
-from tests.helpers.lora import write_adapter
+from support.lora import write_adapter
 from tests.render.test_trtllm import model, render
 
 pytestmark = pytest.mark.server

@@ -157,7 +157,7 @@ def test_tokenizer_paths_are_relative_to_the_spec():
 
 
 def lora_model(tmp_path, **changes):
-    from tests.helpers.lora import write_adapter
+    from support.lora import write_adapter
 
     adapters = {name: str(write_adapter(tmp_path / name, seed=seed, rank=8))
                 for name, seed in (("support", 1), ("legal", 2))}

@@ -10,7 +10,7 @@ import pytest
 
 from builder.serve import client as infer
 from tests.helpers import metric_value
-from tests.helpers.lora import write_adapter
+from support.lora import write_adapter
 from tests.helpers.servers import render, start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]

@@ -26,7 +26,7 @@ from builder.spec import load_spec, parse_spec
 from tests.gpu import check_sglang
 from tests.helpers import metric_value, wait_for
 from tests.helpers.servers import ROOT, render, start_server
-from tests.helpers.sglang_double import SHIM
+from support.sglang_double import SHIM
 from tests.helpers.streams import ENDLESS, Stream
 
 pytestmark = pytest.mark.server

@@ -29,7 +29,7 @@ from builder.serve.watch import stub_processes
 from tests.helpers.servers import render, start_server
 from tests.fakes import fake_pb_utils as pb
 from tests.helpers import metric_value, wait_for
-from tests.helpers.sglang_double import SHIM
+from support.sglang_double import SHIM
 
 server_test = pytest.mark.server
 

@@ -19,7 +19,7 @@ from builder.serve.server import (SHM_DIR, Ports, ServeError, TritonServer, free
 from builder.serve.watch import stub_processes
 from tests.helpers.servers import free_ports, render, start_server
 from tests.helpers import wait_for
-from tests.helpers.sglang_double import SHIM
+from support.sglang_double import SHIM
 
 server_test = pytest.mark.server
 

@@ -1,6 +1,6 @@
 """The SGLang model inside a real tritonserver on the CPU, with the engine double.
 
-SGLang cannot start here, so the rendered model gets tests/fakes/fake_sglang.py as its
+SGLang cannot start here, so the rendered model gets support/fake_sglang.py as its
 `sglang` module (a shim written into the temporary repository only; the stub puts the
 model directory on sys.path). Everything else is real: Triton's Python stub and
 pb_utils, decoupled streaming over gRPC, cancellation, the router with its abort by
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.servers import render, start_server
-from tests.helpers.sglang_double import SHIM
+from support.sglang_double import SHIM
 from tests.gpu import check_sglang
 
 pytestmark = pytest.mark.server

@@ -15,9 +15,9 @@ import pytest
 
 from tests.gpu import check_sglang
 from tests.helpers import metric_value, wait_for
-from tests.helpers.redis_server import RedisServer
+from support.redis_server import RedisServer
 from tests.helpers.servers import render, start_server
-from tests.helpers.sglang_double import SHIM
+from support.sglang_double import SHIM
 from tests.helpers.streams import Stream, generate
 
 pytestmark = pytest.mark.server

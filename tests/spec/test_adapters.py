@@ -1,6 +1,6 @@
 """LoRA adapters in the spec, the router and the request parser, without a server.
 
-Real PEFT folders (tests/helpers/lora.py) on disk; `trident repo` as the CLI runs it.
+Real PEFT folders (support/lora.py) on disk; `trident repo` as the CLI runs it.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from builder.spec import parse_spec
 from builder.spec.adapters import LoraSettings, adapter_problem, engine_args
 from builder.spec.node import SpecError
 from trident_common.request import parse_generate
-from tests.helpers.lora import write_adapter, write_config
+from support.lora import write_adapter, write_config
 
 
 def model(name="m", engine="vllm", **extra):
@@ -201,7 +201,7 @@ def test_schema_knows_the_sections():
     assert props["adapters"]["additionalProperties"] == {"type": "string", "minLength": 1}
 
 
-# -- SGLang (against tests/fakes/fake_sglang.py: SGLang cannot start on this CPU) -----------
+# -- SGLang (against support/fake_sglang.py: SGLang cannot start on this CPU) -----------
 
 def test_sglang_gets_lora_paths_and_a_lora_path_per_request(tmp_path, monkeypatch):
     from builder.pipeline import build_repository

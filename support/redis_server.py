@@ -1,4 +1,4 @@
-"""A real redis-server on a free loopback port, for the tenants' tests.
+"""A real redis-server on a free loopback port, for the tenants' tests and bench/tenant_check.py.
 
 Debian's `redis-server` (.ci/run installs it when missing). No persistence, nothing
 written outside a temporary directory; `kill` and `start` again on the same port play
@@ -14,8 +14,6 @@ import subprocess
 import tempfile
 import time
 
-import pytest
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -28,8 +26,8 @@ class RedisServer:
         self.binary = shutil.which("redis-server") or (
             "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
         if self.binary is None:
-            pytest.fail("redis-server is not installed (apt-get install -y redis-server; "
-                        ".ci/run does it)")
+            raise RuntimeError("redis-server is not installed (apt-get install -y "
+                               "redis-server; .ci/run does it)")
         self.port, self.password = free_port(), password
         self.dir = tempfile.mkdtemp(prefix="trident-redis-")
         self.process: subprocess.Popen | None = None
