@@ -52,6 +52,23 @@ def api_keys_option(help: str):
                         metavar="FILE", help=help)
 
 
+def _model_names(_ctx, _param, values: tuple) -> tuple:
+    for value in values:
+        if not value or not all(c.isalnum() or c in "_-." for c in value):
+            raise click.BadParameter(f"{value!r} is not a model name (letters, digits, "
+                                     "'_', '-', '.')")
+    return values
+
+
+def expose_option():
+    """--expose: the models the OpenAI frontend serves (builder.serve.openai.policy); none
+    given: the router only."""
+    return click.option("--expose", multiple=True, metavar="MODEL", callback=_model_names,
+                        help="a model the OpenAI API serves and lists; repeatable "
+                             "[default: router]. Engine models behind the router skip "
+                             "its tenant limits: expose them only on a trusted network")
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt():
     """SIGTERM raises KeyboardInterrupt for the duration, so a job cleans up after itself

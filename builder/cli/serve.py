@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from builder.cli.common import (EXIT_USAGE, api_keys_option, complete_dir,
-                                 sigterm_as_interrupt)
+                                 expose_option, sigterm_as_interrupt)
 from builder.errors import TridentError
 from builder.spec import ServerSpec
 
@@ -28,12 +28,13 @@ from builder.spec import ServerSpec
               help="address of the OpenAI API")
 @api_keys_option("the OpenAI API requires keys: one `KEY TENANT` per line (see "
                  "`trident openai --help`)")
+@expose_option()
 @click.option("--no-self-test", is_flag=True,
               help="skip the start-up check that the server's Python stub passes strings "
                    "intact (one echo through a throwaway second server, ~0.5 s)")
 def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, timeout: float,
           load_model: tuple[str, ...], openai_port: int | None, openai_host: str,
-          api_keys_file: str | None, no_self_test: bool) -> int:
+          api_keys_file: str | None, expose: tuple[str, ...], no_self_test: bool) -> int:
     """Run tritonserver on a model repository.
 
     Serves until Ctrl-C or SIGTERM (exit 0). Exits 1, stopping the server, when the
@@ -62,6 +63,8 @@ def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, timeout:
         api_keys = load_keys(api_keys_file)   # before loading too: a bad file fails now
     else:
         api_keys = None
+    if expose and openai_port is None:
+        raise TridentError("--expose needs --openai-port", EXIT_USAGE)
 
     try:
         with sigterm_as_interrupt():
@@ -70,8 +73,8 @@ def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, timeout:
             click.echo(f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  "
                        f"metrics {server.metrics_url}")
             if openai_port is not None:
-                frontend = Frontend(server.grpc_url, openai_host, openai_port,
-                                    api_keys).start()
+                frontend = Frontend(server.grpc_url, openai_host, openai_port, api_keys,
+                                    expose).start()
                 click.echo(f"OpenAI API: {frontend.url}/v1")
             sys.stdout.flush()
             server.monitor()   # returns only by raising: the server exited or a stub died
