@@ -13,8 +13,12 @@ import yaml
 from builder.cli.common import (EXIT_FAILURE, EXIT_USAGE, complete_file, group,
                                 spec_option)
 from builder.errors import TridentError
+from builder.plan.topology import topology_candidates
 from builder.render import output_dir
 from builder.spec import load_spec
+
+# The first line of every mig-parted file trident writes: what `mig plan --out` may replace.
+MIG_PLAN_HEADER = "# Rendered by trident"
 
 
 @click.command("plan")
@@ -95,7 +99,11 @@ def check(gpu: str, profiles: str) -> int:
         raise TridentError(f"--gpu: {gpu!r} is not one of {', '.join(GPU_TYPES)}",
                            EXIT_USAGE)
     try:
-        slices = migs.check_layout(gpu_type, migs.parse_profile_counts(profiles))
+        counts = migs.parse_profile_counts(profiles)
+    except migs.MigError as e:   # malformed, or a count no GPU can hold: bad input
+        raise TridentError(f"--profiles: {e}", EXIT_USAGE) from None
+    try:
+        slices = migs.check_layout(gpu_type, counts)
     except migs.MigError as e:
         click.echo(f"illegal: {e}", err=True)
         return EXIT_FAILURE
@@ -114,7 +122,10 @@ def mig_plan(spec: str, out: str) -> int:
     from builder.plan.planner import plan_for_spec
 
     deployment = load_spec(spec)
-    target = output_dir.check_file_target(Path(out), [deployment.file])
+    # Never over the spec, its topology file, or any file trident did not write.
+    protect = [deployment.file, *topology_candidates(deployment.hardware.topology,
+                                                      deployment.file)]
+    target = output_dir.check_file_target(Path(out), protect, MIG_PLAN_HEADER)
     placement = plan_for_spec(deployment)
     if placement.gpu is None:
         raise TridentError(f"{deployment.file}: hardware.gpu is cpu: nothing to partition",
@@ -123,7 +134,7 @@ def mig_plan(spec: str, out: str) -> int:
     config = migs.mig_parted_config(name, placement.count, placement.mig_layouts)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(f"# Rendered by trident from {deployment.file}: apply with\n"
+    tmp.write_text(f"{MIG_PLAN_HEADER} from {deployment.file}: apply with\n"
                    f"#   nvidia-mig-parted apply -f {target.name} -c {name}\n"
                    + yaml.safe_dump(config, sort_keys=False))
     tmp.replace(target)   # never a half-written config

@@ -9,12 +9,19 @@ compute slices than the GPU has.
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from builder.errors import TridentError
+from builder.errors import TridentError, printable
 from builder.plan.gpus import GpuType, MigProfile
+
+# A count is ASCII digits (str.isdigit also takes "²", which int() refuses), and two
+# of them at most: no GPU holds more than 7 slices. check_layout compares the counts
+# with the GPU's own limits before it expands them into one slice each.
+MAX_COUNT = 99
+_COUNT = re.compile(r"[0-9]{1,2}")
 
 
 class MigError(TridentError):
@@ -48,10 +55,10 @@ def parse_profile_counts(text: str) -> list[tuple[str, int]]:
     counts = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, count = item.partition("=")
-        if not count:
-            count = "1"
-        if not count.isdigit() or int(count) < 1:
-            raise MigError(f"{item!r}: expected PROFILE=COUNT with COUNT >= 1")
+        count = count.strip() or "1"
+        if not _COUNT.fullmatch(count) or int(count) < 1:
+            raise MigError(f"{printable(item)[:60]!r}: expected PROFILE=COUNT with COUNT "
+                           f"from 1 to {MAX_COUNT} (no GPU holds more than 7 MIG slices)")
         counts.append((name.strip(), int(count)))
     if not counts:
         raise MigError("no profiles given (expected e.g. 3g.40gb=2,1g.10gb=1)")
@@ -103,7 +110,15 @@ def _search(todo: Sequence[MigProfile], used: frozenset[int]) -> list[Slice] | N
 
 def check_layout(gpu: GpuType, counts: Iterable[tuple[str, int]]) -> tuple[Slice, ...]:
     """`trident mig check`: names and counts → a legal placement, or MigError."""
-    profiles = [profile_named(gpu, name) for name, count in counts for _ in range(count)]
+    totals: Counter[str] = Counter()
+    for name, count in counts:
+        totals[name] += count
+    for name, count in totals.items():   # before expanding counts into slices
+        limit = profile_named(gpu, name).max_count
+        if count > limit:
+            raise MigError(f"{count} × {name} is more than the {limit} one {gpu.name} can hold")
+    profiles = [profile_named(gpu, name) for name, count in totals.items()
+                for _ in range(count)]
     return place_on_gpu(gpu, profiles)
 
 

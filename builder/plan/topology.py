@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from builder.errors import TridentError
+from builder import textfile
+from builder.errors import TridentError, printable
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _GPU_NAME = re.compile(r"^GPU(\d+)$")
 _LINK = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS)$")
 UNKNOWN_LINK = "?"
+MAX_TOPOLOGY_BYTES = 1 << 20   # `nvidia-smi topo -m` of 8 GPUs is about 2 KiB
 
 # Link quality, higher is faster: NVLink (more bonded links is faster) beats any PCIe
 # path; among PCIe paths, fewer bridges is faster; SYS crosses the CPU interconnect.
@@ -200,12 +202,24 @@ def load_topology(path: str | None, count: int, spec_file: str,
     return topology
 
 
-def _read(path: str, spec_file: str) -> str:
+def topology_candidates(path: str | None, spec_file: str) -> list[Path]:
+    """Where a spec's `hardware.topology` may be, in the order it is looked up."""
+    if not path:
+        return []
     candidates = [Path(path)]
     if not Path(path).is_absolute():
         candidates.append(Path(spec_file).parent / path)
+    return candidates
+
+
+def _read(path: str, spec_file: str) -> str:
+    candidates = topology_candidates(path, spec_file)
     for candidate in candidates:
         if candidate.is_file():
-            return candidate.read_text()
+            try:
+                return textfile.read_text(candidate, MAX_TOPOLOGY_BYTES)
+            except textfile.NotText as e:
+                raise TopologyError(f"{spec_file}: hardware.topology: {printable(candidate)}: "
+                                    f"{e}") from None
     tried = " or ".join(str(c) for c in candidates)
     raise TopologyError(f"{spec_file}: hardware.topology: no such file ({tried})")

@@ -72,17 +72,33 @@ def check_target(out: Path, protect: Iterable[str | Path] = ()) -> Path:
     return target
 
 
-def check_file_target(out: Path, protect: Iterable[str | Path] = ()) -> Path:
+def check_file_target(out: Path, protect: Iterable[str | Path], header: str) -> Path:
     """The same guard for a command that writes one file (`trident mig plan --out`): not
-    a protected path, not a directory."""
+    a protected path (the spec, its topology file), not a directory or a link, and an
+    existing file only if trident wrote it (its first line starts with `header`)."""
+    shown = printable(out)
     target = Path(out).expanduser().absolute()
     for path in protect:
         if Path(path).expanduser().absolute().resolve() == target.resolve():
-            raise OutputDirError(f"{printable(out)}: is the spec {printable(path)}; choose "
+            raise OutputDirError(f"{shown}: is the spec's file {printable(path)}; choose "
                                  "another output file")
+    if target.is_symlink():
+        raise OutputDirError(f"{shown}: is a symbolic link; give the real file")
     if target.is_dir():
-        raise OutputDirError(f"{printable(out)}: is a directory; give a file name")
+        raise OutputDirError(f"{shown}: is a directory; give a file name")
+    if target.exists():
+        if not target.is_file() or not _starts_with(target, header.encode()):
+            raise OutputDirError(f"{shown}: exists and was not written by trident; "
+                                 "refusing to replace it (remove it or choose another --out)")
     return target
+
+
+def _starts_with(path: Path, prefix: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(prefix)) == prefix
+    except OSError:
+        return False
 
 
 def is_ours(folder: Path) -> bool:

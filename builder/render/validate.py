@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 
 from google.protobuf import text_format
+
+from builder import textfile
 from tritonclient.grpc import model_config_pb2
 
 # ${name} (TRT-LLM's fill_template) and {{ ... }} / {% ... %} (jinja) leftovers.
@@ -18,8 +20,13 @@ _LEFTOVER = re.compile(r"\$\{[^}\n]*\}|\{\{.*?\}\}|\{%.*?%\}")
 _TEXT_SUFFIXES = {".pbtxt", ".py", ".json", ".yaml", ".yml", ".txt", ".j2", ".cfg"}
 
 
+MAX_CONFIG_BYTES = 4 << 20   # a rendered config.pbtxt is a few KiB
+
+
 def parse_config(path: Path) -> model_config_pb2.ModelConfig:
-    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+    """config.pbtxt as a ModelConfig; textfile.NotText when it is not a UTF-8 file."""
+    text = textfile.read_text(path, MAX_CONFIG_BYTES)
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
 
 
 def validate_repository(repo: Path) -> list[str]:
@@ -46,6 +53,8 @@ def validate_model(model_dir: Path) -> list[str]:
         config = parse_config(config_path)
     except text_format.ParseError as e:
         return [f"{name}/config.pbtxt: not a valid ModelConfig: {e}"]
+    except textfile.NotText as e:
+        return [f"{name}/config.pbtxt: {e}"]
     problems = []
     where = f"{name}/config.pbtxt"
     if config.name != name:

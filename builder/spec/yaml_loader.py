@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from builder import textfile
+
 MAX_BYTES = 1 << 20        # a spec is a few KiB; 1 MiB leaves generous room
 MAX_DEPTH = 64             # real specs nest about 6 deep
 
@@ -26,18 +28,13 @@ class YamlLimitError(ValueError):
 
 def read_text(path: str | Path) -> str:
     """The file's text, at most MAX_BYTES, strictly UTF-8 (OSError passes through)."""
-    with open(path, "rb") as f:
-        data = f.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
-        raise YamlLimitError(f"larger than {MAX_BYTES // 1024} KiB; a spec is a small file")
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise YamlLimitError("UTF-16 text; save the spec as UTF-8")
     try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise YamlLimitError(f"line {line}: not UTF-8 text (byte 0x{data[e.start]:02x}); "
-                             "save the spec as UTF-8") from None
+        data = textfile.read_regular(path, MAX_BYTES + 1)
+        if len(data) > MAX_BYTES:
+            raise YamlLimitError(f"larger than {MAX_BYTES // 1024} KiB; a spec is a small file")
+        return textfile.utf8(data)
+    except textfile.NotText as e:   # a pipe or device, or not UTF-8
+        raise YamlLimitError(str(e)) from None
 
 
 def _where(node: yaml.Node | yaml.Event) -> str:
