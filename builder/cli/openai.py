@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from builder.cli.common import api_keys_option
+from builder.cli.common import api_keys_option, expose_option
 from builder.spec import ServerSpec
 
 
@@ -17,23 +17,32 @@ from builder.spec import ServerSpec
               help="address to listen on (0.0.0.0: every interface)")
 @api_keys_option("require API keys: one `KEY TENANT` per line; a key sets the request's "
                  "tenant (401 for a missing or unknown key)")
-def openai_command(triton_url: str, port: int, host: str,
-                   api_keys_file: str | None) -> int:
+@expose_option()
+@click.option("--max-body-bytes", type=click.IntRange(1024, 2**30), default=None,
+              metavar="N", help="largest request body (413 above it) [default: 4 MiB]")
+def openai_command(triton_url: str, port: int, host: str, api_keys_file: str | None,
+                   expose: tuple[str, ...], max_body_bytes: int | None) -> int:
     """Serve OpenAI's API (/v1/models, /v1/chat/completions, /v1/completions) for the
-    models of a running tritonserver, over its gRPC port.
+    exposed models of a running tritonserver (`router` unless --expose names others),
+    over its gRPC port.
 
-    Every request is one gRPC stream to the Triton model named by `model` (`router`, or
-    an engine model); routing hints come from the body (`route`, `task`, `tenant`,
-    `conversation_id` ...) or `X-Trident-*` headers. Serves until Ctrl-C or SIGTERM.
+    Every request is one gRPC stream to the Triton model named by `model`; any model
+    not exposed is a 404. Routing hints come from the body (`route`, `task`, `tenant`,
+    `conversation_id` ...) or `X-Trident-*` headers; with API keys the key sets the
+    tenant and `tier` is not taken from the client. Serves until Ctrl-C or SIGTERM.
     """
     # lazy: fastapi, uvicorn and grpc take a while to import; `trident --help` need not wait
     from builder.serve.openai.keys import load_keys
+    from builder.serve.openai.limits import Limits
+    from builder.serve.openai.policy import DEFAULT_EXPOSE
     from builder.serve.openai.runner import run
 
     keys = None if api_keys_file is None else load_keys(api_keys_file)
-    click.echo(f"OpenAI API on http://{host}:{port}/v1 for Triton at {triton_url}",
-               err=True)
-    run(triton_url, host, port, keys)
+    limits = Limits() if max_body_bytes is None else Limits(max_body_bytes=max_body_bytes)
+    expose = expose or DEFAULT_EXPOSE
+    click.echo(f"OpenAI API on http://{host}:{port}/v1 for Triton at {triton_url} "
+               f"(models: {', '.join(expose)})", err=True)
+    run(triton_url, host, port, keys, expose, limits)
     return 0
 
 

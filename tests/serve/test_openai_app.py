@@ -7,7 +7,7 @@ import json
 from fastapi.testclient import TestClient
 
 from builder.serve.openai.app import create_app
-from builder.serve.openai.protocol import OpenAIError
+from builder.serve.openai.errors import OpenAIError
 from builder.serve.openai.triton import ModelInfo, Piece
 from builder.serve.server import free_port
 

@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 from builder.cli.main import main
 from builder.serve.openai.app import create_app
 from builder.serve.openai.keys import KeysFileError, load_keys
-from builder.serve.openai.protocol import from_triton
+from builder.serve.openai.errors import from_triton
 from builder.serve.openai.triton import Piece
 from tests.serve.test_openai_app import FakeTriton
 

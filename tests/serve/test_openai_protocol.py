@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from builder.serve.openai.protocol import (Answer, OpenAIError, finish_reason, from_triton,
-                                           parse_chat, parse_completion)
+from builder.serve.openai.answers import Answer, finish_reason
+from builder.serve.openai.errors import OpenAIError, from_triton
+from builder.serve.openai.protocol import parse_chat, parse_completion
 
 HELLO = [{"role": "user", "content": "Hello"}]
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from tritonclient.grpc import InferResult, service_pb2
 
-from builder.serve.openai.protocol import OpenAIError, parse_chat, parse_completion
+from builder.serve.openai.errors import OpenAIError
+from builder.serve.openai.protocol import parse_chat, parse_completion
 from builder.serve.openai.triton import ModelInfo, build_inputs, read_piece
 
 LLM_INPUTS = ["text_input", "messages", "stream", "sampling_parameters", "max_tokens",

@@ -1,10 +1,16 @@
 """An OpenAI-compatible HTTP frontend in front of trident's tritonserver.
 
-It holds no model and runs no engine: every request becomes one gRPC stream to a Triton
-model (`router` or an engine model) in trident's tensor interface (README, "The tensor
-interface"), and every answer is the engine's own text, finish reason and token counts.
+It holds no model and runs no engine: every request becomes one gRPC stream to an
+exposed Triton model (`router` unless the operator exposes others) in trident's tensor
+interface (README, "The tensor interface"), and every answer is the engine's own text,
+finish reason and token counts.
 
-    protocol.py   pure: OpenAI request JSON -> a Generation; answers, chunks, errors
+    protocol.py   pure: OpenAI request JSON -> a Generation
+    answers.py    pure: answers, chunks, usage as OpenAI's JSON
+    errors.py     pure: OpenAI's error shape; Triton's errors mapped onto it
+    limits.py     pure: body size, depth, messages, max_tokens bounds
+    policy.py     pure: which models a client reaches, which hints a keyed client keeps
+    keys.py       API keys: the keys file, the bearer check
     triton.py     the gRPC side (tritonclient.grpc.aio): models, configs, one stream
     app.py        the FastAPI application: /v1/models, /v1/chat/completions, /v1/completions
     runner.py     run it standalone (`trident openai`) or beside `trident serve`

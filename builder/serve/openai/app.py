@@ -5,6 +5,10 @@ text/event-stream) only after Triton's first response, so a request that fails b
 its first token still gets a real 4xx/5xx; a failure after that is one `data:` event
 with an `error` object (the openai client raises it), then `data: [DONE]`. A client
 that goes away cancels the gRPC call, which aborts the request in the engine.
+
+Only exposed models are listed and served (policy.py). A request is checked in the order
+that costs the least first: the API key (headers only), the declared body size, the body
+read in pieces up to the limit, the JSON's depth, then its fields (limits.py).
 """
 from __future__ import annotations
 
@@ -13,16 +17,19 @@ import json
 import logging
 import time
 from contextlib import asynccontextmanager
-from dataclasses import replace
-from typing import AsyncIterator, Mapping, Optional
+from typing import AsyncIterator, Iterable, Mapping, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from builder.serve.openai.answers import Answer
+from builder.serve.openai.errors import OpenAIError, invalid, model_not_found
 from builder.serve.openai.keys import tenant_of
-from builder.serve.openai.protocol import (Answer, Generation, OpenAIError, invalid,
-                                           parse_chat, parse_completion)
+from builder.serve.openai.limits import (Limits, body_too_large, check_depth,
+                                         check_max_tokens, declared_length)
+from builder.serve.openai.policy import DEFAULT_EXPOSE, as_tenant, resolve
+from builder.serve.openai.protocol import Generation, parse_chat, parse_completion
 from builder.serve.openai.triton import Call, Piece, Triton
 
 log = logging.getLogger("trident.openai")
@@ -31,19 +38,24 @@ SERVED_BY_HEADER = "X-Trident-Served-By"
 
 
 def create_app(triton_url: str, triton: Optional[Triton] = None,
-               api_keys: Optional[Mapping[str, str]] = None) -> FastAPI:
-    """The application for the Triton at triton_url (`triton`: a stand-in, for tests).
-    With api_keys (key → tenant, builder.serve.openai.keys), every /v1 request needs one
-    of the keys, and its tenant is the request's tenant hint."""
+               api_keys: Optional[Mapping[str, str]] = None,
+               expose: Iterable[str] = DEFAULT_EXPOSE,
+               limits: Limits = Limits()) -> FastAPI:
+    """The application for the Triton at triton_url (`triton`: a stand-in, for tests),
+    serving the models in `expose` only. With api_keys (key → tenant,
+    builder.serve.openai.keys), every /v1 request needs one of the keys, and its tenant
+    is the request's tenant (policy.as_tenant)."""
     triton = triton or Triton(triton_url)
+    exposed = frozenset(expose)
 
     def tenant(request: Request) -> Optional[str]:
         return None if api_keys is None else tenant_of(api_keys, request.headers)
 
-    def as_tenant(generation: Generation, name: Optional[str]) -> Generation:
-        if name is None:
-            return generation
-        return replace(generation, hints={**generation.hints, "tenant": name})
+    async def generate(request: Request, parse) -> object:
+        name = tenant(request)      # a 401 before a byte of the body is read
+        generation = parse(await _body(request, limits), request.headers, limits)
+        model, generation = resolve(as_tenant(generation, name), exposed)
+        return await _generate(triton, request, model, generation, limits)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -82,40 +94,50 @@ def create_app(triton_url: str, triton: Optional[Triton] = None,
         created = int(time.time())
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": OWNER}
-            for name in sorted(models)]}
+            for name in sorted(exposed.intersection(models))]}
 
     @app.get("/v1/models/{model}")
     async def get_model(model: str, request: Request):
         tenant(request)
+        if model not in exposed:
+            raise model_not_found(model)
         await triton.info(model)
         return {"id": model, "object": "model", "created": int(time.time()),
                 "owned_by": OWNER}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        name = tenant(request)
-        return await _generate(triton, request, as_tenant(
-            parse_chat(await _body(request), request.headers), name))
+        return await generate(request, parse_chat)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        name = tenant(request)
-        return await _generate(triton, request, as_tenant(
-            parse_completion(await _body(request), request.headers), name))
+        return await generate(request, parse_completion)
 
     return app
 
 
-async def _body(request: Request):
-    raw = await request.body()
+async def _body(request: Request, limits: Limits):
+    """The body as JSON, read no further than the limit: a declared length above it is
+    refused unread, a chunked body once it passes it."""
+    declared_length(request.headers, limits)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limits.max_body_bytes:
+            raise body_too_large(limits)
+        chunks.append(chunk)
     try:
-        return json.loads(raw)
+        body = json.loads(b"".join(chunks))
     except (ValueError, RecursionError):
         raise invalid(None, "the request body is not valid JSON", "invalid_json") from None
+    check_depth(body, limits.max_depth)
+    return body
 
 
-async def _generate(triton: Triton, request: Request, generation: Generation):
-    info = await triton.info(generation.model)
+async def _generate(triton: Triton, request: Request, model: str, generation: Generation,
+                    limits: Limits):
+    info = await triton.info(model)
+    check_max_tokens(generation.max_tokens, generation.max_tokens_param, info.name, limits)
     call = triton.stream(generation, info)
     answer = Answer(generation)
     pieces = call.pieces()

@@ -2,9 +2,10 @@
 
 The file holds one `KEY TENANT` per line (blank lines and `#` comments ignored). With a
 file, every /v1 request needs `Authorization: Bearer KEY` with a key from it (401 in
-OpenAI's shape otherwise), and the key's tenant becomes the request's `tenant` hint, in
-place of any the client sent, so the router's tenant limits apply to it. Keys are never
-printed: errors name the file and the line number only.
+OpenAI's shape otherwise, checked before a byte of the body is read), and the key's
+tenant becomes the request's `tenant` hint, in place of any the client sent, so the
+router's tenant limits apply to it (policy.as_tenant). Keys are never printed: errors
+name the file and the line number only.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from builder.errors import TridentError
-from builder.serve.openai.protocol import OpenAIError
+from builder.serve.openai.errors import OpenAIError
 
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 

@@ -7,13 +7,14 @@ routing hints come from the body (`extra_body`) or `X-Trident-*` headers.
 """
 from __future__ import annotations
 
-import json
 import math
-import re
-import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
+
+from builder.serve.openai.errors import invalid
+from builder.serve.openai.limits import INT32_MAX, Limits
+
+DEFAULT_LIMITS = Limits()
 
 # Router inputs a request may set; the body wins over the header of the same name.
 HINTS = ("route", "task", "family", "tenant", "tier", "conversation_id", "shared_prefix")
@@ -30,32 +31,8 @@ UNSUPPORTED = {
 EXTRAS = {"top_k": "int", "min_p": "float", "repetition_penalty": "float",
           "min_tokens": "int", "ignore_eos": "bool", "stop_token_ids": "ints",
           "include_stop_str_in_output": "bool", "skip_special_tokens": "bool"}
-FINISH_REASONS = {"stop": "stop", "eos": "stop", "stop_sequence": "stop", "end": "stop",
-                  "length": "length", "max_tokens": "length",
-                  "content_filter": "content_filter"}
-
-
-class OpenAIError(Exception):
-    """An answer in OpenAI's error shape with its HTTP status."""
-
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: Optional[str] = None, code: Optional[str] = None):
-        super().__init__(message)
-        self.status, self.message, self.type = status, message, type
-        self.param, self.code = param, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-
-def invalid(param: Optional[str], message: str, code: str = "invalid_value") -> OpenAIError:
-    return OpenAIError(400, message, "invalid_request_error", param, code)
-
-
-def model_not_found(model: str) -> OpenAIError:
-    return OpenAIError(404, f"The model '{model}' does not exist or is not ready",
-                       "invalid_request_error", "model", "model_not_found")
+# A LoRA adapter's name (trident's spec allows letters, digits, `_`, `-`, `.`).
+ADAPTER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
 @dataclass(frozen=True)
@@ -72,13 +49,19 @@ class Generation:
     sampling: dict = field(default_factory=dict)
     hints: dict = field(default_factory=dict)
     echo: bool = False                 # completions: the prompt before the answer
+    max_tokens_param: str = "max_tokens"   # the field max_tokens came from (for errors)
+    lora_name: Optional[str] = None    # the adapter the client named (None: base model)
 
 
-def parse_chat(body: Any, headers: Mapping[str, str] = {}) -> Generation:
+def parse_chat(body: Any, headers: Mapping[str, str] = {},
+               limits: Limits = DEFAULT_LIMITS) -> Generation:
     body = _object(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("messages", "'messages' must be a non-empty list of messages")
+    if len(messages) > limits.max_messages:
+        raise invalid("messages", f"'messages' holds {len(messages)} messages, more than "
+                      f"the limit of {limits.max_messages}", "too_many_messages")
     tool_choice = body.get("tool_choice")
     if tool_choice not in (None, "none"):
         raise invalid("tool_choice", "tool calling is not supported", "unsupported_parameter")
@@ -92,13 +75,14 @@ def parse_chat(body: Any, headers: Mapping[str, str] = {}) -> Generation:
                       "unsupported_parameter")
     if body.get("logprobs"):
         raise invalid("logprobs", "logprobs are not supported", "unsupported_parameter")
-    max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"))
-    return Generation("chat", _model(body), messages=[_message(m, i) for i, m in
-                                                      enumerate(messages)],
-                      max_tokens=max_tokens, **_common(body, headers))
+    return Generation("chat", _model(body), messages=[
+        _message(m, i, limits.max_message_chars) for i, m in enumerate(messages)],
+        **_max_tokens(body, ("max_completion_tokens", "max_tokens")),
+        **_common(body, headers))
 
 
-def parse_completion(body: Any, headers: Mapping[str, str] = {}) -> Generation:
+def parse_completion(body: Any, headers: Mapping[str, str] = {},
+                     limits: Limits = DEFAULT_LIMITS) -> Generation:
     body = _object(body)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -108,6 +92,8 @@ def parse_completion(body: Any, headers: Mapping[str, str] = {}) -> Generation:
                       "batches and token ids are not supported")
     if not prompt:
         raise invalid("prompt", "'prompt' is empty")
+    if len(prompt) > limits.max_message_chars:
+        raise _too_long("prompt", len(prompt), limits.max_message_chars)
     best_of = body.get("best_of")
     if best_of not in (None, 1):
         raise invalid("best_of", "only best_of=1 is supported", "unsupported_parameter")
@@ -116,9 +102,8 @@ def parse_completion(body: Any, headers: Mapping[str, str] = {}) -> Generation:
     echo = body.get("echo", False)
     if not isinstance(echo, bool):
         raise invalid("echo", "'echo' must be a boolean")
-    return Generation("completion", _model(body), prompt=prompt,
-                      max_tokens=_max_tokens(body, ("max_tokens",)), echo=echo,
-                      **_common(body, headers))
+    return Generation("completion", _model(body), prompt=prompt, echo=echo,
+                      **_max_tokens(body, ("max_tokens",)), **_common(body, headers))
 
 
 # -- request parts --------------------------------------------------------------------------
@@ -139,7 +124,7 @@ def _model(body: dict) -> str:
     return model
 
 
-def _message(message: Any, i: int) -> dict:
+def _message(message: Any, i: int, max_chars: int) -> dict:
     where = f"messages[{i}]"
     if not isinstance(message, dict):
         raise invalid(where, f"{where} must be an object with 'role' and 'content'")
@@ -162,6 +147,8 @@ def _message(message: Any, i: int) -> dict:
     if not isinstance(content, str):
         raise invalid(f"{where}.content", f"{where}.content must be a string or a list "
                       "of text parts")
+    if len(content) > max_chars:
+        raise _too_long(f"{where}.content", len(content), max_chars)
     return {"role": ROLES[role], "content": content}
 
 
@@ -181,17 +168,38 @@ def _common(body: dict, headers: Mapping[str, str]) -> dict:
     if not isinstance(include_usage, bool):
         raise invalid("stream_options.include_usage", "'include_usage' must be a boolean")
     return {"stream": stream, "include_usage": include_usage,
-            "sampling": sampling(body), "hints": hints(body, headers)}
+            "sampling": sampling(body), "hints": hints(body, headers),
+            "lora_name": _lora_name(body)}
 
 
-def _max_tokens(body: dict, names: tuple) -> Optional[int]:
+def _too_long(param: str, size: int, limit: int):
+    return invalid(param, f"{param} is {size} characters, more than the limit of {limit}",
+                   "too_long")
+
+
+def _max_tokens(body: dict, names: tuple) -> dict:
+    """max_tokens and the field it came from. It becomes an INT32 tensor: a larger value
+    is refused here, never wrapped (2**32+5 would be 5 tokens)."""
     for name in names:
         value = body.get(name)
         if value is not None:
-            if not _is_int(value) or value < 1:
-                raise invalid(name, f"'{name}' must be a positive integer, got {_show(value)}")
-            return value
-    return None
+            if not _is_int(value) or not 1 <= value <= INT32_MAX:
+                raise invalid(name, f"'{name}' must be an integer from 1 to {INT32_MAX}, "
+                              f"got {_show(value)}")
+            return {"max_tokens": value, "max_tokens_param": name}
+    return {}
+
+
+def _lora_name(body: dict) -> Optional[str]:
+    """The adapter named by `lora_name` (extra_body), as vllm_backend's clients name it."""
+    name = body.get("lora_name")
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name or len(name) > 128 \
+            or not set(name) <= ADAPTER_CHARS:
+        raise invalid("lora_name", "'lora_name' must name an adapter (letters, digits, "
+                      f"'_', '-', '.'), got {_show(name)}")
+    return name
 
 
 def sampling(body: dict) -> dict:
@@ -271,138 +279,3 @@ def _is_number(value: Any) -> bool:
 def _show(value: Any, limit: int = 40) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
-
-
-# -- answers --------------------------------------------------------------------------------
-
-def new_id(kind: str) -> str:
-    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
-
-
-def finish_reason(engine_reason: Optional[str]) -> Optional[str]:
-    """The engine's finish reason in OpenAI's words (None while not finished)."""
-    if not engine_reason:
-        return None
-    return FINISH_REASONS.get(engine_reason.lower(), "stop")
-
-
-def usage(input_tokens: int, output_tokens: int) -> dict:
-    return {"prompt_tokens": input_tokens, "completion_tokens": output_tokens,
-            "total_tokens": input_tokens + output_tokens}
-
-
-@dataclass
-class Answer:
-    """Builds the JSON of one request's answer (whole, or chunk by chunk)."""
-
-    generation: Generation
-    id: str = ""
-    created: int = 0
-    _template: Optional[tuple] = field(default=None, repr=False, compare=False)
-
-    def __post_init__(self):
-        self.id = self.id or new_id(self.generation.kind)
-        self.created = self.created or int(time.time())
-
-    @property
-    def chat(self) -> bool:
-        return self.generation.kind == "chat"
-
-    def _head(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created,
-                "model": self.generation.model}
-
-    def whole(self, text: str, reason: Optional[str], tokens_in: int,
-              tokens_out: int) -> dict:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish_reason(reason) or "stop"}
-            out = self._head("chat.completion")
-        else:
-            if self.generation.echo:
-                text = self.generation.prompt + text
-            choice = {"index": 0, "text": text, "logprobs": None,
-                      "finish_reason": finish_reason(reason) or "stop"}
-            out = self._head("text_completion")
-        out["choices"] = [choice]
-        out["usage"] = usage(tokens_in, tokens_out)
-        return out
-
-    def chunk(self, text: Optional[str], reason: Optional[str] = None,
-              first: bool = False) -> dict:
-        """One streamed chunk: new text, or the finish reason (then text is None)."""
-        if self.chat:
-            delta: dict = {}
-            if first:
-                delta["role"] = "assistant"
-            if text is not None:
-                delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None,
-                      "finish_reason": finish_reason(reason)}
-            out = self._head("chat.completion.chunk")
-        else:
-            if first and self.generation.echo:
-                text = self.generation.prompt + (text or "")
-            choice = {"index": 0, "text": text or "", "logprobs": None,
-                      "finish_reason": finish_reason(reason)}
-            out = self._head("text_completion")
-        out["choices"] = [choice]
-        if self.generation.include_usage:
-            out["usage"] = None
-        return out
-
-    def text_chunk_json(self, text: str) -> str:
-        """json.dumps(chunk(text)) from a template made once per answer: a streamed
-        token then costs one string encode, not a dict tree built and encoded."""
-        if self._template is None:
-            mark = json.dumps("\0")      # a request's id and model never hold a NUL
-            whole = json.dumps(self.chunk("\0"), ensure_ascii=False)
-            self._template = tuple(whole.rsplit(mark, 1))   # the text is the last string
-        head, tail = self._template
-        return head + json.dumps(text, ensure_ascii=False) + tail
-
-    def usage_chunk(self, tokens_in: int, tokens_out: int) -> dict:
-        out = self._head("chat.completion.chunk" if self.chat else "text_completion")
-        out["choices"] = []
-        out["usage"] = usage(tokens_in, tokens_out)
-        return out
-
-
-# -- Triton's errors ------------------------------------------------------------------------
-
-CLIENT_FAULT = "invalid request: "     # trident_common.request.CLIENT_FAULT_PREFIX
-
-
-def from_triton(message: str, model: str) -> OpenAIError:
-    """A Triton error message as an OpenAI error: the engine's `invalid request: ...` is
-    the client's fault (400), a tenant over its limit 429, an unknown model 404, an overloaded or unavailable
-    backend 503, anything else a backend failure (500); the message says why."""
-    text = message.strip()
-    lowered = text.lower()
-    if CLIENT_FAULT in text:
-        reason = text[text.index(CLIENT_FAULT) + len(CLIENT_FAULT):]
-        return OpenAIError(400, reason or text, "invalid_request_error", _param_of(reason),
-                           "invalid_value")
-    if "rate limit: " in lowered:   # the router's tenant limits (bls/tenants.py)
-        return OpenAIError(429, f"{model}: {text}", "requests", None, "rate_limit_exceeded")
-    if "unknown model" in lowered or ("model" in lowered and "is not found" in lowered):
-        return model_not_found(model)
-    if "overloaded" in lowered or "not ready" in lowered or "unavailable" in lowered \
-            or "not healthy" in lowered or "is dead" in lowered:
-        return OpenAIError(503, f"{model}: {text}", "server_error", None, "unavailable")
-    return OpenAIError(500, f"{model}: {text}", "server_error", None, "backend_error")
-
-
-def _param_of(reason: str) -> Optional[str]:
-    """The parameter an engine's complaint starts with (`sampling_parameters.seed: ...`,
-    `messages[0] must be ...`, `max_tokens must be ...`), in OpenAI's names."""
-    named = re.search(r"sampling_parameters(?:\.|: )(\w+)", reason)
-    if named:
-        return named.group(1)
-    match = re.match(r"[A-Za-z_][\w.\[\]]*", reason.strip())
-    word = match.group(0).rstrip(".") if match else ""
-    if word.startswith("sampling_parameters."):
-        return word[len("sampling_parameters."):]
-    if word.startswith("messages") or word in ("max_tokens", "stop", "seed"):
-        return word
-    return "prompt" if word == "text_input" else None

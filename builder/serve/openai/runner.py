@@ -6,12 +6,14 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from typing import Optional
+from typing import Iterable, Optional
 
 import uvicorn
 
 from builder.errors import TridentError
 from builder.serve.openai.app import create_app
+from builder.serve.openai.limits import Limits
+from builder.serve.openai.policy import DEFAULT_EXPOSE
 from builder.serve.server import port_in_use
 
 
@@ -19,10 +21,11 @@ class FrontendError(TridentError):
     """The frontend could not start; the message says why."""
 
 
-def _config(triton_url: str, host: str, port: int,
-            api_keys: Optional[dict] = None) -> uvicorn.Config:
-    return uvicorn.Config(create_app(triton_url, api_keys=api_keys), host=host, port=port, log_level="warning",
-                          access_log=False, timeout_graceful_shutdown=5)
+def _config(triton_url: str, host: str, port: int, api_keys: Optional[dict],
+            expose: Iterable[str], limits: Limits) -> uvicorn.Config:
+    app = create_app(triton_url, api_keys=api_keys, expose=expose, limits=limits)
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                          timeout_graceful_shutdown=5)
 
 
 def check_port(host: str, port: int) -> None:
@@ -32,10 +35,11 @@ def check_port(host: str, port: int) -> None:
 
 
 def run(triton_url: str, host: str = "127.0.0.1", port: int = 9000,
-        api_keys: Optional[dict] = None) -> None:
+        api_keys: Optional[dict] = None, expose: Iterable[str] = DEFAULT_EXPOSE,
+        limits: Limits = Limits()) -> None:
     """Serve until Ctrl-C or SIGTERM (uvicorn handles both)."""
     check_port(host, port)
-    server = uvicorn.Server(_config(triton_url, host, port, api_keys))
+    server = uvicorn.Server(_config(triton_url, host, port, api_keys, expose, limits))
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the
     # handler it found: make that one a no-op, so SIGTERM exits 0 (as `trident serve`).
     previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
@@ -51,9 +55,12 @@ class Frontend:
     """The frontend in a background thread with its own event loop."""
 
     def __init__(self, triton_url: str, host: str = "127.0.0.1", port: int = 9000,
-                 api_keys: Optional[dict] = None):
+                 api_keys: Optional[dict] = None, expose: Iterable[str] = DEFAULT_EXPOSE,
+                 limits: Limits = Limits()):
         self.triton_url, self.host, self.port = triton_url, host, port
-        self.api_keys = api_keys
+        # none named: the default (`trident serve` passes --expose as given)
+        self.expose = tuple(expose) or DEFAULT_EXPOSE
+        self.api_keys, self.limits = api_keys, limits
         self._server: Optional[uvicorn.Server] = None
         self._thread: Optional[threading.Thread] = None
 
@@ -64,7 +71,7 @@ class Frontend:
     def start(self, timeout_s: float = 15.0) -> "Frontend":
         check_port(self.host, self.port)
         self._server = uvicorn.Server(_config(self.triton_url, self.host, self.port,
-                                              self.api_keys))
+                                              self.api_keys, self.expose, self.limits))
         # uvicorn installs signal handlers only on the main thread: none here.
         self._thread = threading.Thread(target=self._server.run, name="openai-frontend",
                                         daemon=True)

@@ -21,8 +21,8 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
-from builder.serve.openai.protocol import (Generation, OpenAIError, from_triton, invalid,
-                                           model_not_found)
+from builder.serve.openai.errors import OpenAIError, from_triton, invalid, model_not_found
+from builder.serve.openai.protocol import Generation
 
 INDEX_TTL_S = 2.0        # how long the repository index (ready models) is believed
 DRAIN_TIMEOUT_S = 10.0   # after the finish reason: wait this long for the call to end
@@ -99,11 +99,23 @@ def build_inputs(generation: Generation, info: ModelInfo) -> list:
         add("max_tokens", generation.max_tokens)
     if "exclude_input_in_output" in info.inputs:
         add("exclude_input_in_output", True)
-    if generation.sampling and "sampling_parameters" in info.inputs:
-        add("sampling_parameters", json.dumps(generation.sampling))
-    elif generation.sampling:
+    sampling = generation.sampling
+    if generation.lora_name is not None:
+        # The adapter goes where vllm_backend's clients put it, and where the router and
+        # trident's engine models read it: `lora_name` in sampling_parameters; a TRT-LLM
+        # ensemble with adapters also takes it as a tensor of its own.
+        if "lora_name" in info.inputs:
+            add("lora_name", generation.lora_name)
+        elif "sampling_parameters" in info.inputs:
+            sampling = {**sampling, "lora_name": generation.lora_name}
+        else:
+            raise invalid("lora_name", f"model '{info.name}' takes no adapters",
+                          "unsupported_parameter")
+    if sampling and "sampling_parameters" in info.inputs:
+        add("sampling_parameters", json.dumps(sampling))
+    elif sampling:
         # A model with one tensor per sampling value (a TRT-LLM ensemble).
-        for name, value in generation.sampling.items():
+        for name, value in sampling.items():
             if name not in info.inputs or isinstance(value, (list, dict)):
                 raise invalid(name, f"model '{info.name}' does not take '{name}'",
                               "unsupported_parameter")

@@ -1,0 +1,72 @@
+"""How large and how deep a request may be, checked before the frontend spends memory or
+a model's time on it. Pure: no I/O.
+
+A body is refused by its Content-Length before a byte of it is read, and a chunked body
+as soon as it passes the limit (app.py reads it in pieces), so a client cannot make the
+frontend hold more than `max_body_bytes` per request. The parsed JSON is then bounded in
+depth, messages, the size of one message or prompt, and `max_tokens` (an INT32 tensor,
+and no more than the model's context length where the frontend knows it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from builder.serve.openai.errors import OpenAIError, invalid, too_large
+
+INT32_MAX = 2**31 - 1       # max_tokens travels as an INT32 tensor
+
+
+@dataclass(frozen=True)
+class Limits:
+    # 4 MiB holds a 128k-token prompt even as JSON \u escapes; the largest here is 2k.
+    max_body_bytes: int = 4 * 2**20
+    max_messages: int = 1024
+    max_message_chars: int = 2**20       # one message's content, or a completion prompt
+    max_depth: int = 16                  # JSON nesting (a chat request needs 5)
+    # model -> its context length in tokens, where known: max_tokens above it is a 400
+    context_tokens: Mapping[str, int] = field(default_factory=dict)
+
+
+def declared_length(headers: Mapping[str, str], limits: Limits) -> Optional[int]:
+    """The body's Content-Length (None: not given, e.g. chunked); 413 above the limit,
+    400 for a value that is not a length."""
+    value = headers.get("content-length")
+    if value is None:
+        return None
+    value = value.strip()
+    if not value.isdigit() or len(value) > 20:
+        raise invalid(None, "the Content-Length header is not a length", "invalid_header")
+    length = int(value)
+    if length > limits.max_body_bytes:
+        raise too_large("the request body", limits.max_body_bytes)
+    return length
+
+
+def check_depth(value: Any, limit: int) -> None:
+    """400 when the JSON nests deeper than `limit` (arrays and objects). Iterative, so
+    no depth the parser accepted can overflow a stack here."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else \
+            item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth + 1 > limit:
+                    raise invalid(None, f"the request body nests deeper than {limit} "
+                                  "levels", "invalid_json")
+                stack.append((child, depth + 1))
+
+
+def check_max_tokens(value: Optional[int], param: str, model: str,
+                     limits: Limits) -> None:
+    """400 naming `param` when max_tokens is more than the model's context length."""
+    context = limits.context_tokens.get(model)
+    if value is not None and context is not None and value > context:
+        raise invalid(param, f"'{param}' is {value}, more than the context length of "
+                      f"model '{model}' ({context} tokens)")
+
+
+def body_too_large(limits: Limits) -> OpenAIError:
+    return too_large("the request body", limits.max_body_bytes)
