@@ -59,7 +59,8 @@ serve: repo
 run: repo
 	$(BIN)/python -m builder.serve.demo --repo $(REPO)
 
-test: install
+# The tenants' tests need redis-server: a fresh machine gets it before the suite runs.
+test: install redis-server
 	$(BIN)/python -m pytest -q
 
 test-fast: install
