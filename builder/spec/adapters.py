@@ -5,7 +5,8 @@
 
 Parsed with the model (names safe and unique, limits in range); the folders themselves are
 checked when rendering (`check_files`): each must be a PEFT LoRA adapter whose rank fits
-max_lora_rank and whose target modules the model family has. Both sections live in
+max_lora_rank and whose target modules the model family has, with options, tensors and
+shapes vLLM can load into the base model (adapter_weights). Both sections live in
 ModelSpec.extra, as typed values, beside TRT-LLM's sections.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from builder.spec import adapter_weights as weights
 from builder.spec.node import SpecError
 
 SECTIONS = ("adapters", "lora")
@@ -129,16 +131,21 @@ def check_files(spec, resolved_models: Mapping[str, str]) -> None:
         adapters = adapters_of(model)
         if not adapters:
             continue   # no config.json to read for a model without adapters
-        family = model.family or _model_type(resolved_models.get(model.name))
+        base = _base_config(resolved_models.get(model.name))
+        family = model.family or str(base.get("model_type", ""))
         limits = settings_of(model)
         for name, path in adapters.items():
-            reason = adapter_problem(adapter_path(spec.file, path), family, limits)
+            reason = adapter_problem(adapter_path(spec.file, path), family, limits,
+                                     weights.base_shape(base))
             if reason:
                 raise SpecError(spec.file, f"models[{index}].adapters.{name}", reason)
 
 
-def adapter_problem(folder: str, family: str, limits: LoraSettings) -> str | None:
-    """Why `folder` is not a LoRA adapter this model can load, or None."""
+def adapter_problem(folder: str, family: str, limits: LoraSettings,
+                    base: weights.BaseShape | None = None) -> str | None:
+    """Why `folder` is not a LoRA adapter this model can load, or None. `base`: the base
+    model's dimensions, when its config.json is at hand (else shapes are checked only
+    against each other and adapter_config.json)."""
     root = Path(folder)
     if not root.is_dir():
         return f"{folder} is not a folder"
@@ -150,8 +157,12 @@ def adapter_problem(folder: str, family: str, limits: LoraSettings) -> str | Non
     rank = config.get("r")
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         return f"{CONFIG_FILE}: r must be a positive integer, got {rank!r}"
-    if rank > limits.max_lora_rank:
-        return f"rank r={rank} is larger than lora.max_lora_rank ({limits.max_lora_rank})"
+    unsupported = weights.unsupported_options(config)
+    if unsupported:
+        return f"{root / CONFIG_FILE}: {unsupported}"
+    if weights.max_rank(config) > limits.max_lora_rank:
+        return (f"rank r={weights.max_rank(config)} is larger than lora.max_lora_rank "
+                f"({limits.max_lora_rank})")
     targets = config.get("target_modules")
     targets = [targets] if isinstance(targets, str) else targets
     if not targets or not all(isinstance(t, str) for t in targets):
@@ -163,7 +174,7 @@ def adapter_problem(folder: str, family: str, limits: LoraSettings) -> str | Non
                 f"(it has: {', '.join(known)})")
     if not (root / WEIGHTS_FILE).is_file():
         return f"{folder} has no {WEIGHTS_FILE}"
-    return None
+    return weights.weights_problem(root / WEIGHTS_FILE, config, known, base)
 
 
 def read_config(root: Path) -> dict | str:
@@ -177,12 +188,14 @@ def read_config(root: Path) -> dict | str:
     return config if isinstance(config, dict) else f"{CONFIG_FILE} is not a JSON object"
 
 
-def _model_type(path: str | None) -> str:
-    """The family of a local model folder when the spec gives none (config.json)."""
+def _base_config(path: str | None) -> dict:
+    """A local model folder's config.json: its family when the spec gives none, and the
+    dimensions an adapter's matrices must fit."""
     try:
-        return str(json.loads((Path(path) / "config.json").read_text()).get("model_type", ""))
-    except (TypeError, OSError, ValueError, AttributeError):
-        return ""   # a hub id or an unreadable folder: target modules are left unchecked
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (TypeError, OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return {}   # a hub id or an unreadable folder: modules and shapes left unchecked
+    return config if isinstance(config, dict) else {}
 
 
 def engine_args(spec_file: str, model) -> dict[str, Any]:

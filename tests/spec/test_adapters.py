@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import yaml
 
 from bls.policy import Policy, RequestFeatures, UnknownAdapter, adapter_name, router_config
 from builder.cli.main import main as trident
 from builder.spec import parse_spec
+from builder.spec.adapter_weights import base_shape
 from builder.spec.adapters import LoraSettings, adapter_problem, engine_args
 from builder.spec.node import SpecError
 from trident_common.request import parse_generate
-from support.lora import write_adapter, write_config
+from support.lora import SMOLLM2, write_adapter, write_config
 
 
 def model(name="m", engine="vllm", **extra):
@@ -126,6 +128,124 @@ def test_trident_repo_refuses_a_bad_adapter_with_one_line(tmp_path, capsys):
     assert err == (f"error: {spec_file}: models[0].adapters.support: rank r=8 is larger "
                    f"than lora.max_lora_rank (4)")
     assert not out.exists()
+
+
+# -- the weights and options vLLM would choke on (render time, issue 21) ------------------
+
+TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "head_dim": 32}   # builtin:tiny-llama (intermediate 128)
+SMOLLM2_BASE = base_shape({**SMOLLM2, "intermediate_size": 1536})
+
+
+def _safetensors(path, tensors: dict) -> None:
+    """A real safetensors file (the library's writer) of zero tensors: name → (dtype, shape)."""
+    from safetensors.numpy import save_file
+    save_file({name: np.zeros(shape, dtype=dtype) for name, (dtype, shape) in tensors.items()},
+              str(path))
+
+
+def _header_only(path, header: dict, data: bytes = b"") -> None:
+    """A file framed as safetensors with any header (lengths the writer would never give)."""
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data)
+
+
+_Q = "base_model.model.model.layers.0.self_attn.q_proj"
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda f: (f / "adapter_model.safetensors").write_bytes(b""),
+     "adapter_model.safetensors is empty, not a safetensors file"),
+    (lambda f: (f / "adapter_model.safetensors").write_bytes(b"\x00garbage, not weights"),
+     "does not fit the file (21 bytes; not a safetensors file)"),
+    (lambda f: (f / "adapter_model.safetensors").write_bytes(b"\x04" + b"\x00" * 7 + b"{{{{"),
+     "the header is not JSON"),
+    (lambda f: _header_only(f / "adapter_model.safetensors", {f"{_Q}.lora_A.weight": {
+        "dtype": "F32", "shape": [8, 576], "data_offsets": [0, 18432]}}, b"\x00" * 64),
+     "lies outside the file's data (offsets 0..18432 of 64 bytes)"),
+    (lambda f: _header_only(f / "adapter_model.safetensors", {f"{_Q}.lora_A.weight": {
+        "dtype": "F32", "shape": [8, 576], "data_offsets": [0, 64]}}, b"\x00" * 64),
+     "holds 64 bytes, not the 18432 of F32 [8, 576]"),
+    (lambda f: _header_only(f / "adapter_model.safetensors", {f"{_Q}.lora_A.weight": [1]}),
+     "has a malformed header entry"),
+    (lambda f: _safetensors(f / "adapter_model.safetensors", {
+        f"{_Q}.lora_A.weight": ("int32", (8, 576)), f"{_Q}.lora_B.weight": ("int32", (576, 8))}),
+     "has dtype I32 (LoRA weights are floats)"),
+    (lambda f: _safetensors(f / "adapter_model.safetensors", {
+        f"{_Q}.lora_A.weight": ("float32", (8, 576))}),
+     "layer 0 q_proj has lora_A without lora_B"),
+    (lambda f: _safetensors(f / "adapter_model.safetensors", {
+        f"{_Q}.lora_A.weight": ("float32", (4, 576)),
+        f"{_Q}.lora_B.weight": ("float32", (576, 4))}),
+     "do not have rank 8 (adapter_config.json)"),
+    (lambda f: _safetensors(f / "adapter_model.safetensors", {
+        f"{_Q}.lora_A.weight".replace("layers.0", "layers.30"): ("float32", (8, 576)),
+        f"{_Q}.lora_B.weight".replace("layers.0", "layers.30"): ("float32", (576, 8))}),
+     "layer 30 q_proj: the base model has 30 layers"),
+    (lambda f: write_adapter(f, seed=0, rank=8, config=TINY),
+     "layer 0 q_proj: lora_A takes 64 and lora_B gives 64 features; the base model's q_proj "
+     "takes 576 and gives 576"),
+    (lambda f: _safetensors(f / "adapter_model.safetensors", {
+        f"{_Q}.lora_A.weight": ("float32", (8, 576)), f"{_Q}.lora_B.weight": ("float32", (576, 8)),
+        f"{_Q}.lora_magnitude_vector.weight": ("float32", (576,))}),
+     "is a DoRA magnitude"),
+    (lambda f: _safetensors(f / "adapter_model.safetensors", {
+        "base_model.model.lm_head.lora_A.weight": ("float32", (8, 576))}),
+     "lm_head.lora_A.weight is not the lora_A/lora_B weight of a layer module"),
+    (lambda f: write_config(f, use_dora=True), "DoRA (use_dora) is not supported"),
+    (lambda f: write_config(f, lora_bias=True), "LoRA bias (lora_bias) is not supported"),
+    (lambda f: write_config(f, bias="all"), "bias 'all' is not supported by vLLM"),
+    (lambda f: write_config(f, init_lora_weights="pissa"), "init_lora_weights 'pissa'"),
+    (lambda f: write_config(f, modules_to_save=["lm_head"]), "modules_to_save lm_head"),
+    (lambda f: write_config(f, layer_replication=[[0, 4]]), "layer_replication"),
+    (lambda f: write_config(f, rank_pattern={"q_proj": 32}),
+     "rank r=32 is larger than lora.max_lora_rank (8)"),
+    (lambda f: write_config(f, rank_pattern={"(": 4}), "rank_pattern key '(' is not a pattern"),
+])
+def test_weights_and_options_vllm_refuses_are_refused_at_render(tmp_path, change, expected):
+    """Each of these rendered with exit 0 before; the first request naming the adapter then
+    killed vLLM's engine core (and the server with it)."""
+    folder = write_adapter(tmp_path / "a", seed=0, rank=8, targets=("q_proj",))
+    assert adapter_problem(str(folder), "llama", LoraSettings(max_lora_rank=8),
+                           SMOLLM2_BASE) is None
+    change(folder)
+    reason = adapter_problem(str(folder), "llama", LoraSettings(max_lora_rank=8), SMOLLM2_BASE)
+    assert reason is not None and expected in reason
+
+
+def test_per_module_ranks_and_plain_inits_pass(tmp_path):
+    folder = write_adapter(tmp_path / "a", seed=0, rank=4, targets=("v_proj",))
+    write_config(folder, rank=8, targets=["v_proj"], rank_pattern={"v_proj": 4},
+                 init_lora_weights="gaussian", use_rslora=True)
+    assert adapter_problem(str(folder), "llama", LoraSettings(max_lora_rank=8),
+                           SMOLLM2_BASE) is None
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda f: (f / "adapter_model.safetensors").write_bytes(b""), "is empty"),
+    (lambda f: write_config(f, targets=["q_proj", "v_proj"], use_dora=True), "DoRA"),
+    (lambda f: write_adapter(f, seed=0, rank=8),   # SmolLM2's shapes on tiny-llama
+     "layer 0 q_proj: lora_A takes 576 and lora_B gives 576 features"),
+])
+def test_trident_repo_names_adapter_file_and_reason(tmp_path, capsys, damage, expected):
+    """Against the base model's own config.json (builtin:tiny-llama, resolved as rendering
+    does): one line, exit 2, nothing rendered; the good adapter renders."""
+    good = write_adapter(tmp_path / "good", seed=0, rank=8, config=TINY)
+    bad = write_adapter(tmp_path / "bad", seed=1, rank=8, config=TINY)
+    damage(bad)
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump({"name": "t", "models": [
+        model(model="builtin:tiny-llama", family=None,
+              adapters={"good": "good", "bad": "bad"})]}))
+    out = tmp_path / "repo"
+    assert trident(["repo", "--spec", str(spec_file), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {spec_file}: models[0].adapters.bad: ") and "\n" not in err
+    assert expected in err and str(bad) in err and "Traceback" not in err
+    assert not out.exists()
+    spec_file.write_text(yaml.safe_dump({"name": "t", "models": [
+        model(model="builtin:tiny-llama", family=None, adapters={"good": "good"})]}))
+    assert trident(["repo", "--spec", str(spec_file), "--out", str(out)]) == 0
 
 
 def test_rendered_engine_args(tmp_path):
