@@ -7,7 +7,8 @@ import json
 from fastapi.testclient import TestClient
 
 from builder.serve.openai.app import create_app
-from builder.serve.openai.errors import OpenAIError
+from builder.serve.openai.errors import OpenAIError, model_not_found
+from builder.serve.openai.limits import Limits
 from builder.serve.openai.triton import ModelInfo, Piece
 from builder.serve.server import free_port
 
@@ -42,16 +43,24 @@ class FakeCall:
 
 
 class FakeTriton:
+    """Triton with `router` and the engine model `smollm2` behind it, both READY."""
+
     def __init__(self, script):
-        self.script, self.calls = script, []
+        self.script, self.calls, self.streamed = script, [], []
 
     async def models(self, fresh=False):
-        return {"router": ModelInfo("router", {"messages": "TYPE_STRING"}, False)}
+        inputs = {"messages": "TYPE_STRING", "text_input": "TYPE_STRING",
+                  "sampling_parameters": "TYPE_STRING"}
+        return {name: ModelInfo(name, inputs, False) for name in ("router", "smollm2")}
 
     async def info(self, model):
-        return (await self.models())["router"]
+        found = (await self.models()).get(model)
+        if found is None:
+            raise model_not_found(model)
+        return found
 
     def stream(self, generation, info):
+        self.streamed.append((info.name, generation))
         self.calls.append(FakeCall(self.script))
         return self.calls[-1]
 
@@ -59,9 +68,9 @@ class FakeTriton:
         pass
 
 
-def client_for(script):
+def client_for(script, **options):
     triton = FakeTriton(script)
-    return TestClient(create_app("unused", triton)), triton
+    return TestClient(create_app("unused", triton, **options)), triton
 
 
 def events(response) -> list:
@@ -115,3 +124,64 @@ def test_unknown_paths_and_bad_json_answer_in_openai_shape():
     response = client.post("/v1/completions", content=b"[", headers={
         "Content-Type": "application/json"})
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+
+
+ANSWER = [Piece("Hi", "stop", 1, 1, "smollm2")]
+
+
+def test_only_the_router_is_listed_and_served_by_default():
+    # Before: /v1/models listed smollm2, and `model: smollm2` went straight to the
+    # engine model, past the router's tenant admission, limits and cache salt.
+    client, triton = client_for(ANSWER)
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["router"]
+    hidden = client.post("/v1/chat/completions", json={**CHAT, "model": "smollm2"})
+    absent = client.post("/v1/chat/completions", json={**CHAT, "model": "nope"})
+    assert hidden.status_code == absent.status_code == 404
+    # The same answer as for a model that does not exist: nothing tells them apart.
+    assert hidden.json()["error"]["code"] == absent.json()["error"]["code"] == \
+        "model_not_found"
+    assert hidden.text.replace("smollm2", "nope") == absent.text
+    assert "router" not in hidden.text
+    assert client.get("/v1/models/smollm2").status_code == 404
+    assert client.post("/v1/completions", json={"model": "smollm2:x",
+                                                "prompt": "Hi"}).status_code == 404
+    assert client.get("/v1/models/router").json()["id"] == "router"
+    assert not triton.calls
+    assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+    assert [name for name, _ in triton.streamed] == ["router"]
+
+
+def test_an_allow_list_exposes_exactly_the_models_it_names():
+    client, triton = client_for(ANSWER, expose=("smollm2", "absent"))
+    # Listed: exposed and READY; `absent` is exposed but not loaded.
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["smollm2"]
+    assert client.post("/v1/chat/completions", json=CHAT).status_code == 404
+    assert client.post("/v1/chat/completions",
+                       json={**CHAT, "model": "smollm2"}).status_code == 200
+    assert client.post("/v1/chat/completions",
+                       json={**CHAT, "model": "absent"}).status_code == 404
+
+
+def test_model_colon_adapter_names_an_adapter_of_an_exposed_model():
+    client, triton = client_for(ANSWER)
+    whole = client.post("/v1/chat/completions", json={**CHAT, "model": "router:support"})
+    assert whole.status_code == 200 and whole.json()["model"] == "router:support"
+    name, generation = triton.streamed[-1]
+    assert (name, generation.lora_name) == ("router", "support")
+    client.post("/v1/chat/completions", json={**CHAT, "lora_name": "legal"})
+    assert triton.streamed[-1][1].lora_name == "legal"
+    both = client.post("/v1/chat/completions",
+                       json={**CHAT, "model": "router:support", "lora_name": "legal"})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "lora_name"
+
+
+def test_max_tokens_above_the_models_context_is_400_naming_the_field():
+    client, triton = client_for(ANSWER, limits=Limits(context_tokens={"router": 2048}))
+    for field in ("max_tokens", "max_completion_tokens"):
+        response = client.post("/v1/chat/completions", json={**CHAT, field: 2049})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == field
+        assert "2048" in response.json()["error"]["message"]
+    assert not triton.calls
+    assert client.post("/v1/chat/completions",
+                       json={**CHAT, "max_tokens": 2048}).status_code == 200

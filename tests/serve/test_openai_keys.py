@@ -8,7 +8,7 @@ from builder.cli.main import main
 from builder.serve.openai.app import create_app
 from builder.serve.openai.keys import KeysFileError, load_keys
 from builder.serve.openai.errors import from_triton
-from builder.serve.openai.triton import Piece
+from builder.serve.openai.triton import ModelInfo, Piece, build_inputs
 from tests.serve.test_openai_app import FakeTriton
 
 SECRET = "sk-alice-0123456789"
@@ -87,3 +87,42 @@ def test_without_keys_no_key_is_needed():
 def test_the_routers_tenant_limit_is_429():
     error = from_triton("rate limit: tenant 'alice' is over 3 requests per minute", "router")
     assert error.status == 429 and error.body()["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_a_keyed_client_cannot_set_its_tier_or_any_tenant_input():
+    # Before: `tier` (body or X-Trident-Tier) reached the router, so a keyed client
+    # routed itself as premium.
+    client, triton = app_with_keys()
+    response = client.post(
+        "/v1/chat/completions",
+        json={**CHAT, "tier": "premium", "tenant": "bob", "priority": -100,
+              "cache_salt": "bobs-salt", "conversation_id": "c-1"},
+        headers={"Authorization": f"Bearer {SECRET}", "X-Trident-Tier": "premium",
+                 "X-Trident-Priority": "-100", "X-Trident-Cache-Salt": "bobs-salt"})
+    assert response.status_code == 200, response.text
+    generation = triton.generations[0]
+    assert generation.hints == {"tenant": "alice", "conversation_id": "c-1"}
+    # What reaches Triton, on a model that would take every one of these inputs.
+    inputs = {name: "TYPE_STRING" for name in ("messages", "tenant", "tier", "priority",
+                                               "cache_salt", "conversation_id")}
+    sent = {t.name() for t in build_inputs(generation, ModelInfo("router", inputs, False))}
+    assert sent == {"messages", "tenant", "conversation_id"}
+    # Without keys the network is trusted: the client's own hints pass.
+    triton = RecordingTriton([Piece("Hi", "stop", 1, 1)])
+    TestClient(create_app("unused", triton)).post(
+        "/v1/chat/completions", json={**CHAT, "tier": "gold", "tenant": "bob"})
+    assert triton.generations[0].hints == {"tier": "gold", "tenant": "bob"}
+
+
+def test_a_key_does_not_reach_an_engine_model():
+    # Before: `model: smollm2` with a valid key skipped the router's admission: a tenant
+    # at its limit got 7 of 7 answers that way.
+    client, triton = app_with_keys()
+    headers = {"Authorization": f"Bearer {SECRET}"}
+    response = client.post("/v1/chat/completions", json={**CHAT, "model": "smollm2"},
+                           headers=headers)
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "model_not_found"
+    assert [m["id"] for m in client.get("/v1/models", headers=headers).json()["data"]] \
+        == ["router"]
+    assert not triton.calls

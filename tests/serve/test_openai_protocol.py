@@ -7,6 +7,7 @@ import pytest
 
 from builder.serve.openai.answers import Answer, finish_reason
 from builder.serve.openai.errors import OpenAIError, from_triton
+from builder.serve.openai.limits import Limits
 from builder.serve.openai.protocol import parse_chat, parse_completion
 
 HELLO = [{"role": "user", "content": "Hello"}]
@@ -181,3 +182,59 @@ def test_triton_errors_map_to_openai_errors(message, status, param):
         assert not error.message.startswith("invalid request")
     if status >= 500:
         assert error.body()["error"]["type"] == "server_error" and "router" in error.message
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+@pytest.mark.parametrize("value", [2**31, 2**32 + 5, 2**63, 2**64 + 1])
+def test_max_tokens_above_int32_is_400_naming_the_field(field, value):
+    # Before: accepted, then wrapped in the INT32 tensor (2**32+5 became 5 tokens) or
+    # failed to convert (2**63: a 500 with numpy's overflow).
+    error = error_of(chat, **{field: value})
+    assert (error.status, error.param) == (400, field)
+    assert str(2**31 - 1) in error.message
+    assert chat(**{field: 2**31 - 1}).max_tokens == 2**31 - 1
+
+
+def test_messages_count_and_size_and_the_prompt_are_bounded():
+    limits = Limits(max_messages=3, max_message_chars=10)
+    many = [{"role": "user", "content": "x"}] * 4
+    error = error_of(parse_chat, {"model": "m", "messages": many}, {}, limits)
+    assert (error.status, error.param) == (400, "messages") and "3" in error.message
+    assert len(parse_chat({"model": "m", "messages": many[:3]}, {}, limits).messages) == 3
+    long = [{"role": "user", "content": "x"}, {"role": "user", "content": "y" * 11}]
+    assert error_of(parse_chat, {"model": "m", "messages": long}, {},
+                    limits).param == "messages[1].content"
+    parts = [{"role": "user", "content": [{"type": "text", "text": "y" * 6}] * 2}]
+    assert error_of(parse_chat, {"model": "m", "messages": parts}, {},
+                    limits).param == "messages[0].content"
+    assert error_of(parse_completion, {"model": "m", "prompt": "z" * 11}, {},
+                    limits).param == "prompt"
+    assert parse_completion({"model": "m", "prompt": "z" * 10}, {}, limits).prompt
+
+
+def test_defaults_bound_a_request_of_a_thousand_messages_or_a_megabyte():
+    # Before: no bound at all (a 400 MB body of messages was parsed and forwarded).
+    many = [{"role": "user", "content": "x"}] * 1025
+    assert error_of(chat, messages=many).param == "messages"
+    huge = [{"role": "user", "content": "x" * (2**20 + 1)}]
+    assert error_of(chat, messages=huge).param == "messages[0].content"
+
+
+def test_lora_name_is_taken_from_the_body_and_checked():
+    assert chat(lora_name="support-v1.2").lora_name == "support-v1.2"
+    assert chat().lora_name is None
+    for bad in ("", 5, "a/b", "x" * 200):
+        assert error_of(chat, lora_name=bad).param == "lora_name"
+
+
+@pytest.mark.parametrize("message", [
+    "unknown adapter 'nope': no backend holds it (adapters: legal (smollm2))",
+    "route 'fast' has no backend holding adapter 'nope' (held by: smollm2)",
+    "invalid request: unknown adapter 'nope' (sampling_parameters.lora_name): model "
+    "smollm2 has adapters: legal, support",
+])
+def test_an_unknown_adapter_is_400_naming_it_and_no_backend(message):
+    # Before: the router's refusal was a 500 backend_error listing the engine models.
+    error = from_triton(message, "router")
+    assert (error.status, error.param, error.code) == (400, "lora_name", "adapter_not_found")
+    assert "'nope'" in error.message and "smollm2" not in error.message

@@ -2,6 +2,8 @@
 tensors a request becomes."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from tritonclient.grpc import InferResult, service_pb2
@@ -31,6 +33,12 @@ def tensors(inputs) -> dict:
         contents = tensor._get_content()
         out[proto.name] = (proto.datatype, list(proto.shape), contents)
     return out
+
+
+def text_of(inputs, name) -> str:
+    """The one string of a BYTES input (its raw contents are length-prefixed)."""
+    raw = tensors(inputs)[name][2]
+    return raw[4:4 + int.from_bytes(raw[:4], "little")].decode()
 
 
 def test_text_models_are_listed_and_token_models_are_not():
@@ -87,6 +95,29 @@ def test_a_model_without_messages_refuses_chat_and_batched_models_get_a_batch_di
     with pytest.raises(OpenAIError) as caught:
         build_inputs(parse_completion({"model": "llama", "prompt": "x", "seed": 1}), info)
     assert caught.value.param == "seed"
+
+
+def test_a_named_adapter_goes_out_as_lora_name_in_sampling_parameters():
+    # Before: the frontend dropped `lora_name`, and the base model answered.
+    router = ModelInfo.from_config(config("router", ROUTER_INPUTS))
+    g = parse_chat({"model": "router", "messages": [{"role": "user", "content": "Hi"}],
+                    "temperature": 0, "lora_name": "support"})
+    assert json.loads(text_of(build_inputs(g, router), "sampling_parameters")) == {
+        "temperature": 0.0, "lora_name": "support"}
+    alone = parse_completion({"model": "router", "prompt": "x", "lora_name": "legal"})
+    assert json.loads(text_of(build_inputs(alone, router), "sampling_parameters")) == {
+        "lora_name": "legal"}
+    # A TRT-LLM ensemble with adapters takes it as a tensor of its own; one without
+    # any way to name an adapter refuses it rather than answer from the base model.
+    ensemble = ModelInfo.from_config(config("llama", ["text_input", "max_tokens",
+                                                      "lora_name"], batch=8))
+    sent = build_inputs(alone, ensemble)
+    assert text_of(sent, "lora_name") == "legal"
+    assert tensors(sent)["lora_name"][1] == [1, 1]
+    plain = ModelInfo.from_config(config("llama", ["text_input", "max_tokens"], batch=8))
+    with pytest.raises(OpenAIError) as caught:
+        build_inputs(alone, plain)
+    assert caught.value.status == 400 and caught.value.param == "lora_name"
 
 
 def _result(**outputs) -> InferResult:

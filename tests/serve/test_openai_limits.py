@@ -1,0 +1,113 @@
+"""The OpenAI frontend's request limits at the ASGI level: what it reads of a body it
+refuses. The client here is a plain ASGI `receive` that counts what the app asks for,
+so "nothing read" is observed, not inferred."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from builder.serve.openai.app import create_app
+from builder.serve.openai.limits import Limits, check_depth
+from builder.serve.openai.errors import OpenAIError
+from builder.serve.openai.triton import Piece
+from tests.serve.test_openai_app import CHAT, FakeTriton
+
+KEY = "sk-limits-0123"
+CHUNK = 64 * 1024
+
+
+class Client:
+    """One request: headers, then the body in the chunks given; then a client that
+    stays connected (receive blocks) as a real one would while waiting."""
+
+    def __init__(self, chunks, more_after=False):
+        self.chunks, self.more_after = list(chunks), more_after
+        self.received = 0          # body bytes handed to the app
+        self.calls = 0             # receive() calls that returned body
+
+    async def receive(self):
+        if self.chunks:
+            chunk = self.chunks.pop(0)
+            self.calls += 1
+            self.received += len(chunk)
+            return {"type": "http.request", "body": chunk,
+                    "more_body": bool(self.chunks) or self.more_after}
+        await asyncio.Event().wait()
+
+
+def post(app, client: Client, headers: dict, path="/v1/chat/completions"):
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000),
+             "server": ("127.0.0.1", 9000),
+             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def run():
+        await asyncio.wait_for(app(scope, client.receive, send), 10)
+    asyncio.run(run())
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, json.loads(body) if body.startswith(b"{") else body
+
+
+def app(limits=Limits(), keys=None):
+    return create_app("unused", FakeTriton([Piece("Hi", "stop", 1, 1)]), keys, limits=limits)
+
+
+def test_a_wrong_key_or_a_declared_length_over_the_limit_reads_no_byte_of_the_body():
+    # Before: the whole body was read and parsed first (400 MB: RSS 84 -> 870 MB).
+    huge = {"content-type": "application/json", "content-length": str(400 * 2**20)}
+    client = Client([b"x" * CHUNK] * 4, more_after=True)
+    status, body = post(app(keys={KEY: "alice"}), client,
+                        {**huge, "authorization": "Bearer sk-wrong"})
+    assert status == 401 and client.received == 0
+    status, body = post(app(keys={KEY: "alice"}), client,
+                        {**huge, "authorization": f"Bearer {KEY}"})
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+    assert "4194304" in body["error"]["message"]
+    assert client.received == 0
+
+
+def test_a_chunked_body_is_read_no_further_than_the_limit():
+    # 200 chunks of 64 KiB (12.5 MiB) without a Content-Length; the limit is 1 MiB.
+    limits = Limits(max_body_bytes=2**20)
+    client = Client([b" " * CHUNK] * 200)
+    status, body = post(app(limits), client, {"content-type": "application/json"})
+    assert status == 413
+    assert client.received <= limits.max_body_bytes + CHUNK
+    assert client.calls == limits.max_body_bytes // CHUNK + 1
+    # A body of exactly the limit, in pieces, is served.
+    raw = json.dumps(CHAT).encode()
+    client = Client([raw[:10], raw[10:]])
+    status, body = post(app(Limits(max_body_bytes=len(raw))), client,
+                        {"content-type": "application/json",
+                         "content-length": str(len(raw))})
+    assert status == 200 and body["choices"][0]["message"]["content"] == "Hi"
+
+
+def test_a_length_that_is_not_a_number_is_400():
+    status, body = post(app(), Client([b"{}"]), {"content-length": "12abc"})
+    assert status == 400 and body["error"]["code"] == "invalid_header"
+
+
+def test_deep_nesting_is_400():
+    # Before: any depth the parser took was accepted (unknown fields are ignored).
+    deep = {**CHAT, "metadata": json.loads("[" * 40 + "]" * 40)}
+    raw = json.dumps(deep).encode()
+    status, body = post(app(), Client([raw]), {"content-length": str(len(raw))})
+    assert status == 400 and body["error"]["code"] == "invalid_json"
+    assert "16" in body["error"]["message"]
+
+
+def test_check_depth_counts_arrays_and_objects():
+    check_depth({"a": [{"b": 1}]}, 3)
+    with pytest.raises(OpenAIError):
+        check_depth({"a": [{"b": []}]}, 3)
+    check_depth("text", 1)
+    check_depth([1, 2, "x" * 10], 1)
