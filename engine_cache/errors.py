@@ -2,24 +2,9 @@
 CacheError as one line and exits with its exit_code (2: bad input, 1: a failure)."""
 from __future__ import annotations
 
-import os
-import re
+from engine_cache.redact import redact
 
-# scheme://user:password@host - whatever is between "://" and "@" is a credential (which
-# may contain "/", so a path with an "@" is over-redacted rather than a secret shown).
-_USERINFO = re.compile(r"(?<=://)[^\s@'\"]+@")
-# Shorter values are not plausible secrets, and replacing them would garble messages.
-_MIN_SECRET_LEN = 8
-
-
-def redact(text: str, secrets: tuple[str | None, ...] = ()) -> str:
-    """text without URL credentials, the standard AWS secret variables' values, or secrets."""
-    text = _USERINFO.sub("***@", text)
-    known = (*secrets, os.environ.get("AWS_SECRET_ACCESS_KEY"), os.environ.get("AWS_SESSION_TOKEN"))
-    for secret in known:
-        if secret and len(secret) >= _MIN_SECRET_LEN:
-            text = text.replace(secret, "***")
-    return text
+__all__ = ["CacheError", "CorruptEntry", "S3Unreachable", "redact"]
 
 
 class CacheError(Exception):

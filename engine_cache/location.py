@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from engine_cache.errors import CacheError
+from engine_cache.redact import host_of, url_credentials
 
 CREDENTIALS_HINT = ("credentials go in the standard AWS environment variables "
                     "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or an AWS profile (AWS_PROFILE)")
@@ -32,11 +33,12 @@ def parse_s3_uri(uri: str, what: str = "cache location") -> S3Location:
     if not isinstance(uri, str) or not uri.startswith("s3://"):
         raise CacheError(f"{what} {uri!r} is not an s3://bucket/prefix URI", 2)
     bucket, _, prefix = uri[len("s3://"):].partition("/")
-    # KEY:SECRET@bucket; a secret may hold "/", so an "@" anywhere counts (and a prefix
-    # cannot contain one), as does a ":" in the bucket (never in a bucket name).
-    if "@" in uri or ":" in bucket:
-        raise CacheError(f"{what} s3://***@{_after_credentials(uri)}/... contains "
-                         f"credentials; {CREDENTIALS_HINT}", 2)
+    # KEY:SECRET@bucket (a secret may hold "/"), a presigned query, a fragment; a ":" in
+    # the bucket is a credential too (never in a bucket name).
+    problem = url_credentials(uri) or (":" in bucket and "contains credentials")
+    if problem:
+        raise CacheError(f"{what} {host_of(uri) if '@' in uri else 's3://...'} {problem}; "
+                         f"{CREDENTIALS_HINT}", 2)
     if not bucket:
         raise CacheError(f"{what} {uri!r} names no bucket", 2)
     return S3Location(bucket, prefix.strip("/"))
@@ -53,9 +55,9 @@ def resolve_endpoint(endpoint_url: str | None) -> str | None:
 
 def check_endpoint_url(url: str) -> None:
     """An http(s)://host[:port] URL without credentials (botocore would echo a bad one)."""
-    if "@" in url:                  # an endpoint has no path that could hold one
-        where = f"{url.partition('://')[0]}://{_after_credentials(url)}"
-        raise CacheError(f"S3 endpoint URL {where} contains credentials; {CREDENTIALS_HINT}", 2)
+    problem = url_credentials(url)
+    if problem:
+        raise CacheError(f"S3 endpoint URL {host_of(url)} {problem}; {CREDENTIALS_HINT}", 2)
     try:
         parts = urlsplit(url)
         valid = parts.scheme in ("http", "https") and parts.hostname and parts.port != 0
@@ -63,9 +65,3 @@ def check_endpoint_url(url: str) -> None:
         valid = False
     if not valid:
         raise CacheError(f"S3 endpoint URL {url!r} is not an http(s)://host[:port] URL", 2)
-
-
-def _after_credentials(url: str) -> str:
-    """The host (or bucket) after the last "@", never what precedes it: a secret may
-    contain "/", so the authority cannot be told apart from a path before the "@"."""
-    return url.rsplit("@", 1)[1].partition("/")[0] if "@" in url else "?"

@@ -5,29 +5,14 @@
 from __future__ import annotations
 
 import logging
-import os
-import re
 import sys
 
+# The project's one rule for secrets in text (also behind CacheError and CLI errors).
+from engine_cache.redact import redact
+
+__all__ = ["configure", "redact"]
+
 _HANDLER_NAME = "trident-cli"
-_SECRET_NAME = re.compile(r"secret|token|passw|credential|api_?key|access_?key", re.I)
-_ASSIGNMENT = re.compile(
-    r"\b(\w*(?:secret|token|passw\w*|credential|api_?key|access_?key)\w*)(\s*[=:]\s*)"
-    r"(['\"]?)([^\s,;'\"]+)", re.I)
-_URL_USERINFO = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.I)
-MASK = "***"
-
-
-def redact(text: str, environ: dict[str, str] | None = None) -> str:
-    """`text` with credentials masked: user:password@ in URLs, `token=...`-style
-    assignments, and the value of any environment variable whose name says secret."""
-    environ = os.environ if environ is None else environ
-    for name, value in environ.items():
-        if len(value) >= 6 and _SECRET_NAME.search(name) and value in text:
-            text = text.replace(value, MASK)
-    text = _URL_USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
-    return _ASSIGNMENT.sub(lambda m: m.group(1) + m.group(2) + m.group(3) + MASK, text)
-
 
 class _StderrHandler(logging.Handler):
     """Writes to sys.stderr as it is when the record comes, not when the handler was made,

@@ -20,6 +20,7 @@ from builder.cli import (completion, engines, k8s, logs, openai, placement, repo
 from builder.cli.common import (EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, TridentGroup)
 from builder.errors import TridentError, printable
 from engine_cache.errors import CacheError
+from engine_cache.redact import redact
 
 COMMAND_MODULES = [
     repository,     # repo, validate, schema, assets
@@ -81,7 +82,9 @@ def _usage_line(e: click.UsageError) -> str:
 
 
 def _error(message: str, code: int) -> int:
-    click.echo(f"error: {message}", err=True)
+    # Every error line goes through the one redaction rule: a value quoted back from a
+    # spec or option (a URL with a password or a presigned query) is masked here too.
+    click.echo(f"error: {redact(message)}", err=True)
     return code
 
 

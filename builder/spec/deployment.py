@@ -22,6 +22,7 @@ from builder.spec import trtllm as trtllm_spec
 from builder.spec.tenants import TenantsSpec, parse_tenants
 from builder.spec import yaml_loader
 from builder.spec.node import _REQUIRED, SpecError, _Node, frozen_mapping
+from engine_cache.redact import url_credentials
 
 ENGINES = ("tensorrt_llm", "vllm", "sglang")
 INSTANCE_KINDS = ("auto", "cpu", "gpu", "model")
@@ -235,16 +236,18 @@ def _parse_engine_cache(node: _Node) -> EngineCacheSpec:
     local_dir = node.get("local_dir", str, EngineCacheSpec.local_dir)
     s3 = node.get("s3", str, None)
     endpoint = node.get("endpoint_url", str, None)
+    # No value is echoed here: one that fails a check may be a credential, and every
+    # accepted one is copied into the Kubernetes ConfigMap with the spec.
     for key, url in (("s3", s3), ("endpoint_url", endpoint)):
-        if url is not None and _has_credentials(url):
-            # Never echo the value: it holds a secret.
-            raise node.error("must not hold credentials (user:secret@); give them in "
-                             "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or an AWS profile "
-                             "(AWS_PROFILE)", key)
+        problem = url is not None and url_credentials(url)
+        if problem:
+            raise node.error(f"{problem}; give credentials in AWS_ACCESS_KEY_ID / "
+                             "AWS_SECRET_ACCESS_KEY or an AWS profile (AWS_PROFILE)", key)
     if s3 is not None and not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?", s3):
-        raise node.error(f"{s3!r} is not an s3://bucket[/prefix] URI", "s3")
+        raise node.error("is not an s3://bucket[/prefix] URI (a bucket is 3-63 lower-case "
+                         "letters, digits, '.' and '-')", "s3")
     if endpoint is not None and not re.fullmatch(r"https?://[^\s/?#]+(/\S*)?", endpoint):
-        raise node.error(f"{endpoint!r} is not an http(s)://host[:port] URL", "endpoint_url")
+        raise node.error("is not an http(s)://host[:port] URL", "endpoint_url")
     local_only = node.get("local_only", bool, False)
     secret = node.get("credentials_secret", str, None)
     if secret is not None and not _K8S_NAME_RE.fullmatch(secret):
@@ -252,12 +255,6 @@ def _parse_engine_cache(node: _Node) -> EngineCacheSpec:
                          "digits, '-' and '.', at most 253 characters)", "credentials_secret")
     node.done()
     return EngineCacheSpec(local_dir, s3, endpoint, local_only, secret)
-
-
-def _has_credentials(url: str) -> bool:
-    """scheme://user[:secret]@host: an '@' before the first '/' of the authority."""
-    authority = url.split("://", 1)[-1].split("/", 1)[0]
-    return "@" in authority
 
 
 def _check_name(node: _Node, key: str, value: str) -> str:

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from builder.spec.node import SpecError, _Node
+from engine_cache.redact import url_credentials
 
 # Tier → vLLM request priority (lower is scheduled first, vLLM's convention).
 TIERS = {"premium": 0, "standard": 1, "batch": 2}
@@ -71,7 +72,7 @@ SCHEMA_RULES: dict[tuple[type, str], dict[str, Any]] = {
     **{(TenantLimits, key): {"minimum": 1} for key in LIMIT_KEYS},
     (TenantsSpec, "on_redis_error"): {"enum": list(ON_REDIS_ERROR)},
     (TenantsSpec, "unknown"): {"enum": list(UNKNOWN)},
-    (TenantsSpec, "redis"): {"pattern": "^rediss?://[^@/]+(/[0-9]{0,2})?$"},
+    (TenantsSpec, "redis"): {"pattern": "^rediss?://[^@/?#]+(/[0-9]{0,2})?$"},
     (TenantsSpec, "password_env"): {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
     (TenantsSpec, "limits"): {"propertyNames": {"pattern": f"^{TENANT_RE.pattern}$"}},
 }
@@ -89,8 +90,10 @@ def parse_tenants(root: _Node, has_router: bool) -> TenantsSpec | None:
     redis = _redis_url(node)
     password_env = node.get("password_env", str, None)
     if password_env is not None and not _ENV_RE.fullmatch(password_env):
-        raise node.error(f"{password_env!r} is not an environment variable name",
-                         "password_env")
+        # Not echoed: what is pasted here instead of a name is usually the password.
+        raise node.error("must be an environment variable name (letters, digits and "
+                         "'_', not starting with a digit) that holds the password, not "
+                         "the password itself", "password_env")
     password_file = node.get("password_file", str, None)
     if password_env and password_file:
         raise node.error("give password_env or password_file, not both", "password_file")
@@ -121,13 +124,18 @@ def _redis_url(node: _Node) -> str | None:
     url = node.get("redis", str, None)
     if url is None:
         return None
-    authority = url.split("://", 1)[-1].split("/", 1)[0]
-    if "@" in authority:   # never echo the value: it holds a secret
-        raise node.error("must not hold a password (user:secret@); give it in "
-                         "password_env or password_file", "redis")
+    # The URL is never echoed: a password may sit in its userinfo, its query
+    # (?password=), its fragment or where the db number goes (redis://host/secret).
+    problem = url_credentials(url)
+    if problem:
+        problem = "must not hold a password (user:secret@)" if "@" in url else problem
+        raise node.error(f"{problem}; give the password in password_env or "
+                         "password_file", "redis")
     match = _REDIS_RE.fullmatch(url)
     if match is None:
-        raise node.error(f"{url!r} is not a redis://host[:port][/db] URL", "redis")
+        raise node.error("is not a redis://host[:port][/db] URL (db: a number from 0 "
+                         "to 99; the password goes in password_env or password_file)",
+                         "redis")
     if match["port"] is not None and not 1 <= int(match["port"]) <= 65535:
         raise node.error(f"port {match['port']} is not in 1..65535", "redis")
     return url
