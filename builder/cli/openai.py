@@ -1,9 +1,11 @@
 """`trident openai`: the OpenAI-compatible HTTP frontend in front of a running Triton."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
-from builder.cli.common import api_keys_option, expose_option
+from builder.cli.common import api_keys_option, complete_dir, expose_option
 from builder.spec import ServerSpec
 
 
@@ -20,8 +22,12 @@ from builder.spec import ServerSpec
 @expose_option()
 @click.option("--max-body-bytes", type=click.IntRange(1024, 2**30), default=None,
               metavar="N", help="largest request body (413 above it) [default: 4 MiB]")
+@click.option("--repo", default=None, metavar="DIR", shell_complete=complete_dir,
+              help="the repository Triton serves: max_tokens above a model's context "
+                   "length (its max_model_len) is then a 400")
 def openai_command(triton_url: str, port: int, host: str, api_keys_file: str | None,
-                   expose: tuple[str, ...], max_body_bytes: int | None) -> int:
+                   expose: tuple[str, ...], max_body_bytes: int | None,
+                   repo: str | None) -> int:
     """Serve OpenAI's API (/v1/models, /v1/chat/completions, /v1/completions) for the
     exposed models of a running tritonserver (`router` unless --expose names others),
     over its gRPC port.
@@ -42,7 +48,7 @@ def openai_command(triton_url: str, port: int, host: str, api_keys_file: str | N
     expose = expose or DEFAULT_EXPOSE
     click.echo(f"OpenAI API on http://{host}:{port}/v1 for Triton at {triton_url} "
                f"(models: {', '.join(expose)})", err=True)
-    run(triton_url, host, port, keys, expose, limits)
+    run(triton_url, host, port, keys, expose, limits, None if repo is None else Path(repo))
     return 0
 
 

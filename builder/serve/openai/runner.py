@@ -6,6 +6,8 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import Iterable, Optional
 
 import uvicorn
@@ -14,6 +16,7 @@ from builder.errors import TridentError
 from builder.serve.openai.app import create_app
 from builder.serve.openai.limits import Limits
 from builder.serve.openai.policy import DEFAULT_EXPOSE
+from builder.serve.openai.repository import context_tokens
 from builder.serve.server import port_in_use
 
 
@@ -28,6 +31,13 @@ def _config(triton_url: str, host: str, port: int, api_keys: Optional[dict],
                           timeout_graceful_shutdown=5)
 
 
+def with_repository(limits: Limits, repo: Optional[Path]) -> Limits:
+    """The limits with the context lengths of the repository's models (if given)."""
+    if repo is None:
+        return limits
+    return replace(limits, context_tokens={**context_tokens(repo), **limits.context_tokens})
+
+
 def check_port(host: str, port: int) -> None:
     if port_in_use(port, host):
         raise FrontendError(f"OpenAI port {port} on {host} is already in use; choose "
@@ -36,10 +46,12 @@ def check_port(host: str, port: int) -> None:
 
 def run(triton_url: str, host: str = "127.0.0.1", port: int = 9000,
         api_keys: Optional[dict] = None, expose: Iterable[str] = DEFAULT_EXPOSE,
-        limits: Limits = Limits()) -> None:
-    """Serve until Ctrl-C or SIGTERM (uvicorn handles both)."""
+        limits: Limits = Limits(), repo: Optional[Path] = None) -> None:
+    """Serve until Ctrl-C or SIGTERM (uvicorn handles both). `repo`: the repository
+    Triton serves, read for the models' context lengths."""
     check_port(host, port)
-    server = uvicorn.Server(_config(triton_url, host, port, api_keys, expose, limits))
+    server = uvicorn.Server(_config(triton_url, host, port, api_keys, expose,
+                                    with_repository(limits, repo)))
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the
     # handler it found: make that one a no-op, so SIGTERM exits 0 (as `trident serve`).
     previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
@@ -56,11 +68,11 @@ class Frontend:
 
     def __init__(self, triton_url: str, host: str = "127.0.0.1", port: int = 9000,
                  api_keys: Optional[dict] = None, expose: Iterable[str] = DEFAULT_EXPOSE,
-                 limits: Limits = Limits()):
+                 limits: Limits = Limits(), repo: Optional[Path] = None):
         self.triton_url, self.host, self.port = triton_url, host, port
         # none named: the default (`trident serve` passes --expose as given)
         self.expose = tuple(expose) or DEFAULT_EXPOSE
-        self.api_keys, self.limits = api_keys, limits
+        self.api_keys, self.limits = api_keys, with_repository(limits, repo)
         self._server: Optional[uvicorn.Server] = None
         self._thread: Optional[threading.Thread] = None
 

@@ -1,0 +1,50 @@
+"""The context length of each model of a rendered repository, for the frontend's
+`max_tokens` check (limits.check_max_tokens). Read once at start; the frontend reaches
+Triton over gRPC only, and a model's config.pbtxt does not carry its context length.
+
+Only a length the spec set is used (`max_model_len` for vLLM, `context_length` for
+SGLang, in the model's model.json): the engine's own default depends on the weights'
+config and rope scaling, and guessing it low would refuse requests the engine takes.
+The router's length is the largest of its backends' (no backend can give more), and only
+when every backend's is known. A file that cannot be read means no check, never a failed
+start.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+CONTEXT_KEYS = ("max_model_len", "context_length")    # vLLM, SGLang engine arguments
+
+
+def context_tokens(repo: Path) -> dict[str, int]:
+    """model name -> context length in tokens, for the models whose length is known."""
+    repo = Path(repo)
+    contexts = {}
+    for model_json in sorted(repo.glob("*/1/model.json")):
+        length = _context(_load(model_json))
+        if length is not None:
+            contexts[model_json.parent.parent.name] = length
+    for router_json in sorted(repo.glob("*/1/router.json")):
+        backends = (_load(router_json) or {}).get("backends")
+        lengths = [contexts.get(name) for name in backends or ()]
+        if lengths and None not in lengths:
+            contexts[router_json.parent.parent.name] = max(lengths)
+    return contexts
+
+
+def _context(args: Optional[dict]) -> Optional[int]:
+    for key in CONTEXT_KEYS:
+        value = (args or {}).get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _load(path: Path) -> Optional[dict]:
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return loaded if isinstance(loaded, dict) else None
