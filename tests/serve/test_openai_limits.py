@@ -9,8 +9,10 @@ import json
 import pytest
 
 from builder.serve.openai.app import create_app
-from builder.serve.openai.limits import Limits, check_depth
 from builder.serve.openai.errors import OpenAIError
+from builder.serve.openai.limits import Limits, check_depth
+from builder.serve.openai.repository import context_tokens
+from builder.serve.openai.runner import with_repository
 from builder.serve.openai.triton import Piece
 from tests.serve.test_openai_app import CHAT, FakeTriton
 
@@ -111,3 +113,26 @@ def test_check_depth_counts_arrays_and_objects():
         check_depth({"a": [{"b": []}]}, 3)
     check_depth("text", 1)
     check_depth([1, 2, "x" * 10], 1)
+
+
+def write(path, value):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(value if isinstance(value, str) else json.dumps(value))
+
+
+def test_context_lengths_come_from_the_repositorys_model_json(tmp_path):
+    write(tmp_path / "small" / "1" / "model.json", {"model": "/m", "max_model_len": 512})
+    write(tmp_path / "big" / "1" / "model.json", {"model_path": "/m", "context_length": 4096})
+    write(tmp_path / "unset" / "1" / "model.json", {"model": "/m"})
+    write(tmp_path / "broken" / "1" / "model.json", "{not json")
+    write(tmp_path / "router" / "1" / "router.json",
+          {"backends": {"small": {}, "big": {}}})
+    write(tmp_path / "other" / "1" / "router.json", {"backends": {"small": {}, "unset": {}}})
+    assert context_tokens(tmp_path) == {"small": 512, "big": 4096, "router": 4096}
+    assert context_tokens(tmp_path / "absent") == {}
+    # The frontend built on that repository refuses more than the router's context.
+    limits = with_repository(Limits(), tmp_path)
+    status, body = post(create_app("unused", FakeTriton([Piece("Hi", "stop", 1, 1)]),
+                                   limits=limits),
+                        Client([json.dumps({**CHAT, "max_tokens": 4097}).encode()]), {})
+    assert status == 400 and body["error"]["param"] == "max_tokens"
