@@ -24,6 +24,7 @@ LIMIT_KEYS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
 # Tenant names become Redis keys and metric labels: keep them plain.
 TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
 _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_USER_RE = re.compile(r"[!-~]{1,128}")
 _REDIS_RE = re.compile(r"rediss?://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)"
                        r"(:(?P<port>\d{1,5}))?(/(?P<db>\d{1,2})?)?")
 
@@ -39,6 +40,7 @@ class TenantLimits:
 @dataclass(frozen=True)
 class TenantsSpec:
     redis: str | None = None          # redis://host[:port][/db]; None: counters per router
+    username: str | None = None       # a Redis ACL user (not secret); None: the default user
     password_env: str | None = None   # the name of an environment variable
     password_file: str | None = None  # a path read by the router at start
     on_redis_error: str = "allow"     # allow | deny, when Redis is down or slow
@@ -58,7 +60,7 @@ class TenantsSpec:
             return {**values, "priority": TIERS[entry.tier]}
 
         return {
-            "namespace": namespace, "redis": self.redis,
+            "namespace": namespace, "redis": self.redis, "username": self.username,
             "password_env": self.password_env, "password_file": self.password_file,
             "on_redis_error": self.on_redis_error, "default": limits(self.default),
             "limits": {name: limits(entry) for name, entry in self.limits.items()},
@@ -73,6 +75,7 @@ SCHEMA_RULES: dict[tuple[type, str], dict[str, Any]] = {
     (TenantsSpec, "on_redis_error"): {"enum": list(ON_REDIS_ERROR)},
     (TenantsSpec, "unknown"): {"enum": list(UNKNOWN)},
     (TenantsSpec, "redis"): {"pattern": "^rediss?://[^@/?#]+(/[0-9]{0,2})?$"},
+    (TenantsSpec, "username"): {"pattern": r"^[!-~]{1,128}$"},
     (TenantsSpec, "password_env"): {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
     (TenantsSpec, "limits"): {"propertyNames": {"pattern": f"^{TENANT_RE.pattern}$"}},
 }
@@ -88,6 +91,12 @@ def parse_tenants(root: _Node, has_router: bool) -> TenantsSpec | None:
     if not has_router:
         raise node.error("needs a router: the router enforces tenants' limits")
     redis = _redis_url(node)
+    username = node.get("username", str, None)
+    if username is not None and not _USER_RE.fullmatch(username):
+        raise node.error("is not a Redis ACL user name (1 to 128 printable characters, "
+                         "no spaces)", "username")
+    if username is not None and redis is None:
+        raise node.error("a Redis username needs a redis URL", "redis")
     password_env = node.get("password_env", str, None)
     if password_env is not None and not _ENV_RE.fullmatch(password_env):
         # Not echoed: what is pasted here instead of a name is usually the password.
@@ -116,7 +125,7 @@ def parse_tenants(root: _Node, has_router: bool) -> TenantsSpec | None:
         if not TENANT_RE.fullmatch(name):
             raise SpecError(node.file, f"{node.child_path('share_prefix_cache')}[{i}]",
                             f"{name!r} is not a tenant name")
-    return TenantsSpec(redis, password_env, password_file, on_error, default,
+    return TenantsSpec(redis, username, password_env, password_file, on_error, default,
                        MappingProxyType(limits), unknown, shared)
 
 
