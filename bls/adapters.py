@@ -5,13 +5,12 @@ responses pass through untouched (no per-chunk work beyond an error check). TRT-
 ensemble uses batch dimensions ([1, 1]), separate sampling tensors and a required
 `max_tokens`, and has no `served_by`: its adapter translates both ways.
 """
-import json
-
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trident_common import interface
 from trident_common.request import DEFAULT_MAX_TOKENS, first_scalar
+from trident_common.sampling import check_range, coerce_sampling, parse_sampling
 
 # Inputs only the router reads (routing hints, its own ids); never forwarded as they are.
 ROUTER_ONLY_INPUTS = interface.ROUTER_ONLY_INPUTS
@@ -76,7 +75,9 @@ class TrtllmAdapter:
         values = {t.name(): t.as_numpy() for t in inputs}
         if "messages" in values:
             raise ValueError("the TRT-LLM ensemble takes text_input, not messages")
-        sampling = json.loads(first_scalar(values.get("sampling_parameters")) or "{}")
+        # Typed and range-checked as the engine models do (BadRequest: the client's fault).
+        sampling = coerce_sampling(parse_sampling(
+            first_scalar(values.get("sampling_parameters"))))
         adapter = sampling.pop("lora_name", None) or adapter
         max_tokens = first_scalar(values.get("max_tokens"))
         max_tokens = max_tokens or sampling.pop("max_tokens", DEFAULT_MAX_TOKENS)
@@ -96,6 +97,9 @@ class TrtllmAdapter:
                 raise ValueError(f"sampling parameter {key!r} is not supported by TRT-LLM "
                                  f"(supported: {', '.join(sorted(TRTLLM_SAMPLING))})")
             name, dtype = TRTLLM_SAMPLING[key]
+            if dtype.kind in "iu":   # never wraps: random_seed is UINT64, a negative seed not
+                info = np.iinfo(dtype)
+                check_range(f"sampling_parameters.{key}", value, (int(info.min), int(info.max)))
             out.append(pb_utils.Tensor(name, np.array([[value]], dtype=dtype)))
         return out
 

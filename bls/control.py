@@ -1,12 +1,16 @@
 """The router's control requests to its backends: aborts, and health probes of a backend
-whose stream went silent. Both are BLS calls carrying only `abort_request_id`; they run on
-the router's event loop and never block a stream."""
+whose stream went silent. Both are BLS calls carrying only `abort_request_id` and the
+router's proof for it (trust.py); they run on the router's event loop and never block a
+stream."""
 import asyncio
 import time
 
 import triton_python_backend_utils as pb_utils
 
 from relay import first_error
+from trident_common import trust
+from trident_common.interface import ROUTER_PROOF
+from trident_common.request import CLIENT_FAULT_PREFIX
 
 SILENCE_PROBE_S = 2.0     # a stream quiet this long gets its backend health-probed
 PROBE_TIMEOUT_S = 5.0     # no answer this fast: the backend is busy (not counted as dead)
@@ -14,8 +18,9 @@ PROBE_REQUEST_ID = "trident-router-health-probe"   # aborting it is a no-op
 
 
 class Controls:
-    def __init__(self, adapters, metrics, pool, retired):
+    def __init__(self, adapters, metrics, pool, retired, proof_key=None):
         self.adapters, self.metrics, self.pool, self.retired = adapters, metrics, pool, retired
+        self.proof_key = proof_key   # None: the engine models refuse the aborts
         self.loop = None
         self.background = set()     # control-request tasks (kept referenced until done)
         self.probes = {}            # backend → (its shared health-probe task, started at)
@@ -30,7 +35,7 @@ class Controls:
         if inputs is None:
             return
         self.metrics.abort(backend)
-        self._keep(self.loop.create_task(self._send(backend, inputs)))
+        self._keep(self.loop.create_task(self._send(backend, inputs, request_id)))
 
     async def probe(self, backend):
         """None unless the backend answers a no-op control request with an error (stub
@@ -51,19 +56,24 @@ class Controls:
         inputs = self.adapters[backend].abort_inputs(PROBE_REQUEST_ID)
         if inputs is None:
             return None   # no control input (TRT-LLM's ensemble): cannot tell
-        control = self.loop.create_task(self._send(backend, inputs))
+        control = self.loop.create_task(self._send(backend, inputs, PROBE_REQUEST_ID))
         done, _ = await asyncio.wait((control,), timeout=PROBE_TIMEOUT_S)
         if not done:
             # Slow is busy, not dead: a loaded engine answers late. A dead stub fails the
             # probe at once; a hung one is cut off by first_token_timeout_s / deadline_s.
             self._keep(control)
             return None
-        return control.result()
+        problem = control.result()
+        if problem is not None and problem.startswith(CLIENT_FAULT_PREFIX):
+            return None   # it refused the abort (no router secret): a live stub answered
+        return problem
 
-    async def _send(self, backend, inputs):
-        """Send a control request; the first error it gets, or None."""
+    async def _send(self, backend, inputs, request_id):
+        """Send a control request for request_id; the first error it gets, or None."""
+        parameters = None if self.proof_key is None else {
+            ROUTER_PROOF: trust.abort_proof(self.proof_key, request_id)}
         control = pb_utils.InferenceRequest(model_name=backend, inputs=inputs,
-                                            requested_output_names=[])
+                                            requested_output_names=[], parameters=parameters)
         try:
             responses = await control.async_exec(decoupled=True)
             return await self.loop.run_in_executor(self.pool, first_error, responses,

@@ -39,9 +39,11 @@ from policy import ADAPTER_KEYS, Policy, UnknownRoute, features_from
 from relay import CLIENT_ERROR, CallSlots, Relay, Retired
 from router_metrics import RouterMetrics
 from tenants import Tenants
-from trident_common.interface import HINT_NAMES, RETURNABLE
+from trident_common import trust
+from trident_common.interface import HINT_NAMES, RETURNABLE, ROUTER_PROOF, ROUTER_SECRET_ENV
 from trident_common.log import Log
-from trident_common.request import first_scalar, parse_messages
+from trident_common.request import (CLIENT_FAULT_PREFIX, BadRequest, first_scalar,
+                                    parse_messages)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 HINT_KEYS = (*HINT_NAMES, *ADAPTER_KEYS)   # the hints, and the adapter's (policy.adapter_name)
@@ -64,11 +66,12 @@ BLS_CALL_SLOTS = 24
 def forwardable(parameters):
     """Request parameters as a BLS request takes them: the stub accepts bool, int and
     str values only, so a float travels as its text (the engine models convert sampling
-    values sent as text, as vllm_backend does). None when there are none."""
+    values sent as text, as vllm_backend does). A client's ROUTER_PROOF is dropped: the
+    proof is the router's own (trust.py). None when there are none."""
     if not parameters:
         return None
     return {k: str(v) if isinstance(v, float) else v for k, v in parameters.items()
-            if isinstance(v, (bool, int, str, float))}
+            if isinstance(v, (bool, int, str, float)) and k != ROUTER_PROOF}
 
 
 class BackendFailed(Exception):
@@ -89,6 +92,15 @@ class TritonPythonModel:
             self.config = json.load(f)
         self.name = self.config["name"]
         self.log = Log(self.name)
+        # The key the router proves its requests to the engine models with (trust.py).
+        self.proof_key = trust.proof_key(os.environ)   # SecretError: one line, load fails
+        if self.proof_key is None and self.config.get("tenants"):
+            raise RuntimeError(f"tenants need {ROUTER_SECRET_ENV} in tritonserver's "
+                               "environment (`trident serve` sets one per start): set it "
+                               "to a long random value")
+        if self.proof_key is None:
+            self.log.warning(f"no {ROUTER_SECRET_ENV}: the engine models will refuse this "
+                             "router's aborts (a cancelled request runs to its end there)")
         self.policy = Policy(self.config)
         backends = self.config["backends"]
         self.adapters = Adapters.from_config(backends)
@@ -115,7 +127,8 @@ class TritonPythonModel:
         self.loop = self.bls_slots = None
         self.retired = Retired()
         self.metrics = RouterMetrics(self.name)
-        self.controls = Controls(self.adapters, self.metrics, self.pool, self.retired)
+        self.controls = Controls(self.adapters, self.metrics, self.pool, self.retired,
+                                 self.proof_key)
         self.tenants = Tenants(self.config.get("tenants"), self.metrics, self.deadline_s)
         for name, breaker in self.breakers.items():
             self.metrics.breaker_state(name, breaker.state)
@@ -219,6 +232,7 @@ class TritonPythonModel:
         for name in HINT_KEYS:
             if name in values:
                 hints[name] = first_scalar(values[name].as_numpy())
+        self.tenants.set_tier(hints)   # the spec's tier, never the client's
         text = first_scalar(values["text_input"].as_numpy()) if "text_input" in values else None
         messages, replaced = None, {}
         if "messages" in values:
@@ -286,7 +300,11 @@ class TritonPythonModel:
             child = pb_utils.InferenceRequest(
                 model_name=backend,
                 inputs=adapter.inputs(inputs, request_id, inbound.features.adapter),
-                requested_output_names=adapter.outputs, parameters=inbound.parameters)
+                requested_output_names=adapter.outputs,
+                parameters=self.signed(inbound.parameters, request_id, added))
+        except BadRequest as e:  # a value no engine could take (out of range)
+            self.fail(sender, CLIENT_FAULT_PREFIX + str(e), "bad_request")
+            return False
         except ValueError as e:  # the request does not fit this engine's interface
             raise BackendFailed(str(e)) from None
         relay = Relay(sender, adapter, backend, self.loop, not inbound.stream, self.retired)
@@ -313,6 +331,16 @@ class TritonPythonModel:
         self.metrics.request(route, backend)
         self.metrics.added_latency(routed_s + relay.first_relay_s)
         return await self.finish(relay, backend, request_id, arrival)
+
+    def signed(self, parameters, request_id, added):
+        """The parameters for a backend request, with the router's proof for its id and
+        the tenant values it sets (the tensors `added`); as they are without a key."""
+        if self.proof_key is None:
+            return parameters
+        values = {t.name(): first_scalar(t.as_numpy()) for t in added}
+        proof = trust.generate_proof(self.proof_key, request_id, values.get("priority"),
+                                     values.get("cache_salt"))
+        return {**(parameters or {}), ROUTER_PROOF: proof}
 
     async def finish(self, relay, backend, request_id, arrival):
         """Supervise a started stream until it ends; returns True (outcome recorded)."""

@@ -14,7 +14,6 @@ The tier (from the spec, never from the request) becomes vLLM's request `priorit
 share_prefix_cache. Both travel to the engine model as input tensors.
 """
 import asyncio
-import hashlib
 import os
 import re
 import secrets
@@ -24,6 +23,7 @@ import triton_python_backend_utils as pb_utils
 
 from tenant_store import Limits, LocalStore, RedisStore, StoreUnavailable
 from trident_common.metrics import COUNTER, GAUGE
+from trident_common.trust import tenant_salt
 
 LEASE_MARGIN_S = 30.0     # a lease outlives the router's deadline by this much
 ANONYMOUS = "_anonymous"  # the bucket of requests that name no tenant
@@ -44,8 +44,8 @@ class Tenant:
         self.limits = Limits(entry["requests_per_minute"], entry["tokens_per_minute"],
                              entry["max_concurrent"])
         self.priority = entry["priority"]
-        # Not secret: clients cannot send cache_salt through the router (not its input).
-        self.salt = None if shared else hashlib.sha256(name.encode()).hexdigest()[:32]
+        # Secret: a keyed HMAC of the name (trust.py), so no one can compute another's.
+        self.salt = None if shared else tenant_salt(name)
 
 
 class Ticket:

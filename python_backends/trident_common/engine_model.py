@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Optional
 
-from trident_common import devices
+from trident_common import devices, trust
+from trident_common.aborts import Aborts
 from trident_common.log import Log
 from trident_common.request import (AbortRequest, BadRequest, GenerateRequest,
                                     describe, parse_generate)
@@ -29,8 +30,6 @@ ENGINE_CONFIG_FILE = "model.json"
 CANCEL_CHECK_S = 0.05   # how stale a client's cancellation may be before we notice it
 HEALTH_CHECK_S = 2.0    # how often the engine's health is checked (and the gauge set)
 ABORT_TIMEOUT_S = 5.0   # an engine abort that takes longer is given up (the request ends)
-EARLY_ABORT_TTL_S = 30.0   # how long an abort for a not-yet-seen request id is remembered
-EARLY_ABORT_MAX = 1024
 
 
 class EngineDead(Exception):
@@ -54,7 +53,7 @@ class _Active:
     """One generation. All fields are touched on the model's event loop only."""
 
     engine_id: str
-    client_id: str            # the client's request_id ("" when it gave none)
+    client_id: str            # the router's request_id ("" for a direct client's request)
     sender: object
     task: Optional["asyncio.Task"] = None
     submitted: bool = False   # handed to the engine: abort it there if it ends early
@@ -104,13 +103,17 @@ class AsyncEngineModel(abc.ABC):
             config = json.load(f)
         apply_device_placement(args)
         self.log = Log(self.engine_name)
+        # Only the router's requests may set priority, cache_salt and abort ids (trust.py).
+        self._proof_key = trust.proof_key(os.environ)
+        if self._proof_key is None:
+            self.log.info(f"no {trust.ROUTER_SECRET_ENV}: no caller may set priority, "
+                          "cache_salt or abort_request_id")
         self.responses = ResponseFactory(self.model_name)
         self._adapter_responses: dict[str, ResponseFactory] = {}   # served_by model:adapter
         self.metrics = LlmMetrics(self.model_name)
         self._ids = itertools.count()
         self._running: set[_Active] = set()
-        self._by_client_id: dict[str, _Active] = {}   # only ids clients chose
-        self._early_aborts: dict[str, float] = {}     # client id → forget-after time
+        self._aborts = Aborts()   # the router's request ids, and its early aborts
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever,
                                              name=f"{self.engine_name}-loop", daemon=True)
@@ -134,7 +137,8 @@ class AsyncEngineModel(abc.ABC):
             sender = request.get_response_sender()
             arrival = time.monotonic()
             try:
-                parsed = parse_generate(input_getter(request), request_parameters(request))
+                parsed = parse_generate(input_getter(request), request_parameters(request),
+                                        self._proof_key)
             except BadRequest as e:
                 self._count_error()
                 self._send_quietly(send_error, sender, self.responses, str(e), False, True)
@@ -190,16 +194,16 @@ class AsyncEngineModel(abc.ABC):
 
     def _start(self, request: GenerateRequest, sender, arrival: float) -> None:
         """On the loop: register the generation and start its task in one step, so an
-        abort queued after this request always finds it."""
-        if request.request_id and self._early_aborts.pop(request.request_id, None):
+        abort queued after this request always finds it. Only the router's requests are
+        registered by id: a direct client stops its own by cancelling its stream."""
+        client_id = request.request_id if request.proven else ""
+        if client_id and self._aborts.overtaken(client_id):
             self._count_aborted()        # aborted before it arrived: never start it
             self._send_quietly(sender.send, None, FINAL)
             return
-        active = _Active(f"{self.model_name}-{next(self._ids)}", request.request_id, sender)
+        active = _Active(f"{self.model_name}-{next(self._ids)}", client_id, sender)
         if active.client_id:
-            # The first request owns its id; a duplicate cannot abort (or be aborted
-            # in place of) the one already running.
-            self._by_client_id.setdefault(active.client_id, active)
+            self._aborts.register(active.client_id, active)
         self._running.add(active)
         self.metrics.in_flight.increment(1)
         active.task = self.loop.create_task(self._generate(request, active, arrival))
@@ -211,28 +215,17 @@ class AsyncEngineModel(abc.ABC):
         self._close(active)
         self.metrics.in_flight.increment(-1)
         self._running.discard(active)
-        if self._by_client_id.get(active.client_id) is active:
-            del self._by_client_id[active.client_id]
+        self._aborts.unregister(active.client_id, active)
 
     def _abort_by_client_id(self, abort: AbortRequest, sender) -> None:
-        """The router's abort: cancel the task that streams that request (which aborts
-        it in the engine), then close the control request. Only ids that clients chose
-        are registered: the engine's own ids cannot be aborted from outside."""
-        active = self._by_client_id.get(abort.request_id)
+        """The router's abort (parse_generate checked its proof): cancel the task that
+        streams that request (which aborts it in the engine), then close the control
+        request. Only the router's ids are registered: the engine's own ids cannot be
+        aborted from outside."""
+        active = self._aborts.take(abort.request_id)   # or remembered for its request
         if active is not None:
             active.task.cancel()
-        else:
-            self._remember_early_abort(abort.request_id)
         self._send_quietly(sender.send, None, FINAL)
-
-    def _remember_early_abort(self, request_id: str) -> None:
-        """An abort may overtake its request (both are queued by Triton); remember it for
-        a while, bounded, so the request is not started when it does arrive."""
-        now = time.monotonic()
-        for key, until in list(self._early_aborts.items()):
-            if until < now or len(self._early_aborts) >= EARLY_ABORT_MAX:
-                del self._early_aborts[key]
-        self._early_aborts[request_id] = now + EARLY_ABORT_TTL_S
 
     async def _generate(self, request: GenerateRequest, active: _Active,
                         arrival: float) -> None:

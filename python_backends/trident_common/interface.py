@@ -58,6 +58,13 @@ TENANT_INPUTS = (Tensor("priority", "TYPE_INT32", (1,), True), _text("cache_salt
 # engine models honour tenant-sensitive inputs (TENANT_INPUTS, ABORT_REQUEST_ID) only from a
 # request that carries a proof derived from it.
 ROUTER_SECRET_ENV = "TRIDENT_ROUTER_SECRET"
+# The request parameter that carries the router's proof (trust.py); the router never
+# forwards a client's parameter of this name.
+ROUTER_PROOF = "trident_router_proof"
+# The priority of a request without the router's proof: the least urgent tenant tier's
+# (batch, builder/spec/tenants.py TIERS; lower is scheduled first), so a direct caller,
+# who is nobody's tenant, never goes ahead of any tenant.
+UNPROVEN_PRIORITY = 2
 
 ENGINE_INPUTS = REQUEST_INPUTS + CONTROL_INPUTS + TENANT_INPUTS
 ROUTER_INPUTS = REQUEST_INPUTS + CONTROL_INPUTS + tuple(_text(name) for name in HINT_NAMES)

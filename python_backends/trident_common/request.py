@@ -7,21 +7,19 @@ No Triton, no engine: the same code serves vLLM and SGLang and is unit-tested al
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from trident_common.interface import RETURNABLE
+# BadRequest, describe and the sampling names are imported from here by the models.
+from trident_common.faults import (CLIENT_FAULT_PREFIX, BadRequest,  # noqa: F401
+                                   describe, show as _show)
+from trident_common.interface import RETURNABLE, UNPROVEN_PRIORITY
+from trident_common.sampling import (SAMPLING_TYPES, check_range,  # noqa: F401
+                                     check_sampling_keys,
+                                     coerce_sampling, parse_sampling)
+from trident_common.trust import proves_abort, proves_generate
 
 DEFAULT_MAX_TOKENS = 128
-# Error messages of requests that are wrong (not the engine) start with this. Triton 2.51's
-# BLS keeps only the message of a backend's error, not its INVALID_ARG code, so this is
-# how the router tells a bad request (answer it) from a failing backend (fall back).
-CLIENT_FAULT_PREFIX = "invalid request: "
-
-
-class BadRequest(ValueError):
-    """The client's request is malformed; the message is sent back as the error."""
 
 
 @dataclass(frozen=True)
@@ -33,11 +31,13 @@ class GenerateRequest:
     max_tokens: int = DEFAULT_MAX_TOKENS
     exclude_input_in_output: bool = False
     request_id: str = ""
-    priority: int = 0                  # the tenant's tier (bls/tenants.py)
+    priority: int = UNPROVEN_PRIORITY  # the tenant's tier (bls/tenants.py), if the router's
     cache_salt: Optional[str] = None   # the tenant's prefix-cache salt
     lora_name: Optional[str] = None    # a LoRA adapter of the model (None: the base model)
     # The outputs named by the client's return_* flags (None: it sent none of them).
     returns: Optional[frozenset] = None
+    # Sent by the router (trust.py): only then is request_id registered for its aborts.
+    proven: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,13 +65,20 @@ def first_scalar(value: Any) -> Any:
     return value
 
 
-def parse_generate(get: Callable[[str], Any], parameters: Optional[dict] = None):
+def parse_generate(get: Callable[[str], Any], parameters: Optional[dict] = None,
+                   proof_key: Optional[bytes] = None):
     """Inputs → GenerateRequest | AbortRequest; raises BadRequest.
 
     `parameters` are the request's Triton parameters: vllm_backend clients may send
-    sampling values there instead of a sampling_parameters tensor."""
+    sampling values there instead of a sampling_parameters tensor, and the router its
+    proof (trust.py), checked with `proof_key` (None: no caller is the router)."""
     abort_id = first_scalar(get("abort_request_id"))
     if abort_id:
+        if not proves_abort(proof_key, parameters, str(abort_id)):
+            # Anyone could end anyone's stream by its id: only the router may, for the
+            # ids it sent. A client stops its own request by cancelling its stream.
+            raise BadRequest("abort_request_id is the router's own input (no valid router "
+                             "proof): cancel your stream to stop your request")
         return AbortRequest(str(abort_id))
     prompt = _text_input(get, "text_input")
     messages_value = get("messages")
@@ -103,15 +110,33 @@ def parse_generate(get: Callable[[str], Any], parameters: Optional[dict] = None)
         # as vllm_backend: a streamed response carries new text only, never the prompt
         raise BadRequest("streaming with exclude_input_in_output=false is not supported: "
                          "streamed responses carry only the new text")
+    request_id = str(first_scalar(get("request_id")) or "")
+    priority, cache_salt, proven = _router_values(get, parameters, proof_key, request_id)
     return GenerateRequest(
         prompt=prompt, messages=messages, stream=stream,
         sampling=sampling, max_tokens=max_tokens,
         exclude_input_in_output=bool(exclude or False),
-        request_id=str(first_scalar(get("request_id")) or ""),
-        priority=int(first_scalar(get("priority")) or 0),
-        cache_salt=first_scalar(get("cache_salt")) or None,
-        lora_name=lora_name, returns=_returns(get),
+        request_id=request_id, priority=priority, cache_salt=cache_salt,
+        lora_name=lora_name, returns=_returns(get), proven=proven,
     )
+
+
+def _router_values(get: Callable[[str], Any], parameters: Optional[dict],
+                   proof_key: Optional[bytes], request_id: str):
+    """(priority, cache_salt, proven): the tenant values only the router may set. A
+    request without the router's proof for exactly these values may not set them (a
+    salt would read another tenant's prefix cache, a priority jump every tier's queue)
+    and is scheduled at UNPROVEN_PRIORITY."""
+    priority = first_scalar(get("priority"))
+    check_range("priority", priority)
+    cache_salt = first_scalar(get("cache_salt")) or None
+    if proves_generate(proof_key, parameters, request_id, priority, cache_salt):
+        return (0 if priority is None else int(priority)), cache_salt, True
+    for name, value in (("cache_salt", cache_salt), ("priority", priority)):
+        if value is not None:
+            raise BadRequest(f"{name} is set by the router only (no valid router proof): "
+                             f"send the request to the router, or leave {name} out")
+    return UNPROVEN_PRIORITY, None, False
 
 
 def _returns(get: Callable[[str], Any]) -> Optional[frozenset]:
@@ -139,180 +164,10 @@ def _text_input(get: Callable[[str], Any], name: str) -> Optional[str]:
     return value
 
 
-def parse_sampling(text: Any) -> dict:
-    if not text:
-        return {}
-    if not isinstance(text, str):
-        raise BadRequest("sampling_parameters must be a JSON string (BYTES tensor)")
-    try:
-        params = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BadRequest(f"sampling_parameters is not valid JSON: {e}") from None
-    except RecursionError:
-        raise BadRequest("sampling_parameters is nested too deeply") from None
-    if not isinstance(params, dict):
-        raise BadRequest("sampling_parameters must be a JSON object")
-    return params
-
-
 def _sampling_from_parameters(parameters: Optional[dict]) -> dict:
     """Sampling values sent as request parameters. Only known sampling names are taken:
     the same parameters also carry router hints and other per-request extras."""
     return {k: v for k, v in (parameters or {}).items() if k in SAMPLING_TYPES}
-
-
-# -- sampling values ----------------------------------------------------------------------
-# The type of each sampling value a client may set, as vLLM's SamplingParams declares it
-# (vllm 0.32), plus SGLang's structured-output names. Clients of vllm_backend send every
-# value as a string ("temperature": "0"), so strings are converted; a value that does not
-# convert is refused here, before it reaches an engine (a str seed kills vLLM's engine
-# core input thread). JSON null means "the engine's default".
-INT, FLOAT, BOOL = "an integer", "a number", "a boolean"
-TEXTS = "a string or a list of strings"
-TEXT_LIST = "a list of strings"
-INT_LIST = "a list of integers"
-BIAS = "an object of token id -> number"
-OBJECT = "a JSON object"
-TEXT = "a string"
-TEXT_OR_OBJECT = "a string or a JSON object"
-
-SAMPLING_TYPES = {
-    "n": INT, "max_tokens": INT, "min_tokens": INT, "top_k": INT, "seed": INT,
-    "logprobs": INT, "prompt_logprobs": INT,
-    "temperature": FLOAT, "top_p": FLOAT, "min_p": FLOAT, "presence_penalty": FLOAT,
-    "frequency_penalty": FLOAT, "repetition_penalty": FLOAT,
-    "ignore_eos": BOOL, "skip_special_tokens": BOOL, "spaces_between_special_tokens": BOOL,
-    "include_stop_str_in_output": BOOL,
-    "stop": TEXTS, "bad_words": TEXT_LIST,
-    "stop_token_ids": INT_LIST, "allowed_token_ids": INT_LIST,
-    "logit_bias": BIAS,
-    "structured_outputs": OBJECT, "extra_args": OBJECT,
-    "json_schema": TEXT_OR_OBJECT, "regex": TEXT, "ebnf": TEXT,   # SGLang's names
-    "lora_name": TEXT,   # not a SamplingParams field: parse_generate takes it out
-}
-
-
-def coerce_sampling(params: dict) -> dict:
-    """Known sampling values converted to their declared types; unknown keys are kept
-    for the engine's own check (which names them). Raises BadRequest naming the field."""
-    out = {}
-    for key, value in params.items():
-        kind = SAMPLING_TYPES.get(key)
-        if kind is None:
-            out[key] = value
-        elif value is not None:
-            try:
-                out[key] = _CONVERT[kind](value)
-            except (TypeError, ValueError, OverflowError):
-                raise BadRequest(f"sampling_parameters.{key}: expected {kind}, "
-                                 f"got {_show(value)}") from None
-    n = out.pop("n", 1)
-    if n != 1:
-        raise BadRequest(f"sampling_parameters.n: only n=1 is supported (one completion "
-                         f"per request), got {n}")
-    return out
-
-
-def _to_int(value: Any) -> int:
-    if isinstance(value, bool):
-        raise TypeError
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        return int(value.strip())
-    raise TypeError
-
-
-def _to_float(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise TypeError
-    number = float(value)
-    if not math.isfinite(number):
-        raise ValueError
-    return number
-
-
-def _to_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
-        return value.strip().lower() in ("true", "1")
-    raise TypeError
-
-
-def _container(value: Any, kind: type) -> Any:
-    """A list or dict, also when sent as JSON text (the strings dialect)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except (json.JSONDecodeError, RecursionError):
-            raise ValueError from None
-    if not isinstance(value, kind):
-        raise TypeError
-    return value
-
-
-def _to_texts(value: Any):
-    if isinstance(value, str):
-        return value
-    return _to_text_list(value)
-
-
-def _to_text_list(value: Any) -> list:
-    items = _container(value, list)
-    if not all(isinstance(item, str) for item in items):
-        raise TypeError
-    return items
-
-
-def _to_int_list(value: Any) -> list:
-    return [_to_int(item) for item in _container(value, list)]
-
-
-def _to_bias(value: Any) -> dict:
-    return {_to_int(k): _to_float(v) for k, v in _container(value, dict).items()}
-
-
-def _to_text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError
-    return value
-
-
-def _to_text_or_object(value: Any):
-    if not isinstance(value, (str, dict)):
-        raise TypeError
-    return value
-
-
-_CONVERT = {INT: _to_int, FLOAT: _to_float, BOOL: _to_bool, TEXTS: _to_texts,
-            TEXT_LIST: _to_text_list, INT_LIST: _to_int_list, BIAS: _to_bias,
-            OBJECT: lambda v: _container(v, dict), TEXT: _to_text,
-            TEXT_OR_OBJECT: _to_text_or_object}
-
-
-def _show(value: Any, limit: int = 40) -> str:
-    """A value for an error message, cut short (a client may send 100 KB)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def describe(error: BaseException) -> str:
-    """An exception as words, never empty: its message, else its type (and its cause's,
-    for wrappers such as vLLM's EngineGenerateError that carry no message)."""
-    message = str(error).strip()
-    if message:
-        return message
-    cause = error.__cause__ or error.__context__
-    if cause is not None and cause is not error and str(cause).strip():
-        return f"{type(error).__name__} ({type(cause).__name__}: {str(cause).strip()})"
-    if cause is not None and cause is not error:
-        return f"{type(error).__name__} ({type(cause).__name__})"
-    return type(error).__name__
 
 
 # -- chat messages ---------------------------------------------------------------------------
@@ -366,9 +221,3 @@ def _messages_json(text: str) -> Any:
         raise BadRequest(f"messages is not valid JSON: {e}") from None
     except RecursionError:
         raise BadRequest("messages is nested too deeply") from None
-
-
-def check_sampling_keys(params: dict, allowed, engine: str) -> None:
-    unknown = sorted(set(params) - set(allowed))
-    if unknown:
-        raise BadRequest(f"unknown sampling parameter(s) for {engine}: {', '.join(unknown)}")

@@ -5,6 +5,8 @@ import json
 
 import numpy as np
 import pytest
+from trident_common import trust
+from trident_common.interface import ROUTER_PROOF
 from trident_common.request import (AbortRequest, BadRequest, coerce_sampling, describe,
                                     parse_generate, parse_messages)
 
@@ -180,7 +182,9 @@ def test_an_engine_model_reads_a_single_message_object_too():
 
 
 def test_abort_request():
-    assert parse_generate(getter(abort_request_id="abc")) == AbortRequest("abc")
+    key = b"k" * 32
+    proof = {ROUTER_PROOF: trust.abort_proof(key, "abc")}
+    assert parse_generate(getter(abort_request_id="abc"), proof, key) == AbortRequest("abc")
 
 
 # -- describe ----------------------------------------------------------------------------------

@@ -32,10 +32,13 @@ from builder.spec.engine_args import SGLANG_ARGS
 from tests.fakes import fake_pb_utils as pb
 from support import fake_sglang
 from tests.helpers import wait_for
+from trident_common import trust
+from trident_common.interface import ROUTER_PROOF, ROUTER_SECRET_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_PY = ROOT / "python_backends" / "sglang" / "model.py"
 REPLY_WORDS = fake_sglang.REPLY.split()
+SECRET = "sglang-unit-test-router-secret-0123456789"
 # Modules that bind triton_python_backend_utils at import: re-imported per test so they
 # see the fake, and put back afterwards so other tests see what they saw before.
 _PB_BOUND = ("trident_common.triton_io", "trident_common.engine_model")
@@ -87,13 +90,19 @@ class Served:
     def __init__(self, module, model, engine):
         self.module, self.model, self.engine = module, model, engine
 
-    def send(self, **inputs) -> pb.ResponseSender:
+    def send(self, router=False, proof=None, **inputs) -> pb.ResponseSender:
+        """Send a request, as the router (with its proof, trust.py) or as a direct
+        client (with `proof` as its parameter, if given)."""
+        if router:
+            proof = router_proof(**inputs)
         request = make_request(**inputs)
+        if proof is not None:
+            request.parameters = lambda: json.dumps({ROUTER_PROOF: proof})
         self.model.execute([request])
         return request.sender
 
-    def run(self, **inputs) -> pb.ResponseSender:
-        sender = self.send(**inputs)
+    def run(self, router=False, proof=None, **inputs) -> pb.ResponseSender:
+        sender = self.send(router, proof, **inputs)
         sender.wait_closed()
         return sender
 
@@ -119,8 +128,18 @@ def with_engine_args(repo: Path, tmp_path: Path, engine_args: dict) -> Path:
     return copy
 
 
+def router_proof(**inputs) -> str:
+    """What bls/model.py (a request) or bls/control.py (an abort) sends for these inputs."""
+    key = trust.proof_key({ROUTER_SECRET_ENV: SECRET})
+    if "abort_request_id" in inputs:
+        return trust.abort_proof(key, inputs["abort_request_id"])
+    return trust.generate_proof(key, inputs.get("request_id", ""), inputs.get("priority"),
+                                inputs.get("cache_salt"))
+
+
 def _serve(repo: Path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv(ROUTER_SECRET_ENV, SECRET)   # as `trident serve` starts every server
     with fake_stub_modules():
         module = load_model_module()
         model = module.TritonPythonModel()
@@ -379,9 +398,9 @@ def test_client_cancel_aborts_the_sglang_request(served, monkeypatch):
 
 def test_router_abort_by_request_id(served):
     served.engine.hold_after = 1
-    stream = served.send(text_input="long answer", stream=True, request_id="router-17")
+    stream = served.send(True, text_input="long answer", stream=True, request_id="router-17")
     wait_for(lambda: len(stream.sent) == 1)
-    control = served.run(abort_request_id="router-17")
+    control = served.run(True, abort_request_id="router-17")
     stream.wait_closed()
     assert control.sent == [(None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)]
     wait_for(lambda: served.engine.aborts == [served.engine.calls[-1]["rid"]])  # after final
@@ -391,7 +410,7 @@ def test_router_abort_by_request_id(served):
 
 
 def test_abort_of_an_unknown_request_only_closes_the_control_request(served):
-    control = served.run(abort_request_id="never-seen")
+    control = served.run(True, abort_request_id="never-seen")
     assert control.sent == [(None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)]
     assert served.engine.aborts == []
 
@@ -530,8 +549,8 @@ def test_engine_ids_cannot_be_aborted_from_outside(served):
 
 
 def test_an_abort_that_overtakes_its_request_stops_it(served):
-    served.run(abort_request_id="router-early")
-    stream = served.run(text_input="hi", stream=True, request_id="router-early")
+    served.run(True, abort_request_id="router-early")
+    stream = served.run(True, text_input="hi", stream=True, request_id="router-early")
     assert stream.sent == [(None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)]
     assert served.engine.calls == []
     assert served.metric("trident_requests_aborted_total") == 1
@@ -540,11 +559,11 @@ def test_an_abort_that_overtakes_its_request_stops_it(served):
 
 def test_a_duplicate_request_id_does_not_take_over_the_abort(served):
     served.engine.hold_after = 1
-    first = served.send(text_input="one", stream=True, request_id="dup")
+    first = served.send(True, text_input="one", stream=True, request_id="dup")
     wait_for(lambda: len(first.sent) == 1)
-    second = served.send(text_input="two", stream=True, request_id="dup")
+    second = served.send(True, text_input="two", stream=True, request_id="dup")
     wait_for(lambda: len(second.sent) == 1)
-    served.run(abort_request_id="dup")
+    served.run(True, abort_request_id="dup")
     first.wait_closed()
     wait_for(lambda: served.engine.aborts == [served.engine.calls[0]["rid"]])  # after final
     served.engine.release()
@@ -578,9 +597,9 @@ def test_a_hanging_engine_abort_does_not_hold_the_final_flag(served, monkeypatch
 
     served.model.abort = hang
     served.engine.hold_after = 1
-    stream = served.send(text_input="long answer", stream=True, request_id="r-1")
+    stream = served.send(True, text_input="long answer", stream=True, request_id="r-1")
     wait_for(lambda: len(stream.sent) == 1)
-    served.run(abort_request_id="r-1")
+    served.run(True, abort_request_id="r-1")
     stream.wait_closed()
     assert stream.final_flags() == 1
     wait_for(lambda: hung)   # the engine abort starts after the final flag went out
