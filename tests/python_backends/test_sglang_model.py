@@ -137,9 +137,12 @@ def router_proof(**inputs) -> str:
                                 inputs.get("cache_salt"))
 
 
-def _serve(repo: Path, monkeypatch):
+def _serve(repo: Path, monkeypatch, secret=SECRET):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.setenv(ROUTER_SECRET_ENV, SECRET)   # as `trident serve` starts every server
+    if secret is None:
+        monkeypatch.delenv(ROUTER_SECRET_ENV, raising=False)
+    else:
+        monkeypatch.setenv(ROUTER_SECRET_ENV, secret)   # as `trident serve` starts servers
     with fake_stub_modules():
         module = load_model_module()
         model = module.TritonPythonModel()
@@ -638,3 +641,68 @@ def test_string_sampling_values_reach_sglang_typed(served):
                sampling_parameters={"temperature": "0", "seed": "5", "top_k": "-1"})
     assert served.engine.calls[-1]["sampling_params"] == {
         "temperature": 0.0, "sampling_seed": 5, "top_k": -1, "max_new_tokens": 128}
+
+
+# -- who may set what: the router's proof (trust.py, issue 21) ---------------------------------
+
+
+def test_a_second_connection_cannot_end_a_direct_clients_stream(served):
+    served.engine.hold_after = 1
+    victim = served.send(text_input="long answer", stream=True, max_tokens=6,
+                         request_id="mine")
+    wait_for(lambda: len(victim.sent) == 1)
+    attacker = served.run(abort_request_id="mine")
+    assert attacker.responses()[0].error().message().startswith(
+        "invalid request: abort_request_id is the router's own input")
+    served.engine.release()
+    victim.wait_closed()
+    assert served.engine.aborts == []
+    assert "".join(texts(victim)) == expected_text(REPLY_WORDS[:6])
+
+
+def test_a_direct_client_cannot_pre_abort_a_request_nor_the_routers(served):
+    served.run(abort_request_id="next")                        # refused, not remembered
+    later = served.run(text_input="hi", stream=True, max_tokens=3, request_id="next")
+    assert "".join(texts(later)) == expected_text(REPLY_WORDS[:3])
+    served.run(True, abort_request_id="router-9")              # the router's is remembered...
+    direct = served.run(text_input="hi", stream=True, max_tokens=3, request_id="router-9")
+    assert "".join(texts(direct)) == expected_text(REPLY_WORDS[:3])   # ...for its own only
+    served.engine.hold_after = 1
+    routed = served.send(True, text_input="hi", stream=True, max_tokens=4, request_id="r-7")
+    wait_for(lambda: len(routed.sent) == 1)
+    served.run(abort_request_id="r-7")                         # a client guessing its id
+    served.engine.release()
+    routed.wait_closed()
+    assert "".join(texts(routed)) == expected_text(REPLY_WORDS[:4])
+    assert served.metric("trident_requests_aborted_total") == 0
+
+
+@pytest.mark.parametrize("inputs,name", [({"cache_salt": "f" * 32}, "cache_salt"),
+                                         ({"priority": 0}, "priority")])
+def test_direct_salt_or_priority_is_refused_naming_it(served, inputs, name):
+    for proof in (None, "0" * 64):                             # none, or a forged one
+        sender = served.run(proof=proof, text_input="hi", stream=True, **inputs)
+        error = sender.responses()[0].error()
+        assert error.message().startswith(f"invalid request: {name} is set by the router")
+        assert error.code() == pb.TritonError.INVALID_ARG and sender.final_flags() == 1
+    assert served.engine.calls == []
+    routed = served.run(True, text_input="hi", stream=True, max_tokens=2, **inputs)
+    assert "".join(texts(routed)) == expected_text(REPLY_WORDS[:2])
+
+
+def test_without_a_secret_no_caller_sets_tenant_values(repo, monkeypatch):
+    for served in _serve(repo, monkeypatch, secret=None):
+        refused = served.run(True, text_input="hi", stream=True, cache_salt="s")
+        assert "cache_salt is set by the router only" in refused.responses()[0].error().message()
+        plain = served.run(text_input="hi", stream=True, max_tokens=1)
+        assert plain.final_flags() == 1 and not plain.responses()[0].has_error()
+
+
+def test_a_short_secret_fails_the_load_in_one_line(repo, monkeypatch):
+    monkeypatch.setenv(ROUTER_SECRET_ENV, "short")
+    with fake_stub_modules():
+        model = load_model_module().TritonPythonModel()
+        with pytest.raises(trust.SecretError) as failed:
+            model.initialize({"model_name": "qwen", "model_repository": str(repo / "qwen"),
+                              "model_version": "1", "model_config": "{}"})
+    assert "\n" not in str(failed.value) and ROUTER_SECRET_ENV in str(failed.value)
