@@ -25,18 +25,22 @@ _ttft_option = click.option(
               "engines (default trident:0.1.0)")
 @click.option("--cache-secret", metavar="NAME", help="Secret with AWS_* for the S3 engine "
               "cache (default: engine_cache.credentials_secret); referenced, never read")
+@click.option("--api-keys-secret", metavar="NAME", help="Secret whose key `api-keys` holds "
+              "the OpenAI frontend's keys (`KEY TENANT` lines); needs server.openai_port. "
+              "Triton's HTTP/gRPC ports then stay inside the pod; referenced, never read")
 @_ttft_option
 def k8s(spec: str, out: str, namespace: str | None, image: str | None,
-        cache_secret: str | None, ttft_p99: float) -> int:
+        cache_secret: str | None, api_keys_secret: str | None, ttft_p99: float) -> int:
     """Render Kubernetes manifests for a spec: `kubectl apply -k DIR`."""
-    from builder.k8s import render
+    from builder.k8s import access, render
     from builder.plan.planner import plan_for_spec
     from builder.render import output_dir
     from builder.spec import load_spec
 
     loaded = load_spec(spec)
-    options = render.options(namespace, image, cache_secret, ttft_p99)
-    output_dir.check_target(Path(out), [loaded.file])   # before planning: cheap to refuse
+    options = render.options(namespace, image, cache_secret, ttft_p99, api_keys_secret)
+    access.check(loaded, options)                        # before planning: cheap to refuse
+    output_dir.check_target(Path(out), [loaded.file])
     with sigterm_as_interrupt():
         written = render.write_manifests(loaded, plan_for_spec(loaded), options, Path(out))
     click.echo(f"wrote {written} manifest file(s) into {out} (kubectl apply -k {out})")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from builder.k8s import monitoring, names, workloads
+from builder.k8s import access, monitoring, names, workloads
 from builder.k8s.workloads import Options
 from builder.plan.model import Plan
 from builder.render.write import write_repository
@@ -39,6 +39,7 @@ def dump(objects: list[dict]) -> bytes:
 
 def manifests(spec: DeploymentSpec, plan: Plan, options: Options) -> dict[str, list[dict]]:
     """File name → the objects in it, in apply order (config, workloads, monitoring)."""
+    access.check(spec, options)
     lay = workloads.layout(spec, plan)
     ns = options.namespace
     files: dict[str, list[dict]] = {
@@ -111,11 +112,13 @@ def write_monitoring(spec: DeploymentSpec, ttft_p99_s: float, out: Path) -> int:
 
 
 def options(namespace: str | None, image: str | None, cache_secret: str | None,
-            ttft_p99_s: float) -> Options:
+            ttft_p99_s: float, api_keys_secret: str | None = None) -> Options:
     """Options from the command line, each checked (one-line errors, exit 2)."""
     return Options(
         namespace=names.check_namespace(namespace) if namespace else None,
         image=names.check_image(image) if image else names.DEFAULT_IMAGE,
         cache_secret=names.check_secret(cache_secret, "--cache-secret") if cache_secret
         else None,
+        api_keys_secret=names.check_secret(api_keys_secret, "--api-keys-secret")
+        if api_keys_secret else None,
         ttft_p99_s=ttft_p99_s)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from builder.errors import printable
-from builder.k8s import names
+from builder.k8s import access, names
 from builder.k8s.names import K8sError
 from builder.plan.model import ModelPlan, Plan
 from builder.spec import DeploymentSpec
@@ -39,6 +39,7 @@ class Options:
     namespace: str | None = None
     image: str = names.DEFAULT_IMAGE
     cache_secret: str | None = None     # --cache-secret, else engine_cache.credentials_secret
+    api_keys_secret: str | None = None  # --api-keys-secret: the OpenAI frontend requires keys
     ttft_p99_s: float = 2.0             # the TTFT alert's threshold
 
 
@@ -149,18 +150,16 @@ def spec_configmap(spec: DeploymentSpec, app: str, options: Options) -> dict:
 # Pods
 
 
-def _ports(spec: DeploymentSpec) -> list[dict]:
-    ports = [{"name": "http", "containerPort": spec.server.http_port},
-             {"name": "grpc", "containerPort": spec.server.grpc_port},
-             {"name": "metrics", "containerPort": spec.server.metrics_port}]
-    openai = getattr(spec.server, "openai_port", None)
-    if openai:
-        ports.append({"name": "openai", "containerPort": openai})
-    return [{**p, "protocol": "TCP"} for p in ports]
+def _ports(spec: DeploymentSpec, options: Options) -> list[dict]:
+    """The ports reachable from outside the pod (access.public_ports)."""
+    numbers = {"http": spec.server.http_port, "grpc": spec.server.grpc_port,
+               "metrics": spec.server.metrics_port, "openai": spec.server.openai_port}
+    return [{"name": name, "containerPort": numbers[name], "protocol": "TCP"}
+            for name in access.public_ports(spec, options)]
 
 
-def _probe(path: str, period: int, failures: int) -> dict:
-    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period,
+def _probe(path: str, port: str, period: int, failures: int) -> dict:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period,
             "timeoutSeconds": 5, "failureThreshold": failures}
 
 
@@ -180,11 +179,13 @@ def _init_container(spec: DeploymentSpec, options: Options) -> dict:
     return container
 
 
-def _serve_command(spec: DeploymentSpec, load: tuple[str, ...] | None) -> list[str]:
+def _serve_command(spec: DeploymentSpec, options: Options, load: tuple[str, ...] | None,
+                   expose: tuple[str, ...]) -> list[str]:
     command = ["trident", "serve", "--repo", REPO_DIR,
                "--http-port", str(spec.server.http_port),
                "--grpc-port", str(spec.server.grpc_port),
                "--metrics-port", str(spec.server.metrics_port),
+               *access.serve_args(spec, options, expose),
                "--timeout", str(STARTUP_BUDGET_S)]
     for model in load or ():
         command += ["--load-model", model]
@@ -192,27 +193,29 @@ def _serve_command(spec: DeploymentSpec, load: tuple[str, ...] | None) -> list[s
 
 
 def _server_container(spec: DeploymentSpec, options: Options, command: list[str],
-                      resources: dict[str, int], serving: bool = True) -> dict:
+                      resources: dict[str, int], serving: bool = True,
+                      env: list[dict] = (), mounts: list[dict] = ()) -> dict:
     container: dict = {"name": "triton" if serving else "ray-worker", "image": options.image,
                        "imagePullPolicy": "IfNotPresent", "command": command,
-                       "env": [{"name": "HOME", "value": WORK_DIR}]}
+                       "env": [{"name": "HOME", "value": WORK_DIR}, *env]}
     if serving:
-        container["ports"] = _ports(spec)
+        container["ports"] = _ports(spec, options)
     quantities = {k: str(v) for k, v in resources.items()}
     if quantities:
         container["resources"] = {"requests": dict(quantities), "limits": dict(quantities)}
     if serving:
-        container["startupProbe"] = _probe("/v2/health/ready", STARTUP_PERIOD_S,
+        ready, port, live = access.health_check(options)
+        container["startupProbe"] = _probe(ready, port, STARTUP_PERIOD_S,
                                            STARTUP_BUDGET_S // STARTUP_PERIOD_S)
-        container["readinessProbe"] = _probe("/v2/health/ready", 5, 3)
-        container["livenessProbe"] = _probe("/v2/health/live", 10, 3)
+        container["readinessProbe"] = _probe(ready, port, 5, 3)
+        container["livenessProbe"] = _probe(live, port, 10, 3)
     container["volumeMounts"] = [{"name": "work", "mountPath": WORK_DIR},
-                                 {"name": "dshm", "mountPath": "/dev/shm"}]
+                                 {"name": "dshm", "mountPath": "/dev/shm"}, *mounts]
     return container
 
 
 def _pod_spec(spec: DeploymentSpec, app: str, containers: list[dict], init: bool,
-              shm: str, mig: bool) -> dict:
+              shm: str, mig: bool, secrets: list[dict] = ()) -> dict:
     pod: dict = {"terminationGracePeriodSeconds": GRACE_PERIOD_S}
     if mig:
         pod["nodeSelector"] = {"nvidia.com/mig.config": mig_config_name(spec)}
@@ -226,7 +229,7 @@ def _pod_spec(spec: DeploymentSpec, app: str, containers: list[dict], init: bool
                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}]
     if init:
         volumes.append({"name": "spec", "configMap": _spec_volume(spec, app)})
-    pod["volumes"] = volumes
+    pod["volumes"] = [*volumes, *secrets]
     return pod
 
 
@@ -253,11 +256,16 @@ def server_statefulset(spec: DeploymentSpec, plan: Plan, lay: Layout,
     gpus = sum(resources.values())
     load = (lay.single + ((spec.router.name,) if spec.router else ())
             if lay.spanning else None)
+    # The frontend serves the router, or every model of this server when there is none.
+    expose = (spec.router.name,) if spec.router else lay.single
+    volumes, mounts = access.secret_volumes(spec, lay.app, options)
     containers = [_init_container(spec, options),
-                  _server_container(spec, options, _serve_command(spec, load), resources)]
+                  _server_container(spec, options, _serve_command(spec, options, load, expose),
+                                    resources, env=access.server_env(spec, lay.app),
+                                    mounts=mounts)]
     labels = names.labels(lay.app, "server")
     pod = _pod_spec(spec, lay.app, containers, True,
-                    shm_size(plan, lay.single, gpus), _uses_mig(plan, lay.single))
+                    shm_size(plan, lay.single, gpus), _uses_mig(plan, lay.single), volumes)
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
             "metadata": names.metadata(f"{lay.app}-server", options.namespace, labels),
             "spec": {"serviceName": f"{lay.app}-server-headless", "replicas": 1,
@@ -275,13 +283,18 @@ def model_leaderworkerset(spec: DeploymentSpec, plan: Plan, lay: Layout, model: 
     resources = placed.kubernetes_resources
     gpus = sum(resources.values())
     shm = shm_size(plan, (model,), gpus)
-    serve = " ".join(_serve_command(spec, (model,)))
+    serve = " ".join(_serve_command(spec, options, (model,), (model,)))
     leader_command = ["sh", "-c", f"ray start --head --port={RAY_PORT} && exec {serve}"]
     worker_command = ["sh", "-c", f'exec ray start --address="$LWS_LEADER_ADDRESS:{RAY_PORT}" '
                       "--block"]
     labels = names.labels(lay.app, component)
+    # The leader serves its model through its own frontend (with the keys, when given):
+    # the router cannot reach a model of another pod.
+    volumes, mounts = access.secret_volumes(spec, lay.app, options)
+    keys = [m for m in mounts if m["name"] == "api-keys"]
     leader = _pod_spec(spec, lay.app, [_init_container(spec, options), _server_container(
-        spec, options, leader_command, resources)], True, shm, False)
+        spec, options, leader_command, resources, mounts=keys)], True, shm, False,
+        [v for v in volumes if v["name"] == "api-keys"])
     worker = _pod_spec(spec, lay.app, [_server_container(
         spec, options, worker_command, resources, serving=False)], False, shm, False)
     return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
@@ -299,7 +312,7 @@ def services(spec: DeploymentSpec, lay: Layout, options: Options) -> list[dict]:
     """Per workload a ClusterIP Service (http, grpc, metrics, openai if configured); the
     StatefulSet also gets its headless governing Service."""
     ports = [{"name": p["name"], "port": p["containerPort"], "targetPort": p["name"],
-              "protocol": "TCP"} for p in _ports(spec)]
+              "protocol": "TCP"} for p in _ports(spec, options)]
     out = []
     if lay.single:
         labels = names.labels(lay.app, "server")

@@ -41,6 +41,8 @@ class ServerSpec:
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
+    # The OpenAI frontend's port in a deployment (`trident k8s`): None, no frontend.
+    openai_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -210,10 +212,12 @@ def _parse_server(node: _Node) -> ServerSpec:
     ports = {key: node.int(key, default, minimum=1, maximum=65535)
              for key, default in ((k, getattr(ServerSpec, k)) for k in
                                   ("http_port", "grpc_port", "metrics_port"))}
+    openai_port = node.int("openai_port", None, minimum=1, maximum=65535)
     node.done()
-    if len(set(ports.values())) != 3:
-        raise node.error("http_port, grpc_port and metrics_port must differ")
-    return ServerSpec(**ports)
+    used = [*ports.values(), *([openai_port] if openai_port is not None else [])]
+    if len(set(used)) != len(used):
+        raise node.error("http_port, grpc_port, metrics_port and openai_port must differ")
+    return ServerSpec(**ports, openai_port=openai_port)
 
 
 def _parse_hardware(node: _Node) -> HardwareSpec:

@@ -31,7 +31,7 @@ _SECONDS = {"exclusiveMinimum": 0, "maximum": spec_mod.MAX_SECONDS}
 # Ranges and formats the parser enforces, by (dataclass, field).
 _RULES: dict[tuple[type, str], dict[str, Any]] = {
     **{(spec_mod.ServerSpec, port): {"minimum": 1, "maximum": 65535}
-       for port in ("http_port", "grpc_port", "metrics_port")},
+       for port in ("http_port", "grpc_port", "metrics_port", "openai_port")},
     (spec_mod.HardwareSpec, "count"): {"minimum": 0, "maximum": 64},
     (spec_mod.ModelSpec, "name"): {"pattern": NAME_PATTERN},
     (spec_mod.ModelSpec, "engine"): {"enum": list(spec_mod.ENGINES)},
