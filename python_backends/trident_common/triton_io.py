@@ -62,25 +62,29 @@ def _output(name: str, value) -> "pb_utils.Tensor":
 
 
 class ResponseFactory:
-    """Builds this model's responses; `served_by` is fixed per model."""
+    """Builds this model's responses; `served_by` is fixed per model.
+
+    It keeps the text, never a pb_utils.Tensor: a Tensor that lives as long as the model
+    is freed when the stub's interpreter shuts down, after the stub has released the
+    shared memory the Tensor points into, and the stub segfaulted at every unload
+    (PbTensor::~PbTensor in Py_FinalizeEx). Tensors built per response die with it."""
 
     def __init__(self, served_by: str):
-        self._served_by = _output("served_by", served_by)
-        self._no_error = _output("error", "")
+        self._served_by = served_by
 
     def chunk(self, values: dict, usual: bool = True) -> "pb_utils.InferenceResponse":
         """A data response from returns.Outputs' values; served_by and an empty error
         join them unless the client chose its outputs (return_* flags)."""
         tensors = [_output(name, value) for name, value in values.items()]
         if usual:
-            tensors += [self._served_by, self._no_error]
+            tensors += [_output("served_by", self._served_by), _output("error", "")]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def error_output(self, message: str) -> "pb_utils.InferenceResponse":
         """A data response that carries the error in the `error` output (mid-stream)."""
         return pb_utils.InferenceResponse(output_tensors=[
             _output("text_output", ""), _output("finish_reason", "error"),
-            self._served_by, _output("error", message)])
+            _output("served_by", self._served_by), _output("error", message)])
 
     @staticmethod
     def error(message: str, client_fault: bool = False) -> "pb_utils.InferenceResponse":
