@@ -21,15 +21,14 @@ from builder.spec import engine_args as engine_args_schema
 from builder.spec import trtllm as trtllm_spec
 from builder.spec.tenants import TenantsSpec, parse_tenants
 from builder.spec import yaml_loader
+from builder.spec.cache_spec import EngineCacheSpec, parse_engine_cache
 from builder.spec.node import _REQUIRED, SpecError, _Node, frozen_mapping
-from engine_cache.redact import url_credentials
 
 ENGINES = ("tensorrt_llm", "vllm", "sglang")
 INSTANCE_KINDS = ("auto", "cpu", "gpu", "model")
+NEEDS_MODEL = ("vllm", "sglang")   # engines that load `model:` (TRT-LLM has checkpoint:)
+MAX_GPUS = MAX_NODES = 64
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
-# A DNS-1123 subdomain: what Kubernetes accepts as a Secret's name.
-_K8S_NAME_RE = re.compile(r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-                          r"(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 # ---------------------------------------------------------------------------------------
@@ -51,16 +50,6 @@ class HardwareSpec:
     count: int = 0                # GPUs on the node (on each node when nodes > 1)
     topology: str | None = None   # path to saved `nvidia-smi topo -m` output, or None
     nodes: int = 1                # identical nodes; a model may span them (LeaderWorkerSet)
-
-
-@dataclass(frozen=True)
-class EngineCacheSpec:
-    local_dir: str = "~/.cache/trident/engines"
-    s3: str | None = None          # s3://bucket/prefix
-    endpoint_url: str | None = None
-    local_only: bool = False       # when S3 is unreachable, carry on with the local tier
-    # Kubernetes: the Secret holding AWS_* for the S3 cache (a name only, never a value).
-    credentials_secret: str | None = None
 
 
 @dataclass(frozen=True)
@@ -190,7 +179,7 @@ def parse_spec(data: Any, file: str = "<spec>") -> DeploymentSpec:
     name = root.get("name", str, Path(file).stem)
     server = _parse_server(root.child("server"))
     hardware = _parse_hardware(root.child("hardware"))
-    cache = _parse_engine_cache(root.child("engine_cache"))
+    cache = parse_engine_cache(root.child("engine_cache"))
     model_items = root.list("models")
     if not model_items:
         raise root.error("must list at least one model", "models")
@@ -225,40 +214,15 @@ def _parse_hardware(node: _Node) -> HardwareSpec:
     gpu = node.get("gpu", str, "cpu")
     if gpu != "cpu" and gpu not in gpus.GPU_TYPES:
         raise node.error(f"{gpu!r} is not one of cpu, {', '.join(gpus.GPU_TYPES)}", "gpu")
-    count = node.int("count", 0 if gpu == "cpu" else 1, minimum=0, maximum=64)
+    count = node.int("count", 0 if gpu == "cpu" else 1, minimum=0, maximum=MAX_GPUS)
     topology = node.get("topology", str, None)
-    nodes = node.int("nodes", 1, minimum=1, maximum=64)
+    nodes = node.int("nodes", 1, minimum=1, maximum=MAX_NODES)
     node.done()
     if gpu != "cpu" and count == 0:
         raise node.error("must be >= 1 when a GPU type is given", "count")
     if gpu == "cpu" and nodes > 1:
         raise node.error("more than one node needs a GPU type", "nodes")
     return HardwareSpec(gpu, count, topology, nodes)
-
-
-def _parse_engine_cache(node: _Node) -> EngineCacheSpec:
-    local_dir = node.get("local_dir", str, EngineCacheSpec.local_dir)
-    s3 = node.get("s3", str, None)
-    endpoint = node.get("endpoint_url", str, None)
-    # No value is echoed here: one that fails a check may be a credential, and every
-    # accepted one is copied into the Kubernetes ConfigMap with the spec.
-    for key, url in (("s3", s3), ("endpoint_url", endpoint)):
-        problem = url is not None and url_credentials(url)
-        if problem:
-            raise node.error(f"{problem}; give credentials in AWS_ACCESS_KEY_ID / "
-                             "AWS_SECRET_ACCESS_KEY or an AWS profile (AWS_PROFILE)", key)
-    if s3 is not None and not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?", s3):
-        raise node.error("is not an s3://bucket[/prefix] URI (a bucket is 3-63 lower-case "
-                         "letters, digits, '.' and '-')", "s3")
-    if endpoint is not None and not re.fullmatch(r"https?://[^\s/?#]+(/\S*)?", endpoint):
-        raise node.error("is not an http(s)://host[:port] URL", "endpoint_url")
-    local_only = node.get("local_only", bool, False)
-    secret = node.get("credentials_secret", str, None)
-    if secret is not None and not _K8S_NAME_RE.fullmatch(secret):
-        raise node.error(f"{secret!r} is not a Kubernetes Secret name (lower-case letters, "
-                         "digits, '-' and '.', at most 253 characters)", "credentials_secret")
-    node.done()
-    return EngineCacheSpec(local_dir, s3, endpoint, local_only, secret)
 
 
 def _check_name(node: _Node, key: str, value: str) -> str:
@@ -286,7 +250,7 @@ def _parse_model(node: _Node) -> ModelSpec:
             extra[key] = engine_args_schema.validate_extra(engine, key, extra_node)
     node.done()
     engine_args_schema.check_model(engine, args, extra, node)
-    if engine in ("vllm", "sglang") and not model:
+    if engine in NEEDS_MODEL and not model:
         raise node.error(f"is required for engine {engine}", "model")
     tp = args.get("tensor_parallel_size", args.get("tp_size", 1))
     pp = args.get("pipeline_parallel_size", args.get("pp_size", 1))

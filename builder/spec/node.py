@@ -16,6 +16,12 @@ _REQUIRED = object()
 MAX_INT = 2 ** 31 - 1   # every count, port and token limit in a spec fits Triton's INT32
 
 
+def anchored(pattern: str) -> str:
+    r"""A regex the parser fullmatches, as a JSON Schema `pattern` for the whole string.
+    `(?![\s\S])` ends the text in Python and ECMA-262 alike (`$` lets "x\n" through)."""
+    return f"^(?:{pattern})(?![\\s\\S])"
+
+
 class SpecError(TridentError):
     """A defect in a spec file: `file: field.path: reason`."""
 

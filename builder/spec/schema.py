@@ -3,10 +3,12 @@
 Built from the spec's own dataclasses (field names, types, defaults, nesting), the
 engine-argument tables and the parser's choices, so a field added to the spec appears
 here without a second definition. The parser stays the authority: the schema is what an
-editor can check while typing (types, ranges, unknown keys, enums); rules across fields
-(a backend that names no model, a profile that does not fit its build) remain the
-parser's. tests/spec/test_schema.py checks that both accept every deploy/ file and that the
-schema refuses the hostile specs it can express.
+editor can check while typing (types, ranges, unknown keys, enums, URL formats, rules
+between fields of one section); each rule is read from the constant the parser uses
+(patterns in cache_spec and tenants, enums and limits in deployment). Rules across
+sections (a backend that names no model, a name used twice, a profile that does not fit
+its build) remain the parser's. tests/spec/test_schema.py checks that both accept every
+deploy/ file; tests/spec/test_schema_agreement.py that they refuse the same specs.
 """
 from __future__ import annotations
 
@@ -16,12 +18,15 @@ import types
 import typing
 from typing import Any, Mapping
 
+from builder.plan import gpus
+from builder.plan.memory import DTYPE_BYTES
 from builder.spec import adapters as adapters_spec
+from builder.spec import cache_spec
 from builder.spec import deployment as spec_mod
 from builder.spec import engine_args
 from builder.spec import tenants as tenants_spec
 from builder.spec import trtllm as trtllm_spec
-from builder.spec.node import MAX_INT
+from builder.spec.node import MAX_INT, anchored
 
 SCHEMA_ID = "https://trident.invalid/deployment-spec.schema.json"
 # `(?![\s\S])` ends the name in ECMA-262 and Python alike (`$` lets "name\n" through).
@@ -32,7 +37,20 @@ _SECONDS = {"exclusiveMinimum": 0, "maximum": spec_mod.MAX_SECONDS}
 _RULES: dict[tuple[type, str], dict[str, Any]] = {
     **{(spec_mod.ServerSpec, port): {"minimum": 1, "maximum": 65535}
        for port in ("http_port", "grpc_port", "metrics_port", "openai_port")},
-    (spec_mod.HardwareSpec, "count"): {"minimum": 0, "maximum": 64},
+    (spec_mod.HardwareSpec, "gpu"): {"enum": ["cpu", *gpus.GPU_TYPES]},
+    (spec_mod.HardwareSpec, "count"): {"minimum": 0, "maximum": spec_mod.MAX_GPUS},
+    (spec_mod.HardwareSpec, "nodes"): {"minimum": 1, "maximum": spec_mod.MAX_NODES},
+    (spec_mod.PlacementSpec, "devices"): {"items": {"type": "integer", "minimum": 0,
+                                                    "maximum": MAX_INT},
+                                          "uniqueItems": True},
+    # The parser compares dtypes in lower case: so does the pattern, letter by letter.
+    (spec_mod.PlacementSpec, "dtype"): {"pattern": anchored("|".join(
+        "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in name)
+        for name in sorted(DTYPE_BYTES)))},
+    (spec_mod.RouterSpec, "default"): {"minItems": 1},
+    (spec_mod.RuleSpec, "backends"): {"minItems": 1},
+    (spec_mod.RouterSpec, "fallback"): {"additionalProperties": {
+        "type": "array", "items": {"type": "string"}, "minItems": 1}},
     (spec_mod.ModelSpec, "name"): {"pattern": NAME_PATTERN},
     (spec_mod.ModelSpec, "engine"): {"enum": list(spec_mod.ENGINES)},
     (spec_mod.ModelSpec, "instances"): {"minimum": 1, "maximum": 64},
@@ -56,6 +74,16 @@ _RULES: dict[tuple[type, str], dict[str, Any]] = {
     (trtllm_spec.Checkpoint, "family"): {"enum": list(trtllm_spec.FAMILIES)},
     (trtllm_spec.Speculative, "mode"): {"enum": list(trtllm_spec.SPECULATIVE_MODES)},
     **tenants_spec.SCHEMA_RULES,
+    **cache_spec.SCHEMA_RULES,
+}
+# Rules across the fields of one section, as the parser applies them.
+_OBJECT_RULES: dict[type, dict[str, Any]] = {
+    # A GPU type needs at least one GPU; more than one node needs a GPU type.
+    spec_mod.HardwareSpec: {"allOf": [
+        {"if": {"required": ["gpu"], "properties": {"gpu": {"not": {"const": "cpu"}}}},
+         "then": {"properties": {"count": {"minimum": 1}}},
+         "else": {"properties": {"nodes": {"maximum": 1}}}}]},
+    **tenants_spec.SCHEMA_OBJECT_RULES,
 }
 # Fields of the typed spec that are not keys of the YAML (derived or bookkeeping).
 _NOT_IN_YAML = {(spec_mod.DeploymentSpec, "file"), (spec_mod.ModelSpec, "extra"),
@@ -108,8 +136,15 @@ def _engine_args(table: Mapping[str, tuple]) -> dict[str, Any]:
              dict: "object", type(None): "null"}
     return {"type": "object", "additionalProperties": False,
             "properties": {key: {"type": sorted({names[k] for k in kinds}),
-                                 **_engine_arg_range(key)}
+                                 **_engine_arg_range(key), **_nested(key)}
                            for key, kinds in sorted(table.items())}}
+
+
+def _nested(key: str) -> dict[str, Any]:
+    """The keys a nested engine argument may hold (vLLM's speculative_config)."""
+    if key == "speculative_config":
+        return {"propertyNames": {"enum": sorted(engine_args.VLLM_SPECULATIVE_KEYS)}}
+    return {}
 
 
 def _engine_arg_range(key: str) -> dict[str, Any]:
@@ -131,6 +166,9 @@ def _model_rules() -> list[dict[str, Any]]:
         if not set(engine_args.TRTLLM_SECTIONS) & set(sections):
             then["not"] = {"anyOf": [{"required": [key]} for key in
                                      engine_args.TRTLLM_SECTIONS]}
+        if engine in spec_mod.NEEDS_MODEL:
+            then["required"] = ["model"]
+            then["properties"]["model"] = {"minLength": 1}
         rules.append({"if": {"properties": {"engine": {"const": engine}}}, "then": then})
     return rules
 
@@ -142,7 +180,7 @@ def deployment_schema() -> dict[str, Any]:
                trtllm_spec.Checkpoint, trtllm_spec.BuildSettings, trtllm_spec.Plugins,
                trtllm_spec.Speculative, trtllm_spec.Profile, trtllm_spec.Tokenizer,
                *tenants_spec.SCHEMA_CLASSES, adapters_spec.LoraSettings]
-    defs = {cls.__name__: _object(cls) for cls in classes}
+    defs = {cls.__name__: {**_object(cls), **_OBJECT_RULES.get(cls, {})} for cls in classes}
     model = defs["ModelSpec"]
     model["properties"].update({
         "checkpoint": {"$ref": "#/$defs/Checkpoint"},

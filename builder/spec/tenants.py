@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from builder.spec.node import SpecError, _Node
+from builder.spec.node import SpecError, _Node, anchored
 from engine_cache.redact import url_credentials
 
 # Tier → vLLM request priority (lower is scheduled first, vLLM's convention).
@@ -25,8 +25,11 @@ LIMIT_KEYS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
 TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
 _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _USER_RE = re.compile(r"[!-~]{1,128}")
-_REDIS_RE = re.compile(r"rediss?://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)"
-                       r"(:(?P<port>\d{1,5}))?(/(?P<db>\d{1,2})?)?")
+# redis://host[:port][/db], the one rule for the parser and the schema: a port in
+# 1..65535 written as a JSON Schema pattern can express it, and a db number.
+_PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+REDIS_URL = rf"rediss?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:{_PORT})?(/([0-9]{{1,2}})?)?"
+_ANY_PORT = re.compile(r"rediss?://[^/:]*:(?P<port>[0-9]+)(/|$)")   # to name a bad port
 
 
 @dataclass(frozen=True)
@@ -74,12 +77,20 @@ SCHEMA_RULES: dict[tuple[type, str], dict[str, Any]] = {
     **{(TenantLimits, key): {"minimum": 1} for key in LIMIT_KEYS},
     (TenantsSpec, "on_redis_error"): {"enum": list(ON_REDIS_ERROR)},
     (TenantsSpec, "unknown"): {"enum": list(UNKNOWN)},
-    (TenantsSpec, "redis"): {"pattern": "^rediss?://[^@/?#]+(/[0-9]{0,2})?$"},
-    (TenantsSpec, "username"): {"pattern": r"^[!-~]{1,128}$"},
-    (TenantsSpec, "password_env"): {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
-    (TenantsSpec, "limits"): {"propertyNames": {"pattern": f"^{TENANT_RE.pattern}$"}},
+    (TenantsSpec, "redis"): {"pattern": anchored(REDIS_URL)},
+    (TenantsSpec, "username"): {"pattern": anchored(_USER_RE.pattern)},
+    (TenantsSpec, "password_env"): {"pattern": anchored(_ENV_RE.pattern)},
+    (TenantsSpec, "limits"): {"propertyNames": {"pattern": anchored(TENANT_RE.pattern)}},
+    (TenantsSpec, "share_prefix_cache"): {"items": {"type": "string",
+                                                    "pattern": anchored(TENANT_RE.pattern)}},
 }
 SCHEMA_CLASSES = (TenantLimits, TenantsSpec)
+# The rules across fields, as the parser applies them below.
+SCHEMA_OBJECT_RULES: dict[type, dict[str, Any]] = {TenantsSpec: {
+    "not": {"required": ["password_env", "password_file"]},
+    "dependentRequired": {key: ["redis"] for key in
+                          ("username", "password_env", "password_file")},
+}}
 
 
 def parse_tenants(root: _Node, has_router: bool) -> TenantsSpec | None:
@@ -140,13 +151,13 @@ def _redis_url(node: _Node) -> str | None:
         problem = "must not hold a password (user:secret@)" if "@" in url else problem
         raise node.error(f"{problem}; give the password in password_env or "
                          "password_file", "redis")
-    match = _REDIS_RE.fullmatch(url)
-    if match is None:
+    if re.fullmatch(REDIS_URL, url) is None:
+        port = _ANY_PORT.match(url)
+        if port is not None and len(port["port"]) < 7:
+            raise node.error(f"port {port['port']} is not in 1..65535", "redis")
         raise node.error("is not a redis://host[:port][/db] URL (db: a number from 0 "
                          "to 99; the password goes in password_env or password_file)",
                          "redis")
-    if match["port"] is not None and not 1 <= int(match["port"]) <= 65535:
-        raise node.error(f"port {match['port']} is not in 1..65535", "redis")
     return url
 
 
