@@ -39,7 +39,7 @@ def server(default_server):
 
 @pytest.fixture(scope="module")
 def frontend(server):
-    with Frontend(server.grpc_url, port=free_port()) as frontend:
+    with Frontend(server.grpc_url, port=free_port(), repo=server.repository) as frontend:
         yield frontend
 
 
@@ -93,11 +93,16 @@ def metric(server, name) -> float:
 
 # -- models -------------------------------------------------------------------------------
 
-def test_models_lists_the_router_and_the_engine_model(client):
-    assert sorted(model.id for model in client.models.list()) == ["router", ENGINE]
-    assert client.models.retrieve(ENGINE).id == ENGINE
-    with pytest.raises(openai.NotFoundError):
-        client.models.retrieve("nope")
+def test_models_lists_the_router_only_and_the_engine_model_is_not_found(client):
+    assert [model.id for model in client.models.list()] == ["router"]
+    assert client.models.retrieve("router").id == "router"
+    for name in (ENGINE, "nope"):
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve(name)
+        with pytest.raises(openai.NotFoundError) as caught:
+            client.chat.completions.create(model=name, messages=QUESTION, max_tokens=2)
+        assert caught.value.body["code"] == "model_not_found"
+        assert "router" not in caught.value.message
 
 
 # -- chat and completions -----------------------------------------------------------------
@@ -133,7 +138,7 @@ def test_chat_limits_stop_and_seed(client):
 
 
 def test_completions_stream_and_non_stream(client):
-    kwargs = dict(model=ENGINE, prompt="The capital of France is", max_tokens=8,
+    kwargs = dict(model="router", prompt="The capital of France is", max_tokens=8,
                   temperature=0)
     whole = client.completions.create(**kwargs)
     chunks = list(client.completions.create(stream=True,
@@ -258,8 +263,8 @@ def test_the_openai_command_serves_standalone(server, tmp_path):
     port = free_port()
     log = open(tmp_path / "openai.log", "wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "builder.cli", "openai",
-         "--triton", server.grpc_url, "--port", str(port)],
+        [sys.executable, "-m", "builder.cli", "openai", "--triton", server.grpc_url,
+         "--port", str(port), "--expose", "router", "--expose", ENGINE],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
         def models():
