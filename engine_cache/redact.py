@@ -31,10 +31,12 @@ _QUERY = re.compile(rf"({_SCHEME}[^\s?#'\"]*)([?#])[^\s'\"]*", re.I)
 # A Redis URL's path is a db number; anything else there (a pasted password) is masked.
 _REDIS_PATH = re.compile(r"(\brediss?://[^\s/'\"]*/)(?![0-9]{1,2}(?:[?#]|(?![^\s'\"])))"
                          r"[^\s'\"]+", re.I)
-# name=value and name: value where the name says secret.
+# name=value and name: value where the name ends in a credential word (password,
+# hf_token, aws_secret_access_key): `password_env: must be ...`, `tokenizer: ...` or
+# `tokens_per_minute: ...` in an error line are field names, not secrets.
 _ASSIGNMENT = re.compile(
-    r"\b(\w*(?:secret|token|passw\w*|credential|api_?key|access_?key)\w*)(\s*[=:]\s*)"
-    r"(['\"]?)([^\s,;'\"]+)", re.I)
+    r"\b(\w*(?:secret|token|passw(?:or)?d|credentials?|api_?key|access_?key(?:_id)?))"
+    r"(\s*[=:]\s*)(['\"]?)([^\s,;'\"]+)", re.I)
 
 
 def redact(text: str, secrets: Iterable[str | None] = (),

@@ -126,3 +126,20 @@ def test_there_is_one_redact_in_the_project():
             found += [f"{path.relative_to(ROOT)}:{node.name}" for node in ast.walk(tree)
                       if isinstance(node, ast.FunctionDef) and "redact" in node.name]
     assert found == ["engine_cache/redact.py:redact"]
+
+
+@pytest.mark.parametrize("line", [
+    "t.yaml: tenants.password_env: must be an environment variable name",
+    "t.yaml: tenants.default.tokens_per_minute: must be >= 1, got 0",
+    "t.yaml: models[0].engine_args.tokenizer: expected a string, got 7",
+    "t.yaml: tenants.password_file: give password_env or password_file, not both",
+])
+def test_redact_leaves_field_names_in_error_lines_alone(line):
+    assert redact(line, environ={}) == line
+
+
+@pytest.mark.parametrize("text", [f"token={SECRET}", f"HF_TOKEN: {SECRET}",
+                                  f"aws_secret_access_key = '{SECRET}'",
+                                  f"redis password:{SECRET}"])
+def test_redact_masks_assignments_of_credentials(text):
+    assert SECRET not in redact(text, environ={})
