@@ -11,6 +11,8 @@ from builder.cli.common import (EXIT_USAGE, api_keys_option, complete_dir,
 from builder.errors import TridentError
 from builder.spec import ServerSpec
 
+LOOPBACK = "127.0.0.1"   # as builder.serve.server's, not imported: `--help` stays fast
+
 
 @click.command()
 @click.option("--repo", default="model_repository", metavar="DIR", show_default=True,
@@ -18,8 +20,17 @@ from builder.spec import ServerSpec
 @click.option("--http-port", type=int, default=ServerSpec.http_port, show_default=True)
 @click.option("--grpc-port", type=int, default=ServerSpec.grpc_port, show_default=True)
 @click.option("--metrics-port", type=int, default=ServerSpec.metrics_port, show_default=True)
+@click.option("--triton-host", default=LOOPBACK, show_default=True, metavar="ADDR",
+              help="address Triton's HTTP and gRPC ports bind to (they take no API keys: "
+                   "keep them private)")
+@click.option("--metrics-host", default=LOOPBACK, show_default=True, metavar="ADDR",
+              help="address of the metrics port (0.0.0.0 for a Prometheus elsewhere)")
+@click.option("--allow-open-triton", is_flag=True,
+              help="with --api-keys-file, let --triton-host be a non-loopback address "
+                   "(anyone reaching it bypasses the keys)")
 @click.option("--timeout", type=float, default=300.0, show_default=True,
-              help="seconds to wait for the server to be ready")
+              help="seconds to wait for the server and its models to be ready (the "
+                   "models load one after another; one that does not is named)")
 @click.option("--load-model", multiple=True, metavar="MODEL",
               help="load only these models (explicit model control); repeatable")
 @click.option("--openai-port", type=click.IntRange(1, 65535), default=None,
@@ -32,26 +43,35 @@ from builder.spec import ServerSpec
 @click.option("--no-self-test", is_flag=True,
               help="skip the start-up check that the server's Python stub passes strings "
                    "intact (one echo through a throwaway second server, ~0.5 s)")
-def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, timeout: float,
-          load_model: tuple[str, ...], openai_port: int | None, openai_host: str,
+def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, triton_host: str,
+          metrics_host: str, allow_open_triton: bool, timeout: float, load_model: tuple[str, ...], openai_port: int | None, openai_host: str,
           api_keys_file: str | None, expose: tuple[str, ...], no_self_test: bool) -> int:
     """Run tritonserver on a model repository.
 
-    Serves until Ctrl-C or SIGTERM (exit 0). Exits 1, stopping the server, when the
-    server exits, or a model's stub process or engine dies (Triton would keep the model
-    READY), so a supervisor can restart it. Uses tritonserver from PATH when there is one,
-    else the bundled one. Before it reports ready, one string goes through an echo model
-    on a short-lived second server with the same binary and stub; exits 1 if it comes
-    back changed (the bundled Python 3.12 stub corrupts strings).
+    Triton's ports bind to 127.0.0.1 unless --triton-host says otherwise. The models load
+    one after another, engine models before the router. Serves until Ctrl-C or SIGTERM
+    (exit 0). A model whose stub process or engine dies is reloaded alone, with backoff
+    (a line on stderr says so); after 5 restarts in a row it is unloaded and the other
+    models keep serving. Exits 1 when tritonserver itself exits, so a supervisor can
+    restart it. Uses tritonserver from PATH when there is one, else the bundled one.
+    Before it reports ready, one string goes through an echo model on a short-lived
+    second server with the same binary and stub; exits 1 if it comes back changed (the
+    bundled Python 3.12 stub corrupts strings).
     """
-    from builder.serve.server import Ports, TritonServer
+    from builder.serve.server import Ports, TritonServer, is_loopback
 
     repo_dir = Path(repo)
     if not repo_dir.is_dir():
         raise TridentError(f"{repo_dir}: no such model repository (run `trident repo` "
                            "first)", EXIT_USAGE)
+    if api_keys_file is not None and not is_loopback(triton_host) and not allow_open_triton:
+        raise TridentError(f"trident serve: --triton-host {triton_host} is not a loopback "
+                           "address: with --api-keys-file, clients reaching Triton's ports "
+                           "would bypass the keys (add --allow-open-triton to mean it)",
+                           EXIT_USAGE)
     server = TritonServer(repo_dir, Ports(http_port, grpc_port, metrics_port),
-                          load_models=load_model or None, self_test=not no_self_test)
+                          load_models=load_model or None, self_test=not no_self_test,
+                          host=triton_host, metrics_host=metrics_host)
     frontend = None
     if openai_port is not None:
         from builder.serve.openai.runner import Frontend, check_port
@@ -74,10 +94,12 @@ def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, timeout:
                        f"metrics {server.metrics_url}")
             if openai_port is not None:
                 frontend = Frontend(server.grpc_url, openai_host, openai_port, api_keys,
-                                    expose).start()
+                                    expose, repo=repo_dir).start()
                 click.echo(f"OpenAI API: {frontend.url}/v1")
             sys.stdout.flush()
-            server.monitor()   # returns only by raising: the server exited or a stub died
+            # Returns only by raising, when tritonserver exits; a model that dies
+            # meanwhile is reloaded alone, and each event is one line on stderr.
+            server.monitor(lambda line: click.echo(line, err=True))
     except KeyboardInterrupt:
         click.echo("stopping tritonserver", err=True)
         return 0

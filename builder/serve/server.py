@@ -1,40 +1,45 @@
-"""Start a real tritonserver on a rendered repository, wait until it is ready, stop it cleanly.
+"""Start a real tritonserver on a rendered repository, load its models, stop it cleanly.
 
 Used by `trident serve` and by the tests. The server is our child, in its own process
 group (not its own session: a separate session lets Linux autogroup scheduling starve
 the clients on a small machine), so one signal stops the server and its backend stubs.
+Its ports bind to loopback unless told otherwise (they take no API keys), and it runs in
+explicit model-control mode: the models are loaded one by one (loading.py), and one that
+dies is reloaded alone (keeper.py).
 """
 from __future__ import annotations
 
-import importlib.util
+import ipaddress
 import json
 import os
-import shutil
+import secrets
 import signal
 import socket
 import subprocess
 import sys
-import sysconfig
+import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder.errors import TridentError
+from builder.render.context import INTERFACE
 from builder.spec import ServerSpec
-from builder.serve import selftest
-from builder.serve.watch import (StubWatch, group_processes, runs_in_stub, stub_processes,
-                                 unhealthy_engines)
+from builder.serve import keeper, loading, selftest
+from builder.serve.install import (ServeError, TritonInstall, find_tritonserver,  # noqa: F401
+                                   needs_trtllm_orchestrator, server_environment)
+from builder.serve.output import OutputTail
+from builder.serve.watch import group_processes, runs_in_stub, stub_processes
 
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
+# Shared memory the server's processes leave behind on an unclean exit: the Python
+# backend's regions, and vLLM's (multiprocessing.shared_memory names them psm_*, ~240 MiB
+# each on CPU, left after SIGTERM).
+LEAKED_SHM_PREFIXES = (SHM_PREFIX, "psm_")
 WATCH_INTERVAL_S = 1.0       # how often `trident serve` looks at its server's stubs
-RESTART_HINT = "exiting so a supervisor can restart the server"
-
-
-class ServeError(TridentError):
-    """The server could not start or did not become ready; the message says why."""
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -44,67 +49,26 @@ class Ports:
     metrics: int = ServerSpec.metrics_port
 
 
-@dataclass(frozen=True)
-class TritonInstall:
-    binary: Path
-    backend_dir: Path | None   # None: the server's own default (NVIDIA's container)
-    bundled: bool
+def is_loopback(host: str) -> bool:
+    """Whether an address to bind reaches this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False   # a host name: it may resolve to anything
 
 
-def _bundled_root() -> Path | None:
-    # find_spec, not import: the pytriton package itself is not used (installed --no-deps).
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    root = Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
-    return root if (root / "bin" / "tritonserver").is_file() else None
+def connect_host(bind: str) -> str:
+    """Where a client on this machine reaches a server bound to `bind`."""
+    if bind in ("", "0.0.0.0"):
+        return LOOPBACK
+    if bind == "::":
+        return "[::1]"
+    return f"[{bind}]" if ":" in bind else bind
 
 
-def find_tritonserver() -> TritonInstall:
-    """tritonserver from PATH (e.g. NVIDIA's container) if present, else the bundled one."""
-    on_path = shutil.which("tritonserver")
-    if on_path:
-        return TritonInstall(Path(on_path), None, bundled=False)
-    root = _bundled_root()
-    if root is None:
-        raise ServeError("no tritonserver on PATH and the nvidia-pytriton wheel is not "
-                         "installed (run `make install`)")
-    prepare_python_stub(root)
-    return TritonInstall(root / "bin" / "tritonserver", root / "backends", bundled=True)
-
-
-def prepare_python_stub(root: Path) -> None:
-    """The bundled Python backend looks for its stub beside libtriton_python.so."""
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    source = root / "python_backend_stubs" / version / "triton_python_backend_stub"
-    target = root / "backends" / "python" / "triton_python_backend_stub"
-    if not source.is_file():
-        raise ServeError(f"the bundled Triton has no Python backend stub for Python {version}")
-    if not target.is_file() or target.stat().st_size != source.stat().st_size:
-        tmp = target.with_suffix(".tmp")
-        shutil.copy2(source, tmp)
-        os.replace(tmp, target)
-
-
-def server_environment() -> dict[str, str]:
-    """The stub takes its Python from PATH and needs libpython on the library path."""
-    env = dict(os.environ)
-    bin_dir = str(Path(sys.executable).parent)
-    env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH"))
-                                             if p)
-    return env
-
-
-def needs_trtllm_orchestrator(repository: Path) -> bool:
-    """TRT-LLM's orchestrator mode (several TRT-LLM models or multi-GPU engines in one
-    server) is rendered as an executor_worker_path parameter and needs this variable."""
-    return any("executor_worker_path" in config.read_text()
-               for config in repository.glob("*/config.pbtxt"))
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+def port_in_use(port: int, host: str = LOOPBACK) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -126,30 +90,37 @@ class TritonServer:
 
     repository: Path
     ports: Ports = field(default_factory=Ports)
-    load_models: tuple[str, ...] | None = None   # explicit model control when given
+    load_models: tuple[str, ...] | None = None   # only these; None: every model
     log_path: Path | None = None
+    host: str = LOOPBACK            # HTTP and gRPC bind address
+    metrics_host: str = LOOPBACK    # Prometheus scrapes this one, maybe from elsewhere
     extra_args: tuple[str, ...] = ()
     # One string round trip through a throwaway echo model before the first start in
     # this process (selftest.py): a stub that corrupts strings fails here, not later.
     self_test: bool = True
     process: subprocess.Popen | None = None
+    output: OutputTail | None = None
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports.http}"
+        return f"http://{connect_host(self.host)}:{self.ports.http}"
 
     @property
     def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.ports.grpc}"
+        return f"{connect_host(self.host)}:{self.ports.grpc}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports.metrics}/metrics"
+        return f"http://{connect_host(self.metrics_host)}:{self.ports.metrics}/metrics"
 
     def command(self, install: TritonInstall) -> list[str]:
         cmd = [str(install.binary), f"--model-repository={Path(self.repository).absolute()}",
                f"--http-port={self.ports.http}", f"--grpc-port={self.ports.grpc}",
                f"--metrics-port={self.ports.metrics}",
+               f"--http-address={self.host}", f"--grpc-address={self.host}",
+               f"--metrics-address={self.metrics_host}",
+               # Models are loaded by wait_ready(), one at a time: see loading.py.
+               "--model-control-mode=explicit",
                "--disable-auto-complete-config", "--exit-timeout-secs=5",
                "--log-verbose=0"]
         if install.backend_dir is not None:
@@ -157,29 +128,38 @@ class TritonServer:
         if install.bundled:
             # The bundled build runs on CPU machines: no pinned memory, no GPU metrics.
             cmd += ["--pinned-memory-pool-byte-size=0", "--allow-gpu-metrics=false"]
-        if self.load_models is not None:
-            cmd.append("--model-control-mode=explicit")
-            cmd += [f"--load-model={name}" for name in self.load_models]
         return cmd + list(self.extra_args)
 
+    def environment(self) -> dict[str, str]:
+        """The server's environment. The router proves itself to the engine models with
+        a secret from it: one the operator set is kept, else each start makes its own
+        (the stubs inherit it; it is never printed)."""
+        env = server_environment()
+        if not env.get(INTERFACE.ROUTER_SECRET_ENV):
+            env[INTERFACE.ROUTER_SECRET_ENV] = secrets.token_urlsafe(32)
+        if needs_trtllm_orchestrator(Path(self.repository)):
+            env["TRTLLM_ORCHESTRATOR"] = "1"
+        return env
+
     def start(self) -> None:
-        taken = [f"{name} port {port}" for name, port in
-                 (("HTTP", self.ports.http), ("gRPC", self.ports.grpc),
-                  ("metrics", self.ports.metrics)) if port_in_use(port)]
+        taken = [f"{name} port {port}" for name, port, host in
+                 (("HTTP", self.ports.http, self.host), ("gRPC", self.ports.grpc, self.host),
+                  ("metrics", self.ports.metrics, self.metrics_host))
+                 if port_in_use(port, host)]
         if taken:
             raise ServeError(f"{', '.join(taken)} already in use; choose others with "
                              "--http-port/--grpc-port/--metrics-port")
         install = find_tritonserver()
-        log = open(self.log_path, "ab") if self.log_path else None
-        env = server_environment()
-        if needs_trtllm_orchestrator(Path(self.repository)):
-            env["TRTLLM_ORCHESTRATOR"] = "1"
         self.process = subprocess.Popen(
-            self.command(install), env=env, process_group=0,
-            stdout=log or None, stderr=subprocess.STDOUT if log else None,
-            stdin=subprocess.DEVNULL)
-        if log:
-            log.close()
+            self.command(install), env=self.environment(), process_group=0,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # Its output goes where it always went (the log file, else our stderr), and the
+        # last lines stay at hand to say where a model's load is stuck.
+        if self.log_path:
+            self.output = OutputTail(self.process.stdout, open(self.log_path, "ab"),
+                                     close_sink=True)
+        else:
+            self.output = OutputTail(self.process.stdout, sys.stderr.buffer)
         if self.self_test:
             # While this server loads its models, so the check adds little to start-up.
             try:
@@ -189,24 +169,58 @@ class TritonServer:
                 raise
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Wait for the server, then load the models (all, or load_models) one after
+        another, dependencies first; raise ServeError naming the model that failed or
+        did not finish loading within timeout_s, and the stage it is stuck in."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            code = self.process.poll()
-            if code is not None:
-                raise ServeError(f"tritonserver exited with status {code} before it was "
-                                 f"ready{self._load_failures()}{self._log_hint()}")
-            if self.http_get("/v2/health/ready") == 200:
-                return
+        while self.http_get("/v2/health/ready") != 200:
+            self._check_running()
+            if time.monotonic() >= deadline:
+                raise ServeError(f"tritonserver did not answer on {self.http_url} within "
+                                 f"{timeout_s:.0f} s{self._log_hint()}")
             time.sleep(0.2)
-        raise ServeError(f"not ready after {timeout_s:.0f} s: {self.describe_models()}"
-                         f"{self._log_hint()}")
+        wanted = (self.load_models if self.load_models is not None
+                  else [m["name"] for m in self.model_states()])
+        for model in loading.load_order(wanted, loading.dependencies(self.repository)):
+            self.load(model, deadline)
+
+    def load(self, model: str, deadline: float) -> None:
+        """Load one model through the repository API, watching the server meanwhile."""
+        done: list[BaseException | None] = []
+        started = time.monotonic()
+        worker = threading.Thread(target=_load_into, name=f"load-{model}", daemon=True,
+                                  args=(self.http_url, model, done))
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.2)
+            if worker.is_alive():
+                self._check_running()
+            if worker.is_alive() and time.monotonic() >= deadline:
+                stubs = [s.pid for s in stub_processes(self.process.pid).values()
+                         if s.model == model]
+                lines = self.output.lines() if self.output else []
+                raise ServeError(f"model '{model}' did not load within "
+                                 f"{time.monotonic() - started:.0f} s: "
+                                 f"{loading.load_stage(model, lines, stubs)}"
+                                 f"{self._log_hint()}")
+        if done and done[0] is not None:
+            self._check_running()
+            raise ServeError(f"model '{model}' failed to load: {done[0]}"
+                             f"{self._log_hint()}")
+
+    def _check_running(self) -> None:
+        code = self.process.poll()
+        if code is not None:
+            raise ServeError(f"tritonserver exited with status {code} before it was "
+                             f"ready{self._load_failures()}{self._log_hint()}")
 
     def _load_failures(self) -> str:
-        """The server's own account of models that failed to load, from its log."""
-        if not self.log_path or not Path(self.log_path).is_file():
+        """The server's own account of models that failed to load, from its output."""
+        if self.output is None:
             return ""
+        self.output.join(2.0)   # it exited: its last lines are on their way
         lines = [line.split("] ", 1)[-1].strip().strip('"')[:300]
-                 for line in Path(self.log_path).read_text(errors="replace").splitlines()
+                 for line in self.output.lines()
                  if line.startswith("E") and ("failed to load" in line
                                               or "Failed to create instance" in line
                                               or "already in use" in line)]
@@ -276,28 +290,12 @@ class TritonServer:
                 continue   # being replaced (a re-render): the next check sees it
         return models
 
-    def monitor(self, interval_s: float = WATCH_INTERVAL_S) -> None:
-        """Serve until something is wrong, then raise ServeError saying what: the server
-        exited, a model's stub died (2.51 never restarts it, and the model still reports
-        READY), or a model's engine reports itself dead. The caller stops the server."""
-        watch = StubWatch(stub_processes(self.process.pid))
-        while True:
-            try:
-                code = self.process.wait(interval_s)
-            except subprocess.TimeoutExpired:
-                pass
-            else:
-                raise ServeError(f"tritonserver exited with status {code}")
-            # Stubs first, then the index: a stub that exits between the two looks
-            # READY at most once, and a death is only believed when seen twice.
-            alive = stub_processes(self.process.pid)
-            ready = self.ready_models()
-            if ready is None:
-                continue   # busy or shutting down: look again next time
-            problem = watch.check(alive, ready & self.stub_models(),
-                                  unhealthy_engines(self.metrics_text()))
-            if problem and self.process.poll() is None:
-                raise ServeError(f"tritonserver: {problem}; {RESTART_HINT}")
+    def monitor(self, report, interval_s: float = WATCH_INTERVAL_S) -> None:
+        """Serve until tritonserver exits, then raise ServeError. A model whose stub or
+        engine dies meanwhile is reloaded alone (keeper.py); `report` gets one line per
+        such event. The caller stops the server."""
+        code = keeper.keep_serving(self, report, interval_s)
+        raise ServeError(f"tritonserver exited with status {code}")
 
     def stop(self, grace_s: float = 10.0) -> int | None:
         """SIGTERM the process group, SIGKILL it after grace_s; remove the shared-memory
@@ -315,6 +313,8 @@ class TritonServer:
                 code = self.process.wait()
         # Stubs may outlive the server by a moment; the group is ours, so finish it.
         _signal_group(self.process.pid, signal.SIGKILL)
+        if self.output is not None:
+            self.output.join(5.0)   # the rest of its output, up to the last line
         for name in regions:
             try:
                 (SHM_DIR / name).unlink()
@@ -366,18 +366,31 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
+def _load_into(http_url: str, model: str, done: list) -> None:
+    try:
+        # No timeout of its own: the caller watches the deadline and names the stage.
+        loading.request(http_url, model, "load", None)
+    except (loading.LoadFailed, OSError) as e:
+        done.append(e)
+    else:
+        done.append(None)
+
+
 def shm_regions_of_group(pgid: int) -> set[str]:
-    """Python-backend shared-memory regions mapped by the processes of one group (a
-    server and its stubs). Only these are ours to remove: other servers on the same
-    machine have regions of their own."""
+    """Shared-memory regions (LEAKED_SHM_PREFIXES) mapped by the processes of one group
+    (a server, its stubs, vLLM's engine processes). Only these are ours to remove: other
+    servers on the same machine have regions of their own."""
     regions = set()
+    markers = [str(SHM_DIR / prefix) for prefix in LEAKED_SHM_PREFIXES]
     for proc in group_processes(pgid):
         try:
             maps = (proc / "maps").read_text()
         except OSError:
             continue   # it exited while we looked
         for line in maps.splitlines():
-            marker = line.find(str(SHM_DIR / SHM_PREFIX))
-            if marker >= 0:
-                regions.add(Path(line[marker:].split(" ")[0]).name)
+            for marker in markers:
+                at = line.find(marker)
+                if at >= 0:
+                    # "(deleted)" follows a region already unlinked: nothing to remove.
+                    regions.add(Path(line[at:].split(" ")[0]).name)
     return regions

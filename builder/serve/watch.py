@@ -2,7 +2,7 @@
 decision whether one died (StubWatch, pure: unit-tested without a server).
 
 Triton 2.51 never restarts a crashed stub and keeps its model READY, so `trident serve`
-watches the stubs itself and exits when one dies, for a supervisor to restart it.
+watches the stubs itself and reloads the model whose stub or engine died (keeper.py).
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 STUB_BINARY = "triton_python_backend_stub"
 HEALTH_GAUGE = "trident_engine_healthy"   # 0: the engine died while its stub lives on
@@ -85,6 +86,16 @@ def unhealthy_engines(metrics_text: str) -> set[str]:
     return sick
 
 
+class Death(NamedTuple):
+    """One model found dead: which, and what was seen (one line naming it)."""
+
+    model: str
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
+
+
 class StubWatch:
     """Tells a stub that died from one that exited on purpose, from snapshots of the live
     stubs, the READY models that run in stubs and the unhealthy engines, taken about once
@@ -94,8 +105,10 @@ class StubWatch:
     reloaded (Triton starts the new stubs, one per instance name, before the old ones
     exit). Anything else is a death: a stub gone while its model is READY, or a READY
     model without any stub (one that died before a check saw it). An engine whose healthy
-    gauge reads 0 while its model is READY counts as dead too. Each is believed only when
-    seen on two checks in a row: the stubs and the index cannot be read at one instant."""
+    gauge reads 0 while its model is READY counts as dead too, and so does a model that left
+    READY while its gauge read 0 (a vLLM model unloads itself when its engine dies). Each is
+    believed only when seen on two checks in a row: the stubs and the index cannot be read
+    at one instant."""
 
     def __init__(self, alive: dict[int, Stub]):
         self.known = dict(alive)       # the live stubs of the last check
@@ -103,11 +116,13 @@ class StubWatch:
         self.suspects: dict[int, Stub] = {}
         self.orphans: set[str] = set()
         self.sick: set[str] = set()
+        self.ready: set[str] = set()
 
     def check(self, alive: dict[int, Stub], ready: set[str],
-              unhealthy: set[str] = frozenset()) -> str | None:
-        """None, or what is wrong (one line naming the model). `ready`: the READY models
-        that run in stubs."""
+              unhealthy: set[str] = frozenset()) -> list[Death]:
+        """The models found dead on this check, one Death each (empty when all is well).
+        `ready`: the READY models that run in stubs and are to be watched (a caller leaves
+        out a model it is reloading itself)."""
         for stub in alive.values():
             if stub.pid not in self.known:
                 self._note_new(stub)
@@ -120,17 +135,24 @@ class StubWatch:
                    if not any(stub.model == model for stub in alive.values())}
         sick = {model for model in unhealthy if model in ready}
         confirmed_orphans, confirmed_sick = orphans & self.orphans, sick & self.sick
+        # Gone from READY with a dead engine: it unloaded itself (the gauge keeps its value).
+        unloaded = {model for model in (self.ready - ready) & unhealthy}
         self.known, self.suspects = dict(alive), suspects
-        self.orphans, self.sick = orphans, sick
+        self.orphans, self.sick, self.ready = orphans, sick, set(ready)
         self.replaced &= set(alive)
-        if dead:
-            return (f"the stub of model '{dead[0].model}' (instance {dead[0].instance}) "
-                    "died")
-        if confirmed_orphans:
-            return f"the stub of model '{min(confirmed_orphans)}' died"
-        if confirmed_sick:
-            return f"the engine of model '{min(confirmed_sick)}' died ({HEALTH_GAUGE} is 0)"
-        return None
+        deaths: dict[str, str] = {}
+        for stub in sorted(dead, key=lambda s: (s.model, s.instance)):
+            deaths.setdefault(stub.model, f"the stub of model '{stub.model}' (instance "
+                                          f"{stub.instance}) died")
+        for model in sorted(confirmed_orphans):
+            deaths.setdefault(model, f"the stub of model '{model}' died")
+        for model in sorted(confirmed_sick):
+            deaths.setdefault(model, f"the engine of model '{model}' died "
+                                     f"({HEALTH_GAUGE} is 0)")
+        for model in sorted(unloaded):
+            deaths.setdefault(model, f"the engine of model '{model}' died "
+                                     f"({HEALTH_GAUGE} is 0) and the model unloaded itself")
+        return [Death(model, reason) for model, reason in sorted(deaths.items())]
 
     def _note_new(self, new: Stub) -> None:
         """A second stub for one instance: its model is being reloaded, and every older

@@ -44,14 +44,18 @@ def stubs(*items):
     return {s.pid: s for s in items}
 
 
+def check(watch, *step):
+    """One snapshot through the watch; what it found, as lines (None: nothing)."""
+    return "; ".join(map(str, watch.check(*step))) or None
+
+
 def checks(watch, *steps):
-    """Run (alive, ready[, unhealthy]) snapshots through the watch; the last answer."""
-    answer = None
+    """Run (alive, ready[, unhealthy]) snapshots through the watch; the first finding."""
     for step in steps:
-        answer = watch.check(*step)
+        answer = check(watch, *step)
         if answer:
             return answer
-    return answer
+    return None
 
 
 A0, A1 = stub(10, "qwen_0_0"), stub(11, "qwen_0_1")
@@ -61,8 +65,8 @@ R = stub(12, "router_0_0")
 
 def test_a_killed_stub_of_a_ready_model_is_dead_once_seen_twice():
     watch = StubWatch(stubs(A0, R))
-    assert watch.check(stubs(R), {"qwen", "router"}) is None       # seen once
-    assert watch.check(stubs(R), {"qwen", "router"}) == (
+    assert check(watch, stubs(R), {"qwen", "router"}) is None       # seen once
+    assert check(watch, stubs(R), {"qwen", "router"}) == (
         "the stub of model 'qwen' (instance qwen_0_0) died")
 
 
@@ -113,11 +117,36 @@ def test_a_failed_reload_is_not_a_death():
 def test_an_engine_reporting_itself_dead_counts_once_seen_twice():
     watch = StubWatch(stubs(A0, R))
     alive, ready = stubs(A0, R), {"qwen", "router"}
-    assert watch.check(alive, ready, {"qwen"}) is None
-    assert watch.check(alive, ready, {"qwen"}) == (
+    assert check(watch, alive, ready, {"qwen"}) is None
+    assert check(watch, alive, ready, {"qwen"}) == (
         "the engine of model 'qwen' died (trident_engine_healthy is 0)")
 
 
 def test_a_zero_gauge_of_a_model_not_ready_is_ignored():
     watch = StubWatch(stubs(R))    # qwen was unloaded; its series keeps its last value
     assert checks(watch, *[(stubs(R), {"router"}, {"qwen"})] * 3) is None
+
+
+def test_two_models_dead_at_once_are_both_named_with_their_model():
+    q0, r0 = stub(10, "qwen_0_0"), stub(30, "rag_0_0")
+    watch = StubWatch(stubs(q0, r0, R))
+    assert watch.check(stubs(R), {"qwen", "rag", "router"}) == []
+    deaths = watch.check(stubs(R), {"qwen", "rag", "router"})
+    assert [d.model for d in deaths] == ["qwen", "rag"]
+    assert str(deaths[1]) == "the stub of model 'rag' (instance rag_0_0) died"
+
+
+def test_a_model_that_unloaded_itself_with_a_dead_engine_is_dead():
+    # vLLM's health check unloads the model when its engine dies: it leaves READY with its
+    # gauge at 0, possibly before any check saw the gauge.
+    watch = StubWatch(stubs(A0, R))
+    assert check(watch, stubs(A0, R), {"qwen", "router"}) is None
+    assert check(watch, stubs(R), {"router"}, {"qwen"}) == (
+        "the engine of model 'qwen' died (trident_engine_healthy is 0) and the model "
+        "unloaded itself")
+
+
+def test_a_model_left_out_of_the_watch_is_not_dead():
+    # trident serve leaves out a model it is reloading: its stubs come and go.
+    watch = StubWatch(stubs(A0, R))
+    assert checks(watch, *[(stubs(R), {"router"})] * 3) is None

@@ -3,23 +3,20 @@ on this machine are left out with explicit model control, never by editing the o
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from builder.serve import client as infer
+from builder.render.context import INTERFACE
 from builder.serve.server import (SHM_DIR, Ports, ServeError, TritonServer, free_port,
                                   shm_regions_of_group)
 from builder.serve.watch import stub_processes
-from tests.helpers.servers import free_ports, render, start_server
-from tests.helpers import wait_for
-from support.sglang_double import SHIM
+from tests.helpers.servers import free_ports, listening_addresses, render, start_server
 
 server_test = pytest.mark.server
 
@@ -50,8 +47,14 @@ def test_rendered_repository_loads_and_answers(mixed_repo, tmp_path):
         result = infer.stream_generate(server.grpc_url, "router", "Hello", max_tokens=5,
                                        sampling={"temperature": 0})
         assert result.served_by == "tiny" and result.output_tokens == 5
+        vllm_regions = {r for r in shm_regions_of_group(server.process.pid)
+                        if r.startswith("psm_")}
+        assert vllm_regions   # vLLM's engine maps its own shared memory (~240 MiB each)
     finally:
         server.stop()
+    # vLLM leaves its psm_* regions behind when its process group is stopped: stop()
+    # removes them, as it removes the Python backend's.
+    assert [r for r in vllm_regions if (SHM_DIR / r).exists()] == []
 
 
 @server_test
@@ -88,33 +91,48 @@ def test_failed_model_load_is_explained(tmp_path):
     finally:
         server.stop()
     message = str(failure.value)
-    assert "before it was ready" in message and "ghost" in message
+    assert message.startswith("model 'ghost' failed to load: ")
+    assert str(tmp_path / "no-such-model") in message     # the model's own reason
     assert str(tmp_path / "server.log") in message
 
 
 @server_test
 def test_trident_serve_stops_on_sigterm_and_cleans_up(mixed_repo, tmp_path):
     ports = free_ports()
+    env = {k: v for k, v in os.environ.items() if k != INTERFACE.ROUTER_SECRET_ENV}
     proc = subprocess.Popen(
         [sys.executable, "-m", "builder.cli.main", "serve", "--repo", str(mixed_repo),
          "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
          "--metrics-port", str(ports.metrics), "--load-model", "router"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    said = []
     try:
         for line in proc.stdout:
+            said.append(line)
             if line.startswith("ready:"):
                 assert f"127.0.0.1:{ports.grpc}" in line
                 break
         else:
             pytest.fail("trident serve never printed ready")
-        server_pid = int(subprocess.run(["pgrep", "-f", "--", f"--http-port={ports.http}"],
-                                        capture_output=True, text=True).stdout.split()[0])
+        server_pid = _server_pid(ports)
+        # Triton's ports are private: bound to loopback, not to every interface.
+        assert {(address, port) for address, port in listening_addresses(server_pid)
+                if port in (ports.http, ports.grpc, ports.metrics)} == {
+            ("127.0.0.1", ports.http), ("127.0.0.1", ports.grpc),
+            ("127.0.0.1", ports.metrics)}
+        # The router secret is in the server's environment, made for this start.
+        environ = Path(f"/proc/{server_pid}/environ").read_bytes().split(b"\0")
+        secret = [v.split(b"=", 1)[1] for v in environ
+                  if v.startswith(INTERFACE.ROUTER_SECRET_ENV.encode() + b"=")]
+        assert len(secret) == 1 and len(secret[0]) >= 32
         regions = shm_regions_of_group(server_pid)
         assert regions   # the router's stub maps at least one region
         stopping = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
         assert time.monotonic() - stopping < 15
+        said += proc.stdout.readlines()
+        assert not any(secret[0].decode() in line for line in said)   # never printed
     finally:
         if proc.poll() is None:   # the test failed: leave no server behind
             proc.kill()
@@ -131,71 +149,50 @@ def test_serve_missing_repository_exits_2(tmp_path, capsys):
     assert "no such model repository" in capsys.readouterr().err
 
 
-# -- `trident serve` notices dead stubs ----------------------------------------------------
-
-DOUBLE = {"name": "double", "hardware": {"gpu": "cpu"},
-          "models": [{"name": "qwen", "engine": "sglang", "model": "/models/test-double"}]}
-
-
-@server_test
-def test_trident_serve_exits_when_a_stub_dies_but_not_on_unload(tmp_path):
-
-    repo = render(DOUBLE, tmp_path / "repo")
-    (repo / "qwen" / "1" / "sglang.py").write_text(SHIM)
-    ports = free_ports()
-    output = tmp_path / "serve.out"
-    with open(output, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "builder.cli.main", "serve", "--repo", str(repo),
-             "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
-             "--metrics-port", str(ports.metrics), "--load-model", "qwen"],
-            stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_for(lambda: "ready:" in output.read_text() or proc.poll() is not None, 120)
-        assert proc.poll() is None, output.read_text()
-        server_pid = _server_pid(ports)
-
-        def qwen_stubs():
-            return [s for s in stub_processes(server_pid).values() if s.model == "qwen"]
-
-        # An unload ends the stub on purpose: serve keeps running.
-        _control(ports, "qwen", "unload")
-        wait_for(lambda: not qwen_stubs(), 60)
-        watched_until = time.monotonic() + 4   # four watch intervals
-        while time.monotonic() < watched_until:
-            assert proc.poll() is None, output.read_text()
-            time.sleep(0.2)
-        _control(ports, "qwen", "load")
-        stub = wait_for(qwen_stubs, 60)[0]
-
-        os.kill(stub.pid, signal.SIGKILL)
-        killed = time.monotonic()
-        code = proc.wait(timeout=30)
-        print(f"trident serve exited {time.monotonic() - killed:.1f} s after the kill")
-    finally:
-        if proc.poll() is None:   # the test failed: leave no server behind
-            proc.kill()
-            subprocess.run(["pkill", "-KILL", "-f", "--", f"--http-port={ports.http}"])
-    said = output.read_text()
-    assert code == 1, said
-    # With the instance when a check saw the stub alive before the kill (not guaranteed:
-    # it was killed right after the load).
-    assert re.search(r"tritonserver: the stub of model 'qwen' (\(instance qwen_0_0\) )?died; "
-                     r"exiting so a supervisor can restart the server", said), said
-    assert "Traceback" not in said
-    assert subprocess.run(["pgrep", "-f", "--", f"--http-port={ports.http}"],
-                          capture_output=True).stdout == b""   # the server was stopped
-
-
 def _server_pid(ports: Ports) -> int:
     found = subprocess.run(["pgrep", "-f", "--", f"--http-port={ports.http}"],
                            capture_output=True, text=True).stdout.split()
     return int(found[0])
 
 
-def _control(ports: Ports, model: str, action: str) -> None:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{ports.http}/v2/repository/models/{model}/{action}", data=b"{}",
-        method="POST")
-    with urllib.request.urlopen(request, timeout=120) as response:
-        assert response.status == 200
+# -- a load that does not finish is named, with its stage -----------------------------------
+
+STUCK_CONFIG = """name: "stuck"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_STRING dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+STUCK_MODEL = """import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pb_utils.Logger.log_info("stuck: waiting for an engine that never comes")
+        time.sleep(3600)
+"""
+
+
+@server_test
+def test_a_load_that_never_finishes_is_named_with_its_stage(tmp_path):
+    version = tmp_path / "repo" / "stuck" / "1"
+    version.mkdir(parents=True)
+    (version.parent / "config.pbtxt").write_text(STUCK_CONFIG)
+    (version / "model.py").write_text(STUCK_MODEL)
+    server = TritonServer(tmp_path / "repo", free_ports(), self_test=False)
+    server.start()
+    try:
+        with pytest.raises(ServeError) as failure:
+            server.wait_ready(15)
+        stubs = [s.pid for s in stub_processes(server.process.pid).values()
+                 if s.model == "stuck"]
+    finally:
+        server.stop(grace_s=2)
+    message = str(failure.value)
+    assert message.startswith("model 'stuck' did not load within ")
+    assert (f"instance stuck_0_0 created, not yet loaded (its stub process {stubs[0]} "
+            "running); the model's last log line: 'stuck: waiting for an engine that never "
+            "comes'") in message
+    assert "HTTP port" not in message

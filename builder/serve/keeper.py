@@ -1,0 +1,165 @@
+"""Keep a running tritonserver's models serving: a model whose stub or engine died is
+reloaded in place through the repository API (unload + load), with backoff, and given up
+after a limit; the other models are not touched, and the server runs on. Only
+tritonserver's own exit ends `trident serve`.
+
+Why here and not in Triton: 2.51 never restarts a crashed stub and keeps its model READY
+(requests then fail with "Stub process ... is not healthy"), and exiting the whole server
+for one model's fault took every model of every engine down with it. The router falls back
+to its other backends while one reloads.
+
+Restarts (the policy) is pure; keep_serving is the loop, on a server object that
+server.py's TritonServer provides (this module does not import it).
+"""
+from __future__ import annotations
+
+import queue
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from builder.serve import loading
+from builder.serve.watch import HEALTH_GAUGE, StubWatch, stub_processes, unhealthy_engines
+
+RESTART_LIMIT = 5           # restarts in a row, then the model is given up
+FIRST_DELAY_S = 1.0         # before the first reload; doubled for each further one
+MAX_DELAY_S = 30.0
+STABLE_S = 120.0            # a model that served this long after a reload starts afresh
+UNLOAD_TIMEOUT_S = 60.0
+RELOAD_TIMEOUT_S = 600.0    # a vLLM model takes 20-60 s to load on a loaded 2-core machine
+# The engine health gauge of a reloaded model may still read the old instance's 0 for a
+# moment after the load: a gauge-only death is not believed this soon after a reload.
+GAUGE_GRACE_S = 10.0
+
+
+@dataclass
+class Restarts:
+    """How long to wait before reloading a model that died, or that it is given up."""
+
+    limit: int = RESTART_LIMIT
+    first_delay_s: float = FIRST_DELAY_S
+    max_delay_s: float = MAX_DELAY_S
+    stable_s: float = STABLE_S
+    counts: dict[str, int] = field(default_factory=dict)
+    back_at: dict[str, float] = field(default_factory=dict)   # when each came back last
+
+    def after_death(self, model: str, now: float) -> float | None:
+        """Seconds to wait before reloading `model`, or None: it died `limit` times in a
+        row (each time within stable_s of coming back) and is given up."""
+        if now - self.back_at.get(model, now) >= self.stable_s:
+            self.counts[model] = 0
+        count = self.counts.get(model, 0) + 1
+        self.counts[model] = count
+        if count > self.limit:
+            return None
+        return min(self.first_delay_s * 2 ** (count - 1), self.max_delay_s)
+
+    def came_back(self, model: str, now: float) -> None:
+        self.back_at[model] = now
+
+
+class Server(Protocol):
+    http_url: str
+
+    @property
+    def process(self): ...
+
+    def ready_models(self) -> set[str] | None: ...
+
+    def stub_models(self) -> set[str]: ...
+
+    def metrics_text(self) -> str: ...
+
+
+def reload(http_url: str, model: str, timeout_s: float = RELOAD_TIMEOUT_S) -> None:
+    """Unload then load one model; raises loading.LoadFailed or OSError when the load
+    does not succeed. The unload may fail (a vLLM model whose engine died unloads itself):
+    the load is what counts."""
+    try:
+        loading.request(http_url, model, "unload", UNLOAD_TIMEOUT_S)
+    except (loading.LoadFailed, OSError):
+        pass
+    loading.request(http_url, model, "load", timeout_s)
+
+
+def keep_serving(server: Server, report: Callable[[str], None], interval_s: float = 1.0,
+                 restarts: Restarts | None = None,
+                 reload_model: Callable[[str, str], None] = reload) -> int:
+    """Watch the server's models until tritonserver exits; returns its exit status.
+    `report` gets one line per event (a death, a reload, a model given up)."""
+    restarts = restarts or Restarts()
+    process = server.process
+    watch = StubWatch(stub_processes(process.pid))
+    due: dict[str, float] = {}          # model → when to reload it
+    reloading: dict[str, float] = {}    # model → when its reload began (one at a time)
+    results: queue.Queue = queue.Queue()
+    given_up: set[str] = set()
+    grace: dict[str, float] = {}        # model → until when a gauge-only death is ignored
+
+    def died(model: str, reason: str, now: float) -> None:
+        delay = restarts.after_death(model, now)
+        if delay is None:
+            given_up.add(model)
+            report(f"trident serve: {reason}; giving up on model '{model}' after "
+                   f"{restarts.limit} restarts: it is unloaded, the other models keep "
+                   "serving")
+            threading.Thread(target=_unload_quietly, args=(server.http_url, model),
+                             daemon=True).start()
+            return
+        due[model] = now + delay
+        report(f"trident serve: {reason}; reloading it in {delay:.0f} s (restart "
+               f"{restarts.counts[model]} of {restarts.limit})")
+
+    while True:
+        try:
+            return process.wait(interval_s)
+        except subprocess.TimeoutExpired:
+            pass   # still running
+        now = time.monotonic()
+        while not results.empty():
+            model, error = results.get()
+            started = reloading.pop(model)
+            if error is None:
+                restarts.came_back(model, now)
+                grace[model] = now + GAUGE_GRACE_S
+                report(f"trident serve: model '{model}' is back (reloaded in "
+                       f"{now - started:.1f} s)")
+            else:
+                died(model, f"reloading model '{model}' failed: {error}", now)
+        alive = stub_processes(process.pid)
+        ready = server.ready_models()
+        if ready is None:
+            continue   # busy or shutting down: look again next time
+        busy = set(due) | set(reloading) | given_up
+        for death in watch.check(alive, (ready & server.stub_models()) - busy,
+                                 unhealthy_engines(server.metrics_text())):
+            gauge_only = HEALTH_GAUGE in death.reason
+            if death.model in busy or (gauge_only and now < grace.get(death.model, 0)):
+                continue
+            died(death.model, death.reason, now)
+        if not reloading:
+            ready_now = sorted((at, model) for model, at in due.items() if at <= now)
+            if ready_now:
+                model = ready_now[0][1]
+                del due[model]
+                reloading[model] = now
+                threading.Thread(target=_reload_into, daemon=True, name=f"reload-{model}",
+                                 args=(reload_model, server.http_url, model, results)).start()
+
+
+def _reload_into(reload_model, http_url: str, model: str, results: queue.Queue) -> None:
+    try:
+        reload_model(http_url, model)
+    except (loading.LoadFailed, OSError) as e:
+        results.put((model, str(e) or type(e).__name__))
+    else:
+        results.put((model, None))
+
+
+def _unload_quietly(http_url: str, model: str) -> None:
+    try:
+        loading.request(http_url, model, "unload", UNLOAD_TIMEOUT_S)
+    except (loading.LoadFailed, OSError):
+        pass   # the server is going away, or the model already is

@@ -1,0 +1,147 @@
+"""One model's failure costs that model only: `trident serve` on a real tritonserver with
+two engine models (the SGLang double, light enough for CI) behind the router. One model's
+stub is killed while streams go to the other model and to the router: they keep
+answering, the killed model is reloaded in place and answers again within 60 s, and the
+tritonserver process is the same one throughout. Only tritonserver's own death ends
+`trident serve` (exit 1).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from builder.serve import client
+from builder.serve.watch import stub_processes
+from support.sglang_double import SHIM
+from tests.helpers import wait_for
+from tests.helpers.servers import free_ports, render
+
+pytestmark = pytest.mark.server
+
+SPEC = {
+    "name": "blast-radius", "hardware": {"gpu": "cpu"},
+    "models": [{"name": "qa", "engine": "sglang", "model": "/models/test-double"},
+               {"name": "qb", "engine": "sglang", "model": "/models/test-double"}],
+    "router": {"default": ["qa"], "fallback": {"qa": ["qb"]}},
+}
+
+
+class Asker(threading.Thread):
+    """Asks one model for short streamed answers, back to back, until stopped."""
+
+    def __init__(self, url: str, model: str):
+        super().__init__(daemon=True)
+        self.url, self.model = url, model
+        self.answers, self.failures = 0, []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                result = client.stream_generate(self.url, self.model, "hi", max_tokens=8,
+                                                timeout_s=30)
+                if result.text and result.finish_reason:
+                    self.answers += 1
+                else:
+                    self.failures.append(f"empty answer: {result}")
+            except Exception as e:   # the test reports every failure, of any kind
+                self.failures.append(str(e)[:200])
+
+
+def answers(url: str, model: str) -> bool:
+    try:
+        return bool(client.stream_generate(url, model, "hi", max_tokens=4, timeout_s=10).text)
+    except Exception:
+        return False
+
+
+def server_pid(ports) -> int:
+    found = subprocess.run(["pgrep", "-f", "--", f"--http-port={ports.http}"],
+                           capture_output=True, text=True).stdout.split()
+    assert len(found) == 1, found
+    return int(found[0])
+
+
+def test_a_killed_stub_costs_its_own_model_only(tmp_path):
+    repo = render(SPEC, tmp_path / "repo")
+    for model in ("qa", "qb"):
+        (repo / model / "1" / "sglang.py").write_text(SHIM)
+    ports = free_ports()
+    output = tmp_path / "serve.out"
+    with open(output, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "builder.cli.main", "serve", "--repo", str(repo),
+             "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
+             "--metrics-port", str(ports.metrics), "--no-self-test"],
+            stdout=out, stderr=subprocess.STDOUT)
+    askers = []
+    try:
+        wait_for(lambda: "ready:" in output.read_text() or proc.poll() is not None, 120)
+        assert proc.poll() is None, output.read_text()
+        url, pid = f"127.0.0.1:{ports.grpc}", server_pid(ports)
+        askers = [Asker(url, "qb"), Asker(url, "router")]
+        for asker in askers:
+            asker.start()
+        wait_for(lambda: all(a.answers >= 3 for a in askers), 60)
+
+        victim = [s for s in stub_processes(pid).values() if s.model == "qa"][0]
+        os.kill(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        before = [a.answers for a in askers]
+        wait_for(lambda: answers(url, "qa"), 60, interval_s=0.5)
+        back_s = time.monotonic() - killed
+        # The reload happened: a new stub; not merely the old one answering.
+        assert [s.pid for s in stub_processes(pid).values() if s.model == "qa"] != [
+            victim.pid]
+        wait_for(lambda: all(a.answers >= b + 3 for a, b in zip(askers, before)), 30)
+        for asker in askers:
+            asker.stopping.set()
+            asker.join(30)
+        print(f"qa answered again {back_s:.1f} s after the kill; answers meanwhile: "
+              + ", ".join(f"{a.model} {a.answers}" for a in askers))
+        qb_asker, router_asker = askers
+        assert qb_asker.failures == []
+        # A router request streaming from qa at the kill cannot be moved mid-stream (its
+        # first tokens are out): at most that one fails, saying so; every later one falls
+        # back to qb while qa reloads.
+        assert len(router_asker.failures) <= 1, router_asker.failures
+        assert all("qa failed mid-stream" in f for f in router_asker.failures)
+        assert server_pid(ports) == pid and proc.poll() is None
+
+        # An operator's unload is not a death: nothing is reloaded.
+        _control(ports, "qb", "unload")
+        wait_for(lambda: not [s for s in stub_processes(pid).values() if s.model == "qb"],
+                 60)
+        time.sleep(4)   # four watch intervals
+        assert "model 'qb'" not in output.read_text()
+
+        os.kill(pid, signal.SIGKILL)   # tritonserver itself: now serve exits
+        code = proc.wait(timeout=30)
+    finally:
+        for asker in askers:
+            asker.stopping.set()
+        if proc.poll() is None:   # the test failed: leave no server behind
+            proc.kill()
+            subprocess.run(["pkill", "-KILL", "-f", "--", f"--http-port={ports.http}"])
+    said = output.read_text()
+    print(said[-3000:])
+    assert code == 1, said
+    assert "trident serve: the stub of model 'qa'" in said and "reloading it in" in said
+    assert "trident serve: model 'qa' is back" in said
+    assert "tritonserver exited with status -9" in said
+    assert "Traceback" not in said
+
+
+def _control(ports, model: str, action: str) -> None:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{ports.http}/v2/repository/models/{model}/{action}", data=b"{}",
+        method="POST")
+    with urllib.request.urlopen(request, timeout=120) as response:
+        assert response.status == 200
