@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from builder.errors import printable
 from builder.k8s.names import K8sError
 from builder.spec import DeploymentSpec
+from builder.spec.adapters import adapters_of
 
 LOOPBACK = "127.0.0.1"
 EVERYWHERE = "0.0.0.0"
@@ -52,6 +53,12 @@ def check(spec: DeploymentSpec, options) -> None:
                            "a relative path, which does not exist in the pod; give an "
                            "absolute path on a volume mounted in the pod, or a Hugging Face "
                            "model id")
+        for name, path in adapters_of(model).items():   # always folders
+            if not PurePosixPath(path).is_absolute():
+                raise K8sError(f"{spec.file}: models[{i}].adapters.{printable(name)}: "
+                               f"{printable(path)} is a relative path, which does not "
+                               "exist in the pod; give an absolute path on a volume "
+                               "mounted in the pod")
 
 
 def _relative_path(value: str, spec_file: str) -> bool:

@@ -199,3 +199,16 @@ def test_a_hugging_face_id_is_accepted(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(data))
     render(spec, tmp_path / "out")
+
+
+@pytest.mark.parametrize("path, is_refused", [("./adapters/support", True),
+                                              ("/srv/lora/support", False)])
+def test_a_relative_adapter_path_is_refused(tmp_path, path, is_refused):
+    data = yaml.safe_load(MULTINODE.read_text())
+    data["models"][0]["adapters"] = {"support": path}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    if is_refused:
+        assert "models[0].adapters.support" in refused(spec, tmp_path / "out")
+    else:
+        render(spec, tmp_path / "out")
