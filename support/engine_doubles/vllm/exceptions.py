@@ -1,0 +1,2 @@
+class VLLMClientError(ValueError):
+    """A request the engine refuses (vllm.exceptions)."""

@@ -1,0 +1,8 @@
+from dataclasses import dataclass
+
+
+@dataclass
+class LoRARequest:
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
