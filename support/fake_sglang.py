@@ -20,7 +20,9 @@ the longest shared token prefix of a new prompt as cached_tokens.
 
 Scripting for tests: `fail_before_first`, `fail_after_chunks`, `abort_with_status`,
 `hold_after` (+ `release()`), `tokens_per_chunk`. Records: `calls`, `aborts`,
-`shut_down`.
+`shut_down`. Pacing for benchmarks: with PACE (a support.pacing.RateSource) set before the
+engine is made, tokens come at that rate, as from a GPU (TTFT, tokens/s per stream, a
+batch-wide limit), and a chunk holds every token made since the last one.
 """
 from __future__ import annotations
 
@@ -29,8 +31,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
+from support.pacing import PacedBatch
+
 REPLY = ("The capital of France is Paris . It is known for the Eiffel Tower , "
          "the Louvre and its cafes .")
+PACE = None   # a support.pacing.RateSource: paced tokens (benchmarks); None: at no cost
 
 # sglang 0.5.23 ServerArgs fields (python/sglang/srt/arg_groups/fields/*.py) that
 # trident may pass; a name outside this set is a TypeError, as in ServerArgs(**kwargs).
@@ -89,6 +94,8 @@ class FakeTokenizerManager:
         state = self.rid_to_state.get(rid)
         if state is not None:
             state["aborted"] = True
+            if state.get("paced") is not None:
+                self._engine._batch.abort(state["paced"])
 
 
 class Engine:
@@ -115,6 +122,7 @@ class Engine:
         self.aborts: list[str] = []
         self.shut_down = False
         self._radix: list[list[str]] = []
+        self._pace, self._batch = PACE, None
 
     # -- sglang.Engine ------------------------------------------------------------------
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None,
@@ -155,6 +163,8 @@ class Engine:
         cached = self._cached_prefix(prompt_tokens)
         state = self.tokenizer_manager.rid_to_state[rid] = {"aborted": False}
         reply, finish = self._reply(params)
+        paced = self._paced(len(reply))
+        state["paced"] = paced
         try:
             if self.fail_before_first is not None:
                 raise self.fail_before_first
@@ -167,7 +177,8 @@ class Engine:
                         await asyncio.sleep(0.002)
                 if self.fail_after_chunks is not None and chunks == self.fail_after_chunks:
                     raise RuntimeError("CUDA error: an illegal memory access was encountered")
-                step = reply[len(emitted):len(emitted) + self.tokens_per_chunk]
+                size = self.tokens_per_chunk if paced is None else await paced.take()
+                step = reply[len(emitted):len(emitted) + size]
                 emitted += step
                 done = len(emitted) == len(reply)
                 reason = finish if done else None
@@ -193,6 +204,17 @@ class Engine:
                 await asyncio.sleep(0)
         finally:
             self.tokenizer_manager.rid_to_state.pop(rid, None)
+            if paced is not None and not paced.done:
+                self._batch.abort(paced)
+
+    def _paced(self, tokens: int):
+        """This request's paced tokens (None: unpaced). The step clock is made on first
+        use, on the loop that serves the requests."""
+        if self._pace is None:
+            return None
+        if self._batch is None:
+            self._batch = PacedBatch(self._pace)
+        return self._batch.add(tokens)
 
     def _validate(self, prompt, params: dict) -> list[str]:
         unknown = sorted(set(params) - SAMPLING_FIELDS)

@@ -51,3 +51,13 @@ def zero_cost_shim(tokens: int) -> str:
             "from support import fake_sglang\n"
             f"fake_sglang.REPLY = ' '.join(f'w{{i}}' for i in range({tokens}))\n"
             "Engine = fake_sglang.Engine\n")
+
+
+def paced_shim(control: Path, tokens: int = 1024) -> str:
+    """A `sglang.py` whose engine makes up to `tokens` words at the rate in the control
+    file (support/pacing.py; support/vllm_double.write_rate writes it)."""
+    return (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+            "from support import fake_sglang\nfrom support.pacing import RateSource\n"
+            f"fake_sglang.REPLY = ' '.join(f'w{{i}}' for i in range({tokens}))\n"
+            f"fake_sglang.PACE = RateSource(control={str(control)!r})\n"
+            "Engine = fake_sglang.Engine\n")
