@@ -1,0 +1,1 @@
+"""Tests of the benchmarks' pure parts and of the engine doubles they serve with."""
