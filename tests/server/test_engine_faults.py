@@ -2,11 +2,12 @@
 storms, abort guessing and a dying engine: SmolLM2 on vLLM as `primary` (the model of
 deploy/examples/cpu-fallback.yaml) behind `router`, one server for the module.
 
-Tests run in file order: the engine is killed in the last one.
+Tests run in file order: the engine is killed in the last two (and reloaded in the last).
 """
 from __future__ import annotations
 
 import queue
+import threading
 import time
 import uuid
 
@@ -14,6 +15,7 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 
+from builder.serve import keeper
 from builder.serve.client import build_inputs, first_output, stream_generate
 from tests.helpers import bad_requests
 from tests.helpers.servers import render, start_server
@@ -177,14 +179,16 @@ def test_a_client_cannot_abort_a_request_by_guessing_its_engine_id(server):
     assert sum(len(t) for t in victim.texts) > 0
 
 
-def test_a_client_aborts_its_own_request_by_its_id(server):
+def test_a_direct_client_stops_its_request_by_cancelling_its_stream(server):
     own = uuid.uuid4().hex
     stream = Stream(server, long_inputs(max_tokens=500, request_id=own))
     assert stream.next()
-    abort(server, own)
-    stream.finish(timeout_s=60)                       # ends long before 500 tokens
-    stream.close()
-    assert stream.finals == 1
+    # abort_request_id is the router's (docs/security.md): its id is no handle for anyone.
+    control = Stream(server, [bad_requests.text("abort_request_id", own)]).finish(30)
+    control.close()
+    assert control.errors and control.errors[0].startswith(
+        "invalid request: abort_request_id is the router's own input")
+    stream.close(cancel=True)                         # ends long before 500 tokens
     wait_for(lambda: in_flight(server) == 0, timeout_s=60)
 
 
@@ -239,3 +243,22 @@ def test_a_dead_engine_fails_requests_fast_and_reports_unhealthy(server):
     assert after.errors[0].startswith("vllm engine is dead: "), after.errors
     wait_for(lambda: in_flight(server) == 0, timeout_s=30)
     assert server.http_get("/v2/health/ready") == 200
+
+
+def test_trident_serve_reloads_the_model_whose_engine_died(server):
+    """After the test above primary's stub lives on with a dead engine (the health gauge
+    reads 0): the keeper of `trident serve` reloads primary alone, and it answers again
+    from a fresh engine, in the same tritonserver."""
+    pid, lines = server.process.pid, []
+    keeper_thread = threading.Thread(target=keeper.keep_serving, args=(server, lines.append),
+                                     daemon=True)   # returns when the server stops
+    keeper_thread.start()
+    started = time.monotonic()
+    wait_for(lambda: any("is back" in line for line in lines), timeout_s=240, interval_s=0.5)
+    print(f"primary reloaded {time.monotonic() - started:.1f} s after the keeper started: "
+          + " | ".join(lines))
+    assert lines[0].startswith("trident serve: the engine of model 'primary' died "
+                               "(trident_engine_healthy is 0); reloading it in ")
+    assert answer(server).output_tokens == 4
+    assert answer(server, model="router").output_tokens == 4
+    assert server.process.pid == pid and server.process.poll() is None
