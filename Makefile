@@ -66,8 +66,10 @@ test: install redis-server
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not server and not vllm and not s3"
 
+# BENCH: some of bench/run.py's benchmarks (default: all), e.g. `make bench BENCH=gpu_rate`;
+# TRIDENT_GPU_RATE_QUICK=1 makes gpu_rate a short smoke run.
 bench: install
-	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.run $(BENCH)
 
 plan: install
 	$(BIN)/trident plan --spec deploy/examples/h100x8.yaml
