@@ -28,8 +28,9 @@ class OutputTail:
             try:
                 self._sink.write(raw)
                 self._sink.flush()
-            except (OSError, ValueError):
-                pass   # the sink went away (a closed terminal): keep draining the pipe
+            except Exception:   # noqa: BLE001 - a closed terminal, a replaced stderr
+                pass   # whatever the sink's fault, keep draining the pipe: the server
+                # would block on a full one
             with self._lock:
                 self._lines.append(raw.decode(errors="replace").rstrip("\n"))
         self._pipe.close()

@@ -159,7 +159,8 @@ class TritonServer:
             self.output = OutputTail(self.process.stdout, open(self.log_path, "ab"),
                                      close_sink=True)
         else:
-            self.output = OutputTail(self.process.stdout, sys.stderr.buffer)
+            self.output = OutputTail(self.process.stdout,
+                                     getattr(sys.stderr, "buffer", sys.stderr))
         if self.self_test:
             # While this server loads its models, so the check adds little to start-up.
             try:
@@ -179,8 +180,17 @@ class TritonServer:
                 raise ServeError(f"tritonserver did not answer on {self.http_url} within "
                                  f"{timeout_s:.0f} s{self._log_hint()}")
             time.sleep(0.2)
-        wanted = (self.load_models if self.load_models is not None
-                  else [m["name"] for m in self.model_states()])
+        wanted = self.load_models
+        while wanted is None:   # every model the server finds in its repository
+            index = self._repository_index()
+            if index is not None:
+                wanted = [m["name"] for m in index]
+            elif time.monotonic() >= deadline:
+                raise ServeError(f"tritonserver did not list its repository within "
+                                 f"{timeout_s:.0f} s{self._log_hint()}")
+            else:
+                self._check_running()
+                time.sleep(0.2)
         for model in loading.load_order(wanted, loading.dependencies(self.repository)):
             self.load(model, deadline)
 
@@ -251,15 +261,6 @@ class TritonServer:
 
     def model_states(self) -> list[dict]:
         return self._repository_index() or []
-
-    def describe_models(self) -> str:
-        states = self.model_states()
-        if not states:
-            return "the server does not answer on its HTTP port"
-        waiting = [f"{m['name']} is {m.get('state', 'UNKNOWN')}"
-                   + (f" ({m['reason']})" if m.get("reason") else "")
-                   for m in states if m.get("state") != "READY"]
-        return "; ".join(waiting) or "all models READY but the server is not"
 
     def ready_models(self) -> set[str] | None:
         """Names of the READY models, or None when the server does not answer."""
