@@ -145,8 +145,3 @@ def test_a_model_that_unloaded_itself_with_a_dead_engine_is_dead():
         "the engine of model 'qwen' died (trident_engine_healthy is 0) and the model "
         "unloaded itself")
 
-
-def test_a_model_left_out_of_the_watch_is_not_dead():
-    # trident serve leaves out a model it is reloading: its stubs come and go.
-    watch = StubWatch(stubs(A0, R))
-    assert checks(watch, *[(stubs(R), {"router"})] * 3) is None
