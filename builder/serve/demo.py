@@ -54,7 +54,7 @@ def ask_openai(triton_url: str, model: str, question: str, max_tokens: int) -> N
 
     from builder.serve.openai.runner import Frontend
 
-    frontend = Frontend(triton_url, port=free_port()).start()
+    frontend = Frontend(triton_url, port=free_port(), expose=(model,)).start()   # --model
     try:
         print(f"\nOpenAI API: {frontend.url}/v1 (trident serve --openai-port PORT)",
               flush=True)
