@@ -126,3 +126,10 @@ def test_a_key_does_not_reach_an_engine_model():
     assert [m["id"] for m in client.get("/v1/models", headers=headers).json()["data"]] \
         == ["router"]
     assert not triton.calls
+
+
+def test_expose_takes_model_names_and_needs_the_frontend(tmp_path, capsys):
+    assert main(["openai", "--expose", "router:x"]) == 2
+    assert "'router:x' is not a model name" in capsys.readouterr().err
+    assert main(["serve", "--repo", str(tmp_path), "--expose", "router"]) == 2
+    assert "--expose needs --openai-port" in capsys.readouterr().err
