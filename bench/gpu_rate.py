@@ -8,6 +8,9 @@ the serving path's, not the engine's). Three paths, side by side in one server:
   direct   the engine model over gRPC
   router   `router` over gRPC (the BLS hop)
   openai   `trident openai` over HTTP SSE (/v1/completions), which calls `router`
+  anchor   Triton's vllm_backend `src/model.py` direct over gRPC, on the same double
+           (read at run time and patched as bench/anchor.py does; left out, with a
+           line saying why, when its source is not here)
 For each offered load, streams (16, 64, 256) x tokens/s per stream (20, 50, 100), each
 stream one request of 256 tokens, the paths taking turns (the order rotates point by
 point, so a slow spell of the machine hits each). Figures: bench/rate_stats.py (delivered
@@ -32,11 +35,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import tritonclient.grpc as grpcclient
 import yaml
 
+from bench import anchor
 from bench.common import bench_result, ratio_row
 from bench.openai_frontend import process_cpu_s, start_frontend
-from bench.rate_clients import GrpcPath, HttpPath, load_point
+from bench.rate_clients import AnchorPath, GrpcPath, HttpPath, load_point
 from bench.rate_stats import ceiling, cpu_ms_per_1000_tokens, summarize
 from builder.pipeline import build_repository
 from builder.serve.server import start_on_free_ports
@@ -47,11 +52,12 @@ from support.vllm_double import make_environment, use_double, write_rate
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL, ROUTER = "smollm2", "router"
-PATHS = ("direct", "router", "openai")
+PATHS = ("direct", "router", "openai", "anchor")
 FULL = {"streams": (16, 64, 256), "tokens_per_s": (20, 50, 100), "tokens": 256}
 QUICK = {"streams": (16, 64), "tokens_per_s": (50, 100), "tokens": 64}
 TTFT_S = 0.05
 BATCH_TOKENS_PER_S = 32_000   # above the sweep's top (256 x 100): the engine never limits
+ANCHOR_LOAD_TIMEOUT_S = 60    # the double loads in about a second
 
 
 def deployment(streams: int) -> dict:
@@ -87,7 +93,8 @@ async def sweep(paths: dict, pids: dict, control: Path, sizes: dict) -> list[dic
     for i, (streams, rate) in enumerate(plan(sizes)):
         write_rate(control, Rate(TTFT_S, rate, BATCH_TOKENS_PER_S))
         timeout = 10 * (TTFT_S + tokens / rate) + 60
-        for name in PATHS[i % 3:] + PATHS[:i % 3]:
+        names = list(paths)
+        for name in names[i % len(names):] + names[:i % len(names)]:
             before = cpu_seconds(pids)
             requests, failed = await load_point(paths[name], streams, tokens, timeout)
             point = summarize(requests, streams * rate, failed)
@@ -106,14 +113,17 @@ def _line(p: dict) -> str:
             f"offered {p['offered_tokens_per_s']:.0f} delivered "
             f"{p['delivered_tokens_per_s']:.0f} tok/s, TTFT p50/p99 {ms(p['ttft_p50_s'])}/"
             f"{ms(p['ttft_p99_s'])} ms, gap p50/p99 {ms(p['gap_p50_s'])}/"
-            f"{ms(p['gap_p99_s'])} ms, ITL p99 {ms(p['itl_p99_s'])} ms"
+            f"{ms(p['gap_p99_s'])} ms, ITL p99 {ms(p['itl_p99_s'])} ms, "
+            f"{p['tokens_per_chunk']:.2f} tokens/chunk"
             + (f", {p['errors']} failed" if p["errors"] else ""))
 
 
 async def measure(grpc_url: str, http_url: str, pids: dict, control: Path,
-                  sizes: dict) -> list[dict]:
+                  sizes: dict, with_anchor: bool) -> list[dict]:
     paths = {"direct": GrpcPath(grpc_url, MODEL), "router": GrpcPath(grpc_url, ROUTER),
              "openai": HttpPath(http_url, ROUTER, max(sizes["streams"]))}
+    if with_anchor:
+        paths["anchor"] = AnchorPath(grpc_url, anchor.ANCHOR)
     try:
         return await sweep(paths, pids, control, sizes)
     finally:
@@ -123,6 +133,8 @@ async def measure(grpc_url: str, http_url: str, pids: dict, control: Path,
 
 def rows(points: list[dict]) -> list[dict]:
     by_path = {name: [p for p in points if p["path"] == name] for name in PATHS}
+    if not by_path["anchor"]:
+        del by_path["anchor"]
     top = {name: ceiling(ps) for name, ps in by_path.items()}
     literal = {name: ceiling(ps, literal=True) for name, ps in by_path.items()}
     out = [_ceiling_row("ceiling tokens/s, router vs direct", top, ROUTER, "direct"),
@@ -131,6 +143,9 @@ def rows(points: list[dict]) -> list[dict]:
                         ROUTER, "direct", target="report"),
            _ceiling_row("ceiling (gap p99 <= 30 ms literally), openai vs router", literal,
                         "openai", ROUTER, target="report")]
+    if "anchor" in top:
+        out.insert(2, _ceiling_row("ceiling tokens/s, direct (trident's vLLM model) vs "
+                                   "vllm_backend", top, "direct", "anchor", threshold=1.0))
     for point in by_path[ROUTER]:
         direct = next(p for p in by_path["direct"] if _same(p, point))
         frontend = next(p for p in by_path["openai"] if _same(p, point))
@@ -141,6 +156,11 @@ def rows(points: list[dict]) -> list[dict]:
         out.append(ratio_row(f"delivered tokens/s {label}, openai vs router",
                              frontend["delivered_tokens_per_s"],
                              point["delivered_tokens_per_s"], "report"))
+        if "anchor" in by_path:
+            base = next(p for p in by_path["anchor"] if _same(p, point))
+            out.append(ratio_row(f"delivered tokens/s {label}, direct vs vllm_backend",
+                                 direct["delivered_tokens_per_s"],
+                                 base["delivered_tokens_per_s"], "report"))
     return out
 
 
@@ -148,11 +168,12 @@ def _same(a: dict, b: dict) -> bool:
     return a["streams"] == b["streams"] and a["tokens_per_stream_s"] == b["tokens_per_stream_s"]
 
 
-def _ceiling_row(metric: str, top: dict, ours: str, base: str, target: str = "") -> dict:
+def _ceiling_row(metric: str, top: dict, ours: str, base: str, target: str = "",
+                 threshold: float = 0.9) -> dict:
     """A ceiling ratio row; None (no point met the limits) reads as 0 tokens/s."""
-    threshold = 0.9 if not target else None
+    threshold = threshold if not target else None
     row = ratio_row(metric, top[ours] or 0.0, top[base] or 0.0,
-                    target or f">= 0.9x {base}", threshold=threshold)
+                    target or f">= {threshold}x {base}", threshold=threshold)
     if top[base] is None and threshold is not None:
         row["met"] = None       # nothing to compare with: the base met no point
     return row
@@ -166,16 +187,19 @@ def run(out_dir: Path, quick: bool | None = None) -> dict:
         work = Path(tmp)
         repo, control = work / "repo", work / "rate.json"
         build_repository(parse_spec(deployment(max(sizes["streams"])), "<bench>"), repo)
-        use_double(repo, MODEL, make_environment(work / "env"), control,
-                   Rate(TTFT_S, 50, BATCH_TOKENS_PER_S))
+        environment = make_environment(work / "env")
+        use_double(repo, MODEL, environment, control, Rate(TTFT_S, 50, BATCH_TOKENS_PER_S))
+        with_anchor = add_anchor(repo, environment, control)
         server = start_on_free_ports(repo, out_dir / "gpu_rate.tritonserver.log",
-                                     timeout_s=120)
+                                     load_models=(MODEL, ROUTER), timeout_s=120)
         frontend = None
         try:
+            with_anchor = with_anchor and load_anchor(server.grpc_url)
             frontend, http_url = start_frontend(server.grpc_url,
                                                 out_dir / "gpu_rate.frontend.log")
             pids = processes(server, frontend)
-            points = asyncio.run(measure(server.grpc_url, http_url, pids, control, sizes))
+            points = asyncio.run(measure(server.grpc_url, http_url, pids, control, sizes,
+                                         with_anchor))
         finally:
             if frontend is not None:
                 frontend.terminate()
@@ -188,8 +212,39 @@ def run(out_dir: Path, quick: bool | None = None) -> dict:
                         "trident's vLLM model", "quick": quick, "ttft_s": TTFT_S,
               "batch_tokens_per_s": BATCH_TOKENS_PER_S, **{k: list(v) if isinstance(
                   v, tuple) else v for k, v in sizes.items()},
-              "cpu_processes": sorted(pids) + ["client"]}
+              "cpu_processes": sorted(pids) + ["client"],
+              "anchor": with_anchor or "left out (see the run's output)"}
     return bench_result("gpu_rate", rows(points), config, points)
+
+
+def add_anchor(repo: Path, environment: Path, control: Path) -> bool:
+    """vllm_backend's model beside trident's, on the same double and rate; False (and
+    one line saying why) when its source is not here or no longer takes the patches."""
+    try:
+        files = anchor.apply_patches(anchor.read_source(
+            anchor.source_location(), os.environ.get(anchor.REV_ENV, "HEAD")))
+    except anchor.AnchorUnavailable as e:
+        print(f"gpu_rate: the vllm_backend anchor is left out: {e}", file=sys.stderr)
+        return False
+    anchor.add_anchor(repo, files)
+    use_double(repo, anchor.ANCHOR, environment, control, Rate(TTFT_S, 50,
+                                                                BATCH_TOKENS_PER_S))
+    return True
+
+
+def load_anchor(url: str) -> bool:
+    """Load the anchor once the server is up, so that a vllm_backend that does not run
+    on the double costs its path only, with a line saying why."""
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        client.load_model(anchor.ANCHOR, client_timeout=ANCHOR_LOAD_TIMEOUT_S)
+        return True
+    except Exception as e:  # InferenceServerException or a timeout: the path is left out
+        print(f"gpu_rate: the vllm_backend anchor did not load on the double, left out: "
+              f"{e}", file=sys.stderr)
+        return False
+    finally:
+        client.close()
 
 
 def main(argv=None) -> int:

@@ -58,6 +58,32 @@ class GrpcPath:
         await self.client.close()
 
 
+class AnchorPath(GrpcPath):
+    """Triton's vllm_backend model over gRPC, in its own dialect (bench/anchor.py's
+    request): its responses carry each one's own num_output_tokens, summed here."""
+
+    async def one(self, tokens: int) -> Request:
+        from bench.anchor import _inputs
+
+        async def requests():
+            yield {"model_name": self.model, "inputs": _inputs(PROMPT, tokens),
+                   "request_id": uuid.uuid4().hex}
+
+        request, count = Request(time.perf_counter()), 0
+        async for result, error in self.client.stream_infer(requests()):
+            if error is not None:
+                raise RuntimeError(f"{self.model}: {error.message()}")
+            at = time.perf_counter()
+            counts = result.as_numpy("num_output_tokens")
+            new = int(counts.reshape(-1)[0]) if counts is not None and counts.size else 0
+            if new:
+                count += new
+                request.add(at, count)
+        if count != tokens:
+            raise RuntimeError(f"{self.model}: {count} tokens, wanted {tokens}")
+        return request
+
+
 def sse_events(buffer: bytes) -> tuple[list[bytes], bytes]:
     """The complete `data:` payloads in buffer, and the unfinished rest."""
     *events, rest = buffer.split(b"\n\n")

@@ -100,6 +100,9 @@ def summarize(requests: list[Request], offered: float, errors: int = 0) -> dict:
             "delivered_counted": counted, "requests": len(requests), "errors": errors,
             "tokens": sum(r.output_tokens for r in requests),
             "chunks": sum(len(r.arrivals) for r in requests),
+            # above 1: the path fell behind and tokens merged into fewer responses
+            "tokens_per_chunk": (sum(r.output_tokens for r in requests)
+                                 / max(1, sum(len(r.arrivals) for r in requests))),
             "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99),
             "gap_p50_s": percentile(gaps, 50), "gap_p99_s": percentile(gaps, 99),
             "itl_p50_s": percentile(itls, 50), "itl_p99_s": percentile(itls, 99)}

@@ -26,3 +26,19 @@ class RequestOutput:
     metrics: object = None
     lora_request: object = None
     kv_transfer_params: dict = field(default_factory=dict)
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list
+
+
+@dataclass
+class PoolingRequestOutput:
+    request_id: str
+    outputs: object
+    prompt_token_ids: list
+    finished: bool
+
+
+EmbeddingRequestOutput = PoolingRequestOutput

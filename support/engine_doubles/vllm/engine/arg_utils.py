@@ -10,4 +10,12 @@ class AsyncEngineArgs:
                  **engine_args):
         self.rate, self.rate_control = dict(rate or {}), rate_control
         self.max_model_len, self.disable_log_stats = max_model_len, disable_log_stats
+        self.enable_log_requests = bool(engine_args.pop("enable_log_requests", False))
+        self.aggregate_engine_logging = False
         self.engine_args = engine_args   # the rest (model, dtype, ...): recorded only
+
+    def create_engine_config(self, usage_context=None):
+        from vllm.config import ModelConfig, VllmConfig
+
+        return VllmConfig(ModelConfig(self.max_model_len or 32768), self.rate,
+                          self.rate_control)

@@ -7,6 +7,7 @@ import time
 from typing import Optional
 
 from support.pacing import PacedBatch, Rate, RateSource, StepStats
+from vllm.config import VllmConfig
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
@@ -28,11 +29,14 @@ class WordTokenizer:
 
 
 class AsyncLLM:
-    def __init__(self, engine_args, stat_loggers=None):
-        self.engine_args = engine_args
+    def __init__(self, config, stat_loggers=None):
+        """config: AsyncEngineArgs (trident's model) or the VllmConfig made from them
+        (vllm_backend's); both carry the double's rate settings."""
+        if not isinstance(config, VllmConfig):
+            config = config.create_engine_config()
         self.errored, self.dead_error = False, None
-        self._source = RateSource(Rate.from_dict(engine_args.rate), engine_args.rate_control)
-        self._loggers = [factory(None, 0) for factory in stat_loggers or ()]
+        self._source = RateSource(Rate.from_dict(config.rate), config.rate_control)
+        self._loggers = [factory(config, 0) for factory in stat_loggers or ()]
         for logger in self._loggers:
             logger.log_engine_initialized()
         self._batch: Optional[PacedBatch] = None
@@ -44,7 +48,7 @@ class AsyncLLM:
         return cls(engine_args, stat_loggers)
 
     @classmethod
-    def from_vllm_config(cls, vllm_config, stat_loggers=None, **kwargs):
+    def from_vllm_config(cls, vllm_config, usage_context=None, stat_loggers=None, **kwargs):
         return cls(vllm_config, stat_loggers)
 
     def get_tokenizer(self):
@@ -67,6 +71,8 @@ class AsyncLLM:
 
     async def generate(self, prompt, sampling_params, request_id, priority=0,
                        lora_request=None, **kwargs):
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            prompt = " ".join(f"t{i}" for i in prompt["prompt_token_ids"])
         text = prompt.get("prompt", "") if isinstance(prompt, dict) else prompt
         prompt_ids = self._tokenizer.encode(text or "")
         if request_id in self._streams:

@@ -34,3 +34,9 @@ class IterationStats:
     inter_token_latencies_iter: list = field(default_factory=list)
     n_params_iter: list = field(default_factory=list)
     max_num_generation_tokens_iter: list = field(default_factory=list)
+
+
+@dataclass
+class MultiModalCacheStats:
+    queries: int = 0
+    hits: int = 0

@@ -1,0 +1,16 @@
+"""VllmConfig: what stat loggers read of it (model_config.max_model_len), and the double's
+rate settings, carried from AsyncEngineArgs.create_engine_config."""
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class ModelConfig:
+    max_model_len: int = 32768
+
+
+@dataclass
+class VllmConfig:
+    model_config: ModelConfig = field(default_factory=ModelConfig)
+    rate: dict = field(default_factory=dict)
+    rate_control: Optional[str] = None

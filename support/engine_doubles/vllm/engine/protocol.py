@@ -1,0 +1,2 @@
+class EngineClient:
+    """The engine client protocol (vllm.engine.protocol): AsyncLLM is one."""

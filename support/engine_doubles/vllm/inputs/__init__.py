@@ -1,0 +1,1 @@
+from vllm.inputs.data import TokensPrompt  # noqa: F401

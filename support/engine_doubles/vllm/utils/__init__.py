@@ -1,0 +1,5 @@
+import uuid
+
+
+def random_uuid() -> str:
+    return uuid.uuid4().hex
