@@ -1,6 +1,8 @@
 """vLLM's RequestOutput and CompletionOutput, with the fields its clients read."""
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Generic, Optional, TypeVar
+
+_O = TypeVar("_O")
 
 
 @dataclass
@@ -34,7 +36,7 @@ class EmbeddingOutput:
 
 
 @dataclass
-class PoolingRequestOutput:
+class PoolingRequestOutput(Generic[_O]):
     request_id: str
     outputs: object
     prompt_token_ids: list
