@@ -37,6 +37,13 @@ class TritonPythonModel(AsyncEngineModel):
     engine_name = "vllm"
 
     def initialize(self, args):
+        # This blocks for vLLM's whole start (20-60 s here). Triton 2.51's Python backend
+        # waits for the answer in 1 s slices, each needing the stub's health thread (C++,
+        # no GIL, every 300 ms) to have run: on a starved machine one missed slice fails
+        # the load as "Stub process ... is not healthy", and the backend then waits for
+        # that stub to exit, which it never does: the model stays LOADING for good
+        # (python_backend r24.10 stub_launcher.cc, ReceiveMessageFromStub and
+        # WaitForStubProcess). Neither the window nor the wait can be set from here.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         if args.get("model_instance_kind") == "CPU":
             _cpu_defaults()
@@ -92,6 +99,11 @@ class TritonPythonModel(AsyncEngineModel):
         # vLLM refuses a priority unless it schedules by priority (spec tenants' tiers).
         self._by_priority = config.get("scheduling_policy") == "priority"
         self.loras = lora_requests(config.pop("lora_adapters", {}))
+        # vLLM's host cache of adapters (its LRU, max_cpu_loras, else max_loras): while
+        # every adapter fits, one vLLM loaded stays loaded and is never read again.
+        self._loras_stay = len(self.loras) <= (config.get("max_cpu_loras")
+                                               or config.get("max_loras") or 1)
+        self._loaded_loras: set = set()
         engine_args = AsyncEngineArgs(**config)
         loggers = []
         # vLLM computes no stats with disable_log_stats: then there is nothing to export.
@@ -166,6 +178,8 @@ class TritonPythonModel(AsyncEngineModel):
 
     async def stream(self, prompt, sampling, engine_id):
         input_tokens = output_tokens = 0
+        if sampling.lora is not None:
+            await self._load_adapter(sampling.lora)
         if sampling.cache_salt:   # the tenant's own prefix cache (bls/tenants.py)
             prompt = {"prompt": prompt, "cache_salt": sampling.cache_salt}
         outputs = self._count_cached(self.engine.generate(
@@ -192,6 +206,25 @@ class TritonPythonModel(AsyncEngineModel):
             yield Delta(completion.text, completion.finish_reason, input_tokens,
                         output_tokens, None if completion.logprobs is None else
                         logprobs_json(completion.logprobs), completion.cumulative_logprob)
+
+    async def _load_adapter(self, lora) -> None:
+        """Have vLLM load the adapter before a request uses it. Left to generate(), vLLM
+        loads it inside its engine core when the request is scheduled, and an adapter
+        it cannot load there (its file changed or vanished since `trident repo` checked
+        it) kills the engine core: every request of every client fails after it.
+        add_lora runs the same loader as a utility call, whose failure vLLM hands back to
+        the caller alone, so this request fails as the client's and the engine goes on.
+        Once loaded, an adapter stays in vLLM's host cache while all of them fit."""
+        if self._loras_stay and lora.lora_int_id in self._loaded_loras:
+            return
+        try:
+            await self.engine.add_lora(lora)
+        except Exception as e:
+            if self.engine.errored:
+                raise
+            raise BadRequest(f"adapter {lora.lora_name!r} cannot be loaded: "
+                             f"{describe(e)}") from None
+        self._loaded_loras.add(lora.lora_int_id)
 
     async def _count_cached(self, outputs):
         """outputs, passed through; the request's cached tokens are counted when its last
