@@ -81,7 +81,7 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
              "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
              "--metrics-port", str(ports.metrics), "--no-self-test"],
             stdout=out, stderr=subprocess.STDOUT)
-    askers = []
+    askers, pid = [], None
     try:
         wait_for(lambda: "ready:" in output.read_text() or proc.poll() is not None, 120)
         assert proc.poll() is None, output.read_text()
@@ -127,9 +127,13 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
     finally:
         for asker in askers:
             asker.stopping.set()
-        if proc.poll() is None:   # the test failed: leave no server behind
+        if proc.poll() is None:   # the test failed: leave no server behind, nor its stubs
             proc.kill()
-            subprocess.run(["pkill", "-KILL", "-f", "--", f"--http-port={ports.http}"])
+            if pid is not None:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     said = output.read_text()
     print(said[-3000:])
     assert code == 1, said
