@@ -192,9 +192,9 @@ class TritonServer:
                 self._check_running()
                 time.sleep(0.2)
         for model in loading.load_order(wanted, loading.dependencies(self.repository)):
-            self.load(model, deadline)
+            self.load(model, deadline, timeout_s)
 
-    def load(self, model: str, deadline: float) -> None:
+    def load(self, model: str, deadline: float, timeout_s: float) -> None:
         """Load one model through the repository API, watching the server meanwhile."""
         done: list[BaseException | None] = []
         started = time.monotonic()
@@ -209,8 +209,9 @@ class TritonServer:
                 stubs = [s.pid for s in stub_processes(self.process.pid).values()
                          if s.model == model]
                 lines = self.output.lines() if self.output else []
-                raise ServeError(f"model '{model}' did not load within "
-                                 f"{time.monotonic() - started:.0f} s: "
+                raise ServeError(f"model '{model}' did not load within the "
+                                 f"{timeout_s:.0f} s start-up timeout (its own load took "
+                                 f"{time.monotonic() - started:.0f} s of it): "
                                  f"{loading.load_stage(model, lines, stubs)}"
                                  f"{self._log_hint()}")
         if done and done[0] is not None:

@@ -191,7 +191,7 @@ def test_a_load_that_never_finishes_is_named_with_its_stage(tmp_path):
     finally:
         server.stop(grace_s=2)
     message = str(failure.value)
-    assert message.startswith("model 'stuck' did not load within ")
+    assert message.startswith("model 'stuck' did not load within the 15 s start-up timeout")
     assert (f"instance stuck_0_0 created, not yet loaded (its stub process {stubs[0]} "
             "running); the model's last log line: 'stuck: waiting for an engine that never "
             "comes'") in message
