@@ -23,10 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.tags import sys_tags
-from pip._internal.models import index as _pip_index
-from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name,
-                             parse_sdist_filename, parse_wheel_filename)
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
 from packaging.version import InvalidVersion, Version
+from pip._internal.models import index as _pip_index
 
 # pip's own default index (the lock's implicit first index), as pip itself names it.
 PYPI = _pip_index.PyPI.simple_url
