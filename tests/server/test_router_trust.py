@@ -69,11 +69,16 @@ def finish(stream: Stream):
 @pytest.mark.parametrize("extra,name", [
     (lambda: bad_requests.text("cache_salt", "0" * 32), "cache_salt"),   # any tenant's salt
     (lambda: bad_requests.number("priority", 0), "priority")])           # the premium tier
-def test_a_direct_request_cannot_set_a_salt_or_a_priority(server, extra, name):
+def test_a_salt_or_a_priority_is_the_routers_to_set(server, extra, name):
     result = finish(direct(server, extra()))
     assert result.errors and result.errors[0].startswith(
         f"invalid request: {name} is set by the router only"), result
     assert result.chunks == 0
+    for tenant in ("alice", "bob"):    # the router sets both for them, with its proof
+        answer = generate(server.grpc_url, "router", prompt="Count.", max_tokens=4,
+                          hints={"tenant": tenant})
+        assert not answer.errors and answer.output_tokens == 4, answer
+        assert answer.served_by == MODEL
 
 
 def test_a_second_connection_cannot_end_a_direct_clients_stream(server):
@@ -86,6 +91,7 @@ def test_a_second_connection_cannot_end_a_direct_clients_stream(server):
     result = finish(victim)
     assert not result.errors and result.finish_reason == "length", result
     assert result.output_tokens == 40 and result.finals == 1
+    check_sglang.check_abort(server, "router")   # a cancel through the router still aborts
 
 
 def test_a_second_connection_cannot_abort_a_request_before_it_starts(server):
@@ -94,11 +100,3 @@ def test_a_second_connection_cannot_abort_a_request_before_it_starts(server):
     result = finish(direct(server, request_id=victim_id, max_tokens=8))
     assert not result.errors and result.output_tokens == 8 and result.text, result
 
-
-def test_the_routers_requests_keep_their_tenant_values_and_their_aborts(server):
-    for tenant in ("alice", "bob"):    # salt and priority set by the router, proven
-        answer = generate(server.grpc_url, "router", prompt="Count.", max_tokens=4,
-                          hints={"tenant": tenant})
-        assert not answer.errors and answer.output_tokens == 4, answer
-        assert answer.served_by == MODEL
-    check_sglang.check_abort(server, "router")   # a client's cancel still aborts the engine
