@@ -160,3 +160,27 @@ def test_the_asyncllm_double_answers_as_trident_reads_vllm():
     assert "temperatur" in out["typo"]
     assert out["chat"].endswith("assistant")
     assert out["generated"] == 12 and out["finished"] == 2     # the stat loggers' view
+
+
+def test_the_sglang_double_paces_itself_when_told(monkeypatch):
+    from support import fake_sglang
+
+    monkeypatch.setattr(fake_sglang, "REPLY", " ".join(f"w{i}" for i in range(40)))
+    monkeypatch.setattr(fake_sglang, "PACE", RateSource(Rate(ttft_s=0.05, tokens_per_s=200)))
+
+    async def main():
+        engine = fake_sglang.Engine(model_path="m", incremental_streaming_output=True)
+        start, first, sizes = time.monotonic(), None, []
+        chunks = await engine.async_generate(prompt="hi", sampling_params={
+            "max_new_tokens": 30}, stream=True, rid="r1")
+        async for chunk in chunks:
+            first = first or time.monotonic() - start
+            sizes.append(len(chunk["text"].split()))
+            if len(sizes) == 2:
+                await asyncio.sleep(0.04)         # a slow reader: tokens merge
+        return first, sizes, time.monotonic() - start, chunk["meta_info"]
+
+    first, sizes, elapsed, meta = _run(main())
+    assert first >= 0.045 and elapsed >= 0.05 + 29 / 200
+    assert sum(sizes) == 30 and max(sizes) > 1
+    assert meta["finish_reason"]["type"] == "length"
