@@ -34,6 +34,7 @@ def lora_server(tmp_path_factory):
          "lora": {"max_loras": 2, "max_lora_rank": 8}}],
         "router": {"default": ["tiny"]}}
     server = start_server(render(spec, tmp / "repo"), tmp)
+    server.adapters = tmp / "adapters"
     yield server
     server.stop()
 
@@ -44,6 +45,26 @@ def ask(server, model="smollm2", adapter=None, prompt=PROMPT, max_tokens=16):
         sampling["lora_name"] = adapter
     return infer.stream_generate(server.grpc_url, model, prompt, max_tokens=max_tokens,
                                  sampling=sampling)
+
+
+def test_an_adapter_broken_after_rendering_fails_alone(lora_server):
+    """First in this module, before any request has loaded `france`: its file is garbage
+    by the time a request names it (changed after `trident repo` checked it). vLLM used to
+    load it inside its engine core, whose death failed every later request of every
+    client; now that request is the client's error, again on a second try, and the engine
+    serves the others. Then the file is written back as it was, for the tests below."""
+    weights = lora_server.adapters / "france" / "adapter_model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(b"garbage")
+    try:
+        for _ in range(2):
+            with pytest.raises(infer.InferError) as broken:
+                ask(lora_server, adapter="france")
+            assert "invalid request: adapter 'france' cannot be loaded" in str(broken.value)
+        assert ask(lora_server).served_by == "smollm2"
+        assert ask(lora_server, model="router").served_by == "tiny"
+    finally:
+        weights.write_bytes(good)
 
 
 def test_an_adapter_changes_the_answer_and_leaves_the_base_alone(lora_server):
