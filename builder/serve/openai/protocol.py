@@ -1,4 +1,4 @@
-"""OpenAI's HTTP protocol as plain Python: request JSON -> Generation, answers -> JSON.
+"""OpenAI's HTTP requests as plain Python: request JSON -> a Generation.
 
 Pure (no I/O, no Triton): the request checks name the parameter at fault the way
 OpenAI does (`{"error": {"message", "type", "param", "code"}}`), sampling goes out under
