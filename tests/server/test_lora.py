@@ -129,3 +129,22 @@ def test_the_router_sends_adapter_requests_only_to_holders(lora_server):
     # The engine counted every adapter request among its own.
     assert metric_value(lora_server.metrics_url, "trident_adapter_requests_total",
                         model="smollm2", adapter="france") >= 4
+
+
+def test_the_openai_frontend_passes_the_adapter_a_client_names(lora_server):
+    # Before: the frontend dropped `lora_name` and the base model (tiny) answered.
+    import openai
+    from builder.serve.openai.runner import Frontend
+    from builder.serve.server import free_port
+
+    grpc = ask(lora_server, model="router", adapter="paris")
+    with Frontend(lora_server.grpc_url, port=free_port()) as frontend:
+        client = openai.OpenAI(base_url=frontend.url + "/v1", api_key="unused",
+                               max_retries=0, timeout=120)
+        for kwargs in ({"model": "router:paris"},
+                       {"model": "router", "extra_body": {"lora_name": "paris"}}):
+            answer = client.chat.completions.with_raw_response.create(
+                messages=[{"role": "user", "content": PROMPT}], max_tokens=16,
+                temperature=0, **kwargs)
+            assert answer.headers["x-trident-served-by"] == "smollm2:paris"
+            assert answer.parse().choices[0].message.content == grpc.text
