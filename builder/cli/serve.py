@@ -6,8 +6,13 @@ from pathlib import Path
 
 import click
 
-from builder.cli.common import (EXIT_USAGE, api_keys_option, complete_dir,
-                                 expose_option, sigterm_as_interrupt)
+from builder.cli.common import (
+    EXIT_USAGE,
+    api_keys_option,
+    complete_dir,
+    expose_option,
+    sigterm_as_interrupt,
+)
 from builder.errors import TridentError
 from builder.spec import ServerSpec
 
@@ -44,7 +49,8 @@ LOOPBACK = "127.0.0.1"   # as builder.serve.server's, not imported: `--help` sta
               help="skip the start-up check that the server's Python stub passes strings "
                    "intact (one echo through a throwaway second server, ~0.5 s)")
 def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, triton_host: str,
-          metrics_host: str, allow_open_triton: bool, timeout: float, load_model: tuple[str, ...], openai_port: int | None, openai_host: str,
+          metrics_host: str, allow_open_triton: bool, timeout: float,
+          load_model: tuple[str, ...], openai_port: int | None, openai_host: str,
           api_keys_file: str | None, expose: tuple[str, ...], no_self_test: bool) -> int:
     """Run tritonserver on a model repository.
 

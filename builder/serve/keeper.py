@@ -17,8 +17,9 @@ import queue
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 from builder.serve import loading
 from builder.serve.watch import HEALTH_GAUGE, StubWatch, stub_processes, unhealthy_engines
@@ -61,10 +62,11 @@ class Restarts:
 
 
 class Server(Protocol):
-    http_url: str
+    @property
+    def http_url(self) -> str: ...
 
     @property
-    def process(self): ...
+    def process(self) -> subprocess.Popen | None: ...
 
     def ready_models(self) -> set[str] | None: ...
 
@@ -91,6 +93,7 @@ def keep_serving(server: Server, report: Callable[[str], None], interval_s: floa
     `report` gets one line per event (a death, a reload, a model given up)."""
     restarts = restarts or Restarts()
     process = server.process
+    assert process is not None, "keep_serving needs a started server"
     watch = StubWatch(stub_processes(process.pid))
     due: dict[str, float] = {}          # model → when to reload it
     reloading: dict[str, float] = {}    # model → when its reload began (one at a time)

@@ -15,8 +15,8 @@ import json
 import re
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping
 
 ROUTER_FILE = "router.json"   # rendered beside the router's model.py: its backends
 # The ensemble's composing models in a config.pbtxt (the TensorRT-LLM pipeline).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import BinaryIO
+from typing import IO
 
 KEEP_LINES = 4000   # vLLM's start-up writes a few hundred lines per model
 
@@ -13,7 +13,7 @@ KEEP_LINES = 4000   # vLLM's start-up writes a few hundred lines per model
 class OutputTail:
     """Copies a pipe to `sink` in a thread of its own; `lines()` are the newest ones."""
 
-    def __init__(self, pipe: BinaryIO, sink: BinaryIO, keep: int = KEEP_LINES,
+    def __init__(self, pipe: IO[bytes], sink: IO[bytes], keep: int = KEEP_LINES,
                  close_sink: bool = False):
         self._pipe, self._sink, self._close_sink = pipe, sink, close_sink
         self._lines: collections.deque[str] = collections.deque(maxlen=keep)

@@ -51,7 +51,8 @@ class SelfTestFailed(TridentError):
 
 
 class Server(Protocol):
-    http_url: str
+    @property
+    def http_url(self) -> str: ...
 
     def stop(self, grace_s: float = ...) -> object: ...
 

@@ -25,12 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.render.context import INTERFACE
-from builder.spec import ServerSpec
 from builder.serve import keeper, loading, selftest
-from builder.serve.install import (ServeError, TritonInstall, find_tritonserver,  # noqa: F401
-                                   needs_trtllm_orchestrator, server_environment)
+from builder.serve.install import (  # noqa: F401
+    ServeError,
+    TritonInstall,
+    find_tritonserver,
+    needs_trtllm_orchestrator,
+    server_environment,
+)
 from builder.serve.output import OutputTail
 from builder.serve.watch import group_processes, runs_in_stub, stub_processes
+from builder.spec import ServerSpec
 
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
@@ -155,12 +160,12 @@ class TritonServer:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         # Its output goes where it always went (the log file, else our stderr), and the
         # last lines stay at hand to say where a model's load is stuck.
+        pipe = self.process.stdout
+        assert pipe is not None   # stdout=PIPE
         if self.log_path:
-            self.output = OutputTail(self.process.stdout, open(self.log_path, "ab"),
-                                     close_sink=True)
+            self.output = OutputTail(pipe, open(self.log_path, "ab"), close_sink=True)
         else:
-            self.output = OutputTail(self.process.stdout,
-                                     getattr(sys.stderr, "buffer", sys.stderr))
+            self.output = OutputTail(pipe, sys.stderr.buffer)
         if self.self_test:
             # While this server loads its models, so the check adds little to start-up.
             try:
@@ -180,7 +185,7 @@ class TritonServer:
                 raise ServeError(f"tritonserver did not answer on {self.http_url} within "
                                  f"{timeout_s:.0f} s{self._log_hint()}")
             time.sleep(0.2)
-        wanted = self.load_models
+        wanted: list[str] | tuple[str, ...] | None = self.load_models
         while wanted is None:   # every model the server finds in its repository
             index = self._repository_index()
             if index is not None:
@@ -196,6 +201,7 @@ class TritonServer:
 
     def load(self, model: str, deadline: float, timeout_s: float) -> None:
         """Load one model through the repository API, watching the server meanwhile."""
+        assert self.process is not None, "start() first"
         done: list[BaseException | None] = []
         started = time.monotonic()
         worker = threading.Thread(target=_load_into, name=f"load-{model}", daemon=True,
@@ -220,6 +226,7 @@ class TritonServer:
                              f"{self._log_hint()}")
 
     def _check_running(self) -> None:
+        assert self.process is not None, "start() first"
         code = self.process.poll()
         if code is not None:
             raise ServeError(f"tritonserver exited with status {code} before it was "
@@ -324,7 +331,7 @@ class TritonServer:
                 pass
         return code
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         self.start()
         try:
             self.wait_ready()

@@ -119,7 +119,7 @@ class StubWatch:
         self.ready: set[str] = set()
 
     def check(self, alive: dict[int, Stub], ready: set[str],
-              unhealthy: set[str] = frozenset()) -> list[Death]:
+              unhealthy: set[str] | frozenset[str] = frozenset()) -> list[Death]:
         """The models found dead on this check, one Death each (empty when all is well).
         `ready`: the READY models that run in stubs and are to be watched (a caller leaves
         out a model it is reloading itself)."""

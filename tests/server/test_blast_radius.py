@@ -100,7 +100,7 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
         # The reload happened: a new stub; not merely the old one answering.
         assert [s.pid for s in stub_processes(pid).values() if s.model == "qa"] != [
             victim.pid]
-        wait_for(lambda: all(a.answers >= b + 3 for a, b in zip(askers, before)), 30)
+        wait_for(lambda: all(a.answers >= b + 3 for a, b in zip(askers, before, strict=True)), 30)
         for asker in askers:
             asker.stopping.set()
             asker.join(30)

@@ -17,9 +17,8 @@ import tritonclient.grpc as grpcclient
 
 from builder.serve import keeper
 from builder.serve.client import build_inputs, first_output, stream_generate
-from tests.helpers import bad_requests
+from tests.helpers import bad_requests, metric_value, wait_for
 from tests.helpers.servers import render, start_server
-from tests.helpers import metric_value, wait_for
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 
@@ -84,7 +83,7 @@ class Stream:
             return False
         return True
 
-    def finish(self, timeout_s=120.0) -> "Stream":
+    def finish(self, timeout_s=120.0) -> Stream:
         deadline = time.monotonic() + timeout_s
         while self.next(max(0.1, deadline - time.monotonic())):
             pass

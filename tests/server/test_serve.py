@@ -11,10 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from builder.serve import client as infer
 from builder.render.context import INTERFACE
-from builder.serve.server import (SHM_DIR, Ports, ServeError, TritonServer, free_port,
-                                  shm_regions_of_group)
+from builder.serve import client as infer
+from builder.serve.server import (
+    SHM_DIR,
+    Ports,
+    ServeError,
+    TritonServer,
+    free_port,
+    shm_regions_of_group,
+)
 from builder.serve.watch import stub_processes
 from tests.helpers.servers import free_ports, listening_addresses, render, start_server
 
