@@ -21,8 +21,9 @@ PROMPT = "What is the capital of France?"
 def lora_server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lora")
     # Measured with vLLM 0.32 on CPU: with these seeds and scales the three greedy
-    # answers to PROMPT differ (base, one says Paris, one talks about "France").
-    write_adapter(tmp / "adapters" / "paris", seed=1, scale=0.5)
+    # answers to PROMPT differ (base, "... is Paris, France.", one talks about "France").
+    # (seed 1, scale 0.5 gave the base answer in the venv of 2026-12-01.)
+    write_adapter(tmp / "adapters" / "paris", seed=4, scale=0.75)
     write_adapter(tmp / "adapters" / "france", seed=2, scale=1.0)
     spec = {"name": "lora", "models": [
         {"name": "tiny", "engine": "vllm", "model": "builtin:tiny-llama", "family": "tiny",
