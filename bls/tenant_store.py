@@ -14,21 +14,37 @@ loses them when they expire (the router's deadline plus a margin).
 
 Redis: one Lua script per admission and per release, so a check-and-update is atomic
 across routers; the clock is Redis's own (TIME), so routers need not agree on the time.
-The client speaks RESP over asyncio streams (no extra package in the stub's venv):
-replies are matched to calls in order (pipelining), every call has a time budget, and a
-failure keeps the store "down" for RETRY_S so requests meanwhile decide at once instead
-of each waiting out the budget; the next call after that reconnects.
+The client is redis-py's asyncio client (ACL users, TLS, reconnects). The calls made
+in one turn of the event loop go to Redis as one pipeline on one connection: a burst of
+requests costs one round trip and a few event-loop wake-ups instead of one connection
+and a dozen wake-ups each, which on a loaded router (its event loop waiting for the GIL
+behind relay threads) made redis-py's plain per-call path several times slower than
+the budget (docs/router.md, "Tenants"). Every call has a time budget sized for a busy
+machine (TIMEOUT_S); a failed call makes the store "failing": for RETRY_S requests
+decide at once (the caller's on_redis_error), then one call at a time probes Redis
+until one succeeds, so a stalled Redis costs one request the budget per RETRY_S
+instead of every request.
 """
 import asyncio
-import collections
 import hashlib
 import time
 import urllib.parse
 
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, RedisError
+
 PERIOD_MS = 60_000.0
 REASONS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
-TIMEOUT_S = 0.05     # no request waits longer than this for Redis
-RETRY_S = 0.5        # after a failure, Redis is not asked again for this long
+# The budget of one call. A healthy call measured on the 2-core machine under 16 and 32
+# CPU burners (16 calls at once) took up to 0.34 s and 0.80 s (docs/router.md,
+# "Tenants"): 50 ms, the budget before, was blown there with Redis healthy. A budget
+# only costs time when Redis is stalled with its connection open; refused or reset
+# connections fail at once.
+TIMEOUT_S = 2.0
+RETRY_S = 0.5        # after a failure, requests decide without Redis for this long
+MAX_CONNECTIONS = 32  # per router; more concurrent calls wait for a free connection
 
 
 class StoreUnavailable(Exception):
@@ -136,17 +152,26 @@ return ''
 class RedisStore:
     """The same counters in Redis, shared by every router of the deployment."""
 
-    def __init__(self, url, password, namespace, timeout_s=TIMEOUT_S, retry_s=RETRY_S,
-                 clock=time.monotonic):
+    def __init__(self, url, password, namespace, username=None, timeout_s=TIMEOUT_S,
+                 retry_s=RETRY_S, clock=time.monotonic):
         parsed = urllib.parse.urlsplit(url)
-        self.host, self.port = parsed.hostname, parsed.port or 6379
-        self.tls = parsed.scheme == "rediss"
-        self.db = int(parsed.path.strip("/") or 0)
-        self.password, self.namespace = password, namespace
+        self.options = {
+            "host": parsed.hostname, "port": parsed.port or 6379,
+            "db": int(parsed.path.strip("/") or 0),
+            "connection_class": (aioredis.SSLConnection if parsed.scheme == "rediss"
+                                 else aioredis.Connection),
+            "username": username, "password": password,
+            "socket_connect_timeout": timeout_s,
+            # One immediate retry on a fresh connection: a pooled connection that a
+            # restarted Redis closed fails once, and that is not Redis being down.
+            "retry": Retry(NoBackoff(), 1)}
+        self.namespace = namespace
         self.timeout_s, self.retry_s, self.clock = timeout_s, retry_s, clock
-        self.conn = self.connecting = None
+        self.client = self.loop = None
+        self.batch = []          # (script, keys, args, future) of this loop turn
+        self.sending = set()     # pipelines in flight, referenced until done
+        self.failing, self.probing = False, False
         self.retry_at, self.last_error = 0.0, ""
-        self.shas = {ADMIT: _sha(ADMIT), FINISH: _sha(FINISH)}
 
     def keys(self, tenant):
         # The braces make a Redis Cluster hash tag: a tenant's keys share one slot.
@@ -165,137 +190,89 @@ class RedisStore:
 
     async def call(self, script, keys, args):
         """Run a script within the time budget; raises StoreUnavailable."""
-        if self.clock() < self.retry_at:
-            raise StoreUnavailable(f"Redis unavailable ({self.last_error})")
+        probe = False
+        if self.failing:
+            if self.clock() < self.retry_at or self.probing:
+                raise StoreUnavailable(f"Redis unavailable ({self.last_error})")
+            self.probing = probe = True
         try:
-            return await asyncio.wait_for(self._script(script, keys, args), self.timeout_s)
+            reply = await asyncio.wait_for(self._queue(script, keys, args), self.timeout_s)
         except asyncio.TimeoutError:
-            self._down(f"no answer within {self.timeout_s * 1000:.0f} ms")
-        except (OSError, EOFError, RespError, asyncio.IncompleteReadError) as e:
-            self._down(f"{type(e).__name__}: {e}")
+            self._failed(f"no answer within {self.timeout_s * 1000:.0f} ms")
+        except (RedisError, OSError) as e:
+            # redis-py's messages name the host and the error, never the password.
+            self._failed(f"{type(e).__name__}: {e}")
+        else:
+            self.failing = False
+            return reply
+        finally:
+            if probe:
+                self.probing = False
         raise StoreUnavailable(f"Redis unavailable ({self.last_error})")
 
-    async def _script(self, script, keys, args):
-        conn = await self._connected()
-        sha = self.shas[script]
-        reply = await conn.send("EVALSHA", sha, len(keys), *keys, *args)
-        if isinstance(reply, RespError) and str(reply).startswith("NOSCRIPT"):
-            reply = await conn.send("EVAL", script, len(keys), *keys, *args)
-        if isinstance(reply, RespError):
-            raise reply
-        return reply
-
-    async def _connected(self):
+    def _queue(self, script, keys, args):
+        """A future for the script's reply; the turn's first call schedules the send."""
         loop = asyncio.get_running_loop()
-        if self.conn is not None and not self.conn.closed and self.conn.loop is loop:
-            return self.conn
-        if self.connecting is None or self.connecting.get_loop() is not loop:
-            self.connecting = loop.create_task(self._connect())
-        # Shielded: one caller's timeout must not cancel the connect others wait for.
-        return await asyncio.shield(self.connecting)
-
-    async def _connect(self):
-        try:
-            reader, writer = await asyncio.open_connection(self.host, self.port,
-                                                           ssl=self.tls or None)
-            conn = _Connection(reader, writer)
-            if self.password:
-                reply = await conn.send("AUTH", self.password)
-                if isinstance(reply, RespError):   # never show the password
-                    conn.close()
-                    raise RespError(f"AUTH refused: {str(reply).split(' ', 1)[0]}")
-            if self.db:
-                reply = await conn.send("SELECT", self.db)
-                if isinstance(reply, RespError):
-                    conn.close()
-                    raise reply
-            self.conn = conn
-            return conn
-        finally:
-            self.connecting = None
-
-    def _down(self, why):
-        self.last_error, self.retry_at = why, self.clock() + self.retry_s
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-
-    def close(self):
-        if self.conn is not None:
-            self.conn.close()
-
-
-def _sha(script):
-    return hashlib.sha1(script.encode()).hexdigest()
-
-
-# -- RESP over asyncio ----------------------------------------------------------------------
-class RespError(Exception):
-    """An error reply from Redis (returned by send, raised by callers that care)."""
-
-
-class _Connection:
-    """One pipelined connection: replies come back in the order of the calls."""
-
-    def __init__(self, reader, writer):
-        self.reader, self.writer = reader, writer
-        self.loop = asyncio.get_running_loop()
-        self.pending = collections.deque()
-        self.closed = False
-        self.reading = self.loop.create_task(self._read_replies())
-
-    def send(self, *args):
-        if self.closed:
-            raise ConnectionError("connection closed")
-        future = self.loop.create_future()
-        self.pending.append(future)
-        self.writer.write(_encode(args))
+        if self.client is None or self.loop is not loop:
+            # redis-py's connections belong to the loop that opened them: the stub has
+            # one loop, tests run several in turn.
+            pool = aioredis.BlockingConnectionPool(
+                max_connections=MAX_CONNECTIONS, timeout=None, **self.options)
+            self.client, self.loop, self.batch = aioredis.Redis(connection_pool=pool), loop, []
+        future = loop.create_future()
+        self.batch.append((script, keys, args, future))
+        if len(self.batch) == 1:
+            loop.call_soon(self._send)
         return future
 
-    async def _read_replies(self):
+    def _send(self):
+        batch, self.batch = self.batch, []
+        task = self.loop.create_task(self._pipeline(batch))
+        self.sending.add(task)
+        task.add_done_callback(self.sending.discard)
+
+    async def _pipeline(self, batch):
+        """Send one turn's calls as one pipeline; each caller gets its own reply or
+        error. Bounded by the budget too: a stalled Redis must not hold the connection."""
         try:
-            while True:
-                reply = await _read_reply(self.reader)
-                future = self.pending.popleft()
-                if not future.done():   # a caller that timed out is gone
-                    future.set_result(reply)
-        except (Exception, asyncio.CancelledError):
-            self.close()
-
-    def close(self):
-        if self.closed:
+            replies = await asyncio.wait_for(self._execute(batch), self.timeout_s)
+        except (Exception, asyncio.CancelledError) as e:
+            error = e if isinstance(e, (RedisError, OSError)) else ConnectionError(
+                f"pipeline {type(e).__name__}")
+            for *_, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+            if isinstance(e, asyncio.CancelledError):
+                raise
             return
-        self.closed = True
-        self.writer.close()
-        if self.reading is not asyncio.current_task():
-            self.reading.cancel()
-        while self.pending:
-            future = self.pending.popleft()
-            if not future.done():
-                future.set_exception(ConnectionError("Redis connection lost"))
+        for (*_, future), reply in zip(batch, replies):
+            if future.done():      # its caller gave up
+                continue
+            if isinstance(reply, Exception):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
+
+    async def _execute(self, batch):
+        pipe = self.client.pipeline(transaction=False)
+        for script, keys, args, _ in batch:
+            pipe.evalsha(SHAS[script], len(keys), *keys, *args)
+        replies = await pipe.execute(raise_on_error=False)
+        # NOSCRIPT: a Redis that restarted (or another one) has not seen the script;
+        # EVAL runs it and caches it for the next EVALSHA.
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
+            pipe = self.client.pipeline(transaction=False)
+            for i in missing:
+                script, keys, args, _ = batch[i]
+                pipe.eval(script, len(keys), *keys, *args)
+            for i, reply in zip(missing, await pipe.execute(raise_on_error=False)):
+                replies[i] = reply
+        return replies
+
+    def _failed(self, why):
+        self.failing, self.last_error = True, why
+        self.retry_at = self.clock() + self.retry_s
 
 
-def _encode(args):
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
-
-
-async def _read_reply(reader):
-    line = await reader.readuntil(b"\r\n")
-    kind, rest = line[:1], line[1:-2]
-    if kind == b"+":
-        return rest
-    if kind == b"-":
-        return RespError(rest.decode(errors="replace"))
-    if kind == b":":
-        return int(rest)
-    if kind == b"$":
-        size = int(rest)
-        return None if size < 0 else (await reader.readexactly(size + 2))[:-2]
-    if kind == b"*":
-        size = int(rest)
-        return None if size < 0 else [await _read_reply(reader) for _ in range(size)]
-    raise RespError(f"unexpected reply {line[:40]!r}")
+SHAS = {script: hashlib.sha1(script.encode()).hexdigest() for script in (ADMIT, FINISH)}

@@ -7,13 +7,15 @@ never reaches a backend nor counts against one. The tenant is the `tenant` routi
 until its stream ends, however it ends (`run` releases it in a `finally`), and is charged
 its real prompt + completion tokens then. The counters live in tenant_store (in this
 process, or in Redis shared by every router); when Redis is down or slow, the spec's
-on_redis_error decides, and the decision is counted.
+on_redis_error decides, and the decision is counted. The release and the charge are
+written off the request's path and retried until the store takes them (tenant_outbox);
+a lease the router never releases (it died) expires with the request's deadline.
 
-The tier (from the spec, never from the request) becomes vLLM's request `priority`; a
+The tier comes from the spec, never from the request: it replaces the client's `tier`
+routing hint (what the policy's rules match) and becomes vLLM's request `priority`; a
 `cache_salt` per tenant keeps tenants' prefix caches apart unless they are listed in
 share_prefix_cache. Both travel to the engine model as input tensors.
 """
-import asyncio
 import os
 import re
 import secrets
@@ -21,11 +23,15 @@ import secrets
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tenant_outbox import Outbox
 from tenant_store import Limits, LocalStore, RedisStore, StoreUnavailable
 from trident_common.metrics import COUNTER, GAUGE
 from trident_common.trust import tenant_salt
 
-LEASE_MARGIN_S = 30.0     # a lease outlives the router's deadline by this much
+# A lease outlives the router's deadline by this much: the router ends a request at its
+# deadline (checked every STREAM_WATCH_S, later on a loaded loop), then releases it. A
+# lease a dead router never releases blocks its tenant no longer than that.
+LEASE_MARGIN_S = 5.0
 ANONYMOUS = "_anonymous"  # the bucket of requests that name no tenant
 OTHER = "_other"          # metric label of tenants not in the spec (clients pick names)
 # builder/spec/tenants.py's TENANT_RE (the stub cannot import the builder).
@@ -36,14 +42,14 @@ UNITS = {"requests_per_minute": "requests per minute",
 
 
 class Tenant:
-    __slots__ = ("name", "label", "limits", "quota", "priority", "salt")
+    __slots__ = ("name", "label", "limits", "quota", "tier", "priority", "salt")
 
     def __init__(self, name, label, entry, shared):
         self.name, self.label = name, label
         self.quota = entry   # the spec's numbers, for messages
         self.limits = Limits(entry["requests_per_minute"], entry["tokens_per_minute"],
                              entry["max_concurrent"])
-        self.priority = entry["priority"]
+        self.tier, self.priority = entry["tier"], entry["priority"]
         # Secret: a keyed HMAC of the name (trust.py), so no one can compute another's.
         self.salt = None if shared else tenant_salt(name)
 
@@ -94,10 +100,22 @@ class Tenants:
         self.known = {name: Tenant(name, name, entry, name in shared)
                       for name, entry in config["limits"].items()}
         self.metrics = TenantMetrics(router_metrics)
-        self.pending = set()   # release tasks, referenced until done
         if store is None and config["redis"]:
-            store = RedisStore(config["redis"], read_password(config), config["namespace"])
+            store = RedisStore(config["redis"], read_password(config), config["namespace"],
+                               username=config.get("username"))
         self.store = store or LocalStore()
+        self.outbox = Outbox(self.store, on_retry=lambda: self.metrics.redis_failure("retry"),
+                             on_lost=lambda: self.metrics.redis_failure("lost"))
+
+    def set_tier(self, hints):
+        """Replace the client's `tier` routing hint with its tenant's tier from the spec
+        (the default's for a tenant the spec does not name), before the router computes
+        the request's routing features: a client cannot route itself as another tier."""
+        if not self.enabled:
+            return
+        name = hints.get("tenant")
+        tenant = self.known.get(str(name)) if name else None
+        hints["tier"] = tenant.tier if tenant is not None else self.config["default"]["tier"]
 
     def identify(self, name):
         """The request's Tenant; raises Refused (unknown or malformed name)."""
@@ -163,16 +181,7 @@ class Tenants:
         tenant = ticket.tenant
         prompt, completion = _token_counts(attempts)
         self.metrics.finished(tenant.label, prompt, completion)
-        task = asyncio.get_running_loop().create_task(self._release(ticket, prompt + completion))
-        self.pending.add(task)
-        task.add_done_callback(self.pending.discard)
-
-    async def _release(self, ticket, tokens):
-        try:
-            await self.store.finish(ticket.tenant.name, ticket.tenant.limits, ticket.lease_id,
-                                    tokens)
-        except StoreUnavailable:
-            self.metrics.redis_failure("lost")   # the lease expires by itself
+        self.outbox.put(tenant.name, tenant.limits, ticket.lease_id, prompt + completion)
 
     def inputs(self, inbound):
         """The engine inputs for this request's tenant: priority and cache_salt, and the
@@ -257,7 +266,9 @@ class TenantMetrics:
                      "A tenant's requests in flight in this router", GAUGE),
         "redis": ("trident_tenant_redis_failures_total",
                   "Redis calls that failed or timed out, by what was done: allow or deny "
-                  "(on_redis_error), lost (a release or token charge not written)", COUNTER),
+                  "(an admission, on_redis_error), retry (a release and token charge, "
+                  "tried again later), lost (one dropped: queue full or failing for "
+                  "10 minutes)", COUNTER),
     }
 
     def __init__(self, router_metrics):

@@ -22,13 +22,16 @@ def free_port() -> int:
 
 
 class RedisServer:
-    def __init__(self, password: str | None = None):
+    """`password`: the default user's (requirepass); `users`: ACL rules, one user each
+    (Redis's `user` directive: "name on >password ~keys +commands")."""
+
+    def __init__(self, password: str | None = None, users: tuple[str, ...] = ()):
         self.binary = shutil.which("redis-server") or (
             "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
         if self.binary is None:
             raise RuntimeError("redis-server is not installed (apt-get install -y "
                                "redis-server; .ci/run does it)")
-        self.port, self.password = free_port(), password
+        self.port, self.password, self.users = free_port(), password, users
         self.dir = tempfile.mkdtemp(prefix="trident-redis-")
         self.process: subprocess.Popen | None = None
 
@@ -42,6 +45,8 @@ class RedisServer:
                 "--logfile", os.path.join(self.dir, "redis.log")]
         if self.password:
             args += ["--requirepass", self.password]
+        for rule in self.users:
+            args += ["--user", *rule.split()]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s

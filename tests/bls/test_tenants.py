@@ -1,33 +1,23 @@
-"""The tenants' limiter: its algorithm in both stores (this process, and a real
-redis-server shared by two "routers"), Redis failures within the time budget, and the
-router refusing a tenant before any backend (bls/tenants.py, bls/tenant_store.py)."""
+"""The tenants' limiter: its algorithm in this process, the router refusing a tenant
+before any backend, and the tier a tenant routes as (bls/tenants.py, bls/tenant_store.py;
+the Redis store against a real redis-server: test_tenant_redis.py)."""
 from __future__ import annotations
 
 import asyncio
 import json
 import sys
-import time
 
 import numpy as np
 import pytest
 
-from bls import tenant_store
 from bls.policy import router_config
-from bls.tenant_store import Limits, LocalStore, RedisStore, StoreUnavailable
+from bls.tenant_store import Limits, LocalStore
 from builder.spec import parse_spec
 from tests.bls.test_model import (SPEC, BlsRequest, ClientRequest, FakeBackend, router_modules,
                                   run, string_tensor)
 from tests.fakes import fake_pb_utils as pb
-from support.redis_server import RedisServer
 
 LEASE_MS = 60_000
-
-
-@pytest.fixture(scope="module")
-def redis():
-    server = RedisServer().start()
-    yield server
-    server.stop()
 
 
 class Clock:
@@ -36,11 +26,6 @@ class Clock:
 
     def __call__(self):
         return self.now
-
-
-def stores(redis, namespace):
-    """Two routers' stores over one Redis."""
-    return (RedisStore(redis.url, None, namespace), RedisStore(redis.url, None, namespace))
 
 
 def admit_all(store, tenant, limits, n):
@@ -95,109 +80,6 @@ def test_local_concurrency_leases_return_on_finish_and_expire():
     asyncio.run(go())
 
 
-# -- the same in a real Redis ---------------------------------------------------------------
-
-def test_redis_two_routers_share_one_limit(redis):
-    one, two = stores(redis, "share")
-    limits = Limits(rpm=3)
-
-    async def go():
-        results = []
-        for i in range(6):
-            store = one if i % 2 else two
-            results.append(await store.admit("alice", limits, f"l{i}", LEASE_MS))
-        results.append(await one.admit("bob", limits, "b", LEASE_MS))
-        return results
-    results = asyncio.run(go())
-    assert results[:6].count("") == 3 and results[3:6] == ["requests_per_minute"] * 3
-    assert results[6] == ""                                # another tenant untouched
-    # Keys expire by themselves: a full bucket leaves nothing behind.
-    pttl = int(redis.command("PTTL", "trident:share:{alice}:rpm").split(b"\r\n")[0][1:])
-    assert 0 < pttl <= 60_001
-
-
-def test_redis_concurrency_and_tokens(redis):
-    store = RedisStore(redis.url, None, "conc")
-    limits = Limits(tpm=100, max_concurrent=2)
-
-    async def go():
-        assert [await store.admit("t", limits, i, LEASE_MS) for i in "abc"] == [
-            "", "", "max_concurrent"]
-        await store.finish("t", limits, "a", 40)
-        await store.finish("t", limits, "b", 70)          # 110 of 100: over
-        assert await store.admit("t", limits, "c", LEASE_MS) == "tokens_per_minute"
-        assert await store.admit("u", limits, "c", LEASE_MS) == ""
-    asyncio.run(go())
-
-
-def test_redis_leases_of_a_dead_router_expire(redis):
-    store = RedisStore(redis.url, None, "expiry")
-    limits = Limits(max_concurrent=1)
-
-    async def go():
-        assert await store.admit("t", limits, "a", 200) == ""
-        assert await store.admit("t", limits, "b", 200) == "max_concurrent"
-        await asyncio.sleep(0.3)                           # never released
-        assert await store.admit("t", limits, "c", 200) == ""
-    asyncio.run(go())
-
-
-def test_redis_with_a_password_and_a_wrong_one():
-    server = RedisServer(password="s3cret-pw").start()
-    try:
-        async def go(password):
-            store = RedisStore(server.url, password, "auth")
-            try:
-                return await store.admit("t", Limits(rpm=5), "a", LEASE_MS)
-            except StoreUnavailable as e:
-                return e
-        assert asyncio.run(go("s3cret-pw")) == ""
-        refused = asyncio.run(go("wrong"))
-        assert isinstance(refused, StoreUnavailable) and "AUTH" in str(refused)
-        assert "wrong" not in str(refused) and "s3cret" not in str(refused)
-    finally:
-        server.stop()
-
-
-def test_redis_down_slow_and_back():
-    """Killed: fails at once; paused (slow): gives up within the budget; after the retry
-    pause it reconnects by itself and the counters are Redis's again."""
-    server = RedisServer().start()
-    store = RedisStore(server.url, None, "outage", retry_s=0.2)
-    limits = Limits(rpm=2)
-
-    async def timed():
-        started = time.monotonic()
-        try:
-            result = await store.admit("t", limits, "x", LEASE_MS)
-        except StoreUnavailable as e:
-            result = e
-        return result, time.monotonic() - started
-
-    try:
-        assert asyncio.run(timed())[0] == ""
-        server.pause()
-        result, took = asyncio.run(timed())
-        assert isinstance(result, StoreUnavailable) and took < 0.5
-        result, took = asyncio.run(timed())                # within the retry pause
-        assert isinstance(result, StoreUnavailable) and took < 0.01
-        server.resume()
-        server.kill()
-        time.sleep(0.25)
-        result, took = asyncio.run(timed())
-        assert isinstance(result, StoreUnavailable) and took < 0.5
-        server.start()
-        time.sleep(0.25)
-        # A fresh Redis: the limit counts from zero again, and is enforced.
-        assert [asyncio.run(timed())[0] for _ in range(3)] == ["", "", "requests_per_minute"]
-    finally:
-        server.stop()
-
-
-def test_the_budget_is_50_ms():
-    assert tenant_store.TIMEOUT_S == 0.05
-
-
 # -- the router: refusals before any backend --------------------------------------------
 
 TENANTS = {"default": {"requests_per_minute": 100, "max_concurrent": 1},
@@ -212,9 +94,11 @@ def tenant_router(tmp_path):
         sys.modules.pop("tenants", None), sys.modules.pop("tenant_store", None)
         models = []
 
-        def make(backends, tenants=TENANTS):
+        def make(backends, tenants=TENANTS, rules=None):
             data = json.loads(json.dumps(SPEC))
             data["tenants"] = tenants
+            if rules is not None:
+                data["router"]["rules"] = rules
             (tmp_path / "1").mkdir(exist_ok=True)
             (tmp_path / "1" / "router.json").write_text(
                 json.dumps(router_config(parse_spec(data, "<test>"))))
@@ -330,3 +214,17 @@ def test_tokens_are_charged_in_full_whatever_return_flags_the_client_sends(tenan
             values = [r.value(name) for r in sent]
             expected = [1, 1, 1] if name == "num_output_tokens" else [5, 5, 5]
             assert values == (expected if f"return_{name}" in wanted else [None] * 3)
+
+
+def test_the_tier_a_rule_matches_is_the_tenants_not_the_clients_hint(tenant_router):
+    """A policy rule on `tier` sees the tier the spec gives the tenant: bob (standard)
+    claiming premium does not reach the premium backend; alice (premium) does without
+    claiming it."""
+    primary, solo = FakeBackend("primary"), FakeBackend("solo")
+    model = tenant_router([primary, solo], rules=[
+        {"name": "premium", "match": {"tier": "premium"}, "backends": ["solo"]}])
+    bob = ClientRequest(hints={"tenant": "bob", "tier": "premium"})
+    alice = ClientRequest(hints={"tenant": "alice"})
+    run(model, bob, alice)
+    assert bob.served_by() == {"primary"} and alice.served_by() == {"solo"}
+    assert (primary.calls, solo.calls) == (1, 1)

@@ -1,0 +1,109 @@
+"""Releases and token charges on their way to the tenant store, off the request's path.
+
+A request's end queues one write (release its concurrency lease, charge its tokens).
+One task on the router's event loop writes the queue, up to BATCH writes at once. A
+write the store cannot take (Redis down, slow or refusing) goes back to the front of
+the queue and is tried again after a backoff that doubles from FIRST_BACKOFF_S up to
+MAX_BACKOFF_S, so an outage delays a write instead of losing it. The queue is bounded:
+past `capacity` the oldest write is dropped, and a write still failing after
+`give_up_s` is dropped (its lease expired long before; its token charge is what is
+lost). Every drop is reported to `on_lost`, every failed attempt to `on_retry`.
+"""
+import asyncio
+import collections
+import time
+
+CAPACITY = 10_000        # writes waiting; ~200 bytes each
+BATCH = 16               # writes in flight at once (a burst of ends is not serialised)
+FIRST_BACKOFF_S = 0.05
+MAX_BACKOFF_S = 2.0
+GIVE_UP_S = 600.0        # ten minutes of failing: the write is dropped and counted
+
+
+class Write:
+    """One request's end: the lease to release and the tokens to charge."""
+
+    __slots__ = ("tenant", "limits", "lease_id", "tokens", "since", "done")
+
+    def __init__(self, tenant, limits, lease_id, tokens, since):
+        self.tenant, self.limits, self.lease_id = tenant, limits, lease_id
+        self.tokens, self.since, self.done = tokens, since, False
+
+
+class Outbox:
+    def __init__(self, store, on_retry=lambda: None, on_lost=lambda: None,
+                 capacity=CAPACITY, give_up_s=GIVE_UP_S, clock=time.monotonic):
+        self.store, self.on_retry, self.on_lost = store, on_retry, on_lost
+        self.capacity, self.give_up_s, self.clock = capacity, give_up_s, clock
+        self.queue = collections.deque()
+        self.task = self.wake = None
+        self.backoff_s = 0.0
+        self.writing = 0     # writes taken from the queue, not yet answered
+
+    def put(self, tenant, limits, lease_id, tokens):
+        """Queue one write; call on the router's event loop. Never waits."""
+        self.queue.append(Write(tenant, limits, lease_id, tokens, self.clock()))
+        self._trim()
+        loop = asyncio.get_running_loop()
+        # The writer lives on the current loop (the stub has one; tests run several):
+        # a writer whose loop is gone left its writes in the queue.
+        if self.task is None or self.task.done() or self.task.get_loop() is not loop:
+            self.wake = asyncio.Event()
+            self.task = loop.create_task(self._write_all())
+        self.wake.set()
+
+    def pending(self):
+        """Writes not yet taken by the store (queued or in flight)."""
+        return len(self.queue) + self.writing
+
+    async def drained(self, timeout_s):
+        """Wait until every queued write is written (tests, shutdown); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self.pending():
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+
+    async def _write_all(self):
+        while True:
+            if not self.queue:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            batch = [self.queue.popleft() for _ in range(min(BATCH, len(self.queue)))]
+            self.writing = len(batch)
+            try:
+                await asyncio.gather(*(self._write(write) for write in batch))
+            finally:
+                # Also when the loop is closing: what was not written waits for the next.
+                failed = [write for write in batch if not write.done]
+                self.queue.extendleft(reversed(failed))
+                self.writing = 0
+            if not failed:
+                self.backoff_s = 0.0
+                continue
+            self._give_up(failed)
+            self.backoff_s = min(max(2 * self.backoff_s, FIRST_BACKOFF_S), MAX_BACKOFF_S)
+            await asyncio.sleep(self.backoff_s)
+
+    async def _write(self, write):
+        try:
+            await self.store.finish(write.tenant, write.limits, write.lease_id, write.tokens)
+        except Exception:   # StoreUnavailable, or anything else: the writer must live on
+            self.on_retry()
+        else:
+            write.done = True
+
+    def _give_up(self, failed):
+        now = self.clock()
+        for write in failed:
+            if now - write.since >= self.give_up_s:
+                self.queue.remove(write)
+                self.on_lost()
+        self._trim()
+
+    def _trim(self):
+        while len(self.queue) > self.capacity:
+            self.queue.popleft()
+            self.on_lost()
