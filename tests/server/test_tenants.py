@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.bls.test_tenant_redis import busy
 from tests.gpu import check_sglang
 from tests.helpers import metric_value, wait_for
 from support.redis_server import RedisServer
@@ -25,7 +28,8 @@ pytestmark = pytest.mark.server
 TENANTS = {
     "default": {"requests_per_minute": 1000},
     "limits": {"alice": {"tier": "premium", "requests_per_minute": 3}, "bob": {},
-               "carol": {"max_concurrent": 1}, "dave": {"tokens_per_minute": 20}},
+               "carol": {"max_concurrent": 1}, "dave": {"tokens_per_minute": 20},
+               "eve": {"requests_per_minute": 5}},
 }
 
 
@@ -113,6 +117,43 @@ def test_a_concurrency_slot_returns_after_a_cancel(servers):
     wait_for(lambda: metric_value(server.metrics_url, "trident_tenant_inflight",
                                   tenant="carol") == 0, timeout_s=15)
     wait_for(lambda: not ask(servers["deny"], "carol").errors, timeout_s=15)
+
+
+def test_the_limit_holds_exactly_on_a_cpu_loaded_machine_in_both_modes(servers):
+    """16 streams of other traffic through both routers and 16 CPU burners; 15
+    requests at once for a 5-per-minute tenant, spread over the `allow` and the `deny`
+    router: exactly 5 admitted, 10 refused for the rate, none decided by
+    on_redis_error (with the 50 ms budget: 11 of 15 admitted by `allow`, `deny`
+    refusing while Redis was up)."""
+    def failures():
+        return {d: total(servers, "trident_tenant_redis_failures_total", decision=d)
+                for d in ("allow", "deny")}
+    pair = [servers["allow"], servers["deny"]]
+    before = failures()
+    stop = threading.Event()
+
+    def other_traffic(i):
+        while not stop.is_set():
+            ask(pair[i % 2], "bob", max_tokens=100, timeout_s=60)
+    with busy(processes=16, threads=0), ThreadPoolExecutor(16) as others, \
+            ThreadPoolExecutor(15) as pool:
+        streams = [others.submit(other_traffic, i) for i in range(16)]
+        try:
+            time.sleep(1.0)
+            started = time.monotonic()
+            answers = list(pool.map(lambda i: ask(pair[i % 2], "eve", timeout_s=50),
+                                    range(15)))
+            took = time.monotonic() - started
+        finally:
+            stop.set()
+        for stream in streams:
+            stream.result(timeout=90)
+    assert took < 12, took      # within one refill interval of the 5-per-minute bucket
+    refused = [a.errors for a in answers if a.errors]
+    assert len(refused) == 10 and all(
+        e == ["rate limit: tenant 'eve' is over 5 requests per minute"] for e in refused)
+    assert all(a.text for a in answers if not a.errors)
+    assert failures() == before
 
 
 def test_redis_killed_allow_passes_deny_fails_fast_then_limits_resume(servers, redis):
