@@ -45,5 +45,12 @@ def read_text(path: str | Path, limit: int) -> str:
     """A regular file's UTF-8 text, refused (NotText) past `limit` bytes."""
     data = read_regular(path, limit + 1)
     if len(data) > limit:
-        raise NotText(f"larger than {limit // 1024} KiB")
+        raise NotText(f"larger than {_size(limit)}")
     return utf8(data)
+
+
+def _size(limit: int) -> str:
+    """A byte limit as a reader says it: 16 MiB, 64 KiB."""
+    if limit >= 1 << 20 and limit % (1 << 20) == 0:
+        return f"{limit >> 20} MiB"
+    return f"{limit // 1024} KiB"

@@ -1,14 +1,18 @@
 """The OpenAI frontend's API keys (--api-keys-file): the file, 401s, the tenant a key sets."""
 from __future__ import annotations
 
+import os
+import socket
+
 import pytest
 from fastapi.testclient import TestClient
 
 from builder.cli.main import main
 from builder.serve.openai.app import create_app
-from builder.serve.openai.keys import KeysFileError, load_keys
 from builder.serve.openai.errors import from_triton
+from builder.serve.openai.keys import MAX_KEYS_BYTES, KeysFileError, load_keys
 from builder.serve.openai.triton import ModelInfo, Piece, build_inputs
+from tests.helpers import hostile_specs as hs
 from tests.serve.test_openai_app import FakeTriton
 
 SECRET = "sk-alice-0123456789"
@@ -133,3 +137,50 @@ def test_expose_takes_model_names_and_needs_the_frontend(tmp_path, capsys):
     assert "'router:x' is not a model name" in capsys.readouterr().err
     assert main(["serve", "--repo", str(tmp_path), "--expose", "router"]) == 2
     assert "--expose needs --openai-port" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------
+# Files that are not a small UTF-8 text file: refused at once, in one line, exit 2.
+
+
+def test_a_named_pipe_as_the_keys_file_is_refused_at_once(tmp_path):
+    # Before: Path.read_text waited for a writer, so `trident openai` never started.
+    os.mkfifo(tmp_path / "keys")
+    with socket.socket() as s:   # a free port: serve checks it before reading the keys
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    for argv in (["openai", "--api-keys-file", str(tmp_path / "keys"), "--port", port],
+                 ["serve", "--repo", str(tmp_path), "--api-keys-file", str(tmp_path / "keys"),
+                  "--openai-port", port]):
+        code, stderr = hs.call_cli(argv)
+        assert code == 2 and "Traceback" not in stderr, stderr
+        assert stderr.count("\n") == 1 and "not a regular file" in stderr, stderr
+
+
+def test_a_keys_file_past_the_bound_is_refused_before_it_is_split(tmp_path):
+    # Before: read whole (/dev/zero ended in a bare MemoryError); a device is now refused
+    # as not a regular file, and a regular file past MAX_KEYS_BYTES by its size.
+    big = tmp_path / "keys"
+    with open(big, "wb") as f:
+        f.truncate(MAX_KEYS_BYTES + 1)   # sparse: no disk, no time
+    with pytest.raises(KeysFileError, match="larger than 16 MiB"):
+        load_keys(big)
+    with pytest.raises(KeysFileError, match="not a regular file"):
+        load_keys("/dev/zero")
+
+
+def test_a_keys_file_of_a_hundred_thousand_keys_fits_the_bound(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text("".join(f"sk-{i:064x} tenant-{i % 1000}\n" for i in range(100_000)))
+    assert len(load_keys(path)) == 100_000
+
+
+def test_bad_bytes_name_the_file_and_line_but_no_key(tmp_path):
+    # Before: "cannot read the API keys file: UnicodeDecodeError", no line.
+    path = tmp_path / "keys"
+    path.write_bytes(f"{SECRET} alice\nsk-b\xe9b bob\n".encode("latin-1"))
+    with pytest.raises(KeysFileError) as error:
+        load_keys(path)
+    message = str(error.value)
+    assert message.startswith(f"{path}: ") and "line 2: not UTF-8 text" in message
+    assert SECRET not in message and "sk-b" not in message

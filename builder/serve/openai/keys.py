@@ -6,16 +6,24 @@ OpenAI's shape otherwise, checked before a byte of the body is read), and the ke
 tenant becomes the request's `tenant` hint, in place of any the client sent, so the
 router's tenant limits apply to it (policy.as_tenant). Keys are never printed: errors
 name the file and the line number only.
+
+The file must be a regular file of at most MAX_KEYS_BYTES, in UTF-8: a named pipe would
+block the start forever waiting for a writer, and /dev/zero would be read until memory ran
+out (builder.textfile refuses both before reading).
 """
 from __future__ import annotations
 
 import hmac
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
 
-from builder.errors import TridentError
+from builder import textfile
+from builder.errors import TridentError, printable
 from builder.serve.openai.errors import OpenAIError
 
+# 16 MiB: a line is a key (~50 bytes), a tenant name and a newline, so this holds well
+# over 100,000 keys, and it is still read and split in well under a second.
+MAX_KEYS_BYTES = 16 << 20
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
@@ -28,28 +36,31 @@ class KeysFileError(TridentError):
 def load_keys(path: str | Path) -> dict:
     """key → tenant from a keys file; raises KeysFileError."""
     path = Path(path)
+    name = printable(path)   # a file name cannot add lines to the message
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise KeysFileError(f"{path}: cannot read the API keys file: "
-                            f"{getattr(e, 'strerror', None) or type(e).__name__}") from None
+        text = textfile.read_text(path, MAX_KEYS_BYTES)
+    except (OSError, textfile.NotText) as e:
+        # NotText names the line and the offending byte, never the text around it.
+        reason = str(e) if isinstance(e, textfile.NotText) else (e.strerror or str(e))
+        raise KeysFileError(f"{name}: cannot read the API keys file: "
+                            f"{reason}") from None
     keys: dict = {}
     for number, line in enumerate(text.splitlines(), start=1):
         words = line.split()
         if not words or words[0].startswith("#"):
             continue
         if len(words) != 2:
-            raise KeysFileError(f"{path}:{number}: expected `KEY TENANT` (two words), "
+            raise KeysFileError(f"{name}:{number}: expected `KEY TENANT` (two words), "
                                 f"got {len(words)}")
         key, tenant = words
         if not set(tenant) <= _NAME_CHARS:
-            raise KeysFileError(f"{path}:{number}: tenant names are letters, digits, "
+            raise KeysFileError(f"{name}:{number}: tenant names are letters, digits, "
                                 "'_', '.' and '-'")
         if key in keys:
-            raise KeysFileError(f"{path}:{number}: this key is already on an earlier line")
+            raise KeysFileError(f"{name}:{number}: this key is already on an earlier line")
         keys[key] = tenant
     if not keys:
-        raise KeysFileError(f"{path}: no `KEY TENANT` line: every request would be refused")
+        raise KeysFileError(f"{name}: no `KEY TENANT` line: every request would be refused")
     return keys
 
 
@@ -57,7 +68,7 @@ def unauthorized(message: str) -> OpenAIError:
     return OpenAIError(401, message, "invalid_request_error", None, "invalid_api_key")
 
 
-def tenant_of(keys: Mapping[str, str], headers: Mapping[str, str]) -> Optional[str]:
+def tenant_of(keys: Mapping[str, str], headers: Mapping[str, str]) -> str | None:
     """The tenant of the request's bearer key; raises a 401 OpenAIError for a missing or
     unknown key. Every key is compared in constant time."""
     value = headers.get("authorization") or ""
