@@ -9,9 +9,10 @@ rendered into the repository.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from builder.spec.node import SpecError, _Node, anchored
 from engine_cache.redact import url_credentials
@@ -29,7 +30,8 @@ _USER_RE = re.compile(r"[!-~]{1,128}")
 # 1..65535 written as a JSON Schema pattern can express it, and a db number.
 _PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
 REDIS_URL = rf"rediss?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:{_PORT})?(/([0-9]{{1,2}})?)?"
-_ANY_PORT = re.compile(r"rediss?://[^/:]*:(?P<port>[0-9]+)(/|$)")   # to name a bad port
+# host:port with a numeric port (an IPv6 host is bracketed, so its last ':' is the port's).
+_NUMERIC_PORT = re.compile(r".*:(?P<port>[0-9]+)")
 
 
 @dataclass(frozen=True)
@@ -152,13 +154,25 @@ def _redis_url(node: _Node) -> str | None:
         raise node.error(f"{problem}; give the password in password_env or "
                          "password_file", "redis")
     if re.fullmatch(REDIS_URL, url) is None:
-        port = _ANY_PORT.match(url)
-        if port is not None and len(port["port"]) < 7:
-            raise node.error(f"port {port['port']} is not in 1..65535", "redis")
-        raise node.error("is not a redis://host[:port][/db] URL (db: a number from 0 "
-                         "to 99; the password goes in password_env or password_file)",
-                         "redis")
+        raise node.error(_redis_url_problem(url), "redis")
     return url
+
+
+def _redis_url_problem(url: str) -> str:
+    """Why `url`, which REDIS_URL refused, is not a redis URL. Only a port number is ever
+    repeated: the db's place may hold a password (redis://host:6379/secret)."""
+    password = "the password goes in password_env or password_file"
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme in ("redis", "rediss"):
+        authority, slash, db = rest.partition("/")
+        port = _NUMERIC_PORT.fullmatch(authority)
+        if port is not None and re.fullmatch(_PORT, port["port"]) is None:
+            number = port["port"]
+            return (f"port {number} is not in 1..65535" if len(number) < 7
+                    else "the port is not in 1..65535")
+        if slash and re.fullmatch(r"[0-9]{0,2}", db) is None:
+            return f"the db (after the host's '/') is not a number from 0 to 99; {password}"
+    return f"is not a redis://host[:port][/db] URL (db: a number from 0 to 99; {password})"
 
 
 def _parse_limits(node: _Node, base: TenantLimits) -> TenantLimits:

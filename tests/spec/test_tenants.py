@@ -78,6 +78,25 @@ def test_a_password_in_the_url_is_refused_and_never_echoed():
     assert "hunter2" not in message
 
 
+@pytest.mark.parametrize("url, reason", [
+    ("redis://cache:6379/hunter2", "the db (after the host's '/') is not a number"),
+    ("redis://cache/hunter2", "the db (after the host's '/') is not a number"),
+    ("redis://[::1]:6379/hunter2", "the db (after the host's '/') is not a number"),
+    ("redis://cache:6379/100", "the db (after the host's '/') is not a number"),
+    ("redis://[::1]:70000/0", "port 70000 is not in 1..65535"),
+    ("redis://cache:0", "port 0 is not in 1..65535"),
+    ("redis://cache:hunter2/0", "is not a redis://host[:port][/db] URL"),
+])
+def test_a_bad_redis_url_gets_its_own_reason_without_echo(url, reason):
+    # Before: a db that is not a number was blamed on the port ("port 6379 is not in
+    # 1..65535"), and the port of a bracketed IPv6 host was never named.
+    message = error_of(spec_with(redis=url))
+    assert message.startswith("t.yaml: tenants.redis: ") and reason in message, message
+    assert "hunter2" not in message and "\n" not in message
+    if "port" not in reason:
+        assert "port" not in message, message
+
+
 def test_tenants_need_a_router():
     data = copy.deepcopy(BASE)
     del data["router"]
