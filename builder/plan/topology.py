@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 from builder import textfile
 from builder.errors import TridentError, printable
@@ -215,11 +215,14 @@ def topology_candidates(path: str | None, spec_file: str) -> list[Path]:
 def _read(path: str, spec_file: str) -> str:
     candidates = topology_candidates(path, spec_file)
     for candidate in candidates:
-        if candidate.is_file():
+        # Whatever exists and is not a directory is the user's file: a pipe or a device
+        # there is refused by textfile (not read) instead of being called missing.
+        if candidate.exists() and not candidate.is_dir():
             try:
                 return textfile.read_text(candidate, MAX_TOPOLOGY_BYTES)
-            except textfile.NotText as e:
+            except (textfile.NotText, OSError) as e:
+                reason = e.strerror if isinstance(e, OSError) and e.strerror else e
                 raise TopologyError(f"{spec_file}: hardware.topology: {printable(candidate)}: "
-                                    f"{e}") from None
-    tried = " or ".join(str(c) for c in candidates)
+                                    f"{reason}") from None
+    tried = " or ".join(printable(c) for c in candidates)
     raise TopologyError(f"{spec_file}: hardware.topology: no such file ({tried})")

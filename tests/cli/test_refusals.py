@@ -111,6 +111,13 @@ def test_non_utf8_topology_is_one_line_naming_the_file(h100_spec, tmp_path, comm
     assert not (tmp_path / "out").exists()
 
 
+def test_a_named_pipe_as_topology_is_one_line_saying_so(h100_spec, tmp_path):
+    (tmp_path / "topo.txt").unlink()
+    os.mkfifo(tmp_path / "topo.txt")
+    one_line_refusal(["plan", "--spec", str(h100_spec)], 2, "topo.txt",
+                     "not a regular file")
+
+
 def test_validate_names_a_non_utf8_config(tmp_path):
     model = tmp_path / "repo" / "m"
     (model / "1").mkdir(parents=True)

@@ -1,6 +1,7 @@
 """`nvidia-smi topo -m` parsing and tensor-parallel group choice, on real-format fixtures."""
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -90,6 +91,18 @@ def test_load_topology_checks_count_and_paths(tmp_path):
         topo.load_topology("topo.txt", 8, spec_file)
     with pytest.raises(topo.TopologyError, match="hardware.topology: no such file"):
         topo.load_topology("missing.txt", 4, spec_file)
+
+
+def test_a_named_pipe_as_topology_is_not_called_missing(tmp_path):
+    # Before: is_file() is false for a pipe, so an existing file was "no such file".
+    spec_file = str(tmp_path / "spec.yaml")
+    os.mkfifo(tmp_path / "topo.txt")
+    for path in ("topo.txt", str(tmp_path / "topo.txt")):   # beside the spec; absolute
+        with pytest.raises(topo.TopologyError) as error:
+            topo.load_topology(path, 4, spec_file)
+        assert str(error.value) == (f"{spec_file}: hardware.topology: {tmp_path}/topo.txt: "
+                                    "not a regular file (a pipe, device or socket); give a "
+                                    "file")
 
 
 def test_live_detection_is_injected():
