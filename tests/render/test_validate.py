@@ -1,6 +1,8 @@
 """`trident validate` catches each kind of defect in a hand-broken repository."""
 from __future__ import annotations
 
+import ast
+import os
 import shutil
 from pathlib import Path
 
@@ -10,7 +12,7 @@ from builder.cli.main import main
 from builder.plan.planner import plan_for_spec
 from builder.render.context import RenderContext
 from builder.render.repository import render_files
-from builder.render.validate import validate_repository
+from builder.render.validate import ROUTER_KEYS, validate_repository
 from builder.render.write import write_repository
 from builder.spec import parse_spec
 
@@ -21,7 +23,8 @@ SPEC = {"models": [{"name": "m", "engine": "vllm", "model": "/models/m"}],
 @pytest.fixture()
 def repo(tmp_path) -> Path:
     out = tmp_path / "repo"
-    write_repository(render_files(RenderContext(spec := parse_spec(SPEC, "t.yaml"), {}, {}, plan_for_spec(spec))), out,
+    spec = parse_spec(SPEC, "t.yaml")
+    write_repository(render_files(RenderContext(spec, {}, {}, plan_for_spec(spec))), out,
                      validate_repository)
     return out
 
@@ -56,7 +59,28 @@ DEFECTS = [
     ("missing config", lambda r: (r / "m/config.pbtxt").unlink(), "missing config.pbtxt"),
     ("no outputs", lambda r: _drop_block(r / "m/config.pbtxt", "output ["),
      "declares no outputs"),
+    # The router cannot load without its router.json (before: each of these said OK).
+    ("router.json not JSON", lambda r: (r / "router/1/router.json").write_text("{not json"),
+     "router/1/router.json: not JSON: line 1, column 2"),
+    ("router.json a list", lambda r: (r / "router/1/router.json").write_text("[]"),
+     "router/1/router.json: not a JSON object"),
+    ("router.json missing", lambda r: (r / "router/1/router.json").unlink(),
+     "router/1/router.json: missing (the router's model.py reads it"),
+    ("router.json key gone", lambda r: edit(r / "router/1/router.json", '"deadline_s"',
+                                            '"deadline"'),
+     "router/1/router.json: missing deadline_s"),
+    ("router.json unknown backend", lambda r: edit(r / "router/1/router.json",
+                                                   '"backends": {\n    "m"',
+                                                   '"backends": {\n    "gone"'),
+     "backend 'gone' is not a model of this repository"),
+    ("router.json a pipe", lambda r: _pipe(r / "router/1/router.json"),
+     "router/1/router.json: not a regular file"),
 ]
+
+
+def _pipe(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
 
 
 def _drop_block(path: Path, start: str) -> None:
@@ -77,3 +101,16 @@ def test_each_defect_is_reported(repo, name, breaker, message, capsys):
 
 def test_missing_directory(tmp_path):
     assert validate_repository(tmp_path / "nope") == [f"{tmp_path / 'nope'}: not a directory"]
+
+
+def test_router_keys_are_what_the_router_reads():
+    # validate's list is a copy: this keeps it equal to every `config["key"]` the router
+    # reads (bls/model.py's self.config, bls/policy.Policy's config).
+    bls = Path(__file__).resolve().parents[2] / "bls"
+    read = set()
+    for module in ("model.py", "policy.py"):
+        for node in ast.walk(ast.parse((bls / module).read_text())):
+            if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+                    and ast.unparse(node.value) in ("config", "self.config")):
+                read.add(node.slice.value)
+    assert read == set(ROUTER_KEYS)
