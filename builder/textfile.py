@@ -29,24 +29,26 @@ def read_regular(path: str | Path, limit: int) -> bytes:
         return f.read(limit)
 
 
-def utf8(data: bytes) -> str:
-    """data as text; NotText naming the line and byte of the first non-UTF-8 sequence."""
+def utf8(data: bytes, show_byte: bool = True) -> str:
+    """data as text; NotText naming the line (and, unless the file holds secrets, the
+    byte) of the first non-UTF-8 sequence."""
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise NotText("UTF-16 text; save it as UTF-8")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = data[:e.start].count(b"\n") + 1
-        raise NotText(f"line {line}: not UTF-8 text (byte 0x{data[e.start]:02x}); "
-                      "save it as UTF-8") from None
+        byte = f" (byte 0x{data[e.start]:02x})" if show_byte else ""
+        raise NotText(f"line {line}: not UTF-8 text{byte}; save it as UTF-8") from None
 
 
-def read_text(path: str | Path, limit: int) -> str:
-    """A regular file's UTF-8 text, refused (NotText) past `limit` bytes."""
+def read_text(path: str | Path, limit: int, secret: bool = False) -> str:
+    """A regular file's UTF-8 text, refused (NotText) past `limit` bytes. `secret`: the
+    file holds secrets (API keys), so a refusal never quotes a byte of it."""
     data = read_regular(path, limit + 1)
     if len(data) > limit:
         raise NotText(f"larger than {_size(limit)}")
-    return utf8(data)
+    return utf8(data, show_byte=not secret)
 
 
 def _size(limit: int) -> str:

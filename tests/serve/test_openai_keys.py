@@ -184,3 +184,4 @@ def test_bad_bytes_name_the_file_and_line_but_no_key(tmp_path):
     message = str(error.value)
     assert message.startswith(f"{path}: ") and "line 2: not UTF-8 text" in message
     assert SECRET not in message and "sk-b" not in message
+    assert "0xe9" not in message   # the bad byte is part of a key: not even that

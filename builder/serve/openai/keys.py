@@ -38,9 +38,9 @@ def load_keys(path: str | Path) -> dict:
     path = Path(path)
     name = printable(path)   # a file name cannot add lines to the message
     try:
-        text = textfile.read_text(path, MAX_KEYS_BYTES)
+        text = textfile.read_text(path, MAX_KEYS_BYTES, secret=True)
     except (OSError, textfile.NotText) as e:
-        # NotText names the line and the offending byte, never the text around it.
+        # NotText names the line only: the offending byte may belong to a key.
         reason = str(e) if isinstance(e, textfile.NotText) else (e.strerror or str(e))
         raise KeysFileError(f"{name}: cannot read the API keys file: "
                             f"{reason}") from None
