@@ -2,9 +2,10 @@
 
 Each unload used to end in a segfault of the stub (the unload itself succeeded): the
 model's ResponseFactory kept two pb_utils.Tensor objects for the model's whole life, and
-the stub tore down its shared memory before Python freed them. Four unload/load rounds
-in a row on a real server in explicit model-control mode; the server's log (the stubs'
-stderr goes there) must show no crash, and the model answers the same after each load.
+the stub tore down its shared memory before Python freed them (5 of 5 unloads crashed).
+Two unload/load rounds in a row (each costs a vLLM start-up) on a real server in explicit
+model-control mode; the server's log (the stubs' stderr goes there) must show no crash,
+and the model answers the same after each load.
 """
 from __future__ import annotations
 
@@ -51,12 +52,12 @@ def _answer(server) -> str:
     return result.text
 
 
-def test_four_unloads_in_a_row_leave_no_crashed_stub(tmp_path):
+def test_two_unloads_in_a_row_leave_no_crashed_stub(tmp_path):
     repo = render(SPEC, tmp_path / "repo")
     server = start_server(repo, tmp_path, load_models=["tiny"], timeout_s=240)
     try:
         first = _answer(server)
-        for _ in range(4):
+        for _ in range(2):
             old = _stubs(server)
             _control(server, "unload")
             # The old stub runs finalize() and exits: the crash came at that point.
