@@ -147,6 +147,8 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
+        # Queued lease releases and token charges would die with this process.
+        self.tenants.close(self.loop)
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self.control_pool is not None:
             self.control_pool.shutdown(wait=False, cancel_futures=True)

@@ -65,6 +65,30 @@ class Outbox:
             await asyncio.sleep(0.01)
         return True
 
+    def flush(self, loop, timeout_s):
+        """From a thread other than the loop's (the router's finalize: the stub runs its
+        event loop in a thread of its own): write what is queued, at most timeout_s, then
+        stop the writer. A stopping router so loses none of what the store can still take;
+        what is left is counted as lost. False when some were left."""
+        if loop is None or loop.is_closed() or not loop.is_running():
+            left = self.pending()
+        else:
+            future = asyncio.run_coroutine_threadsafe(self._close(timeout_s), loop)
+            try:
+                left = 0 if future.result(timeout_s + 1.0) else self.pending()
+            except Exception:   # the loop stopped under us: nothing more will be written
+                future.cancel()
+                left = self.pending()
+        for _ in range(left):
+            self.on_lost()
+        return left == 0
+
+    async def _close(self, timeout_s):
+        written = await self.drained(timeout_s)
+        if self.task is not None:
+            self.task.cancel()   # an idle writer left pending is reported at exit
+        return written
+
     async def _write_all(self):
         while True:
             if not self.queue:

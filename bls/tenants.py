@@ -32,6 +32,7 @@ from trident_common.trust import tenant_salt
 # deadline (checked every STREAM_WATCH_S, later on a loaded loop), then releases it. A
 # lease a dead router never releases blocks its tenant no longer than that.
 LEASE_MARGIN_S = 5.0
+CLOSE_FLUSH_S = 2.0       # at unload, how long queued releases and charges may take
 ANONYMOUS = "_anonymous"  # the bucket of requests that name no tenant
 OTHER = "_other"          # metric label of tenants not in the spec (clients pick names)
 # builder/spec/tenants.py's TENANT_RE (the stub cannot import the builder).
@@ -106,6 +107,11 @@ class Tenants:
         self.store = store or LocalStore()
         self.outbox = Outbox(self.store, on_retry=lambda: self.metrics.redis_failure("retry"),
                              on_lost=lambda: self.metrics.redis_failure("lost"))
+
+    def close(self, loop):
+        """At unload: write the releases and charges still queued (bounded wait)."""
+        if self.enabled:
+            self.outbox.flush(loop, CLOSE_FLUSH_S)
 
     def set_tier(self, hints):
         """Replace the client's `tier` routing hint with its tenant's tier from the spec

@@ -168,3 +168,62 @@ def test_the_backoff_doubles_and_resets_after_a_success(monkeypatch, failures):
     asyncio.run(go())
     first = tenant_outbox.FIRST_BACKOFF_S
     assert sleeps == [first * 2 ** i for i in range(failures)]
+
+
+def _loop_in_a_thread():
+    """An event loop running in a thread of its own, as the Triton stub runs the router's."""
+    import threading
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    return loop, thread
+
+
+def _put_from_outside(loop, box, count):
+    async def put():
+        for i in range(count):
+            box.put("alice", None, f"lease-{i}", 10)
+    asyncio.run_coroutine_threadsafe(put(), loop).result(5)
+
+
+def test_a_stopping_router_writes_what_is_queued_before_it_goes():
+    # Before: finalize left the queue to die with the process ("Task was destroyed but
+    # it is pending! ... Outbox._write_all()"), releases and charges with it.
+    store, counts = Store(), Counts()
+    store.gate = asyncio.Event()        # every write waits until the store opens
+    box = outbox(store, counts)
+    loop, thread = _loop_in_a_thread()
+    try:
+        _put_from_outside(loop, box, 40)
+        assert box.pending() == 40 and store.written == []
+        loop.call_later(0.2, store.gate.set)   # the store answers while flush waits
+        assert box.flush(loop, 5.0) is True
+        assert len(store.written) == 40 and counts.lost == 0
+        assert box.task.done()                 # the idle writer is stopped, not left pending
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+def test_writes_the_store_never_takes_by_the_deadline_are_counted_lost():
+    store, counts = Store(failing=True), Counts()
+    box = outbox(store, counts)
+    loop, thread = _loop_in_a_thread()
+    try:
+        _put_from_outside(loop, box, 3)
+        assert box.flush(loop, 0.3) is False
+        assert counts.lost == 3 and store.written == []
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+def test_with_no_running_loop_the_queue_is_counted_lost_at_once():
+    store, counts = Store(), Counts()
+    box = outbox(store, counts)
+    for i in range(2):   # queued, as put() leaves them, on a loop that no longer runs
+        box.queue.append(tenant_outbox.Write("bob", None, f"lease-{i}", 1, 0.0))
+    loop = asyncio.new_event_loop()
+    loop.close()
+    assert box.flush(loop, 5.0) is False and counts.lost == 2
