@@ -14,9 +14,10 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 from engine_cache import EngineCache, EngineInputs, engine_key, parse_s3_uri
 from support.s3_server import SeaweedS3

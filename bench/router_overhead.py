@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python_backends"))
 
 from bench.common import GREEDY_LONG, PROMPTS, bench_result, stream_round  # noqa: E402
-from builder.serve.client import stream_generate  # noqa: E402
 from builder.pipeline import build_repository  # noqa: E402
+from builder.serve.client import stream_generate  # noqa: E402
 from builder.serve.server import TritonServer, start_on_free_ports  # noqa: E402
 from builder.spec import load_spec  # noqa: E402
 

@@ -9,8 +9,8 @@ exactly one probe request is let through at a time.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 STATE_VALUES = {CLOSED: 0, HALF_OPEN: 1, OPEN: 2}   # for the breaker-state gauge
@@ -25,7 +25,7 @@ class BreakerConfig:
     cooldown_s: float = 10.0
 
     @classmethod
-    def from_dict(cls, data: dict) -> "BreakerConfig":
+    def from_dict(cls, data: dict) -> BreakerConfig:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 

@@ -42,8 +42,7 @@ from tenants import Tenants
 from trident_common import trust
 from trident_common.interface import HINT_NAMES, RETURNABLE, ROUTER_PROOF, ROUTER_SECRET_ENV
 from trident_common.log import Log
-from trident_common.request import (CLIENT_FAULT_PREFIX, BadRequest, first_scalar,
-                                    parse_messages)
+from trident_common.request import CLIENT_FAULT_PREFIX, BadRequest, first_scalar, parse_messages
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 HINT_KEYS = (*HINT_NAMES, *ADAPTER_KEYS)   # the hints, and the adapter's (policy.adapter_name)

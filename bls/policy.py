@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 CHARS_PER_TOKEN = 4   # prompt length estimate without a tokenizer (English text ≈ 4)
 # Where a request names its LoRA adapter: in its sampling_parameters tensor (JSON), or
@@ -28,23 +28,23 @@ class UnknownAdapter(UnknownRoute):
 
 @dataclass(frozen=True)
 class RequestFeatures:
-    hint: Optional[str] = None
-    family: Optional[str] = None
-    task: Optional[str] = None
+    hint: str | None = None
+    family: str | None = None
+    task: str | None = None
     turns: int = 0                      # user messages in a chat request (0: plain text)
     prompt_tokens: int = 0
-    tenant: Optional[str] = None
-    tier: Optional[str] = None
+    tenant: str | None = None
+    tier: str | None = None
     shared_prefix: bool = False
-    conversation_id: Optional[str] = None
-    adapter: Optional[str] = None       # the LoRA adapter the request names (lora_name)
+    conversation_id: str | None = None
+    adapter: str | None = None       # the LoRA adapter the request names (lora_name)
 
 
 def estimate_tokens(text_length: int) -> int:
     return (text_length + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
 
 
-def features_from(text: Optional[str], messages: Optional[list], hints: dict) -> RequestFeatures:
+def features_from(text: str | None, messages: list | None, hints: dict) -> RequestFeatures:
     """RequestFeatures from a request's prompt or chat messages and its routing hints
     (tensors or request parameters: route, task, family, tenant, tier, conversation_id,
     shared_prefix)."""
@@ -70,7 +70,7 @@ def features_from(text: Optional[str], messages: Optional[list], hints: dict) ->
         conversation_id=conversation, adapter=adapter_name(hints))
 
 
-def adapter_name(hints: dict) -> Optional[str]:
+def adapter_name(hints: dict) -> str | None:
     """The adapter a request names: `lora_name` in its sampling_parameters tensor, else
     among its request parameters (vllm_backend's dialects; the tensor wins, as in
     request.parse_generate). Malformed JSON names none here: the backend says why."""

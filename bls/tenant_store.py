@@ -197,7 +197,7 @@ class RedisStore:
             self.probing = probe = True
         try:
             reply = await asyncio.wait_for(self._queue(script, keys, args), self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._failed(f"no answer within {self.timeout_s * 1000:.0f} ms")
         except (RedisError, OSError) as e:
             # redis-py's messages name the host and the error, never the password.

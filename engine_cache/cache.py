@@ -12,10 +12,11 @@ import functools
 import logging
 import shutil
 import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from engine_cache.errors import CacheError, CorruptEntry, S3Unreachable
 from engine_cache.key import is_engine_key

@@ -12,9 +12,10 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from filelock import FileLock
 

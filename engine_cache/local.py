@@ -17,15 +17,20 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from filelock import FileLock
 
 from engine_cache.errors import CacheError, CorruptEntry
 from engine_cache.key import is_engine_key
-from engine_cache.manifest import (MANIFEST_NAME, Manifest, manifest_for_dir, parse_manifest,
-                                   problems_in_dir)
+from engine_cache.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    manifest_for_dir,
+    parse_manifest,
+    problems_in_dir,
+)
 
 log = logging.getLogger("trident.engine_cache")
 STAMP_NAME = "stamp.json"

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from engine_cache.errors import CacheError
 from engine_cache.key import CACHE_FORMAT_VERSION, file_sha256, is_engine_key, regular_files
@@ -48,7 +49,7 @@ class Manifest:
         }
         return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
 
-    def with_upload_id(self, upload_id: str) -> "Manifest":
+    def with_upload_id(self, upload_id: str) -> Manifest:
         return Manifest(self.key, self.files, self.created, self.metadata, upload_id)
 
 

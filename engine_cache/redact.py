@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 MASK = "***"
 # Shorter values are not plausible secrets, and replacing them would garble messages.

@@ -17,8 +17,8 @@ import base64
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import botocore.exceptions
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
@@ -27,8 +27,15 @@ from engine_cache.errors import CacheError, CorruptEntry
 from engine_cache.key import is_engine_key
 from engine_cache.location import parse_s3_uri
 from engine_cache.manifest import MANIFEST_NAME, FileRecord, Manifest, parse_manifest
-from engine_cache.s3_client import (CONFLICT, DEFAULT_TRANSFER, MiB,  # noqa: F401
-                                    NOT_FOUND, S3Client, error_code, wait_all)
+from engine_cache.s3_client import (  # noqa: F401
+    CONFLICT,
+    DEFAULT_TRANSFER,
+    NOT_FOUND,
+    MiB,
+    S3Client,
+    error_code,
+    wait_all,
+)
 from engine_cache.verified_file import VerifyingFile
 
 log = logging.getLogger("trident.engine_cache")

@@ -5,9 +5,9 @@ Only engine_cache.s3 imports this module: `import engine_cache` works without bo
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import Iterator
 
 import boto3
 import botocore.exceptions

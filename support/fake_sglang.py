@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass, field
-from typing import Optional
 
 from support.pacing import PacedBatch
 
@@ -64,7 +63,7 @@ SAMPLING_FIELDS = {
 @dataclass
 class ServerArgs:
     model_path: str
-    context_length: Optional[int] = None
+    context_length: int | None = None
     disable_radix_cache: bool = False
     incremental_streaming_output: bool = False
     skip_tokenizer_init: bool = False
@@ -84,7 +83,7 @@ class FakeTokenizer:
 
 
 class FakeTokenizerManager:
-    def __init__(self, engine: "Engine", skip_tokenizer_init: bool):
+    def __init__(self, engine: Engine, skip_tokenizer_init: bool):
         self._engine = engine
         self.tokenizer = None if skip_tokenizer_init else FakeTokenizer()
         self.rid_to_state: dict[str, dict] = {}
@@ -111,10 +110,10 @@ class Engine:
         self.server_args = ServerArgs(**known, extra=kwargs)
         self.tokenizer_manager = FakeTokenizerManager(self, self.server_args.skip_tokenizer_init)
         # scripting
-        self.fail_before_first: Optional[BaseException] = None
-        self.fail_after_chunks: Optional[int] = None
-        self.abort_with_status: Optional[tuple[int, str]] = None
-        self.hold_after: Optional[int] = None
+        self.fail_before_first: BaseException | None = None
+        self.fail_after_chunks: int | None = None
+        self.abort_with_status: tuple[int, str] | None = None
+        self.hold_after: int | None = None
         self.tokens_per_chunk = 1
         self._released = threading.Event()
         # records

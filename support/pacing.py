@@ -21,8 +21,8 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Rate:
     batch_tokens_per_s: float = 0.0    # the whole engine's limit; 0: none
 
     @classmethod
-    def from_dict(cls, values: dict) -> "Rate":
+    def from_dict(cls, values: dict) -> Rate:
         unknown = sorted(set(values) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(f"rate: unknown field(s) {unknown}")
@@ -54,7 +54,7 @@ def step_interval(rate: Rate, running: int) -> float:
 class RateSource:
     """The rate now: a fixed Rate, or a control file read again when it changes."""
 
-    def __init__(self, rate: Optional[Rate] = None, control: Optional[str] = None):
+    def __init__(self, rate: Rate | None = None, control: str | None = None):
         self._rate, self._control, self._mtime = rate or Rate(), control, None
 
     def current(self) -> Rate:
@@ -79,7 +79,7 @@ class PacedStream:
     made: int = 0
     taken: int = 0
     done: bool = False             # all made, or aborted
-    first_at: Optional[float] = None
+    first_at: float | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def take(self) -> int:
@@ -96,13 +96,13 @@ class PacedBatch:
     after each step with what it made, as an engine reports its iteration stats."""
 
     def __init__(self, source: RateSource, clock: Callable[[], float] = time.monotonic,
-                 on_step: Optional[Callable[["StepStats"], None]] = None):
+                 on_step: Callable[[StepStats], None] | None = None):
         self._source, self._clock, self._on_step = source, clock, on_step
         self.rate = source.current()
         self._running: set[PacedStream] = set()
         self._waiting = 0
-        self._wake: Optional[asyncio.Event] = None
-        self._task: Optional[asyncio.Task] = None
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
 
     def add(self, max_tokens: int) -> PacedStream:
         """A new request; its first token comes after the rate's ttft_s."""

@@ -80,7 +80,7 @@ class SeaweedS3:
                         f"-{name}.port.grpc={self.ports[name + '.grpc']}"]
         return command
 
-    def start(self, timeout_s: float = 30.0) -> "SeaweedS3":
+    def start(self, timeout_s: float = 30.0) -> SeaweedS3:
         self.workdir.mkdir(parents=True, exist_ok=True)
         for attempt in range(3):          # a free port can be taken before weed binds it
             with open(self.workdir / f"weed-{attempt}.out", "wb") as output:
@@ -123,7 +123,7 @@ class SeaweedS3:
                 component = name.split(".")[0]
                 Path(f"/tmp/seaweedfs-{component}-grpc-{port}.sock").unlink(missing_ok=True)
 
-    def __enter__(self) -> "SeaweedS3":
+    def __enter__(self) -> SeaweedS3:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -58,8 +58,7 @@ def engines() -> None:
 def _prepare(spec_file: str, cache: str | None, local_cache: str | None,
              profile: str | None = None):
     # lazy: the build machinery (and boto3 behind it) is for these commands only
-    from builder.engines import jobs
-    from builder.engines import trtllm_build
+    from builder.engines import jobs, trtllm_build
     from builder.spec import load_spec
 
     spec = load_spec(spec_file)
@@ -73,8 +72,7 @@ def _prepare(spec_file: str, cache: str | None, local_cache: str | None,
 
 
 def _builder(spec, env, target, location, s3_client):
-    from builder.engines import jobs
-    from builder.engines import trtllm_build
+    from builder.engines import jobs, trtllm_build
 
     tools = trtllm_build.tools_from_env(env)
     return jobs.Builder(spec, jobs.open_cache(location), tools, target, s3_client, env)

@@ -15,9 +15,8 @@ import sys
 
 import click
 
-from builder.cli import (completion, engines, k8s, logs, openai, placement, repository,
-                         serve)
-from builder.cli.common import (EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, TridentGroup)
+from builder.cli import completion, engines, k8s, logs, openai, placement, repository, serve
+from builder.cli.common import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, TridentGroup
 from builder.errors import TridentError, printable
 from engine_cache.errors import CacheError
 from engine_cache.redact import redact

@@ -10,8 +10,7 @@ from pathlib import Path
 import click
 import yaml
 
-from builder.cli.common import (EXIT_FAILURE, EXIT_USAGE, complete_file, group,
-                                spec_option)
+from builder.cli.common import EXIT_FAILURE, EXIT_USAGE, complete_file, group, spec_option
 from builder.errors import TridentError
 from builder.plan.topology import topology_candidates
 from builder.render import output_dir

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import click
 
-from builder.cli.common import (EXIT_FAILURE, complete_dir, sigterm_as_interrupt,
-                                spec_option)
+from builder.cli.common import EXIT_FAILURE, complete_dir, sigterm_as_interrupt, spec_option
 
 
 @click.command()
@@ -20,7 +19,7 @@ def repo(spec: str, out: str) -> int:
     Renders into a temporary directory, validates it, then swaps it into place: a failed
     render leaves no directory and no half-written files. Exit 2 on a bad spec.
     """
-    from builder import pipeline          # lazy: templates and the planner, for this only
+    from builder import pipeline  # lazy: templates and the planner, for this only
     from builder.spec import load_spec
 
     deployment = load_spec(spec)

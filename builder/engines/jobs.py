@@ -13,9 +13,9 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
 
 from builder.engines import lora as lora_mod
 from builder.engines import trtllm_build
@@ -26,8 +26,14 @@ from builder.plan import gpus
 from builder.spec import DeploymentSpec, EngineCacheSpec, ModelSpec
 from builder.spec import trtllm as trtllm_spec
 from builder.spec.trtllm import BuildSettings, Checkpoint, Profile
-from engine_cache import (CacheError, EngineCache, EngineInputs, checkpoint_digest, engine_key,
-                          parse_s3_uri)
+from engine_cache import (
+    CacheError,
+    EngineCache,
+    EngineInputs,
+    checkpoint_digest,
+    engine_key,
+    parse_s3_uri,
+)
 
 ENGINE_INFO_FILE = "trident-engine.json"
 BUILD_LOG_FILE = "build.log"

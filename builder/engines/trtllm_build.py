@@ -16,9 +16,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from builder.engines import lora as lora_mod
 from builder.engines.lora import LoraBuild

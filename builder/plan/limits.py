@@ -2,7 +2,7 @@
 time (offline): the context length, and the numbers config.json holds."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from builder.plan import memory
 from builder.spec import DeploymentSpec, ModelSpec, SpecError

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from builder.errors import TridentError, printable
 from builder.plan.gpus import GpuType, MigProfile

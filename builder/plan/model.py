@@ -3,8 +3,8 @@ and how much memory that takes; what the renderer, `trident plan` and the Kubern
 resources read. Made by builder.plan.planner."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from builder.plan import memory, mig
 from builder.plan import topology as topo

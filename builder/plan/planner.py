@@ -14,8 +14,8 @@ config.json of local models).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from builder.errors import TridentError
 from builder.plan import memory, mig

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import jinja2
 

@@ -15,8 +15,8 @@ import hashlib
 import os
 import re
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from builder.errors import TridentError, printable
 from builder.spec.yaml_loader import MAX_BYTES

@@ -6,14 +6,22 @@ builder.render.write's job.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from bls.policy import router_config  # the router owns the shape of its own config
 from builder.plan import placement as placement_mod
 from builder.render import trtllm as trtllm_repo
-from builder.render.context import (BACKENDS_DIR, BLS_DIR, COMMON_PACKAGE, ENGINE_TITLES,
-                                    VERSION, RenderContext, RenderError, copy_tree,
-                                    render_template)
+from builder.render.context import (
+    BACKENDS_DIR,
+    BLS_DIR,
+    COMMON_PACKAGE,
+    ENGINE_TITLES,
+    VERSION,
+    RenderContext,
+    RenderError,
+    copy_tree,
+    render_template,
+)
 from builder.spec import ModelSpec, thaw
 from builder.spec import adapters as adapters_spec
 from builder.spec import tenants as tenants_spec

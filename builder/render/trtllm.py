@@ -17,8 +17,15 @@ from typing import Any
 from builder.engines import lora as lora_mod
 from builder.engines.jobs import spec_path
 from builder.plan import placement as placement_mod
-from builder.render.context import (BACKENDS_DIR, INTERFACE, VERSION, RenderContext,
-                                    RenderError, copy_tree, render_template)
+from builder.render.context import (
+    BACKENDS_DIR,
+    INTERFACE,
+    VERSION,
+    RenderContext,
+    RenderError,
+    copy_tree,
+    render_template,
+)
 from builder.spec import ModelSpec
 from builder.spec import adapters as adapters_spec
 from builder.spec import trtllm as trtllm_spec

@@ -10,8 +10,8 @@ import os
 import shutil
 import signal
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 from builder.errors import printable
 from builder.render import output_dir

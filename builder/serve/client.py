@@ -5,8 +5,8 @@ import json
 import queue
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -42,10 +42,10 @@ def _scalar(name: str, value, dtype: str, np_dtype) -> grpcclient.InferInput:
     return tensor
 
 
-def build_inputs(prompt: Optional[str] = None, messages: Optional[list] = None,
-                 max_tokens: Optional[int] = None, stream: bool = True,
-                 sampling: Optional[dict] = None, hints: Optional[dict] = None,
-                 exclude_input_in_output: Optional[bool] = None) -> list:
+def build_inputs(prompt: str | None = None, messages: list | None = None,
+                 max_tokens: int | None = None, stream: bool = True,
+                 sampling: dict | None = None, hints: dict | None = None,
+                 exclude_input_in_output: bool | None = None) -> list:
     inputs = []
     if prompt is not None:
         inputs.append(_string("text_input", prompt))
@@ -73,10 +73,10 @@ def first_output(result, name: str):
 
 
 def stream_generate(url: str, model: str, prompt: str, max_tokens: int = 64, chat: bool = True,
-                    on_text: Optional[Callable[[str], None]] = None,
-                    sampling: Optional[dict] = None, hints: Optional[dict] = None,
+                    on_text: Callable[[str], None] | None = None,
+                    sampling: dict | None = None, hints: dict | None = None,
                     timeout_s: float = 300.0,
-                    client: Optional[grpcclient.InferenceServerClient] = None) -> GenerateResult:
+                    client: grpcclient.InferenceServerClient | None = None) -> GenerateResult:
     """Stream one generation over gRPC; raises InferError on an error response."""
     own_client = client is None
     if own_client:

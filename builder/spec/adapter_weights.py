@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional
 
 # Bytes per element of every safetensors dtype (a header may name any of them).
 DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2,
@@ -50,7 +50,7 @@ class BaseShape:
     head_dim: int
     intermediate: int
 
-    def features(self, module: str) -> Optional[tuple[int, int]]:
+    def features(self, module: str) -> tuple[int, int] | None:
         """(in, out) features of a layer module (None: not one of llama's seven)."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         return {"q_proj": (self.hidden, q), "k_proj": (self.hidden, kv),
@@ -60,7 +60,7 @@ class BaseShape:
                 "down_proj": (self.intermediate, self.hidden)}.get(module)
 
 
-def base_shape(config: Mapping) -> Optional[BaseShape]:
+def base_shape(config: Mapping) -> BaseShape | None:
     """From a Hugging Face config.json (llama-style keys); None when one is missing."""
     try:
         heads = int(config["num_attention_heads"])
@@ -73,7 +73,7 @@ def base_shape(config: Mapping) -> Optional[BaseShape]:
         return None
 
 
-def unsupported_options(config: Mapping) -> Optional[str]:
+def unsupported_options(config: Mapping) -> str | None:
     """The first adapter_config.json option vLLM's LoRA loader refuses, or None."""
     if "lora_alpha" not in config:
         return "no lora_alpha (vLLM requires it)"
@@ -179,8 +179,8 @@ def _ints(value) -> bool:
         isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
 
 
-def weights_problem(path: Path, config: Mapping, modules: Optional[tuple[str, ...]],
-                    base: Optional[BaseShape]) -> Optional[str]:
+def weights_problem(path: Path, config: Mapping, modules: tuple[str, ...] | None,
+                    base: BaseShape | None) -> str | None:
     """Why the tensors of `path` are not a LoRA for this model, or None. `modules`: the
     layer modules the model family has (None: unknown family); `base`: the base model's
     dimensions (None: unknown, shapes are then only checked against each other)."""
@@ -210,7 +210,7 @@ def weights_problem(path: Path, config: Mapping, modules: Optional[tuple[str, ..
 
 
 def _pair_problem(layer: int, module: str, pair: dict, config: Mapping,
-                  base: Optional[BaseShape]) -> Optional[str]:
+                  base: BaseShape | None) -> str | None:
     where = f"layer {layer} {module}"
     if set(pair) != {"A", "B"}:
         return f"{where} has lora_{next(iter(pair))} without lora_{'B' if 'A' in pair else 'A'}"

@@ -7,10 +7,11 @@ of the value it wraps and rejects keys nobody asked for (unknown keys are errors
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import yaml
 
@@ -19,10 +20,10 @@ from builder.plan import gpus
 from builder.plan.memory import DTYPE_BYTES
 from builder.spec import engine_args as engine_args_schema
 from builder.spec import trtllm as trtllm_spec
-from builder.spec.tenants import TenantsSpec, parse_tenants
 from builder.spec import yaml_loader
 from builder.spec.cache_spec import EngineCacheSpec, parse_engine_cache
 from builder.spec.node import _REQUIRED, SpecError, _Node, frozen_mapping
+from builder.spec.tenants import TenantsSpec, parse_tenants
 
 ENGINES = ("tensorrt_llm", "vllm", "sglang")
 INSTANCE_KINDS = ("auto", "cpu", "gpu", "model")

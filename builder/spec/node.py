@@ -7,8 +7,9 @@ TRT-LLM sections) use it without importing builder.spec (no import cycle).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from builder.errors import TridentError, printable
 
@@ -105,7 +106,7 @@ class _Node:
             raise self.error(f"{value!r} is not one of {', '.join(options)}", key)
         return value
 
-    def child(self, key: str) -> "_Node":
+    def child(self, key: str) -> _Node:
         self._seen.add(key)
         return _Node(self.data.get(key), self.child_path(key), self.file)
 

@@ -16,14 +16,14 @@ import collections.abc
 import dataclasses
 import types
 import typing
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from builder.plan import gpus
 from builder.plan.memory import DTYPE_BYTES
 from builder.spec import adapters as adapters_spec
-from builder.spec import cache_spec
+from builder.spec import cache_spec, engine_args
 from builder.spec import deployment as spec_mod
-from builder.spec import engine_args
 from builder.spec import tenants as tenants_spec
 from builder.spec import trtllm as trtllm_spec
 from builder.spec.node import MAX_INT, anchored

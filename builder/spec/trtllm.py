@@ -19,9 +19,10 @@ runtime settings that the served profile's engine cannot honour.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from builder.spec.node import _Node
 

@@ -7,7 +7,6 @@ sampling names, its stream chunks (dicts with `text` and `meta_info`), abort by 
 and the prefix (radix) cache's cached-token counts as a metric.
 """
 import json
-from typing import Optional
 
 from trident_common.engine_model import AsyncEngineModel, Delta
 from trident_common.request import BadRequest, check_adapter, check_sampling_keys
@@ -61,7 +60,7 @@ class TextDeltas:
         self.incremental = incremental
         self._sent = 0
 
-    def next(self, text: Optional[str]) -> str:
+    def next(self, text: str | None) -> str:
         text = text or ""
         if self.incremental:
             return text
@@ -70,7 +69,7 @@ class TextDeltas:
         return delta
 
 
-def finish_reason(meta_info: dict) -> Optional[str]:
+def finish_reason(meta_info: dict) -> str | None:
     """'stop' / 'length' / 'abort', or None while generating. An abort SGLang made on its
     own with an error status becomes an exception: BadRequest for a client error (the
     request can never succeed), RuntimeError for an engine failure."""
@@ -160,7 +159,7 @@ class TritonPythonModel(AsyncEngineModel):
             engine.shutdown()
 
 
-async def _first_chunk(chunks) -> Optional[dict]:
+async def _first_chunk(chunks) -> dict | None:
     """The stream's first chunk; SGLang validates the request (prompt length, sampling
     values) when it is first awaited and raises ValueError for a bad one."""
     try:

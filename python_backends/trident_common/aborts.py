@@ -9,7 +9,7 @@ Touched on the engine model's event loop only.
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 EARLY_ABORT_TTL_S = 30.0   # how long a router's abort for an unseen request id is remembered
 EARLY_ABORT_MAX = 1024
@@ -32,7 +32,7 @@ class Aborts:
         if self._running.get(request_id) is generation:
             del self._running[request_id]
 
-    def take(self, request_id: str) -> Optional[object]:
+    def take(self, request_id: str) -> object | None:
         """The running generation this abort names; None when there is none yet, and
         then the abort is remembered a while, bounded (an abort and its request are
         queued separately by Triton, and the abort may come first)."""

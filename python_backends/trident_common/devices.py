@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from typing import Callable
+from collections.abc import Callable
 
 _GPU_LINE = re.compile(r"^GPU (\d+):")
 _MIG_LINE = re.compile(r"^\s+MIG (\S+)\s+Device\s+\d+: \(UUID: (MIG-[^)]+)\)")

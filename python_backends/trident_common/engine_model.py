@@ -14,17 +14,29 @@ import json
 import os
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator, Optional
 
 from trident_common import devices, trust
 from trident_common.aborts import Aborts
 from trident_common.log import Log
-from trident_common.request import (AbortRequest, BadRequest, GenerateRequest,
-                                    describe, parse_generate)
+from trident_common.request import (
+    AbortRequest,
+    BadRequest,
+    GenerateRequest,
+    describe,
+    parse_generate,
+)
 from trident_common.returns import Outputs
-from trident_common.triton_io import (FINAL, LlmMetrics, ResponseFactory, input_getter,
-                                      model_parameters, request_parameters, send_error)
+from trident_common.triton_io import (
+    FINAL,
+    LlmMetrics,
+    ResponseFactory,
+    input_getter,
+    model_parameters,
+    request_parameters,
+    send_error,
+)
 
 ENGINE_CONFIG_FILE = "model.json"
 CANCEL_CHECK_S = 0.05   # how stale a client's cancellation may be before we notice it
@@ -41,11 +53,11 @@ class Delta:
     """New text since the previous delta, and the request's counts so far."""
 
     text: str
-    finish_reason: Optional[str]
+    finish_reason: str | None
     input_tokens: int
     output_tokens: int
-    logprobs: Optional[list] = None          # this delta's (returns.logprobs_json)
-    cumulative_logprob: Optional[float] = None
+    logprobs: list | None = None          # this delta's (returns.logprobs_json)
+    cumulative_logprob: float | None = None
 
 
 @dataclass(eq=False)   # hashed by identity: kept in a set
@@ -55,11 +67,11 @@ class _Active:
     engine_id: str
     client_id: str            # the router's request_id ("" for a direct client's request)
     sender: object
-    task: Optional["asyncio.Task"] = None
+    task: asyncio.Task | None = None
     submitted: bool = False   # handed to the engine: abort it there if it ends early
     started: bool = False     # a data response has been sent
     closed: bool = False      # the final flag has been sent (or tried: the client left)
-    dead: Optional[str] = None   # why the engine died under this request
+    dead: str | None = None   # why the engine died under this request
 
 
 class AsyncEngineModel(abc.ABC):
@@ -90,7 +102,7 @@ class AsyncEngineModel(abc.ABC):
     async def stop_engine(self) -> None:
         """Shut the engine down (model unload)."""
 
-    def engine_dead(self) -> Optional[str]:
+    def engine_dead(self) -> str | None:
         """Why the engine can serve nothing any more, or None while it can. Called on
         the loop every HEALTH_CHECK_S and before each request: keep it cheap."""
         return None
@@ -174,7 +186,7 @@ class AsyncEngineModel(abc.ABC):
             self.loop.close()
 
     # -- internals ----------------------------------------------------------------------
-    def _run(self, coroutine, timeout: Optional[float] = None):
+    def _run(self, coroutine, timeout: float | None = None):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
     def _count_error(self) -> None:
@@ -314,8 +326,8 @@ class AsyncEngineModel(abc.ABC):
         Per chunk this costs one send: metrics go to Triton once per request and the
         cancellation check (an IPC round trip) runs at most every CANCEL_CHECK_S."""
         pieces: list[str] = []
-        final: Optional[Delta] = None
-        first_at: Optional[float] = None
+        final: Delta | None = None
+        first_at: float | None = None
         next_check = arrival + CANCEL_CHECK_S
         responses = self.responses_for(request)
         outputs, usual = Outputs(request.returns, request.stream), request.returns is None
@@ -359,7 +371,7 @@ class AsyncEngineModel(abc.ABC):
             self._adapter_responses[name] = ResponseFactory(f"{self.model_name}:{name}")
         return self._adapter_responses[name]
 
-    def _record_tokens(self, final: Delta, first_at: Optional[float]) -> None:
+    def _record_tokens(self, final: Delta, first_at: float | None) -> None:
         self.metrics.prompt_tokens.increment(final.input_tokens)
         self.metrics.generation_tokens.increment(final.output_tokens)
         if first_at is not None and final.output_tokens > 1:

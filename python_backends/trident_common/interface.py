@@ -11,7 +11,7 @@ rendered model directory carries it inside its copy of trident_common.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 
 class Tensor(NamedTuple):
@@ -93,7 +93,7 @@ class TrtllmInput(NamedTuple):
     ensemble: str                  # the ensemble's input (what the router sends)
     dtype: str
     engine: str                    # the tensorrtllm backend's input it is mapped to
-    sampling: Optional[str] = None  # the vLLM-style sampling name it carries, if any
+    sampling: str | None = None  # the vLLM-style sampling name it carries, if any
 
 
 # Optional ensemble inputs, in config order (tensorrtllm backend v0.16 names and dtypes).

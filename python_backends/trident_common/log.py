@@ -7,7 +7,6 @@ module does. Lines start with the model's tag: `[vllm] Cancelling the request ..
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 try:
     import triton_python_backend_utils as pb_utils
@@ -24,7 +23,7 @@ class Log:
     """Log lines tagged `[tag]`. `triton_logger` is pb_utils.Logger when running in a
     stub (found on its own when not given); None means the logging module."""
 
-    def __init__(self, tag: str, triton_logger: Optional[object] = None):
+    def __init__(self, tag: str, triton_logger: object | None = None):
         self.tag = tag
         self._triton = triton_logger if triton_logger is not None else _stub_logger()
         self._fallback = logging.getLogger(f"trident.{tag}")
@@ -52,5 +51,5 @@ class Log:
         self._fallback.log(_LEVELS[level], line)
 
 
-def _stub_logger() -> Optional[object]:
+def _stub_logger() -> object | None:
     return getattr(pb_utils, "Logger", None)

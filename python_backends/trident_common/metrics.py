@@ -25,7 +25,8 @@ from __future__ import annotations
 import ctypes
 import queue
 import threading
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
@@ -38,11 +39,11 @@ COUNTER, GAUGE, HISTOGRAM = "COUNTER", "GAUGE", "HISTOGRAM"
 _PINNED: list = []
 ctypes.pythonapi.Py_IncRef(ctypes.py_object(_PINNED))
 
-_families: dict[str, "pb_utils.MetricFamily"] = {}
+_families: dict[str, pb_utils.MetricFamily] = {}
 _lock = threading.Lock()
 
 
-def _family(name: str, description: str, kind: str) -> "pb_utils.MetricFamily":
+def _family(name: str, description: str, kind: str) -> pb_utils.MetricFamily:
     """One family per name in this process (the server shares it by name anyway)."""
     with _lock:
         family = _families.get(name)
@@ -58,7 +59,7 @@ class Metric:
 
     __slots__ = ("_metric", "_owner")
 
-    def __init__(self, metric, owner: "MetricSet"):
+    def __init__(self, metric, owner: MetricSet):
         self._metric, self._owner = metric, owner
 
     def increment(self, value: float) -> None:
@@ -81,7 +82,7 @@ class MetricSet:
         self.open = True
 
     def metric(self, name: str, description: str, kind: str, labels: dict,
-               buckets: Optional[list] = None) -> Metric:
+               buckets: list | None = None) -> Metric:
         family = _family(name, description, kind)
         raw = family.Metric(labels=labels, buckets=buckets)
         _PINNED.append(raw)
@@ -101,7 +102,7 @@ class Writer:
     turn the items waiting at once into fewer writes with the same result."""
 
     def __init__(self, name: str, apply: Callable[[Any], None],
-                 merge: Optional[Callable[[list], list]] = None):
+                 merge: Callable[[list], list] | None = None):
         self._apply, self._merge = apply, merge
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)

@@ -7,16 +7,21 @@ No Triton, no engine: the same code serves vLLM and SGLang and is unit-tested al
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 # BadRequest, describe and the sampling names are imported from here by the models.
-from trident_common.faults import (CLIENT_FAULT_PREFIX, BadRequest,  # noqa: F401
-                                   describe, show as _show)
+from trident_common.faults import CLIENT_FAULT_PREFIX, BadRequest, describe  # noqa: F401
+from trident_common.faults import show as _show
 from trident_common.interface import RETURNABLE, UNPROVEN_PRIORITY
-from trident_common.sampling import (SAMPLING_TYPES, check_range,  # noqa: F401
-                                     check_sampling_keys,
-                                     coerce_sampling, parse_sampling)
+from trident_common.sampling import (  # noqa: F401
+    SAMPLING_TYPES,
+    check_range,
+    check_sampling_keys,
+    coerce_sampling,
+    parse_sampling,
+)
 from trident_common.trust import proves_abort, proves_generate
 
 DEFAULT_MAX_TOKENS = 128
@@ -24,18 +29,18 @@ DEFAULT_MAX_TOKENS = 128
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    prompt: Optional[str]              # text_input, or None when messages are given
-    messages: Optional[list]           # chat messages (the backend applies the template)
+    prompt: str | None              # text_input, or None when messages are given
+    messages: list | None           # chat messages (the backend applies the template)
     stream: bool
     sampling: dict = field(default_factory=dict)   # engine-neutral names (vLLM's)
     max_tokens: int = DEFAULT_MAX_TOKENS
     exclude_input_in_output: bool = False
     request_id: str = ""
     priority: int = UNPROVEN_PRIORITY  # the tenant's tier (bls/tenants.py), if the router's
-    cache_salt: Optional[str] = None   # the tenant's prefix-cache salt
-    lora_name: Optional[str] = None    # a LoRA adapter of the model (None: the base model)
+    cache_salt: str | None = None   # the tenant's prefix-cache salt
+    lora_name: str | None = None    # a LoRA adapter of the model (None: the base model)
     # The outputs named by the client's return_* flags (None: it sent none of them).
-    returns: Optional[frozenset] = None
+    returns: frozenset | None = None
     # Sent by the router (trust.py): only then is request_id registered for its aborts.
     proven: bool = False
 
@@ -65,8 +70,8 @@ def first_scalar(value: Any) -> Any:
     return value
 
 
-def parse_generate(get: Callable[[str], Any], parameters: Optional[dict] = None,
-                   proof_key: Optional[bytes] = None):
+def parse_generate(get: Callable[[str], Any], parameters: dict | None = None,
+                   proof_key: bytes | None = None):
     """Inputs → GenerateRequest | AbortRequest; raises BadRequest.
 
     `parameters` are the request's Triton parameters: vllm_backend clients may send
@@ -121,8 +126,8 @@ def parse_generate(get: Callable[[str], Any], parameters: Optional[dict] = None,
     )
 
 
-def _router_values(get: Callable[[str], Any], parameters: Optional[dict],
-                   proof_key: Optional[bytes], request_id: str):
+def _router_values(get: Callable[[str], Any], parameters: dict | None,
+                   proof_key: bytes | None, request_id: str):
     """(priority, cache_salt, proven): the tenant values only the router may set. A
     request without the router's proof for exactly these values may not set them (a
     salt would read another tenant's prefix cache, a priority jump every tier's queue)
@@ -139,7 +144,7 @@ def _router_values(get: Callable[[str], Any], parameters: Optional[dict],
     return UNPROVEN_PRIORITY, None, False
 
 
-def _returns(get: Callable[[str], Any]) -> Optional[frozenset]:
+def _returns(get: Callable[[str], Any]) -> frozenset | None:
     """The outputs a client asked for with vllm_backend's return_* flags; None when it
     sent no flag at all (then it gets trident's usual outputs)."""
     flags = {name: first_scalar(get(f"return_{name}")) for name in RETURNABLE}
@@ -148,7 +153,7 @@ def _returns(get: Callable[[str], Any]) -> Optional[frozenset]:
     return frozenset(name for name, value in flags.items() if value)
 
 
-def check_adapter(name: Optional[str], held, model: str) -> Optional[str]:
+def check_adapter(name: str | None, held, model: str) -> str | None:
     """The adapter a request named, if this model holds it; BadRequest listing the
     model's adapters otherwise (None: the base model)."""
     if name is not None and name not in held:
@@ -157,14 +162,14 @@ def check_adapter(name: Optional[str], held, model: str) -> Optional[str]:
     return name
 
 
-def _text_input(get: Callable[[str], Any], name: str) -> Optional[str]:
+def _text_input(get: Callable[[str], Any], name: str) -> str | None:
     value = first_scalar(get(name))
     if value is not None and not isinstance(value, str):
         raise BadRequest(f"{name} must be a string (BYTES tensor), got {type(value).__name__}")
     return value
 
 
-def _sampling_from_parameters(parameters: Optional[dict]) -> dict:
+def _sampling_from_parameters(parameters: dict | None) -> dict:
     """Sampling values sent as request parameters. Only known sampling names are taken:
     the same parameters also carry router hints and other per-request extras."""
     return {k: v for k, v in (parameters or {}).items() if k in SAMPLING_TYPES}
@@ -174,7 +179,7 @@ def _sampling_from_parameters(parameters: Optional[dict]) -> dict:
 MESSAGES_SHAPE = "a JSON list of {role, content} objects (not empty), or one such object"
 
 
-def parse_messages(value: Any) -> tuple[list, Optional[str]]:
+def parse_messages(value: Any) -> tuple[list, str | None]:
     """Chat messages from a `messages` input; the router and the engine models both
     check them here. Accepted, in the shapes clients send:
       - one JSON string holding the list of messages (the documented form);

@@ -9,12 +9,11 @@ into tensors.
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 LOGPROB_OUTPUTS = frozenset({"logprobs", "cumulative_logprob"})
 
 
-def wants_logprobs(returns: Optional[frozenset]) -> bool:
+def wants_logprobs(returns: frozenset | None) -> bool:
     """Whether the engine must compute logprobs for this request (they cost time)."""
     return bool(returns and returns & LOGPROB_OUTPUTS)
 
@@ -30,10 +29,10 @@ class Outputs:
     """One generation's responses: feed every delta to `take`, then ask `values` for
     each response to send (every delta when streaming, the last one otherwise)."""
 
-    def __init__(self, returns: Optional[frozenset], stream: bool):
+    def __init__(self, returns: frozenset | None, stream: bool):
         self.returns, self.stream = returns, stream
         self._counted = 0          # output tokens reported so far (per-response counts)
-        self._logprobs: Optional[list] = None   # the whole answer's, when not streaming
+        self._logprobs: list | None = None   # the whole answer's, when not streaming
 
     def take(self, delta) -> None:
         if not self.stream and delta.logprobs is not None:

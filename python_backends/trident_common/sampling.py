@@ -7,7 +7,8 @@ import json
 import math
 from typing import Any
 
-from trident_common.faults import BadRequest, show as _show
+from trident_common.faults import BadRequest
+from trident_common.faults import show as _show
 
 
 def parse_sampling(text: Any) -> dict:

@@ -8,7 +8,8 @@ router must still see it.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -54,7 +55,7 @@ def model_parameters(args: dict) -> dict:
     return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
 
 
-def _output(name: str, value) -> "pb_utils.Tensor":
+def _output(name: str, value) -> pb_utils.Tensor:
     dtype = _OUTPUT_DTYPES[name]
     if dtype == np.object_:
         value = value.encode("utf-8")
@@ -72,7 +73,7 @@ class ResponseFactory:
     def __init__(self, served_by: str):
         self._served_by = served_by
 
-    def chunk(self, values: dict, usual: bool = True) -> "pb_utils.InferenceResponse":
+    def chunk(self, values: dict, usual: bool = True) -> pb_utils.InferenceResponse:
         """A data response from returns.Outputs' values; served_by and an empty error
         join them unless the client chose its outputs (return_* flags)."""
         tensors = [_output(name, value) for name, value in values.items()]
@@ -80,14 +81,14 @@ class ResponseFactory:
             tensors += [_output("served_by", self._served_by), _output("error", "")]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
-    def error_output(self, message: str) -> "pb_utils.InferenceResponse":
+    def error_output(self, message: str) -> pb_utils.InferenceResponse:
         """A data response that carries the error in the `error` output (mid-stream)."""
         return pb_utils.InferenceResponse(output_tensors=[
             _output("text_output", ""), _output("finish_reason", "error"),
             _output("served_by", self._served_by), _output("error", message)])
 
     @staticmethod
-    def error(message: str, client_fault: bool = False) -> "pb_utils.InferenceResponse":
+    def error(message: str, client_fault: bool = False) -> pb_utils.InferenceResponse:
         """An error response; client_fault marks it INVALID_ARG, which tells the router
         not to count it against this backend's health nor to retry elsewhere."""
         if not client_fault:

@@ -21,7 +21,8 @@ import functools
 import hashlib
 import hmac
 import os
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from trident_common.interface import ROUTER_PROOF, ROUTER_SECRET_ENV
 
@@ -36,7 +37,7 @@ class SecretError(ValueError):
     """The secret in the environment is unusable; the message says what to set."""
 
 
-def read_secret(environ: Mapping[str, str]) -> Optional[bytes]:
+def read_secret(environ: Mapping[str, str]) -> bytes | None:
     """The server's router secret, or None when the environment has none."""
     value = environ.get(ROUTER_SECRET_ENV)
     if not value:
@@ -54,7 +55,7 @@ def derive(secret: bytes, purpose: str) -> bytes:
     return hmac.new(secret, b"trident/" + purpose.encode(), hashlib.sha256).digest()
 
 
-def proof_key(environ: Mapping[str, str]) -> Optional[bytes]:
+def proof_key(environ: Mapping[str, str]) -> bytes | None:
     """The key proofs are made and checked with; None without a secret."""
     secret = read_secret(environ)
     return None if secret is None else derive(secret, PROOF)
@@ -77,8 +78,8 @@ def sign(key: bytes, *fields: Any) -> str:
     return hmac.new(key, _message(fields), hashlib.sha256).hexdigest()
 
 
-def generate_proof(key: bytes, request_id: str, priority: Optional[int],
-                   cache_salt: Optional[str]) -> str:
+def generate_proof(key: bytes, request_id: str, priority: int | None,
+                   cache_salt: str | None) -> str:
     """The router's proof for a generate request with these router-set values."""
     return sign(key, "generate", request_id, priority, cache_salt)
 
@@ -88,7 +89,7 @@ def abort_proof(key: bytes, request_id: str) -> str:
     return sign(key, "abort", request_id)
 
 
-def _proves(key: Optional[bytes], parameters: Optional[Mapping], expected) -> bool:
+def _proves(key: bytes | None, parameters: Mapping | None, expected) -> bool:
     if key is None or not parameters:
         return False
     proof = parameters.get(ROUTER_PROOF)
@@ -98,14 +99,14 @@ def _proves(key: Optional[bytes], parameters: Optional[Mapping], expected) -> bo
     return hmac.compare_digest(expected(key), proof)
 
 
-def proves_generate(key: Optional[bytes], parameters: Optional[Mapping], request_id: str,
-                    priority: Optional[int], cache_salt: Optional[str]) -> bool:
+def proves_generate(key: bytes | None, parameters: Mapping | None, request_id: str,
+                    priority: int | None, cache_salt: str | None) -> bool:
     """Did the router send this generate request with exactly these values?"""
     return _proves(key, parameters,
                    lambda k: generate_proof(k, request_id, priority, cache_salt))
 
 
-def proves_abort(key: Optional[bytes], parameters: Optional[Mapping], request_id: str) -> bool:
+def proves_abort(key: bytes | None, parameters: Mapping | None, request_id: str) -> bool:
     """Did the router send this abort?"""
     return _proves(key, parameters, lambda k: abort_proof(k, request_id))
 

@@ -8,18 +8,24 @@ import locale
 import os
 import tempfile
 import threading
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 # The stub's Python starts in the ASCII locale; vLLM reads UTF-8 files at import time.
 locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
-from trident_common.engine_model import AsyncEngineModel, Delta  # noqa: E402
-from trident_common.triton_io import FINAL, model_parameters  # noqa: E402
-from trident_common.request import (SAMPLING_TYPES, BadRequest,  # noqa: E402
-                                    check_adapter, check_sampling_keys, describe)
-from trident_common.returns import logprobs_json, wants_logprobs  # noqa: E402
+
 from stats import VllmStats  # noqa: E402   (python_backends/vllm/stats.py, copied beside)
+from trident_common.engine_model import AsyncEngineModel, Delta  # noqa: E402
+from trident_common.request import (  # noqa: E402
+    SAMPLING_TYPES,
+    BadRequest,
+    check_adapter,
+    check_sampling_keys,
+    describe,
+)
+from trident_common.returns import logprobs_json, wants_logprobs  # noqa: E402
+from trident_common.triton_io import FINAL, model_parameters  # noqa: E402
 
 # vllm_backend's model parameters (config.pbtxt `parameters`), with its meanings.
 REPORT_CUSTOM_METRICS = "REPORT_CUSTOM_METRICS"        # "true": vllm:* families (rendered on)
@@ -256,7 +262,7 @@ class _Call(NamedTuple):
 
     params: object
     priority: int
-    cache_salt: Optional[str]
+    cache_salt: str | None
     lora: object = None     # vLLM's LoRARequest, or None for the base model
 
 

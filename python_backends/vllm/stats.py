@@ -11,7 +11,8 @@ deleted: the next instance of a reloaded model carries on counting).
 """
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple
 
 from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, MetricSet, Writer
 
@@ -128,7 +129,7 @@ class VllmStats:
                        for key, name, description, kind, buckets in FAMILIES}
         self._writer = Writer("vllm-stats", self._apply, merge=coalesce)
 
-    def logger_factory(self, vllm_config, engine_index: int = 0) -> "StatLogger":
+    def logger_factory(self, vllm_config, engine_index: int = 0) -> StatLogger:
         return StatLogger(self)
 
     def record(self, scheduler_stats, iteration_stats) -> None:

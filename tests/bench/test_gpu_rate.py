@@ -1,7 +1,7 @@
 """bench/gpu_rate.py's table rows from its points (pure)."""
 from __future__ import annotations
 
-from bench.gpu_rate import plan, rows, QUICK
+from bench.gpu_rate import QUICK, plan, rows
 
 
 def _point(path, streams, rate, delivered_fraction=1.0, gap_p99=0.01):

@@ -3,8 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from bench.rate_stats import (Request, ceiling, cpu_ms_per_1000_tokens, delivered, meets,
-                              percentile, summarize)
+from bench.rate_stats import (
+    Request,
+    ceiling,
+    cpu_ms_per_1000_tokens,
+    delivered,
+    meets,
+    percentile,
+    summarize,
+)
 
 
 def steady(sent: float, ttft: float, gap: float, tokens: int, per_chunk: int = 1) -> Request:

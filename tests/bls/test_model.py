@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from trident_common import interface
-from trident_common.request import CLIENT_FAULT_PREFIX
 
 from bls.policy import router_config
 from builder.spec import parse_spec
 from tests.fakes import fake_pb_utils as pb
+from trident_common import interface
+from trident_common.request import CLIENT_FAULT_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL

@@ -7,8 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bls.policy import (CHARS_PER_TOKEN, Policy, RequestFeatures, UnknownRoute, estimate_tokens,
-                        features_from, router_config)
+from bls.policy import (
+    CHARS_PER_TOKEN,
+    Policy,
+    RequestFeatures,
+    UnknownRoute,
+    estimate_tokens,
+    features_from,
+    router_config,
+)
 from builder.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,8 +13,15 @@ import pytest
 from bls.policy import router_config
 from bls.tenant_store import Limits, LocalStore
 from builder.spec import parse_spec
-from tests.bls.test_model import (SPEC, BlsRequest, ClientRequest, FakeBackend, router_modules,
-                                  run, string_tensor)
+from tests.bls.test_model import (
+    SPEC,
+    BlsRequest,
+    ClientRequest,
+    FakeBackend,
+    router_modules,
+    run,
+    string_tensor,
+)
 from tests.fakes import fake_pb_utils as pb
 
 LEASE_MS = 60_000

@@ -8,17 +8,24 @@ import logging
 import sys
 
 import pytest
-from trident_common import trust
-from trident_common.interface import ROUTER_PROOF, ROUTER_SECRET_ENV
-from trident_common.request import CLIENT_FAULT_PREFIX
 
 from bls.policy import router_config
 from builder.spec import parse_spec
 from tests.bls.conftest import TEST_SECRET
-from tests.bls.test_model import (SPEC, BlsRequest, ClientRequest, FakeBackend,
-                                  cancel_after_first_text, router, router_modules,  # noqa: F401
-                                  run, string_tensor)
+from tests.bls.test_model import (
+    SPEC,
+    BlsRequest,
+    ClientRequest,
+    FakeBackend,
+    cancel_after_first_text,  # noqa: F401
+    router_modules,
+    run,
+    string_tensor,
+)
 from tests.fakes import fake_pb_utils as pb
+from trident_common import trust
+from trident_common.interface import ROUTER_PROOF, ROUTER_SECRET_ENV
+from trident_common.request import CLIENT_FAULT_PREFIX
 
 KEY = trust.proof_key({ROUTER_SECRET_ENV: TEST_SECRET})
 TENANTS = {"limits": {"alice": {"tier": "premium"}, "bob": {"tier": "batch"}}}

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.engine_cache import FakeClock, builds, recording_build
 from engine_cache import CacheError, EngineCache, EngineInputs, engine_key
 from engine_cache.local import stat_stamp
+from tests.helpers.engine_cache import FakeClock, builds, recording_build
 
 KEY = engine_key(EngineInputs("a" * 64, {"max_batch_size": 8}, "90", "0.20.0", "10.10.0"))
 OTHER = engine_key(EngineInputs("b" * 64, {"max_batch_size": 8}, "90", "0.20.0", "10.10.0"))

@@ -9,8 +9,8 @@ import yaml
 from builder.engines.lora import LoraBuild, build_flags, key_args
 from builder.engines.trtllm_build import Tools, build_step
 from builder.spec.trtllm import BuildSettings, Profile
-from tests.engines.test_jobs import compiler_calls, env, trident, write_spec  # noqa: F401
 from support.lora import write_adapter, write_config
+from tests.engines.test_jobs import compiler_calls, env, trident, write_spec  # noqa: F401
 
 PROFILE = Profile("p", max_batch_size=8, max_input_len=256, max_seq_len=512,
                   max_num_tokens=512)

@@ -6,8 +6,13 @@ import math
 import numpy as np
 import pytest
 
-from builder.engines.lora import (MODULE_IDS, AdapterError, convert_adapter, npy_bytes,
-                                  read_safetensors)
+from builder.engines.lora import (
+    MODULE_IDS,
+    AdapterError,
+    convert_adapter,
+    npy_bytes,
+    read_safetensors,
+)
 from support.lora import SMOLLM2, write_adapter, write_config
 
 HIDDEN, LAYERS = SMOLLM2["hidden_size"], SMOLLM2["num_hidden_layers"]

@@ -4,10 +4,22 @@ from dataclasses import replace
 
 import pytest
 
-from builder.engines.trtllm_build import (BuildStepFailed, Progress, Step, Target,
-                                          ToolchainError, Tools, build_step, conversion_step,
-                                          key_args, normalize_sm, plan_steps, run_steps,
-                                          target_of, tools_from_env)
+from builder.engines.trtllm_build import (
+    BuildStepFailed,
+    Progress,
+    Step,
+    Target,
+    ToolchainError,
+    Tools,
+    build_step,
+    conversion_step,
+    key_args,
+    normalize_sm,
+    plan_steps,
+    run_steps,
+    target_of,
+    tools_from_env,
+)
 from builder.spec.trtllm import BuildSettings, Checkpoint, Plugins, Profile, Speculative
 
 TOOLS = Tools(build=("trtllm-build",), convert=None, quantize=None, examples="/trtllm/examples")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Optional
 
 import numpy as np
 
@@ -54,7 +53,7 @@ class Tensor:
 
 
 class InferenceResponse:
-    def __init__(self, output_tensors=None, error: Optional[TritonError] = None):
+    def __init__(self, output_tensors=None, error: TritonError | None = None):
         if output_tensors and error is not None:
             raise TritonModelException("a response holds either tensors or an error")
         self._tensors = list(output_tensors or [])
@@ -66,7 +65,7 @@ class InferenceResponse:
     def has_error(self) -> bool:
         return self._error is not None
 
-    def error(self) -> Optional[TritonError]:
+    def error(self) -> TritonError | None:
         return self._error
 
     def value(self, name: str):
@@ -78,7 +77,7 @@ class InferenceResponse:
         return None
 
 
-def get_input_tensor_by_name(request, name: str) -> Optional[Tensor]:
+def get_input_tensor_by_name(request, name: str) -> Tensor | None:
     return request.inputs.get(name)
 
 
@@ -86,12 +85,12 @@ class ResponseSender:
     """Records (response, flags) pairs; is_cancelled() is what a test sets."""
 
     def __init__(self):
-        self.sent: list[tuple[Optional[InferenceResponse], int]] = []
+        self.sent: list[tuple[InferenceResponse | None, int]] = []
         self.cancelled = False
         self.closed = threading.Event()
         self._lock = threading.Lock()
 
-    def send(self, response: Optional[InferenceResponse] = None, flags: int = 0) -> None:
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         with self._lock:
             if self.closed.is_set():
                 raise TritonModelException("response sender has been closed")
@@ -129,7 +128,7 @@ class InferenceRequest:
 
 
 class Metric:
-    def __init__(self, family: "MetricFamily", labels: dict, buckets=None):
+    def __init__(self, family: MetricFamily, labels: dict, buckets=None):
         self.family_name, self.labels = family.name, dict(labels)
         self._value = 0.0
         self.observations: list[float] = []
@@ -171,7 +170,7 @@ class MetricFamily:
             metric_violations.append(f"{self.name}: family deleted before its metrics")
 
 
-def metric(name: str, **labels) -> Optional[Metric]:
+def metric(name: str, **labels) -> Metric | None:
     """The latest live Metric created for (family name, labels), or None."""
     with _metrics_lock:
         ref = _metric_values.get((name, tuple(sorted(labels.items()))))

@@ -107,7 +107,7 @@ def main(argv):
     config = {"version": "0.16.0-fake", "pretrained_config": pretrained,
               "build_config": build_config}
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    print(f"[TRT-LLM] [I] Total time of building all engines: 00:00:00", flush=True)
+    print("[TRT-LLM] [I] Total time of building all engines: 00:00:00", flush=True)
 
 
 if __name__ == "__main__":

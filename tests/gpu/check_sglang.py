@@ -24,12 +24,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from builder.plan.gpus import gpu_type_for  # noqa: E402
-from builder.serve.client import build_inputs  # noqa: E402
 from builder.pipeline import build_repository  # noqa: E402
+from builder.plan.gpus import gpu_type_for  # noqa: E402
+from builder.render.validate import validate_repository  # noqa: E402
+from builder.serve.client import build_inputs  # noqa: E402
 from builder.serve.server import Ports, TritonServer, free_port  # noqa: E402
 from builder.spec import parse_spec  # noqa: E402
-from builder.render.validate import validate_repository  # noqa: E402
 from support.grpc_stream import Result, Stream, generate  # noqa: E402,F401
 from support.sglang_double import MODEL, deployment  # noqa: E402
 from tests.helpers import metric_value, wait_for  # noqa: E402

@@ -17,7 +17,6 @@ import re
 import time
 import urllib.error
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -62,10 +61,10 @@ class Case:
     name: str
     inputs: list                      # InferInput builders' results
     expect: str = CLIENT
-    parameters: Optional[dict] = None
+    parameters: dict | None = None
 
 
-def _prompt(sampling: Optional[dict] = None, max_tokens: int = 4, raw: Optional[str] = None,
+def _prompt(sampling: dict | None = None, max_tokens: int = 4, raw: str | None = None,
             prompt: str = "Say hi.") -> list:
     inputs = [text("text_input", prompt), number("stream", True, "BOOL"),
               number("max_tokens", max_tokens)]

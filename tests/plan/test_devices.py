@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import pytest
-from trident_common import devices
 
 from builder.plan.gpus import gpu_type_for
+from trident_common import devices
 
 LISTING = """\
 GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0c4e)

@@ -5,10 +5,17 @@ import json
 
 import numpy as np
 import pytest
+
 from trident_common import trust
 from trident_common.interface import ROUTER_PROOF
-from trident_common.request import (AbortRequest, BadRequest, coerce_sampling, describe,
-                                    parse_generate, parse_messages)
+from trident_common.request import (
+    AbortRequest,
+    BadRequest,
+    coerce_sampling,
+    describe,
+    parse_generate,
+    parse_messages,
+)
 
 
 def getter(**inputs):

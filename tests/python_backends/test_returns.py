@@ -5,10 +5,10 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from trident_common.request import parse_generate
-from trident_common.returns import Outputs, logprobs_json, wants_logprobs
 
 from tests.python_backends.test_request import getter, refused
+from trident_common.request import parse_generate
+from trident_common.returns import Outputs, logprobs_json, wants_logprobs
 
 
 def test_no_flag_means_the_usual_outputs():

@@ -29,8 +29,8 @@ from builder.render.context import RenderContext
 from builder.render.repository import render_files
 from builder.spec import load_spec, parse_spec
 from builder.spec.engine_args import SGLANG_ARGS
-from tests.fakes import fake_pb_utils as pb
 from support import fake_sglang
+from tests.fakes import fake_pb_utils as pb
 from tests.helpers import wait_for
 from trident_common import trust
 from trident_common.interface import ROUTER_PROOF, ROUTER_SECRET_ENV

@@ -18,8 +18,8 @@ from google.protobuf import json_format
 from builder.engines import assets
 from builder.engines.lora import convert_adapter
 from builder.render.validate import parse_config
-from tests.fakes import fake_pb_utils as pb
 from support.lora import write_adapter
+from tests.fakes import fake_pb_utils as pb
 from tests.helpers.modules import stub_imports
 from tests.render.test_trtllm import model, render
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from trident_common import trust
-from trident_common.interface import ROUTER_PROOF, ROUTER_SECRET_ENV, UNPROVEN_PRIORITY
-from trident_common.request import BadRequest, GenerateRequest, parse_generate
 
 from builder.spec.tenants import TIERS
 from tests.python_backends.test_request import getter
+from trident_common import trust
+from trident_common.interface import ROUTER_PROOF, ROUTER_SECRET_ENV, UNPROVEN_PRIORITY
+from trident_common.request import BadRequest, GenerateRequest, parse_generate
 
 SECRET = "a-router-secret-of-enough-characters-0123"
 KEY = trust.proof_key({ROUTER_SECRET_ENV: SECRET})

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
-from trident_common import interface
 
 from builder.engines.jobs import ServedEngine
 from builder.plan.planner import plan_for_spec
@@ -12,6 +11,7 @@ from builder.render import context as render_context
 from builder.render.context import RenderContext
 from builder.render.repository import render_files
 from builder.spec import parse_spec
+from trident_common import interface
 
 SPEC = {
     "models": [

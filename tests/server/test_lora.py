@@ -3,14 +3,14 @@ tritonserver, a tiny model without adapters beside it, and `router` in front."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from builder.serve import client as infer
-from tests.helpers import metric_value
 from support.lora import write_adapter
+from tests.helpers import metric_value
 from tests.helpers.servers import render, start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
@@ -135,6 +135,7 @@ def test_the_router_sends_adapter_requests_only_to_holders(lora_server):
 def test_the_openai_frontend_passes_the_adapter_a_client_names(lora_server):
     # Before: the frontend dropped `lora_name` and the base model (tiny) answered.
     import openai
+
     from builder.serve.openai.runner import Frontend
     from builder.serve.server import free_port
 

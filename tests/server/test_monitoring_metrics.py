@@ -20,13 +20,14 @@ import urllib.request
 import pytest
 import yaml
 
-from builder.k8s import monitoring, render as k8s_render
+from builder.k8s import monitoring
+from builder.k8s import render as k8s_render
 from builder.plan.planner import plan_for_spec
 from builder.spec import load_spec, parse_spec
+from support.sglang_double import SHIM
 from tests.gpu import check_sglang
 from tests.helpers import metric_value, wait_for
 from tests.helpers.servers import ROOT, render, start_server
-from support.sglang_double import SHIM
 from tests.helpers.streams import ENDLESS, Stream
 
 pytestmark = pytest.mark.server

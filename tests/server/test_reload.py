@@ -26,10 +26,10 @@ import tritonclient.grpc as grpcclient
 
 from builder.serve import client as infer
 from builder.serve.watch import stub_processes
-from tests.helpers.servers import render, start_server
+from support.sglang_double import SHIM
 from tests.fakes import fake_pb_utils as pb
 from tests.helpers import metric_value, wait_for
-from support.sglang_double import SHIM
+from tests.helpers.servers import render, start_server
 
 server_test = pytest.mark.server
 

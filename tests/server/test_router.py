@@ -20,8 +20,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from builder.serve.client import build_inputs, stream_generate
-from tests.helpers.servers import ROOT, render, start_server
 from tests.helpers import http_json, metric_value, wait_for
+from tests.helpers.servers import ROOT, render, start_server
 from tests.helpers.streams import ENDLESS, GREEDY, Stream, generate
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]

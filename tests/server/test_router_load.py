@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tests.helpers.servers import ROOT, render, start_server
 from tests.helpers import metric_value, wait_for
+from tests.helpers.servers import ROOT, render, start_server
 from tests.helpers.streams import ENDLESS, Stream, generate
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.servers import render, start_server
 from support.sglang_double import SHIM
 from tests.gpu import check_sglang
+from tests.helpers.servers import render, start_server
 
 pytestmark = pytest.mark.server
 

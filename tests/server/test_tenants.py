@@ -15,13 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from support.redis_server import RedisServer
+from support.sglang_double import SHIM
 from tests.bls.test_tenant_redis import busy
 from tests.gpu import check_sglang
 from tests.helpers import metric_value, wait_for
-from support.redis_server import RedisServer
 from tests.helpers.servers import render, start_server
-from support.sglang_double import SHIM
-from tests.helpers.streams import Stream, generate
+from tests.helpers.streams import Stream
 
 pytestmark = pytest.mark.server
 

@@ -16,8 +16,8 @@ from builder.spec import parse_spec
 from builder.spec.adapter_weights import base_shape
 from builder.spec.adapters import LoraSettings, adapter_problem, engine_args
 from builder.spec.node import SpecError
-from trident_common.request import parse_generate
 from support.lora import SMOLLM2, write_adapter, write_config
+from trident_common.request import parse_generate
 
 
 def model(name="m", engine="vllm", **extra):

@@ -5,7 +5,6 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Optional
 
 from builder.serve.openai.protocol import Generation
 
@@ -18,7 +17,7 @@ def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
 
 
-def finish_reason(engine_reason: Optional[str]) -> Optional[str]:
+def finish_reason(engine_reason: str | None) -> str | None:
     """The engine's finish reason in OpenAI's words (None while not finished)."""
     if not engine_reason:
         return None
@@ -37,7 +36,7 @@ class Answer:
     generation: Generation
     id: str = ""
     created: int = 0
-    _template: Optional[tuple] = field(default=None, repr=False, compare=False)
+    _template: tuple | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         self.id = self.id or new_id(self.generation.kind)
@@ -51,7 +50,7 @@ class Answer:
         return {"id": self.id, "object": obj, "created": self.created,
                 "model": self.generation.model}
 
-    def whole(self, text: str, reason: Optional[str], tokens_in: int,
+    def whole(self, text: str, reason: str | None, tokens_in: int,
               tokens_out: int) -> dict:
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
@@ -67,7 +66,7 @@ class Answer:
         out["usage"] = usage(tokens_in, tokens_out)
         return out
 
-    def chunk(self, text: Optional[str], reason: Optional[str] = None,
+    def chunk(self, text: str | None, reason: str | None = None,
               first: bool = False) -> dict:
         """One streamed chunk: new text, or the finish reason (then text is None)."""
         if self.chat:

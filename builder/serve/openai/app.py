@@ -16,8 +16,8 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Iterable, Mapping, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -26,8 +26,13 @@ from starlette.exceptions import HTTPException
 from builder.serve.openai.answers import Answer
 from builder.serve.openai.errors import OpenAIError, invalid, model_not_found
 from builder.serve.openai.keys import tenant_of
-from builder.serve.openai.limits import (Limits, body_too_large, check_depth,
-                                         check_max_tokens, declared_length)
+from builder.serve.openai.limits import (
+    Limits,
+    body_too_large,
+    check_depth,
+    check_max_tokens,
+    declared_length,
+)
 from builder.serve.openai.policy import DEFAULT_EXPOSE, as_tenant, resolve
 from builder.serve.openai.protocol import Generation, parse_chat, parse_completion
 from builder.serve.openai.triton import Call, Piece, Triton
@@ -37,8 +42,8 @@ OWNER = "trident"
 SERVED_BY_HEADER = "X-Trident-Served-By"
 
 
-def create_app(triton_url: str, triton: Optional[Triton] = None,
-               api_keys: Optional[Mapping[str, str]] = None,
+def create_app(triton_url: str, triton: Triton | None = None,
+               api_keys: Mapping[str, str] | None = None,
                expose: Iterable[str] = DEFAULT_EXPOSE,
                limits: Limits = Limits()) -> FastAPI:
     """The application for the Triton at triton_url (`triton`: a stand-in, for tests),
@@ -48,7 +53,7 @@ def create_app(triton_url: str, triton: Optional[Triton] = None,
     triton = triton or Triton(triton_url)
     exposed = frozenset(expose)
 
-    def tenant(request: Request) -> Optional[str]:
+    def tenant(request: Request) -> str | None:
         return None if api_keys is None else tenant_of(api_keys, request.headers)
 
     async def generate(request: Request, parse) -> object:
@@ -175,7 +180,7 @@ async def _cancel_on_disconnect(request: Request, call: Call) -> None:
             return
 
 
-async def _next(pieces: AsyncIterator[Piece]) -> Optional[Piece]:
+async def _next(pieces: AsyncIterator[Piece]) -> Piece | None:
     try:
         return await pieces.__anext__()
     except StopAsyncIteration:
@@ -201,7 +206,7 @@ def _sse(data) -> bytes:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
-async def _events(answer: Answer, first: Optional[Piece], pieces: AsyncIterator[Piece],
+async def _events(answer: Answer, first: Piece | None, pieces: AsyncIterator[Piece],
                   call: Call) -> AsyncIterator[bytes]:
     """The SSE body. Starlette cancels this generator when the client disconnects; the
     finally then cancels the gRPC call (Triton cancels the request, the engine aborts)."""

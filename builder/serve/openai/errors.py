@@ -3,14 +3,13 @@ Triton's error messages mapped onto them. Pure: no I/O."""
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 
 class OpenAIError(Exception):
     """An answer in OpenAI's error shape with its HTTP status."""
 
     def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: Optional[str] = None, code: Optional[str] = None):
+                 param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status, self.message, self.type = status, message, type
         self.param, self.code = param, code
@@ -20,7 +19,7 @@ class OpenAIError(Exception):
                           "code": self.code}}
 
 
-def invalid(param: Optional[str], message: str, code: str = "invalid_value") -> OpenAIError:
+def invalid(param: str | None, message: str, code: str = "invalid_value") -> OpenAIError:
     return OpenAIError(400, message, "invalid_request_error", param, code)
 
 
@@ -72,7 +71,7 @@ def unknown_adapter(name: str, model: str) -> OpenAIError:
                    "of that name", "adapter_not_found")
 
 
-def _param_of(reason: str) -> Optional[str]:
+def _param_of(reason: str) -> str | None:
     """The parameter an engine's complaint starts with (`sampling_parameters.seed: ...`,
     `messages[0] must be ...`, `max_tokens must be ...`), in OpenAI's names."""
     named = re.search(r"sampling_parameters(?:\.|: )(\w+)", reason)

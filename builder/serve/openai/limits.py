@@ -9,8 +9,9 @@ and no more than the model's context length where the frontend knows it).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from builder.serve.openai.errors import OpenAIError, invalid, too_large
 
@@ -28,7 +29,7 @@ class Limits:
     context_tokens: Mapping[str, int] = field(default_factory=dict)
 
 
-def declared_length(headers: Mapping[str, str], limits: Limits) -> Optional[int]:
+def declared_length(headers: Mapping[str, str], limits: Limits) -> int | None:
     """The body's Content-Length (None: not given, e.g. chunked); 413 above the limit,
     400 for a value that is not a length."""
     value = headers.get("content-length")
@@ -59,7 +60,7 @@ def check_depth(value: Any, limit: int) -> None:
                 stack.append((child, depth + 1))
 
 
-def check_max_tokens(value: Optional[int], param: str, model: str,
+def check_max_tokens(value: int | None, param: str, model: str,
                      limits: Limits) -> None:
     """400 naming `param` when max_tokens is more than the model's context length."""
     context = limits.context_tokens.get(model)

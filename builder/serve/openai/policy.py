@@ -11,8 +11,8 @@ dropped; the router derives them from the tenant.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import Iterable, Optional
 
 from builder.serve.openai.errors import invalid, model_not_found
 from builder.serve.openai.protocol import ADAPTER_CHARS, Generation
@@ -41,7 +41,7 @@ def resolve(generation: Generation, exposed: Iterable[str]) -> tuple[str, Genera
     return base, replace(generation, lora_name=adapter)
 
 
-def as_tenant(generation: Generation, tenant: Optional[str]) -> Generation:
+def as_tenant(generation: Generation, tenant: str | None) -> Generation:
     """The generation as the keyed client `tenant` may send it (None: no keys, as sent)."""
     if tenant is None:
         return generation

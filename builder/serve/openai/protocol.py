@@ -8,8 +8,9 @@ routing hints come from the body (`extra_body`) or `X-Trident-*` headers.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from builder.serve.openai.errors import invalid
 from builder.serve.openai.limits import INT32_MAX, Limits
@@ -41,16 +42,16 @@ class Generation:
 
     kind: str                          # "chat" or "completion"
     model: str
-    prompt: Optional[str] = None       # completions: text_input
-    messages: Optional[list] = None    # chat: the messages tensor (the engine templates)
+    prompt: str | None = None       # completions: text_input
+    messages: list | None = None    # chat: the messages tensor (the engine templates)
     stream: bool = False
     include_usage: bool = False
-    max_tokens: Optional[int] = None   # None: the engine's default
+    max_tokens: int | None = None   # None: the engine's default
     sampling: dict = field(default_factory=dict)
     hints: dict = field(default_factory=dict)
     echo: bool = False                 # completions: the prompt before the answer
     max_tokens_param: str = "max_tokens"   # the field max_tokens came from (for errors)
-    lora_name: Optional[str] = None    # the adapter the client named (None: base model)
+    lora_name: str | None = None    # the adapter the client named (None: base model)
 
 
 def parse_chat(body: Any, headers: Mapping[str, str] = {},
@@ -190,7 +191,7 @@ def _max_tokens(body: dict, names: tuple) -> dict:
     return {}
 
 
-def _lora_name(body: dict) -> Optional[str]:
+def _lora_name(body: dict) -> str | None:
     """The adapter named by `lora_name` (extra_body), as vllm_backend's clients name it."""
     name = body.get("lora_name")
     if name is None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 CONTEXT_KEYS = ("max_model_len", "context_length")    # vLLM, SGLang engine arguments
 
@@ -34,7 +33,7 @@ def context_tokens(repo: Path) -> dict[str, int]:
     return contexts
 
 
-def _context(args: Optional[dict]) -> Optional[int]:
+def _context(args: dict | None) -> int | None:
     for key in CONTEXT_KEYS:
         value = (args or {}).get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -42,7 +41,7 @@ def _context(args: Optional[dict]) -> Optional[int]:
     return None
 
 
-def _load(path: Path) -> Optional[dict]:
+def _load(path: Path) -> dict | None:
     try:
         loaded = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

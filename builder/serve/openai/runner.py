@@ -6,9 +6,9 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable, Optional
 
 import uvicorn
 
@@ -24,14 +24,14 @@ class FrontendError(TridentError):
     """The frontend could not start; the message says why."""
 
 
-def _config(triton_url: str, host: str, port: int, api_keys: Optional[dict],
+def _config(triton_url: str, host: str, port: int, api_keys: dict | None,
             expose: Iterable[str], limits: Limits) -> uvicorn.Config:
     app = create_app(triton_url, api_keys=api_keys, expose=expose, limits=limits)
     return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                           timeout_graceful_shutdown=5)
 
 
-def with_repository(limits: Limits, repo: Optional[Path]) -> Limits:
+def with_repository(limits: Limits, repo: Path | None) -> Limits:
     """The limits with the context lengths of the repository's models (if given)."""
     if repo is None:
         return limits
@@ -45,8 +45,8 @@ def check_port(host: str, port: int) -> None:
 
 
 def run(triton_url: str, host: str = "127.0.0.1", port: int = 9000,
-        api_keys: Optional[dict] = None, expose: Iterable[str] = DEFAULT_EXPOSE,
-        limits: Limits = Limits(), repo: Optional[Path] = None) -> None:
+        api_keys: dict | None = None, expose: Iterable[str] = DEFAULT_EXPOSE,
+        limits: Limits = Limits(), repo: Path | None = None) -> None:
     """Serve until Ctrl-C or SIGTERM (uvicorn handles both). `repo`: the repository
     Triton serves, read for the models' context lengths."""
     check_port(host, port)
@@ -67,20 +67,20 @@ class Frontend:
     """The frontend in a background thread with its own event loop."""
 
     def __init__(self, triton_url: str, host: str = "127.0.0.1", port: int = 9000,
-                 api_keys: Optional[dict] = None, expose: Iterable[str] = DEFAULT_EXPOSE,
-                 limits: Limits = Limits(), repo: Optional[Path] = None):
+                 api_keys: dict | None = None, expose: Iterable[str] = DEFAULT_EXPOSE,
+                 limits: Limits = Limits(), repo: Path | None = None):
         self.triton_url, self.host, self.port = triton_url, host, port
         # none named: the default (`trident serve` passes --expose as given)
         self.expose = tuple(expose) or DEFAULT_EXPOSE
         self.api_keys, self.limits = api_keys, with_repository(limits, repo)
-        self._server: Optional[uvicorn.Server] = None
-        self._thread: Optional[threading.Thread] = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self, timeout_s: float = 15.0) -> "Frontend":
+    def start(self, timeout_s: float = 15.0) -> Frontend:
         check_port(self.host, self.port)
         self._server = uvicorn.Server(_config(self.triton_url, self.host, self.port,
                                               self.api_keys, self.expose, self.limits))
@@ -107,7 +107,7 @@ class Frontend:
                 self._thread.join(timeout_s)
         self._server = self._thread = None
 
-    def __enter__(self) -> "Frontend":
+    def __enter__(self) -> Frontend:
         return self.start()
 
     def __exit__(self, *exc) -> None:

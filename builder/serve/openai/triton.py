@@ -13,8 +13,8 @@ import json
 import struct
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator, Optional
 
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
@@ -46,7 +46,7 @@ class ModelInfo:
     batched: bool            # max_batch_size > 0: tensors get a batch dimension
 
     @staticmethod
-    def from_config(config: dict) -> Optional["ModelInfo"]:
+    def from_config(config: dict) -> ModelInfo | None:
         """The model, if it speaks text in and text out (an LLM: the router, an engine
         model, a TRT-LLM ensemble); None for the rest (TRT-LLM's pre/post-processing
         and engine models take token ids)."""
@@ -63,7 +63,7 @@ class Piece:
     """One streamed response: new text, and the engine's counts so far."""
 
     text: str
-    finish_reason: Optional[str]
+    finish_reason: str | None
     input_tokens: int
     output_tokens: int
     served_by: str = ""      # the engine model that answered (through the router)
@@ -132,7 +132,7 @@ NUMERIC = {"BOOL": struct.Struct("<?"), "INT32": struct.Struct("<i"),
            "UINT64": struct.Struct("<Q"), "FP32": struct.Struct("<f")}
 
 
-def read_piece(result) -> tuple[Piece, Optional[str]]:
+def read_piece(result) -> tuple[Piece, str | None]:
     """A streamed result as a Piece, and the mid-stream error it carries (or None)."""
     values = first_values(result)
     text = values.get("text_output") or ""
@@ -156,7 +156,7 @@ def first_values(result) -> dict:
     return values
 
 
-def _first(result, output, raw: Optional[bytes]):
+def _first(result, output, raw: bytes | None):
     if raw is not None and output.datatype == "BYTES":
         if len(raw) < 4:
             return None
@@ -180,13 +180,13 @@ class Triton:
 
     def __init__(self, url: str):
         self.url = url
-        self._client: Optional[grpcaio.InferenceServerClient] = None
+        self._client: grpcaio.InferenceServerClient | None = None
         self._models: dict[str, ModelInfo] = {}
-        self._configs: dict[tuple, Optional[ModelInfo]] = {}   # (name, version) -> info
+        self._configs: dict[tuple, ModelInfo | None] = {}   # (name, version) -> info
         self._index_at = -INDEX_TTL_S
-        self._index_lock: Optional[asyncio.Lock] = None
+        self._index_lock: asyncio.Lock | None = None
         self._draining: set = set()
-        self._refreshing: Optional[asyncio.Future] = None
+        self._refreshing: asyncio.Future | None = None
 
     @property
     def client(self) -> grpcaio.InferenceServerClient:
@@ -254,10 +254,10 @@ class Triton:
         except OpenAIError:
             pass     # Triton is away: the request that comes next says so
 
-    def stream(self, generation: Generation, info: ModelInfo) -> "Call":
+    def stream(self, generation: Generation, info: ModelInfo) -> Call:
         return Call(self, info.name, build_inputs(generation, info))
 
-    def _keep_draining(self, call: "Call") -> None:
+    def _keep_draining(self, call: Call) -> None:
         task = asyncio.ensure_future(call.drain())
         self._draining.add(task)
         task.add_done_callback(self._draining.discard)
@@ -314,7 +314,7 @@ class Call:
             await asyncio.wait_for(rest(), DRAIN_TIMEOUT_S)
         except StopAsyncIteration:
             pass
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._responses.cancel()
         except Exception:
             pass

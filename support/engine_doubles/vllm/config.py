@@ -1,7 +1,6 @@
 """VllmConfig: what stat loggers read of it (model_config.max_model_len), and the double's
 rate settings, carried from AsyncEngineArgs.create_engine_config."""
 from dataclasses import dataclass, field
-from typing import Optional
 
 
 @dataclass
@@ -13,4 +12,4 @@ class ModelConfig:
 class VllmConfig:
     model_config: ModelConfig = field(default_factory=ModelConfig)
     rate: dict = field(default_factory=dict)
-    rate_control: Optional[str] = None
+    rate_control: str | None = None

@@ -1,6 +1,6 @@
 """vLLM's RequestOutput and CompletionOutput, with the fields its clients read."""
 from dataclasses import dataclass, field
-from typing import Generic, Optional, TypeVar
+from typing import Generic, TypeVar
 
 _O = TypeVar("_O")
 
@@ -10,21 +10,21 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list
-    cumulative_logprob: Optional[float] = None
-    logprobs: Optional[list] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Optional[str] = None
+    cumulative_logprob: float | None = None
+    logprobs: list | None = None
+    finish_reason: str | None = None
+    stop_reason: str | None = None
 
 
 @dataclass
 class RequestOutput:
     request_id: str
-    prompt: Optional[str]
+    prompt: str | None
     prompt_token_ids: list
-    prompt_logprobs: Optional[list]
+    prompt_logprobs: list | None
     outputs: list
     finished: bool
-    num_cached_tokens: Optional[int] = 0
+    num_cached_tokens: int | None = 0
     metrics: object = None
     lora_request: object = None
     kv_transfer_params: dict = field(default_factory=dict)

@@ -14,14 +14,14 @@ class RequestOutputKind(enum.IntEnum):
 @dataclass
 class StructuredOutputsParams:
     json: object = None
-    regex: Optional[str] = None
-    choice: Optional[list] = None
-    grammar: Optional[str] = None
-    json_object: Optional[bool] = None
+    regex: str | None = None
+    choice: list | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
-    whitespace_pattern: Optional[str] = None
-    structural_tag: Optional[str] = None
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
 
 
 class SamplingParams:

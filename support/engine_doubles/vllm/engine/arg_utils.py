@@ -1,12 +1,11 @@
 """AsyncEngineArgs: the engine arguments (model.json) as attributes. Two are the double's
 own: `rate` (support.pacing.Rate's fields) and `rate_control` (a JSON file of them that the
 benchmark rewrites between load points)."""
-from typing import Optional
 
 
 class AsyncEngineArgs:
-    def __init__(self, rate: Optional[dict] = None, rate_control: Optional[str] = None,
-                 max_model_len: Optional[int] = None, disable_log_stats: bool = False,
+    def __init__(self, rate: dict | None = None, rate_control: str | None = None,
+                 max_model_len: int | None = None, disable_log_stats: bool = False,
                  **engine_args):
         self.rate, self.rate_control = dict(rate or {}), rate_control
         self.max_model_len, self.disable_log_stats = max_model_len, disable_log_stats

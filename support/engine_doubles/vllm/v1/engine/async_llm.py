@@ -4,7 +4,6 @@ are its words. Outputs are DELTA or CUMULATIVE as the SamplingParams ask; tokens
 while the reader was busy arrive merged in one output, as vLLM's output collector does.
 The stat loggers get vLLM's scheduler and iteration stats once per step."""
 import time
-from typing import Optional
 
 from support.pacing import PacedBatch, Rate, RateSource, StepStats
 from vllm.config import VllmConfig
@@ -39,7 +38,7 @@ class AsyncLLM:
         self._loggers = [factory(config, 0) for factory in stat_loggers or ()]
         for logger in self._loggers:
             logger.log_engine_initialized()
-        self._batch: Optional[PacedBatch] = None
+        self._batch: PacedBatch | None = None
         self._streams: dict = {}
         self._tokenizer = WordTokenizer()
 

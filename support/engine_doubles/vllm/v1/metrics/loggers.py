@@ -1,4 +1,4 @@
-from typing import Callable
+from collections.abc import Callable
 
 from vllm.v1.metrics.buckets import build_1_2_5_buckets  # noqa: F401 (vLLM < 0.32 had it here)
 
