@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ import yaml
 
 from bench import anchor
 from bench.common import bench_result, ratio_row
-from bench.openai_frontend import process_cpu_s, start_frontend
+from bench.openai_frontend import process_cpu_s, start_frontend, stop_frontend
 from bench.rate_clients import AnchorPath, GrpcPath, HttpPath, load_point
 from bench.rate_stats import ceiling, cpu_ms_per_1000_tokens, summarize
 from builder.pipeline import build_repository
@@ -87,7 +86,7 @@ def plan(sizes: dict) -> list[tuple[int, float]]:
 
 async def sweep(paths: dict, pids: dict, control: Path, sizes: dict) -> list[dict]:
     tokens, points = sizes["tokens"], []
-    for name, path in paths.items():       # warm-up: connections, every code path
+    for path in paths.values():       # warm-up: connections, every code path
         write_rate(control, Rate(TTFT_S, 1000, BATCH_TOKENS_PER_S))
         await load_point(path, 4, 8, 60)
     for i, (streams, rate) in enumerate(plan(sizes)):
@@ -201,12 +200,7 @@ def run(out_dir: Path, quick: bool | None = None) -> dict:
             points = asyncio.run(measure(server.grpc_url, http_url, pids, control, sizes,
                                          with_anchor))
         finally:
-            if frontend is not None:
-                frontend.terminate()
-                try:
-                    frontend.wait(15)
-                except subprocess.TimeoutExpired:
-                    frontend.kill()
+            stop_frontend(frontend)
             server.stop()
     config = {"engine": "paced AsyncLLM double (support/engine_doubles/vllm) behind "
                         "trident's vLLM model", "quick": quick, "ttft_s": TTFT_S,

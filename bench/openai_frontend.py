@@ -221,6 +221,17 @@ def rows_from(m: dict) -> list[dict]:
     return rows
 
 
+def stop_frontend(frontend: subprocess.Popen | None) -> None:
+    """SIGTERM the frontend process, SIGKILL it if it is not gone within 15 s."""
+    if frontend is None:
+        return
+    frontend.terminate()
+    try:
+        frontend.wait(15)
+    except subprocess.TimeoutExpired:
+        frontend.kill()
+
+
 def start_frontend(grpc_url: str, log_path: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     log = open(log_path, "ab")
@@ -257,12 +268,7 @@ def run(out_dir: Path) -> dict:
                                                 out_dir / "openai_frontend.frontend.log")
             measured = measure(server, http_url, frontend.pid)
         finally:
-            if frontend is not None:
-                frontend.terminate()
-                try:
-                    frontend.wait(15)
-                except subprocess.TimeoutExpired:
-                    frontend.kill()
+            stop_frontend(frontend)
             server.stop()
     measured["load_average_before"] = load_before
     return bench_result("openai_frontend", rows_from(measured),
