@@ -2,7 +2,7 @@
 
 It holds no model and runs no engine: every request becomes one gRPC stream to an
 exposed Triton model (`router` unless the operator exposes others) in trident's tensor
-interface (README, "The tensor interface"), and every answer is the engine's own text,
+interface (docs/clients.md, "The tensor interface"), and every answer is the engine's own text,
 finish reason and token counts.
 
     protocol.py   pure: OpenAI request JSON -> a Generation
