@@ -27,9 +27,12 @@ class Inbound:
         self.returns = returns
 
 
-def inflight_limit(configured, capacity):
-    """The router's limit for one backend: the spec's, capped by the engine's."""
-    return configured if capacity is None else min(configured, QUEUE_FACTOR * capacity)
+def inflight_limit(configured, capacity, instances=1):
+    """One router instance's limit for one backend: the spec's, capped by the engine's,
+    shared out among the router's instances (each counts its own requests; rounded up,
+    so every instance may send at least one)."""
+    limit = configured if capacity is None else min(configured, QUEUE_FACTOR * capacity)
+    return -(-limit // max(1, instances))
 
 
 def engine_capacity(repository, backend, engine):

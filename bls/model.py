@@ -110,7 +110,8 @@ class TritonPythonModel:
         repository = os.path.dirname(os.path.abspath(args["model_repository"]))
         self.max_inflight = {name: inflight_limit(
             self.config["max_inflight_per_backend"],
-            engine_capacity(repository, name, info["engine"]))
+            engine_capacity(repository, name, info["engine"]),
+            self.config.get("instances", 1))   # router.json: this router's instance count
             for name, info in backends.items()}
         self.deadline_s = self.config["deadline_s"]
         self.first_token_timeout_s = self.config["first_token_timeout_s"]
