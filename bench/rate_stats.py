@@ -48,7 +48,7 @@ class Request:
         return self.arrivals[-1] - self.sent if self.arrivals else None
 
     def gaps(self) -> list[float]:
-        return [b - a for a, b in zip(self.arrivals, self.arrivals[1:])]
+        return [b - a for a, b in zip(self.arrivals, self.arrivals[1:], strict=False)]
 
     def itl(self) -> float | None:
         """genai-perf's inter-token latency of this request."""
@@ -59,7 +59,7 @@ class Request:
     def tokens_by(self, moment: float) -> int:
         """Tokens that had arrived at `moment` (inclusive)."""
         count = 0
-        for at, tokens in zip(self.arrivals, self.tokens):
+        for at, tokens in zip(self.arrivals, self.tokens, strict=True):
             if at > moment:
                 break
             count = tokens

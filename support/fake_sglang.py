@@ -250,7 +250,7 @@ class Engine:
         best = 0
         for sequence in self._radix:
             shared = 0
-            for a, b in zip(tokens, sequence):
+            for a, b in zip(tokens, sequence, strict=False):
                 if a != b:
                     break
                 shared += 1

@@ -26,7 +26,8 @@ def deployment(model_path: str, gpu: str) -> dict:
 
 
 # Slower and longer than the unit-test default so a cancel lands mid-stream.
-SHIM = f'''"""Test-only stand-in for sglang inside the stub (written by support/sglang_double.py)."""
+SHIM = f'''"""Test-only stand-in for sglang inside the stub (written by
+support/sglang_double.py)."""
 import asyncio
 import sys
 

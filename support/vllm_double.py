@@ -50,7 +50,8 @@ def use_double(repo: Path, model: str, environment: Path, control: Path,
     config = Path(repo) / model / "config.pbtxt"
     config.write_text(config.read_text() + (
         '\n# bench: the stub runs with the paced AsyncLLM double (support/vllm_double.py)\n'
-        f'parameters: {{ key: "EXECUTION_ENV_PATH" value: {{ string_value: "{environment}" }} }}\n'))
+        'parameters: { key: "EXECUTION_ENV_PATH" '
+        f'value: {{ string_value: "{environment}" }} }}\n'))
     engine = Path(repo) / model / "1" / "model.json"
     engine_args = json.loads(engine.read_text())
     engine_args["rate_control"] = str(control)

@@ -334,7 +334,8 @@ def engines_for_repository(spec: DeploymentSpec, trtllm: list[ModelSpec],
                            env: Mapping[str, str] | None = None,
                            probe: MachineProbe | None = None) -> dict[str, ServedEngine]:
     """Model name → the engine of its served profile (local dir and key), fetched from
-    the cache when needed. Never builds: a missing engine fails naming its key and the build command."""
+    the cache when needed. Never builds: a missing engine fails naming its key and the
+    build command."""
     env = os.environ if env is None else env
     target = spec_target(spec, env, probe or MachineProbe())
     location = cache_location(spec)

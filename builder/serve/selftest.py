@@ -147,7 +147,7 @@ def _error_text(error: urllib.error.HTTPError) -> str:
 
 
 def reason(problem: str, bundled: bool) -> str:
-    version = "%d.%d" % sys.version_info[:2]
+    version = "{}.{}".format(*sys.version_info[:2])
     whose = "the bundled tritonserver's" if bundled else "tritonserver's"
     if bundled and version != "3.11":
         hint = "use Python 3.11 (make install picks it)"

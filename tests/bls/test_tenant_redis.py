@@ -34,7 +34,10 @@ def redis():
     server.stop()
 
 
-async def attempt(store, tenant="t", limits=Limits(rpm=5), lease="a"):
+FIVE_PER_MINUTE = Limits(rpm=5)
+
+
+async def attempt(store, tenant="t", limits=FIVE_PER_MINUTE, lease="a"):
     """The store's answer, or the StoreUnavailable it raised."""
     try:
         return await store.admit(tenant, limits, lease, LEASE_MS)

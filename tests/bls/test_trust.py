@@ -79,7 +79,8 @@ def test_every_backend_request_carries_the_proof_of_its_tenant_values(make, sent
     model = make([FakeBackend("primary")], tenants=TENANTS)
     for tenant in ("alice", "bob"):
         run(model, ClientRequest(hints={"tenant": tenant}))
-    for (_, inputs, parameters), tenant, priority in zip(sent, ("alice", "bob"), (0, 2)):
+    expected = zip(sent, ("alice", "bob"), (0, 2), strict=True)
+    for (_, inputs, parameters), tenant, priority in expected:
         salt = trust.tenant_salt(tenant)
         assert (inputs["priority"], inputs["cache_salt"]) == (priority, salt)
         assert trust.proves_generate(KEY, parameters, inputs["request_id"], priority, salt)

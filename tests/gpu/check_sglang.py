@@ -103,7 +103,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct",
                         help="local folder or Hugging Face id of a small chat model")
     parser.add_argument("--gpu", default=None,
-                        help="a builder.plan.gpus GPU type name (default: GPU 0's, from nvidia-smi)")
+                        help="a builder.plan.gpus GPU type name "
+                             "(default: GPU 0's, from nvidia-smi)")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--ready-timeout", type=float, default=300.0)
     args = parser.parse_args(argv)

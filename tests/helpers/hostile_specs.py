@@ -137,7 +137,7 @@ def _float_cases(base: str, data: dict) -> list[Case]:
                ("router", "breaker", "window_s"), ("router", "breaker", "cooldown_s"),
                ("models", 0, "engine_args", "swap_space")]
     for path, value in zip(targets, (float("nan"), float("inf"), float("nan"),
-                                     float("-inf"), float("nan"))):
+                                     float("-inf"), float("nan")), strict=True):
         mutated = copy.deepcopy(data)
         parent = mutated
         for part in path[:-1]:

@@ -134,7 +134,9 @@ def test_rerender_is_byte_identical(tmp_path):
     first = _render(H100X8, tmp_path, name="a")
     second = _render(H100X8, tmp_path, name="b")
     again = _render(H100X8, tmp_path, name="a")
-    files = lambda d: {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+    def files(d):
+        return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
     assert files(first) == files(second) == files(again)
 
 

@@ -36,7 +36,8 @@ def exists_by_brute_force(gpu, profiles) -> bool:
     if sum(p.compute_slices for p in profiles) > gpu.compute_slices:
         return False
     for starts in itertools.product(*(p.starts for p in profiles)):
-        used = [m for p, s in zip(profiles, starts) for m in range(s, s + p.memory_slices)]
+        used = [m for p, s in zip(profiles, starts, strict=True)
+                for m in range(s, s + p.memory_slices)]
         if len(used) == len(set(used)):
             return True
     return False

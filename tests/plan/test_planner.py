@@ -346,7 +346,7 @@ def test_every_emitted_plan_is_legal(entries, hardware):
                 owner[instance.slice.gpu] = "MIG"
                 assert instance.slice.slice in plan.mig_layouts[instance.slice.gpu]
     gpu_type = GPU_TYPES[gpu]
-    for ordinal, slices in plan.mig_layouts.items():
+    for slices in plan.mig_layouts.values():
         mig.place_on_gpu(gpu_type, [s.profile for s in slices])   # raises if illegal
         used = [m for s in slices for m in s.memory_slices]
         assert len(used) == len(set(used)) and all(s.start in s.profile.starts for s in slices)
@@ -359,7 +359,8 @@ def test_rendered_h100x8_repository_carries_the_placement(tmp_path):
     spec = load_spec(H100X8)
     engines = {"llama70b-trtllm": ServedEngine("/engines/" + "ab" * 32, "ab" * 32)}
     out = tmp_path / "repo"
-    write_repository(render_files(RenderContext(spec, {}, engines, plan_for_spec(spec))), out, validate_repository)
+    files = render_files(RenderContext(spec, {}, engines, plan_for_spec(spec)))
+    write_repository(files, out, validate_repository)
     assert main(["validate", str(out)]) == 0
     trt = parse_config(out / "llama70b-trtllm_tensorrt_llm" / "config.pbtxt")
     assert trt.parameters["gpu_device_ids"].string_value == "0,1;2,3"

@@ -45,8 +45,10 @@ def test_the_salt_is_keyed_and_not_the_old_computable_hash():
 def test_keys_differ_per_purpose_and_proofs_per_value():
     secret = SECRET.encode()
     assert trust.derive(secret, trust.PROOF) != trust.derive(secret, trust.SALT)
-    proofs = {trust.generate_proof(KEY, "r1", None, "s"), trust.generate_proof(KEY, "r1", 0, "s"),
-              trust.generate_proof(KEY, "r1", None, ""), trust.generate_proof(KEY, "r1s", None, None),
+    proofs = {trust.generate_proof(KEY, "r1", None, "s"),
+              trust.generate_proof(KEY, "r1", 0, "s"),
+              trust.generate_proof(KEY, "r1", None, ""),
+              trust.generate_proof(KEY, "r1s", None, None),
               trust.generate_proof(KEY, "r1", None, None), trust.abort_proof(KEY, "r1")}
     assert len(proofs) == 6
 

@@ -29,8 +29,8 @@ SPEC = {
 
 def configs() -> dict[str, model_config_pb2.ModelConfig]:
     spec = parse_spec(SPEC, "/deploy/t.yaml")
-    files = render_files(RenderContext(spec, {}, {"llama": ServedEngine("/engines/llama", "ab" * 32)},
-                                       plan_for_spec(spec)))
+    engines = {"llama": ServedEngine("/engines/llama", "ab" * 32)}
+    files = render_files(RenderContext(spec, {}, engines, plan_for_spec(spec)))
     return {path.split("/")[0]: text_format.Parse(data.decode(),
                                                   model_config_pb2.ModelConfig())
             for path, data in files.items() if path.endswith("/config.pbtxt")}

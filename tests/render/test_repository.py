@@ -32,7 +32,8 @@ def files_of(repo: Path) -> dict[str, bytes]:
 
 def render_to(out: Path, data=SPEC) -> dict[str, bytes]:
     spec = parse_spec(data, "test.yaml")
-    write_repository(render_files(RenderContext(spec, {}, {}, plan_for_spec(spec))), out, validate_repository)
+    files = render_files(RenderContext(spec, {}, {}, plan_for_spec(spec)))
+    write_repository(files, out, validate_repository)
     return files_of(out)
 
 

@@ -73,7 +73,7 @@ def test_trident_serve_refuses_a_stub_that_corrupts_strings(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "ready:" not in proc.stdout and "Traceback" not in proc.stderr
     (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
-    version = "%d.%d" % sys.version_info[:2]
+    version = "{}.{}".format(*sys.version_info[:2])
     assert f"tritonserver's Python {version} stub corrupts string inputs" in line, line
     assert "start-up self-test: sent" in line and "got back '\\x02" in line, line
     # Neither the real server nor the self-test's is left running.

@@ -61,7 +61,7 @@ def test_two_unloads_in_a_row_leave_no_crashed_stub(tmp_path):
             old = _stubs(server)
             _control(server, "unload")
             # The old stub runs finalize() and exits: the crash came at that point.
-            wait_for(lambda: not _stubs(server) & old, timeout_s=120, interval_s=0.2)
+            wait_for(lambda old=old: not _stubs(server) & old, timeout_s=120, interval_s=0.2)
             _control(server, "load")
             assert _answer(server) == first
             assert server.process.poll() is None, "tritonserver died"

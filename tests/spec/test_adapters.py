@@ -230,7 +230,7 @@ def test_per_module_ranks_and_plain_inits_pass(tmp_path):
 def test_trident_repo_names_adapter_file_and_reason(tmp_path, capsys, damage, expected):
     """Against the base model's own config.json (builtin:tiny-llama, resolved as rendering
     does): one line, exit 2, nothing rendered; the good adapter renders."""
-    good = write_adapter(tmp_path / "good", seed=0, rank=8, config=TINY)
+    write_adapter(tmp_path / "good", seed=0, rank=8, config=TINY)
     bad = write_adapter(tmp_path / "bad", seed=1, rank=8, config=TINY)
     damage(bad)
     spec_file = tmp_path / "spec.yaml"

@@ -222,7 +222,8 @@ def test_mig_plan_never_writes_over_the_spec(folder):
 
 
 def test_spec_path_with_pbtxt_injects_nothing(folder):
-    name = 'x.yaml\nparameters { key: "EXECUTION_ENV_PATH" value: { string_value: "venv.tar.gz" } }\n#'
+    name = ('x.yaml\nparameters { key: "EXECUTION_ENV_PATH" '
+            'value: { string_value: "venv.tar.gz" } }\n#')
     spec = write_spec(folder, base_spec(folder / "model"), name=name)
     assert hs.call_cli(["repo", "--spec", str(spec), "--out", str(folder / "out")])[0] == 0
     configs = sorted((folder / "out").glob("*/config.pbtxt"))
