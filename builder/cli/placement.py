@@ -29,8 +29,14 @@ def plan(spec: str) -> int:
     memory each GPU needs, has and keeps free, and the Kubernetes resource to request.
     """
     from builder.plan.planner import plan_for_spec
+    from builder.plan.router_instances import router_instances
 
-    click.echo(format_plan(plan_for_spec(load_spec(spec))))
+    loaded = load_spec(spec)
+    click.echo(format_plan(plan_for_spec(loaded)))
+    router = router_instances(loaded)
+    if router is not None:
+        click.echo(f"router: {loaded.router.name}, {router.count} instance(s) KIND_CPU "
+                   f"({router.why})")
     return 0
 
 
@@ -40,7 +46,7 @@ def format_plan(plan) -> str:
               "NEED/GPU", "USABLE", "FREE", "K8S RESOURCE/INSTANCE")
     rows = [header] + [_row(m) for m in plan.models.values()]
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]
     if plan.gpu is None:
         lines.append("hardware: cpu (every instance KIND_CPU)")
@@ -54,15 +60,18 @@ def format_plan(plan) -> str:
     return "\n".join(lines)
 
 
+def _gib(value):
+    return "?" if value is None else f"{value:.1f} GiB"
+
+
 def _row(model) -> tuple[str, ...]:
     if model.kind == "cpu":
         return (model.name, model.engine, "-", "-", "cpu", "-", "-", "-", "-", "-")
     devices = "; ".join(_devices(i) for i in model.instances)
-    gib = lambda v: "?" if v is None else f"{v:.1f} GiB"
     resources = ", ".join(f"{k}={v}" for k, v in model.kubernetes_resources.items())
     return (model.name, model.engine, f"{model.tp}×{model.pp}", str(len(model.instances)),
-            devices, model.link, gib(model.need.total_gib if model.need else None),
-            gib(model.usable_gib), gib(model.free_gib), resources)
+            devices, model.link, _gib(model.need.total_gib if model.need else None),
+            _gib(model.usable_gib), _gib(model.free_gib), resources)
 
 
 def _devices(instance) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from bls.policy import router_config  # the router owns the shape of its own config
 from builder.plan import placement as placement_mod
+from builder.plan.router_instances import router_instances
 from builder.render import trtllm as trtllm_repo
 from builder.render.context import (
     BACKENDS_DIR,
@@ -60,11 +61,16 @@ def _model_path_arg(model: ModelSpec, ctx: RenderContext) -> dict[str, str]:
 
 def _render_router(ctx: RenderContext) -> dict[str, bytes]:
     router = ctx.spec.router
+    instances = router_instances(ctx.spec).count
+    # Each instance is its own stub with its own in-flight counts: the router divides
+    # each backend's limit among them (docs/router.md, "Router instances").
+    config = {**router_config(ctx.spec), "instances": instances}
     files = {
         f"{router.name}/config.pbtxt": render_template(
-            "router/config.pbtxt.j2", router=router, spec_file=ctx.spec.file),
+            "router/config.pbtxt.j2", router=router, instances=instances,
+            spec_file=ctx.spec.file),
         f"{router.name}/{VERSION}/router.json": render_template(
-            "router/router.json.j2", router_config=router_config(ctx.spec)),
+            "router/router.json.j2", router_config=config),
     }
     files.update(copy_tree(BLS_DIR, f"{router.name}/{VERSION}"))
     files.update(_common_package(router.name))

@@ -134,6 +134,12 @@ class RouterSpec:
     deadline_s: float = 300.0
     first_token_timeout_s: float = 60.0
     max_inflight_per_backend: int = 256
+    # Router model instances (stub processes); None: derived from the target host
+    # (builder/plan/router_instances.py).
+    instances: int | None = None
+
+
+MAX_ROUTER_INSTANCES = 64   # as a model's instances: a stub process each
 
 
 @dataclass(frozen=True)
@@ -195,6 +201,12 @@ def parse_spec(data: Any, file: str = "<spec>") -> DeploymentSpec:
     root.done()
     if router and router.name in {m.name for m in models}:
         raise SpecError(file, "router.name", f"{router.name!r} is also a model name")
+    if router and (router.instances or 1) > 1 and tenants and tenants.redis is None:
+        # Without Redis each router instance keeps its own tenant counters: a limit
+        # would hold per instance, N times over for the deployment.
+        raise SpecError(file, "router.instances", f"{router.instances} router instances "
+                        "would each count tenants on their own (tenants.redis is not "
+                        "set): set tenants.redis or router.instances: 1")
     return DeploymentSpec(file, name, server, hardware, cache, models, router, tenants)
 
 
@@ -333,6 +345,7 @@ def _parse_router(node: _Node, models: tuple[ModelSpec, ...]) -> RouterSpec:
         deadline_s=_positive(node, "deadline_s", 300.0),
         first_token_timeout_s=_positive(node, "first_token_timeout_s", 60.0),
         max_inflight_per_backend=node.int("max_inflight_per_backend", 256, minimum=1),
+        instances=node.int("instances", None, minimum=1, maximum=MAX_ROUTER_INSTANCES),
     )
     node.done()
     return router

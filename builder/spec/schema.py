@@ -60,6 +60,8 @@ _RULES: dict[tuple[type, str], dict[str, Any]] = {
     (spec_mod.RouterSpec, "name"): {"pattern": NAME_PATTERN},
     (spec_mod.RouterSpec, "short_prompt_tokens"): {"minimum": 0},
     (spec_mod.RouterSpec, "max_inflight_per_backend"): {"minimum": 1},
+    (spec_mod.RouterSpec, "instances"): {"minimum": 1,
+                                         "maximum": spec_mod.MAX_ROUTER_INSTANCES},
     **{(cls, key): _SECONDS for cls, key in (
         (spec_mod.RouterSpec, "deadline_s"), (spec_mod.RouterSpec, "first_token_timeout_s"),
         (spec_mod.BreakerSpec, "window_s"), (spec_mod.BreakerSpec, "cooldown_s"))},
@@ -85,6 +87,16 @@ _OBJECT_RULES: dict[type, dict[str, Any]] = {
          "else": {"properties": {"nodes": {"maximum": 1}}}}]},
     **tenants_spec.SCHEMA_OBJECT_RULES,
 }
+# More than one router instance with tenants needs their shared store (Redis): the
+# parser's rule across the router and tenants sections, which a schema can state.
+_ROUTER_INSTANCES_NEED_REDIS = {
+    "if": {"required": ["router", "tenants"], "properties": {
+        "router": {"type": "object", "required": ["instances"],
+                   "properties": {"instances": {"type": "integer", "minimum": 2}}},
+        "tenants": {"type": "object", "anyOf": [
+            {"not": {"required": ["redis"]}},
+            {"properties": {"redis": {"type": "null"}}}]}}},
+    "then": False}
 # Fields of the typed spec that are not keys of the YAML (derived or bookkeeping).
 _NOT_IN_YAML = {(spec_mod.DeploymentSpec, "file"), (spec_mod.ModelSpec, "extra"),
                 (trtllm_spec.Profile, "name")}
@@ -198,5 +210,6 @@ def deployment_schema() -> dict[str, Any]:
     root = _object(spec_mod.DeploymentSpec)
     root["properties"]["models"]["minItems"] = 1
     root["required"] = ["models"]
+    root["allOf"] = [_ROUTER_INSTANCES_NEED_REDIS]
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID,
             "title": "trident deployment spec", **root, "$defs": defs}

@@ -104,6 +104,15 @@ CASES = {
     "unknown fallback": changed(("router", "fallback"), {"m": ["zz"]}),
     "empty fallback": changed(("router", "fallback"), {"m": []}),
     "max_inflight 0": changed(("router", "max_inflight_per_backend"), 0),
+    "router instances 0": changed(("router", "instances"), 0),
+    "router instances 65": changed(("router", "instances"), 65),
+    "router instances as text": changed(("router", "instances"), "2"),
+    "router instances, local tenants": {**changed(("router", "instances"), 2),
+                                        "tenants": {"default": {}}},
+    "router instances, redis null": {**changed(("router", "instances"), 2),
+                                     "tenants": {"redis": None}},
+    "router instances, shared tenants": {**changed(("router", "instances"), 2),
+                                         "tenants": {"redis": "redis://h"}},
 }
 
 
