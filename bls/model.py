@@ -40,9 +40,10 @@ from relay import CLIENT_ERROR, CallSlots, Relay, Retired
 from router_metrics import RouterMetrics
 from tenants import Tenants
 from trident_common import trust
+from trident_common.error_classes import CLIENT, OVERLOADED, UNAVAILABLE, triton_error
 from trident_common.interface import HINT_NAMES, RETURNABLE, ROUTER_PROOF, ROUTER_SECRET_ENV
 from trident_common.log import Log
-from trident_common.request import CLIENT_FAULT_PREFIX, BadRequest, first_scalar, parse_messages
+from trident_common.request import BadRequest, first_scalar, parse_messages
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 HINT_KEYS = (*HINT_NAMES, *ADAPTER_KEYS)   # the hints, and the adapter's (policy.adapter_name)
@@ -177,20 +178,24 @@ class TritonPythonModel:
             inbound = self.inbound(request)
             route, candidates = self.policy.candidates(inbound.features, self.available)
         except UnknownRoute as e:
-            return self.fail(sender, str(e), "unknown_route")
+            return self.fail(sender, CLIENT.mark(str(e), e.param), "unknown_route")
+        except BadRequest as e:   # the messages tensor is not what the interface says
+            return self.fail(sender, CLIENT.mark(str(e), e.param or "messages"),
+                             "bad_request")
         except ValueError as e:
-            return self.fail(sender, f"bad request: {e}", "bad_request")
+            return self.fail(sender, CLIENT.mark(str(e)), "bad_request")
         if not candidates:
             return self.refuse(sender, route, inbound.features)
         work = self.attempt(request, inbound, sender, route, candidates, arrival, attempts)
         await self.tenants.run(inbound.features.tenant, work, attempts, sender, self.fail)
 
     async def attempt(self, request, inbound, sender, route, candidates, arrival, attempts):
-        errors = []
+        errors, tried = [], False
         for attempt, backend in enumerate(candidates):
             if not self.claim(backend):
                 errors.append(self.unavailable_reason(backend))
                 continue
+            tried = True
             probe = self.breakers[backend].state == HALF_OPEN   # this request is the probe
             recorded = False
             try:
@@ -209,6 +214,10 @@ class TritonPythonModel:
                 self.inflight[backend] -= 1
                 if probe and not recorded:
                     self.breakers[backend].release_probe()
+        if not tried:   # each was taken (full, breaker) while this request waited
+            return self.fail(sender, UNAVAILABLE.mark(
+                f"no backend available for route {route!r}: " + "; ".join(errors)),
+                "no_backend")
         self.fail(sender, "every backend failed before its first token: " + "; ".join(errors),
                   "all_failed")
 
@@ -217,10 +226,11 @@ class TritonPythonModel:
         _, wanted = self.policy.candidates(features)
         reasons = "; ".join(self.unavailable_reason(b) for b in wanted)
         if wanted and all(self.full(b) for b in wanted):
-            return self.fail(sender, f"overloaded: every backend of route {route!r} is at "
-                             f"its limit, retry later ({reasons})", "overloaded")
-        return self.fail(sender, f"no backend available for route {route!r}: {reasons}",
-                         "no_backend")
+            return self.fail(sender, OVERLOADED.mark(
+                f"every backend of route {route!r} is at its limit, retry later "
+                f"({reasons})"), "overloaded")
+        return self.fail(sender, UNAVAILABLE.mark(
+            f"no backend available for route {route!r}: {reasons}"), "no_backend")
 
     def inbound(self, request):
         """Routing features, whether the client streams, and inputs to forward in a
@@ -277,12 +287,15 @@ class TritonPythonModel:
 
     def fail(self, sender, message, reason):
         """Answer with an error response, then the final flag on its own: the same shape
-        as a mid-stream failure (a gRPC stream client sees the error, then the final)."""
+        as a mid-stream failure (a gRPC stream client sees the error, then the final).
+        The message's marker (error_classes.py) is its class and sets the Triton code;
+        an unmarked one is internal."""
         self.metrics.error(reason)
+        error = triton_error(pb_utils, message)
         if reason in ("all_failed", "internal"):   # not the client's doing
             self.log.error(message)
         try:
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)))
+            sender.send(pb_utils.InferenceResponse(error=error))
             sender.send(flags=FINAL)
         except Exception:
             pass  # the client is gone
@@ -305,7 +318,7 @@ class TritonPythonModel:
                 requested_output_names=adapter.outputs,
                 parameters=self.signed(inbound.parameters, request_id, added))
         except BadRequest as e:  # a value no engine could take (out of range)
-            self.fail(sender, CLIENT_FAULT_PREFIX + str(e), "bad_request")
+            self.fail(sender, e.marked(), "bad_request")
             return False
         except ValueError as e:  # the request does not fit this engine's interface
             raise BackendFailed(str(e)) from None

@@ -19,11 +19,16 @@ ADAPTER_KEYS = ("sampling_parameters", "lora_name")
 
 
 class UnknownRoute(ValueError):
-    """A route hint that names neither a rule nor a backend."""
+    """A route hint that names neither a rule nor a backend: a client error (400) whose
+    parameter is `param` (error_classes.py)."""
+
+    param = "route"
 
 
 class UnknownAdapter(UnknownRoute):
     """A LoRA adapter (sampling_parameters.lora_name) that no backend of the route holds."""
+
+    param = "lora_name"
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import time
 
 import triton_python_backend_utils as pb_utils
 
-from trident_common.request import CLIENT_FAULT_PREFIX
+from trident_common.error_classes import CLIENT, classify, triton_error
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CLIENT_ERROR = "client error"   # Relay.start outcome: the backend rejected the request
@@ -236,8 +236,8 @@ class Relay:
         self.closed = self.answered = True
         try:
             if error is not None:   # a message, or a backend's TritonError (keeps its code)
-                if isinstance(error, str):
-                    error = pb_utils.TritonError(error)
+                if isinstance(error, str):   # its marker sets the Triton code
+                    error = triton_error(pb_utils, error)
                 self.sender.send(pb_utils.InferenceResponse(error=error))
             self.sender.send(flags=FINAL)
         except Exception:
@@ -250,8 +250,8 @@ def _set_once(future, value):
 
 
 def _client_fault(problem):
-    """A backend's error message that blames the request (see CLIENT_FAULT_PREFIX)."""
-    return problem.startswith(CLIENT_FAULT_PREFIX)
+    """A backend's error message that blames the request (error_classes.CLIENT)."""
+    return classify(problem) is CLIENT
 
 
 def drain(responses, retired):

@@ -25,6 +25,7 @@ import triton_python_backend_utils as pb_utils
 
 from tenant_outbox import Outbox
 from tenant_store import Limits, LocalStore, RedisStore, StoreUnavailable
+from trident_common.error_classes import CLIENT
 from trident_common.metrics import COUNTER, GAUGE
 from trident_common.trust import tenant_salt
 
@@ -133,8 +134,9 @@ class Tenants:
             return tenant
         label = ANONYMOUS if name == ANONYMOUS else OTHER
         if name != ANONYMOUS and not TENANT_RE.fullmatch(name):
-            raise Refused(label, "bad_tenant", f"bad request: tenant {name[:64]!r} is not a "
-                          "tenant name (letters, digits, '_', '.', '@', '-')")
+            raise Refused(label, "bad_tenant", CLIENT.mark(
+                f"tenant {name[:64]!r} is not a tenant name (letters, digits, '_', '.', "
+                "'@', '-')", "tenant"))
         if self.config["unknown"] == "reject":
             what = ("the request names no tenant (give the `tenant` input or parameter)"
                     if name == ANONYMOUS else f"tenant {name!r} is not known")

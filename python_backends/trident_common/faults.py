@@ -1,18 +1,29 @@
 """A request's failure in words: the client's fault (BadRequest, whose message the
 engine models send with CLIENT_FAULT_PREFIX) or an engine's (describe), and values shown
-cut short. Shared by the request and sampling checks, the engine models and the router."""
+cut short. Shared by the request and sampling checks, the engine models and the router.
+The classes of errors and how each travels are in error_classes.py."""
 from __future__ import annotations
 
 from typing import Any
 
-# Error messages of requests that are wrong (not the engine) start with this. Triton 2.51's
-# BLS keeps only the message of a backend's error, not its INVALID_ARG code, so this is
-# how the router tells a bad request (answer it) from a failing backend (fall back).
-CLIENT_FAULT_PREFIX = "invalid request: "
+from trident_common.error_classes import CLIENT
+
+# Error messages of requests that are wrong (not the engine) start with this: the client
+# error class's marker (error_classes.py says why a marker and not the code alone).
+CLIENT_FAULT_PREFIX = CLIENT.marker
 
 
 class BadRequest(ValueError):
-    """The client's request is malformed; the message is sent back as the error."""
+    """The client's request is malformed; the message is sent back as the error.
+    `param` names the request field at fault where one is (OpenAI's error.param)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+    def marked(self) -> str:
+        """The message as it travels: the client error marker, and `[param] `."""
+        return CLIENT.mark(str(self), self.param)
 
 
 def show(value: Any, limit: int = 40) -> str:

@@ -169,12 +169,23 @@ def test_completion_echo_prefixes_the_prompt_once():
     ("[request id: 1] invalid request: messages[0] must be an object", 400, "messages[0]"),
     ("invalid request: max_tokens must be a positive integer", 400, "max_tokens"),
     ("invalid request: invalid sampling_parameters: min_p must be in [0, 1]", 400, "min_p"),
+    ("invalid request: [route] unknown route 'x' (valid routes: a)", 400, "route"),
+    ("invalid request: [tenant] tenant '%' is not a tenant name", 400, "tenant"),
     ("Request for unknown model: 'x' is not found", 404, "model"),
-    ("smollm2: 24 requests in flight: overloaded", 503, None),
-    ("Stub process 'smollm2_0_0' is not healthy.", 503, None),
+    ("rate limit: tenant 'alice' is over 3 requests per minute", 429, None),
+    ("overloaded: every backend of route 'default' is at its limit", 503, None),
+    ("unavailable: no backend available for route 'default': smollm2: circuit breaker "
+     "open", 503, None),
+    # Classes are read from a message's start only: words inside are not a class.
+    ("every backend failed before its first token: smollm2: not ready, overloaded", 500,
+     None),
+    ("smollm2 failed mid-stream: invalid request: x", 500, None),
+    ("Stub process 'smollm2_0_0' is not healthy.", 500, None),    # the engine crashed
     ("vllm error: RuntimeError (boom)", 500, None),
 ])
 def test_triton_errors_map_to_openai_errors(message, status, param):
+    # Before: by loose substrings ("overloaded", "unavailable", "not healthy" anywhere:
+    # 503; "bad request: ..." and "unknown route" 500); now by the class's marker.
     error = from_triton(message, "router")
     assert (error.status, error.param) == (status, param)
     assert error.body()["error"]["message"]
@@ -228,13 +239,15 @@ def test_lora_name_is_taken_from_the_body_and_checked():
 
 
 @pytest.mark.parametrize("message", [
-    "unknown adapter 'nope': no backend holds it (adapters: legal (smollm2))",
-    "route 'fast' has no backend holding adapter 'nope' (held by: smollm2)",
+    "invalid request: [lora_name] unknown adapter 'nope': no backend holds it (adapters: "
+    "legal (smollm2))",
+    "invalid request: [lora_name] route 'fast' has no backend holding adapter 'nope' "
+    "(held by: smollm2)",
     "invalid request: unknown adapter 'nope' (sampling_parameters.lora_name): model "
     "smollm2 has adapters: legal, support",
 ])
 def test_an_unknown_adapter_is_400_naming_it_and_no_backend(message):
     # Before: the router's refusal was a 500 backend_error listing the engine models.
-    error = from_triton(message, "router")
+    error = from_triton(message, "router", {"lora_name": "nope"})
     assert (error.status, error.param, error.code) == (400, "lora_name", "adapter_not_found")
     assert "'nope'" in error.message and "smollm2" not in error.message

@@ -1,8 +1,12 @@
 """Errors in OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`), and
-Triton's error messages mapped onto them. Pure: no I/O."""
+Triton's error messages mapped onto them by trident's table of error classes. Pure: no
+I/O (the table is read from its source file once, at import)."""
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
+from pathlib import Path
 
 
 class OpenAIError(Exception):
@@ -35,35 +39,54 @@ def too_large(what: str, limit: int, unit: str = "bytes") -> OpenAIError:
                        "invalid_request_error", None, "request_too_large")
 
 
-CLIENT_FAULT = "invalid request: "     # trident_common.request.CLIENT_FAULT_PREFIX
-# The router's refusals of an adapter (bls/policy.py UnknownAdapter): "unknown adapter 'x':
-# no backend holds it ...", "route 'r' has no backend holding adapter 'x' ...".
-_ADAPTER_REFUSAL = re.compile(r"(?:unknown adapter|no backend holding adapter) '([^']*)'")
+def _load_table():
+    """trident_common/error_classes.py, the table the router and the engine models use:
+    loaded from its file, as builder.render.context loads the tensor interface
+    (trident_common is copied into model folders, not installed as a package)."""
+    path = (Path(__file__).resolve().parents[3] / "python_backends" / "trident_common"
+            / "error_classes.py")
+    spec = importlib.util.spec_from_file_location("trident_error_classes", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module     # dataclasses look their module up while made
+    spec.loader.exec_module(module)
+    return module
 
 
-def from_triton(message: str, model: str) -> OpenAIError:
-    """A Triton error message as an OpenAI error: the engine's `invalid request: ...` is
-    the client's fault (400), an adapter nobody holds too (400, naming only the adapter:
-    the router's own message lists backends, which the frontend does not expose), a
-    tenant over its limit 429, an unknown model 404, an overloaded or unavailable
-    backend 503, anything else a backend failure (500); the message says why."""
-    text = message.strip()
-    lowered = text.lower()
-    adapter = _ADAPTER_REFUSAL.search(text)
-    if adapter:
-        return unknown_adapter(adapter.group(1), model)
-    if CLIENT_FAULT in text:
-        reason = text[text.index(CLIENT_FAULT) + len(CLIENT_FAULT):]
-        return OpenAIError(400, reason or text, "invalid_request_error", _param_of(reason),
-                           "invalid_value")
-    if "rate limit: " in lowered:   # the router's tenant limits (bls/tenants.py)
-        return OpenAIError(429, f"{model}: {text}", "requests", None, "rate_limit_exceeded")
-    if "unknown model" in lowered or ("model" in lowered and "is not found" in lowered):
+TABLE = sys.modules.get("trident_error_classes") or _load_table()
+# Triton's own words, not trident's: a model it does not know (unloaded since the
+# frontend's index was read), and the request id Triton puts before a message.
+TRITON_UNKNOWN_MODEL = "Request for unknown model"
+_TRITON_REQUEST_ID = re.compile(r"\[request id: [^\]]*\] ")
+# Parameters whose values the router's words explain with the deployment's own names
+# (routes, backends, adapters): the frontend answers with the client's value only.
+_OWN_WORDS = {
+    "lora_name": lambda value, model: unknown_adapter(value, model),
+    "route": lambda value, model: invalid("route", f"unknown route {value!r}",
+                                          "route_not_found"),
+}
+
+
+def from_triton(message: str, model: str, asked: dict | None = None) -> OpenAIError:
+    """A Triton error message as an OpenAI error, by the class its marker names
+    (trident_common/error_classes.py): client error 400 naming the parameter, rate
+    limit 429, overloaded and unavailable 503, anything else 500. `asked` holds what
+    the client sent (lora_name, route), for a refusal that must not list the
+    deployment's backends."""
+    text = _TRITON_REQUEST_ID.sub("", message.strip(), count=1)
+    if text.startswith(TRITON_UNKNOWN_MODEL):
         return model_not_found(model)
-    if "overloaded" in lowered or "not ready" in lowered or "unavailable" in lowered \
-            or "not healthy" in lowered or "is dead" in lowered:
-        return OpenAIError(503, f"{model}: {text}", "server_error", None, "unavailable")
-    return OpenAIError(500, f"{model}: {text}", "server_error", None, "backend_error")
+    parsed = TABLE.parse(text)
+    error_class = parsed.error_class
+    if error_class is TABLE.CLIENT:
+        param = parsed.param or _param_of(parsed.reason)
+        own = _OWN_WORDS.get(param)
+        value = (asked or {}).get(param)
+        if own is not None and value is not None:
+            return own(value, model)
+        return OpenAIError(400, parsed.reason or text, error_class.openai_type, param,
+                           error_class.openai_code)
+    return OpenAIError(error_class.status, f"{model}: {parsed.reason or text}",
+                       error_class.openai_type, None, error_class.openai_code)
 
 
 def unknown_adapter(name: str, model: str) -> OpenAIError:
@@ -72,8 +95,9 @@ def unknown_adapter(name: str, model: str) -> OpenAIError:
 
 
 def _param_of(reason: str) -> str | None:
-    """The parameter an engine's complaint starts with (`sampling_parameters.seed: ...`,
-    `messages[0] must be ...`, `max_tokens must be ...`), in OpenAI's names."""
+    """For a client error without a `[param]` tag: the parameter an engine's complaint
+    starts with (`sampling_parameters.seed: ...`, `messages[0] must be ...`,
+    `max_tokens must be ...`), in OpenAI's names."""
     named = re.search(r"sampling_parameters(?:\.|: )(\w+)", reason)
     if named:
         return named.group(1)

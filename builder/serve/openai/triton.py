@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import struct
 import time
 import uuid
@@ -21,6 +22,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
+from builder.serve import admin
 from builder.serve.openai.errors import OpenAIError, from_triton, invalid, model_not_found
 from builder.serve.openai.protocol import Generation
 
@@ -178,8 +180,11 @@ def _first(result, output, raw: bytes | None):
 class Triton:
     """A gRPC connection to one tritonserver, made on the frontend's event loop."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, admin_key: str | None = None):
         self.url = url
+        # The index is behind trident's admin key (builder/serve/admin.py): `trident
+        # serve` hands its own in; a separate frontend takes the operator's.
+        self._admin = admin.grpc_headers(admin_key or os.environ.get(admin.KEY_ENV))
         self._client: grpcaio.InferenceServerClient | None = None
         self._models: dict[str, ModelInfo] = {}
         self._configs: dict[tuple, ModelInfo | None] = {}   # (name, version) -> info
@@ -214,7 +219,8 @@ class Triton:
 
     async def _read_index(self) -> dict[str, ModelInfo]:
         try:
-            index = await self.client.get_model_repository_index(as_json=True)
+            index = await self.client.get_model_repository_index(headers=self._admin,
+                                                                  as_json=True)
             models = {}
             for entry in index.get("models", []):
                 if entry.get("state") != "READY":
@@ -255,7 +261,8 @@ class Triton:
             pass     # Triton is away: the request that comes next says so
 
     def stream(self, generation: Generation, info: ModelInfo) -> Call:
-        return Call(self, info.name, build_inputs(generation, info))
+        asked = {"lora_name": generation.lora_name, "route": generation.hints.get("route")}
+        return Call(self, info.name, build_inputs(generation, info), asked)
 
     def _keep_draining(self, call: Call) -> None:
         task = asyncio.ensure_future(call.drain())
@@ -267,8 +274,9 @@ class Call:
     """One request's gRPC stream. Iterate `pieces()`; `cancel()` aborts it in Triton (the
     engine stops); `finish()` after the finish reason lets the call end on its own."""
 
-    def __init__(self, triton: Triton, model: str, inputs: list):
+    def __init__(self, triton: Triton, model: str, inputs: list, asked: dict | None = None):
         self.triton, self.model = triton, model
+        self.asked = asked    # what the client named (errors.from_triton)
         self.request_id = uuid.uuid4().hex
         self.done = False         # the call ended, or is no longer ours to end
         self.cancelled = False    # cancelled by cancel() (the client went away)
@@ -295,10 +303,10 @@ class Call:
                     return
                 raise TritonUnavailable(self.triton.url, _rpc_reason(e)) from None
             if error is not None:
-                raise from_triton(error.message() or str(error), self.model)
+                raise from_triton(error.message() or str(error), self.model, self.asked)
             piece, problem = read_piece(result)
             if problem:
-                raise from_triton(problem, self.model)
+                raise from_triton(problem, self.model, self.asked)
             yield piece
             if piece.finish_reason:
                 return
