@@ -100,7 +100,8 @@ def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, triton_h
                        f"metrics {server.metrics_url}")
             if openai_port is not None:
                 frontend = Frontend(server.grpc_url, openai_host, openai_port, api_keys,
-                                    expose, repo=repo_dir).start()
+                                    expose, repo=repo_dir,
+                                    admin_key=server.admin_key).start()
                 click.echo(f"OpenAI API: {frontend.url}/v1")
             sys.stdout.flush()
             # Returns only by raising, when tritonserver exits; a model that dies

@@ -17,7 +17,7 @@ import queue
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -66,6 +66,9 @@ class Server(Protocol):
     def http_url(self) -> str: ...
 
     @property
+    def admin_headers(self) -> Mapping[str, str]: ...   # model control needs them
+
+    @property
     def process(self) -> subprocess.Popen | None: ...
 
     def ready_models(self) -> set[str] | None: ...
@@ -75,20 +78,21 @@ class Server(Protocol):
     def metrics_text(self) -> str: ...
 
 
-def reload(http_url: str, model: str, timeout_s: float = RELOAD_TIMEOUT_S) -> None:
+def reload(http_url: str, model: str, headers: Mapping[str, str],
+           timeout_s: float = RELOAD_TIMEOUT_S) -> None:
     """Unload then load one model; raises loading.LoadFailed or OSError when the load
     does not succeed. The unload may fail (a vLLM model whose engine died unloads itself):
     the load is what counts."""
     try:
-        loading.request(http_url, model, "unload", UNLOAD_TIMEOUT_S)
+        loading.request(http_url, model, "unload", UNLOAD_TIMEOUT_S, headers)
     except (loading.LoadFailed, OSError):
         pass
-    loading.request(http_url, model, "load", timeout_s)
+    loading.request(http_url, model, "load", timeout_s, headers)
 
 
 def keep_serving(server: Server, report: Callable[[str], None], interval_s: float = 1.0,
                  restarts: Restarts | None = None,
-                 reload_model: Callable[[str, str], None] = reload) -> int:
+                 reload_model: Callable[[str, str, Mapping[str, str]], None] = reload) -> int:
     """Watch the server's models until tritonserver exits; returns its exit status.
     `report` gets one line per event (a death, a reload, a model given up)."""
     restarts = restarts or Restarts()
@@ -108,8 +112,8 @@ def keep_serving(server: Server, report: Callable[[str], None], interval_s: floa
             report(f"trident serve: {reason}; giving up on model '{model}' after "
                    f"{restarts.limit} restarts: it is unloaded, the other models keep "
                    "serving")
-            threading.Thread(target=_unload_quietly, args=(server.http_url, model),
-                             daemon=True).start()
+            threading.Thread(target=_unload_quietly, daemon=True,
+                             args=(server.http_url, model, server.admin_headers)).start()
             return
         due[model] = now + delay
         report(f"trident serve: {reason}; reloading it in {delay:.0f} s (restart "
@@ -149,20 +153,20 @@ def keep_serving(server: Server, report: Callable[[str], None], interval_s: floa
                 del due[model]
                 reloading[model] = now
                 threading.Thread(target=_reload_into, daemon=True, name=f"reload-{model}",
-                                 args=(reload_model, server.http_url, model, results)).start()
+                                 args=(reload_model, server, model, results)).start()
 
 
-def _reload_into(reload_model, http_url: str, model: str, results: queue.Queue) -> None:
+def _reload_into(reload_model, server: Server, model: str, results: queue.Queue) -> None:
     try:
-        reload_model(http_url, model)
+        reload_model(server.http_url, model, server.admin_headers)
     except (loading.LoadFailed, OSError) as e:
         results.put((model, str(e) or type(e).__name__))
     else:
         results.put((model, None))
 
 
-def _unload_quietly(http_url: str, model: str) -> None:
+def _unload_quietly(http_url: str, model: str, headers: Mapping[str, str]) -> None:
     try:
-        loading.request(http_url, model, "unload", UNLOAD_TIMEOUT_S)
+        loading.request(http_url, model, "unload", UNLOAD_TIMEOUT_S, headers)
     except (loading.LoadFailed, OSError):
         pass   # the server is going away, or the model already is

@@ -62,12 +62,14 @@ def load_order(wanted: Iterable[str], depends_on: Mapping[str, set[str]]) -> lis
     return order
 
 
-def request(http_url: str, model: str, action: str, timeout_s: float | None) -> None:
+def request(http_url: str, model: str, action: str, timeout_s: float | None,
+            headers: Mapping[str, str] | None = None) -> None:
     """POST /v2/repository/models/MODEL/{load,unload}; returns once the server answered
-    (a load answers when the model is READY). Raises LoadFailed with the server's
-    reason, or OSError (a timeout among them) when it does not answer."""
+    (a load answers when the model is READY). `headers`: the server's admin header
+    (admin.py), without which trident's servers refuse the call. Raises LoadFailed with
+    the server's reason, or OSError (a timeout among them) when it does not answer."""
     call = urllib.request.Request(f"{http_url}/v2/repository/models/{model}/{action}",
-                                  data=b"{}", method="POST")
+                                  data=b"{}", headers=dict(headers or {}), method="POST")
     try:
         with urllib.request.urlopen(call, timeout=timeout_s):
             return

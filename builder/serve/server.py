@@ -5,7 +5,8 @@ group (not its own session: a separate session lets Linux autogroup scheduling s
 the clients on a small machine), so one signal stops the server and its backend stubs.
 Its ports bind to loopback unless told otherwise (they take no API keys), and it runs in
 explicit model-control mode: the models are loaded one by one (loading.py), and one that
-dies is reloaded alone (keeper.py).
+dies is reloaded alone (keeper.py). Model control, shared memory and the log and trace
+settings answer only requests carrying this start's admin key (admin.py).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.render.context import INTERFACE
-from builder.serve import keeper, loading, selftest
+from builder.serve import admin, keeper, loading, selftest
 from builder.serve.install import (  # noqa: F401
     ServeError,
     TritonInstall,
@@ -105,6 +106,13 @@ class TritonServer:
     self_test: bool = True
     process: subprocess.Popen | None = None
     output: OutputTail | None = None
+    # Per start (an operator's own from the environment is kept); on Triton's command line.
+    admin_key: str = field(default_factory=lambda: admin.key_from(os.environ), repr=False)
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """The HTTP header the restricted APIs need (gRPC: admin.grpc_headers)."""
+        return admin.http_headers(self.admin_key)
 
     @property
     def http_url(self) -> str:
@@ -127,7 +135,7 @@ class TritonServer:
                # Models are loaded by wait_ready(), one at a time: see loading.py.
                "--model-control-mode=explicit",
                "--disable-auto-complete-config", "--exit-timeout-secs=5",
-               "--log-verbose=0"]
+               "--log-verbose=0", *admin.server_args(self.admin_key)]
         if install.backend_dir is not None:
             cmd.append(f"--backend-directory={install.backend_dir}")
         if install.bundled:
@@ -142,6 +150,7 @@ class TritonServer:
         env = server_environment()
         if not env.get(INTERFACE.ROUTER_SECRET_ENV):
             env[INTERFACE.ROUTER_SECRET_ENV] = secrets.token_urlsafe(32)
+        env.pop(admin.KEY_ENV, None)   # Triton takes it on its command line; stubs need none
         if needs_trtllm_orchestrator(Path(self.repository)):
             env["TRTLLM_ORCHESTRATOR"] = "1"
         return env
@@ -205,7 +214,7 @@ class TritonServer:
         done: list[BaseException | None] = []
         started = time.monotonic()
         worker = threading.Thread(target=_load_into, name=f"load-{model}", daemon=True,
-                                  args=(self.http_url, model, done))
+                                  args=(self.http_url, model, self.admin_headers, done))
         worker.start()
         while worker.is_alive():
             worker.join(0.2)
@@ -259,8 +268,8 @@ class TritonServer:
     def _repository_index(self) -> list[dict] | None:
         """The repository index (every model and its state), or None when the server does
         not answer."""
-        request = urllib.request.Request(self.http_url + "/v2/repository/index",
-                                         data=b"{}", method="POST")
+        request = urllib.request.Request(self.http_url + "/v2/repository/index", data=b"{}",
+                                         headers=self.admin_headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=2) as r:
                 return json.loads(r.read())
@@ -375,10 +384,10 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
-def _load_into(http_url: str, model: str, done: list) -> None:
+def _load_into(http_url: str, model: str, headers: dict, done: list) -> None:
     try:
         # No timeout of its own: the caller watches the deadline and names the stage.
-        loading.request(http_url, model, "load", None)
+        loading.request(http_url, model, "load", None, headers)
     except (loading.LoadFailed, OSError) as e:
         done.append(e)
     else:

@@ -27,6 +27,7 @@ class Server:
     """Two models READY: `qa` runs in stubs and has none (it died), `qb` runs in none."""
 
     http_url = "http://127.0.0.1:1"
+    admin_headers = {"trident-admin": "k" * 64}
 
     def __init__(self, checks: int):
         self.process = Process(checks)
@@ -43,10 +44,12 @@ class Server:
 
 def test_a_model_that_keeps_dying_is_reloaded_with_backoff_then_given_up(monkeypatch):
     unloads = []
-    monkeypatch.setattr(keeper, "_unload_quietly", lambda url, model: unloads.append(model))
+    monkeypatch.setattr(keeper, "_unload_quietly",
+                        lambda url, model, headers: unloads.append((model, headers)))
     reloads, lines = [], []
 
-    def reload_fails(url, model):
+    def reload_fails(url, model, headers):
+        assert headers == Server.admin_headers   # Triton refuses model control without
         reloads.append(model)
         raise loading.LoadFailed("its initialize() raised")
 
@@ -55,7 +58,7 @@ def test_a_model_that_keeps_dying_is_reloaded_with_backoff_then_given_up(monkeyp
     code = keeper.keep_serving(server, lines.append, interval_s=0.001, restarts=policy,
                                reload_model=reload_fails)
     assert code == 0                               # returns when tritonserver exits
-    assert reloads == ["qa", "qa"] and unloads == ["qa"]
+    assert reloads == ["qa", "qa"] and unloads == [("qa", Server.admin_headers)]
     assert lines[0] == ("trident serve: the stub of model 'qa' died; reloading it in 0 s "
                         "(restart 1 of 2)")
     assert lines[1] == ("trident serve: reloading model 'qa' failed: its initialize() "
@@ -71,7 +74,7 @@ def test_a_reloaded_model_is_back_and_watched_again():
     server = Server(checks=40)
     code = keeper.keep_serving(server, lines.append, interval_s=0.001,
                                restarts=keeper.Restarts(first_delay_s=0),
-                               reload_model=lambda url, model: reloads.append(model))
+                               reload_model=lambda url, model, headers: reloads.append(model))
     assert code == 0
     # Still without a stub after each reload (a double): it is found dead again, so the
     # watch goes on after a reload, and counts the restarts.

@@ -17,6 +17,7 @@ from builder.serve.openai.app import create_app
 from builder.serve.openai.limits import Limits
 from builder.serve.openai.policy import DEFAULT_EXPOSE
 from builder.serve.openai.repository import context_tokens
+from builder.serve.openai.triton import Triton
 from builder.serve.server import port_in_use
 
 
@@ -25,8 +26,10 @@ class FrontendError(TridentError):
 
 
 def _config(triton_url: str, host: str, port: int, api_keys: dict | None,
-            expose: Iterable[str], limits: Limits) -> uvicorn.Config:
-    app = create_app(triton_url, api_keys=api_keys, expose=expose, limits=limits)
+            expose: Iterable[str], limits: Limits,
+            admin_key: str | None = None) -> uvicorn.Config:
+    app = create_app(triton_url, Triton(triton_url, admin_key), api_keys=api_keys,
+                     expose=expose, limits=limits)
     return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                           timeout_graceful_shutdown=5)
 
@@ -68,8 +71,10 @@ class Frontend:
 
     def __init__(self, triton_url: str, host: str = "127.0.0.1", port: int = 9000,
                  api_keys: dict | None = None, expose: Iterable[str] = DEFAULT_EXPOSE,
-                 limits: Limits = Limits(), repo: Path | None = None):
+                 limits: Limits = Limits(), repo: Path | None = None,
+                 admin_key: str | None = None):
         self.triton_url, self.host, self.port = triton_url, host, port
+        self.admin_key = admin_key   # the server's (builder/serve/admin.py)
         # none named: the default (`trident serve` passes --expose as given)
         self.expose = tuple(expose) or DEFAULT_EXPOSE
         self.api_keys, self.limits = api_keys, with_repository(limits, repo)
@@ -83,7 +88,8 @@ class Frontend:
     def start(self, timeout_s: float = 15.0) -> Frontend:
         check_port(self.host, self.port)
         self._server = uvicorn.Server(_config(self.triton_url, self.host, self.port,
-                                              self.api_keys, self.expose, self.limits))
+                                              self.api_keys, self.expose, self.limits,
+                                              self.admin_key))
         # uvicorn installs signal handlers only on the main thread: none here.
         self._thread = threading.Thread(target=self._server.run, name="openai-frontend",
                                         daemon=True)

@@ -1,0 +1,161 @@
+"""Triton's model control answers trident only: `trident serve` on a real tritonserver
+(one SGLang-double model behind the router, the OpenAI frontend on). A client that
+reaches Triton's ports without the admin key cannot load, unload or list models, nor
+change the log settings, over HTTP or gRPC, and the model stays loaded; inference,
+health and the frontend are not affected; the keeper still reloads a killed model. The
+key is on tritonserver's command line, the router secret is not."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from builder.render.context import INTERFACE
+from builder.serve import admin, client
+from builder.serve.server import free_port
+from builder.serve.watch import stub_processes
+from support.sglang_double import SHIM
+from tests.helpers import wait_for
+from tests.helpers.servers import free_ports, render
+
+pytestmark = pytest.mark.server
+
+SPEC = {
+    "name": "restricted", "hardware": {"gpu": "cpu"},
+    "models": [{"name": "qa", "engine": "sglang", "model": "/models/test-double"}],
+    "router": {"default": ["qa"]},
+}
+
+
+def http(url: str, path: str, headers=None, data: bytes | None = b"{}") -> tuple[int, str]:
+    call = urllib.request.Request(url + path, data=data, headers=headers or {},
+                                  method="GET" if data is None else "POST")
+    try:
+        with urllib.request.urlopen(call, timeout=120) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def ready(url: str, model: str) -> bool:
+    return http(url, f"/v2/models/{model}/ready", data=None)[0] == 200   # health: open
+
+
+def refused_over_grpc(call) -> str:
+    with pytest.raises(InferenceServerException) as refusal:
+        call()
+    return str(refusal.value)
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("restricted")
+    repo = render(SPEC, tmp / "repo")
+    (repo / "qa" / "1" / "sglang.py").write_text(SHIM)
+    ports, openai = free_ports(), free_port()
+    output = tmp / "serve.out"
+    env = {k: v for k, v in os.environ.items() if k != admin.KEY_ENV}
+    with open(output, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "builder.cli.main", "serve", "--repo", str(repo),
+             "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
+             "--metrics-port", str(ports.metrics), "--openai-port", str(openai),
+             "--no-self-test"], stdout=out, stderr=subprocess.STDOUT, env=env)
+    pid = None
+    try:
+        wait_for(lambda: "OpenAI API:" in output.read_text() or proc.poll() is not None, 180)
+        assert proc.poll() is None, output.read_text()
+        found = subprocess.run(["pgrep", "-f", "--", f"--http-port={ports.http}"],
+                               capture_output=True, text=True).stdout.split()
+        assert len(found) == 1, found
+        pid = int(found[0])
+        yield ports, openai, pid, output
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if pid is not None:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_model_control_without_the_key_is_refused_over_http(serving):
+    ports, _, _, _ = serving
+    url = f"http://127.0.0.1:{ports.http}"
+    for headers in (None, {admin.HEADER: "not-the-key-" * 4}):
+        for path in ("/v2/repository/models/qa/unload", "/v2/repository/models/qa/load",
+                     "/v2/repository/index"):
+            code, said = http(url, path, headers)
+            assert code == 403 and "restricted" in said, (path, code, said)
+        code, _ = http(url, "/v2/logging", headers, json.dumps({"log_verbose_level": 1})
+                       .encode())
+        assert code == 403
+        code, _ = http(url, "/v2/systemsharedmemory/region/x/register", headers, json.dumps(
+            {"key": "/x", "offset": 0, "byte_size": 8}).encode())
+        assert code == 403
+    assert ready(url, "qa") and ready(url, "router")
+
+
+def test_model_control_without_the_key_is_refused_over_grpc(serving):
+    ports, _, _, _ = serving
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    try:
+        for call in (lambda: grpc.unload_model("qa"), lambda: grpc.load_model("qa"),
+                     grpc.get_model_repository_index, grpc.get_log_settings,
+                     lambda: grpc.unload_model("qa", headers={admin.GRPC_HEADER: "x" * 40})):
+            assert "restricted" in refused_over_grpc(call)
+        assert grpc.is_model_ready("qa")
+    finally:
+        grpc.close()
+    assert ready(f"http://127.0.0.1:{ports.http}", "qa")
+
+
+def test_inference_and_the_frontend_need_no_key(serving):
+    ports, openai, _, _ = serving
+    answer = client.stream_generate(f"127.0.0.1:{ports.grpc}", "router", "hi", max_tokens=4,
+                                    timeout_s=60)
+    assert answer.text and answer.served_by == "qa"
+    # The frontend lists models through the (restricted) index: it carries the key.
+    code, said = http(f"http://127.0.0.1:{openai}", "/v1/models", data=None)
+    assert code == 200 and [m["id"] for m in json.loads(said)["data"]] == ["router"]
+
+
+def test_the_key_is_on_the_command_line_the_router_secret_is_not(serving):
+    ports, _, pid, _ = serving
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    key = [a for a in argv if a.startswith("--http-restricted-api=")][0].rsplit("=", 1)[1]
+    environ = dict(line.split("=", 1) for line in Path(f"/proc/{pid}/environ").read_bytes()
+                   .decode(errors="replace").split("\0") if "=" in line)
+    secret = environ[INTERFACE.ROUTER_SECRET_ENV]
+    assert len(key) >= 32 and key != secret and secret not in "\0".join(argv)
+    assert admin.KEY_ENV not in environ
+    # The key is what opens model control: an operator on the host may use it.
+    url = f"http://127.0.0.1:{ports.http}"
+    code, said = http(url, "/v2/repository/index", admin.http_headers(key))
+    assert code == 200 and {m["name"] for m in json.loads(said)} == {"qa", "router"}
+
+
+def test_the_keeper_still_reloads_a_killed_model(serving):
+    ports, _, pid, output = serving
+    url = f"127.0.0.1:{ports.grpc}"
+    victim = [s for s in stub_processes(pid).values() if s.model == "qa"][0]
+    os.kill(victim.pid, signal.SIGKILL)
+    wait_for(lambda: "model 'qa' is back" in output.read_text(), 90, interval_s=0.5)
+    assert [s.pid for s in stub_processes(pid).values() if s.model == "qa"] != [victim.pid]
+    assert client.stream_generate(url, "qa", "hi", max_tokens=4, timeout_s=60).text
+    keeper_lines = [line for line in output.read_text().splitlines()
+                    if line.startswith("trident serve:")]
+    assert not [line for line in keeper_lines if "failed" in line], keeper_lines
