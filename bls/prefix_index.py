@@ -1,0 +1,154 @@
+"""The router's prefix index: which replica most likely still holds a prompt's KV cache.
+
+Pure: no Triton, no clock, no I/O. The router cuts each routed prompt into fixed-size
+blocks of characters and keeps, per replica, the chained hashes of the blocks it sent
+there. A later prompt's blocks are looked up in the same chain order, so the number of
+blocks matched on a replica is the length of the longest prefix this prompt shares with
+something that replica has already been given: the part of the prompt its engine's prefix
+cache can skip, if it has not evicted it since.
+
+Why characters, not the model's tokens (docs/router.md, "Replicas and cache-aware
+routing"): an engine's prefix cache keys on token blocks, and two prompts that share a
+text prefix share a token prefix up to the last token before they differ, so block
+boundaries in characters find the same shared prefixes at a fraction of the cost of
+tokenizing every request a second time (bench/prefix_decision.py measures both). The
+index is approximate either way: an engine evicts on its own, so a match is a guess.
+
+Why the chain is seeded with the tenant's cache salt: the engines salt a tenant's cache
+(vLLM folds `cache_salt` into its first block's hash), so another tenant's prefix is never
+a cache hit there. Seeding the chain the same way means one tenant's blocks can never
+match another's, and routing reveals nothing about what other tenants sent.
+
+Bounded: at most `max_blocks_per_replica` blocks per replica, each replica's blocks in
+least-recently-routed order; the oldest go first. A prompt's blocks are recorded deepest
+first, so its first block is its most recent: eviction takes the tails of old
+conversations before the shared prefixes (system prompts) that every new one touches,
+and what remains of a prompt is always a prefix of it.
+"""
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+
+BLOCK_CHARS = 64                  # about 16 tokens of English text per block
+MAX_BLOCKS_PER_REPLICA = 32_768   # ~2 MiB of prompt text (~500k tokens) per replica
+MAX_PROMPT_BLOCKS = 1_024         # a prompt's first 64 KiB decide; its tail is not hashed
+# Measured with tracemalloc (CPython 3.11): one recorded block costs 140-180 bytes (its
+# int key, an OrderedDict slot and link; the tables grow in doublings). The documented
+# bound leaves headroom for that: 8 MiB per replica at the default size.
+BYTES_PER_BLOCK_BOUND = 256
+
+_RECORD, _UNIT = "\x1e", "\x1f"   # ASCII record/unit separators: never in chat text
+
+
+def prompt_key(text: str | None, messages: list | None) -> str:
+    """The string the index cuts into blocks: the prompt text, or the chat messages in
+    order. A conversation's next turn resends its history, so its key starts with the
+    previous turn's key (a prefix, block for block)."""
+    if messages is None:
+        return text or ""
+    parts = []
+    for message in messages:
+        if not isinstance(message, dict):
+            continue   # the engine rejects it; it has no prefix to share
+        content = message.get("content")
+        if not isinstance(content, str):
+            content = json.dumps(content, sort_keys=True, separators=(",", ":"))
+        parts.append(f"{message.get('role', '')}{_UNIT}{content}{_RECORD}")
+    return "".join(parts)
+
+
+class PrefixIndex:
+    """Per-replica chained block hashes of routed prompts, with LRU eviction.
+
+    Python's own `hash` keys the chain: it is randomized per process (a client cannot
+    craft colliding prompts), 64 bits wide, and fast; the index lives and dies with the
+    router process, so it never needs to be stable across processes."""
+
+    def __init__(self, block_chars: int = BLOCK_CHARS,
+                 max_blocks_per_replica: int = MAX_BLOCKS_PER_REPLICA,
+                 max_prompt_blocks: int = MAX_PROMPT_BLOCKS):
+        if block_chars < 1 or max_blocks_per_replica < 1 or max_prompt_blocks < 1:
+            raise ValueError("block_chars, max_blocks_per_replica and max_prompt_blocks "
+                             "must be at least 1")
+        self.block_chars = block_chars
+        self.max_blocks_per_replica = max_blocks_per_replica
+        self.max_prompt_blocks = max_prompt_blocks
+        self._replicas: dict[str, OrderedDict[int, None]] = {}
+        self.evicted = 0
+
+    # -- hashing ---------------------------------------------------------------------
+
+    def block_hashes(self, key: str, salt_scope: str | None = None) -> list[int]:
+        """Chained hashes of the full blocks of `key` (a trailing partial block is left
+        out, as the engines leave a partial block out of their prefix caches). Block i's
+        hash covers blocks 0..i and the tenant's salt scope (None: the unsalted, shared
+        cache)."""
+        size = self.block_chars
+        count = min(len(key) // size, self.max_prompt_blocks)
+        running = hash(("trident-prefix", salt_scope))
+        hashes = []
+        for start in range(0, count * size, size):
+            running = hash((running, key[start:start + size]))
+            hashes.append(running)
+        return hashes
+
+    # -- lookup and record -----------------------------------------------------------
+
+    def match(self, hashes: list[int], replicas: Iterable[str] | None = None
+              ) -> dict[str, int]:
+        """Blocks of this prompt's prefix each replica holds (0 where none): the longest
+        run of `hashes` from the start found in that replica's record."""
+        names = self._replicas if replicas is None else replicas
+        matched = {}
+        for name in names:
+            record = self._replicas.get(name)
+            count = 0
+            if record:
+                for block in hashes:
+                    if block not in record:
+                        break
+                    count += 1
+            matched[name] = count
+        return matched
+
+    def insert(self, replica: str, hashes: list[int]) -> None:
+        """Record that this prompt was routed to `replica`. Deepest block first, so the
+        prompt's first block ends up the most recently used (see the module's doc)."""
+        record = self._replicas.get(replica)
+        if record is None:
+            record = self._replicas[replica] = OrderedDict()
+        for block in reversed(hashes):
+            if block in record:
+                record.move_to_end(block)
+            else:
+                record[block] = None
+        excess = len(record) - self.max_blocks_per_replica
+        for _ in range(excess):
+            record.popitem(last=False)
+        if excess > 0:
+            self.evicted += excess
+
+    def drop_replica(self, replica: str) -> int:
+        """Forget a replica (dead, unloaded, or restarted with an empty cache); returns
+        how many blocks it held."""
+        record = self._replicas.pop(replica, None)
+        return len(record) if record else 0
+
+    # -- size ------------------------------------------------------------------------
+
+    def sizes(self) -> Mapping[str, int]:
+        """Blocks recorded per replica."""
+        return {name: len(record) for name, record in self._replicas.items()}
+
+    def blocks(self) -> int:
+        return sum(len(record) for record in self._replicas.values())
+
+    def bound_blocks(self, replicas: int) -> int:
+        """The most blocks the index holds for `replicas` replicas."""
+        return replicas * self.max_blocks_per_replica
+
+    def bound_bytes(self, replicas: int) -> int:
+        """The documented memory bound for `replicas` replicas (bench checks it)."""
+        return self.bound_blocks(replicas) * BYTES_PER_BLOCK_BOUND

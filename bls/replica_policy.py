@@ -1,0 +1,154 @@
+"""Choosing the replica of a backend for one request: round_robin, least_loaded or
+prefix_aware, with conversation affinity first and a balance bound over all of them.
+
+Pure: no Triton, no clock. The router hands over the live replicas, their loads and the
+request's prefix hashes (bls/prefix_index.py), gets a Decision (the replicas in the order
+to try them), and reports which replica took the request with `routed`, which records
+the prompt in the index. A replica that dies is left out of `replicas` and `dropped`.
+
+The rules, in order (docs/router.md, "Replicas and cache-aware routing"):
+1. The balance bound: a replica whose load exceeds the least loaded one's by more than
+   `abs_threshold` requests and by more than `rel_threshold` times is not chosen first
+   (both must hold, as in SGLang's router, so small absolute gaps on idle replicas and
+   small ratios on busy ones are both tolerated). A replica whose engine reports its KV
+   cache nearly full is treated the same: a new prompt there would evict or preempt.
+2. Conversation affinity: a request with a conversation_id goes to the replica that
+   rendezvous hashing gives that id among the live replicas, whatever the policy, so
+   all its turns meet their own cache; if that replica dies only its conversations
+   move. Past the bound, the conversation spills by the policy for this one turn.
+3. The policy. round_robin rotates; least_loaded takes the smallest load; prefix_aware
+   minimizes the blocks to prefill plus `load_weight` blocks per request already there
+   (the overlap-and-load cost of Dynamo's KV router, in the index's block units).
+Ties go to the next replica in rotation, so equal replicas share new prefixes evenly.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from prefix_index import PrefixIndex
+
+POLICIES = ("round_robin", "least_loaded", "prefix_aware")
+# How many blocks of prefill (64 characters, ~16 tokens each) one request already on a
+# replica is worth: a request waiting there delays this one's first token about as much
+# as prefilling a few dozen tokens more elsewhere.
+LOAD_WEIGHT_BLOCKS = 0.5
+KV_FULL = 0.95   # engine KV-cache usage at which a replica counts as past the bound
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    in_flight: int = 0                # the router's requests on it, not yet finished
+    engine_queue: int | None = None   # the engine's running + waiting (its own gauges)
+    kv_usage: float | None = None     # the engine's KV-cache usage, 0..1
+
+    @property
+    def requests(self) -> int:
+        # The engine's gauges also count direct calls and other router instances' requests;
+        # the router's own count is exact and never stale. The larger is the truer load.
+        return max(self.in_flight, self.engine_queue or 0)
+
+
+@dataclass(frozen=True)
+class Balance:
+    abs_threshold: int = 4
+    rel_threshold: float = 1.5
+
+    def over(self, load: int, least: int) -> bool:
+        return load - least > self.abs_threshold and load > least * self.rel_threshold
+
+
+@dataclass(frozen=True)
+class Decision:
+    order: tuple[str, ...]   # every live replica, the chosen one first: try in this order
+    reason: str              # affinity | prefix | spill | load | round_robin
+    matched_blocks: int      # of the request's prefix, on the chosen replica
+
+    @property
+    def replica(self) -> str:
+        return self.order[0]
+
+
+def affinity_replica(conversation_id: str, replicas: Sequence[str]) -> str:
+    """Rendezvous (highest random weight) hashing: stable across router processes and
+    restarts, and removing a replica moves only the conversations that were on it."""
+    def weight(replica: str) -> bytes:
+        return hashlib.blake2b(f"{conversation_id}\0{replica}".encode(),
+                               digest_size=8).digest()
+    return max(replicas, key=weight)
+
+
+class ReplicaChooser:
+    def __init__(self, policy: str = "prefix_aware", index: PrefixIndex | None = None,
+                 balance: Balance | None = None, load_weight: float = LOAD_WEIGHT_BLOCKS,
+                 kv_full: float = KV_FULL):
+        if policy not in POLICIES:
+            raise ValueError(f"router.policy: '{policy}' is not one of {', '.join(POLICIES)}")
+        self.policy = policy
+        self.index = index if index is not None or policy != "prefix_aware" else PrefixIndex()
+        self.balance = balance or Balance()
+        self.load_weight = load_weight
+        self.kv_full = kv_full
+        self._turn = 0
+
+    def choose(self, replicas: Sequence[str], loads: Mapping[str, ReplicaLoad],
+               hashes: Sequence[int] = (), conversation_id: str | None = None) -> Decision:
+        if not replicas:
+            raise ValueError("no live replica to choose from")
+        start = self._turn % len(replicas)
+        self._turn += 1
+        rotation = list(replicas[start:]) + list(replicas[:start])
+        load = {r: loads[r].requests if r in loads else 0 for r in rotation}
+        least = min(load.values())
+        eligible = [r for r in rotation if not self._past_bound(r, load[r], least, loads)]
+        if not eligible:   # every replica's KV cache is full: load alone decides
+            eligible = rotation
+        matched = (self.index.match(list(hashes), rotation)
+                   if self.index is not None and hashes else dict.fromkeys(rotation, 0))
+
+        spilled = False
+        if conversation_id:
+            home = affinity_replica(conversation_id, replicas)
+            if home in eligible:
+                return self._decision(home, "affinity", rotation, load, matched)
+            spilled = True   # its own replica is past the bound: this turn goes elsewhere
+        if self.policy == "round_robin":
+            chosen, reason = rotation[0], "round_robin"
+        elif self.policy == "least_loaded":
+            chosen, reason = min(eligible, key=load.__getitem__), "load"
+        else:
+            blocks = len(hashes)
+            # min() keeps the first of equals: the rotation order breaks ties
+            chosen = min(eligible, key=lambda r: blocks - matched[r]
+                         + self.load_weight * load[r])
+            reason = "prefix" if matched[chosen] else "load"
+            # a replica holding more of the prefix was left out by the bound
+            spilled = spilled or any(matched[r] > matched[chosen]
+                                     for r in rotation if r not in eligible)
+        if spilled:
+            reason = "spill"
+        return self._decision(chosen, reason, rotation, load, matched)
+
+    def routed(self, replica: str, hashes: Sequence[int]) -> None:
+        """The replica that took the request (the first that answered, after any
+        fallback): its engine now holds this prompt's prefix."""
+        if self.index is not None and hashes:
+            self.index.insert(replica, list(hashes))
+
+    def dropped(self, replica: str) -> None:
+        """A replica died or restarted: its cache is gone, so is its record."""
+        if self.index is not None:
+            self.index.drop_replica(replica)
+
+    def _past_bound(self, replica: str, load: int, least: int,
+                    loads: Mapping[str, ReplicaLoad]) -> bool:
+        usage = loads[replica].kv_usage if replica in loads else None
+        return self.balance.over(load, least) or (usage is not None
+                                                  and usage >= self.kv_full)
+
+    @staticmethod
+    def _decision(chosen: str, reason: str, rotation: list[str], load: dict[str, int],
+                  matched: dict[str, int]) -> Decision:
+        rest = sorted((r for r in rotation if r != chosen), key=load.__getitem__)
+        return Decision((chosen, *rest), reason, matched[chosen])

@@ -1,0 +1,121 @@
+"""The router's prefix index (bls/prefix_index.py): chained block hashes per replica,
+salted per tenant, bounded with LRU eviction that keeps what remains a prefix."""
+from __future__ import annotations
+
+import sys
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bls"))
+from prefix_index import PrefixIndex, prompt_key  # noqa: E402  (a sibling of the router)
+
+sys.path.pop(0)
+
+SYSTEM = "You are a careful assistant. Answer briefly and cite the manual. " * 16
+
+
+def text(*blocks: str, size: int = 8) -> str:
+    """Whole blocks of `size` characters, one per argument (padded with dots)."""
+    return "".join(b.ljust(size, ".")[:size] for b in blocks)
+
+
+def conversation(n: int, turns: int) -> list[dict]:
+    messages = [{"role": "system", "content": SYSTEM}]
+    for t in range(turns):
+        messages += [{"role": "user", "content": f"conversation {n} question {t}"},
+                     {"role": "assistant", "content": f"answer {t} for {n} " * 3}]
+    return messages
+
+
+def test_a_next_turn_key_extends_the_previous_turn_key():
+    first, second = conversation(1, 1), conversation(1, 2)
+    assert prompt_key(None, second).startswith(prompt_key(None, first))
+    assert prompt_key("plain text", None) == "plain text"
+    # non-text content (image parts) still keys deterministically
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    assert prompt_key(None, parts) == prompt_key(None, [dict(parts[0])])
+
+
+def test_only_full_blocks_are_hashed_and_the_prompt_cap_holds():
+    index = PrefixIndex(block_chars=8, max_prompt_blocks=3)
+    assert index.block_hashes("x" * 7) == []
+    assert len(index.block_hashes("x" * 17)) == 2
+    assert len(index.block_hashes("x" * 800)) == 3
+
+
+def test_a_match_is_a_prefix_match():
+    index = PrefixIndex(block_chars=8)
+    index.insert("r0", index.block_hashes(text("sys", "turn1", "reply1")))
+    assert index.match(index.block_hashes(text("sys", "turn1", "other"))) == {"r0": 2}
+    # the same block after a different first block is another prefix: no match at all
+    assert index.match(index.block_hashes(text("other", "turn1", "reply1"))) == {"r0": 0}
+    assert index.match(index.block_hashes(text("sys")), ["r0", "r1"]) == {"r0": 1, "r1": 0}
+
+
+def test_tenants_with_different_salts_never_match_each_other():
+    index = PrefixIndex(block_chars=8)
+    prompt = text("shared", "system", "prompt", "question")
+    index.insert("r0", index.block_hashes(prompt, "salt-of-acme"))
+    assert index.match(index.block_hashes(prompt, "salt-of-acme")) == {"r0": 4}
+    assert index.match(index.block_hashes(prompt, "salt-of-globex")) == {"r0": 0}
+    assert index.match(index.block_hashes(prompt, None)) == {"r0": 0}   # unsalted: shared
+
+
+def test_eviction_is_least_recently_routed_first():
+    index = PrefixIndex(block_chars=8, max_blocks_per_replica=6)
+    a, b, c = (index.block_hashes(text(f"{n}1", f"{n}2")) for n in "abc")
+    for prompt in (a, b, c):
+        index.insert("r0", prompt)
+    index.insert("r0", a)                  # a routed again: b is now the oldest
+    index.insert("r0", index.block_hashes(text("d1", "d2")))
+    assert index.match(a)["r0"] == 2 and index.match(c)["r0"] == 2
+    assert index.match(b)["r0"] == 0
+    assert index.sizes() == {"r0": 6} and index.evicted == 2
+
+
+def test_eviction_takes_a_prompt_from_its_tail_so_what_remains_still_matches():
+    index = PrefixIndex(block_chars=8, max_blocks_per_replica=5)
+    long = index.block_hashes(text(*(f"b{i}" for i in range(8))))
+    index.insert("r0", long)
+    assert index.match(long) == {"r0": 5}     # the first five blocks, not the last five
+
+
+def test_a_dropped_replica_is_forgotten():
+    index = PrefixIndex(block_chars=8)
+    hashes = index.block_hashes(text("a", "b"))
+    index.insert("r0", hashes)
+    index.insert("r1", hashes)
+    assert index.drop_replica("r1") == 2
+    assert index.match(hashes) == {"r0": 2}
+    assert index.drop_replica("r1") == 0
+
+
+def test_the_memory_bound_holds_after_ten_thousand_conversations():
+    """10,000 three-turn conversations over two replicas into an index bounded at 4,096
+    blocks per replica: the block count never passes the bound, and the memory the index
+    holds stays under its documented bytes bound. Each conversation's last turn is
+    recorded (its earlier turns are prefixes of it: the same blocks)."""
+    index = PrefixIndex(max_blocks_per_replica=4_096)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(10_000):
+            replica = f"r{n % 2}"
+            index.insert(replica, index.block_hashes(prompt_key(
+                None, conversation(n, 3)), f"tenant-{n % 3}"))
+            assert index.sizes()[replica] <= 4_096
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert index.blocks() == index.bound_blocks(2)    # full, so eviction ran
+    assert index.evicted > 10_000
+    assert held <= index.bound_bytes(2), (held, index.bound_bytes(2))
+
+
+@pytest.mark.parametrize("bad", [{"block_chars": 0}, {"max_blocks_per_replica": 0},
+                                 {"max_prompt_blocks": 0}])
+def test_sizes_below_one_are_refused(bad):
+    with pytest.raises(ValueError, match="at least 1"):
+        PrefixIndex(**bad)
