@@ -31,6 +31,7 @@ import tritonclient.grpc as grpcclient
 
 from bench.common import PROMPTS, bench_result, concurrently, ratio_row
 from builder.pipeline import build_repository
+from builder.serve import admin
 from builder.serve.server import start_on_free_ports
 from builder.spec import load_spec
 
@@ -237,12 +238,12 @@ def _engine_environment(work: Path):
                 os.environ.pop(key, None)
 
 
-def load_after(url: str, model: str) -> None:
+def load_after(url: str, model: str, headers: dict | None = None) -> None:
     """Load a model once the server is up: two Python models initializing vLLM at once
     hung or crashed tritonserver 2.51 (boost lock_exception) on a loaded 2-core machine."""
     client = grpcclient.InferenceServerClient(url)
     try:
-        client.load_model(model, client_timeout=900)
+        client.load_model(model, headers=headers, client_timeout=900)
     finally:
         client.close()
 
@@ -265,7 +266,8 @@ def run(out_dir: Path) -> dict:
         server = start_on_free_ports(work / "repo", work / "tritonserver.log",
                                      load_models=(OURS,), timeout_s=900)
         try:
-            load_after(server.grpc_url, ANCHOR)
+            # Model control needs the server's admin key (builder/serve/admin.py).
+            load_after(server.grpc_url, ANCHOR, admin.grpc_headers(server.admin_key))
             raw = measure(server.grpc_url)
         finally:
             server.stop()

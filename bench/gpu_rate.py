@@ -43,6 +43,7 @@ from bench.openai_frontend import process_cpu_s, start_frontend, stop_frontend
 from bench.rate_clients import AnchorPath, GrpcPath, HttpPath, load_point
 from bench.rate_stats import ceiling, cpu_ms_per_1000_tokens, summarize
 from builder.pipeline import build_repository
+from builder.serve import admin
 from builder.serve.server import start_on_free_ports
 from builder.serve.watch import stub_processes
 from builder.spec import parse_spec
@@ -193,7 +194,8 @@ def run(out_dir: Path, quick: bool | None = None) -> dict:
                                      load_models=(MODEL, ROUTER), timeout_s=120)
         frontend = None
         try:
-            with_anchor = with_anchor and load_anchor(server.grpc_url)
+            with_anchor = with_anchor and load_anchor(server.grpc_url,
+                                                      admin.grpc_headers(server.admin_key))
             frontend, http_url = start_frontend(server.grpc_url,
                                                 out_dir / "gpu_rate.frontend.log")
             pids = processes(server, frontend)
@@ -226,12 +228,13 @@ def add_anchor(repo: Path, environment: Path, control: Path) -> bool:
     return True
 
 
-def load_anchor(url: str) -> bool:
+def load_anchor(url: str, headers: dict) -> bool:
     """Load the anchor once the server is up, so that a vllm_backend that does not run
     on the double costs its path only, with a line saying why."""
     client = grpcclient.InferenceServerClient(url)
     try:
-        client.load_model(anchor.ANCHOR, client_timeout=ANCHOR_LOAD_TIMEOUT_S)
+        client.load_model(anchor.ANCHOR, headers=headers,
+                          client_timeout=ANCHOR_LOAD_TIMEOUT_S)
         return True
     except Exception as e:  # InferenceServerException or a timeout: the path is left out
         print(f"gpu_rate: the vllm_backend anchor did not load on the double, left out: "

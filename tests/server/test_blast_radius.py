@@ -17,13 +17,15 @@ import urllib.request
 
 import pytest
 
-from builder.serve import client
+from builder.serve import admin, client
 from builder.serve.watch import stub_processes
 from support.sglang_double import SHIM
 from tests.helpers import wait_for
 from tests.helpers.servers import free_ports, render
 
 pytestmark = pytest.mark.server
+# The operator's own admin key (builder/serve/admin.py): the test unloads a model by hand.
+ADMIN_KEY = "blast-radius-operator-key-" + "0" * 16
 
 SPEC = {
     "name": "blast-radius", "hardware": {"gpu": "cpu"},
@@ -80,7 +82,7 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
             [sys.executable, "-m", "builder.cli.main", "serve", "--repo", str(repo),
              "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
              "--metrics-port", str(ports.metrics), "--no-self-test"],
-            stdout=out, stderr=subprocess.STDOUT)
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, admin.KEY_ENV: ADMIN_KEY})
     askers, pid = [], None
     try:
         wait_for(lambda: "ready:" in output.read_text() or proc.poll() is not None, 120)
@@ -146,6 +148,6 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
 def _control(ports, model: str, action: str) -> None:
     request = urllib.request.Request(
         f"http://127.0.0.1:{ports.http}/v2/repository/models/{model}/{action}", data=b"{}",
-        method="POST")
+        method="POST", headers=admin.http_headers(ADMIN_KEY))
     with urllib.request.urlopen(request, timeout=120) as response:
         assert response.status == 200

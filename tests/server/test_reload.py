@@ -78,7 +78,7 @@ def server(tmp_path_factory):
 def control(server, model: str, action: str) -> None:
     request = urllib.request.Request(
         f"{server.http_url}/v2/repository/models/{model}/{action}", data=b"{}",
-        method="POST")
+        method="POST", headers=server.admin_headers)   # model control needs the admin key
     with urllib.request.urlopen(request, timeout=240) as response:
         assert response.status == 200
 

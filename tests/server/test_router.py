@@ -63,7 +63,7 @@ def stub_pid(server, model: str) -> int | None:
 def repository_call(server, model: str, action: str, timeout_s: float = 240) -> None:
     request = urllib.request.Request(
         f"{server.http_url}/v2/repository/models/{model}/{action}", data=b"{}",
-        method="POST")
+        method="POST", headers=server.admin_headers)   # model control needs the admin key
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
         assert response.status == 200
 

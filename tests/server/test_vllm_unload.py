@@ -35,7 +35,8 @@ CRASH = re.compile(r"Segfault encountered|Segmentation fault|Signal \((?!15\))\d
 
 def _control(server, action: str) -> None:
     request = urllib.request.Request(
-        f"{server.http_url}/v2/repository/models/tiny/{action}", data=b"{}", method="POST")
+        f"{server.http_url}/v2/repository/models/tiny/{action}", data=b"{}", method="POST",
+        headers=server.admin_headers)   # model control needs the server's admin key
     with urllib.request.urlopen(request, timeout=240) as response:
         assert response.status == 200
 
