@@ -58,7 +58,9 @@ def key_from(environ: Mapping[str, str]) -> str:
 
 
 def server_args(key: str) -> list[str]:
-    """tritonserver flags restricting RESTRICTED to requests that carry the key."""
+    """tritonserver flags restricting RESTRICTED to requests that carry the key. The form
+    is `APIS:HEADER=VALUE` (2.51's --help writes `APIS,HEADER=VALUE`; its parser splits
+    at the ':')."""
     spec = f"{','.join(RESTRICTED)}:{HEADER}={key}"
     return [f"--http-restricted-api={spec}", f"--grpc-restricted-protocol={spec}"]
 
