@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -17,9 +19,12 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from trident_common import devices, trust
+from trident_common import trust
 from trident_common.aborts import Aborts
+from trident_common.deltas import Delta
 from trident_common.log import Log
+from trident_common.outbox import Outbox, Outlet
+from trident_common.placement import apply_device_placement
 from trident_common.request import (
     AbortRequest,
     BadRequest,
@@ -33,7 +38,6 @@ from trident_common.triton_io import (
     LlmMetrics,
     ResponseFactory,
     input_getter,
-    model_parameters,
     request_parameters,
     send_error,
 )
@@ -42,22 +46,11 @@ ENGINE_CONFIG_FILE = "model.json"
 CANCEL_CHECK_S = 0.05   # how stale a client's cancellation may be before we notice it
 HEALTH_CHECK_S = 2.0    # how often the engine's health is checked (and the gauge set)
 ABORT_TIMEOUT_S = 5.0   # an engine abort that takes longer is given up (the request ends)
+OUTBOX_CLOSE_S = 5.0    # at unload, how long what is queued may take to go out
 
 
 class EngineDead(Exception):
     """The engine cannot serve any request any more (e.g. vLLM's engine core died)."""
-
-
-@dataclass
-class Delta:
-    """New text since the previous delta, and the request's counts so far."""
-
-    text: str
-    finish_reason: str | None
-    input_tokens: int
-    output_tokens: int
-    logprobs: list | None = None          # this delta's (returns.logprobs_json)
-    cumulative_logprob: float | None = None
 
 
 @dataclass(eq=False)   # hashed by identity: kept in a set
@@ -67,11 +60,13 @@ class _Active:
     engine_id: str
     client_id: str            # the router's request_id ("" for a direct client's request)
     sender: object
+    outlet: Outlet | None = None   # its responses' way out (outbox.py)
     task: asyncio.Task | None = None
     submitted: bool = False   # handed to the engine: abort it there if it ends early
     started: bool = False     # a data response has been sent
     closed: bool = False      # the final flag has been sent (or tried: the client left)
     dead: str | None = None   # why the engine died under this request
+    send_error: Exception | None = None   # sending one of its responses raised
 
 
 class AsyncEngineModel(abc.ABC):
@@ -123,6 +118,8 @@ class AsyncEngineModel(abc.ABC):
         self.responses = ResponseFactory(self.model_name)
         self._adapter_responses: dict[str, ResponseFactory] = {}   # served_by model:adapter
         self.metrics = LlmMetrics(self.model_name)
+        self.outbox = Outbox(f"{self.engine_name}-send", lambda active, error:
+                             self.loop.call_soon_threadsafe(self._client_left, active, error))
         self._ids = itertools.count()
         self._running: set[_Active] = set()
         self._aborts = Aborts()   # the router's request ids, and its early aborts
@@ -139,6 +136,7 @@ class AsyncEngineModel(abc.ABC):
             # Triton calls no finalize after a failed load: stop the loop thread and close
             # the metrics (later writes are dropped; the series stay, see metrics.py) here.
             self._stop_loop()
+            self.outbox.close(OUTBOX_CLOSE_S)
             self.metrics.finalize()
             raise
         self._health = asyncio.run_coroutine_threadsafe(self._watch_health(), self.loop)
@@ -152,12 +150,12 @@ class AsyncEngineModel(abc.ABC):
                 parsed = parse_generate(input_getter(request), request_parameters(request),
                                         self._proof_key)
             except BadRequest as e:
-                self._count_error()
+                self._count(None, self.metrics.errors)
                 self._send_quietly(send_error, sender, self.responses, str(e), False, True)
                 continue
             except Exception as e:  # a defect of ours: still answer, and keep serving
                 self.log.error(f"Could not read a request: {type(e).__name__}: {describe(e)}")
-                self._count_error()
+                self._count(None, self.metrics.errors)
                 self._send_quietly(send_error, sender, self.responses,
                                    f"{self.engine_name} could not read the request: "
                                    f"{type(e).__name__}: {describe(e)}", False, False)
@@ -177,6 +175,7 @@ class AsyncEngineModel(abc.ABC):
             self._run(self.stop_engine(), timeout=30)
         finally:
             self._stop_loop()
+            self.outbox.close(OUTBOX_CLOSE_S)   # the final flags of the cancelled ones
             self.metrics.finalize()
 
     def _stop_loop(self) -> None:
@@ -189,13 +188,28 @@ class AsyncEngineModel(abc.ABC):
     def _run(self, coroutine, timeout: float | None = None):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
-    def _count_error(self) -> None:
-        self.metrics.errors.increment(1)
-        self.metrics.requests.increment(1)
+    def _count(self, active: _Active | None, outcome) -> None:
+        """A request's outcome. Metric writes are round trips to the server: a request's
+        go out on its outlet, in order with its responses (a client that got the last
+        one finds it counted), so the loop never waits for them."""
+        for metric in {outcome, self.metrics.requests}:   # a set: requests counts once
+            if active is None:
+                metric.increment(1)
+            else:
+                self._later(active, metric.increment, 1)
 
-    def _count_aborted(self) -> None:
-        self.metrics.aborted.increment(1)
-        self.metrics.requests.increment(1)
+    def _count_relayed(self, outlet: Outlet) -> None:
+        """On the outbox thread, after the last response: a client that left while its
+        answer was on its way (the loop may be done first) makes it an aborted one."""
+        self._count(None, self.metrics.aborted if outlet.stopped else self.metrics.requests)
+
+    @staticmethod
+    def _client_left(active: _Active, error: Exception | None) -> None:
+        """(On the loop.) The outbox found the streaming client gone, or a send raised
+        `error`: stop generating for it (_generate tells which)."""
+        active.send_error = error
+        if active.task is not None and not active.task.done():
+            active.task.cancel()
 
     @staticmethod
     def _send_quietly(send, *args) -> None:
@@ -210,14 +224,16 @@ class AsyncEngineModel(abc.ABC):
         registered by id: a direct client stops its own by cancelling its stream."""
         client_id = request.request_id if request.proven else ""
         if client_id and self._aborts.overtaken(client_id):
-            self._count_aborted()        # aborted before it arrived: never start it
+            self._count(None, self.metrics.aborted)   # aborted before it arrived: never start
             self._send_quietly(sender.send, None, FINAL)
             return
         active = _Active(f"{self.model_name}-{next(self._ids)}", client_id, sender)
+        active.outlet = Outlet(sender, None, FINAL, arrival + CANCEL_CHECK_S, CANCEL_CHECK_S,
+                               owner=active)
         if active.client_id:
             self._aborts.register(active.client_id, active)
         self._running.add(active)
-        self.metrics.in_flight.increment(1)
+        self._later(active, self.metrics.in_flight.increment, 1)
         active.task = self.loop.create_task(self._generate(request, active, arrival))
         # A done callback runs however the task ends, even when it is cancelled before
         # its first step (when none of _generate runs): the one place a request ends.
@@ -225,7 +241,7 @@ class AsyncEngineModel(abc.ABC):
 
     def _finished(self, active: _Active) -> None:
         self._close(active)
-        self.metrics.in_flight.increment(-1)
+        self._later(active, self.metrics.in_flight.increment, -1)
         self._running.discard(active)
         self._aborts.unregister(active.client_id, active)
 
@@ -242,21 +258,25 @@ class AsyncEngineModel(abc.ABC):
     async def _generate(self, request: GenerateRequest, active: _Active,
                         arrival: float) -> None:
         try:
-            self._check_alive()
+            dead = self.engine_dead()
+            if dead is not None:
+                raise EngineDead(dead)
             prompt = request.prompt
             if prompt is None:
                 prompt = await self.render_chat(request.messages)
             sampling = self.make_sampling(request)
             active.submitted = True
             await self._relay(request, prompt, sampling, active, arrival)
-            self.metrics.requests.increment(1)
+            self._later(active, self._count_relayed, active.outlet)
             return
         except asyncio.CancelledError:
             if active.dead is not None:   # cancelled by the health check: not an abort
                 self._fail(active, f"{self.engine_name} engine is dead: {active.dead}")
+            elif active.send_error is not None:
+                self._failed(active, active.send_error)
             else:
                 self.log.info(f"Cancelling the request {active.client_id or active.engine_id}")
-                self._count_aborted()
+                self._count(active, self.metrics.aborted)
                 self._close(active)   # now: the engine's abort below may be slow
         except BadRequest as e:
             self._fail(active, str(e), client_fault=True)
@@ -272,7 +292,7 @@ class AsyncEngineModel(abc.ABC):
             self._fail(active, f"{self.engine_name} engine is dead: "
                                f"{dead or describe(error)}")
         elif self._client_gone(active):
-            self._count_aborted()    # e.g. a send to a cancelled stream raised
+            self._count(active, self.metrics.aborted)   # e.g. a send to a cancelled client raised
             active.closed = True
         else:
             self._fail(active, f"{self.engine_name} error: {describe(error)}")
@@ -283,11 +303,6 @@ class AsyncEngineModel(abc.ABC):
             return bool(active.sender.is_cancelled())
         except Exception:
             return True   # the sender itself is unusable: nobody can be told anything
-
-    def _check_alive(self) -> None:
-        dead = self.engine_dead()
-        if dead is not None:
-            raise EngineDead(dead)
 
     async def _abort_quietly(self, engine_id: str) -> None:
         try:
@@ -314,43 +329,44 @@ class AsyncEngineModel(abc.ABC):
                         active.task.cancel()
             await asyncio.sleep(HEALTH_CHECK_S)
 
-    def _send(self, active: _Active, response, final: bool) -> None:
-        if final:
-            active.closed = True
-        active.sender.send(response, flags=FINAL if final else 0)
-
     async def _relay(self, request: GenerateRequest, prompt: str, sampling, active: _Active,
                      arrival: float) -> None:
-        """Stream the engine's deltas to the client (or collect them for one response).
-
-        Per chunk this costs one send: metrics go to Triton once per request and the
-        cancellation check (an IPC round trip) runs at most every CANCEL_CHECK_S."""
+        """Hand the engine's deltas to the stream's outlet (or collect them for one
+        response). The loop never waits for the server: responses, metric writes and a
+        streaming client's cancellation checks are the outbox thread's (outbox.py)."""
         pieces: list[str] = []
         final: Delta | None = None
         first_at: float | None = None
         next_check = arrival + CANCEL_CHECK_S
         responses = self.responses_for(request)
         outputs, usual = Outputs(request.returns, request.stream), request.returns is None
-        async for delta in self.stream(prompt, sampling, active.engine_id):
-            now = time.monotonic()
-            if first_at is None and delta.output_tokens:
-                first_at = now
-                self.metrics.ttft.observe(now - arrival)
-            if now >= next_check:
-                next_check = now + CANCEL_CHECK_S
-                if active.sender.is_cancelled():
-                    raise asyncio.CancelledError
+
+        def build(delta: Delta):   # on the outbox thread, for one response
             if delta.finish_reason:   # counted before the final flag lets the client go
                 self._record_tokens(delta, first_at)
-            outputs.take(delta)
-            if request.stream:
-                self._send(active, responses.chunk(outputs.values(delta, delta.text), usual),
-                           final=bool(delta.finish_reason))
-                active.started = True
-            else:
-                pieces.append(delta.text)
+            return responses.chunk(outputs.values(delta, delta.text), usual)
+
+        active.outlet.build = build
+        async for delta in self.stream(prompt, sampling, active.engine_id):
+            if first_at is None and delta.output_tokens:
+                first_at = time.monotonic()
+                self._later(active, self.metrics.ttft.observe, first_at - arrival)
             if delta.finish_reason:
                 final = delta
+            if request.stream:
+                active.closed = final is not None   # the outlet sends its final flag
+                self.outbox.push(active.outlet, delta)
+                active.started = True
+            else:
+                # No response to check it with: a round trip here, now and then.
+                now = time.monotonic()
+                if now >= next_check:
+                    next_check = now + CANCEL_CHECK_S
+                    if active.sender.is_cancelled():
+                        raise asyncio.CancelledError
+                outputs.take(delta)
+                pieces.append(delta.text)
+            if final is not None:
                 break
         if final is None:
             raise RuntimeError("the engine ended the stream without a finish reason")
@@ -358,7 +374,8 @@ class AsyncEngineModel(abc.ABC):
             text = "".join(pieces)
             if request.prompt is not None and not request.exclude_input_in_output:
                 text = request.prompt + text
-            self._send(active, responses.chunk(outputs.values(final, text), usual), final=True)
+            active.closed = True
+            self.outbox.push(active.outlet, dataclasses.replace(final, text=text))
 
     def responses_for(self, request: GenerateRequest) -> ResponseFactory:
         """Answers of a LoRA adapter say so: served_by is `model:adapter`. (Only known
@@ -382,35 +399,19 @@ class AsyncEngineModel(abc.ABC):
         """The final flag (flags only), unless the request already had it."""
         if not active.closed:
             active.closed = True
-            self._send_quietly(active.sender.send, None, FINAL)
+            self._later(active, self._send_quietly, active.sender.send, None, FINAL)
+
+    def _later(self, active: _Active, function, *args) -> None:
+        """function(*args) on the outbox thread, after what the request queued before."""
+        self.outbox.push(active.outlet, functools.partial(function, *args))
 
     def _fail(self, active: _Active, message: str, client_fault: bool = False) -> None:
         """End a request with an error (and the final flag), once."""
-        self._count_error()
+        self._count(active, self.metrics.errors)
         if not client_fault:
             self.log.error(f"Request {active.client_id or active.engine_id} failed: {message}")
         if active.closed:
             return
         active.closed = True
-        self._send_quietly(send_error, active.sender, self.responses, message or
-                           "unknown error", active.started, client_fault)
-
-
-def apply_device_placement(args: dict) -> None:
-    """Bind this instance (its own stub process) to the devices the placement chose.
-
-    `INSTANCE_DEVICES` is one entry per instance, ';'-separated; each entry is what
-    CUDA_VISIBLE_DEVICES gets (GPU ordinals, or a MIG slice that devices.resolve turns
-    into its UUID). The instance index is the
-    last part of Triton's instance name (`<model>_<group>_<index>`)."""
-    params = model_parameters(args)
-    per_instance = params.get("INSTANCE_DEVICES")
-    if per_instance:
-        entries = per_instance.split(";")
-        index = int(args.get("model_instance_name", "x_0").rsplit("_", 1)[-1])
-        os.environ["CUDA_VISIBLE_DEVICES"] = devices.resolve(entries[index % len(entries)],
-                                                             devices.nvidia_smi_list)
-    elif params.get("GPU_DEVICE_IDS"):
-        os.environ["CUDA_VISIBLE_DEVICES"] = params["GPU_DEVICE_IDS"]
-    elif args.get("model_instance_kind") == "GPU":
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(args.get("model_instance_device_id", "0"))
+        self._later(active, self._send_quietly, send_error, active.sender, self.responses,
+                    message or "unknown error", active.started, client_fault)

@@ -70,7 +70,7 @@ class TritonPythonModel(AsyncEngineModel):
         (UNAVAILABLE) instead of trident's usual "engine is dead" error."""
         if self._health_check and self.engine_dead() is not None:
             for request in requests:
-                self._count_error()
+                self._count(None, self.metrics.errors)
                 _refuse_unhealthy(request.get_response_sender())
             return None
         return super().execute(requests)

@@ -52,7 +52,8 @@ def dead_model(module, monkeypatch, unloads, health_check=True):
     model.errors = []
     model.log = SimpleNamespace(error=model.errors.append)
     counted = model.counted = []
-    model._count_error = lambda: counted.append(1)
+    model.metrics = SimpleNamespace(errors="errors")
+    model._count = lambda active, outcome: counted.append(outcome)
     return model
 
 
@@ -68,7 +69,7 @@ def test_a_dead_engine_refuses_in_vllm_backends_words_and_unloads_once(module, m
         assert response.error().code() == pb.TritonError.UNAVAILABLE
         assert request.sender.final_flags() == 1
     assert unloads.done.wait(5) and unloads.names == ["chat"]
-    assert len(model.counted) == 3
+    assert model.counted == ["errors"] * 3
     assert any("will be unloaded" in line for line in model.errors)
 
 
