@@ -197,7 +197,8 @@ def run(out_dir: Path, quick: bool | None = None) -> dict:
             with_anchor = with_anchor and load_anchor(server.grpc_url,
                                                       admin.grpc_headers(server.admin_key))
             frontend, http_url = start_frontend(server.grpc_url,
-                                                out_dir / "gpu_rate.frontend.log")
+                                                out_dir / "gpu_rate.frontend.log",
+                                                server.admin_key)
             pids = processes(server, frontend)
             points = asyncio.run(measure(server.grpc_url, http_url, pids, control, sizes,
                                          with_anchor))

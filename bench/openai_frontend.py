@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "python_backends"))
 
 from bench.common import PROMPTS, bench_result  # noqa: E402
 from builder.pipeline import build_repository  # noqa: E402
+from builder.serve import admin  # noqa: E402
 from builder.serve.client import build_inputs, first_output  # noqa: E402
 from builder.serve.server import TritonServer, free_port, start_on_free_ports  # noqa: E402
 from builder.spec import load_spec  # noqa: E402
@@ -232,12 +233,16 @@ def stop_frontend(frontend: subprocess.Popen | None) -> None:
         frontend.kill()
 
 
-def start_frontend(grpc_url: str, log_path: Path) -> tuple[subprocess.Popen, str]:
+def start_frontend(grpc_url: str, log_path: Path,
+                   admin_key: str | None = None) -> tuple[subprocess.Popen, str]:
+    """`trident openai` for the server at grpc_url. It lists the models through Triton's
+    restricted index: give the server's admin_key (else the environment's is used)."""
     port = free_port()
     log = open(log_path, "ab")
+    env = dict(os.environ, **({admin.KEY_ENV: admin_key} if admin_key else {}))
     process = subprocess.Popen([sys.executable, "-m", "builder.cli", "openai", "--triton",
                                 grpc_url, "--port", str(port)], cwd=ROOT, stdout=log,
-                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     log.close()
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -265,7 +270,8 @@ def run(out_dir: Path) -> dict:
         frontend = None
         try:
             frontend, http_url = start_frontend(server.grpc_url,
-                                                out_dir / "openai_frontend.frontend.log")
+                                                out_dir / "openai_frontend.frontend.log",
+                                                server.admin_key)
             measured = measure(server, http_url, frontend.pid)
         finally:
             stop_frontend(frontend)

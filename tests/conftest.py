@@ -41,6 +41,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # setuptools, imported later by torch under vLLM, then asserts it owns distutils and
 # fails. One distutils for the whole session: the standard library's.
 os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
+# Model control on a trident-started Triton needs its admin key (builder/serve/admin.py).
+# One operator key for the session, so a frontend started apart from its server (in
+# process or as `trident openai`) can list the models; the tests of the key itself unset it.
+os.environ.setdefault("TRIDENT_TRITON_ADMIN_KEY", "trident-test-session-" + "k" * 24)
 # `kill -USR1 <pytest pid>` prints every thread's stack: the way to see what a hung run
 # waits for.
 faulthandler.register(signal.SIGUSR1, all_threads=True)
