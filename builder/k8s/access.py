@@ -5,7 +5,9 @@ The OpenAI frontend (`server.openai_port` in the spec) runs inside the pod with
 face: Triton's HTTP and gRPC ports bind to the pod's loopback and the Services carry only
 `openai` and `metrics`, so no request without a key reaches a model through the
 Service. Without keys, Triton's ports stay on every interface and in the Services, as
-before. The metrics port is always open: Prometheus scrapes it from elsewhere.
+before. The metrics port is always open: Prometheus scrapes it from elsewhere. Either
+way, Triton's model control (load, unload, the index) needs the admin key that `trident
+serve` makes at each container start (builder/serve/admin.py): nothing is rendered for it.
 
 Secrets are only ever referenced: the API keys file and the Redis password come from
 Secrets the operator creates (names below, documented in docs/kubernetes.md); no value
