@@ -31,12 +31,12 @@ import json
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 
-BLOCK_CHARS = 64                  # about 16 tokens of English text per block
-MAX_BLOCKS_PER_REPLICA = 32_768   # ~2 MiB of prompt text (~500k tokens) per replica
-MAX_PROMPT_BLOCKS = 1_024         # a prompt's first 64 KiB decide; its tail is not hashed
+BLOCK_CHARS = 128                 # about 32 tokens of English text (two vLLM blocks)
+MAX_BLOCKS_PER_REPLICA = 16_384   # 2 MiB of prompt text (~500k tokens) per replica
+MAX_PROMPT_BLOCKS = 512           # a prompt's first 64 KiB decide; its tail is not hashed
 # Measured with tracemalloc (CPython 3.11): one recorded block costs 140-180 bytes (its
 # int key, an OrderedDict slot and link; the tables grow in doublings). The documented
-# bound leaves headroom for that: 8 MiB per replica at the default size.
+# bound leaves headroom for that: 4 MiB per replica at the default size.
 BYTES_PER_BLOCK_BOUND = 256
 
 _RECORD, _UNIT = "\x1e", "\x1f"   # ASCII record/unit separators: never in chat text
@@ -99,18 +99,24 @@ class PrefixIndex:
     def match(self, hashes: list[int], replicas: Iterable[str] | None = None
               ) -> dict[str, int]:
         """Blocks of this prompt's prefix each replica holds (0 where none): the longest
-        run of `hashes` from the start found in that replica's record."""
+        run of `hashes` from the start found in that replica's record.
+
+        A binary search, not a walk: what a replica holds of any chain is a prefix of it
+        (block i is touched whenever block i+1 is, and after it, so LRU eviction always
+        takes block i+1 first), so "block k is held" is true up to some k and false after.
+        """
         names = self._replicas if replicas is None else replicas
         matched = {}
         for name in names:
             record = self._replicas.get(name)
-            count = 0
-            if record:
-                for block in hashes:
-                    if block not in record:
-                        break
-                    count += 1
-            matched[name] = count
+            low, high = 0, len(hashes) if record else 0
+            while low < high:              # the answer lies in [low, high]
+                middle = (low + high + 1) // 2
+                if hashes[middle - 1] in record:
+                    low = middle
+                else:
+                    high = middle - 1
+            matched[name] = low
         return matched
 
     def insert(self, replica: str, hashes: list[int]) -> None:
@@ -119,10 +125,11 @@ class PrefixIndex:
         record = self._replicas.get(replica)
         if record is None:
             record = self._replicas[replica] = OrderedDict()
+        touch = record.move_to_end
         for block in reversed(hashes):
-            if block in record:
-                record.move_to_end(block)
-            else:
+            try:
+                touch(block)            # held already (the usual case for a next turn)
+            except KeyError:
                 record[block] = None
         excess = len(record) - self.max_blocks_per_replica
         for _ in range(excess):

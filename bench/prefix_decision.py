@@ -1,0 +1,162 @@
+"""The router's replica decision, alone: prefix key + block hashes + match + score + record.
+
+Issue 23's budget for it is 50 microseconds at p99 with 10,000 conversations indexed, and
+the index must stay under its documented memory bound. No server: the decision is pure
+logic (bls/prefix_index.py, bls/replica_policy.py), measured in this process.
+
+Workload: 10,000 conversations over 2 replicas and 4 tenants (salted apart), each sharing
+its tenant's ~1,000-token system prompt (4,000 characters), recorded as the router would
+record their turns; then 5,000 decisions for next turns of random conversations (some
+evicted long ago) and new ones, timed one by one. Beside it, the cost of the exact
+alternative: tokenizing the same prompts with SmolLM2's tokenizer (the Rust `tokenizers`
+one, the fastest there is) and hashing 16-token blocks (vLLM's block size), when the
+tokenizer is on disk.
+"""
+from __future__ import annotations
+
+import gc
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bls"))
+
+from bench.common import bench_result  # noqa: E402
+from prefix_index import PrefixIndex, prompt_key  # noqa: E402  (the router's siblings)
+from replica_policy import ReplicaChooser, ReplicaLoad  # noqa: E402
+
+sys.path.pop(0)
+
+CONVERSATIONS = 10_000
+DECISIONS = 5_000
+REPLICAS = ("model__r0", "model__r1")
+TENANTS = 4
+TURNS = 6
+TARGET_P99_US = 50.0
+TOKEN_BLOCK = 16   # vLLM's default KV block size, for the tokenizer comparison
+
+
+def system_prompt(tenant: int) -> str:
+    words = ("inventory", "refund", "warranty", "shipping", "invoice", "battery",
+             "firmware", "adapter", "voltage", "manual")
+    rng = random.Random(tenant)
+    return f"Tenant {tenant} support policy. " + " ".join(rng.choice(words)
+                                                        for _ in range(560))
+
+
+def history(tenant: int, n: int, turns: int) -> list[dict]:
+    messages = [{"role": "system", "content": system_prompt(tenant)}]
+    for t in range(turns):
+        messages.append({"role": "user", "content": f"Order {n}-{t}: where is my parcel? " * 3})
+        if t < turns - 1:
+            messages.append({"role": "assistant",
+                             "content": f"Parcel {n}-{t} left the depot this morning. " * 5})
+    return messages
+
+
+def salt(tenant: int) -> str:
+    return f"salt-of-tenant-{tenant}"
+
+
+def build(chooser: ReplicaChooser, rng: random.Random) -> dict[int, int]:
+    """Record 10,000 conversations, each at a random turn; returns their turn counts."""
+    turns = {}
+    loads = {r: ReplicaLoad() for r in REPLICAS}
+    for n in range(CONVERSATIONS):
+        tenant, turns[n] = n % TENANTS, rng.randint(1, TURNS - 1)
+        hashes = chooser.index.block_hashes(prompt_key(None, history(tenant, n, turns[n])),
+                                            salt(tenant))
+        chooser.routed(chooser.choose(REPLICAS, loads, hashes).replica, hashes)
+    return turns
+
+
+def decisions(chooser: ReplicaChooser, turns: dict[int, int], rng: random.Random
+              ) -> tuple[list[float], list[int], list[list[dict]]]:
+    """Time DECISIONS decisions; (microseconds each, prompt blocks each, the prompts)."""
+    times, blocks, prompts = [], [], []
+    index = chooser.index
+    for _ in range(DECISIONS):
+        n = rng.randrange(CONVERSATIONS + DECISIONS)   # about a third are new conversations
+        tenant = n % TENANTS
+        messages = history(tenant, n, min(turns.get(n, 0) + 1, TURNS))
+        loads = {r: ReplicaLoad(in_flight=rng.randint(0, 8)) for r in REPLICAS}
+        start = time.perf_counter_ns()
+        hashes = index.block_hashes(prompt_key(None, messages), salt(tenant))
+        decision = chooser.choose(REPLICAS, loads, hashes)
+        chooser.routed(decision.replica, hashes)
+        times.append((time.perf_counter_ns() - start) / 1_000)
+        blocks.append(len(hashes))
+        prompts.append(messages)
+    return times, blocks, prompts
+
+
+def tokenizer_cost(prompts: list[list[dict]]) -> dict | None:
+    """The exact alternative's cost: encode the prompt, hash its 16-token blocks."""
+    path = Path.home() / ".cache" / "trident" / "models" / "smollm2-135m-instruct" / \
+        "tokenizer.json"
+    try:
+        from tokenizers import Tokenizer
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as e:   # reported, never fatal: the decision is what is measured
+        return {"skipped": f"{type(e).__name__}: {e}"[:120]}
+    times = []
+    for messages in prompts[:1_000]:
+        start = time.perf_counter_ns()
+        ids = tokenizer.encode(prompt_key(None, messages), add_special_tokens=False).ids
+        running = 0
+        for s in range(0, len(ids) - TOKEN_BLOCK + 1, TOKEN_BLOCK):
+            running = hash((running, tuple(ids[s:s + TOKEN_BLOCK])))
+        times.append((time.perf_counter_ns() - start) / 1_000)
+    return {"p50_us": percentile(times, 50), "p99_us": percentile(times, 99)}
+
+
+def percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * pct / 100))]
+
+
+def run(out_dir: Path) -> dict:
+    rng = random.Random(23)
+    chooser = ReplicaChooser("prefix_aware", PrefixIndex())
+    index = chooser.index
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    turns = build(chooser, rng)
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    times, blocks, prompts = decisions(chooser, turns, rng)
+    p50, p99 = percentile(times, 50), percentile(times, 99)
+    bound = index.bound_bytes(len(REPLICAS))
+    tokens = tokenizer_cost(prompts)
+    rows = [
+        {"metric": "decision p50 (us)", "ours": p50, "target": "report"},
+        {"metric": "decision p99 (us)", "ours": p99, "target": f"<= {TARGET_P99_US:g} us",
+         "met": p99 <= TARGET_P99_US},
+        {"metric": "index memory (MiB) vs bound", "ours": held / 2**20, "direct": bound / 2**20,
+         "ratio": held / bound, "target": "<= 1.0 of the bound", "met": held <= bound},
+    ]
+    if tokens and "p50_us" in tokens:
+        rows.append({"metric": "tokenizer+hash p50 (us) vs chars", "ours": p50,
+                     "direct": tokens["p50_us"], "ratio": p50 / tokens["p50_us"],
+                     "target": "report"})
+    config = {"conversations": CONVERSATIONS, "decisions": DECISIONS,
+              "replicas": len(REPLICAS), "tenants": TENANTS,
+              "block_chars": index.block_chars,
+              "max_blocks_per_replica": index.max_blocks_per_replica}
+    raw = {"decision_us": {"p50": p50, "p90": percentile(times, 90), "p99": p99,
+                           "max": max(times), "mean": statistics.fmean(times)},
+           "prompt_blocks": {"median": statistics.median(blocks), "max": max(blocks)},
+           "index": {"blocks": index.blocks(), "bound_blocks": index.bound_blocks(2),
+                     "evicted": index.evicted, "bytes": held, "bound_bytes": bound},
+           "tokenizer": tokens}
+    return bench_result("prefix_decision", rows, config, raw)
+
+
+if __name__ == "__main__":
+    import json
+    print(json.dumps(run(Path(".")), indent=2))
