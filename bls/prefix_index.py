@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 BLOCK_CHARS = 128                 # about 32 tokens of English text (two vLLM blocks)
 MAX_BLOCKS_PER_REPLICA = 16_384   # 2 MiB of prompt text (~500k tokens) per replica
@@ -96,7 +96,7 @@ class PrefixIndex:
 
     # -- lookup and record -----------------------------------------------------------
 
-    def match(self, hashes: list[int], replicas: Iterable[str] | None = None
+    def match(self, hashes: Sequence[int], replicas: Iterable[str] | None = None
               ) -> dict[str, int]:
         """Blocks of this prompt's prefix each replica holds (0 where none): the longest
         run of `hashes` from the start found in that replica's record.
@@ -119,7 +119,7 @@ class PrefixIndex:
             matched[name] = low
         return matched
 
-    def insert(self, replica: str, hashes: list[int]) -> None:
+    def insert(self, replica: str, hashes: Sequence[int]) -> None:
         """Record that this prompt was routed to `replica`. Deepest block first, so the
         prompt's first block ends up the most recently used (see the module's doc)."""
         record = self._replicas.get(replica)

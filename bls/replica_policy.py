@@ -104,7 +104,7 @@ class ReplicaChooser:
         eligible = [r for r in rotation if not self._past_bound(r, load[r], least, loads)]
         if not eligible:   # every replica's KV cache is full: load alone decides
             eligible = rotation
-        matched = (self.index.match(list(hashes), rotation)
+        matched = (self.index.match(hashes, rotation)
                    if self.index is not None and hashes else dict.fromkeys(rotation, 0))
 
         spilled = False
@@ -134,7 +134,7 @@ class ReplicaChooser:
         """The replica that took the request (the first that answered, after any
         fallback): its engine now holds this prompt's prefix."""
         if self.index is not None and hashes:
-            self.index.insert(replica, list(hashes))
+            self.index.insert(replica, hashes)
 
     def dropped(self, replica: str) -> None:
         """A replica died or restarted: its cache is gone, so is its record."""
