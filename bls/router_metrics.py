@@ -15,6 +15,23 @@ def _apply(write):
     getattr(series.metric, op)(value)
 
 
+def _merge(writes):
+    """The writes waiting at once, each series' increments added into one write (at its
+    first's place: counters commute); sets and observations kept as they are. Under load
+    the router's per-request counters then cost one round trip per batch, not each."""
+    merged, added = [], {}
+    for write in writes:
+        series, op, value = write
+        if op != "increment":
+            merged.append(write)
+        elif series in added:
+            added[series][2] += value
+        else:
+            added[series] = [series, op, value]
+            merged.append(added[series])
+    return merged
+
+
 class Series:
     """One labelled series; its writes go through the router's Writer."""
 
@@ -58,7 +75,7 @@ class RouterMetrics:
     def __init__(self, router):
         self.router = router
         self.set = MetricSet()
-        self.writes = Writer("router-metrics", _apply)
+        self.writes = Writer("router-metrics", _apply, merge=_merge)
         self.metrics = {}
         self._latency = self.metric("latency", (), buckets=[
             0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1])
