@@ -7,6 +7,8 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bls"))
 from prefix_index import PrefixIndex, prompt_key  # noqa: E402  (a sibling of the router)
@@ -119,3 +121,47 @@ def test_the_memory_bound_holds_after_ten_thousand_conversations():
 def test_sizes_below_one_are_refused(bad):
     with pytest.raises(ValueError, match="at least 1"):
         PrefixIndex(**bad)
+
+
+class Reference:
+    """The index as plainly as it can be written: a list per replica, most recent last,
+    and a match that walks the prompt's blocks one by one."""
+
+    def __init__(self, bound):
+        self.bound, self.lists = bound, {}
+
+    def insert(self, replica, hashes):
+        record = self.lists.setdefault(replica, [])
+        for block in reversed(hashes):
+            if block in record:
+                record.remove(block)
+            record.append(block)
+        del record[:max(0, len(record) - self.bound)]
+
+    def match(self, hashes, replica):
+        count = 0
+        for block in hashes:
+            if block not in self.lists.get(replica, ()):
+                break
+            count += 1
+        return count
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["r0", "r1"]),
+                          st.lists(st.sampled_from("abc"), min_size=1, max_size=6)),
+                min_size=1, max_size=40),
+       st.integers(min_value=1, max_value=12))
+def test_the_binary_search_match_agrees_with_a_walk_under_any_history(routes, bound):
+    """Prompts are short words over 3 letters, so they share prefixes often; whatever was
+    routed and evicted, the index's match equals the walk of the reference."""
+    index, reference = PrefixIndex(block_chars=1, max_blocks_per_replica=bound), \
+        Reference(bound)
+    for replica, word in routes:
+        hashes = index.block_hashes("".join(word))
+        index.insert(replica, hashes)
+        reference.insert(replica, hashes)
+        for _, probe in routes:
+            probe_hashes = index.block_hashes("".join(probe))
+            matched = index.match(probe_hashes, ["r0", "r1"])
+            assert matched == {r: reference.match(probe_hashes, r) for r in ("r0", "r1")}
