@@ -5,6 +5,7 @@ Pure: no Triton, no clock. The router hands over the live replicas, their loads 
 request's prefix hashes (bls/prefix_index.py), gets a Decision (the replicas in the order
 to try them), and reports which replica took the request with `routed`, which records
 the prompt in the index. A replica that dies is left out of `replicas` and `dropped`.
+Neither this nor the index locks anything: the router calls them from its event loop only.
 
 The rules, in order (docs/router.md, "Replicas and cache-aware routing"):
 1. The balance bound: a replica whose load exceeds the least loaded one's by more than
