@@ -2,13 +2,16 @@
 stand-in Triton whose stream fails before and after its first response."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 from fastapi.testclient import TestClient
 
-from builder.serve.openai.app import create_app
+from builder.serve.openai.answers import Answer
+from builder.serve.openai.app import _events, create_app
 from builder.serve.openai.errors import OpenAIError, model_not_found
 from builder.serve.openai.limits import Limits
+from builder.serve.openai.protocol import parse_chat
 from builder.serve.openai.triton import ModelInfo, Piece
 from builder.serve.server import free_port
 
@@ -26,14 +29,21 @@ def test_an_unreachable_triton_is_503_in_openai_shape():
 
 
 class FakeCall:
+    """A script of Pieces, batches of Pieces (lists: what arrived together) and errors."""
+
     def __init__(self, script):
         self.script, self.cancelled, self.finished = script, False, False
 
-    async def pieces(self):
+    async def batches(self):
         for item in self.script:
             if isinstance(item, Exception):
                 raise item
-            yield item
+            yield item if isinstance(item, list) else [item]
+
+    async def pieces(self):
+        async for batch in self.batches():
+            for piece in batch:
+                yield piece
 
     def finish(self):
         self.finished = True
@@ -116,6 +126,34 @@ def test_a_finished_answer_hands_the_call_over_and_never_cancels_it():
     response = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     assert events(response)[-1] == "[DONE]"
     assert all(call.finished and not call.cancelled for call in triton.calls)
+
+
+def test_a_batch_is_one_event_and_the_end_leaves_with_the_last_text():
+    # Before: one event per response, and the finish reason, the usage and [DONE] each
+    # in a write of their own.
+    script = [[Piece("Hel", None, 3, 1, "smollm2"), Piece("lo", None, 3, 2)],
+              Piece(",", None, 3, 3), [Piece(" wor", None, 3, 4), Piece("ld", "stop", 3, 5)]]
+    client, triton = client_for(script)
+    response = client.post("/v1/chat/completions", json={
+        **CHAT, "stream": True, "stream_options": {"include_usage": True}})
+    chunks = [json.loads(d) for d in events(response)[:-1]]
+    assert [c["choices"][0]["delta"] for c in chunks[:3]] == [
+        {"role": "assistant", "content": "Hello"}, {"content": ","},
+        {"content": " world"}]
+    assert chunks[3]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[4]["usage"]["completion_tokens"] == 5
+
+    async def writes():
+        call = FakeCall(script)
+        batches = call.batches()
+        first = await batches.__anext__()
+        answer = Answer(parse_chat({**CHAT, "stream": True}))
+        return [out async for out in _events(answer, first, batches, call)], call
+
+    out, call = asyncio.run(writes())
+    assert len(out) == 3 and out[-1].endswith(b"data: [DONE]\n\n")
+    assert b'" world"' in out[-1] and b'"finish_reason": "stop"' in out[-1]
+    assert call.finished and not call.cancelled
 
 
 def test_unknown_paths_and_bad_json_answer_in_openai_shape():

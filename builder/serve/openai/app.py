@@ -145,13 +145,13 @@ async def _generate(triton: Triton, request: Request, model: str, generation: Ge
     check_max_tokens(generation.max_tokens, generation.max_tokens_param, info.name, limits)
     call = triton.stream(generation, info)
     answer = Answer(generation)
-    pieces = call.pieces()
     watcher = asyncio.ensure_future(_cancel_on_disconnect(request, call))
     try:
         if not generation.stream:
-            body, served_by = await _whole(answer, pieces, call)
+            body, served_by = await _whole(answer, call.pieces(), call)
             return JSONResponse(body, headers=_served(served_by))
-        first = await _next(pieces)
+        batches = call.batches()
+        first = await _next(batches)
     except OpenAIError:
         call.finish()    # Triton answered with an error: let its call end
         raise
@@ -160,10 +160,10 @@ async def _generate(triton: Triton, request: Request, model: str, generation: Ge
         raise
     finally:
         watcher.cancel()   # from here on Starlette watches the client (see _events)
-    return StreamingResponse(_events(answer, first, pieces, call),
+    return StreamingResponse(_events(answer, first or [], batches, call),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                                      **_served(first.served_by if first else "")})
+                                      **_served(first[0].served_by if first else "")})
 
 
 def _served(served_by: str) -> dict:
@@ -180,9 +180,9 @@ async def _cancel_on_disconnect(request: Request, call: Call) -> None:
             return
 
 
-async def _next(pieces: AsyncIterator[Piece]) -> Piece | None:
+async def _next(batches: AsyncIterator[list[Piece]]) -> list[Piece] | None:
     try:
-        return await pieces.__anext__()
+        return await batches.__anext__()
     except StopAsyncIteration:
         return None
 
@@ -206,33 +206,45 @@ def _sse(data) -> bytes:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
-async def _events(answer: Answer, first: Piece | None, pieces: AsyncIterator[Piece],
+DONE = b"data: [DONE]\n\n"
+
+
+async def _events(answer: Answer, first: list[Piece], batches: AsyncIterator[list[Piece]],
                   call: Call) -> AsyncIterator[bytes]:
-    """The SSE body. Starlette cancels this generator when the client disconnects; the
-    finally then cancels the gRPC call (Triton cancels the request, the engine aborts)."""
-    last, ended = first, False    # ended: the call was handed to finish()
+    """The SSE body, one write per batch of responses: the texts of a batch go out as
+    one chunk (OpenAI's chunks carry any number of tokens), and the end (finish reason,
+    usage, [DONE]) leaves with the last text. Starlette cancels this generator when the
+    client disconnects; the finally then cancels the gRPC call (Triton cancels the
+    request, the engine aborts)."""
+    ended = False    # the call was handed to finish()
     try:
-        if first is None:
+        if not first:
             raise OpenAIError(502, f"{answer.generation.model}: the stream ended without "
                               "a response", "server_error", None, "backend_error")
-        yield _sse(answer.chunk(first.text, None, first=True))
-        async for piece in pieces:
-            last = piece
-            if piece.text:
-                yield b"data: " + answer.text_chunk_json(piece.text).encode() + b"\n\n"
-        if not last.finish_reason:
-            raise OpenAIError(502, f"{answer.generation.model}: the stream ended without "
-                              "a finish reason", "server_error", None, "backend_error")
+        last = first[-1]
+        out = _sse(answer.chunk("".join(p.text for p in first), None, first=True))
+        while not last.finish_reason:
+            if out:
+                yield out
+            batch = await _next(batches)
+            if batch is None:
+                raise OpenAIError(502, f"{answer.generation.model}: the stream ended "
+                                  "without a finish reason", "server_error", None,
+                                  "backend_error")
+            last = batch[-1]
+            text = "".join(p.text for p in batch)
+            out = b"data: " + answer.text_chunk_json(text).encode() + b"\n\n" if text \
+                else b""
         call.finish()
         ended = True
-        yield _sse(answer.chunk(None if answer.chat else "", last.finish_reason))
+        out += _sse(answer.chunk(None if answer.chat else "", last.finish_reason))
         if answer.generation.include_usage:
-            yield _sse(answer.usage_chunk(last.input_tokens, last.output_tokens))
+            out += _sse(answer.usage_chunk(last.input_tokens, last.output_tokens))
+        yield out + DONE
     except OpenAIError as error:
         call.finish()
         ended = True
-        yield _sse(error.body())
+        yield _sse(error.body()) + DONE
     finally:
         if not ended:
             call.cancel()   # the client left (Starlette cancelled us) or we broke
-    yield b"data: [DONE]\n\n"

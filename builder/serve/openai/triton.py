@@ -271,45 +271,90 @@ class Triton:
 
 
 class Call:
-    """One request's gRPC stream. Iterate `pieces()`; `cancel()` aborts it in Triton (the
-    engine stops); `finish()` after the finish reason lets the call end on its own."""
+    """One request's gRPC stream. Iterate `batches()` (or `pieces()`); `cancel()` aborts
+    it in Triton (the engine stops); `finish()` after the finish reason lets the call end
+    on its own.
 
-    def __init__(self, triton: Triton, model: str, inputs: list, asked: dict | None = None):
+    A reader task takes the responses off the stream as they come and the consumer takes
+    all that arrived since its last turn: when the loop is busy, several responses go
+    out as one SSE write (what costs the frontend most per chunk is the write to the
+    client's socket, not the response's bytes); an idle path still hands each response
+    on the moment it arrives, never holding one back for company."""
+
+    def __init__(self, triton: Triton, model: str, inputs: list):
         self.triton, self.model = triton, model
-        self.asked = asked    # what the client named (errors.from_triton)
         self.request_id = uuid.uuid4().hex
         self.done = False         # the call ended, or is no longer ours to end
         self.cancelled = False    # cancelled by cancel() (the client went away)
+        self._ready: list[Piece] = []        # read, not yet taken by batches()
+        self._failure: OpenAIError | None = None   # raised once _ready is taken
+        self._ended = False       # the reader is done: finish reason, end or failure
+        self._wake: asyncio.Future | None = None   # batches() waits on it
+        self._reader: asyncio.Task | None = None
 
         async def one_request():
             yield {"model_name": model, "inputs": inputs, "request_id": self.request_id}
 
         self._responses = triton.client.stream_infer(one_request())
 
-    async def pieces(self) -> AsyncIterator[Piece]:
-        """The responses as Pieces, up to the one with a finish reason; raises
-        OpenAIError for an error response (or an `error` output mid-stream)."""
+    async def batches(self) -> AsyncIterator[list[Piece]]:
+        """Every Piece that arrived since the last batch (never an empty batch), up to
+        the one with a finish reason; raises OpenAIError for an error response (or an
+        `error` output mid-stream) once the pieces before it are taken."""
+        if self._reader is None:
+            self._reader = asyncio.ensure_future(self._read())
         while True:
-            try:
-                result, error = await self._responses.__anext__()
-            except StopAsyncIteration:
-                self.done = True
+            if not self._ready and not self._ended:
+                self._wake = asyncio.get_running_loop().create_future()
+                await self._wake
+            if self._ready:
+                batch, self._ready = self._ready, []
+                yield batch
+            elif self._failure is not None:
+                raise self._failure
+            else:
                 return
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:   # grpc.aio.AioRpcError: cancelled, or the server left
-                self.done = True
-                if self.cancelled:
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """The responses one by one (a whole answer has no use for batches)."""
+        async for batch in self.batches():
+            for piece in batch:
+                yield piece
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                try:
+                    result, error = await self._responses.__anext__()
+                except StopAsyncIteration:
+                    self.done = True
                     return
-                raise TritonUnavailable(self.triton.url, _rpc_reason(e)) from None
-            if error is not None:
-                raise from_triton(error.message() or str(error), self.model, self.asked)
-            piece, problem = read_piece(result)
-            if problem:
-                raise from_triton(problem, self.model, self.asked)
-            yield piece
-            if piece.finish_reason:
-                return
+                except asyncio.CancelledError:
+                    self.done = True    # cancel(): the gRPC call is cancelled with us
+                    return
+                except Exception as e:   # grpc.aio.AioRpcError: cancelled, or the server left
+                    self.done = True
+                    if not self.cancelled:
+                        self._failure = TritonUnavailable(self.triton.url, _rpc_reason(e))
+                    return
+                if error is not None:
+                    self._failure = from_triton(error.message() or str(error), self.model)
+                    return
+                piece, problem = read_piece(result)
+                if problem:
+                    self._failure = from_triton(problem, self.model)
+                    return
+                self._ready.append(piece)
+                self._signal()
+                if piece.finish_reason:
+                    return
+        finally:
+            self._ended = True
+            self._signal()
+
+    def _signal(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
 
     async def drain(self) -> None:
         """Read to the end of the call (the final flag), cancelling it if that takes
@@ -317,6 +362,8 @@ class Call:
         self.done = True
         try:
             async def rest():
+                if self._reader is not None:
+                    await self._reader     # it stops at the finish reason
                 while True:
                     await self._responses.__anext__()
             await asyncio.wait_for(rest(), DRAIN_TIMEOUT_S)
@@ -339,6 +386,8 @@ class Call:
         if not self.done:
             self.done = self.cancelled = True
             self._responses.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
 
 
 def _rpc_reason(error: Exception) -> str:
