@@ -118,9 +118,8 @@ class TritonPythonModel:
         self.first_token_timeout_s = self.config["first_token_timeout_s"]
         streams = sum(self.max_inflight.values())
         # One thread per attempt (a relay waits in its BLS call, then pumps its stream),
-        # one more per relay that fell behind (its coalescing sender), plus drains of
-        # abandoned attempts and control requests.
-        self.pool = ThreadPoolExecutor(max_workers=3 * streams + CONTROL_THREADS,
+        # plus drains of abandoned attempts and control requests.
+        self.pool = ThreadPoolExecutor(max_workers=2 * streams + CONTROL_THREADS,
                                        thread_name_prefix="relay")
         # Control requests use async_exec, which runs each call in the loop's default
         # executor until its first response: asyncio's default (CPUs + 4 threads) would
@@ -323,8 +322,7 @@ class TritonPythonModel:
             return False
         except ValueError as e:  # the request does not fit this engine's interface
             raise BackendFailed(str(e)) from None
-        relay = Relay(sender, adapter, backend, self.loop, not inbound.stream, self.retired,
-                      self.pool, counts_per_response=inbound.returns is not None)
+        relay = Relay(sender, adapter, backend, self.loop, not inbound.stream, self.retired)
         relay.tally = self.tenants.tally(inbound)
         attempts.append(relay)
         routed_s = time.monotonic() - arrival

@@ -1,27 +1,19 @@
 """Relaying one backend attempt's stream to the client (Relay): a worker thread makes the
 BLS call, sends the first response at once and then every later one, and the client's
 final flag exactly once; and keeping finished BLS iterators alive until the stub's own
-cleanup is done (Retired).
-
-A relay that falls behind its backend coalesces: chunks that were already waiting when
-it read them go out as one response (coalesce.py), sent by a second thread while the
-first keeps reading. A relay that keeps up sends each chunk itself, at once."""
+cleanup is done (Retired)."""
 import collections
 import threading
 import time
 
 import triton_python_backend_utils as pb_utils
 
-from coalesce import merge
 from trident_common.error_classes import CLIENT, classify, triton_error
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CLIENT_ERROR = "client error"   # Relay.start outcome: the backend rejected the request
 RETIRE_S = 10.0           # finished BLS iterators are kept this long (see Retired)
 PRUNE_EVERY_S = 1.0       # how often Retired.prune looks (it is called per request)
-# A BLS next() that returns this fast found its response already waiting (one that had
-# to wait released the GIL and was woken): the relay is behind its backend.
-BEHIND_S = 0.0001
 
 
 class Retired:
@@ -98,17 +90,9 @@ class Relay:
     nothing at all: the router falls back or answers the client itself.
     """
 
-    def __init__(self, sender, adapter, backend, loop, single, retired, pool=None,
-                 counts_per_response=False):
+    def __init__(self, sender, adapter, backend, loop, single, retired):
         self.sender, self.adapter, self.backend, self.loop = sender, adapter, backend, loop
         self.retired = retired
-        self.pool = pool            # runs the coalescing sender (None: never coalesce)
-        # num_output_tokens is each response's own count (the client sent return_*
-        # flags), so merged chunks add theirs up; else it is a running total.
-        self.counts_per_response = counts_per_response
-        self.queue_lock = threading.Condition(threading.Lock())
-        self.pending = []           # split chunks the coalescing sender has yet to send
-        self.coalescing = False     # a sender thread owns the sends (see _queue)
         self.single = single        # the client wants one response (stream false)
         self.lock = threading.Lock()
         self.streaming = False      # the first response went to the client
@@ -178,99 +162,23 @@ class Relay:
 
     def pump(self, responses):
         try:
-            while True:
-                # next(), never `for`: iter() on a finished BLS iterator (Triton 2.51)
-                # rewinds it, so a loop started after the final response replays it all.
-                asked = time.perf_counter()
-                response = next(responses, None)
-                behind = time.perf_counter() - asked < BEHIND_S
-                if response is None:
-                    break
+            # next(), never `for`: iter() on a finished BLS iterator (Triton 2.51) rewinds
+            # it, so a loop started after the final response replays the whole stream.
+            response = next(responses, None)
+            while response is not None:
                 self.chunks += 1
-                split = self._split(response)
-                if split[0] is None and split[1] is None:
-                    continue            # nothing to relay (the flags-only final)
-                if not self._queue(split, behind):
-                    self._forward(split)
+                self._forward(response)
+                response = next(responses, None)
             self.retired.add(responses)
-            self._sent_all()
             self.close()
         except Exception as e:  # the router must answer even if its own relay breaks
-            self._sent_all()
             self.close(f"router relay failed: {e}")
         finally:
             self.loop.call_soon_threadsafe(_set_once, self.done, not self.backend_failed)
 
-    def _queue(self, split, behind):
-        """Hand a chunk to the coalescing sender if one runs, or start one when the relay
-        is behind; False: send it here (the relay keeps up, nothing is held back)."""
-        with self.queue_lock:
-            if not self.coalescing:
-                if not behind or self.pool is None or self.closed:
-                    return False
-                try:   # the job takes queue_lock first: it sees this chunk
-                    self.pool.submit(self._send_pending)
-                except RuntimeError:   # the pool is shut down (unload): send it here
-                    return False
-                self.coalescing = True
-            self.pending.append(split)
-            return True
-
-    def _send_pending(self):
-        """The coalescing sender: send what waits, merged, until nothing does. It stops
-        under the same lock _queue takes, so no chunk is handed to a sender that left."""
-        try:
-            while True:
-                with self.queue_lock:
-                    batch, self.pending = self.pending, []
-                    if not batch:
-                        self.coalescing = False
-                        self.queue_lock.notify_all()
-                        return
-                for split in self._merged(batch):
-                    self._forward(split)
-        except Exception as e:  # as pump's: the client must get its final flag
-            self.close(f"router relay failed: {e}")
-            with self.queue_lock:   # closed: what the reader hands on now is dropped
-                self.pending, self.coalescing = [], False
-                self.queue_lock.notify_all()
-
-    def _sent_all(self):
-        """Wait until the coalescing sender (if any) has sent every chunk handed to it."""
-        with self.queue_lock:
-            while self.coalescing:
-                self.queue_lock.wait()
-
-    def _merged(self, batch):
-        """The chunks of `batch` to send: each run of data chunks up to the answer's
-        last merged into one; an error chunk stays as it is, in its place."""
-        out, run = [], []
-        for split in batch + [None]:
-            if split is not None and split[0] is None and split[1] is not None:
-                run.append(split)
-                if not split[2]:
-                    continue
-            if run:
-                out.extend(self._merge_run(run))
-                run = []
-            if split is not None and (split[0] is not None or split[1] is None):
-                out.append(split)
-        return out
-
-    def _merge_run(self, run):
-        if len(run) == 1:
-            return run
-        merged = merge([[(t.name(), t.as_numpy()) for t in outgoing.output_tensors()]
-                        for _, outgoing, _ in run], self.counts_per_response)
-        if merged is None:
-            return run
-        response = pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor(name, array) for name, array in merged])
-        return [(None, response, run[-1][2])]
-
-    def _forward(self, split):
+    def _forward(self, response):
         """Relay one chunk; a chunk carrying an error ends the client's stream."""
-        problem, outgoing, last = split
+        problem, outgoing, last = self._split(response)
         with self.lock:
             if self.closed:
                 return                  # answered, abandoned or cancelled: drain only

@@ -276,8 +276,7 @@ def router_modules():
     stub.__dict__.update({k: v for k, v in vars(pb).items() if not k.startswith("__")})
     stub.InferenceRequest = BlsRequest
     stub.get_output_tensor_by_name = get_output_tensor_by_name
-    bound = ("adapters", "breaker", "coalesce", "control", "inbound", "policy", "relay",
-             "router_metrics",
+    bound = ("adapters", "breaker", "control", "inbound", "policy", "relay", "router_metrics",
              "tenants",
              "tenant_store",
              "trident_common.metrics", "trident_common.request", "trident_common.interface",
@@ -291,9 +290,6 @@ def router_modules():
                                                       ROOT / "bls" / "model.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        # Never behind (no next() takes less than 0 s): each chunk goes out as the backend
-        # sent it, so tests see its chunking; tests of coalescing set BEHIND_S themselves.
-        sys.modules["relay"].BEHIND_S = 0.0
         yield module
     finally:
         del sys.path[:2]
