@@ -11,13 +11,15 @@ BIN     := $(VENV)/bin
 SPEC    ?= deploy/default.yaml
 REPO    ?= model_repository
 STAMP   := $(VENV)/.installed
+AIPERF_VENV    := .venv-aiperf
+AIPERF_VERSION := 0.13.0
 # The lock's torch pin: its +cpu build comes from the extra index the lock names. pip asks
 # every index for every pin, and an unreachable index costs ~10 s of retries a pin, so
 # where pip's configuration already has this torch (a local wheel folder), make install
 # leaves the lock's --extra-index-url line out.
 TORCH_PIN := $(shell grep -m1 '^torch==' requirements.lock)
 
-.PHONY: install redis-server repo validate serve run test test-fast bench plan clean
+.PHONY: install redis-server repo validate serve run test test-fast bench aiperf plan clean
 
 # Fast when nothing changed: the stamp depends on the lock file and the package metadata.
 install: $(STAMP)
@@ -67,9 +69,23 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not server and not vllm and not s3"
 
 # BENCH: some of bench/run.py's benchmarks (default: all), e.g. `make bench BENCH=gpu_rate`;
-# TRIDENT_GPU_RATE_QUICK=1 makes gpu_rate a short smoke run.
+# TRIDENT_GPU_RATE_QUICK=1 makes gpu_rate a short smoke run. aiperf_point needs AIPerf:
+# installed first when it is to run; if that fails, the benchmark says why and the rest run.
 bench: install
+	@case " $(or $(BENCH),aiperf_point) " in *" aiperf_point "*) \
+	  $(MAKE) --no-print-directory aiperf || echo "make bench: AIPerf did not install \
+	(see above); aiperf_point will report it" >&2;; esac
 	$(BIN)/python -m bench.run $(BENCH)
+
+# AIPerf (NVIDIA's load generator) for bench/aiperf_point.py, in its own virtual
+# environment: its pins (numpy, protobuf, transformers, ...) clash with requirements.lock,
+# and the suite never imports it.
+aiperf: $(AIPERF_VENV)/.installed
+
+$(AIPERF_VENV)/.installed:
+	test -x $(AIPERF_VENV)/bin/python || $(PYTHON) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/pip install --quiet --disable-pip-version-check "aiperf==$(AIPERF_VERSION)"
+	touch $@
 
 plan: install
 	$(BIN)/trident plan --spec deploy/examples/h100x8.yaml
