@@ -386,7 +386,9 @@ def test_cli_plan_table(capsys):
     assert "GPU4,5" in rows["mixtral-vllm"] and "NV18" in rows["mixtral-vllm"]
     assert "GPU6 3g.40gb@0; GPU6 3g.40gb@4" in rows["llama8b-sglang"]
     assert "nvidia.com/mig-3g.40gb=1" in rows["llama8b-sglang"]
-    assert "idle GPUs: 7" in out[-1]
+    assert "idle GPUs: 7" in out[-2]
+    assert out[-1] == ("router: router, 8 instance(s) KIND_CPU (default: 2 per GPU of 8x "
+                       "H100-80GB, at most 8)")
 
 
 def test_cli_plan_reports_what_does_not_fit(tmp_path, capsys):
