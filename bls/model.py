@@ -127,7 +127,8 @@ class TritonPythonModel:
         self.control_pool = None
         self.loop = self.bls_slots = None
         self.retired = Retired()
-        self.metrics = RouterMetrics(self.name)
+        # Gauges carry the instance's name (router_0_1): each instance sets its own.
+        self.metrics = RouterMetrics(self.name, args.get("model_instance_name"))
         self.controls = Controls(self.adapters, self.metrics, self.pool, self.retired,
                                  self.proof_key)
         self.tenants = Tenants(self.config.get("tenants"), self.metrics, self.deadline_s)

@@ -72,8 +72,12 @@ class RouterMetrics:
                     "relaying its first response)", HISTOGRAM),
     }
 
-    def __init__(self, router):
+    def __init__(self, router, instance=None):
         self.router = router
+        # Triton gives every stub of the server the same series for a name and labels:
+        # counters and histograms of all router instances add up in it, but a gauge is
+        # set, so each instance's gauges carry its instance name (docs/router.md).
+        self.instance = instance
         self.set = MetricSet()
         self.writes = Writer("router-metrics", _apply, merge=_merge)
         self.metrics = {}
@@ -88,6 +92,8 @@ class RouterMetrics:
         if metric is None:
             name, description, metric_kind = (families or self.FAMILIES)[kind]
             labelled = {"router": self.router, **dict(labels)}
+            if metric_kind == GAUGE and self.instance:
+                labelled["router_instance"] = self.instance
             metric = self.metrics[key] = Series(lambda: self.set.metric(
                 name, description, metric_kind, labelled, buckets), self.writes)
         return metric
