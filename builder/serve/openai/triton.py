@@ -281,8 +281,9 @@ class Call:
     client's socket, not the response's bytes); an idle path still hands each response
     on the moment it arrives, never holding one back for company."""
 
-    def __init__(self, triton: Triton, model: str, inputs: list):
+    def __init__(self, triton: Triton, model: str, inputs: list, asked: dict | None = None):
         self.triton, self.model = triton, model
+        self.asked = asked    # what the client named (errors.from_triton)
         self.request_id = uuid.uuid4().hex
         self.done = False         # the call ended, or is no longer ours to end
         self.cancelled = False    # cancelled by cancel() (the client went away)
@@ -338,11 +339,12 @@ class Call:
                         self._failure = TritonUnavailable(self.triton.url, _rpc_reason(e))
                     return
                 if error is not None:
-                    self._failure = from_triton(error.message() or str(error), self.model)
+                    self._failure = from_triton(error.message() or str(error), self.model,
+                                                self.asked)
                     return
                 piece, problem = read_piece(result)
                 if problem:
-                    self._failure = from_triton(problem, self.model)
+                    self._failure = from_triton(problem, self.model, self.asked)
                     return
                 self._ready.append(piece)
                 self._signal()
