@@ -31,7 +31,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 
-BLOCK_CHARS = 128                 # about 32 tokens of English text (two vLLM blocks)
+BLOCK_CHARS = 128                 # ~32 tokens: a vLLM block on CPU, two on GPU
 MAX_BLOCKS_PER_REPLICA = 16_384   # 2 MiB of prompt text (~500k tokens) per replica
 MAX_PROMPT_BLOCKS = 512           # a prompt's first 64 KiB decide; its tail is not hashed
 # Measured with tracemalloc (CPython 3.11): one recorded block costs 140-180 bytes (its
