@@ -7,7 +7,8 @@ noise hits both. A client is one asyncio process with one gRPC stream per concur
 worker (tritonclient.grpc.aio), each worker sending its requests one after another.
 
 Goals (issue 16): TTFT p50 <= direct + 1 ms sequential and <= direct + 2 ms at 16 streams;
-requests/s at 64 concurrent streams >= 0.9x direct; per streamed chunk <= 1.3x direct.
+requests/s at 64 concurrent streams >= 0.9x direct (issue 22 asks 0.8x); per streamed
+token of one long stream <= 1.3x direct.
 Usage: .venv/bin/python -m bench.zero_cost [OUT_DIR]
 """
 from __future__ import annotations
@@ -53,21 +54,22 @@ class Worker:
             yield request
 
     async def one(self, model: str, tokens: int) -> tuple[float, int]:
-        """(seconds to the first text chunk, chunks) of one streamed request."""
+        """(seconds to the first text chunk, tokens) of one streamed request. Tokens,
+        not chunks: under load the engine model sends the tokens that piled up as one
+        response (trident_common/outbox.py), so a stream's chunk count varies."""
         await self.outgoing.put({"model_name": model, "inputs": build_inputs(
             prompt="go", max_tokens=tokens), "request_id": uuid.uuid4().hex,
             "enable_empty_final_response": True})
-        start, ttft, chunks = time.perf_counter(), None, 0
+        start, ttft = time.perf_counter(), None
         async for result, error in self.responses:
             if error is not None:
                 raise RuntimeError(f"{model}: {error}")
             if first_output(result, "text_output"):
                 ttft = ttft or time.perf_counter() - start
-                chunks += 1
             # The aio client cannot ask for the empty final response (a reserved
             # parameter): the last chunk is the one that carries a finish reason.
-            if first_output(result, "finish_reason"):
-                return ttft or 0.0, chunks
+            if first_output(result, "finish_reason"):   # num_output_tokens: the total
+                return ttft or 0.0, int(first_output(result, "num_output_tokens") or 0)
         raise RuntimeError(f"{model}: stream ended without a finish reason")
 
     async def close(self) -> None:
@@ -113,16 +115,16 @@ async def concurrent(url: str, streams: int) -> dict:
 
 
 async def per_chunk(url: str) -> dict[str, float]:
-    """Seconds per streamed chunk of a LONG_TOKENS stream (median of LONG_RUNS)."""
+    """Seconds per streamed token of a LONG_TOKENS stream (median of LONG_RUNS)."""
     worker, seconds = Worker(url), {ROUTER: [], DIRECT: []}
     try:
         for i in range(LONG_RUNS):
             for model in (ROUTER, DIRECT) if i % 2 == 0 else (DIRECT, ROUTER):
                 start = time.perf_counter()
-                _, chunks = await worker.one(model, LONG_TOKENS)
-                if chunks != LONG_TOKENS:
-                    raise RuntimeError(f"{model}: {chunks} chunks, wanted {LONG_TOKENS}")
-                seconds[model].append((time.perf_counter() - start) / chunks)
+                _, tokens = await worker.one(model, LONG_TOKENS)
+                if tokens != LONG_TOKENS:
+                    raise RuntimeError(f"{model}: {tokens} tokens, wanted {LONG_TOKENS}")
+                seconds[model].append((time.perf_counter() - start) / tokens)
     finally:
         await worker.close()
     return {model: statistics.median(values) for model, values in seconds.items()}
@@ -155,7 +157,8 @@ def rows_from(m: dict) -> list[dict]:
              "report", None),
         _row("requests/s, 64 streams", rps64, ">= 0.9x direct",
              rps64[ROUTER] >= 0.9 * rps64[DIRECT]),
-        _row("ms per streamed chunk", chunk, "<= 1.3x direct", chunk[ROUTER] <= 1.3 * chunk[DIRECT]),
+        _row("ms per streamed token", chunk, "<= 1.3x direct",
+             chunk[ROUTER] <= 1.3 * chunk[DIRECT]),
     ]
 
 
