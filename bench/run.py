@@ -35,7 +35,7 @@ def print_table(results: list[dict]) -> None:
                          row.get("target", ""), _fmt(row.get("met"))))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(header))]
     for i, row in enumerate(rows):
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
         if i == 0:
             print("  ".join("-" * w for w in widths))
 

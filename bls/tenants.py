@@ -213,7 +213,7 @@ class Tenants:
         counts the router charges; None when the engine's running totals will do."""
         if not self.enabled or inbound.returns is None:
             return None
-        return Tally({name for name, flag in zip(Tally.OUTPUTS, Tally.FLAGS)
+        return Tally({name for name, flag in zip(Tally.OUTPUTS, Tally.FLAGS, strict=True)
                       if not inbound.returns.get(flag)})
 
 

@@ -361,7 +361,7 @@ def _plan_mig(spec, mig_models, state, load_shape, plans):
     except mig.MigError as e:
         raise PlacementError(f"MIG: {e}") from None
     state.free[:] = [g for g in state.free if g not in layouts]
-    for i, model in mig_models:
+    for _, model in mig_models:
         profile, need, usable = chosen[model.name]
         mine = sorted((a for a in assignments if a.request.owner == model.name),
                       key=lambda a: a.request.instance)

@@ -7,7 +7,7 @@ of the value it wraps and rejects keys nobody asked for (unknown keys are errors
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -363,8 +363,12 @@ def _positive(node: _Node, key: str, default: float) -> float:
 
 
 def _parse_match(node: _Node) -> MatchSpec:
-    get_str: Callable[[str], Any] = lambda k: node.get(k, str, None)
-    get_int: Callable[[str], Any] = lambda k: node.int(k, None, minimum=0)
+    def get_str(key: str) -> Any:
+        return node.get(key, str, None)
+
+    def get_int(key: str) -> Any:
+        return node.int(key, None, minimum=0)
+
     match = MatchSpec(
         hint=get_str("hint"), family=get_str("family"), task=get_str("task"),
         min_turns=get_int("min_turns"), max_turns=get_int("max_turns"),
