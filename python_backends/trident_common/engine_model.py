@@ -11,6 +11,7 @@ import abc
 import asyncio
 import dataclasses
 import functools
+import gc
 import itertools
 import json
 import os
@@ -23,7 +24,7 @@ from trident_common import trust
 from trident_common.aborts import Aborts
 from trident_common.deltas import Delta
 from trident_common.log import Log
-from trident_common.outbox import Outbox, Outlet
+from trident_common.outbox import Outbox, Outlet, quietly
 from trident_common.placement import apply_device_placement
 from trident_common.request import (
     AbortRequest,
@@ -151,12 +152,12 @@ class AsyncEngineModel(abc.ABC):
                                         self._proof_key)
             except BadRequest as e:
                 self._count(None, self.metrics.errors)
-                self._send_quietly(send_error, sender, self.responses, str(e), False, True)
+                quietly(send_error, sender, self.responses, str(e), False, True)
                 continue
             except Exception as e:  # a defect of ours: still answer, and keep serving
                 self.log.error(f"Could not read a request: {type(e).__name__}: {describe(e)}")
                 self._count(None, self.metrics.errors)
-                self._send_quietly(send_error, sender, self.responses,
+                quietly(send_error, sender, self.responses,
                                    f"{self.engine_name} could not read the request: "
                                    f"{type(e).__name__}: {describe(e)}", False, False)
                 continue
@@ -177,6 +178,7 @@ class AsyncEngineModel(abc.ABC):
             self._stop_loop()
             self.outbox.close(OUTBOX_CLOSE_S)   # the final flags of the cancelled ones
             self.metrics.finalize()
+            gc.collect()   # any sender left in cyclic garbage: freed while the stub lives
 
     def _stop_loop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -204,19 +206,14 @@ class AsyncEngineModel(abc.ABC):
         self._count(None, self.metrics.aborted if outlet.stopped else self.metrics.requests)
 
     @staticmethod
-    def _client_left(active: _Active, error: Exception | None) -> None:
+    def _client_left(active: _Active | None, error: Exception | None) -> None:
         """(On the loop.) The outbox found the streaming client gone, or a send raised
-        `error`: stop generating for it (_generate tells which)."""
+        `error`: stop generating for it (_generate tells which). None: it had ended."""
+        if active is None:
+            return
         active.send_error = error
         if active.task is not None and not active.task.done():
             active.task.cancel()
-
-    @staticmethod
-    def _send_quietly(send, *args) -> None:
-        try:
-            send(*args)
-        except Exception:
-            pass  # the client is gone (or the sender closed): nothing left to tell it
 
     def _start(self, request: GenerateRequest, sender, arrival: float) -> None:
         """On the loop: register the generation and start its task in one step, so an
@@ -225,7 +222,7 @@ class AsyncEngineModel(abc.ABC):
         client_id = request.request_id if request.proven else ""
         if client_id and self._aborts.overtaken(client_id):
             self._count(None, self.metrics.aborted)   # aborted before it arrived: never start
-            self._send_quietly(sender.send, None, FINAL)
+            quietly(sender.send, None, FINAL)
             return
         active = _Active(f"{self.model_name}-{next(self._ids)}", client_id, sender)
         active.outlet = Outlet(sender, None, FINAL, arrival + CANCEL_CHECK_S, CANCEL_CHECK_S,
@@ -244,6 +241,9 @@ class AsyncEngineModel(abc.ABC):
         self._later(active, self.metrics.in_flight.increment, -1)
         self._running.discard(active)
         self._aborts.unregister(active.client_id, active)
+        # Breaks the active <-> outlet cycle: collected at the stub's exit, its sender
+        # segfaults in ~ResponseSender (tests/server/test_vllm_unload.py).
+        active.outlet.owner = None
 
     def _abort_by_client_id(self, abort: AbortRequest, sender) -> None:
         """The router's abort (parse_generate checked its proof): cancel the task that
@@ -253,7 +253,7 @@ class AsyncEngineModel(abc.ABC):
         active = self._aborts.take(abort.request_id)   # or remembered for its request
         if active is not None:
             active.task.cancel()
-        self._send_quietly(sender.send, None, FINAL)
+        quietly(sender.send, None, FINAL)
 
     async def _generate(self, request: GenerateRequest, active: _Active,
                         arrival: float) -> None:
@@ -399,7 +399,7 @@ class AsyncEngineModel(abc.ABC):
         """The final flag (flags only), unless the request already had it."""
         if not active.closed:
             active.closed = True
-            self._later(active, self._send_quietly, active.sender.send, None, FINAL)
+            self._later(active, active.sender.send, None, FINAL)   # run quietly there
 
     def _later(self, active: _Active, function, *args) -> None:
         """function(*args) on the outbox thread, after what the request queued before."""
@@ -413,5 +413,5 @@ class AsyncEngineModel(abc.ABC):
         if active.closed:
             return
         active.closed = True
-        self._later(active, self._send_quietly, send_error, active.sender, self.responses,
+        self._later(active, send_error, active.sender, self.responses,
                     message or "unknown error", active.started, client_fault)

@@ -81,7 +81,7 @@ class Outbox:
                 self._flush(job)
             else:
                 function, args = job
-                _quietly(function, *args)
+                quietly(function, *args)
 
     def _flush(self, outlet: Outlet) -> None:
         # Cleared before taking: an item the loop adds from here on is either taken
@@ -92,12 +92,12 @@ class Outbox:
             items.append(outlet.items.popleft())
         for item in batches(items):
             if not isinstance(item, Delta):
-                _quietly(item)
+                quietly(item)
                 continue
             if not outlet.stopped:
                 self._send(outlet, item)
             if outlet.stopped and item.finish_reason:   # no more data: still end it, once
-                _quietly(outlet.sender.send, None, outlet.final_flag)
+                quietly(outlet.sender.send, None, outlet.final_flag)
 
     def _send(self, outlet: Outlet, delta: Delta) -> None:
         final = bool(delta.finish_reason)
@@ -121,7 +121,7 @@ class Outbox:
         return True
 
 
-def _quietly(function: Callable, *args) -> None:
+def quietly(function: Callable, *args) -> None:
     try:
         function(*args)
     except Exception:
