@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.helpers.s3_fixtures"]   # the real SeaweedFS S3 server fixtures
 sys.path.insert(0, str(ROOT / "python_backends"))   # trident_common, as in the stub
 
+from support.redis_server import RedisServer  # noqa: E402
 from tests.helpers.servers import render, start_server  # noqa: E402
 
 
@@ -32,6 +33,14 @@ def default_server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("default")
     repo = render(ROOT / "deploy" / "default.yaml", tmp / "repo")
     server = start_server(repo, tmp)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis():
+    """A real redis-server on a free loopback port, one per test module that asks."""
+    server = RedisServer().start()
     yield server
     server.stop()
 

@@ -27,13 +27,6 @@ ACL_RULE = ("trident on >acl-s3cret ~trident:* +evalsha +eval +get +set +zadd "
             "+zrem +zremrangebyscore +zcard +pexpire +time")
 
 
-@pytest.fixture(scope="module")
-def redis():
-    server = RedisServer().start()
-    yield server
-    server.stop()
-
-
 FIVE_PER_MINUTE = Limits(rpm=5)
 
 

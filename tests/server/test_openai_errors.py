@@ -22,7 +22,6 @@ import pytest
 
 from builder.serve.openai.runner import Frontend
 from builder.serve.server import free_port
-from support.redis_server import RedisServer
 from support.sglang_double import SHIM
 from tests.helpers.servers import render, start_server
 from tests.helpers.streams import Stream
@@ -57,13 +56,6 @@ def deployment() -> dict:
                    "breaker": {"consecutive_failures": 2, "min_requests": 100,
                                "cooldown_s": 600}},
     }
-
-
-@pytest.fixture(scope="module")
-def redis():
-    server = RedisServer().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

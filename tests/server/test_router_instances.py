@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from support.redis_server import RedisServer
 from support.sglang_double import MODEL, SHIM, deployment
 from tests.helpers import metric_value, wait_for
 from tests.helpers.servers import render, start_server
@@ -31,13 +30,6 @@ pytestmark = pytest.mark.server
 INSTANCES = 2
 CONSECUTIVE_FAILURES = 2
 BACKUP = "backup"
-
-
-@pytest.fixture(scope="module")
-def redis():
-    server = RedisServer().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from support.redis_server import RedisServer
 from support.sglang_double import SHIM
 from tests.bls.test_tenant_redis import busy
 from tests.gpu import check_sglang
@@ -31,13 +30,6 @@ TENANTS = {
                "carol": {"max_concurrent": 1}, "dave": {"tokens_per_minute": 20},
                "eve": {"requests_per_minute": 5}},
 }
-
-
-@pytest.fixture(scope="module")
-def redis():
-    server = RedisServer().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
