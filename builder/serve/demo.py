@@ -37,7 +37,8 @@ def main(argv=None) -> int:
         print(f"\n\n[served_by={result.served_by} finish_reason={result.finish_reason} "
               f"time_to_first_token={result.ttft_s * 1000:.0f} ms "
               f"tokens={result.output_tokens} in {result.total_s:.2f} s]")
-        ask_openai(server.grpc_url, args.model, args.question, args.max_tokens)
+        ask_openai(server.grpc_url, args.model, args.question, args.max_tokens,
+                   server.admin_key)
         return 0
     except TridentError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -47,14 +48,18 @@ def main(argv=None) -> int:
             server.stop()
 
 
-def ask_openai(triton_url: str, model: str, question: str, max_tokens: int) -> None:
+def ask_openai(triton_url: str, model: str, question: str, max_tokens: int,
+               admin_key: str | None) -> None:
     """The same question through the OpenAI frontend (`trident serve --openai-port`),
-    with the openai SDK as any OpenAI client would send it."""
+    with the openai SDK as any OpenAI client would send it. The frontend lists models
+    through Triton's index, which needs the server's admin key (builder/serve/admin.py),
+    as `trident serve` hands it over."""
     from openai import OpenAI
 
     from builder.serve.openai.runner import Frontend
 
-    frontend = Frontend(triton_url, port=free_port(), expose=(model,)).start()   # --model
+    frontend = Frontend(triton_url, port=free_port(), expose=(model,),   # --model
+                        admin_key=admin_key).start()
     try:
         print(f"\nOpenAI API: {frontend.url}/v1 (trident serve --openai-port PORT)",
               flush=True)
