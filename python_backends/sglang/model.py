@@ -8,7 +8,8 @@ and the prefix (radix) cache's cached-token counts as a metric.
 """
 import json
 
-from trident_common.engine_model import AsyncEngineModel, Delta
+from trident_common.deltas import Delta
+from trident_common.engine_model import AsyncEngineModel
 from trident_common.request import BadRequest, check_adapter, check_sampling_keys
 
 # trident's sampling names (vLLM's, as clients of vllm_backend send them) → SGLang's

@@ -16,7 +16,8 @@ locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from stats import VllmStats  # noqa: E402   (python_backends/vllm/stats.py, copied beside)
-from trident_common.engine_model import AsyncEngineModel, Delta  # noqa: E402
+from trident_common.deltas import Delta  # noqa: E402
+from trident_common.engine_model import AsyncEngineModel  # noqa: E402
 from trident_common.request import (  # noqa: E402
     SAMPLING_TYPES,
     BadRequest,
