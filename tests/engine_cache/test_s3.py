@@ -5,6 +5,7 @@ import json
 import multiprocessing
 import os
 import signal
+import threading
 from pathlib import Path
 
 import botocore.exceptions
@@ -141,16 +142,22 @@ def test_corrupt_manifest_is_quarantined(s3_bucket, tmp_path):
 
 
 def _upload_then_die(uri: str, cache_dir: str, log: str) -> None:
-    """In a child process: build, and SIGKILL ourselves while the second part is sent."""
+    """In a child process: build, and SIGKILL ourselves while the second part is sent,
+    once the small file (uploaded alongside, on another thread) is stored: without that
+    wait the kill could land before any byte reached S3, and the test would be a race."""
     cache = EngineCache(Path(cache_dir), uri, transfer_config=SMALL_PARTS)
     parts_sent = []
+    small_file_stored = threading.Event()
 
     def die_on_second_part(**_):
         parts_sent.append(1)
         if len(parts_sent) == 2:
+            small_file_stored.wait(30)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    cache.s3.client.meta.events.register("before-send.s3.UploadPart", die_on_second_part)
+    events = cache.s3.client.meta.events
+    events.register("after-call.s3.PutObject", lambda **_: small_file_stored.set())
+    events.register("before-send.s3.UploadPart", die_on_second_part)
     cache.get_or_build(KEY, recording_build(Path(log), payload=b"\x01" * (12 * MiB)), {})
 
 
