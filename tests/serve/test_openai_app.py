@@ -12,7 +12,7 @@ from builder.serve.openai.app import _events, create_app
 from builder.serve.openai.errors import OpenAIError, model_not_found
 from builder.serve.openai.limits import Limits
 from builder.serve.openai.protocol import parse_chat
-from builder.serve.openai.triton import ModelInfo, Piece
+from builder.serve.openai.tensors import ModelInfo, Piece
 from builder.serve.server import free_port
 
 CHAT = {"model": "router", "messages": [{"role": "user", "content": "Hi"}]}

@@ -11,7 +11,8 @@ from tritonclient.utils import InferenceServerException
 
 from builder.serve.openai.errors import OpenAIError
 from builder.serve.openai.protocol import parse_chat
-from builder.serve.openai.triton import ModelInfo, Triton
+from builder.serve.openai.tensors import ModelInfo
+from builder.serve.openai.triton import Triton
 
 ROUTER = ModelInfo("router", {"messages": "TYPE_STRING", "stream": "TYPE_BOOL",
                               "sampling_parameters": "TYPE_STRING",

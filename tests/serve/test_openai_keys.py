@@ -11,7 +11,7 @@ from builder.cli.main import main
 from builder.serve.openai.app import create_app
 from builder.serve.openai.errors import from_triton
 from builder.serve.openai.keys import MAX_KEYS_BYTES, KeysFileError, load_keys
-from builder.serve.openai.triton import ModelInfo, Piece, build_inputs
+from builder.serve.openai.tensors import ModelInfo, Piece, build_inputs
 from tests.helpers import hostile_specs as hs
 from tests.serve.test_openai_app import FakeTriton
 

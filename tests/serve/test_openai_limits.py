@@ -13,7 +13,7 @@ from builder.serve.openai.errors import OpenAIError
 from builder.serve.openai.limits import Limits, check_depth
 from builder.serve.openai.repository import context_tokens
 from builder.serve.openai.runner import with_repository
-from builder.serve.openai.triton import Piece
+from builder.serve.openai.tensors import Piece
 from tests.serve.test_openai_app import CHAT, FakeTriton
 
 KEY = "sk-limits-0123"

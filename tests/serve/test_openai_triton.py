@@ -10,7 +10,7 @@ from tritonclient.grpc import InferResult, service_pb2
 
 from builder.serve.openai.errors import OpenAIError
 from builder.serve.openai.protocol import parse_chat, parse_completion
-from builder.serve.openai.triton import ModelInfo, build_inputs, read_piece
+from builder.serve.openai.tensors import ModelInfo, build_inputs, read_piece
 
 LLM_INPUTS = ["text_input", "messages", "stream", "sampling_parameters", "max_tokens",
               "exclude_input_in_output", "request_id", "abort_request_id"]

@@ -35,7 +35,8 @@ from builder.serve.openai.limits import (
 )
 from builder.serve.openai.policy import DEFAULT_EXPOSE, as_tenant, resolve
 from builder.serve.openai.protocol import Generation, parse_chat, parse_completion
-from builder.serve.openai.triton import Call, Piece, Triton
+from builder.serve.openai.tensors import Piece
+from builder.serve.openai.triton import Call, Triton
 
 log = logging.getLogger("trident.openai")
 OWNER = "trident"

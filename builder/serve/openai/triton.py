@@ -9,172 +9,27 @@ may stop reading at the engine's finish reason; the rest is drained in the backg
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import struct
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
-import numpy as np
 import tritonclient.grpc.aio as grpcaio
-from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
 from builder.serve import admin
-from builder.serve.openai.errors import OpenAIError, from_triton, invalid, model_not_found
+from builder.serve.openai.errors import OpenAIError, from_triton, model_not_found
 from builder.serve.openai.protocol import Generation
+from builder.serve.openai.tensors import ModelInfo, Piece, build_inputs, read_piece
 
 INDEX_TTL_S = 2.0        # how long the repository index (ready models) is believed
 DRAIN_TIMEOUT_S = 10.0   # after the finish reason: wait this long for the call to end
-DTYPES = {"TYPE_BOOL": ("BOOL", bool), "TYPE_INT32": ("INT32", np.int32),
-          "TYPE_INT64": ("INT64", np.int64), "TYPE_UINT64": ("UINT64", np.uint64),
-          "TYPE_FP32": ("FP32", np.float32), "TYPE_STRING": ("BYTES", np.object_)}
 
 
 class TritonUnavailable(OpenAIError):
     def __init__(self, url: str, why: str):
         super().__init__(503, f"Triton at {url} does not answer: {why}", "server_error",
                          None, "triton_unavailable")
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the frontend needs of a model's config."""
-
-    name: str
-    inputs: dict             # input name -> Triton data type (TYPE_...)
-    batched: bool            # max_batch_size > 0: tensors get a batch dimension
-
-    @staticmethod
-    def from_config(config: dict) -> ModelInfo | None:
-        """The model, if it speaks text in and text out (an LLM: the router, an engine
-        model, a TRT-LLM ensemble); None for the rest (TRT-LLM's pre/post-processing
-        and engine models take token ids)."""
-        inputs = {i.get("name"): i.get("data_type", "") for i in config.get("input", [])}
-        outputs = {o.get("name") for o in config.get("output", [])}
-        if "text_output" not in outputs or not {"text_input", "messages"} & set(inputs):
-            return None
-        return ModelInfo(config.get("name", ""), inputs,
-                         int(config.get("max_batch_size", 0) or 0) > 0)
-
-
-@dataclass
-class Piece:
-    """One streamed response: new text, and the engine's counts so far."""
-
-    text: str
-    finish_reason: str | None
-    input_tokens: int
-    output_tokens: int
-    served_by: str = ""      # the engine model that answered (through the router)
-
-
-def build_inputs(generation: Generation, info: ModelInfo) -> list:
-    """Triton inputs for one generation; raises OpenAIError (400) for what this model
-    cannot take."""
-    tensors: list = []
-
-    def add(name: str, value) -> None:
-        dtype, np_dtype = DTYPES[info.inputs.get(name, "TYPE_STRING")]
-        shape = [1, 1] if info.batched else [1]
-        tensor = InferInput(name, shape, dtype)
-        if np_dtype is np.object_:
-            value = str(value).encode()
-        tensor.set_data_from_numpy(np.array([value], dtype=np_dtype).reshape(shape))
-        tensors.append(tensor)
-
-    if generation.kind == "chat":
-        if "messages" not in info.inputs:
-            raise invalid("model", f"model '{info.name}' takes no chat messages (use "
-                          "/v1/completions, or the router)", "unsupported_model")
-        add("messages", json.dumps(generation.messages))
-    else:
-        if "text_input" not in info.inputs:
-            raise invalid("model", f"model '{info.name}' takes no text prompt (use "
-                          "/v1/chat/completions)", "unsupported_model")
-        add("text_input", generation.prompt)
-    if "stream" in info.inputs:
-        add("stream", generation.stream)
-    if generation.max_tokens is not None:
-        add("max_tokens", generation.max_tokens)
-    if "exclude_input_in_output" in info.inputs:
-        add("exclude_input_in_output", True)
-    sampling = generation.sampling
-    if generation.lora_name is not None:
-        # The adapter goes where vllm_backend's clients put it, and where the router and
-        # trident's engine models read it: `lora_name` in sampling_parameters; a TRT-LLM
-        # ensemble with adapters also takes it as a tensor of its own.
-        if "lora_name" in info.inputs:
-            add("lora_name", generation.lora_name)
-        elif "sampling_parameters" in info.inputs:
-            sampling = {**sampling, "lora_name": generation.lora_name}
-        else:
-            raise invalid("lora_name", f"model '{info.name}' takes no adapters",
-                          "unsupported_parameter")
-    if sampling and "sampling_parameters" in info.inputs:
-        add("sampling_parameters", json.dumps(sampling))
-    elif sampling:
-        # A model with one tensor per sampling value (a TRT-LLM ensemble).
-        for name, value in sampling.items():
-            if name not in info.inputs or isinstance(value, (list, dict)):
-                raise invalid(name, f"model '{info.name}' does not take '{name}'",
-                              "unsupported_parameter")
-            add(name, value)
-    for name, value in generation.hints.items():
-        if name in info.inputs:   # a model without a router ignores routing hints
-            add(name, value)
-    return tensors
-
-
-# One element of a numeric output, straight from its raw bytes (little-endian).
-NUMERIC = {"BOOL": struct.Struct("<?"), "INT32": struct.Struct("<i"),
-           "INT64": struct.Struct("<q"), "UINT32": struct.Struct("<I"),
-           "UINT64": struct.Struct("<Q"), "FP32": struct.Struct("<f")}
-
-
-def read_piece(result) -> tuple[Piece, str | None]:
-    """A streamed result as a Piece, and the mid-stream error it carries (or None)."""
-    values = first_values(result)
-    text = values.get("text_output") or ""
-    error = values.get("error") or None
-    return Piece(text, values.get("finish_reason") or None,
-                 int(values.get("num_input_tokens") or 0),
-                 int(values.get("num_output_tokens") or 0),
-                 values.get("served_by") or ""), error
-
-
-def first_values(result) -> dict:
-    """The first element of each output, by name (BYTES decoded as UTF-8). Read from
-    the response's raw bytes: this runs for every streamed token, and tritonclient's
-    as_numpy (a name search and a numpy array per output) costs several times more."""
-    response = result.get_response()
-    raws = response.raw_output_contents
-    values = {}
-    for i, output in enumerate(response.outputs):
-        raw = raws[i] if i < len(raws) else None
-        values[output.name] = _first(result, output, raw)
-    return values
-
-
-def _first(result, output, raw: bytes | None):
-    if raw is not None and output.datatype == "BYTES":
-        if len(raw) < 4:
-            return None
-        size = int.from_bytes(raw[:4], "little")
-        return raw[4:4 + size].decode("utf-8", "replace")
-    if raw is not None and output.datatype in NUMERIC:
-        reader = NUMERIC[output.datatype]
-        return reader.unpack_from(raw)[0] if len(raw) >= reader.size else None
-    try:
-        array = result.as_numpy(output.name)    # typed contents, or a rarer data type
-    except Exception:
-        return None
-    if array is None or array.size == 0:
-        return None
-    value = array.reshape(-1)[0]
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 class Triton:
