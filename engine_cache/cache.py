@@ -97,7 +97,7 @@ class EngineCache:
         if path is not None:
             return path, "hit-local"
         if self.s3 is not None:
-            path = self._fetch(key)
+            path = self._fetch(self.s3, key)
             if path is not None:
                 return path, "hit-s3"
         return None, "miss"
@@ -106,11 +106,13 @@ class EngineCache:
         counter = {"hit-local": "hits_local", "hit-s3": "hits_s3"}.get(outcome, "misses")
         self.stats_file.add({"lookups": 1, counter: 1})
 
-    def _fetch(self, key: str) -> Path | None:
+    # The S3 steps take the tier they run on as an argument: self.s3 is None without S3,
+    # and turns None when S3 stops answering under local_only.
+    def _fetch(self, s3: S3Tier, key: str) -> Path | None:
         try:
-            got = self.s3.get_manifest(key)
+            got = s3.get_manifest(key)
         except CorruptEntry as corrupt:
-            self._quarantine_s3(key, corrupt.problems, corrupt.etag)
+            self._quarantine_s3(s3, key, corrupt.problems, corrupt.etag)
             return None
         if got is None:
             return None
@@ -118,9 +120,9 @@ class EngineCache:
         staging = self.local.staging_dir()
         started = self.clock()
         try:
-            problems = self.s3.fetch(manifest, staging / "files")
+            problems = s3.fetch(manifest, staging / "files")
             if problems:
-                self._quarantine_s3(key, problems, etag)
+                self._quarantine_s3(s3, key, problems, etag)
                 return None
             self.stats_file.add({"fetch_bytes": manifest.size,
                                  "fetch_seconds": self.clock() - started})
@@ -129,9 +131,10 @@ class EngineCache:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def _quarantine_s3(self, key: str, problems: list[str], etag: str | None) -> None:
+    def _quarantine_s3(self, s3: S3Tier, key: str, problems: list[str],
+                       etag: str | None) -> None:
         self.stats_file.add({"corrupt_entries": 1})
-        self.s3.quarantine(key, problems, etag)
+        s3.quarantine(key, problems, etag)
 
     # --- build -------------------------------------------------------------------------
     @_falls_back_to_local
@@ -157,23 +160,23 @@ class EngineCache:
                     metadata: dict) -> tuple[Path, str]:
         if self.s3 is None:
             return self._build_and_publish(key, build, metadata), "built"
-        with self._s3_lease(key) as fetched:
+        with self._s3_lease(self.s3, key) as fetched:
             if fetched is not None:
                 return fetched, "hit-s3"
             return self._build_and_publish(key, build, metadata), "built"
 
     @contextmanager
-    def _s3_lease(self, key: str) -> Iterator[Path | None]:
+    def _s3_lease(self, s3: S3Tier, key: str) -> Iterator[Path | None]:
         """Hold the S3 build lease (yields None), or yield the entry another holder
         published while we waited."""
-        lease = Lease(self.s3, key, self.lease_ttl_s, self.clock)
+        lease = Lease(s3, key, self.lease_ttl_s, self.clock)
         waited_since = None
         while not lease.acquire():
             if waited_since is None:
                 waited_since = self.clock()
                 self.stats_file.add({"lease_waits": 1})
                 log.info("engine cache: %s is being built by %s; waiting", key, lease.holder)
-            fetched = self._fetch(key) if self.s3.has_entry(key) else None
+            fetched = self._fetch(s3, key) if s3.has_entry(key) else None
             if fetched is not None:
                 yield fetched
                 return
@@ -185,7 +188,7 @@ class EngineCache:
         lease.start_renewing()
         try:
             # The previous holder may have published just before releasing its lease.
-            yield self._fetch(key)
+            yield self._fetch(s3, key)
         finally:
             lease.release()
 
@@ -310,14 +313,15 @@ class EngineCache:
 
     def _gc_tier(self, tier: Tier, keep_last: int | None,
                  older_than_s: float | None) -> list[str]:
-        used = {}
+        used: dict[str, float] = {}
         for key in tier.keys():
             try:
                 used[key] = tier.last_used(key)
             except CacheError:
                 continue                 # damaged: verify reports and quarantines it
-        newest_first = sorted(used, key=used.get, reverse=True)
-        return [key for key in self._expired(newest_first, used.get, keep_last, older_than_s)
+        newest_first = sorted(used, key=used.__getitem__, reverse=True)
+        return [key for key in self._expired(newest_first, used.__getitem__, keep_last,
+                                             older_than_s)
                 if tier.remove(key)]
 
     def _expired(self, newest_first: list[str], timestamp: Callable[[str], float],

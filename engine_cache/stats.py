@@ -21,7 +21,7 @@ class StatsFile:
         self._lock = FileLock(str(self.path) + ".lock")
 
     def read(self) -> dict[str, float]:
-        counters = dict.fromkeys(COUNTERS, 0)
+        counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)
         try:
             stored = json.loads(self.path.read_text())
         except FileNotFoundError:

@@ -24,8 +24,9 @@ def completion(shell: str) -> int:
     """
     ctx = click.get_current_context()
     root = ctx.find_root()
-    complete = get_completion_class(shell)(root.command, {}, root.info_name or "trident",
-                                          COMPLETE_VAR)
+    shell_class = get_completion_class(shell)
+    assert shell_class is not None   # click.Choice(SHELLS) let only click's own shells in
+    complete = shell_class(root.command, {}, root.info_name or "trident", COMPLETE_VAR)
     click.echo(complete.source())
     return 0
 

@@ -34,7 +34,7 @@ def plan(spec: str) -> int:
     loaded = load_spec(spec)
     click.echo(format_plan(plan_for_spec(loaded)))
     router = router_instances(loaded)
-    if router is not None:
+    if router is not None and loaded.router is not None:   # the same condition, for mypy
         click.echo(f"router: {loaded.router.name}, {router.count} instance(s) KIND_CPU "
                    f"({router.why})")
     return 0
@@ -131,15 +131,15 @@ def mig_plan(spec: str, out: str) -> int:
 
     deployment = load_spec(spec)
     # Never over the spec, its topology file, or any file trident did not write.
-    protect = [deployment.file, *topology_candidates(deployment.hardware.topology,
-                                                      deployment.file)]
+    topology = topology_candidates(deployment.hardware.topology, deployment.file)
+    protect: list[str | Path] = [deployment.file, *topology]
     target = output_dir.check_file_target(Path(out), protect, MIG_PLAN_HEADER)
     placement = plan_for_spec(deployment)
     if placement.gpu is None:
         raise TridentError(f"{deployment.file}: hardware.gpu is cpu: nothing to partition",
                            EXIT_USAGE)
     name = f"trident-{deployment.name}"
-    config = migs.mig_parted_config(name, placement.count, placement.mig_layouts)
+    config = migs.mig_parted_config(name, placement.count, dict(placement.mig_layouts))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(f"{MIG_PLAN_HEADER} from {deployment.file}: apply with\n"

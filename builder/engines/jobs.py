@@ -52,7 +52,7 @@ class EngineJob:
     checkpoint: Checkpoint
     build: BuildSettings
     profile: Profile
-    inputs: object          # engine_cache.EngineInputs
+    inputs: EngineInputs
     key: str
     lora: LoraBuild | None = None   # the model's adapters, when it has any
 
@@ -101,18 +101,26 @@ def plan_job(spec: DeploymentSpec, model: ModelSpec, profile: Profile, target: T
 
     checkpoint, build, _ = trtllm_spec.sections(model)
     checkpoint, profile = _with_spec_paths(spec, checkpoint, profile)
-    source = checkpoint.hf_model if checkpoint.needs_conversion else checkpoint.path
     extra = {}
     if profile.speculative and profile.speculative.heads_model:
         extra["speculative_heads"] = digest(profile.speculative.heads_model)
     lora = lora_mod.lora_build(spec.file, model, build.dtype)
     args = trtllm_build.key_args(checkpoint, build, profile, extra,
                                  lora_mod.key_args(lora, digest))
-    inputs = EngineInputs(checkpoint_digest=digest(source), build_args=args,
+    inputs = EngineInputs(checkpoint_digest=digest(checkpoint_source(checkpoint)), build_args=args,
                           target_sm=target.sm, trtllm_version=target.trtllm_version,
                           tensorrt_version=target.tensorrt_version)
     return EngineJob(model.name, checkpoint, build, profile, inputs, engine_key(inputs),
                      lora)
+
+
+def checkpoint_source(checkpoint: Checkpoint) -> str:
+    """What a job reads: the Hugging Face folder it converts, else the converted
+    checkpoint (local or s3://). The spec's parser requires one of the two."""
+    source = checkpoint.hf_model if checkpoint.needs_conversion else checkpoint.path
+    if source is None:
+        raise TridentError("a tensorrt_llm checkpoint names neither path nor hf_model")
+    return source
 
 
 def _with_spec_paths(spec: DeploymentSpec, checkpoint: Checkpoint,
@@ -320,10 +328,10 @@ class Builder:
         """Where trtllm-build reads the converted checkpoint from ("" when converting)."""
         if job.checkpoint.needs_conversion:
             return ""
-        if job.checkpoint.path.startswith("s3://"):
-            return str(download_checkpoint(self.s3_client(), job.checkpoint.path,
-                                           work / "source"))
-        return job.checkpoint.path
+        path = checkpoint_source(job.checkpoint)
+        if path.startswith("s3://"):
+            return str(download_checkpoint(self.s3_client(), path, work / "source"))
+        return path
 
 
 # ---------------------------------------------------------------------------------------

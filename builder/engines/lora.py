@@ -118,7 +118,8 @@ def convert_adapter(folder: str | Path, dtype: str) -> tuple[np.ndarray, np.ndar
     the layout TRT-LLM's own hf_lora_convert.py writes; rows ordered by (layer, module)."""
     folder = Path(folder)
     config = _config(folder)
-    rank, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))
+    rank = config["r"]     # a positive int: the spec's adapter check (builder/spec/adapters.py)
+    alpha = config.get("lora_alpha", rank)
     scale = alpha / (math.sqrt(rank) if config.get("use_rslora") else rank)
     pairs = _pairs(read_safetensors(folder / adapters_spec.WEIGHTS_FILE), folder)
     rows, meta = [], []

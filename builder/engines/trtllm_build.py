@@ -195,6 +195,8 @@ def uses_modelopt(build: BuildSettings) -> bool:
 def conversion_step(checkpoint: Checkpoint, build: BuildSettings, profile: Profile,
                     tools: Tools, out_dir: str) -> Step:
     """HF folder → TRT-LLM checkpoint in out_dir (one rank<N>.safetensors per rank)."""
+    if checkpoint.hf_model is None:     # plan_steps converts only a checkpoint that has one
+        raise ValueError("conversion_step: the checkpoint has no hf_model to convert")
     common = ["--model_dir", checkpoint.hf_model,       # the Hugging Face folder
               "--output_dir", out_dir,                  # the TRT-LLM checkpoint written
               "--dtype", TRT_DTYPES[build.dtype],       # weights / activations dtype
@@ -220,11 +222,12 @@ def conversion_step(checkpoint: Checkpoint, build: BuildSettings, profile: Profi
                  "--weight_only_precision", WEIGHT_ONLY[build.quantization]]
     if build.kv_cache_dtype == "int8":
         argv += ["--int8_kv_cache"]
-    if speculative and speculative.mode == "medusa":
+    # The spec's parser requires heads_model for medusa and eagle.
+    if speculative and speculative.mode == "medusa" and speculative.heads_model:
         argv += ["--medusa_model_dir", speculative.heads_model,
                  "--num_medusa_heads", str(speculative.num_heads),
                  "--max_medusa_token_len", str(speculative.max_draft_len)]
-    if speculative and speculative.mode == "eagle":
+    if speculative and speculative.mode == "eagle" and speculative.heads_model:
         argv += ["--eagle_model_dir", speculative.heads_model,
                  "--num_eagle_layers", str(speculative.num_heads),
                  "--max_draft_len", str(speculative.max_draft_len)]

@@ -79,7 +79,7 @@ def stream_generate(url: str, model: str, prompt: str, max_tokens: int = 64, cha
                     client: grpcclient.InferenceServerClient | None = None) -> GenerateResult:
     """Stream one generation over gRPC; raises InferError on an error response."""
     own_client = client is None
-    if own_client:
+    if client is None:
         client = grpcclient.InferenceServerClient(url)
     messages = [{"role": "user", "content": prompt}] if chat else None
     inputs = build_inputs(None if chat else prompt, messages, max_tokens, True, sampling, hints)

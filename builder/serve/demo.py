@@ -67,9 +67,11 @@ def ask_openai(triton_url: str, model: str, question: str, max_tokens: int,
         answer = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": question}],
             max_tokens=max_tokens, temperature=0)
+        usage = answer.usage    # optional in OpenAI's schema; trident's frontend sends it
+        tokens = f"{usage.prompt_tokens}+{usage.completion_tokens}" if usage else "?"
         print(f"> {question}\n\n{answer.choices[0].message.content}\n\n"
               f"[model={answer.model} finish_reason={answer.choices[0].finish_reason} "
-              f"usage={answer.usage.prompt_tokens}+{answer.usage.completion_tokens} tokens]")
+              f"usage={tokens} tokens]")
     finally:
         frontend.stop()
 

@@ -77,8 +77,9 @@ def ensure(binary: Path, bundled: bool,
         _verdicts[key] = run(start)
         log.debug("self-test %s in %.2f s", "failed" if _verdicts[key] else "passed",
                   time.monotonic() - started)
-    if _verdicts[key]:
-        raise SelfTestFailed(reason(_verdicts[key], bundled))
+    problem = _verdicts[key]
+    if problem:
+        raise SelfTestFailed(reason(problem, bundled))
 
 
 def run(start: Callable[[Path, Path], Server]) -> str | None:
