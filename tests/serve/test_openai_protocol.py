@@ -61,7 +61,10 @@ def test_messages_text_parts_and_developer_role():
     ({"seed": 1.5}, "seed"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_completion_tokens": -1}, "max_completion_tokens"),
-    ({"n": 2}, "n"),
+    ({"n": 0}, "n"),
+    ({"n": 17}, "n"),
+    ({"n": "2"}, "n"),
+    ({"user": 5}, "user"),
     ({"stop": 5}, "stop"),
     ({"stop": ["", "x"]}, "stop"),
     ({"stream": "yes"}, "stream"),
@@ -71,7 +74,9 @@ def test_messages_text_parts_and_developer_role():
     ({"tools": [{"type": "function"}]}, "tools"),
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"logprobs": True}, "logprobs"),
+    ({"logprobs": "yes"}, "logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"logit_bias": {"abc": 1}}, "logit_bias"),
     ({"route": 5}, "route"),
     ({"top_k": "5"}, "top_k"),
@@ -101,7 +106,7 @@ def test_completion_prompt_forms():
     assert g.kind == "completion" and g.prompt == "Once" and g.max_tokens == 4 and g.echo
     for prompt in (["a", "b"], [1, 2, 3], "", None):
         assert error_of(parse_completion, {"model": "m", "prompt": prompt}).param == "prompt"
-    for field, value in (("best_of", 2), ("suffix", "x"), ("logprobs", 2), ("echo", "y")):
+    for field, value in (("best_of", 2), ("suffix", "x"), ("logprobs", 6), ("echo", "y")):
         assert error_of(parse_completion, {"model": "m", "prompt": "a",
                                            field: value}).param == field
 

@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from builder.serve.openai import choices
 from builder.serve.openai.answers import Answer
 from builder.serve.openai.errors import OpenAIError, invalid, model_not_found
 from builder.serve.openai.keys import tenant_of
@@ -144,6 +145,8 @@ async def _generate(triton: Triton, request: Request, model: str, generation: Ge
                     limits: Limits):
     info = await triton.info(model)
     check_max_tokens(generation.max_tokens, generation.max_tokens_param, info.name, limits)
+    if choices.needed(generation):   # n > 1 or logprobs: choices.py's path
+        return await choices.respond(triton, request, generation, info)
     call = triton.stream(generation, info)
     answer = Answer(generation)
     watcher = asyncio.ensure_future(_cancel_on_disconnect(request, call))

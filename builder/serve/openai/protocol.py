@@ -25,9 +25,15 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 # OpenAI fields with no equivalent here: refused with a 400 naming them, never ignored.
 UNSUPPORTED = {
     "tools": "tool calling", "functions": "function calling", "audio": "audio output",
-    "prediction": "predicted outputs", "suffix": "suffix (insertion)",
-    "top_logprobs": "logprobs", "web_search_options": "web search",
+    "prediction": "predicted outputs", "web_search_options": "web search",
+    "suffix": "suffix (text to insert before: the engines only continue a prompt, "
+              "they do not fill in between a prefix and a suffix)",
 }
+# How many choices (n) one request may ask for: each is one generation in the engine
+# (fan-out, answers.py), so n multiplies the work a request costs.
+MAX_N = 16
+# OpenAI's bounds: top_logprobs (chat) 0..20, logprobs (completions) 0..5.
+MAX_TOP_LOGPROBS, MAX_COMPLETION_LOGPROBS = 20, 5
 # vLLM sampling extras that vLLM's own OpenAI server also takes from the body.
 EXTRAS = {"top_k": "int", "min_p": "float", "repetition_penalty": "float",
           "min_tokens": "int", "ignore_eos": "bool", "stop_token_ids": "ints",
@@ -52,6 +58,10 @@ class Generation:
     echo: bool = False                 # completions: the prompt before the answer
     max_tokens_param: str = "max_tokens"   # the field max_tokens came from (for errors)
     lora_name: str | None = None    # the adapter the client named (None: base model)
+    n: int = 1                         # choices asked for (each a generation of its own)
+    # Logprobs asked for: how many alternatives per token beside the sampled one (chat's
+    # top_logprobs, completions' logprobs); None: no logprobs.
+    logprobs: int | None = None
 
 
 def parse_chat(body: Any, headers: Mapping[str, str] = {},
@@ -74,10 +84,9 @@ def parse_chat(body: Any, headers: Mapping[str, str] = {},
     if modalities is not None and modalities != ["text"]:
         raise invalid("modalities", "only the text modality is supported",
                       "unsupported_parameter")
-    if body.get("logprobs"):
-        raise invalid("logprobs", "logprobs are not supported", "unsupported_parameter")
     return Generation("chat", _model(body), messages=[
         _message(m, i, limits.max_message_chars) for i, m in enumerate(messages)],
+        logprobs=_chat_logprobs(body),
         **_max_tokens(body, ("max_completion_tokens", "max_tokens")),
         **_common(body, headers))
 
@@ -98,13 +107,23 @@ def parse_completion(body: Any, headers: Mapping[str, str] = {},
     best_of = body.get("best_of")
     if best_of not in (None, 1):
         raise invalid("best_of", "only best_of=1 is supported", "unsupported_parameter")
-    if body.get("logprobs") not in (None, 0):
-        raise invalid("logprobs", "logprobs are not supported", "unsupported_parameter")
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (not _is_int(logprobs)
+                                 or not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS):
+        raise invalid("logprobs", "'logprobs' must be an integer from 0 to "
+                      f"{MAX_COMPLETION_LOGPROBS}, got {_show(logprobs)}")
     echo = body.get("echo", False)
     if not isinstance(echo, bool):
         raise invalid("echo", "'echo' must be a boolean")
+    if echo and logprobs is not None:
+        # OpenAI's echo with logprobs scores the prompt's tokens too; the engine models
+        # return the logprobs of generated tokens only.
+        raise invalid("echo", "'echo' with 'logprobs' is not supported: the engines "
+                      "return logprobs for generated tokens only, not for the prompt",
+                      "unsupported_parameter")
     return Generation("completion", _model(body), prompt=prompt, echo=echo,
-                      **_max_tokens(body, ("max_tokens",)), **_common(body, headers))
+                      logprobs=logprobs, **_max_tokens(body, ("max_tokens",)),
+                      **_common(body, headers))
 
 
 # -- request parts --------------------------------------------------------------------------
@@ -153,11 +172,34 @@ def _message(message: Any, i: int, max_chars: int) -> dict:
     return {"role": ROLES[role], "content": content}
 
 
+def _chat_logprobs(body: dict) -> int | None:
+    """Chat's logprobs (a boolean) and top_logprobs (alternatives per token) as one
+    number: the alternatives wanted, or None for no logprobs."""
+    wanted, top = body.get("logprobs"), body.get("top_logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise invalid("logprobs", f"'logprobs' must be a boolean, got {_show(wanted)}")
+    if top is None:
+        return 0 if wanted else None
+    if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise invalid("top_logprobs", "'top_logprobs' must be an integer from 0 to "
+                      f"{MAX_TOP_LOGPROBS}, got {_show(top)}")
+    if not wanted:
+        raise invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+    return top
+
+
 def _common(body: dict, headers: Mapping[str, str]) -> dict:
     n = body.get("n", 1)
-    if n != 1:
-        raise invalid("n", f"only n=1 is supported (one choice per request), got {_show(n)}",
-                      "unsupported_parameter")
+    if n is None:
+        n = 1
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        raise invalid("n", f"'n' must be an integer from 1 to {MAX_N}, got {_show(n)}")
+    # `user` identifies the end user to OpenAI's abuse monitoring; here it is checked
+    # and then ignored: it is no tenant (API keys name those, keys.py) and no routing
+    # hint, and it is not logged (it may be personal data).
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise invalid("user", f"'user' must be a string, got {_show(user)}")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise invalid("stream", "'stream' must be a boolean")
@@ -168,7 +210,7 @@ def _common(body: dict, headers: Mapping[str, str]) -> dict:
     include_usage = (options or {}).get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise invalid("stream_options.include_usage", "'include_usage' must be a boolean")
-    return {"stream": stream, "include_usage": include_usage,
+    return {"stream": stream, "include_usage": include_usage, "n": n,
             "sampling": sampling(body), "hints": hints(body, headers),
             "lora_name": _lora_name(body)}
 

@@ -49,6 +49,9 @@ class Piece:
     input_tokens: int
     output_tokens: int
     served_by: str = ""      # the engine model that answered (through the router)
+    # The logprobs of this response's tokens when asked for (the `logprobs` output:
+    # per token, {token id: {logprob, rank, decoded_token}}, the sampled token first).
+    logprobs: list | None = None
 
 
 def build_inputs(generation: Generation, info: ModelInfo) -> list:
@@ -82,6 +85,10 @@ def build_inputs(generation: Generation, info: ModelInfo) -> list:
     if "exclude_input_in_output" in info.inputs:
         add("exclude_input_in_output", True)
     sampling = generation.sampling
+    if generation.logprobs is not None:
+        # vLLM's `logprobs`: alternatives per token beside the sampled one; the engine
+        # models then add the `logprobs` output to their usual ones (returns.py).
+        sampling = {**sampling, "logprobs": generation.logprobs}
     if generation.lora_name is not None:
         # The adapter goes where vllm_backend's clients put it, and where the router and
         # trident's engine models read it: `lora_name` in sampling_parameters; a TRT-LLM
@@ -119,10 +126,12 @@ def read_piece(result) -> tuple[Piece, str | None]:
     values = first_values(result)
     text = values.get("text_output") or ""
     error = values.get("error") or None
+    logprobs = values.get("logprobs")
     return Piece(text, values.get("finish_reason") or None,
                  int(values.get("num_input_tokens") or 0),
                  int(values.get("num_output_tokens") or 0),
-                 values.get("served_by") or ""), error
+                 values.get("served_by") or "",
+                 json.loads(logprobs) if logprobs else None), error
 
 
 def first_values(result) -> dict:

@@ -1,0 +1,213 @@
+"""Answers with several choices (`n` > 1) or with logprobs, whole or streamed.
+
+`n` is a fan-out: one Triton call per choice, all at once, each answer tagged with its
+choice index (the engine models relay one sequence per request, so the engine's own `n`
+is not used). With a `seed`, choice i samples with seed + i: reproducible, yet the
+choices differ. Usage counts the prompt once (as OpenAI bills it) and the completion
+tokens of every choice.
+
+The plain answer (n = 1, no logprobs) keeps app.py's path, tuned per token; this one
+builds each chunk as a dict. Errors keep app.py's rules: one that comes before the
+stream starts is a real 4xx/5xx; a later one is an `error` event, then [DONE]; a client
+that leaves cancels every call.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from builder.serve.openai.answers import Answer, usage
+from builder.serve.openai.errors import OpenAIError
+from builder.serve.openai.protocol import Generation
+from builder.serve.openai.tensors import ModelInfo, Piece
+
+SERVED_BY_HEADER = "X-Trident-Served-By"
+DONE = b"data: [DONE]\n\n"
+
+
+def needed(generation: Generation) -> bool:
+    """Whether the request takes this path rather than app.py's single-choice one."""
+    return generation.n > 1 or generation.logprobs is not None
+
+
+def choice_generations(generation: Generation) -> list[Generation]:
+    """One generation per choice: the same request, the seed moved on per choice."""
+    seed = generation.sampling.get("seed")
+    if generation.n == 1 or seed is None:
+        return [generation] * generation.n
+    return [dataclasses.replace(generation, sampling={**generation.sampling,
+                                                      "seed": seed + i})
+            for i in range(generation.n)]
+
+
+async def respond(triton, request: Request, generation: Generation, info: ModelInfo):
+    """The answer (JSONResponse or StreamingResponse) of a request that needs() this."""
+    calls = [triton.stream(g, info) for g in choice_generations(generation)]
+    answer = Answer(generation)
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(request, calls))
+    try:
+        if not generation.stream:
+            return await _whole(answer, calls)
+        feed = _Feed(calls)
+        served_by = await feed.start()
+    except BaseException:
+        for call in calls:
+            call.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    return StreamingResponse(_events(answer, feed), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                      **_served(served_by)})
+
+
+def _served(served_by: str) -> dict:
+    return {SERVED_BY_HEADER: served_by} if served_by else {}
+
+
+async def _cancel_on_disconnect(request: Request, calls: list) -> None:
+    while True:
+        message = await request.receive()
+        if message.get("type") == "http.disconnect":
+            for call in calls:
+                call.cancel()
+            return
+
+
+# -- whole answers ----------------------------------------------------------------------------
+
+async def _whole(answer: Answer, calls: list) -> JSONResponse:
+    results = await asyncio.gather(*(_one_whole(answer, call, i)
+                                     for i, call in enumerate(calls)))
+    body = answer.head(streamed=False)
+    body["choices"] = [choice for choice, _ in results]
+    lasts = [last for _, last in results]
+    body["usage"] = usage(lasts[0].input_tokens, sum(p.output_tokens for p in lasts))
+    return JSONResponse(body, headers=_served(lasts[0].served_by))
+
+
+async def _one_whole(answer: Answer, call, index: int) -> tuple[dict, Piece]:
+    texts, positions, last = [], [], None
+    async for piece in call.pieces():
+        texts.append(piece.text)
+        positions.extend(piece.logprobs or ())
+        last = piece
+    if call.cancelled:
+        raise OpenAIError(499, "the client closed the request", "invalid_request_error")
+    if last is None or not last.finish_reason:
+        raise OpenAIError(502, f"{answer.generation.model}: the stream ended without a "
+                          "finish reason", "server_error", None, "backend_error")
+    call.finish()
+    return answer.whole_choice("".join(texts), last.finish_reason, index, positions), last
+
+
+# -- streamed answers -------------------------------------------------------------------------
+
+class _Feed:
+    """Every choice's batches in the order they arrive, as (index, batch or None at its
+    end, error or None). start() waits until each choice answered once (or one failed):
+    a request the engine refuses fails with its own status, not inside a 200 stream."""
+
+    def __init__(self, calls: list):
+        self.calls = calls
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._held: list = []
+        self._pumps = [asyncio.ensure_future(self._pump(i, call))
+                       for i, call in enumerate(calls)]
+
+    async def _pump(self, index: int, call) -> None:
+        try:
+            async for batch in call.batches():
+                self._queue.put_nowait((index, batch, None))
+            self._queue.put_nowait((index, None, None))
+        except OpenAIError as error:
+            self._queue.put_nowait((index, None, error))
+
+    async def start(self) -> str:
+        answered: set = set()
+        served_by = ""
+        while len(answered) < len(self.calls):
+            item = await self._queue.get()
+            index, batch, error = item
+            if error is not None:
+                raise error
+            served_by = served_by or (batch[0].served_by if batch else "")
+            answered.add(index)
+            self._held.append(item)
+        return served_by
+
+    async def next(self) -> tuple:
+        return self._held.pop(0) if self._held else await self._queue.get()
+
+    def close(self, finished: set) -> None:
+        for pump in self._pumps:
+            pump.cancel()
+        for index, call in enumerate(self.calls):
+            if index not in finished:
+                call.cancel()
+
+
+async def _events(answer: Answer, feed: _Feed) -> AsyncIterator[bytes]:
+    n = len(feed.calls)
+    finished: set = set()
+    begun: set = set()
+    start = len(answer.generation.prompt or "") if answer.generation.echo else 0
+    offsets = [start] * n            # completions' text_offset, per choice
+    counts: dict = {}                # index -> (input tokens, output tokens)
+    try:
+        while len(finished) < n:
+            index, batch, error = await feed.next()
+            if error is not None:
+                raise error
+            if batch is None:
+                if index not in finished:
+                    raise OpenAIError(502, f"{answer.generation.model}: the stream ended "
+                                      "without a finish reason", "server_error", None,
+                                      "backend_error")
+                continue
+            yield _batch_events(answer, index, batch, index not in begun, offsets, counts)
+            begun.add(index)
+            if batch[-1].finish_reason:
+                finished.add(index)
+                feed.calls[index].finish()
+        if answer.generation.include_usage:
+            tokens_in = counts[0][0] if counts else 0
+            body = answer.head(streamed=True)
+            body["choices"] = []
+            body["usage"] = usage(tokens_in, sum(out for _, out in counts.values()))
+            yield _sse(body) + DONE
+        else:
+            yield DONE
+    except OpenAIError as error:
+        yield _sse(error.body()) + DONE
+    finally:
+        feed.close(finished)
+
+
+def _batch_events(answer: Answer, index: int, batch: list[Piece], first: bool,
+                  offsets: list, counts: dict) -> bytes:
+    """One choice's batch as its chunks: the text (with its logprobs), then the finish
+    reason if the batch ends the choice."""
+    text = "".join(piece.text for piece in batch)
+    positions = [p for piece in batch for p in (piece.logprobs or ())]
+    logprobs = answer.logprobs(positions, offsets[index])
+    if logprobs is not None and not answer.chat:
+        offsets[index] += sum(len(token) for token in logprobs["tokens"])
+    out = b""
+    if text or first or positions:
+        out += _sse(answer.chunk(text, None, first, index, logprobs))
+    last = batch[-1]
+    if last.finish_reason:
+        counts[index] = (last.input_tokens, last.output_tokens)
+        out += _sse(answer.chunk(None if answer.chat else "", last.finish_reason,
+                                 index=index))
+    return out
+
+
+def _sse(data) -> bytes:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
