@@ -3,8 +3,10 @@
 vllm_backend's dialect: a client that sends any `return_<output>` flag gets text_output
 and exactly the outputs it asked for; there, a streamed num_output_tokens counts the
 tokens of that response. A client that sends none gets trident's usual outputs, with
-running token totals. Pure Python: the Triton side (triton_io) only turns the values
-into tensors.
+running token totals, and the `logprobs` output as well whenever the engine computed
+logprobs (its sampling values asked for them: `logprobs`), so a client of the usual
+outputs (the router, the OpenAI frontend) keeps served_by and the error output. Pure
+Python: the Triton side (triton_io) only turns the values into tensors.
 """
 from __future__ import annotations
 
@@ -43,9 +45,13 @@ class Outputs:
     def values(self, delta, text: str) -> dict:
         """Output name → value for the response that ends with `delta`."""
         if self.returns is None:
-            return {"text_output": text, "finish_reason": delta.finish_reason or "",
-                    "num_input_tokens": delta.input_tokens,
-                    "num_output_tokens": delta.output_tokens}
+            out = {"text_output": text, "finish_reason": delta.finish_reason or "",
+                   "num_input_tokens": delta.input_tokens,
+                   "num_output_tokens": delta.output_tokens}
+            logprobs = delta.logprobs if self.stream else self._logprobs
+            if logprobs is not None:   # only there when the sampling values asked
+                out["logprobs"] = json.dumps(logprobs)
+            return out
         asked, out = self.returns, {"text_output": text}
         if "finish_reason" in asked:   # vllm_backend writes vLLM's None as "None"
             out["finish_reason"] = delta.finish_reason or "None"

@@ -33,11 +33,12 @@ def test_streaming_with_the_prompt_in_the_output_is_refused():
                                  exclude_input_in_output=True)).exclude_input_in_output
 
 
-def Delta(text, finish_reason, input_tokens, output_tokens, logprobs, cumulative_logprob):
+def Delta(text, finish_reason, input_tokens, output_tokens, logprobs, cumulative_logprob,
+          tool_calls=None):
     """engine_model.Delta's fields (that module needs Triton's stub to import)."""
     return SimpleNamespace(text=text, finish_reason=finish_reason, input_tokens=input_tokens,
                            output_tokens=output_tokens, logprobs=logprobs,
-                           cumulative_logprob=cumulative_logprob)
+                           cumulative_logprob=cumulative_logprob, tool_calls=tool_calls)
 
 
 DELTAS = [Delta("Par", None, 7, 2, [{"1": {}}, {"2": {}}], -0.5),
@@ -46,10 +47,25 @@ DELTAS = [Delta("Par", None, 7, 2, [{"1": {}}, {"2": {}}], -0.5),
 
 def test_usual_outputs_carry_running_totals():
     outputs = Outputs(None, stream=True)
-    values = [outputs.values(d, d.text) for d in DELTAS]
+    plain = [Delta(d.text, d.finish_reason, d.input_tokens, d.output_tokens, None, None)
+             for d in DELTAS]
+    values = [outputs.values(d, d.text) for d in plain]
     assert values[1] == {"text_output": "is", "finish_reason": "stop",
                          "num_input_tokens": 7, "num_output_tokens": 3}
     assert [v["num_output_tokens"] for v in values] == [2, 3]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_usual_outputs_carry_the_logprobs_the_engine_computed(stream):
+    # The OpenAI frontend asks for logprobs through sampling_parameters alone and keeps
+    # the usual outputs (served_by, error, running totals). Before: no logprobs output.
+    outputs = Outputs(None, stream=stream)
+    for delta in DELTAS:
+        outputs.take(delta)
+    values = outputs.values(DELTAS[-1], "Paris")
+    want = DELTAS[-1].logprobs if stream else DELTAS[0].logprobs + DELTAS[1].logprobs
+    assert json.loads(values["logprobs"]) == want
+    assert values["num_output_tokens"] == 3 and values["finish_reason"] == "stop"
 
 
 def test_streamed_counts_are_per_response_when_asked():
