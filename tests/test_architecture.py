@@ -1,7 +1,8 @@
 """The shape of the code: the import graph between the project's modules has no cycle,
 shipped code imports neither the tests nor their support package, every third-party
 package it imports is declared in setup.cfg (or is one of the engines' own, listed
-below), and no module grows past a size a reader can hold.
+below), and no module grows past a size a reader can hold (a backstop for the rule that
+a module has one responsibility, not a budget to fill).
 
 Modules are named as Python imports them: `builder.*` and `engine_cache.*` from the
 repository root, `trident_common.*` from python_backends/, and the router's siblings
@@ -21,8 +22,11 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
-# A smell detector, not a target: a module this long usually holds more than one job.
-MAX_LINES = 420
+# A backstop, not a target. The rule is one responsibility per module (what changes
+# together stays together); length only shows that a module may have grown a second
+# job. Generous on purpose: ruff format's layout adds lines to the same code, and a cap
+# near the typical size makes files end just under it, split by size, not by job.
+MAX_LINES = 600
 # What the wheel installs (setup.cfg's packages) and what it must never reach into.
 SHIPPED = ("builder", "engine_cache", "bls", "python_backends", "model_repository_templates")
 NEVER_SHIPPED = ("tests", "support")
@@ -39,6 +43,9 @@ ENGINE_ENVIRONMENT = {
     # and `trident assets`, which builds the embedded default's weights (cpu profile).
     "transformers": "python_backends/tensorrt_llm/common, builder/engines/assets.py",
     "torch": "builder/engines/assets.py (`trident assets`, cpu profile)",
+    # The engines' grammar backend (SGLang's default, one of vLLM's): trident_common's
+    # schema pre-check uses it where the engine brought it, and skips without it.
+    "xgrammar": "python_backends/trident_common/structured.py, optional",
 }
 
 
@@ -148,9 +155,11 @@ def test_no_module_is_too_long():
     long = {str(path.relative_to(ROOT)): n for path in _modules().values()
             if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, (
-        f"these modules passed {MAX_LINES} lines: {long}. Length is only the symptom: "
-        "split by responsibility (one job per module: what changes together stays "
-        "together), not by size, and never trim lines to fit under the cap")
+        f"these modules passed {MAX_LINES} lines: {long}. Length is only the symptom of "
+        "a module holding more than one responsibility: find the jobs in it and give each "
+        "its own module (what changes together stays together), named for what it does. "
+        "Do not split by size (part1/part2, helpers), raise the cap, or squeeze lines "
+        "to fit under it")
 
 
 def _shipped_sources() -> list[Path]:
