@@ -29,10 +29,12 @@ def plan(spec: str) -> int:
     memory each GPU needs, has and keeps free, and the Kubernetes resource to request.
     """
     from builder.plan.planner import plan_for_spec
+    from builder.plan.replicas import routed_replicas
     from builder.plan.router_instances import router_instances
 
     loaded = load_spec(spec)
-    click.echo(format_plan(plan_for_spec(loaded)))
+    planned = plan_for_spec(loaded)
+    click.echo(format_plan(planned, routed_replicas(loaded, planned)))
     router = router_instances(loaded)
     if router is not None and loaded.router is not None:   # the same condition, for mypy
         click.echo(f"router: {loaded.router.name}, {router.count} instance(s) KIND_CPU "
@@ -40,11 +42,12 @@ def plan(spec: str) -> int:
     return 0
 
 
-def format_plan(plan) -> str:
-    """The plan as an aligned table plus a one-line summary of the node."""
+def format_plan(plan, replicas=None) -> str:
+    """The plan as an aligned table plus a one-line summary of the node. `replicas`:
+    model → its replicas' names (builder.plan.replicas), shown beside its instances."""
     header = ("MODEL", "ENGINE", "TP×PP", "INSTANCES", "DEVICES / SLICES", "LINK",
               "NEED/GPU", "USABLE", "FREE", "K8S RESOURCE/INSTANCE")
-    rows = [header] + [_row(m) for m in plan.models.values()]
+    rows = [header] + [_row(m, (replicas or {}).get(m.name, ())) for m in plan.models.values()]
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]
@@ -64,12 +67,17 @@ def _gib(value):
     return "?" if value is None else f"{value:.1f} GiB"
 
 
-def _row(model) -> tuple[str, ...]:
+def _row(model, replicas=()) -> tuple[str, ...]:
     if model.kind == "cpu":
-        return (model.name, model.engine, "-", "-", "cpu", "-", "-", "-", "-", "-")
-    devices = "; ".join(_devices(i) for i in model.instances)
+        return (model.name, model.engine, "-", f"{len(replicas)} replicas" if replicas
+                else "-", f"cpu: {', '.join(replicas)}" if replicas else "cpu",
+                "-", "-", "-", "-", "-")
+    # Replica i runs on instance i (builder.plan.replicas.replica).
+    devices = "; ".join(f"{replicas[n]} {_devices(i)}" if replicas else _devices(i)
+                        for n, i in enumerate(model.instances))
     resources = ", ".join(f"{k}={v}" for k, v in model.kubernetes_resources.items())
-    return (model.name, model.engine, f"{model.tp}×{model.pp}", str(len(model.instances)),
+    count = f"{len(model.instances)}{' replicas' if replicas else ''}"
+    return (model.name, model.engine, f"{model.tp}×{model.pp}", count,
             devices, model.link, _gib(model.need.total_gib if model.need else None),
             _gib(model.usable_gib), _gib(model.free_gib), resources)
 

@@ -16,6 +16,7 @@ from builder.errors import printable
 from builder.k8s import access, names
 from builder.k8s.names import K8sError
 from builder.plan.model import ModelPlan, Plan
+from builder.plan.replicas import routed_replicas
 from builder.spec import DeploymentSpec
 
 SPEC_DIR = "/etc/trident"
@@ -254,7 +255,8 @@ def server_statefulset(spec: DeploymentSpec, plan: Plan, lay: Layout,
     """The tritonserver of every single-node model (and the router)."""
     resources = gpu_resources(plan, lay.single)
     gpus = sum(resources.values())
-    load = (lay.single + ((spec.router.name,) if spec.router else ())
+    load = (_with_replicas(spec, plan, lay.single) + ((spec.router.name,) if spec.router
+                                                       else ())
             if lay.spanning else None)
     # The frontend serves the router, or every model of this server when there is none.
     expose = (spec.router.name,) if spec.router else lay.single
@@ -272,6 +274,16 @@ def server_statefulset(spec: DeploymentSpec, plan: Plan, lay: Layout,
                      "podManagementPolicy": "Parallel",
                      "selector": {"matchLabels": names.selector(lay.app, "server")},
                      "template": {"metadata": {"labels": labels}, "spec": pod}}}
+
+
+def _with_replicas(spec: DeploymentSpec, plan: Plan, models: tuple[str, ...]
+                   ) -> tuple[str, ...]:
+    """The Triton models serving `models`: a model with replicas is its replicas and
+    its forwarder (builder/plan/replicas.py), all in this pod beside the router, the
+    only server whose models its BLS calls reach. GPUs are summed over the model's
+    instances, one per replica, as before."""
+    routed = routed_replicas(spec, plan)
+    return tuple(name for model in models for name in (*routed.get(model, ()), model))
 
 
 def model_leaderworkerset(spec: DeploymentSpec, plan: Plan, lay: Layout, model: str,

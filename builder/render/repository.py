@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from bls.policy import router_config  # the router owns the shape of its own config
 from builder.plan import placement as placement_mod
+from builder.plan.model import Plan
+from builder.plan.replicas import has_replicas
 from builder.plan.router_instances import router_instances
+from builder.render import replicas as replicas_repo
 from builder.render import trtllm as trtllm_repo
 from builder.render.context import (
     BACKENDS_DIR,
@@ -33,24 +35,33 @@ def _common_package(model_dir: str) -> dict[str, bytes]:
 
 
 def _render_python_llm(ctx: RenderContext, model: ModelSpec) -> dict[str, bytes]:
-    """vLLM and SGLang: a decoupled Python-backend model running the engine in its stub."""
-    groups = placement_mod.instance_groups(model, ctx.plan)
+    """vLLM and SGLang: a decoupled Python-backend model running the engine in its stub;
+    behind a router, one such model per instance (builder/render/replicas.py)."""
+    if has_replicas(ctx.spec, model, ctx.plan):
+        return replicas_repo.render(ctx, model, _engine_model, _common_package)
+    return _engine_model(ctx, model, model, ctx.plan)
+
+
+def _engine_model(ctx: RenderContext, served: ModelSpec, model: ModelSpec,
+                  plan: Plan) -> dict[str, bytes]:
+    """The engine model `served` (the spec's `model`, or one replica of it, named and
+    placed by `plan`); the engine arguments are the spec's model's."""
     engine_args = {**thaw(model.engine_args),
-                   **placement_mod.parallel_engine_args(model, ctx.plan),
+                   **placement_mod.parallel_engine_args(served, plan),
                    **_model_path_arg(model, ctx),
                    **tenants_spec.engine_args(ctx.spec.tenants, model.engine, model.engine_args),
                    **adapters_spec.engine_args(ctx.spec.file, model)}
-    view = {"name": model.name, "instance_groups": groups,
-            "parameters": placement_mod.instance_parameters(model, ctx.plan)}
+    view = {"name": served.name, "instance_groups": placement_mod.instance_groups(served, plan),
+            "parameters": placement_mod.instance_parameters(served, plan)}
     files = {
-        f"{model.name}/config.pbtxt": render_template(
+        f"{served.name}/config.pbtxt": render_template(
             "python_llm/config.pbtxt.j2", model=view, spec_file=ctx.spec.file,
             engine_title=ENGINE_TITLES[model.engine]),
-        f"{model.name}/{VERSION}/model.json": render_template(
+        f"{served.name}/{VERSION}/model.json": render_template(
             "python_llm/model.json.j2", engine_args=engine_args),
     }
-    files.update(copy_tree(BACKENDS_DIR / model.engine, f"{model.name}/{VERSION}"))
-    files.update(_common_package(model.name))
+    files.update(copy_tree(BACKENDS_DIR / model.engine, f"{served.name}/{VERSION}"))
+    files.update(_common_package(served.name))
     return files
 
 
@@ -62,9 +73,7 @@ def _model_path_arg(model: ModelSpec, ctx: RenderContext) -> dict[str, str]:
 def _render_router(ctx: RenderContext) -> dict[str, bytes]:
     router = ctx.spec.router
     instances = router_instances(ctx.spec).count
-    # Each instance is its own stub with its own in-flight counts: the router divides
-    # each backend's limit among them (docs/router.md, "Router instances").
-    config = {**router_config(ctx.spec), "instances": instances}
+    config = replicas_repo.router_json(ctx)
     files = {
         f"{router.name}/config.pbtxt": render_template(
             "router/config.pbtxt.j2", router=router, instances=instances,

@@ -135,8 +135,12 @@ def _check_router(version: Path, repo: Path) -> list[str]:
     backends = config["backends"]
     if not isinstance(backends, dict):
         return [f"{where}: backends is not a JSON object"]
+    called = set(backends)
+    for entry in backends.values():   # a backend with replicas is called through them
+        replicas = entry.get("replicas", []) if isinstance(entry, dict) else []
+        called.update(r for r in replicas if isinstance(r, str))
     return [f"{where}: backend {b!r} is not a model of this repository"
-            for b in sorted(backends) if not (repo / b / "config.pbtxt").is_file()]
+            for b in sorted(called) if not (repo / b / "config.pbtxt").is_file()]
 
 
 def _check_ensemble(where: str, config: model_config_pb2.ModelConfig) -> list[str]:

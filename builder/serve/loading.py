@@ -39,7 +39,12 @@ def dependencies(repository: Path) -> dict[str, set[str]]:
             if "ensemble_scheduling" in text:
                 calls.update(_STEP_MODEL.findall(text))
             for router in config.parent.glob(f"*/{ROUTER_FILE}"):
-                calls.update(json.loads(router.read_text()).get("backends", {}))
+                backends = json.loads(router.read_text()).get("backends", {})
+                calls.update(backends)
+                # A backend with replicas (`<model>__rN`) is called through them: they
+                # load before the router and before `<model>`, which forwards to them.
+                for entry in backends.values():
+                    calls.update(entry.get("replicas", ()))
         except (OSError, ValueError, AttributeError):
             pass   # unreadable: the server's own load will say what is wrong with it
         found[model] = calls - {model}

@@ -23,6 +23,12 @@ from builder.spec import trtllm as trtllm_spec
 from builder.spec import yaml_loader
 from builder.spec.cache_spec import EngineCacheSpec, parse_engine_cache
 from builder.spec.node import _REQUIRED, SpecError, _Node, frozen_mapping
+from builder.spec.router_policy import (
+    DEFAULT_POLICY,
+    POLICIES,
+    check_model_name,
+    parse_backend_policies,
+)
 from builder.spec.tenants import TenantsSpec, parse_tenants
 
 ENGINES = ("tensorrt_llm", "vllm", "sglang")
@@ -108,6 +114,7 @@ class RuleSpec:
     name: str
     match: MatchSpec
     backends: tuple[str, ...]
+    policy: str | None = None        # replica policy for this rule's requests (router_policy)
 
 
 _BREAKER = BreakerConfig()   # the router's own defaults (bls/breaker.py, pure Python)
@@ -137,6 +144,9 @@ class RouterSpec:
     # Router model instances (stub processes); None: derived from the target host
     # (builder/plan/router_instances.py).
     instances: int | None = None
+    # How the router chooses among a backend's replicas (builder/spec/router_policy.py).
+    policy: str = DEFAULT_POLICY
+    backend_policies: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 MAX_ROUTER_INSTANCES = 64   # as a model's instances: a stub process each
@@ -248,6 +258,7 @@ def _check_name(node: _Node, key: str, value: str) -> str:
 def _parse_model(node: _Node) -> ModelSpec:
 
     name = _check_name(node, "name", node.get("name", str))
+    check_model_name(node, name)
     engine = node.choice("engine", ENGINES)
     model = node.get("model", str, "")
     instances = node.int("instances", 1, minimum=1, maximum=64)
@@ -306,6 +317,7 @@ def _check_unique_names(models: tuple[ModelSpec, ...], file: str) -> None:
 def _parse_router(node: _Node, models: tuple[ModelSpec, ...]) -> RouterSpec:
     names = tuple(m.name for m in models)
     name = _check_name(node, "name", node.get("name", str, "router"))
+    check_model_name(node, name)   # a replica of a model could take the router's name
 
     def backends(n: _Node, key: str, default: Any = _REQUIRED) -> tuple[str, ...]:
         if default is not _REQUIRED and key not in n.data:
@@ -326,7 +338,8 @@ def _parse_router(node: _Node, models: tuple[ModelSpec, ...]) -> RouterSpec:
         rule = _Node(item, path, node.file)
         rule_name = rule.get("name", str, f"rule{len(rules)}")
         match = _parse_match(rule.child("match"))
-        rules.append(RuleSpec(rule_name, match, backends(rule, "backends")))
+        rules.append(RuleSpec(rule_name, match, backends(rule, "backends"),
+                              rule.choice("policy", POLICIES, None)))
         rule.done()
     if len({r.name for r in rules}) != len(rules):
         raise node.error("rule names must be unique", "rules")
@@ -346,6 +359,8 @@ def _parse_router(node: _Node, models: tuple[ModelSpec, ...]) -> RouterSpec:
         first_token_timeout_s=_positive(node, "first_token_timeout_s", 60.0),
         max_inflight_per_backend=node.int("max_inflight_per_backend", 256, minimum=1),
         instances=node.int("instances", None, minimum=1, maximum=MAX_ROUTER_INSTANCES),
+        policy=node.choice("policy", POLICIES, DEFAULT_POLICY),
+        backend_policies=parse_backend_policies(node, names),
     )
     node.done()
     return router

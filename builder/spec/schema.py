@@ -22,7 +22,7 @@ from typing import Any
 from builder.plan import gpus
 from builder.plan.memory import DTYPE_BYTES
 from builder.spec import adapters as adapters_spec
-from builder.spec import cache_spec, engine_args
+from builder.spec import cache_spec, engine_args, router_policy
 from builder.spec import deployment as spec_mod
 from builder.spec import tenants as tenants_spec
 from builder.spec import trtllm as trtllm_spec
@@ -31,6 +31,9 @@ from builder.spec.node import MAX_INT, anchored
 SCHEMA_ID = "https://trident.invalid/deployment-spec.schema.json"
 # `(?![\s\S])` ends the name in ECMA-262 and Python alike (`$` lets "name\n" through).
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,63}(?![\s\S])"
+# Model and router names: a safe name not ending as a replica's (<model>__r0, ...).
+MODEL_NAME_PATTERN = (r"^(?![\s\S]*" + router_policy.REPLICA_SEPARATOR
+                      + r"[0-9]+(?![\s\S]))" + NAME_PATTERN[1:])
 
 _SECONDS = {"exclusiveMinimum": 0, "maximum": spec_mod.MAX_SECONDS}
 # Ranges and formats the parser enforces, by (dataclass, field).
@@ -51,17 +54,21 @@ _RULES: dict[tuple[type, str], dict[str, Any]] = {
     (spec_mod.RuleSpec, "backends"): {"minItems": 1},
     (spec_mod.RouterSpec, "fallback"): {"additionalProperties": {
         "type": "array", "items": {"type": "string"}, "minItems": 1}},
-    (spec_mod.ModelSpec, "name"): {"pattern": NAME_PATTERN},
+    (spec_mod.ModelSpec, "name"): {"pattern": MODEL_NAME_PATTERN},
     (spec_mod.ModelSpec, "engine"): {"enum": list(spec_mod.ENGINES)},
     (spec_mod.ModelSpec, "instances"): {"minimum": 1, "maximum": 64},
     (spec_mod.PlacementSpec, "kind"): {"enum": list(spec_mod.INSTANCE_KINDS)},
     (spec_mod.PlacementSpec, "max_batch"): {"minimum": 1},
     (spec_mod.PlacementSpec, "max_context"): {"minimum": 1},
-    (spec_mod.RouterSpec, "name"): {"pattern": NAME_PATTERN},
+    (spec_mod.RouterSpec, "name"): {"pattern": MODEL_NAME_PATTERN},
     (spec_mod.RouterSpec, "short_prompt_tokens"): {"minimum": 0},
     (spec_mod.RouterSpec, "max_inflight_per_backend"): {"minimum": 1},
     (spec_mod.RouterSpec, "instances"): {"minimum": 1,
                                          "maximum": spec_mod.MAX_ROUTER_INSTANCES},
+    (spec_mod.RouterSpec, "policy"): {"enum": list(router_policy.POLICIES)},
+    (spec_mod.RouterSpec, "backend_policies"): {"additionalProperties": {
+        "type": "string", "enum": list(router_policy.POLICIES)}},
+    (spec_mod.RuleSpec, "policy"): {"enum": [*router_policy.POLICIES, None]},
     **{(cls, key): _SECONDS for cls, key in (
         (spec_mod.RouterSpec, "deadline_s"), (spec_mod.RouterSpec, "first_token_timeout_s"),
         (spec_mod.BreakerSpec, "window_s"), (spec_mod.BreakerSpec, "cooldown_s"))},

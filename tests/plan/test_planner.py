@@ -370,11 +370,18 @@ def test_rendered_h100x8_repository_carries_the_placement(tmp_path):
     assert moe.parameters["INSTANCE_DEVICES"].string_value == "4,5"
     assert json.loads((out / "mixtral-vllm/1/model.json").read_text())[
         "tensor_parallel_size"] == 2
-    small = parse_config(out / "llama8b-sglang" / "config.pbtxt")
-    assert [(g.count, g.kind) for g in small.instance_group] == [(2, kind_model)]
-    assert small.parameters["INSTANCE_DEVICES"].string_value == (
-        "mig:6:3g.40gb:0;mig:6:3g.40gb:1")
-    assert json.loads((out / "llama8b-sglang/1/model.json").read_text())["tp_size"] == 1
+    # llama8b-sglang's two instances sit behind the router: two replicas, one MIG slice
+    # each, in the plan's order (builder/plan/replicas.py).
+    for index in (0, 1):
+        small = parse_config(out / f"llama8b-sglang__r{index}" / "config.pbtxt")
+        assert [(g.count, g.kind) for g in small.instance_group] == [(1, kind_model)]
+        assert small.parameters["INSTANCE_DEVICES"].string_value == f"mig:6:3g.40gb:{index}"
+        assert json.loads((out / f"llama8b-sglang__r{index}/1/model.json").read_text())[
+            "tp_size"] == 1
+    # The forwarder of direct calls is no engine model: it owns no devices.
+    forwarder = parse_config(out / "llama8b-sglang" / "config.pbtxt")
+    assert [(g.count, g.kind) for g in forwarder.instance_group] == [(
+        1, forwarder.instance_group[0].KIND_CPU)]
 
 
 def test_cli_plan_table(capsys):
@@ -384,7 +391,9 @@ def test_cli_plan_table(capsys):
     rows = {line.split()[0]: line for line in out[1:4]}
     assert "2×1" in rows["llama70b-trtllm"] and "GPU0,1; GPU2,3" in rows["llama70b-trtllm"]
     assert "GPU4,5" in rows["mixtral-vllm"] and "NV18" in rows["mixtral-vllm"]
-    assert "GPU6 3g.40gb@0; GPU6 3g.40gb@4" in rows["llama8b-sglang"]
+    # Behind the router, each instance of llama8b-sglang is a replica the router names.
+    assert ("2 replicas  llama8b-sglang__r0 GPU6 3g.40gb@0; llama8b-sglang__r1 GPU6 "
+            "3g.40gb@4") in rows["llama8b-sglang"]
     assert "nvidia.com/mig-3g.40gb=1" in rows["llama8b-sglang"]
     assert "idle GPUs: 7" in out[-2]
     assert out[-1] == ("router: router, 8 instance(s) KIND_CPU (default: 2 per GPU of 8x "

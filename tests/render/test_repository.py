@@ -46,10 +46,15 @@ def test_render_is_byte_identical_twice(tmp_path):
 
 def test_layout_and_explicit_interfaces(tmp_path):
     files = render_to(tmp_path / "repo")
-    assert {"chat/config.pbtxt", "chat/1/model.py", "chat/1/model.json",
-            "chat/1/trident_common/engine_model.py", "rag/1/model.py", "router/1/model.py",
+    # chat has 2 instances behind the router: two replicas, and chat itself forwarding
+    # to them with the router's code (builder/render/replicas.py).
+    assert {"chat__r0/config.pbtxt", "chat__r0/1/model.py", "chat__r0/1/model.json",
+            "chat__r0/1/trident_common/engine_model.py", "chat__r1/1/model.json",
+            "chat/config.pbtxt", "chat/1/router.json", "chat/1/model.py",
+            "rag/1/model.py", "router/1/model.py",
             "router/1/router.json", "router/1/policy.py"} <= set(files)
-    for name in ("chat", "rag", "router"):
+    assert "chat/1/model.json" not in files
+    for name in ("chat", "chat__r0", "chat__r1", "rag", "router"):
         config = parse_config(tmp_path / "repo" / name / "config.pbtxt")
         assert config.name == name and config.backend == "python"
         assert config.model_transaction_policy.decoupled
@@ -57,16 +62,18 @@ def test_layout_and_explicit_interfaces(tmp_path):
                                                   "sampling_parameters", "max_tokens"}
         assert {t.name for t in config.output} >= {"text_output", "finish_reason",
                                                    "served_by"}
-    chat = parse_config(tmp_path / "repo" / "chat" / "config.pbtxt")
-    assert chat.instance_group[0].count == 2
-    assert chat.instance_group[0].kind == chat.instance_group[0].KIND_CPU
-    assert b'"model": "/models/chat"' in files["chat/1/model.json"]
+    for name in ("chat__r0", "chat__r1"):
+        replica = parse_config(tmp_path / "repo" / name / "config.pbtxt")
+        assert [(g.count, g.kind) for g in replica.instance_group] == [
+            (1, replica.instance_group[0].KIND_CPU)]
+        assert b'"model": "/models/chat"' in files[f"{name}/1/model.json"]
     assert b'"max_model_len": 4096' in files["rag/1/model.json"]
 
 
 def test_python_sources_are_copied_verbatim(tmp_path, root):
     files = render_to(tmp_path / "repo")
-    assert files["chat/1/model.py"] == (root / "python_backends/vllm/model.py").read_bytes()
+    assert files["chat__r0/1/model.py"] == (root / "python_backends/vllm/model.py").read_bytes()
+    assert files["chat/1/model.py"] == (root / "bls/model.py").read_bytes()
     assert files["router/1/breaker.py"] == (root / "bls/breaker.py").read_bytes()
 
 
