@@ -20,11 +20,12 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from builder.serve.openai import choices
 from builder.serve.openai.answers import Answer
+from builder.serve.openai.asgi import LaneApp, SSEResponse
 from builder.serve.openai.errors import OpenAIError, invalid, model_not_found
 from builder.serve.openai.keys import tenant_of
 from builder.serve.openai.limits import (
@@ -69,25 +70,15 @@ def create_app(triton_url: str, triton: Triton | None = None,
         yield
         await triton.close()
 
-    app = FastAPI(title="trident OpenAI frontend", lifespan=lifespan, docs_url=None,
+    app = LaneApp(title="trident OpenAI frontend", lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url=None)
     app.state.triton = triton
 
     @app.exception_handler(OpenAIError)
-    async def openai_error(_request, error: OpenAIError):
-        return JSONResponse(error.body(), status_code=error.status)
-
     @app.exception_handler(HTTPException)
-    async def http_error(_request, error: HTTPException):
-        kind = "invalid_request_error" if error.status_code < 500 else "server_error"
-        return JSONResponse(OpenAIError(error.status_code, str(error.detail), kind).body(),
-                            status_code=error.status_code)
-
     @app.exception_handler(Exception)
-    async def unexpected(_request, error: Exception):
-        log.exception("unexpected error")
-        return JSONResponse(OpenAIError(500, f"frontend error: {type(error).__name__}: "
-                                        f"{error}", "server_error").body(), status_code=500)
+    async def failed(_request, error: Exception):
+        return error_response(error)
 
     @app.get("/health")
     async def health():
@@ -120,7 +111,33 @@ def create_app(triton_url: str, triton: Triton | None = None,
     async def completions(request: Request):
         return await generate(request, parse_completion)
 
+    def lane(parse):
+        """The same as the route above, straight from ASGI (asgi.py: every request and
+        token of a generation would otherwise pass FastAPI's layers)."""
+        async def handle(scope, receive, send) -> None:
+            try:
+                response = await generate(Request(scope, receive), parse)
+            except Exception as error:
+                response = error_response(error)
+            await response(scope, receive, send)
+        return handle
+
+    app.lane("/v1/chat/completions", lane(parse_chat))
+    app.lane("/v1/completions", lane(parse_completion))
     return app
+
+
+def error_response(error: Exception) -> JSONResponse:
+    """An error in OpenAI's shape with its status; an unexpected one is logged."""
+    if isinstance(error, OpenAIError):
+        return JSONResponse(error.body(), status_code=error.status)
+    if isinstance(error, HTTPException):
+        kind = "invalid_request_error" if error.status_code < 500 else "server_error"
+        return JSONResponse(OpenAIError(error.status_code, str(error.detail), kind).body(),
+                            status_code=error.status_code)
+    log.exception("unexpected error", exc_info=error)
+    return JSONResponse(OpenAIError(500, f"frontend error: {type(error).__name__}: "
+                                    f"{error}", "server_error").body(), status_code=500)
 
 
 async def _body(request: Request, limits: Limits):
@@ -164,10 +181,9 @@ async def _generate(triton: Triton, request: Request, model: str, generation: Ge
         raise
     finally:
         watcher.cancel()   # from here on Starlette watches the client (see _events)
-    return StreamingResponse(_events(answer, first or [], batches, call),
-                             media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                                      **_served(first[0].served_by if first else "")})
+    return SSEResponse(_events(answer, first or [], batches, call),
+                       {"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                        **_served(first[0].served_by if first else "")})
 
 
 def _served(served_by: str) -> dict:
