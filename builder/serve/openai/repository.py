@@ -27,7 +27,10 @@ def context_tokens(repo: Path) -> dict[str, int]:
             contexts[model_json.parent.parent.name] = length
     for router_json in sorted(repo.glob("*/1/router.json")):
         backends = (_load(router_json) or {}).get("backends")
-        lengths = [contexts.get(name) for name in backends or ()]
+        # A backend with replicas (`<model>__rN`) has no model.json of its own: theirs.
+        lengths = [contexts.get(called) for name, entry in (backends or {}).items()
+                   for called in (entry.get("replicas") if isinstance(entry, dict)
+                                  else None) or [name]]
         if lengths and None not in lengths:
             contexts[router_json.parent.parent.name] = max(lengths)
     return contexts
