@@ -7,7 +7,9 @@ logic (bls/prefix_index.py, bls/replica_policy.py), measured in this process.
 Workload: 10,000 conversations over 2 replicas and 4 tenants (salted apart), each sharing
 its tenant's ~1,000-token system prompt (4,000 characters), recorded as the router would
 record their turns; then 5,000 decisions for next turns of random conversations (some
-evicted long ago) and new ones, timed one by one. Beside it, the cost of the exact
+evicted long ago) and new ones, timed one by one. Beside them, in the same run, the
+prompt's key and hashes made without the first-message memo (bls/prefix_index.py's
+`prompt_hashes` against `block_hashes(prompt_key(...))`), and the cost of the exact
 alternative: tokenizing the same prompts with SmolLM2's tokenizer (the Rust `tokenizers`
 one, the fastest there is) and hashing 16-token blocks (vLLM's block size), when the
 tokenizer is on disk.
@@ -26,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bls"))
 
 from bench.common import bench_result  # noqa: E402
-from prefix_index import PrefixIndex, prompt_key  # noqa: E402  (the router's siblings)
+from prefix_index import MEMO_BYTES_BOUND, PrefixIndex, prompt_key  # noqa: E402  (siblings)
 from replica_policy import ReplicaChooser, ReplicaLoad  # noqa: E402
 
 sys.path.pop(0)
@@ -68,30 +70,45 @@ def build(chooser: ReplicaChooser, rng: random.Random) -> dict[int, int]:
     loads = {r: ReplicaLoad() for r in REPLICAS}
     for n in range(CONVERSATIONS):
         tenant, turns[n] = n % TENANTS, rng.randint(1, TURNS - 1)
-        hashes = chooser.index.block_hashes(prompt_key(None, history(tenant, n, turns[n])),
-                                            salt(tenant))
+        hashes = chooser.index.prompt_hashes(None, history(tenant, n, turns[n]), salt(tenant))
         chooser.routed(chooser.choose(REPLICAS, loads, hashes).replica, hashes)
     return turns
 
 
 def decisions(chooser: ReplicaChooser, turns: dict[int, int], rng: random.Random
-              ) -> tuple[list[float], list[int], list[list[dict]]]:
-    """Time DECISIONS decisions; (microseconds each, prompt blocks each, the prompts)."""
-    times, blocks, prompts = [], [], []
+              ) -> tuple[list[float], list[float], list[float], list[int], list[list[dict]]]:
+    """Time DECISIONS decisions; (microseconds each, microseconds of their hashing alone,
+    the same hashing without the first-message memo, prompt blocks each, the prompts).
+    The two ways of hashing take turns going first, so neither always finds the
+    prompt's text warm in the CPU's caches."""
+    times, hashing, plain, blocks, prompts = [], [], [], [], []
     index = chooser.index
-    for _ in range(DECISIONS):
+    for i in range(DECISIONS):
         n = rng.randrange(CONVERSATIONS + DECISIONS)   # about a third are new conversations
         tenant = n % TENANTS
         messages = history(tenant, n, min(turns.get(n, 0) + 1, TURNS))
         loads = {r: ReplicaLoad(in_flight=rng.randint(0, 8)) for r in REPLICAS}
+        if i % 2:
+            plain.append(_plain_us(index, messages, salt(tenant)))
         start = time.perf_counter_ns()
-        hashes = index.block_hashes(prompt_key(None, messages), salt(tenant))
+        hashes = index.prompt_hashes(None, messages, salt(tenant))
+        hashed = time.perf_counter_ns()
         decision = chooser.choose(REPLICAS, loads, hashes)
         chooser.routed(decision.replica, hashes)
         times.append((time.perf_counter_ns() - start) / 1_000)
+        hashing.append((hashed - start) / 1_000)
+        if not i % 2:
+            plain.append(_plain_us(index, messages, salt(tenant)))
         blocks.append(len(hashes))
         prompts.append(messages)
-    return times, blocks, prompts
+    return times, hashing, plain, blocks, prompts
+
+
+def _plain_us(index: PrefixIndex, messages: list[dict], scope: str) -> float:
+    """The prompt's key and hashes the way they were made before the memo."""
+    start = time.perf_counter_ns()
+    index.block_hashes(prompt_key(None, messages), scope)
+    return (time.perf_counter_ns() - start) / 1_000
 
 
 def tokenizer_cost(prompts: list[list[dict]]) -> dict | None:
@@ -129,9 +146,9 @@ def run(out_dir: Path) -> dict:
     turns = build(chooser, rng)
     held = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
-    times, blocks, prompts = decisions(chooser, turns, rng)
+    times, hashing, plain, blocks, prompts = decisions(chooser, turns, rng)
     p50, p99 = percentile(times, 50), percentile(times, 99)
-    bound = index.bound_bytes(len(REPLICAS))
+    bound = index.bound_bytes(len(REPLICAS)) + MEMO_BYTES_BOUND
     tokens = tokenizer_cost(prompts)
     rows = [
         {"metric": "decision p50 (us)", "ours": p50, "target": "report"},
@@ -140,6 +157,9 @@ def run(out_dir: Path) -> dict:
         {"metric": "index memory (MiB) vs bound", "ours": held / 2**20, "direct": bound / 2**20,
          "ratio": held / bound, "target": "<= 1.0 of the bound", "met": held <= bound},
     ]
+    rows.append({"metric": "key+hashes p50 (us): memo vs plain", "ours": percentile(hashing, 50),
+                 "direct": percentile(plain, 50),
+                 "ratio": percentile(hashing, 50) / percentile(plain, 50), "target": "report"})
     if tokens and "p50_us" in tokens:
         rows.append({"metric": "tokenizer+hash p50 (us) vs chars", "ours": p50,
                      "direct": tokens["p50_us"], "ratio": p50 / tokens["p50_us"],
@@ -150,8 +170,12 @@ def run(out_dir: Path) -> dict:
               "max_blocks_per_replica": index.max_blocks_per_replica}
     raw = {"decision_us": {"p50": p50, "p90": percentile(times, 90), "p99": p99,
                            "max": max(times), "mean": statistics.fmean(times)},
+           "hashing_us": {"memo": {"p50": percentile(hashing, 50),
+                                   "p99": percentile(hashing, 99)},
+                          "plain": {"p50": percentile(plain, 50), "p99": percentile(plain, 99)}},
            "prompt_blocks": {"median": statistics.median(blocks), "max": max(blocks)},
            "index": {"blocks": index.blocks(), "bound_blocks": index.bound_blocks(2),
+                     "memo_bound_bytes": MEMO_BYTES_BOUND,
                      "evicted": index.evicted, "bytes": held, "bound_bytes": bound},
            "tokenizer": tokens}
     return bench_result("prefix_decision", rows, config, raw)

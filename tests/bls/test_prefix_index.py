@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bls"))
-from prefix_index import PrefixIndex, prompt_key  # noqa: E402  (a sibling of the router)
+from prefix_index import (  # noqa: E402  (a sibling of the router)
+    MEMO_BYTES_BOUND,
+    MEMO_CHARS,
+    MEMO_ENTRIES,
+    PrefixIndex,
+    prompt_key,
+)
 
 sys.path.pop(0)
 
@@ -165,3 +171,61 @@ def test_the_binary_search_match_agrees_with_a_walk_under_any_history(routes, bo
             probe_hashes = index.block_hashes("".join(probe))
             matched = index.match(probe_hashes, ["r0", "r1"])
             assert matched == {r: reference.match(probe_hashes, r) for r in ("r0", "r1")}
+
+
+_content = st.one_of(st.text(alphabet="ab\u00e9\u4e2d ", max_size=40),
+                     st.lists(st.dictionaries(st.sampled_from(["type", "text"]),
+                                              st.text(alphabet="xy", max_size=5)),
+                              max_size=2))
+_message = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", 7]),
+                           "content": _content}),
+    st.fixed_dictionaries({"content": _content}),   # no role at all
+    st.just("not a message"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(_message, max_size=5),
+                          st.sampled_from([None, "salt-a", "salt-b"])),
+                min_size=1, max_size=8),
+       st.integers(min_value=1, max_value=9), st.integers(min_value=1, max_value=12))
+def test_prompt_hashes_equal_the_plain_hashes_of_the_prompt_key(prompts, size, cap):
+    """Whatever the messages (odd roles, non-text content, entries that are no message),
+    the salt and the sizes, and whatever the memo met before (the same first message under
+    another salt, or followed by other messages), prompt_hashes gives the very list the
+    plain key and hashes give: the memo saves work, never changes an answer."""
+    index = PrefixIndex(block_chars=size, max_prompt_blocks=cap)
+    for messages, scope in prompts + prompts:        # the second pass hits the memo
+        assert index.prompt_hashes(None, messages, scope) == \
+            index.block_hashes(prompt_key(None, messages), scope)
+    assert index.prompt_hashes("plain text " * 3, None, "salt-a") == \
+        index.block_hashes("plain text " * 3, "salt-a")
+
+
+def test_a_tenant_never_gets_another_tenants_memoized_system_prompt():
+    index = PrefixIndex(block_chars=8)
+    messages = conversation(1, 2)
+    acme = index.prompt_hashes(None, messages, "salt-of-acme")
+    assert index.prompt_hashes(None, messages, "salt-of-globex") != acme
+    assert index.prompt_hashes(None, messages, "salt-of-globex") == \
+        index.block_hashes(prompt_key(None, messages), "salt-of-globex")
+
+
+def test_the_memo_stays_inside_its_bound_under_ten_thousand_distinct_first_messages():
+    """Every conversation opens with its own first message (no shared system prompt):
+    the memo empties itself at its limits, and the memory it holds (tracemalloc; the
+    texts it keeps alive included, as each request's are made and dropped here) stays
+    under MEMO_BYTES_BOUND."""
+    index = PrefixIndex()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(10_000):
+            messages = [{"role": "user", "content": f"question {n}: " + "why? " * (n % 300)}]
+            index.prompt_hashes(None, messages, "salt")
+            assert len(index._memo) <= MEMO_ENTRIES and index._memo_chars <= MEMO_CHARS
+        del messages
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert 0 < held <= MEMO_BYTES_BOUND, (held, MEMO_BYTES_BOUND)
