@@ -448,3 +448,42 @@ def test_a_token_id_outside_the_vocabulary_is_the_clients_400(url, engine):
 def test_the_doubles_reply_is_what_the_cases_expect():
     # the stop cases stop at "Paris", which the double's reply must hold
     assert "Paris" in fake_sglang.REPLY.split()
+
+
+# -- the same values for Triton's own clients ---------------------------------------------
+
+@pytest.mark.parametrize("model", ["router", "smollm2"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_triton_http_clients_get_logprobs_beside_the_usual_outputs(default_server, model,
+                                                                   stream):
+    # Before: the logprobs output came only with vllm_backend's return_* flags, which
+    # drop served_by and the running totals.
+    path = "generate_stream" if stream else "generate"
+    body = {"text_input": PROMPT, "max_tokens": 4, "stream": stream,
+            "exclude_input_in_output": True,
+            "sampling_parameters": json.dumps({"temperature": 0, "logprobs": 2})}
+    response = httpx.post(f"{default_server.http_url}/v2/models/{model}/{path}",
+                          json=body, timeout=120)
+    assert response.status_code == 200
+    events = ([json.loads(line[len("data: "):]) for line in response.text.splitlines()
+               if line.startswith("data: ")] if stream else [response.json()])
+    positions = [p for e in events if e.get("logprobs") for p in json.loads(e["logprobs"])]
+    text = "".join(e["text_output"] for e in events)
+    assert len(positions) == events[-1]["num_output_tokens"] == 4
+    assert "".join(next(iter(p.values()))["decoded_token"] for p in positions) == text
+    assert all(2 <= len(p) <= 3 for p in positions)   # the sampled token and 2 best
+    assert events[-1]["served_by"] == "smollm2"
+
+
+@pytest.mark.parametrize("sampling, words", [
+    ({"n": 2}, "only n=1"),
+    ({"logprobs": "many"}, "sampling_parameters.logprobs"),
+    ({"logit_bias": {"x": 1}}, "sampling_parameters.logit_bias"),
+    ({"seed": 2**70}, "sampling_parameters.seed"),
+])
+def test_triton_clients_get_the_engines_refusal_in_words(default_server, sampling, words):
+    body = {"text_input": PROMPT, "max_tokens": 2,
+            "sampling_parameters": json.dumps(sampling)}
+    response = httpx.post(f"{default_server.http_url}/v2/models/router/generate",
+                          json=body, timeout=120)
+    assert response.status_code == 400 and words in response.json()["error"]

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from builder.serve.openai import tools as chat_tools
 from builder.serve.openai.answers import Answer, usage
 from builder.serve.openai.errors import OpenAIError
 from builder.serve.openai.protocol import Generation
@@ -31,8 +32,11 @@ DONE = b"data: [DONE]\n\n"
 
 
 def needed(generation: Generation) -> bool:
-    """Whether the request takes this path rather than app.py's single-choice one."""
-    return generation.n > 1 or generation.logprobs is not None
+    """Whether the request takes this path rather than app.py's single-choice one
+    (tools too: an answer's calls come whole with its last response, so the per-token
+    tuning of app.py's path has nothing to gain there)."""
+    return generation.n > 1 or generation.logprobs is not None \
+        or generation.tools is not None
 
 
 def choice_generations(generation: Generation) -> list[Generation]:
@@ -50,12 +54,15 @@ async def respond(triton, request: Request, generation: Generation, info: ModelI
     calls = [triton.stream(g, info) for g in choice_generations(generation)]
     answer = Answer(generation)
     watcher = asyncio.ensure_future(_cancel_on_disconnect(request, calls))
+    feed = None
     try:
         if not generation.stream:
             return await _whole(answer, calls)
         feed = _Feed(calls)
         served_by = await feed.start()
     except BaseException:
+        if feed is not None:
+            feed.close(set())    # every call cancelled, every reader stopped
         for call in calls:
             call.cancel()
         raise
@@ -103,7 +110,8 @@ async def _one_whole(answer: Answer, call, index: int) -> tuple[dict, Piece]:
         raise OpenAIError(502, f"{answer.generation.model}: the stream ended without a "
                           "finish reason", "server_error", None, "backend_error")
     call.finish()
-    return answer.whole_choice("".join(texts), last.finish_reason, index, positions), last
+    choice = answer.whole_choice("".join(texts), last.finish_reason, index, positions)
+    return chat_tools.whole(choice, last.tool_calls), last
 
 
 # -- streamed answers -------------------------------------------------------------------------
@@ -202,6 +210,8 @@ def _batch_events(answer: Answer, index: int, batch: list[Piece], first: bool,
     if text or first or positions:
         out += _sse(answer.chunk(text, None, first, index, logprobs))
     last = batch[-1]
+    if last.tool_calls:
+        out += _sse(chat_tools.chunk(answer.chunk(None, None, index=index), last.tool_calls))
     if last.finish_reason:
         counts[index] = (last.input_tokens, last.output_tokens)
         out += _sse(answer.chunk(None if answer.chat else "", last.finish_reason,
