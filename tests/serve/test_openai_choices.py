@@ -13,6 +13,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from builder.serve.openai.answers import LOGPROB_FLOOR, chat_logprobs, completion_logprobs
 from builder.serve.openai.app import create_app
+from builder.serve.openai.choices import choice_generations
 from builder.serve.openai.errors import OpenAIError
 from builder.serve.openai.protocol import parse_chat, parse_completion
 from builder.serve.openai.tensors import ModelInfo, Piece, build_inputs
@@ -180,3 +181,32 @@ def test_a_failure_after_the_start_is_an_error_event():
                                json={**CHAT, "n": 2, "stream": True})
     assert response.status_code == 200
     assert events(response)[-1]["error"]["message"] == "engine died"
+
+
+@pytest.mark.parametrize("body, n, logprobs", [
+    ({}, 1, None),
+    ({"n": 4}, 4, None),
+    ({"n": None}, 1, None),
+    ({"logprobs": True}, 1, 0),
+    ({"logprobs": False}, 1, None),
+    ({"logprobs": True, "top_logprobs": 5}, 1, 5),
+    ({"logprobs": True, "top_logprobs": 0, "n": 2}, 2, 0),
+    ({"user": "someone@example.com"}, 1, None),
+])
+def test_chat_fields_that_were_refused_are_read(body, n, logprobs):
+    generation = parse_chat({**CHAT, **body})
+    assert (generation.n, generation.logprobs) == (n, logprobs)
+    assert "user" not in generation.sampling and "user" not in generation.hints
+
+
+@pytest.mark.parametrize("logprobs", [0, 3, 5])
+def test_completion_logprobs_are_a_count(logprobs):
+    generation = parse_completion({"model": "m", "prompt": "a", "logprobs": logprobs})
+    assert generation.logprobs == logprobs and not generation.echo
+
+
+def test_each_choice_gets_its_own_seed_only_when_there_is_one():
+    seeded = choice_generations(parse_chat({**CHAT, "n": 3, "seed": 2}))
+    assert [g.sampling["seed"] for g in seeded] == [2, 3, 4]
+    unseeded = choice_generations(parse_chat({**CHAT, "n": 2}))
+    assert len(unseeded) == 2 and all("seed" not in g.sampling for g in unseeded)
