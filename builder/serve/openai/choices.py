@@ -19,10 +19,11 @@ import json
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from builder.serve.openai import tools as chat_tools
 from builder.serve.openai.answers import Answer, usage
+from builder.serve.openai.asgi import SSEResponse
 from builder.serve.openai.errors import OpenAIError
 from builder.serve.openai.protocol import Generation
 from builder.serve.openai.tensors import ModelInfo, Piece
@@ -68,9 +69,9 @@ async def respond(triton, request: Request, generation: Generation, info: ModelI
         raise
     finally:
         watcher.cancel()
-    return StreamingResponse(_events(answer, feed), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                                      **_served(served_by)})
+    return SSEResponse(_events(answer, feed), {"Cache-Control": "no-cache",
+                                               "X-Accel-Buffering": "no",
+                                               **_served(served_by)})
 
 
 def _served(served_by: str) -> dict:
