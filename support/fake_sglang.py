@@ -15,8 +15,10 @@ Same surface as the parts trident uses, with the real signatures and behaviour:
 
 The "model" is deterministic: a token is a whitespace-separated word; the reply is
 REPLY's words, cut at max_new_tokens (finish "length") or at a stop string (finish
-"stop"). A radix cache remembers finished sequences (prompt + reply tokens) and reports
-the longest shared token prefix of a new prompt as cached_tokens.
+"stop"); with `json_schema`, a value of the schema instead (support/schema_instance.py),
+as constrained decoding would hold a model to. A radix cache remembers finished
+sequences (prompt + reply tokens) and reports the longest shared token prefix of a new
+prompt as cached_tokens.
 
 Scripting for tests: `fail_before_first`, `fail_after_chunks`, `abort_with_status`,
 `hold_after` (+ `release()`), `tokens_per_chunk`. Records: `calls`, `aborts`,
@@ -27,9 +29,11 @@ batch-wide limit), and a chunk holds every token made since the last one.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from dataclasses import dataclass, field
 
+from support import schema_instance
 from support.pacing import PacedBatch
 
 REPLY = ("The capital of France is Paris . It is known for the Eiffel Tower , "
@@ -48,6 +52,7 @@ SERVER_ARGS = {
     "incremental_streaming_output", "enable_cache_report", "skip_tokenizer_init",
     "chat_template", "served_model_name", "stream_interval", "device", "base_gpu_id",
     "enable_lora", "lora_paths", "max_loras_per_batch", "max_lora_rank",
+    "tool_call_parser",
 }
 
 # sglang 0.5.23 SamplingParams API fields (python/sglang/srt/sampling/sampling_params.py).
@@ -67,6 +72,7 @@ class ServerArgs:
     disable_radix_cache: bool = False
     incremental_streaming_output: bool = False
     skip_tokenizer_init: bool = False
+    tool_call_parser: str | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -236,6 +242,11 @@ class Engine:
 
     def _reply(self, params: dict) -> tuple[list[str], dict]:
         words = REPLY.split()
+        if params.get("json_schema"):
+            # Constrained decoding: a value of the schema (support/schema_instance.py),
+            # one JSON token per word.
+            value = schema_instance.instance(json.loads(params["json_schema"]))
+            words = json.dumps(value).split(" ")
         for stop in _as_list(params.get("stop")):
             if stop in words:
                 return words[:words.index(stop)], {"type": "stop", "matched": stop}

@@ -45,6 +45,9 @@ VLLM_ARGS: dict[str, tuple] = {
     "max_cpu_loras": (int,),
     "cpu_offload_gb": _NUM,
     "distributed_executor_backend": (str,),
+    # Not an AsyncEngineArgs field: trident's vLLM model takes it out and reads tool calls
+    # with vLLM's ToolParserManager parser of that name (tool_choice "auto").
+    "tool_call_parser": (str,),
 }
 
 # sglang.Engine / ServerArgs fields.
@@ -74,6 +77,7 @@ SGLANG_ARGS: dict[str, tuple] = {
     "enable_metrics": (bool,),
     "log_level": (str,),
     "incremental_streaming_output": (bool,),   # trident's model handles both stream forms
+    "tool_call_parser": (str,),   # SGLang's FunctionCallParser name (qwen25, llama3, ...)
 }
 
 # Runtime knobs of the tensorrtllm backend (config.pbtxt parameters); build-time knobs live
@@ -108,6 +112,18 @@ _CHOICES = {
                                     "routing-key", "hrrn", "shortest-prefill-first"),
     ("tensorrt_llm", "batch_scheduler_policy"): ("max_utilization", "guaranteed_no_evict"),
     ("vllm", "kv_cache_dtype"): ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"),
+    # vLLM 0.32's registered tool parsers (vllm/tool_parsers/__init__.py); a test checks
+    # this list against the installed vLLM. SGLang's names are its own to check at start.
+    ("vllm", "tool_call_parser"): (
+        "apertus", "cohere_command3", "cohere_command4", "deepseek_v3", "deepseek_v31",
+        "deepseek_v32", "deepseek_v4", "deepseek_v41", "dots", "ernie45", "functiongemma",
+        "gemma4", "gigachat3", "glm45", "glm47", "granite", "granite-20b-fc", "granite4",
+        "hermes", "hf", "hunyuan_a13b", "hy_v3", "hy_v4", "inkling", "internlm", "jamba",
+        "k2_horizon", "kimi_k2", "kimi_k3", "lfm2", "ling3", "llama3_json", "llama4_json",
+        "llama4_pythonic", "longcat", "mimo", "minicpm5", "minimax_m2", "minimax_m3",
+        "mistral", "muse_glimmer", "olmo3", "openai", "phi4_mini_json", "plamo3",
+        "poolside_v1", "pythonic", "qwen3_coder", "qwen3_json", "qwen3_xml", "seed_oss",
+        "step3", "step3p5", "xlam"),
 }
 
 POSITIVE_INTS = {"tensor_parallel_size", "pipeline_parallel_size", "tp_size", "pp_size",

@@ -11,6 +11,8 @@ import json
 from trident_common.deltas import Delta
 from trident_common.engine_model import AsyncEngineModel
 from trident_common.request import BadRequest, check_adapter, check_sampling_keys
+from trident_common.structured import check_json_schema, to_sglang, with_tools
+from trident_common.tool_calls import call, collect, forced_calls
 
 # trident's sampling names (vLLM's, as clients of vllm_backend send them) → SGLang's
 # SamplingParams names. Anything else is rejected, so a typo never silently samples
@@ -36,6 +38,7 @@ SAMPLING_NAMES = {
     "json_schema": "json_schema",
     "regex": "regex",
     "ebnf": "ebnf",
+    "structural_tag": "structural_tag",
 }
 
 # HTTP-like status codes SGLang puts on an abort it decided itself (input too long,
@@ -45,6 +48,10 @@ _CLIENT_ERROR = range(400, 500)
 
 def map_sampling(params: dict, max_tokens: int) -> dict:
     """trident's sampling parameters → SGLang's sampling_params dict; raises BadRequest."""
+    params = dict(params)
+    structured = params.pop("structured_outputs", None)   # vLLM's name, trident's interface
+    if structured is not None:
+        params.update(to_sglang(structured))
     check_sampling_keys(params, SAMPLING_NAMES, "sglang")
     mapped = {SAMPLING_NAMES[key]: value for key, value in params.items()}
     if isinstance(mapped.get("json_schema"), dict):   # SGLang takes the schema as text
@@ -107,25 +114,64 @@ class TritonPythonModel(AsyncEngineModel):
         self.loras = set(config.get("lora_paths") or ())   # adapter names (spec order)
         self._incremental = bool(getattr(self.engine.server_args,
                                          "incremental_streaming_output", False))
+        # SGLang's own tool parser name (a ServerArgs field, from the spec's engine_args).
+        self._tool_parser = getattr(self.engine.server_args, "tool_call_parser", None)
+        # xgrammar's import takes seconds: at load, not in a client's first request.
+        check_json_schema('{"type": "object"}', "")
 
     def make_sampling(self, request):
         # SGLang names the adapter per request in lora_path (its name in lora_paths).
         lora = check_adapter(request.lora_name, self.loras, self.model_name)
-        return map_sampling(request.sampling, request.max_tokens), lora
+        values, tag = with_tools(request.sampling, request.tool_plan)
+        params = map_sampling(values, request.max_tokens)
+        if params.get("json_schema"):
+            check_json_schema(params["json_schema"], tag or "[response_format] ")
+        return params, lora, self._extractor(request)
 
-    async def render_chat(self, messages: list) -> str:
+    def _extractor(self, request):
+        """How the calls are read out of this request's answer (None: no tools): the
+        JSON a forced choice constrained, or SGLang's FunctionCallParser for auto."""
+        plan = request.tool_plan
+        if plan is None:
+            return None
+        if plan.forced:
+            def forced(text):
+                calls = forced_calls(plan, text)
+                return (None, calls) if calls else (text, [])
+            return forced
+        if not self._tool_parser:
+            raise BadRequest(f"[tool_choice] model {self.model_name} has no tool parser "
+                             "(engine_args.tool_call_parser in the spec): tool_choice auto "
+                             "cannot be read; required or a named function can")
+        from sglang.srt.entrypoints.openai.protocol import Tool
+        from sglang.srt.function_call.function_call_parser import FunctionCallParser
+
+        parser = FunctionCallParser([Tool(**tool) for tool in plan.tools], self._tool_parser)
+
+        def auto(text):
+            if not parser.has_tool_call(text):
+                return text, []
+            content, items = parser.parse_non_stream(text)
+            return content, [call(item.name, item.parameters) for item in items]
+        return auto
+
+    async def render_chat(self, messages: list, tools: list | None = None) -> str:
         tokenizer = self.engine.tokenizer_manager.tokenizer
         if tokenizer is None:
             raise BadRequest("this model has no tokenizer (skip_tokenizer_init): "
                              "send text_input instead of messages")
         try:
-            return tokenizer.apply_chat_template(messages, tokenize=False,
+            return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                                  add_generation_prompt=True)
         except Exception as e:
             raise BadRequest(f"cannot apply the chat template: {e}") from None
 
-    async def stream(self, prompt, sampling, engine_id):
-        params, lora = sampling
+    def stream(self, prompt, sampling, engine_id):
+        params, lora, tools = sampling
+        deltas = self._deltas(prompt, params, lora, engine_id)
+        return deltas if tools is None else collect(deltas, tools)
+
+    async def _deltas(self, prompt, params, lora, engine_id):
         chunks = await self.engine.async_generate(prompt=prompt, sampling_params=params,
                                                   stream=True, rid=engine_id, lora_path=lora)
         texts = TextDeltas(self._incremental)

@@ -20,6 +20,7 @@ class Delta:
     output_tokens: int
     logprobs: list | None = None          # this delta's (returns.logprobs_json)
     cumulative_logprob: float | None = None
+    tool_calls: str | None = None          # JSON list in OpenAI's shape (tool_calls.py)
 
 
 def merge(deltas: list[Delta]) -> Delta:
@@ -31,7 +32,7 @@ def merge(deltas: list[Delta]) -> Delta:
     if any(d.logprobs is not None for d in deltas):
         logprobs = [p for d in deltas if d.logprobs is not None for p in d.logprobs]
     return Delta("".join(d.text for d in deltas), last.finish_reason, last.input_tokens,
-                 last.output_tokens, logprobs, last.cumulative_logprob)
+                 last.output_tokens, logprobs, last.cumulative_logprob, last.tool_calls)
 
 
 def batches(items: Iterable[Delta | Callable]) -> list[Delta | Callable]:

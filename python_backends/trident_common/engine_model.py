@@ -83,8 +83,8 @@ class AsyncEngineModel(abc.ABC):
         """Engine sampling parameters for a request; raises BadRequest."""
 
     @abc.abstractmethod
-    async def render_chat(self, messages: list) -> str:
-        """The prompt for chat messages (the model's chat template)."""
+    async def render_chat(self, messages: list, tools: list | None = None) -> str:
+        """The prompt for chat messages and tools (the model's chat template)."""
 
     @abc.abstractmethod
     def stream(self, prompt: str, sampling, engine_id: str) -> AsyncIterator[Delta]:
@@ -263,7 +263,7 @@ class AsyncEngineModel(abc.ABC):
                 raise EngineDead(dead)
             prompt = request.prompt
             if prompt is None:
-                prompt = await self.render_chat(request.messages)
+                prompt = await self.render_chat(request.messages, request.tools)
             sampling = self.make_sampling(request)
             active.submitted = True
             await self._relay(request, prompt, sampling, active, arrival)

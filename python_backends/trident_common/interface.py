@@ -39,7 +39,13 @@ REQUEST_INPUTS = (
     _text("sampling_parameters"),      # JSON object of vLLM-style sampling values
     Tensor("max_tokens", "TYPE_INT32", (1,), True),
     Tensor("exclude_input_in_output", "TYPE_BOOL", (1,), True),
-) + tuple(Tensor(f"return_{name}", "TYPE_BOOL", (1,), True) for name in RETURNABLE)
+) + tuple(Tensor(f"return_{name}", "TYPE_BOOL", (1,), True) for name in RETURNABLE) + (
+    # Tool calling (chat only; trident_common/tool_calls.py): OpenAI's `tools` as a JSON
+    # list, and `tool_choice` as none / auto / required / a function's name (or OpenAI's
+    # {"type": "function", "function": {"name": ...}} object as JSON).
+    _text("tools"),
+    _text("tool_choice"),
+)
 # Control inputs: the router names each request it forwards, and aborts it by that name
 # (a BLS response iterator cannot cancel).
 REQUEST_ID, ABORT_REQUEST_ID = "request_id", "abort_request_id"
@@ -83,6 +89,9 @@ LLM_OUTPUTS = (
     Tensor("error", "TYPE_STRING", (1,)),
     Tensor("cumulative_logprob", "TYPE_FP32", (1,)),   # only when asked (return_*)
     Tensor("logprobs", "TYPE_STRING", (1,)),           # JSON, only when asked
+    # JSON list of calls in OpenAI's shape, on the last response of an answer that
+    # called tools (its finish_reason is then "tool_calls").
+    Tensor("tool_calls", "TYPE_STRING", (1,)),
 )
 OUTPUT_NAMES = tuple(tensor.name for tensor in LLM_OUTPUTS)
 OUTPUT_DTYPES = {tensor.name: tensor.dtype for tensor in LLM_OUTPUTS}

@@ -22,6 +22,7 @@ from trident_common.sampling import (  # noqa: F401
     coerce_sampling,
     parse_sampling,
 )
+from trident_common.tool_calls import ToolPlan, read_tools
 from trident_common.trust import proves_abort, proves_generate
 
 DEFAULT_MAX_TOKENS = 128
@@ -43,6 +44,8 @@ class GenerateRequest:
     returns: frozenset | None = None
     # Sent by the router (trust.py): only then is request_id registered for its aborts.
     proven: bool = False
+    tools: list | None = None       # for the chat template (tool_calls.py)
+    tool_plan: ToolPlan | None = None   # which calls to enforce or parse (None: none)
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ def parse_generate(get: Callable[[str], Any], parameters: dict | None = None,
     if prompt == "":
         raise BadRequest("text_input is empty")
     messages = parse_messages(messages_value)[0] if has_messages else None
+    tools, tool_plan = read_tools(first_scalar(get("tools")),
+                                  first_scalar(get("tool_choice")), has_messages)
     sampling_json = first_scalar(get("sampling_parameters"))
     if sampling_json is None:
         sampling = coerce_sampling(_sampling_from_parameters(parameters))
@@ -123,6 +128,7 @@ def parse_generate(get: Callable[[str], Any], parameters: dict | None = None,
         exclude_input_in_output=bool(exclude or False),
         request_id=request_id, priority=priority, cache_salt=cache_salt,
         lora_name=lora_name, returns=_returns(get), proven=proven,
+        tools=tools, tool_plan=tool_plan,
     )
 
 

@@ -51,8 +51,12 @@ class Outputs:
             logprobs = delta.logprobs if self.stream else self._logprobs
             if logprobs is not None:   # only there when the sampling values asked
                 out["logprobs"] = json.dumps(logprobs)
+            if delta.tool_calls is not None:
+                out["tool_calls"] = delta.tool_calls
             return out
         asked, out = self.returns, {"text_output": text}
+        if delta.tool_calls is not None:   # no return_* flag: always with the answer
+            out["tool_calls"] = delta.tool_calls
         if "finish_reason" in asked:   # vllm_backend writes vLLM's None as "None"
             out["finish_reason"] = delta.finish_reason or "None"
         if "num_input_tokens" in asked:

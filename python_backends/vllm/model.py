@@ -26,6 +26,9 @@ from trident_common.request import (  # noqa: E402
     describe,
 )
 from trident_common.returns import logprobs_json, wants_logprobs  # noqa: E402
+from trident_common.structured import with_tools  # noqa: E402
+from trident_common.tool_calls import ToolPlan, collect, forced_calls  # noqa: E402
+from trident_common.tool_calls import call as tool_call  # noqa: E402
 from trident_common.triton_io import FINAL, model_parameters  # noqa: E402
 
 # vllm_backend's model parameters (config.pbtxt `parameters`), with its meanings.
@@ -106,6 +109,8 @@ class TritonPythonModel(AsyncEngineModel):
         # vLLM refuses a priority unless it schedules by priority (spec tenants' tiers).
         self._by_priority = config.get("scheduling_policy") == "priority"
         self.loras = lora_requests(config.pop("lora_adapters", {}))
+        # The spec's tool parser (vLLM's ToolParserManager name): not an engine argument.
+        self._tool_parser = tool_parser_class(config.pop("tool_call_parser", None))
         # vLLM's host cache of adapters (its LRU, max_cpu_loras, else max_loras): while
         # every adapter fits, one vLLM loaded stays loaded and is never read again.
         self._loras_stay = len(self.loras) <= (config.get("max_cpu_loras")
@@ -153,7 +158,16 @@ class TritonPythonModel(AsyncEngineModel):
 
     def make_sampling(self, request):
         check_sampling_keys(request.sampling, self._sampling_fields, "vllm")
-        values = dict(request.sampling)
+        values, constraint = with_tools(dict(request.sampling), request.tool_plan)
+        plan = request.tool_plan
+        if plan is not None and not plan.forced:
+            if self._tool_parser is None:
+                raise BadRequest(f"[tool_choice] model {self.model_name} has no tool parser "
+                                 "(engine_args.tool_call_parser in the spec): tool_choice "
+                                 "auto cannot be read; required or a named function can")
+            # Tool-call markers are special tokens in many models: keep them in the text
+            # for the parser (vLLM's hermes parser asks the same).
+            values.setdefault("skip_special_tokens", False)
         if wants_logprobs(request.returns) and values.get("logprobs") is None:
             values["logprobs"] = 0   # the sampled token's own logprob only
         if "structured_outputs" in values:
@@ -168,22 +182,65 @@ class TritonPythonModel(AsyncEngineModel):
                                           output_kind=self._delta)
         except self._client_errors as e:   # vLLM's checks of the values (ranges, ...)
             raise BadRequest(f"invalid sampling_parameters: {describe(e)}") from None
+        if params.structured_outputs is not None:
+            self._check_constraint(params, constraint)
         return _Call(params, request.priority if self._by_priority else 0, request.cache_salt,
-                     self.lora_for(request.lora_name))
+                     self.lora_for(request.lora_name), self._extractor(request))
+
+    def _check_constraint(self, params, tag: str) -> None:
+        """A schema, regex or grammar no structured-output backend of this vLLM can
+        compile is the client's error, named before generation: vLLM's own check (the
+        one its input processing runs, backend fallback included), called here so the
+        refusal can name the parameter the constraint came from."""
+        try:
+            params._validate_structured_outputs(
+                self.engine.model_config, self.engine.vllm_config.structured_outputs_config,
+                self.tokenizer)
+        except self._client_errors as e:
+            raise BadRequest(f"{tag}sampling_parameters.structured_outputs cannot be "
+                             f"compiled: {describe(e)}") from None
+
+    def _extractor(self, request):
+        """How the calls are read out of this request's answer (None: no tools)."""
+        plan: ToolPlan | None = request.tool_plan
+        if plan is None:
+            return None
+        if plan.forced:
+            def forced(text):
+                calls = forced_calls(plan, text)
+                return (None, calls) if calls else (text, [])
+            return forced
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        chat = ChatCompletionRequest(model=self.model_name, messages=request.messages,
+                                     tools=plan.tools, tool_choice="auto")
+        parser = self._tool_parser(self.tokenizer, chat.tools)
+
+        def auto(text):
+            found = parser.extract_tool_calls(text, chat)
+            if not found.tools_called:
+                return text, []
+            return found.content, [tool_call(c.function.name, c.function.arguments)
+                                   for c in found.tool_calls]
+        return auto
 
     def lora_for(self, name):
         """The LoRARequest of an adapter named in the request (None: the base model)."""
         name = check_adapter(name, self.loras, self.model_name)
         return None if name is None else self.loras[name]
 
-    async def render_chat(self, messages: list) -> str:
+    async def render_chat(self, messages: list, tools: list | None = None) -> str:
         try:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False,
+            return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                                       add_generation_prompt=True)
         except Exception as e:
             raise BadRequest(f"cannot apply the chat template: {e}") from None
 
-    async def stream(self, prompt, sampling, engine_id):
+    def stream(self, prompt, sampling, engine_id):
+        deltas = self._deltas(prompt, sampling, engine_id)
+        return deltas if sampling.tools is None else collect(deltas, sampling.tools)
+
+    async def _deltas(self, prompt, sampling, engine_id):
         input_tokens = output_tokens = 0
         if sampling.lora is not None:
             await self._load_adapter(sampling.lora)
@@ -265,6 +322,7 @@ class _Call(NamedTuple):
     priority: int
     cache_salt: str | None
     lora: object = None     # vLLM's LoRARequest, or None for the base model
+    tools: object = None    # text -> (content, calls): the tool calls' reader, if any
 
 
 def _refuse_unhealthy(sender) -> None:
@@ -274,6 +332,16 @@ def _refuse_unhealthy(sender) -> None:
         sender.send(flags=FINAL)   # Triton drops the final flag of an error response
     except Exception:
         pass   # the client is gone: nobody is left to tell
+
+
+def tool_parser_class(name: str | None):
+    """vLLM's tool parser class of that name (None: the model parses no calls); an
+    unknown name fails the load (the spec's check knows vLLM's names too)."""
+    if not name:
+        return None
+    from vllm.tool_parsers import ToolParserManager
+
+    return ToolParserManager.get_tool_parser(name)
 
 
 def lora_requests(adapters: dict) -> dict:
