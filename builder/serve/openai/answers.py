@@ -11,7 +11,7 @@ from builder.serve.openai.protocol import Generation
 
 FINISH_REASONS = {"stop": "stop", "eos": "stop", "stop_sequence": "stop", "end": "stop",
                   "length": "length", "max_tokens": "length",
-                  "content_filter": "content_filter"}
+                  "content_filter": "content_filter", "tool_calls": "tool_calls"}
 
 
 def new_id(kind: str) -> str:

@@ -12,8 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from builder.serve.openai import tools as chat_tools
 from builder.serve.openai.errors import invalid
 from builder.serve.openai.limits import INT32_MAX, Limits
+from builder.serve.openai.structured import response_format
 
 DEFAULT_LIMITS = Limits()
 
@@ -24,7 +26,7 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 
 # OpenAI fields with no equivalent here: refused with a 400 naming them, never ignored.
 UNSUPPORTED = {
-    "tools": "tool calling", "functions": "function calling", "audio": "audio output",
+    "functions": "function calling (use tools)", "audio": "audio output",
     "prediction": "predicted outputs", "web_search_options": "web search",
     "suffix": "suffix (text to insert before: the engines only continue a prompt, "
               "they do not fill in between a prefix and a suffix)",
@@ -58,6 +60,8 @@ class Generation:
     echo: bool = False                 # completions: the prompt before the answer
     max_tokens_param: str = "max_tokens"   # the field max_tokens came from (for errors)
     lora_name: str | None = None    # the adapter the client named (None: base model)
+    tools: list | None = None          # chat: OpenAI's tools (tools.py)
+    tool_choice: str | None = None     # none / auto / required / a function's name
     n: int = 1                         # choices asked for (each a generation of its own)
     # Logprobs asked for: how many alternatives per token beside the sampled one (chat's
     # top_logprobs, completions' logprobs); None: no logprobs.
@@ -73,22 +77,19 @@ def parse_chat(body: Any, headers: Mapping[str, str] = {},
     if len(messages) > limits.max_messages:
         raise invalid("messages", f"'messages' holds {len(messages)} messages, more than "
                       f"the limit of {limits.max_messages}", "too_many_messages")
-    tool_choice = body.get("tool_choice")
-    if tool_choice not in (None, "none"):
-        raise invalid("tool_choice", "tool calling is not supported", "unsupported_parameter")
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise invalid("response_format", "only response_format {\"type\": \"text\"} is "
-                      "supported", "unsupported_parameter")
+    tools, tool_choice = chat_tools.parse(body)
+    structured = response_format(body)
     modalities = body.get("modalities")
     if modalities is not None and modalities != ["text"]:
         raise invalid("modalities", "only the text modality is supported",
                       "unsupported_parameter")
+    common = _common(body, headers)
+    if structured is not None:   # response_format, under vLLM's name (structured.py)
+        common["sampling"] = {**common["sampling"], "structured_outputs": structured}
     return Generation("chat", _model(body), messages=[
         _message(m, i, limits.max_message_chars) for i, m in enumerate(messages)],
-        logprobs=_chat_logprobs(body),
-        **_max_tokens(body, ("max_completion_tokens", "max_tokens")),
-        **_common(body, headers))
+        logprobs=_chat_logprobs(body), tools=tools, tool_choice=tool_choice,
+        **_max_tokens(body, ("max_completion_tokens", "max_tokens")), **common)
 
 
 def parse_completion(body: Any, headers: Mapping[str, str] = {},

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from tritonclient.grpc import InferInput
 
+from builder.serve.openai import tools as chat_tools
 from builder.serve.openai.errors import invalid
 from builder.serve.openai.protocol import Generation
 
@@ -52,6 +53,7 @@ class Piece:
     # The logprobs of this response's tokens when asked for (the `logprobs` output:
     # per token, {token id: {logprob, rank, decoded_token}}, the sampled token first).
     logprobs: list | None = None
+    tool_calls: list | None = None   # the answer's calls, on its last response (tools.py)
 
 
 def build_inputs(generation: Generation, info: ModelInfo) -> list:
@@ -78,6 +80,14 @@ def build_inputs(generation: Generation, info: ModelInfo) -> list:
             raise invalid("model", f"model '{info.name}' takes no text prompt (use "
                           "/v1/chat/completions)", "unsupported_model")
         add("text_input", generation.prompt)
+    if generation.tools is not None:
+        if "tools" not in info.inputs:
+            raise invalid("tools", f"model '{info.name}' takes no tools (tool calling "
+                          "needs a vLLM or SGLang model, or the router)",
+                          "unsupported_parameter")
+        for name, value in chat_tools.inputs(generation.tools,
+                                             generation.tool_choice).items():
+            add(name, value)
     if "stream" in info.inputs:
         add("stream", generation.stream)
     if generation.max_tokens is not None:
@@ -104,6 +114,10 @@ def build_inputs(generation: Generation, info: ModelInfo) -> list:
         add("sampling_parameters", json.dumps(sampling))
     elif sampling:
         # A model with one tensor per sampling value (a TRT-LLM ensemble).
+        if "structured_outputs" in sampling:
+            raise invalid("response_format", f"model '{info.name}' has no structured "
+                          "outputs (a vLLM or SGLang model has, or the router)",
+                          "unsupported_parameter")
         for name, value in sampling.items():
             if name not in info.inputs or isinstance(value, (list, dict)):
                 raise invalid(name, f"model '{info.name}' does not take '{name}'",
@@ -131,7 +145,8 @@ def read_piece(result) -> tuple[Piece, str | None]:
                  int(values.get("num_input_tokens") or 0),
                  int(values.get("num_output_tokens") or 0),
                  values.get("served_by") or "",
-                 json.loads(logprobs) if logprobs else None), error
+                 json.loads(logprobs) if logprobs else None,
+                 chat_tools.read(values.get("tool_calls"))), error
 
 
 def first_values(result) -> dict:
