@@ -9,7 +9,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trident_common import interface
-from trident_common.request import DEFAULT_MAX_TOKENS, first_scalar
+from trident_common.request import DEFAULT_MAX_TOKENS, BadRequest, first_scalar
 from trident_common.sampling import check_range, coerce_sampling, parse_sampling
 
 # Inputs only the router reads (routing hints, its own ids); never forwarded as they are.
@@ -75,6 +75,9 @@ class TrtllmAdapter:
         values = {t.name(): t.as_numpy() for t in inputs}
         if "messages" in values:
             raise ValueError("the TRT-LLM ensemble takes text_input, not messages")
+        if "tools" in values or "tool_choice" in values:   # never dropped on the way
+            raise BadRequest("[tools] the TRT-LLM ensemble takes no tools: tool calling "
+                             "needs a vLLM or SGLang model")
         # Typed and range-checked as the engine models do (BadRequest: the client's fault).
         sampling = coerce_sampling(parse_sampling(
             first_scalar(values.get("sampling_parameters"))))
