@@ -11,7 +11,11 @@ Same surface as the parts trident uses, with the real signatures and behaviour:
 - request validation happens when the stream is first awaited: unknown sampling keys
   raise TypeError (msgspec), bad values and prompts over context_length raise ValueError;
 - `engine.tokenizer_manager.abort_request(rid=...)` (synchronous), `.tokenizer`
-  (apply_chat_template), `engine.server_args`, `engine.shutdown()`.
+  (apply_chat_template, decode), `engine.server_args`, `engine.shutdown()`;
+- with `return_logprob=True`, meta_info carries `output_token_logprobs` and, with
+  `top_logprobs_num=k`, `output_top_logprobs` ((logprob, token id, None) triples, from
+  the first token in every chunk unless incremental_streaming_output); the sampled word
+  is always the best one, as greedy decoding makes it.
 
 The "model" is deterministic: a token is a whitespace-separated word; the reply is
 REPLY's words, cut at max_new_tokens (finish "length") or at a stop string (finish
@@ -76,8 +80,21 @@ class ServerArgs:
     extra: dict = field(default_factory=dict)
 
 
+# A word's token id (the double's vocabulary grows as words are first seen).
+VOCAB: dict[str, int] = {}
+
+
+def token_id(word: str) -> int:
+    return VOCAB.setdefault(word, len(VOCAB) + 1)
+
+
 class FakeTokenizer:
-    """apply_chat_template as a ChatML-style template (what Qwen2.5 renders)."""
+    """apply_chat_template as a ChatML-style template (what Qwen2.5 renders); decode
+    as the double writes its text (a space before each word)."""
+
+    def decode(self, ids, **kwargs) -> str:
+        words = {i: w for w, i in VOCAB.items()}
+        return "".join(" " + words[i] for i in ids)
 
     def apply_chat_template(self, messages, tokenize=True, add_generation_prompt=False,
                             **kwargs):
@@ -149,7 +166,8 @@ class Engine:
         if lora_path is not None and lora_path not in loaded:
             # SGLang refuses a name its lora_paths did not load.
             raise ValueError(f"LoRA adapter {lora_path!r} is not loaded")
-        chunks = self._generate(prompt, dict(sampling_params or {}), rid, stream)
+        top = (top_logprobs_num or 0) if return_logprob else None
+        chunks = self._generate(prompt, dict(sampling_params or {}), rid, stream, top)
         if stream is True:
             return chunks
         return await chunks.__anext__()
@@ -163,7 +181,8 @@ class Engine:
         self._released.set()
 
     # -- the "model" --------------------------------------------------------------------
-    async def _generate(self, prompt: str, params: dict, rid: str, stream: bool):
+    async def _generate(self, prompt: str, params: dict, rid: str, stream: bool,
+                        top: int | None = None):
         prompt_tokens = self._validate(prompt, params)
         cached = self._cached_prefix(prompt_tokens)
         state = self.tokenizer_manager.rid_to_state[rid] = {"aborted": False}
@@ -196,6 +215,10 @@ class Engine:
                 meta = {"id": rid, "finish_reason": reason,
                         "prompt_tokens": len(prompt_tokens),
                         "completion_tokens": len(emitted), "cached_tokens": cached}
+                if top is not None:
+                    incremental = stream and self.server_args.incremental_streaming_output
+                    meta.update(_logprobs(emitted, top, sent_text.count(" ")
+                                          if incremental else 0))
                 chunks += 1
                 if reason is not None:
                     self._radix.append(prompt_tokens + emitted)
@@ -268,6 +291,20 @@ class Engine:
             best = max(best, shared)
         # Like SGLang, the last prompt token is always computed (its logits are needed).
         return min(best, max(len(tokens) - 1, 0))
+
+
+def _logprobs(emitted: list[str], top: int, start: int) -> dict:
+    """meta_info's logprob lists for emitted[start:]: the sampled word best, then other
+    words of the reply, each a nat less likely than the one before."""
+    words = list(dict.fromkeys(REPLY.split()))
+    sampled, tops = [], []
+    for i in range(start, len(emitted)):
+        word, logprob = emitted[i], -0.25 * (1 + i % 3)
+        sampled.append((logprob, token_id(word), None))
+        others = [w for w in words if w != word][:max(top - 1, 0)]
+        tops.append([(logprob, token_id(word), None)][:top] + [
+            (logprob - 1 - j, token_id(w), None) for j, w in enumerate(others)])
+    return {"output_token_logprobs": sampled, "output_top_logprobs": tops}
 
 
 def _as_list(value) -> list:

@@ -11,6 +11,7 @@ import json
 from trident_common.deltas import Delta
 from trident_common.engine_model import AsyncEngineModel
 from trident_common.request import BadRequest, check_adapter, check_sampling_keys
+from trident_common.sglang_logprobs import Positions, request_args
 from trident_common.structured import check_json_schema, to_sglang, with_tools
 from trident_common.tool_calls import call, collect, forced_calls
 
@@ -40,6 +41,9 @@ SAMPLING_NAMES = {
     "ebnf": "ebnf",
     "structural_tag": "structural_tag",
 }
+# Not a SamplingParams field: map_sampling keeps it, and _deltas takes it out for
+# async_generate's return_logprob / top_logprobs_num (trident_common/sglang_logprobs.py).
+LOGPROBS = "logprobs"
 
 # HTTP-like status codes SGLang puts on an abort it decided itself (input too long,
 # out of memory, ...); an abort we asked for carries none.
@@ -52,8 +56,11 @@ def map_sampling(params: dict, max_tokens: int) -> dict:
     structured = params.pop("structured_outputs", None)   # vLLM's name, trident's interface
     if structured is not None:
         params.update(to_sglang(structured))
+    logprobs = params.pop(LOGPROBS, None)
     check_sampling_keys(params, SAMPLING_NAMES, "sglang")
     mapped = {SAMPLING_NAMES[key]: value for key, value in params.items()}
+    if logprobs is not None:
+        mapped[LOGPROBS] = logprobs
     if isinstance(mapped.get("json_schema"), dict):   # SGLang takes the schema as text
         mapped["json_schema"] = json.dumps(mapped["json_schema"])
     mapped["max_new_tokens"] = max_tokens
@@ -172,8 +179,12 @@ class TritonPythonModel(AsyncEngineModel):
         return deltas if tools is None else collect(deltas, tools)
 
     async def _deltas(self, prompt, params, lora, engine_id):
+        params = dict(params)
+        logprobs = request_args(params.pop(LOGPROBS, None))
+        positions = Positions(self._incremental, self._decode)
         chunks = await self.engine.async_generate(prompt=prompt, sampling_params=params,
-                                                  stream=True, rid=engine_id, lora_path=lora)
+                                                  stream=True, rid=engine_id, lora_path=lora,
+                                                  **logprobs)
         texts = TextDeltas(self._incremental)
         cached, counted = 0, False
         try:
@@ -181,6 +192,8 @@ class TritonPythonModel(AsyncEngineModel):
             while chunk is not None:
                 cached = int((chunk.get("meta_info") or {}).get("cached_tokens") or cached)
                 delta = delta_from_chunk(chunk, texts)
+                if logprobs:
+                    delta.logprobs = positions.next(chunk.get("meta_info") or {})
                 if delta.finish_reason:
                     self._count_cached(cached)
                     counted = True
@@ -190,6 +203,11 @@ class TritonPythonModel(AsyncEngineModel):
             if not counted:  # aborted or failed: the cache hit still happened
                 self._count_cached(cached)
             await chunks.aclose()
+
+    def _decode(self, token_id: int) -> str:
+        """A token's text, for logprobs SGLang gives without it."""
+        tokenizer = self.engine.tokenizer_manager.tokenizer
+        return "" if tokenizer is None else tokenizer.decode([token_id])
 
     def _count_cached(self, tokens: int) -> None:
         if tokens > 0:

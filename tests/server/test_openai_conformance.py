@@ -7,8 +7,9 @@ validate each chunk). Tool calls and structured outputs have their own modules.
 
 The double's "model" speaks a fixed reply (fake_sglang.REPLY, one word a token), so its
 cases check what the engine model and the frontend do with it (stop strings, limits,
-choices, usage); what needs a model's numbers (logprobs, seeds, logit_bias) is asked of
-vLLM. Greedy (temperature 0) unless a case is about sampling.
+choices, usage, logprobs: the double's sampled word is always its best); what needs a
+model's numbers (seeds, logit_bias) is asked of vLLM. Greedy (temperature 0) unless a
+case is about sampling.
 """
 from __future__ import annotations
 
@@ -297,7 +298,7 @@ def test_logit_bias_bans_or_forces_a_token(url, engine, default_server, bias, st
 
 # -- logprobs ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("engine", ["vllm"])
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("top", [None, 1, 3])
 @pytest.mark.parametrize("mode, stream", MODES)
 def test_chat_logprobs_cover_every_token_in_openais_shape(url, engine, top, mode, stream):
@@ -320,7 +321,7 @@ def test_chat_logprobs_cover_every_token_in_openais_shape(url, engine, top, mode
                                 abs_tol=1e-4)
 
 
-@pytest.mark.parametrize("engine", ["vllm"])
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("top", [0, 2, 5])
 @pytest.mark.parametrize("mode, stream", MODES)
 def test_completion_logprobs_are_parallel_lists(url, engine, top, mode, stream):
@@ -339,7 +340,7 @@ def test_completion_logprobs_are_parallel_lists(url, engine, top, mode, stream):
         assert max(top, 1) <= len(best) <= top + 1
 
 
-@pytest.mark.parametrize("engine", ["vllm"])
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("stream", [False, True])
 def test_n_with_logprobs_gives_each_choice_its_own(url, engine, stream):
     answer = ask(url, "chat", "sync", stream, n=2, max_tokens=4, logprobs=True,
@@ -361,8 +362,6 @@ def test_n_with_logprobs_gives_each_choice_its_own(url, engine, stream):
 @pytest.mark.parametrize("extra", [{}, {"n": 2}, {"logprobs": True}],
                          ids=["plain", "n2", "logprobs"])
 def test_every_streamed_chunk_is_the_sdks_type(url, engine, path, kind, extra):
-    if engine == "sglang" and "logprobs" in extra:
-        pytest.skip("the SGLang model's logprobs: see the refusal case")
     body = {"model": "router", "max_tokens": 4, "stream": True, "temperature": 0,
             "stream_options": {"include_usage": True}, **extra}
     if kind == "chat":
@@ -428,14 +427,6 @@ def test_a_field_no_engine_can_do_is_400_naming_it(url, engine, kind, extra, par
     assert caught.value.status_code == 400
     assert caught.value.body["param"] == param
     assert param.split(".")[0] in caught.value.message
-
-
-@pytest.mark.parametrize("engine", ["sglang"])
-@pytest.mark.parametrize("stream", [False, True])
-def test_the_sglang_model_refuses_logprobs_in_words(url, engine, stream):
-    with pytest.raises(openai.BadRequestError) as caught:
-        ask(url, "chat", "sync", stream, max_tokens=2, logprobs=True)
-    assert "logprobs" in caught.value.message
 
 
 @pytest.mark.parametrize("engine", ["vllm"])
