@@ -15,10 +15,14 @@ ENGINE_CAPACITY_KEYS = {"vllm": "max_num_seqs", "sglang": "max_running_requests"
 class Inbound:
     """What the router reads from a client's request, once."""
 
-    __slots__ = ("features", "stream", "replaced", "returns", "parameters")
+    __slots__ = ("features", "stream", "replaced", "returns", "parameters", "prompt")
 
-    def __init__(self, features, stream, replaced, returns=None, parameters=None):
+    def __init__(self, features, stream, replaced, returns=None, parameters=None,
+                 prompt=None):
         self.features, self.stream, self.replaced = features, stream, replaced
+        # The prompt as the replicas' prefix index reads it (prefix_index.prompt_key);
+        # None when no backend has replicas.
+        self.prompt = prompt
         # The client's request parameters, forwarded to the backend as they are: they may
         # carry sampling values (vllm_backend's dialect). None when there are none.
         self.parameters = parameters

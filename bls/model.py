@@ -32,11 +32,12 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from adapters import ROUTER_ONLY_INPUTS, Adapters  # siblings in the model's directory
-from breaker import HALF_OPEN, BreakerConfig, CircuitBreaker
+from breaker import HALF_OPEN, OPEN, BreakerConfig, CircuitBreaker
 from control import SILENCE_PROBE_S, Controls
 from inbound import QUEUE_FACTOR, Inbound, engine_capacity, inflight_limit
 from policy import ADAPTER_KEYS, Policy, UnknownRoute, features_from
 from relay import CLIENT_ERROR, CallSlots, Relay, Retired
+from replicas import Replicas, tenant_salt
 from router_metrics import RouterMetrics
 from tenants import Tenants
 from trident_common import trust
@@ -104,16 +105,22 @@ class TritonPythonModel:
         self.policy = Policy(self.config)
         backends = self.config["backends"]
         self.adapters = Adapters.from_config(backends)
+        # Gauges carry the instance's name (router_0_1): each instance sets its own.
+        self.metrics = RouterMetrics(self.name, args.get("model_instance_name"))
+        # A backend rendered as replicas is called through them, never by its own name:
+        # breakers, in-flight counts and limits (one engine's) are per replica.
+        self.replicas = Replicas(self.config, self.metrics)
+        targets = self.replicas.targets(backends, self.adapters)
         breaker_config = BreakerConfig.from_dict(self.config["breaker"])
         self.breakers = {name: CircuitBreaker(breaker_config, time.monotonic)
-                         for name in backends}
-        self.inflight = {name: 0 for name in backends}
+                         for name in targets}
+        self.inflight = {name: 0 for name in targets}
         repository = os.path.dirname(os.path.abspath(args["model_repository"]))
-        self.max_inflight = {name: inflight_limit(
+        self.max_inflight = {name: inflight_limit(   # capacity: one replica's, if written
             self.config["max_inflight_per_backend"],
-            engine_capacity(repository, name, info["engine"]),
+            info.get("capacity") or engine_capacity(repository, name, info["engine"]),
             self.config.get("instances", 1))   # router.json: this router's instance count
-            for name, info in backends.items()}
+            for name, info in targets.items()}
         self.deadline_s = self.config["deadline_s"]
         self.first_token_timeout_s = self.config["first_token_timeout_s"]
         streams = sum(self.max_inflight.values())
@@ -127,8 +134,6 @@ class TritonPythonModel:
         self.control_pool = None
         self.loop = self.bls_slots = None
         self.retired = Retired()
-        # Gauges carry the instance's name (router_0_1): each instance sets its own.
-        self.metrics = RouterMetrics(self.name, args.get("model_instance_name"))
         self.controls = Controls(self.adapters, self.metrics, self.pool, self.retired,
                                  self.proof_key)
         self.tenants = Tenants(self.config.get("tenants"), self.metrics, self.deadline_s)
@@ -191,7 +196,13 @@ class TritonPythonModel:
         await self.tenants.run(inbound.features.tenant, work, attempts, sender, self.fail)
 
     async def attempt(self, request, inbound, sender, route, candidates, arrival, attempts):
-        errors, tried = [], False
+        errors, tried, choices = [], False, None
+        if self.replicas:   # replicated backends: their replicas, in the chooser's order
+            # (chosen once the tenant is admitted: a refused request leaves no record)
+            candidates, choices = self.replicas.expand(
+                route, candidates, inbound.features, inbound.prompt,
+                tenant_salt(self.tenants, inbound.features.tenant),
+                lambda name: self.breakers[name].available(), self.inflight)
         for attempt, backend in enumerate(candidates):
             if not self.claim(backend):
                 errors.append(self.unavailable_reason(backend))
@@ -201,7 +212,7 @@ class TritonPythonModel:
             recorded = False
             try:
                 recorded = await self.serve(request, inbound, sender, backend, route,
-                                            arrival, attempts)
+                                            arrival, attempts, choices)
                 return
             except BackendFailed as e:
                 self.record(backend, ok=False)
@@ -257,15 +268,19 @@ class TritonPythonModel:
         returns = {name: bool(first_scalar(values[name].as_numpy()))
                    for name in RETURN_FLAGS if name in values} or None
         return Inbound(features_from(text, messages, hints), stream, replaced, returns,
-                       forwardable(loaded))
+                       forwardable(loaded), self.replicas.prompt(text, messages))
 
-    def available(self, backend):
-        return self.breakers[backend].available() and not self.full(backend)
+    def available(self, backend):   # a replicated one while any of its replicas is
+        return any(self.breakers[name].available() and not self.full(name)
+                   for name in self.replicas.of.get(backend, (backend,)))
 
     def full(self, backend):
-        return self.inflight[backend] >= self.max_inflight[backend]
+        return all(self.inflight[name] >= self.max_inflight[name]
+                   for name in self.replicas.of.get(backend, (backend,)))
 
     def unavailable_reason(self, backend):
+        if backend in self.replicas.of:
+            return "; ".join(map(self.unavailable_reason, self.replicas.of[backend]))
         if self.full(backend):
             return (f"{backend}: {self.inflight[backend]} requests in flight "
                     f"(its limit is {self.max_inflight[backend]}: "
@@ -285,6 +300,8 @@ class TritonPythonModel:
         if breaker.state != before:
             self.log.warning(f"{backend}: circuit breaker {before} -> {breaker.state}")
             self.metrics.breaker_state(backend, breaker.state)
+            if breaker.state == OPEN:   # a replica's engine is dead: so is its cache
+                self.replicas.dropped(backend)
 
     def fail(self, sender, message, reason):
         """Answer with an error response, then the final flag on its own: the same shape
@@ -301,7 +318,8 @@ class TritonPythonModel:
         except Exception:
             pass  # the client is gone
 
-    async def serve(self, request, inbound, sender, backend, route, arrival, attempts):
+    async def serve(self, request, inbound, sender, backend, route, arrival, attempts,
+                    choices=None):
         """One attempt. Raises BackendFailed if nothing reached the client; returns
         whether the backend's outcome was recorded in its breaker."""
         adapter = self.adapters[backend]
@@ -344,6 +362,8 @@ class TritonPythonModel:
         if outcome is not None:
             raise BackendFailed(outcome)
         self.record(backend, ok=True)
+        if choices:
+            self.replicas.routed(backend, choices)
         self.metrics.request(route, backend)
         self.metrics.added_latency(routed_s + relay.first_relay_s)
         return await self.finish(relay, backend, request_id, arrival)

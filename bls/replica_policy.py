@@ -94,9 +94,13 @@ class ReplicaChooser:
         self._turn = 0
 
     def choose(self, replicas: Sequence[str], loads: Mapping[str, ReplicaLoad],
-               hashes: Sequence[int] = (), conversation_id: str | None = None) -> Decision:
+               hashes: Sequence[int] = (), conversation_id: str | None = None,
+               policy: str | None = None) -> Decision:
+        """`policy` overrides the chooser's own for this request (a rule's `policy`: the
+        backend's index and rotation are shared by every rule that routes to it)."""
         if not replicas:
             raise ValueError("no live replica to choose from")
+        policy = policy or self.policy
         start = self._turn % len(replicas)
         self._turn += 1
         rotation = list(replicas[start:]) + list(replicas[:start])
@@ -114,9 +118,9 @@ class ReplicaChooser:
             if home in eligible:
                 return self._decision(home, "affinity", rotation, load, matched)
             spilled = True   # its own replica is past the bound: this turn goes elsewhere
-        if self.policy == "round_robin":
+        if policy == "round_robin":
             chosen, reason = rotation[0], "round_robin"
-        elif self.policy == "least_loaded":
+        elif policy == "least_loaded":
             chosen, reason = min(eligible, key=load.__getitem__), "load"
         else:
             blocks = len(hashes)

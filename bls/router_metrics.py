@@ -70,7 +70,25 @@ class RouterMetrics:
         "latency": ("trident_router_added_latency_seconds",
                     "Router time on the first-token path (before the backend call and "
                     "relaying its first response)", HISTOGRAM),
+        # Replicas (bls/replicas.py): how each request's replica was chosen.
+        "replica_requests": ("trident_router_replica_requests_total",
+                             "Requests a replica took, by backend, policy and reason "
+                             "(affinity, prefix, spill, load, round_robin, fallback)",
+                             COUNTER),
+        "matched_blocks": ("trident_router_replica_matched_blocks",
+                           "Prompt blocks (128 characters) the chosen replica's prefix "
+                           "index matched", HISTOGRAM),
+        "decision": ("trident_router_replica_decision_seconds",
+                     "Time to choose a replica: hashing the prompt, matching, scoring",
+                     HISTOGRAM),
+        "index_blocks": ("trident_router_replica_index_blocks",
+                         "Blocks in this router instance's prefix index per replica", GAUGE),
+        "index_updated": ("trident_router_replica_index_updated_timestamp_seconds",
+                          "Unix time of the last prompt recorded for a replica (its age: "
+                          "time() minus this)", GAUGE),
     }
+    MATCHED_BUCKETS = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    DECISION_BUCKETS = [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.001, 0.005]
 
     def __init__(self, router, instance=None):
         self.router = router
@@ -115,6 +133,21 @@ class RouterMetrics:
 
     def added_latency(self, seconds):
         self._latency.observe(seconds)
+
+    def replica_decision(self, backend, matched_blocks, seconds):
+        labels = (("backend", backend),)
+        self.metric("matched_blocks", labels, self.MATCHED_BUCKETS).observe(matched_blocks)
+        self.metric("decision", labels, self.DECISION_BUCKETS).observe(seconds)
+
+    def replica_request(self, backend, replica, policy, reason):
+        self.metric("replica_requests", (("backend", backend), ("replica", replica),
+                                         ("policy", policy), ("reason", reason))).increment(1)
+
+    def replica_index(self, backend, replica, blocks, updated_at=None):
+        labels = (("backend", backend), ("replica", replica))
+        self.metric("index_blocks", labels).set(blocks)
+        if updated_at is not None:
+            self.metric("index_updated", labels).set(updated_at)
 
     def finalize(self):
         self.writes.close()   # what was queued is written first

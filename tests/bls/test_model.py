@@ -277,7 +277,7 @@ def router_modules():
     stub.InferenceRequest = BlsRequest
     stub.get_output_tensor_by_name = get_output_tensor_by_name
     bound = ("adapters", "breaker", "control", "inbound", "policy", "relay", "router_metrics",
-             "tenants",
+             "tenants", "replicas", "replica_policy", "prefix_index",
              "tenant_store",
              "trident_common.metrics", "trident_common.request", "trident_common.interface",
              "trident_common.log",
@@ -313,12 +313,22 @@ def router(tmp_path):
                 backend.buried.set()
 
 
-def make_router(module, tmp_path, models, backends=(), **router_overrides):
+def make_router(module, tmp_path, models, backends=(), replicas=None, policies=None,
+                tenants=None, **router_overrides):
+    """`replicas`: backend → its replicas' model names, and `policies`: backend → its
+    replica policy, written into router.json as the renderer writes them; `tenants`: the
+    spec's tenants section."""
     data = json.loads(json.dumps(SPEC))
     data["router"].update(router_overrides)
+    if tenants is not None:
+        data["tenants"] = tenants
     (tmp_path / "1").mkdir(exist_ok=True)
-    (tmp_path / "1" / "router.json").write_text(
-        json.dumps(router_config(parse_spec(data, "<test>"))))
+    config = router_config(parse_spec(data, "<test>"))
+    for backend, names in (replicas or {}).items():
+        config["backends"][backend]["replicas"] = list(names)
+    for backend, policy in (policies or {}).items():
+        config["backends"][backend]["policy"] = policy
+    (tmp_path / "1" / "router.json").write_text(json.dumps(config))
     BlsRequest.backends = {b.name: b for b in backends}
     model = module.TritonPythonModel()
     model.initialize({"model_repository": str(tmp_path), "model_version": "1"})

@@ -166,3 +166,17 @@ def test_a_replica_with_a_full_kv_cache_is_not_chosen_first():
 def test_an_unknown_policy_is_refused_with_its_field():
     with pytest.raises(ValueError, match="router.policy: 'sticky' is not one of"):
         ReplicaChooser("sticky")
+
+
+def test_a_rules_policy_overrides_the_backends_for_its_requests():
+    """One backend's chooser serves every rule that routes to it: a rule's policy applies
+    to its own requests, the index stays shared."""
+    chooser = ReplicaChooser("prefix_aware", PrefixIndex())
+    hashes = chooser.index.block_hashes(prompt_key(None, history(1, 1)))
+    chooser.routed("a", hashes)
+    rotated = [chooser.choose(["a", "b"], {}, hashes, policy="round_robin")
+               for _ in range(4)]
+    assert [d.replica for d in rotated] == ["a", "b", "a", "b"]
+    assert {d.reason for d in rotated} == {"round_robin"}
+    decision = chooser.choose(["a", "b"], {}, hashes)    # the backend's own: prefix_aware
+    assert decision.replica == "a" and decision.reason == "prefix"
