@@ -183,7 +183,7 @@ async def _generate(triton: Triton, request: Request, model: str, generation: Ge
         watcher.cancel()   # from here on Starlette watches the client (see _events)
     return SSEResponse(_events(answer, first or [], batches, call),
                        {"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                        **_served(first[0].served_by if first else "")})
+                        **_served(first[0].served_by if first else "")}, call.cancel)
 
 
 def _served(served_by: str) -> dict:

@@ -43,13 +43,15 @@ class LaneApp(FastAPI):
 class SSEResponse(Response):
     """A text/event-stream answer from an async generator of bytes. The client going
     away cancels the writing (the generator is closed, its `finally` runs), as
-    Starlette's StreamingResponse does, with one watcher task and no task group.
-    A Response, so that it can also be returned from a FastAPI route."""
+    Starlette's StreamingResponse does, with one watcher task and no task group; then
+    `on_leave` runs too, for a generator that had not started (its `finally` never
+    would). A Response, so that it can also be returned from a FastAPI route."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[bytes], headers: Mapping[str, str]):
-        self.events = events
+    def __init__(self, events: AsyncIterator[bytes], headers: Mapping[str, str],
+                 on_leave: Callable[[], None] | None = None):
+        self.events, self.on_leave = events, on_leave
         self.status_code = 200
         self.background = None
         self.init_headers(headers)
@@ -82,3 +84,5 @@ class SSEResponse(Response):
             state["finished"] = True
             watcher.cancel()
             await self.events.aclose()   # its finally cancels the gRPC call if unfinished
+            if state["gone"] and self.on_leave is not None:
+                self.on_leave()

@@ -14,6 +14,7 @@ import uvicorn
 
 from builder.errors import TridentError
 from builder.serve.openai.app import create_app
+from builder.serve.openai.coalesce import CoalescingHTTPProtocol
 from builder.serve.openai.limits import Limits
 from builder.serve.openai.policy import DEFAULT_EXPOSE
 from builder.serve.openai.repository import context_tokens
@@ -30,8 +31,10 @@ def _config(triton_url: str, host: str, port: int, api_keys: dict | None,
             admin_key: str | None = None) -> uvicorn.Config:
     app = create_app(triton_url, Triton(triton_url, admin_key), api_keys=api_keys,
                      expose=expose, limits=limits)
+    # CoalescingHTTPProtocol: a streamed answer's headers and first chunk leave in one
+    # write (coalesce.py says why).
     return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                          timeout_graceful_shutdown=5)
+                          timeout_graceful_shutdown=5, http=CoalescingHTTPProtocol)
 
 
 def with_repository(limits: Limits, repo: Path | None) -> Limits:
