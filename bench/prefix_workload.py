@@ -1,0 +1,169 @@
+"""prefix_routing's pure parts: the multi-turn workload, the control's prompts, the
+engines' prefix-cache hit rate from their counters, and the rows (bench/prefix_routing.py
+does the I/O: the server, the client, the scrapes).
+
+The workload (issue 23): CONVERSATIONS conversations at once, TURNS turns each, every one
+opening with the same ~1,000-token system prompt and resending its whole history (its
+earlier questions and the answers it got) with each new question. Each policy's phase has
+its own system prompt and questions (`phase` is the first thing in the system prompt), so
+no phase finds another phase's blocks in an engine's cache. The control shares nothing:
+each prompt starts with its own tag.
+"""
+from __future__ import annotations
+
+import random
+import re
+import statistics
+from dataclasses import dataclass, field
+
+CONVERSATIONS, TURNS = 16, 6
+SYSTEM_WORDS = 700        # ~4,000 characters: ~1,000 SmolLM2 tokens
+QUESTION_WORDS = 40       # ~60 tokens a turn
+_WORDS = ("inventory", "refund", "warranty", "shipping", "invoice", "battery", "firmware",
+          "adapter", "voltage", "manual", "order", "parcel", "courier", "receipt", "cable",
+          "charger", "screen", "keyboard", "replacement", "depot")
+
+
+def system_prompt(phase: str) -> str:
+    rng = random.Random(f"system-{phase}")
+    return (f"Support desk {phase}. You answer customers of a hardware shop. Policy: "
+            + " ".join(rng.choice(_WORDS) for _ in range(SYSTEM_WORDS)) + ".")
+
+
+def question(phase: str, conversation: int, turn: int) -> str:
+    rng = random.Random(f"question-{phase}-{conversation}-{turn}")
+    return (f"Customer {conversation}, question {turn}: "
+            + " ".join(rng.choice(_WORDS) for _ in range(QUESTION_WORDS)) + "?")
+
+
+@dataclass
+class Conversation:
+    """One conversation's messages; each turn adds its question, then the answer it got."""
+
+    phase: str
+    number: int
+    messages: list[dict] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.messages:
+            self.messages = [{"role": "system", "content": system_prompt(self.phase)}]
+
+    @property
+    def turn(self) -> int:
+        """The turn the next request is (1 for the first)."""
+        return sum(1 for m in self.messages if m["role"] == "user") + 1
+
+    def ask(self) -> list[dict]:
+        """The next request's messages: the history and the next question."""
+        return [*self.messages,
+                {"role": "user", "content": question(self.phase, self.number, self.turn)}]
+
+    def answered(self, asked: list[dict], answer: str) -> None:
+        self.messages = [*asked, {"role": "assistant", "content": answer}]
+
+
+def control_prompt(phase: str, n: int) -> str:
+    """A prompt sharing no prefix with any other: its own tag comes first."""
+    rng = random.Random(f"control-{phase}-{n}")
+    return (f"[{phase}-{n}-{rng.getrandbits(64):016x}] Write a reply to this customer: "
+            + " ".join(rng.choice(_WORDS) for _ in range(120)))
+
+
+# -- the engines' counters -------------------------------------------------------------
+
+PROMPT_TOKENS = "trident_prompt_tokens_total"
+CACHED_TOKENS = "trident_prefix_cached_tokens_total"
+_SAMPLE = re.compile(r'^(\w+)\{([^}]*)\}\s+(\S+)\s*$')
+
+
+def counters(text: str, models: list[str]) -> dict[str, dict[str, float]]:
+    """{model: {metric: value}} of the prompt and cached-token counters, from Prometheus
+    text. Only a model's own series count (labels exactly {model}): an adapter's series
+    (model and adapter) are part of it already."""
+    wanted = {PROMPT_TOKENS, CACHED_TOKENS}
+    out = {m: dict.fromkeys(wanted, 0.0) for m in models}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if not match or match.group(1) not in wanted:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
+        if set(labels) == {"model"} and labels["model"] in out:
+            out[labels["model"]][match.group(1)] = float(match.group(3))
+    return out
+
+
+def hit_rate(before: dict, after: dict) -> dict:
+    """The engines' prefix-cache hit rate between two scrapes: cached / prompt tokens,
+    each replica's and all together (None where no prompt token was processed)."""
+    per, cached_all, prompt_all = {}, 0.0, 0.0
+    for model in after:
+        cached = after[model][CACHED_TOKENS] - before.get(model, {}).get(CACHED_TOKENS, 0.0)
+        prompt = after[model][PROMPT_TOKENS] - before.get(model, {}).get(PROMPT_TOKENS, 0.0)
+        per[model] = {"prompt_tokens": prompt, "cached_tokens": cached,
+                      "hit_rate": cached / prompt if prompt else None}
+        cached_all += cached
+        prompt_all += prompt
+    return {"hit_rate": cached_all / prompt_all if prompt_all else None,
+            "prompt_tokens": prompt_all, "cached_tokens": cached_all,
+            "computed_tokens": prompt_all - cached_all, "replicas": per}
+
+
+def percentile(values: list[float], pct: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * pct / 100))]
+
+
+def ttft_summary(ttfts: dict[int, list[float]]) -> dict:
+    """TTFT (s) per turn, and p50 over turns 2 and later (the turns a cache can serve)."""
+    later = [t for turn, values in ttfts.items() if turn >= 2 for t in values]
+    return {"p50_turns_2_on": percentile(later, 50), "p90_turns_2_on": percentile(later, 90),
+            "p50_by_turn": {turn: statistics.median(v) for turn, v in sorted(ttfts.items())}}
+
+
+# -- rows ------------------------------------------------------------------------------
+
+def rows(phases: dict[str, dict], control: dict[str, dict]) -> list[dict]:
+    """Issue 23's targets, prefix_aware against the oracle and round_robin; where
+    prefix_aware did not run, the oracle against round_robin, reported only."""
+    rr, oracle, aware = (phases.get(p) for p in ("round_robin", "oracle", "prefix_aware"))
+    out = []
+    if aware and oracle:
+        out.append(_row("hit rate: prefix_aware vs oracle", aware["hit_rate"],
+                        oracle["hit_rate"], "within 5 points of oracle",
+                        aware["hit_rate"] >= oracle["hit_rate"] - 0.05))
+    if aware and rr:
+        out.append(_row("hit rate: prefix_aware vs round_robin", aware["hit_rate"],
+                        rr["hit_rate"], ">= round_robin + 15 points",
+                        aware["hit_rate"] >= rr["hit_rate"] + 0.15))
+        ours, base = aware["ttft"]["p50_turns_2_on"], rr["ttft"]["p50_turns_2_on"]
+        out.append(_row("TTFT p50 turns 2-6 (s): prefix_aware vs round_robin", ours, base,
+                        "<= 0.6x round_robin", ours <= 0.6 * base, ratio=True))
+        out.append(_row("prompt tokens prefilled: prefix_aware vs round_robin",
+                        aware["computed_tokens"], rr["computed_tokens"], "report", None,
+                        ratio=True))
+        out.append(_row("phase wall (s): prefix_aware vs round_robin", aware["wall_s"],
+                        rr["wall_s"], "report", None, ratio=True))
+    elif oracle and rr:
+        out.append(_row("hit rate: oracle vs round_robin (prefix_aware not run)",
+                        oracle["hit_rate"], rr["hit_rate"], "report", None))
+        out.append(_row("TTFT p50 turns 2-6 (s): oracle vs round_robin",
+                        oracle["ttft"]["p50_turns_2_on"], rr["ttft"]["p50_turns_2_on"],
+                        "report", None, ratio=True))
+    if "prefix_aware" in control and "round_robin" in control:
+        ours, base = (control[p]["tokens_per_s"] for p in ("prefix_aware", "round_robin"))
+        out.append(_row("control tokens/s: prefix_aware vs round_robin", ours, base,
+                        ">= 0.95x round_robin", ours >= 0.95 * base, ratio=True))
+    return out
+
+
+def _row(metric, ours, direct, target, met, ratio=False) -> dict:
+    """A row of bench/run.py's table; a hit-rate row (ratio False) also says how many
+    points apart the two are, which is what its target is written in."""
+    row = {"metric": metric, "ours": ours, "direct": direct, "target": target, "met": met}
+    if ours is not None and direct:
+        row["ratio"] = ours / direct
+    if not ratio and ours is not None and direct is not None:
+        row["points"] = round(100 * (ours - direct), 1)
+    return row

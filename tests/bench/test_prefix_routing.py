@@ -1,0 +1,142 @@
+"""prefix_routing's pure parts (bench/prefix_workload.py) and its client-side choices
+(bench/prefix_routing.py): the workload the issue asks for, the hit-rate arithmetic on the
+engines' counters as Triton prints them, and the rows against issue 23's targets."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from bench.prefix_routing import TwoModels, balanced_ids, deployment
+from bench.prefix_workload import (
+    CACHED_TOKENS,
+    CONVERSATIONS,
+    PROMPT_TOKENS,
+    TURNS,
+    Conversation,
+    control_prompt,
+    counters,
+    hit_rate,
+    rows,
+    ttft_summary,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bls"))
+from prefix_index import PrefixIndex, prompt_key  # noqa: E402  (a sibling of the router)
+from replica_policy import affinity_replica  # noqa: E402
+
+sys.path.pop(0)
+
+
+def test_each_turn_resends_the_history_with_the_answers_it_got():
+    conversation = Conversation("p", 3)
+    first = conversation.ask()
+    assert [m["role"] for m in first] == ["system", "user"]
+    conversation.answered(first, "answer one")
+    second = conversation.ask()
+    assert second[:2] == first and second[2] == {"role": "assistant", "content": "answer one"}
+    assert second[3]["role"] == "user" and second[3]["content"] != first[1]["content"]
+    assert conversation.turn == 2
+
+
+def test_conversations_share_the_system_prompt_of_their_phase_only():
+    a, b, other = Conversation("p", 0), Conversation("p", 1), Conversation("q", 0)
+    assert a.messages == b.messages                     # ~1,000 tokens shared
+    assert 3_500 <= len(a.messages[0]["content"]) <= 6_000
+    assert a.ask()[1] != b.ask()[1]                     # their questions are their own
+    # another phase shares no block with this one: no phase warms another's cache
+    index = PrefixIndex()
+    blocks = index.block_hashes(prompt_key(None, a.ask()))
+    assert not set(blocks) & set(index.block_hashes(prompt_key(None, other.ask())))
+    assert len(set(blocks) & set(index.block_hashes(prompt_key(None, b.ask())))) >= 25
+
+
+def test_control_prompts_share_no_block():
+    index = PrefixIndex()
+    firsts = {index.block_hashes(control_prompt("c", n))[0] for n in range(64)}
+    assert len(firsts) == 64
+
+
+METRICS = f"""# HELP {PROMPT_TOKENS} Prompt tokens processed
+# TYPE {PROMPT_TOKENS} counter
+{PROMPT_TOKENS}{{model="m__r0"}} 1000
+{PROMPT_TOKENS}{{model="m__r1"}} 3000
+{PROMPT_TOKENS}{{adapter="sql",model="m__r1"}} 500
+{PROMPT_TOKENS}{{model="other"}} 99
+{CACHED_TOKENS}{{model="m__r0"}} 900
+{CACHED_TOKENS}{{model="m__r1"}} 1500
+nv_inference_count{{model="m__r0",version="1"}} 7
+"""
+
+
+def test_counters_read_each_replicas_own_series_and_nothing_else():
+    values = counters(METRICS, ["m__r0", "m__r1", "m__r2"])
+    assert values["m__r0"] == {PROMPT_TOKENS: 1000.0, CACHED_TOKENS: 900.0}
+    assert values["m__r1"] == {PROMPT_TOKENS: 3000.0, CACHED_TOKENS: 1500.0}   # no adapter
+    assert values["m__r2"] == {PROMPT_TOKENS: 0.0, CACHED_TOKENS: 0.0}
+
+
+def test_the_hit_rate_is_cached_over_prompt_tokens_between_two_scrapes():
+    before = counters(METRICS, ["m__r0", "m__r1"])
+    after = {"m__r0": {PROMPT_TOKENS: 2000.0, CACHED_TOKENS: 1800.0},   # +1000, +900
+             "m__r1": {PROMPT_TOKENS: 6000.0, CACHED_TOKENS: 1500.0}}   # +3000, +0
+    rates = hit_rate(before, after)
+    assert rates["hit_rate"] == 900 / 4000
+    assert rates["replicas"]["m__r0"]["hit_rate"] == 0.9
+    assert rates["replicas"]["m__r1"]["hit_rate"] == 0.0
+    assert hit_rate(after, after)["hit_rate"] is None   # nothing processed: no rate
+
+
+def test_ttft_p50_counts_turns_two_and_later_only():
+    summary = ttft_summary({1: [9.0, 9.0, 9.0], 2: [0.1, 0.3], 3: [0.2]})
+    assert summary["p50_turns_2_on"] == 0.2
+    assert summary["p50_by_turn"][1] == 9.0
+
+
+def _phase(rate, ttft, computed=1000.0, wall=60.0):
+    return {"hit_rate": rate, "ttft": {"p50_turns_2_on": ttft},
+            "computed_tokens": computed, "wall_s": wall}
+
+
+def test_rows_hold_prefix_aware_to_the_issues_targets():
+    phases = {"round_robin": _phase(0.60, 1.0), "oracle": _phase(0.90, 0.5),
+              "prefix_aware": _phase(0.86, 0.55)}
+    control = {"round_robin": {"tokens_per_s": 100.0}, "prefix_aware": {"tokens_per_s": 96.0}}
+    table = {r["metric"].split(":")[0] + ":" + r["metric"].split(":")[1]: r
+             for r in rows(phases, control)}
+    assert [r["met"] for r in table.values()] == [True, True, True, None, None, True]
+    assert table["hit rate: prefix_aware vs oracle"]["points"] == -4.0
+    phases["prefix_aware"] = _phase(0.74, 0.61, 500.0)   # 6 below oracle, 14 above, 0.61x
+    control["prefix_aware"]["tokens_per_s"] = 94.0
+    table = rows(phases, control)
+    assert [r["met"] for r in table] == [False, False, False, None, None, False]
+    assert table[3]["ratio"] == 0.5   # half the prompt tokens prefilled
+
+
+def test_without_prefix_aware_the_oracle_is_reported_against_round_robin():
+    table = rows({"round_robin": _phase(0.6, 1.0), "oracle": _phase(0.9, 0.5)}, {})
+    assert [r["met"] for r in table] == [None, None]
+    assert table[0]["points"] == 30.0 and table[1]["ratio"] == 0.5
+
+
+def test_the_client_side_policies_of_the_two_model_mode():
+    mode = TwoModels(None, Path("."))
+    mode.use("round_robin", "p")
+    assert [mode.hints(0, sent)["route"] for sent in range(3)] == \
+        ["smollm2_r0", "smollm2_r1", "smollm2_r0"]
+    mode.use("oracle", "p")
+    assert {mode.hints(5, sent)["route"] for sent in range(4)} == {"smollm2_r1"}
+
+
+def test_the_oracles_conversation_ids_pin_eight_conversations_to_each_replica():
+    replicas = ["m__r0", "m__r1"]
+    ids = balanced_ids("phase", replicas)
+    assert len(ids) == CONVERSATIONS and TURNS == 6
+    assert [affinity_replica(ids[n], replicas) for n in range(4)] == replicas * 2
+    assert sum(affinity_replica(i, replicas) == "m__r0" for i in ids.values()) == 8
+
+
+def test_the_two_model_deployment_routes_to_both_copies():
+    spec = deployment(False)
+    assert [m["name"] for m in spec["models"]] == ["smollm2_r0", "smollm2_r1"]
+    assert spec["models"][0]["engine_args"]["enable_prefix_caching"] is True
+    assert deployment(True)["models"][0]["instances"] == 2
