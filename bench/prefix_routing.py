@@ -48,10 +48,13 @@ import yaml
 from bench.common import bench_result
 from bench.prefix_workload import (
     CONVERSATIONS,
+    DECISION,
     TURNS,
     Conversation,
+    buckets,
     control_prompt,
     counters,
+    decision_figures,
     hit_rate,
     rows,
     ttft_summary,
@@ -238,10 +241,12 @@ async def control(url: str, mode, phase: str) -> dict:
 def measured(server, mode, policy: str, phase: str, play) -> dict:
     """One phase: the policy set, the workload played, the counters' difference."""
     mode.use(policy, phase)
-    before = counters(server.metrics_text(), mode.replicas)
+    before = server.metrics_text()
     figures = asyncio.run(play(server.grpc_url, mode, phase))
-    rates = hit_rate(before, counters(server.metrics_text(), mode.replicas))
-    result = {**figures, **rates}
+    after = server.metrics_text()
+    rates = hit_rate(counters(before, mode.replicas), counters(after, mode.replicas))
+    result = {**figures, **rates,
+              "decision": decision_figures(buckets(before, DECISION), buckets(after, DECISION))}
     print(f"prefix_routing: {phase}: hit rate {_pct(rates['hit_rate'])}, "
           f"{json.dumps({k: v for k, v in figures.items() if k != 'ttft'})} "
           f"{json.dumps(figures.get('ttft', {}).get('p50_turns_2_on'))}", flush=True)

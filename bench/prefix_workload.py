@@ -108,6 +108,37 @@ def hit_rate(before: dict, after: dict) -> dict:
             "computed_tokens": prompt_all - cached_all, "replicas": per}
 
 
+DECISION = "trident_router_replica_decision_seconds"
+DECISION_TARGET_S = 50e-6   # issue 23: the decision's p99, on the router's own histogram
+
+
+def buckets(text: str, name: str) -> dict[float, float]:
+    """A histogram's cumulative bucket counts {le: count}, summed over its label sets
+    (every backend and router instance); +Inf as float('inf')."""
+    out: dict[float, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if not match or match.group(1) != f"{name}_bucket":
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
+        le = float(labels.get("le", "inf").replace("+Inf", "inf"))
+        out[le] = out.get(le, 0.0) + float(match.group(3))
+    return out
+
+
+def decision_figures(before: dict[float, float], after: dict[float, float]) -> dict:
+    """The router's decisions between two scrapes: how many, the share at or under the
+    target, and the smallest bucket bound that holds 99% of them (the p99, to a bucket)."""
+    counts = {le: after[le] - before.get(le, 0.0) for le in sorted(after)}
+    total = counts.get(float("inf"), 0.0)
+    if not total:
+        return {"decisions": 0, "share_within_target": None, "p99_at_most_s": None}
+    p99 = next(le for le, count in counts.items() if count >= 0.99 * total)
+    within = max((c for le, c in counts.items() if le <= DECISION_TARGET_S), default=0.0)
+    return {"decisions": total, "share_within_target": within / total,
+            "p99_at_most_s": p99}
+
+
 def percentile(values: list[float], pct: float) -> float | None:
     if not values:
         return None
@@ -151,6 +182,12 @@ def rows(phases: dict[str, dict], control: dict[str, dict]) -> list[dict]:
         out.append(_row("TTFT p50 turns 2-6 (s): oracle vs round_robin",
                         oracle["ttft"]["p50_turns_2_on"], rr["ttft"]["p50_turns_2_on"],
                         "report", None, ratio=True))
+    decision = (aware or {}).get("decision")
+    if decision and decision["decisions"]:
+        out.append({"metric": "router decision p99 (its histogram, bucket bound, us)",
+                    "ours": decision["p99_at_most_s"] * 1e6,
+                    "target": f"<= {DECISION_TARGET_S * 1e6:g} us",
+                    "met": decision["share_within_target"] >= 0.99})
     if "prefix_aware" in control and "round_robin" in control:
         ours, base = (control[p]["tokens_per_s"] for p in ("prefix_aware", "round_robin"))
         out.append(_row("control tokens/s: prefix_aware vs round_robin", ours, base,

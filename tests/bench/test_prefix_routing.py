@@ -10,11 +10,14 @@ from bench.prefix_routing import TwoModels, balanced_ids, deployment
 from bench.prefix_workload import (
     CACHED_TOKENS,
     CONVERSATIONS,
+    DECISION,
     PROMPT_TOKENS,
     TURNS,
     Conversation,
+    buckets,
     control_prompt,
     counters,
+    decision_figures,
     hit_rate,
     rows,
     ttft_summary,
@@ -140,3 +143,23 @@ def test_the_two_model_deployment_routes_to_both_copies():
     assert [m["name"] for m in spec["models"]] == ["smollm2_r0", "smollm2_r1"]
     assert spec["models"][0]["engine_args"]["enable_prefix_caching"] is True
     assert deployment(True)["models"][0]["instances"] == 2
+
+
+def _histogram(counts, backend="m"):
+    bounds = ["1e-05", "2.5e-05", "5e-05", "0.0001", "+Inf"]
+    return "".join(f'{DECISION}_bucket{{backend="{backend}",le="{le}"}} {c}\n'
+                   for le, c in zip(bounds, counts, strict=True)) + \
+        f'{DECISION}_count{{backend="{backend}"}} {counts[-1]}\n'
+
+
+def test_the_decisions_p99_is_read_from_the_routers_histogram_between_two_scrapes():
+    before = buckets(_histogram([5, 5, 5, 5, 5]), DECISION)
+    # 200 decisions since: 150 within 25 us, 198 within 50 us, 200 within 100 us
+    after = buckets(_histogram([105, 155, 203, 205, 205]) + _histogram([0, 0, 0, 0, 0], "x"),
+                    DECISION)
+    figures = decision_figures(before, after)
+    assert figures == {"decisions": 200, "share_within_target": 0.99,
+                       "p99_at_most_s": 5e-05}
+    after = buckets(_histogram([105, 155, 202, 205, 205]), DECISION)    # 197 of 200
+    assert decision_figures(before, after)["p99_at_most_s"] == 0.0001
+    assert decision_figures(before, before)["decisions"] == 0
