@@ -349,8 +349,9 @@ class AsyncEngineModel(abc.ABC):
         active.outlet.build = build
         async for delta in self.stream(prompt, sampling, active.engine_id):
             if first_at is None and delta.output_tokens:
-                first_at = time.monotonic()
-                self._later(active, self.metrics.ttft.observe, first_at - arrival)
+                first_at = time.monotonic()   # written after this token's send (defer)
+                self.outbox.defer(active.outlet, functools.partial(
+                    self.metrics.ttft.observe, first_at - arrival))
             if delta.finish_reason:
                 final = delta
             if request.stream:

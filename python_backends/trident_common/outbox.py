@@ -12,6 +12,10 @@ an idle thread is sent at once, so an idle path never holds a token back.
 
 Order per stream is the order of `push`; a callable item (an error response, the final
 flag, a metric write that must precede the client's last response) runs in its place.
+A `defer`red callable (a metric write no response waits for) may run later: after the
+stream's next data response unless that one is its last, before its next callable. So
+the first token of a stream that is not also its last leaves before the request's
+time-to-first-token write (a round trip), not behind it.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ class Outlet:
         self.owner = owner                      # what the callbacks are told about
         self.items: deque = deque()             # appended by the loop, taken by the thread
         self.queued = False
+        self.held: list = []                    # deferred callables the thread holds
         self.next_check, self.check_every_s = first_check, check_every_s
         self.stopped = False                    # the client left, or a send failed
 
@@ -60,6 +65,13 @@ class Outbox:
         if not outlet.queued:
             outlet.queued = True
             self._queue.put(outlet)
+
+    def defer(self, outlet: Outlet, function: Callable[[], None]) -> None:
+        """Queue `function` for the stream, to run after its next data response unless
+        that is its last (then before it), and before any later callable. It does not
+        wake the thread: an item pushed after it will (every stream ends with a final
+        delta or a callable)."""
+        outlet.items.append(_Deferred(function))
 
     def call(self, function: Callable, *args) -> None:
         """Run function(*args) on the thread, after everything queued before it (e.g. a
@@ -89,15 +101,28 @@ class Outbox:
         outlet.queued = False
         items = []
         while outlet.items:
-            items.append(outlet.items.popleft())
+            item = outlet.items.popleft()
+            # A deferred write may run later than its place, never after a callable or
+            # the last response: held apart, so deltas on either side of it still merge.
+            (outlet.held if isinstance(item, _Deferred) else items).append(item)
         for item in batches(items):
             if not isinstance(item, Delta):
+                self._run_held(outlet)
                 quietly(item)
                 continue
+            if item.finish_reason or outlet.stopped:
+                self._run_held(outlet)
             if not outlet.stopped:
                 self._send(outlet, item)
             if outlet.stopped and item.finish_reason:   # no more data: still end it, once
                 quietly(outlet.sender.send, None, outlet.final_flag)
+            self._run_held(outlet)   # after a data response: off its path
+
+    @staticmethod
+    def _run_held(outlet: Outlet) -> None:
+        held, outlet.held = outlet.held, []
+        for deferred in held:
+            quietly(deferred.function)
 
     def _send(self, outlet: Outlet, delta: Delta) -> None:
         final = bool(delta.finish_reason)
@@ -119,6 +144,15 @@ class Outbox:
             return False
         outlet.next_check = now + outlet.check_every_s
         return True
+
+
+class _Deferred:
+    """A callable queued with Outbox.defer."""
+
+    __slots__ = ("function",)
+
+    def __init__(self, function: Callable[[], None]):
+        self.function = function
 
 
 def quietly(function: Callable, *args) -> None:

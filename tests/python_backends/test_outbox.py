@@ -170,3 +170,66 @@ def test_streams_do_not_wait_for_each_other_to_finish():
     box.close()
     assert [d.text for d, _ in first.sent] in ([" a0 a1"], [" a0", " a1"])
     assert [d.text for d, _ in second.sent] == [" b0"]
+
+
+# -- deferred writes (Outbox.defer) ---------------------------------------------------
+
+
+def test_a_deferred_write_runs_after_the_next_data_response_not_before_it():
+    """The first token leaves before its time-to-first-token write, which still runs
+    before the stream's next callable."""
+    box, sender = Box(), Sender()
+    sender.gate = threading.Event()
+    outlet, seen = box.outlet(sender), []
+    box.outbox.push(outlet, delta(" hold", 1))
+    assert sender.entered.acquire(timeout=5)           # the thread is busy sending
+    box.outbox.push(outlet, delta(" a", 2))
+    box.outbox.defer(outlet, lambda: seen.append(("ttft", len(sender.sent))))
+    box.outbox.push(outlet, lambda: seen.append(("count", len(sender.sent))))
+    box.outbox.push(outlet, delta(" b", 3, "stop"))
+    sender.gate.set()
+    box.close()
+    assert seen == [("ttft", 2), ("count", 2)]
+    assert [d.text for d, _ in sender.sent] == [" hold", " a", " b"]
+
+
+def test_a_deferred_write_runs_before_the_last_response():
+    """A client that has its last response finds the write made."""
+    box, sender = Box(), Sender()
+    sender.gate = threading.Event()
+    outlet, seen = box.outlet(sender), []
+    box.outbox.push(outlet, delta(" hold", 1))
+    assert sender.entered.acquire(timeout=5)
+    box.outbox.defer(outlet, lambda: seen.append(len(sender.sent)))
+    box.outbox.push(outlet, delta(" end", 2, "stop"))
+    sender.gate.set()
+    box.close()
+    assert seen == [1] and sender.finals() == 1
+
+
+def test_deltas_on_either_side_of_a_deferred_write_still_merge():
+    box, sender = Box(), Sender()
+    sender.gate = threading.Event()
+    outlet, seen = box.outlet(sender), []
+    box.outbox.push(outlet, delta(" hold", 1))
+    assert sender.entered.acquire(timeout=5)
+    box.outbox.push(outlet, delta(" a", 2))
+    box.outbox.defer(outlet, lambda: seen.append(len(sender.sent)))
+    box.outbox.push(outlet, delta(" b", 3))
+    sender.gate.set()
+    wait_for(lambda: seen, timeout_s=5)
+    box.close()
+    assert [d.text for d, _ in sender.sent] == [" hold", " a b"] and seen == [2]
+
+
+def test_a_deferred_write_alone_does_not_wake_the_thread():
+    """It waits for the stream's next item (every stream ends with one)."""
+    box, sender = Box(), Sender()
+    outlet, seen = box.outlet(sender), []
+    box.outbox.defer(outlet, lambda: seen.append("ttft"))
+    box.outbox.call(lambda: seen.append("other"))     # the thread ran something after it
+    wait_for(lambda: seen, timeout_s=5)
+    assert seen == ["other"]
+    box.outbox.push(outlet, lambda: seen.append("end"))
+    box.close()
+    assert seen == ["other", "ttft", "end"]
