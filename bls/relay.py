@@ -49,8 +49,9 @@ class Retired:
 class CallSlots:
     """At most `size` attempts wait in a BLS call for their first response; the others
     wait here, first come first served (a freed slot never goes to a newer attempt
-    while an older one waits: that one would pass its first-token timeout). Queued and
-    started on the event loop; a relay thread releases its slot."""
+    while an older one waits: that one would pass its first-token timeout). Queued,
+    started and released on the event loop (a relay hands its slot back once its first
+    response went out, with the outcome: Relay._started)."""
 
     def __init__(self, size, pool, loop):
         self.free, self.pool, self.loop = size, pool, loop
@@ -61,10 +62,7 @@ class CallSlots:
         self.waiting.append((relay, child))
         self._start_waiting()
 
-    def release(self):   # any thread
-        self.loop.call_soon_threadsafe(self._released)
-
-    def _released(self):
+    def released(self):
         self.free += 1
         self._start_waiting()
 
@@ -109,21 +107,21 @@ class Relay:
     # -- worker thread ------------------------------------------------------------------
     def run(self, child, slots):
         """The whole attempt, on a worker thread: call, first response, the rest. The
-        call holds one of `slots` (CallSlots) until the backend's first response."""
+        call holds one of `slots` (CallSlots) until the backend's first response is
+        relayed."""
         responses = None
         try:
-            try:
-                if self.closed:
-                    outcome = "abandoned by the router"
-                else:
-                    responses = child.exec(decoupled=True)
-            finally:
-                slots.release()
-            if responses is not None:
+            if self.closed:
+                outcome = "abandoned by the router"
+            else:
+                responses = child.exec(decoupled=True)
                 outcome = self.start(next(responses, None))
         except Exception as e:  # not loaded, stub unhealthy, ...
             outcome = str(e) or type(e).__name__
-        self.loop.call_soon_threadsafe(_set_once, self.first, outcome)
+        # The slot is freed and the loop told the outcome in one wake-up of the loop,
+        # after the first response went out: a wake-up before the send would take the
+        # GIL from this thread on the first-token path.
+        self.loop.call_soon_threadsafe(self._started, slots, outcome)
         if responses is None:
             return
         if outcome is None:
@@ -132,6 +130,10 @@ class Relay:
             # The attempt is over; its stream is drained here (a BLS iterator dropped
             # unfinished blocks the thread that drops it until the backend's stream ends).
             drain(responses, self.retired)
+
+    def _started(self, slots, outcome):   # on the loop
+        slots.released()
+        _set_once(self.first, outcome)
 
     def start(self, first):
         """Send the first response, or say why not: None, CLIENT_ERROR or the problem

@@ -1,0 +1,116 @@
+"""The router's relay (bls/relay.py) alone: when a BLS call slot is handed back and the
+loop told the first response's outcome, against the stub's fake pb_utils."""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+import threading
+import types
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.fakes import fake_pb_utils as pb
+
+ROOT = Path(__file__).resolve().parents[2]
+FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+@pytest.fixture
+def relay():
+    """bls/relay.py imported as the stub imports it (bare name, the stub's pb_utils)."""
+    stub = types.ModuleType("triton_python_backend_utils")
+    stub.__dict__.update({k: v for k, v in vars(pb).items() if not k.startswith("__")})
+    saved = sys.modules.get("triton_python_backend_utils")
+    sys.modules["triton_python_backend_utils"] = stub
+    sys.path[:0] = [str(ROOT / "python_backends")]
+    try:
+        spec = importlib.util.spec_from_file_location("trident_router_relay",
+                                                      ROOT / "bls" / "relay.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.path[:1]
+        sys.modules.pop("triton_python_backend_utils", None)
+        if saved is not None:
+            sys.modules["triton_python_backend_utils"] = saved
+
+
+class GatedSender(pb.ResponseSender):
+    """Each send waits for `gate`, as a send waits for a busy server."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def send(self, response=None, flags=0):
+        self.entered.set()
+        assert self.gate.wait(5)
+        super().send(response, flags)
+
+
+class Adapter:
+    """The engine models' dialect, reduced: every response is relayed as it is."""
+
+    @staticmethod
+    def split(response):
+        return None, response, response.value("finish_reason") != ""
+
+
+class Child:
+    """A BLS request whose call returns with its one (final) response, or raises."""
+
+    def __init__(self, error=None):
+        self.error = error
+
+    def exec(self, decoupled=False):
+        if self.error is not None:
+            raise pb.TritonModelException(self.error)
+        text = pb.Tensor("text_output", np.array([b"x"], dtype=np.object_))
+        finish = pb.Tensor("finish_reason", np.array([b"stop"], dtype=np.object_))
+        return iter([pb.InferenceResponse(output_tensors=[text, finish])])
+
+
+def start(relay, sender, child):
+    loop = asyncio.new_event_loop()
+    pool = ThreadPoolExecutor(max_workers=2)
+    slots = relay.CallSlots(1, pool, loop)
+    attempt = relay.Relay(sender, Adapter(), "primary", loop, False, relay.Retired())
+    slots.start(attempt, child)
+    return loop, pool, slots, attempt
+
+
+def test_the_call_slot_is_handed_back_after_the_first_response_went_out(relay):
+    """Not while the relay thread is still sending it: a wake-up of the loop then takes
+    the GIL from the first-token path (and hands the slot to a waiting call early)."""
+    sender = GatedSender()
+    loop, pool, slots, attempt = start(relay, sender, Child())
+    try:
+        assert sender.entered.wait(5)                   # the first send is under way
+        loop.run_until_complete(asyncio.sleep(0.05))    # whatever the thread posted runs
+        assert slots.free == 0 and not attempt.first.done()
+        sender.gate.set()
+        assert loop.run_until_complete(asyncio.wait_for(attempt.first, 5)) is None
+        assert slots.free == 1
+        assert loop.run_until_complete(asyncio.wait_for(attempt.done, 5)) is True
+        assert [flags for _, flags in sender.sent] == [FINAL]
+    finally:
+        sender.gate.set()
+        pool.shutdown(wait=True)
+        loop.close()
+
+
+def test_a_failed_call_hands_its_slot_back_with_the_failure(relay):
+    sender = GatedSender()
+    loop, pool, slots, attempt = start(relay, sender, Child("Stub process is not healthy"))
+    try:
+        outcome = loop.run_until_complete(asyncio.wait_for(attempt.first, 5))
+        assert outcome == "Stub process is not healthy" and slots.free == 1
+        assert sender.sent == []                        # the router falls back, not this
+    finally:
+        pool.shutdown(wait=True)
+        loop.close()
