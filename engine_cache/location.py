@@ -1,18 +1,16 @@
 """Where the S3 tier lives: the one s3:// URI parser of the project, and the endpoint URL.
 
 Neither may carry credentials: they would end up in logs, specs under version control and
-error messages. Credentials come from the standard AWS chain instead."""
+error messages. Credentials come from the standard AWS chain instead. The rules are
+engine_cache/urls.py's, which the spec reads too."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from engine_cache.errors import CacheError
-from engine_cache.redact import host_of, url_credentials
-
-CREDENTIALS_HINT = ("credentials go in the standard AWS environment variables "
-                    "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or an AWS profile (AWS_PROFILE)")
+from engine_cache.redact import host_of
+from engine_cache.urls import AWS_CREDENTIALS_HINT, endpoint_url_problem, s3_uri_problem
 
 
 @dataclass(frozen=True)
@@ -30,17 +28,14 @@ class S3Location:
 
 def parse_s3_uri(uri: str, what: str = "cache location") -> S3Location:
     """s3://bucket[/prefix] -> S3Location; `what` names the setting in error messages."""
-    if not isinstance(uri, str) or not uri.startswith("s3://"):
-        raise CacheError(f"{what} {uri!r} is not an s3://bucket/prefix URI", 2)
-    bucket, _, prefix = uri[len("s3://"):].partition("/")
-    # KEY:SECRET@bucket (a secret may hold "/"), a presigned query, a fragment; a ":" in
-    # the bucket is a credential too (never in a bucket name).
-    problem = url_credentials(uri) or (":" in bucket and "contains credentials")
+    problem = s3_uri_problem(uri)
     if problem:
-        raise CacheError(f"{what} {host_of(uri) if '@' in uri else 's3://...'} {problem}; "
-                         f"{CREDENTIALS_HINT}", 2)
-    if not bucket:
-        raise CacheError(f"{what} {uri!r} names no bucket", 2)
+        # A credential problem (the hint says so) is told without the URI: its host at
+        # most. Any other shows the URI (CacheError still redacts what looks secret).
+        shown = host_of(uri) if isinstance(uri, str) and "@" in uri else (
+            "s3://..." if AWS_CREDENTIALS_HINT in problem else repr(uri))
+        raise CacheError(f"{what} {shown} {problem}", 2)
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
     return S3Location(bucket, prefix.strip("/"))
 
 
@@ -55,13 +50,7 @@ def resolve_endpoint(endpoint_url: str | None) -> str | None:
 
 def check_endpoint_url(url: str) -> None:
     """An http(s)://host[:port] URL without credentials (botocore would echo a bad one)."""
-    problem = url_credentials(url)
+    problem = endpoint_url_problem(url)
     if problem:
-        raise CacheError(f"S3 endpoint URL {host_of(url)} {problem}; {CREDENTIALS_HINT}", 2)
-    try:
-        parts = urlsplit(url)
-        valid = parts.scheme in ("http", "https") and parts.hostname and parts.port != 0
-    except ValueError:            # a non-numeric port, unbalanced brackets
-        valid = False
-    if not valid:
-        raise CacheError(f"S3 endpoint URL {url!r} is not an http(s)://host[:port] URL", 2)
+        shown = host_of(url) if AWS_CREDENTIALS_HINT in problem else repr(url)
+        raise CacheError(f"S3 endpoint URL {shown} {problem}", 2)

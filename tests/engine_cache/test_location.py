@@ -25,10 +25,10 @@ def test_parse_s3_uri(uri, expected):
 
 
 @pytest.mark.parametrize("uri, words", [
-    ("http://bucket/engines", "not an s3://bucket/prefix URI"),
+    ("http://bucket/engines", "not an s3://bucket\\[/prefix\\] URI"),
     ("s3://", "names no bucket"),
     ("s3:///engines", "names no bucket"),
-    (None, "not an s3://bucket/prefix URI"),
+    (None, "not an s3://bucket\\[/prefix\\] URI"),
 ])
 def test_bad_s3_uri_is_bad_input(uri, words):
     with pytest.raises(CacheError, match=words) as e:
