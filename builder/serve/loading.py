@@ -19,6 +19,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 ROUTER_FILE = "router.json"   # rendered beside the router's model.py: its backends
+# How a replica's name ends (builder/spec/router_policy.py; not imported: `trident serve`
+# reads files, not specs).
+REPLICA = "__r"
+_REPLICA = re.compile(rf".+{re.escape(REPLICA)}[0-9]+")
 # The ensemble's composing models in a config.pbtxt (the TensorRT-LLM pipeline).
 _STEP_MODEL = re.compile(r'\bmodel_name\s*:\s*"([^"]+)"')
 
@@ -54,9 +58,11 @@ def dependencies(repository: Path) -> dict[str, set[str]]:
 def load_order(wanted: Iterable[str], depends_on: Mapping[str, set[str]]) -> list[str]:
     """`wanted` in an order where every model comes after the wanted models it calls
     (alphabetical among equals, so a start is repeatable). Only `wanted` is loaded:
-    `--load-model router` alone loads the router alone. A cycle cannot be rendered; if one
-    appears all the same, its models come last, alphabetically."""
-    remaining = sorted(set(wanted))
+    `--load-model router` alone loads the router alone; but a model rendered as replicas
+    is its replicas, so `--load-model chat` loads `chat__r0`, `chat__r1`, then `chat`.
+    A cycle cannot be rendered; if one appears all the same, its models come last,
+    alphabetically."""
+    remaining = sorted(with_replicas(wanted, depends_on))
     order: list[str] = []
     while remaining:
         free = [m for m in remaining
@@ -65,6 +71,14 @@ def load_order(wanted: Iterable[str], depends_on: Mapping[str, set[str]]) -> lis
         order += step
         remaining = [m for m in remaining if m not in step]
     return order
+
+
+def with_replicas(wanted: Iterable[str], depends_on: Mapping[str, set[str]]) -> set[str]:
+    """`wanted` and the replicas of each (`<model>__rN` that `<model>` calls: the
+    forwarder builder/render/replicas.py renders in the model's name)."""
+    models = set(wanted)
+    return models | {called for model in models for called in depends_on.get(model, ())
+                     if _REPLICA.fullmatch(called) and called.rsplit(REPLICA, 1)[0] == model}
 
 
 def request(http_url: str, model: str, action: str, timeout_s: float | None,
