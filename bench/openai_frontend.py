@@ -19,6 +19,12 @@ reason. tokens/s counts the engine's own completion tokens (usage; num_output_to
 The CPU time of the frontend process and of this client is recorded per path, the
 steadiest sign of what the frontend costs on a busy machine.
 
+Then the same 1-stream comparison on a zero-cost engine (the SGLang double of
+bench/zero_cost.py behind `router`, a second server and frontend): vLLM on CPU takes
+~70 ms to a first token, with a spread of several ms between requests, which hides a
+1 ms difference in 16 requests; with an engine that costs nothing the first token comes
+in a few ms, and what is left is Triton, the router and the frontend.
+
 Run by `make bench` (bench/run.py); alone: `.venv/bin/python -m bench.openai_frontend
 [OUT_DIR]`.
 """
@@ -42,11 +48,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python_backends"))
 
 from bench.common import PROMPTS, bench_result  # noqa: E402
+from bench.zero_cost import deployment  # noqa: E402
 from builder.pipeline import build_repository  # noqa: E402
 from builder.serve import admin  # noqa: E402
 from builder.serve.client import build_inputs, first_output  # noqa: E402
 from builder.serve.server import TritonServer, free_port, start_on_free_ports  # noqa: E402
-from builder.spec import load_spec  # noqa: E402
+from builder.spec import load_spec, parse_spec  # noqa: E402
+from support import sglang_double  # noqa: E402
 
 MODEL = "router"
 MAX_TOKENS = 32
@@ -57,6 +65,7 @@ SAMPLING = {"temperature": 0, "ignore_eos": True}
 HTTP, GRPC = "openai_http", "grpc"
 TTFT_ADDED_MS = 1.0      # the issue's target: the frontend adds at most this to TTFT p50
 PATHS = (HTTP, GRPC)
+ZERO_COST_REQUESTS = 150     # per path, alternating, on the zero-cost engine
 
 
 def chat_body(prompt: str) -> dict:
@@ -196,6 +205,43 @@ def measure(server: TritonServer, http_url: str, frontend_pid: int) -> dict:
     return asyncio.run(measure_async(http_url, server.grpc_url, frontend_pid))
 
 
+async def measure_zero_cost_async(http_url: str, grpc_url: str, frontend_pid: int) -> dict:
+    """Single requests only, alternating, after a warm-up of each path."""
+    paths = Paths(http_url, grpc_url, frontend_pid)
+    try:
+        for path in PATHS:
+            for _ in range(20):
+                await paths.round(path, 1)
+        paths.cpu = {p: {k: 0 for k in paths.cpu[p]} for p in PATHS}
+        single = {p: [] for p in PATHS}
+        for i in range(ZERO_COST_REQUESTS):
+            for path in alternating(i):
+                (result,), _ = await paths.round(path, 1)
+                single[path].append(result)
+        return {"single": single, "cpu": paths.cpu}
+    finally:
+        await paths.close()
+
+
+def zero_cost(out_dir: Path, work: Path) -> dict:
+    """The 1-stream comparison on bench/zero_cost.py's engine and deployment."""
+    repo = work / "zero_cost_repo"
+    build_repository(parse_spec(deployment(), "<bench>"), repo)
+    (repo / sglang_double.MODEL / "1" / "sglang.py").write_text(
+        sglang_double.zero_cost_shim(MAX_TOKENS * 2))
+    server = start_on_free_ports(repo, out_dir / "openai_frontend.zero_cost.tritonserver.log",
+                                 timeout_s=120)
+    frontend = None
+    try:
+        frontend, http_url = start_frontend(server.grpc_url,
+                                            out_dir / "openai_frontend.zero_cost.frontend.log",
+                                            server.admin_key)
+        return asyncio.run(measure_zero_cost_async(http_url, server.grpc_url, frontend.pid))
+    finally:
+        stop_frontend(frontend)
+        server.stop()
+
+
 def rows_from(m: dict) -> list[dict]:
     def row(metric, ours, direct, higher_better):
         return {"metric": metric, "ours": ours, "direct": direct,
@@ -227,7 +273,22 @@ def rows_from(m: dict) -> list[dict]:
     # than tritonclient: that part is the benchmark's, not the frontend's).
     rows.append({**row("frontend CPU ms per 1,000 tokens", cpu[HTTP]["frontend_s"] * 1e6
                        / cpu[HTTP]["tokens"], None, False), "ratio": None})
+    if "zero_cost" in m:
+        rows += zero_cost_rows(m["zero_cost"], row, ttft_ms)
     return rows
+
+
+def zero_cost_rows(z: dict, row, ttft_ms) -> list[dict]:
+    single, cpu = z["single"], z["cpu"]
+    http, grpc = (ttft_ms([r[0] for r in single[p]]) for p in PATHS)
+    added = http - grpc
+    return [row("TTFT p50 ms, 1 stream, zero-cost engine", http, grpc, False),
+            {**row("TTFT p50 added by the frontend ms, 1 stream, zero-cost engine", added,
+                   None, False), "target": "<= +1.0 ms (issue 22)",
+             "met": added <= TTFT_ADDED_MS},
+            {**row("frontend CPU ms per 1,000 tokens, zero-cost engine",
+                   cpu[HTTP]["frontend_s"] * 1e6 / cpu[HTTP]["tokens"], None, False),
+             "ratio": None}]
 
 
 def stop_frontend(frontend: subprocess.Popen | None) -> None:
@@ -284,11 +345,13 @@ def run(out_dir: Path) -> dict:
         finally:
             stop_frontend(frontend)
             server.stop()
+        measured["zero_cost"] = zero_cost(out_dir, Path(tmp))
     measured["load_average_before"] = load_before
     return bench_result("openai_frontend", rows_from(measured),
                         {"model": MODEL, "max_tokens": MAX_TOKENS,
                          "stream_counts": STREAM_COUNTS, "rounds": ROUNDS,
-                         "single_requests": SINGLE_REQUESTS, "sampling": SAMPLING}, measured)
+                         "single_requests": SINGLE_REQUESTS, "sampling": SAMPLING,
+                         "zero_cost_requests": ZERO_COST_REQUESTS}, measured)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,19 @@ past FastAPI, the streamed answer's writer, and writes joined per loop turn."""
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+import threading
+import time
 
+import uvicorn
 from fastapi.testclient import TestClient
 
 from builder.serve.openai.asgi import LaneApp, SSEResponse
 from builder.serve.openai.coalesce import CoalescingHTTPProtocol, CoalescingTransport
 from builder.serve.openai.runner import _config
+from builder.serve.openai.tensors import ModelInfo, Piece
+from builder.serve.server import free_port
 
 
 class RecordingTransport:
@@ -194,3 +201,70 @@ def test_a_lane_takes_its_post_path_and_fastapi_keeps_the_rest():
     assert client.get("/v1/x").json() == {"route": "fastapi"}
     assert client.post("/v1/y").status_code == 404
     assert seen == ["/v1/x"]
+
+
+class HangingCall:
+    """One response, then nothing until cancelled (an engine that stalls)."""
+
+    def __init__(self):
+        self.cancelled = self.finished = False
+
+    async def batches(self):
+        yield [Piece("Hel", None, 3, 1)]
+        await asyncio.sleep(60)
+        yield [Piece("lo", "stop", 3, 2)]
+
+    def finish(self):
+        self.finished = True
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class HangingTriton:
+    def __init__(self):
+        self.calls: list[HangingCall] = []
+
+    async def info(self, model):
+        return ModelInfo(model, {"messages": "TYPE_STRING"}, False)
+
+    def stream(self, generation, info):
+        self.calls.append(HangingCall())
+        return self.calls[-1]
+
+    async def close(self):
+        pass
+
+
+def test_over_real_uvicorn_a_stream_starts_and_a_client_leaving_cancels_the_call():
+    triton = HangingTriton()
+    port = free_port()
+    server = uvicorn.Server(_config("unused", "127.0.0.1", port, None, ("router",),
+                                    _limits(), triton=triton))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 15
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline
+            time.sleep(0.02)
+        body = json.dumps({"model": "router", "stream": True,
+                           "messages": [{"role": "user", "content": "Hi"}]}).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                           b"content-type: application/json\r\ncontent-length: "
+                           + str(len(body)).encode() + b"\r\n\r\n" + body)
+            seen = b""
+            while b'"content": "Hel"' not in seen:
+                data = client.recv(65536)
+                assert data, seen
+                seen += data
+            assert seen.startswith(b"HTTP/1.1 200") and b"text/event-stream" in seen
+        deadline = time.monotonic() + 10   # the client left: the call is cancelled
+        while not triton.calls[0].cancelled:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert not triton.calls[0].finished
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -28,8 +28,9 @@ class FrontendError(TridentError):
 
 def _config(triton_url: str, host: str, port: int, api_keys: dict | None,
             expose: Iterable[str], limits: Limits,
-            admin_key: str | None = None) -> uvicorn.Config:
-    app = create_app(triton_url, Triton(triton_url, admin_key), api_keys=api_keys,
+            admin_key: str | None = None, triton: Triton | None = None) -> uvicorn.Config:
+    """uvicorn's configuration (`triton`: a stand-in, for tests)."""
+    app = create_app(triton_url, triton or Triton(triton_url, admin_key), api_keys=api_keys,
                      expose=expose, limits=limits)
     # CoalescingHTTPProtocol: a streamed answer's headers and first chunk leave in one
     # write (coalesce.py says why).
