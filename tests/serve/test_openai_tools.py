@@ -135,3 +135,25 @@ def test_an_answer_without_calls_is_plain_text():
     assert answer.choices[0].message.content == "Sunny."
     assert answer.choices[0].message.tool_calls is None
     assert answer.choices[0].finish_reason == "stop"
+
+
+def test_a_conversation_goes_on_after_a_call():
+    """The assistant's call and the tool's result reach the chat template in the shape
+    templates take (arguments as an object); the engine models' message check takes
+    them as they are."""
+    from trident_common.request import parse_messages
+
+    body = {**CHAT, "messages": [
+        *CHAT["messages"],
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_abc", "content": "18 C, sunny"}]}
+    generation = parse_chat(body)
+    assistant, tool = generation.messages[1:]
+    assert assistant["content"] == "" and \
+        assistant["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+    assert tool == {"role": "tool", "content": "18 C, sunny", "tool_call_id": "call_abc"}
+    (messages,) = [t for t in build_inputs(generation, ROUTER) if t.name() == "messages"]
+    assert parse_messages(json.dumps(generation.messages))[0] == generation.messages
+    assert messages is not None
+    bad = {**body, "messages": [*CHAT["messages"], {"role": "tool", "content": "18 C"}]}
+    assert refused(bad) == (400, "messages[1].tool_call_id")

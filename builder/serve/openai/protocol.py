@@ -22,7 +22,8 @@ DEFAULT_LIMITS = Limits()
 # Router inputs a request may set; the body wins over the header of the same name.
 HINTS = ("route", "task", "family", "tenant", "tier", "conversation_id", "shared_prefix")
 HINT_HEADER_PREFIX = "x-trident-"          # x-trident-route, x-trident-conversation-id ...
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+         "tool": "tool"}
 
 # OpenAI fields with no equivalent here: refused with a 400 naming them, never ignored.
 UNSUPPORTED = {
@@ -153,7 +154,10 @@ def _message(message: Any, i: int, max_chars: int) -> dict:
     if role not in ROLES:
         raise invalid(f"{where}.role", f"{where}.role must be one of "
                       f"{', '.join(ROLES)}, got {_show(role)}")
+    history = chat_tools.history(message, where)   # earlier calls and their results
     content = message.get("content")
+    if content is None and "tool_calls" in history:
+        content = ""    # an assistant turn that only called tools
     if content is None:
         raise invalid(f"{where}.content", f"{where} has no content")
     if isinstance(content, list):
@@ -170,7 +174,7 @@ def _message(message: Any, i: int, max_chars: int) -> dict:
                       "of text parts")
     if len(content) > max_chars:
         raise _too_long(f"{where}.content", len(content), max_chars)
-    return {"role": ROLES[role], "content": content}
+    return {"role": ROLES[role], "content": content, **history}
 
 
 def _chat_logprobs(body: dict) -> int | None:

@@ -73,6 +73,39 @@ def _choice(choice: Any, names: list[str]) -> str:
     return name
 
 
+def history(message: dict, where: str) -> dict:
+    """The tool parts of an earlier turn, as chat templates take them: an assistant's
+    calls (`tool_calls`, arguments as an object, the way vLLM's server hands them to a
+    template) and a tool's answer (`tool_call_id`). {} for a message without them."""
+    role = message.get("role")
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise invalid(f"{where}.tool_call_id", f"{where}: a tool message needs the "
+                          "tool_call_id of the call it answers")
+        return {"tool_call_id": call_id}
+    calls = message.get("tool_calls")
+    if role != "assistant" or calls is None:
+        return {}
+    if not isinstance(calls, list):
+        raise invalid(f"{where}.tool_calls", f"{where}.tool_calls must be a list")
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+                or not isinstance(function.get("arguments"), str):
+            raise invalid(f"{where}.tool_calls[{j}]", f"{where}.tool_calls[{j}] must be "
+                          "{\"id\", \"type\": \"function\", \"function\": {\"name\", "
+                          "\"arguments\"}}")
+        try:
+            arguments = json.loads(function["arguments"])
+        except ValueError:
+            arguments = function["arguments"]   # the template gets what the model wrote
+        out.append({"id": call.get("id"), "type": "function",
+                    "function": {"name": function["name"], "arguments": arguments}})
+    return {"tool_calls": out}
+
+
 def inputs(tools: list | None, choice: str | None) -> dict:
     """The tensors' values (name -> text) for one request."""
     if tools is None:
