@@ -8,8 +8,8 @@ Workload: 10,000 conversations over 2 replicas and 4 tenants (salted apart), eac
 its tenant's ~1,000-token system prompt (4,000 characters), recorded as the router would
 record their turns; then 5,000 decisions for next turns of random conversations (some
 evicted long ago) and new ones, timed one by one. Beside them, in the same run, the
-prompt's key and hashes made without the first-message memo (bls/prefix_index.py's
-`prompt_hashes` against `block_hashes(prompt_key(...))`), and the cost of the exact
+prompt's key and hashes made without the first-record memo (bls/prefix_index.py's
+`block_hashes` against the same chain cut and hashed whole), and the cost of the exact
 alternative: tokenizing the same prompts with SmolLM2's tokenizer (the Rust `tokenizers`
 one, the fastest there is) and hashing 16-token blocks (vLLM's block size), when the
 tokenizer is on disk.
@@ -78,7 +78,7 @@ def build(chooser: ReplicaChooser, rng: random.Random) -> dict[int, int]:
 def decisions(chooser: ReplicaChooser, turns: dict[int, int], rng: random.Random
               ) -> tuple[list[float], list[float], list[float], list[int], list[list[dict]]]:
     """Time DECISIONS decisions; (microseconds each, microseconds of their hashing alone,
-    the same hashing without the first-message memo, prompt blocks each, the prompts).
+    the same hashing without the first-record memo, prompt blocks each, the prompts).
     The two ways of hashing take turns going first, so neither always finds the
     prompt's text warm in the CPU's caches."""
     times, hashing, plain, blocks, prompts = [], [], [], [], []
@@ -105,9 +105,13 @@ def decisions(chooser: ReplicaChooser, turns: dict[int, int], rng: random.Random
 
 
 def _plain_us(index: PrefixIndex, messages: list[dict], scope: str) -> float:
-    """The prompt's key and hashes the way they were made before the memo."""
+    """The prompt's key and hashes without the memo: every block cut and hashed, as the
+    index did before it (the same chain: tests/bls/test_prefix_index.py's plain_chain)."""
     start = time.perf_counter_ns()
-    index.block_hashes(prompt_key(None, messages), scope)
+    key, size = prompt_key(None, messages), index.block_chars
+    running = hash(("trident-prefix", scope))
+    for begin in range(0, min(len(key) // size, index.max_prompt_blocks) * size, size):
+        running = hash((running, key[begin:begin + size]))
     return (time.perf_counter_ns() - start) / 1_000
 
 

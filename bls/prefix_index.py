@@ -27,7 +27,7 @@ and what remains of a prompt is always a prefix of it.
 
 Cheap to keep (issue 23's budget for the whole decision is 50 us at p99): the blocks of a
 chat's first message, the system prompt a tenant's conversations share, are hashed once
-and looked up after that (`prompt_hashes`).
+and looked up after that (`block_hashes`' memo).
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ MAX_PROMPT_BLOCKS = 512           # a prompt's first 64 KiB decide; its tail is 
 # int key, an OrderedDict slot and link; the tables grow in doublings). The documented
 # bound leaves headroom for that: 4 MiB per replica at the default size.
 BYTES_PER_BLOCK_BOUND = 256
-# The first-message memo (prompt_hashes) is emptied whenever it passes either limit. Its
+# The first-record memo (block_hashes) is emptied whenever it passes either limit. Its
 # memory is apart from the records': the texts it keeps alive (at most 4 bytes a
 # character), and per entry its tuples and ints (~600 bytes, and 40 a block hashed).
 MEMO_ENTRIES = 4_096
@@ -87,8 +87,8 @@ class PrefixIndex:
         self.max_prompt_blocks = max_prompt_blocks
         self._replicas: dict[str, OrderedDict[int, None]] = {}
         self.evicted = 0
-        # (salt scope, role, content) of a prompt's first message -> (chain hash after
-        # its full blocks, its partial last block, its full blocks' hashes): never mutated
+        # (salt scope, a key's first record) -> (chain hash after the record's full
+        # blocks, its partial last block, its full blocks' hashes): never mutated
         self._memo: dict[tuple, tuple[int, str, list[int]]] = {}
         self._memo_chars = 0
 
@@ -98,8 +98,30 @@ class PrefixIndex:
         """Chained hashes of the full blocks of `key` (a trailing partial block is left
         out, as the engines leave a partial block out of their prefix caches). Block i's
         hash covers blocks 0..i and the tenant's salt scope (None: the unsalted, shared
-        cache)."""
-        return self._chain(hash(("trident-prefix", salt_scope)), key, self.max_prompt_blocks)
+        cache).
+
+        A chat key's first record (its first message: the system prompt that a tenant's
+        conversations share, 1,000 tokens or more, most of a short chat's blocks) is
+        looked up in a memo when it was met before, not cut and hashed again. The memo
+        is keyed by the salt scope and the record's text, so one tenant's entry never
+        serves another's; a key with no record separator is hashed whole."""
+        cut = key.find(_RECORD) + 1
+        if cut < self.block_chars:   # no first record, or shorter than a block: no gain
+            return self._chain(hash(("trident-prefix", salt_scope)), key,
+                               self.max_prompt_blocks)
+        first = key[:cut]
+        step = self._memo.get((salt_scope, first))
+        if step is None:
+            seed = hash(("trident-prefix", salt_scope))
+            blocks = self._chain(seed, first, self.max_prompt_blocks)
+            step = (blocks[-1] if blocks else seed, first[len(blocks) * self.block_chars:],
+                    blocks)
+            self._remember((salt_scope, first), step, cut)
+        running, tail, blocks = step
+        left = self.max_prompt_blocks - len(blocks)
+        if left <= 0:
+            return blocks[:self.max_prompt_blocks]
+        return [*blocks, *self._chain(running, tail + key[cut:], left)]
 
     def _chain(self, running: int, key: str, limit: int) -> list[int]:
         size = self.block_chars
@@ -112,32 +134,8 @@ class PrefixIndex:
 
     def prompt_hashes(self, text: str | None, messages: list | None,
                       salt_scope: str | None = None) -> list[int]:
-        """`block_hashes(prompt_key(text, messages), salt_scope)`, the same list, with the
-        first message's blocks looked up when that message was met before: it is the
-        system prompt that a tenant's conversations share (1,000 tokens or more, most of
-        a short chat's blocks). The memo is keyed by the salt scope too, so one tenant's
-        entry never serves another's."""
-        first = messages[0] if messages else None
-        if not isinstance(first, dict):
-            return self.block_hashes(prompt_key(text, messages), salt_scope)
-        role, content = first.get("role", ""), first.get("content")
-        if not isinstance(content, str):
-            content = json.dumps(content, sort_keys=True, separators=(",", ":"))
-        key = (salt_scope, f"{role}", content)
-        step = self._memo.get(key)
-        if step is None:
-            part = f"{role}{_UNIT}{content}{_RECORD}"
-            blocks = self._chain(hash(("trident-prefix", salt_scope)), part,
-                                 self.max_prompt_blocks)
-            full = len(blocks) * self.block_chars
-            step = (blocks[-1] if blocks else hash(("trident-prefix", salt_scope)),
-                    part[full:], blocks)
-            self._remember(key, step, len(content))
-        running, tail, blocks = step
-        left = self.max_prompt_blocks - len(blocks)
-        rest = self._chain(running, tail + prompt_key(None, messages[1:]), left) \
-            if left > 0 else []
-        return [*blocks, *rest]
+        """block_hashes of the prompt's key (prompt_key): what the router records."""
+        return self.block_hashes(prompt_key(text, messages), salt_scope)
 
     def _remember(self, key: tuple, step: tuple, chars: int) -> None:
         # Emptied, not evicted one by one: it refills within a few requests, and a bound

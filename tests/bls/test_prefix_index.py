@@ -184,31 +184,45 @@ _message = st.one_of(
     st.just("not a message"))
 
 
+def plain_chain(key, scope, size, cap):
+    """The chain as the design writes it, with no memo: hash((previous, block text))."""
+    running, out = hash(("trident-prefix", scope)), []
+    for start in range(0, min(len(key) // size, cap) * size, size):
+        running = hash((running, key[start:start + size]))
+        out.append(running)
+    return out
+
+
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.lists(_message, max_size=5),
+@given(st.lists(st.tuples(st.one_of(st.lists(_message, max_size=5),
+                                    st.text(alphabet="ab\x1e\x1f\u00e9", max_size=60)),
                           st.sampled_from([None, "salt-a", "salt-b"])),
                 min_size=1, max_size=8),
        st.integers(min_value=1, max_value=9), st.integers(min_value=1, max_value=12))
-def test_prompt_hashes_equal_the_plain_hashes_of_the_prompt_key(prompts, size, cap):
-    """Whatever the messages (odd roles, non-text content, entries that are no message),
-    the salt and the sizes, and whatever the memo met before (the same first message under
-    another salt, or followed by other messages), prompt_hashes gives the very list the
-    plain key and hashes give: the memo saves work, never changes an answer."""
+def test_the_memo_never_changes_a_chain(prompts, size, cap):
+    """Whatever the prompt (chat messages with odd roles, non-text content and entries
+    that are no message; or plain text with separators anywhere), the salt and the sizes,
+    and whatever the memo met before (the same first record under another salt, or
+    followed by other text), the hashes are the plain chain's: the memo saves work,
+    never changes an answer."""
     index = PrefixIndex(block_chars=size, max_prompt_blocks=cap)
-    for messages, scope in prompts + prompts:        # the second pass hits the memo
-        assert index.prompt_hashes(None, messages, scope) == \
-            index.block_hashes(prompt_key(None, messages), scope)
-    assert index.prompt_hashes("plain text " * 3, None, "salt-a") == \
-        index.block_hashes("plain text " * 3, "salt-a")
+    for prompt, scope in prompts + prompts:        # the second pass hits the memo
+        if isinstance(prompt, str):
+            assert index.block_hashes(prompt, scope) == plain_chain(prompt, scope, size, cap)
+            continue
+        key = prompt_key(None, prompt)
+        assert index.prompt_hashes(None, prompt, scope) == \
+            plain_chain(key, scope, size, cap)
 
 
 def test_a_tenant_never_gets_another_tenants_memoized_system_prompt():
     index = PrefixIndex(block_chars=8)
     messages = conversation(1, 2)
     acme = index.prompt_hashes(None, messages, "salt-of-acme")
-    assert index.prompt_hashes(None, messages, "salt-of-globex") != acme
-    assert index.prompt_hashes(None, messages, "salt-of-globex") == \
-        index.block_hashes(prompt_key(None, messages), "salt-of-globex")
+    assert index._memo                                   # the system prompt is memoized
+    globex = index.prompt_hashes(None, messages, "salt-of-globex")
+    assert globex != acme
+    assert globex == plain_chain(prompt_key(None, messages), "salt-of-globex", 8, 512)
 
 
 def test_the_memo_stays_inside_its_bound_under_ten_thousand_distinct_first_messages():
