@@ -260,6 +260,9 @@ def test_the_container_profile_holds_the_openai_and_s3_extras(extra):
     """`pip install .[container]` must run every `trident` command the container uses."""
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
-    lines = lambda name: {raw.split("#")[0].strip()   # noqa: E731
-                          for raw in cfg["options.extras_require"][name].splitlines()} - {""}
+
+    def lines(name: str) -> set[str]:
+        return {raw.split("#")[0].strip()
+                for raw in cfg["options.extras_require"][name].splitlines()} - {""}
+
     assert lines(extra) <= lines("container"), lines(extra) - lines("container")

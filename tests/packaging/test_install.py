@@ -119,13 +119,15 @@ def test_a_target_install_renders_and_validates_the_default(wheel, tmp_path):
     assert str(model) in (out / "smollm2" / "1" / "model.json").read_text()
 
 
+def _lines(text: str) -> list[str]:
+    return [x.strip() for x in text.splitlines() if x.strip() and not x.strip().startswith("#")]
+
+
 def _declared() -> tuple[list[str], dict[str, list[str]]]:
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
-    lines = lambda text: [x.strip() for x in text.splitlines()   # noqa: E731
-                          if x.strip() and not x.strip().startswith("#")]
-    extras = {k: lines(v) for k, v in cfg["options.extras_require"].items()}
-    return lines(cfg["options"]["install_requires"]), extras
+    extras = {k: _lines(v) for k, v in cfg["options.extras_require"].items()}
+    return _lines(cfg["options"]["install_requires"]), extras
 
 
 def test_the_container_profile_names_no_torch_or_engine():
