@@ -17,8 +17,8 @@ import statistics
 from dataclasses import dataclass, field
 
 CONVERSATIONS, TURNS = 16, 6
-SYSTEM_WORDS = 700        # ~4,000 characters: ~1,000 SmolLM2 tokens
-QUESTION_WORDS = 40       # ~60 tokens a turn
+SYSTEM_WORDS = 940        # ~7,600 characters: ~1,000 SmolLM2 tokens (747 for 700 words)
+QUESTION_WORDS = 40       # ~50 tokens a turn
 _WORDS = ("inventory", "refund", "warranty", "shipping", "invoice", "battery", "firmware",
           "adapter", "voltage", "manual", "order", "parcel", "courier", "receipt", "cable",
           "charger", "screen", "keyboard", "replacement", "depot")

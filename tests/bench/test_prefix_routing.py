@@ -44,7 +44,7 @@ def test_each_turn_resends_the_history_with_the_answers_it_got():
 def test_conversations_share_the_system_prompt_of_their_phase_only():
     a, b, other = Conversation("p", 0), Conversation("p", 1), Conversation("q", 0)
     assert a.messages == b.messages                     # ~1,000 tokens shared
-    assert 3_500 <= len(a.messages[0]["content"]) <= 6_000
+    assert 6_000 <= len(a.messages[0]["content"]) <= 9_000   # ~1,000 SmolLM2 tokens
     assert a.ask()[1] != b.ask()[1]                     # their questions are their own
     # another phase shares no block with this one: no phase warms another's cache
     index = PrefixIndex()
