@@ -167,14 +167,15 @@ async def collect(deltas: AsyncIterator[Delta], extract: Extract) -> AsyncIterat
     """The engine's deltas with the tool calls read out of the answer: the text is held
     until the answer ends (a call is only known whole), then one delta carries the
     content, the calls as JSON (`tool_calls`) and finish reason "tool_calls" when there
-    are any. Counts and logprobs pass on as they come (with empty text)."""
+    are any. The deltas before it still pass, with empty text: their counts and
+    logprobs, and the responses by which a streaming client's departure is noticed (the
+    engine then stops, instead of writing to max_tokens for nobody)."""
     texts: list[str] = []
     async for delta in deltas:
         texts.append(delta.text)
         if not delta.finish_reason:
-            if delta.logprobs is not None:
-                yield Delta("", None, delta.input_tokens, delta.output_tokens,
-                            delta.logprobs, delta.cumulative_logprob)
+            yield Delta("", None, delta.input_tokens, delta.output_tokens,
+                        delta.logprobs, delta.cumulative_logprob)
             continue
         content, calls = extract("".join(texts))
         reason = "tool_calls" if calls and delta.finish_reason == "stop" \

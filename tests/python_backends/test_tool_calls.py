@@ -121,7 +121,8 @@ def test_collect_holds_the_text_and_ends_with_the_calls():
     def extract(text):
         calls = forced_calls(plan, text)
         return (None, calls) if calls else (text, [])
-    (last,) = asyncio.run(_collected(deltas, extract))
+    first, last = asyncio.run(_collected(deltas, extract))
+    assert (first.text, first.finish_reason, first.output_tokens) == ("", None, 1)
     assert (last.text, last.finish_reason, last.output_tokens) == ("", "tool_calls", 2)
     assert json.loads(last.tool_calls)[0]["function"]["arguments"] == "{}"
     # an answer without a call keeps its text and its finish reason
