@@ -31,7 +31,7 @@ class Inbound:
         self.returns = returns
 
 
-def inflight_limit(configured, capacity, instances=1):
+def inflight_limit(configured: int, capacity: int | None, instances: int = 1) -> int:
     """One router instance's limit for one backend: the spec's, capped by the engine's,
     shared out among the router's instances (each counts its own requests; rounded up,
     so every instance may send at least one)."""
@@ -39,7 +39,7 @@ def inflight_limit(configured, capacity, instances=1):
     return -(-limit // max(1, instances))
 
 
-def engine_capacity(repository, backend, engine):
+def engine_capacity(repository: str, backend: str, engine: str) -> int | None:
     """How many sequences a backend's engine runs at once (per-instance limit from its
     model.json × instances in its config.pbtxt), or None when its files do not say."""
     key = ENGINE_CAPACITY_KEYS.get(engine)

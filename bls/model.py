@@ -32,13 +32,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from adapters import ROUTER_ONLY_INPUTS, Adapters  # siblings in the model's directory
-from breaker import HALF_OPEN, OPEN, BreakerConfig, CircuitBreaker
+from breaker import HALF_OPEN
 from control import SILENCE_PROBE_S, Controls
-from inbound import QUEUE_FACTOR, Inbound, engine_capacity, inflight_limit
+from inbound import Inbound
 from policy import ADAPTER_KEYS, Policy, UnknownRoute, features_from
 from relay import CLIENT_ERROR, CallSlots, Relay, Retired
 from replicas import Replicas, tenant_salt
 from router_metrics import RouterMetrics
+from targets import Targets
 from tenants import Tenants
 from trident_common import trust
 from trident_common.error_classes import CLIENT, OVERLOADED, UNAVAILABLE, triton_error
@@ -110,20 +111,12 @@ class TritonPythonModel:
         # A backend rendered as replicas is called through them, never by its own name:
         # breakers, in-flight counts and limits (one engine's) are per replica.
         self.replicas = Replicas(self.config, self.metrics)
-        targets = self.replicas.targets(backends, self.adapters)
-        breaker_config = BreakerConfig.from_dict(self.config["breaker"])
-        self.breakers = {name: CircuitBreaker(breaker_config, time.monotonic)
-                         for name in targets}
-        self.inflight = {name: 0 for name in targets}
-        repository = os.path.dirname(os.path.abspath(args["model_repository"]))
-        self.max_inflight = {name: inflight_limit(   # capacity: one replica's, if written
-            self.config["max_inflight_per_backend"],
-            info.get("capacity") or engine_capacity(repository, name, info["engine"]),
-            self.config.get("instances", 1))   # router.json: this router's instance count
-            for name, info in targets.items()}
+        self.targets = Targets(self.config, self.replicas, self.adapters,
+                               args["model_repository"], self.metrics, self.log)
+        self.breakers, self.inflight = self.targets.breakers, self.targets.inflight
         self.deadline_s = self.config["deadline_s"]
         self.first_token_timeout_s = self.config["first_token_timeout_s"]
-        streams = sum(self.max_inflight.values())
+        streams = sum(self.targets.max_inflight.values())
         # One thread per attempt (a relay waits in its BLS call, then pumps its stream),
         # plus drains of abandoned attempts and control requests.
         self.pool = ThreadPoolExecutor(max_workers=2 * streams + CONTROL_THREADS,
@@ -137,8 +130,6 @@ class TritonPythonModel:
         self.controls = Controls(self.adapters, self.metrics, self.pool, self.retired,
                                  self.proof_key)
         self.tenants = Tenants(self.config.get("tenants"), self.metrics, self.deadline_s)
-        for name, breaker in self.breakers.items():
-            self.metrics.breaker_state(name, breaker.state)
 
     async def execute(self, requests):
         # Breakers, counters and control requests are only touched on this loop.
@@ -182,7 +173,7 @@ class TritonPythonModel:
     async def route(self, request, sender, arrival, attempts):
         try:
             inbound = self.inbound(request)
-            route, candidates = self.policy.candidates(inbound.features, self.available)
+            route, candidates = self.policy.candidates(inbound.features, self.targets.available)
         except UnknownRoute as e:
             return self.fail(sender, CLIENT.mark(str(e), e.param), "unknown_route")
         except BadRequest as e:   # the messages tensor is not what the interface says
@@ -204,8 +195,8 @@ class TritonPythonModel:
                 tenant_salt(self.tenants, inbound.features.tenant),
                 lambda name: self.breakers[name].available(), self.inflight)
         for attempt, backend in enumerate(candidates):
-            if not self.claim(backend):
-                errors.append(self.unavailable_reason(backend))
+            if not self.targets.claim(backend):
+                errors.append(self.targets.unavailable_reason(backend))
                 continue
             tried = True
             probe = self.breakers[backend].state == HALF_OPEN   # this request is the probe
@@ -215,7 +206,7 @@ class TritonPythonModel:
                                             arrival, attempts, choices)
                 return
             except BackendFailed as e:
-                self.record(backend, ok=False)
+                self.targets.record(backend, ok=False)
                 recorded = True
                 errors.append(f"{backend}: {e}")
                 if attempt + 1 < len(candidates):
@@ -236,8 +227,8 @@ class TritonPythonModel:
     def refuse(self, sender, route, features):
         """No candidate can take the request: overloaded (all full) or unavailable."""
         _, wanted = self.policy.candidates(features)
-        reasons = "; ".join(self.unavailable_reason(b) for b in wanted)
-        if wanted and all(self.full(b) for b in wanted):
+        reasons = "; ".join(self.targets.unavailable_reason(b) for b in wanted)
+        if wanted and all(self.targets.full(b) for b in wanted):
             return self.fail(sender, OVERLOADED.mark(
                 f"every backend of route {route!r} is at its limit, retry later "
                 f"({reasons})"), "overloaded")
@@ -269,39 +260,6 @@ class TritonPythonModel:
                    for name in RETURN_FLAGS if name in values} or None
         return Inbound(features_from(text, messages, hints), stream, replaced, returns,
                        forwardable(loaded), self.replicas.prompt(text, messages))
-
-    def available(self, backend):   # a replicated one while any of its replicas is
-        return any(self.breakers[name].available() and not self.full(name)
-                   for name in self.replicas.of.get(backend, (backend,)))
-
-    def full(self, backend):
-        return all(self.inflight[name] >= self.max_inflight[name]
-                   for name in self.replicas.of.get(backend, (backend,)))
-
-    def unavailable_reason(self, backend):
-        if backend in self.replicas.of:
-            return "; ".join(map(self.unavailable_reason, self.replicas.of[backend]))
-        if self.full(backend):
-            return (f"{backend}: {self.inflight[backend]} requests in flight "
-                    f"(its limit is {self.max_inflight[backend]}: "
-                    f"max_inflight_per_backend is {self.config['max_inflight_per_backend']}, "
-                    f"the engine's {QUEUE_FACTOR} x concurrent sequences caps it)")
-        return f"{backend}: circuit breaker {self.breakers[backend].state}"
-
-    def claim(self, backend):
-        if self.full(backend) or not self.breakers[backend].allow():
-            return False
-        self.inflight[backend] += 1
-        return True
-
-    def record(self, backend, ok):
-        breaker, before = self.breakers[backend], self.breakers[backend].state
-        breaker.record_success() if ok else breaker.record_failure()
-        if breaker.state != before:
-            self.log.warning(f"{backend}: circuit breaker {before} -> {breaker.state}")
-            self.metrics.breaker_state(backend, breaker.state)
-            if breaker.state == OPEN:   # a replica's engine is dead: so is its cache
-                self.replicas.dropped(backend)
 
     def fail(self, sender, message, reason):
         """Answer with an error response, then the final flag on its own: the same shape
@@ -361,7 +319,7 @@ class TritonPythonModel:
             return False
         if outcome is not None:
             raise BackendFailed(outcome)
-        self.record(backend, ok=True)
+        self.targets.record(backend, ok=True)
         if choices:
             self.replicas.routed(backend, choices)
         self.metrics.request(route, backend)
@@ -388,9 +346,9 @@ class TritonPythonModel:
             self.controls.abort(backend, request_id)   # not the backend's failure
         elif problem is not None:
             relay.close(f"{backend} failed mid-stream: {problem}")
-            self.record(backend, ok=False)
+            self.targets.record(backend, ok=False)
         elif relay.done.result() is not True:
-            self.record(backend, ok=False)
+            self.targets.record(backend, ok=False)
         return True
 
     async def watch(self, relay, until, backend, deadline, late, request_id):

@@ -14,29 +14,34 @@ Every router instance (stub process) keeps its own choosers and indexes, of what
 routed itself: nothing here is shared, so nothing here locks. All of it runs on the
 router's event loop.
 """
+from __future__ import annotations
+
 import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from prefix_index import PrefixIndex, prompt_key
-from replica_policy import POLICIES, ReplicaChooser, ReplicaLoad
+from replica_policy import POLICIES, Decision, ReplicaChooser, ReplicaLoad
 
 DEFAULT_POLICY = "prefix_aware"
 GAUGE_EVERY_S = 1.0   # a replica's index gauges are written at most this often (IPC each)
 
 
-def check_policy(policy, where):
+def check_policy(policy: Any, where: str) -> str:
     """A policy name from router.json, or ValueError naming where it was found."""
     if policy not in POLICIES:
         raise ValueError(f"router.json {where}: policy '{policy}' is not one of "
                          f"{', '.join(POLICIES)}")
-    return policy
+    return str(policy)
 
 
-def tenant_salt(tenants, name):
+def tenant_salt(tenants: Any, name: str | None) -> str | None:
     """The index's seed for a tenant: its engine cache salt (None: the shared, unsalted
     cache). Called once the tenant is admitted, so identify() does not refuse it."""
     if not tenants.enabled:
         return None
-    return tenants.identify(name).salt
+    salt: str | None = tenants.identify(name).salt
+    return salt
 
 
 class Choice:
@@ -44,13 +49,16 @@ class Choice:
 
     __slots__ = ("backend", "policy", "decision", "hashes")
 
-    def __init__(self, backend, policy, decision, hashes):
+    def __init__(self, backend: str, policy: str, decision: Decision,
+                 hashes: Sequence[int]):
         self.backend, self.policy, self.decision = backend, policy, decision
         self.hashes = hashes
 
 
 class Replicas:
-    def __init__(self, config, metrics=None, clock=time.monotonic, wall=time.time):
+    def __init__(self, config: Mapping[str, Any], metrics: Any = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time):
         backends = config["backends"]
         self.of = {name: tuple(info["replicas"]) for name, info in backends.items()
                    if info.get("replicas")}
@@ -63,39 +71,45 @@ class Replicas:
                             for rule in config["rules"] if rule.get("policy")}
         # Every backend gets an index, whatever its own policy: a rule may ask for
         # prefix_aware on a backend whose default is round_robin.
-        self.choosers = {name: ReplicaChooser(self.policy[name], index=PrefixIndex())
+        self.indexes = {name: PrefixIndex() for name in self.of}
+        self.choosers = {name: ReplicaChooser(self.policy[name], index=self.indexes[name])
                          for name in self.of}
         self.metrics, self.clock, self.wall = metrics, clock, wall
-        self._gauged = {}   # replica → when its index gauges were last written
+        self._gauged: dict[str, float] = {}   # replica → when its gauges were last written
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return bool(self.of)
 
-    def targets(self, backends, adapters):
+    def targets(self, backends: Mapping[str, Any], adapters: dict[str, Any]
+                ) -> dict[str, Any]:
         """Every model the router may call, with its backend's router.json entry: a
         backend's replicas in its place, or the backend itself (each gets its breaker,
         in-flight count and limit). A replica speaks through its backend's adapter
         (added to `adapters`)."""
-        targets = {}
+        targets: dict[str, Any] = {}
         for name, info in backends.items():
             for target in self.of.get(name, (name,)):
                 targets[target] = info
                 adapters[target] = adapters[name]
         return targets
 
-    def prompt(self, text, messages):
+    def prompt(self, text: str | None, messages: list[Any] | None) -> str | None:
         """What the index cuts into blocks; None when no backend has replicas (a router
         without replicas pays nothing)."""
         return prompt_key(text, messages) if self.of else None
 
-    def expand(self, route, candidates, features, prompt, salt, live, inflight):
+    def expand(self, route: str, candidates: list[str], features: Any, prompt: str | None,
+               salt: str | None, live: Callable[[str], bool], inflight: Mapping[str, int]
+               ) -> tuple[list[str], dict[str, Choice]]:
         """(the models to try in order, {backend: Choice}): each backend with replicas
         replaced by its live replicas in its chooser's order; other backends as they are.
         `live(replica)`: its breaker lets a request through; `inflight`: the router's
         requests per model, the load the chooser weighs."""
         if not self.of or not any(name in self.of for name in candidates):
             return candidates, {}
-        targets, choices, hashes = [], {}, None
+        targets: list[str] = []
+        choices: dict[str, Choice] = {}
+        hashes: list[int] | None = None
         for name in candidates:
             replicas = self.of.get(name)
             if replicas is None:
@@ -106,28 +120,27 @@ class Replicas:
                 continue
             started = time.perf_counter()
             policy = self.rule_policy.get(route) or self.policy[name]
-            chooser = self.choosers[name]
-            if policy == "prefix_aware" and hashes is None:
-                # The same blocks for every backend of the request (one block size).
-                hashes = chooser.index.block_hashes(prompt or "", salt)
+            used: Sequence[int] = ()
+            if policy == "prefix_aware":
+                if hashes is None:   # the same blocks for every backend (one block size)
+                    hashes = self.indexes[name].block_hashes(prompt or "", salt)
+                used = hashes
             loads = {r: ReplicaLoad(in_flight=inflight[r]) for r in alive}
-            decision = chooser.choose(alive, loads,
-                                      hashes if policy == "prefix_aware" else (),
-                                      features.conversation_id, policy)
+            decision = self.choosers[name].choose(alive, loads, used,
+                                                  features.conversation_id, policy)
             if self.metrics is not None:
                 self.metrics.replica_decision(name, decision.matched_blocks,
                                               time.perf_counter() - started)
-            choices[name] = Choice(name, policy,
-                                   decision, hashes if policy == "prefix_aware" else ())
+            choices[name] = Choice(name, policy, decision, used)
             targets.extend(decision.order)
         return targets, choices
 
-    def routed(self, target, choices):
+    def routed(self, target: str, choices: Mapping[str, Choice]) -> None:
         """`target` answered with its first token: record the prompt on it, and count it
         under the reason of the choice (`fallback` when an earlier replica failed)."""
         backend = self.backend_of.get(target)
         choice = choices.get(backend) if backend is not None else None
-        if choice is None:
+        if backend is None or choice is None:
             return
         chooser = self.choosers[backend]
         chooser.routed(target, choice.hashes)
@@ -135,10 +148,10 @@ class Replicas:
             return
         reason = choice.decision.reason if target == choice.decision.replica else "fallback"
         self.metrics.replica_request(backend, target, choice.policy, reason)
-        if choice.hashes:
-            self._gauges(backend, target, force=False)
+        if choice.policy == "prefix_aware":   # its record is fresh (a short prompt
+            self._gauges(backend, target, force=False)   # adds no block, yet is routed)
 
-    def dropped(self, target):
+    def dropped(self, target: str) -> None:
         """`target`'s breaker opened: its cache is gone (dead, or reloaded empty)."""
         backend = self.backend_of.get(target)
         if backend is None:
@@ -147,10 +160,10 @@ class Replicas:
         if self.metrics is not None:
             self._gauges(backend, target, force=True)
 
-    def _gauges(self, backend, replica, force):
+    def _gauges(self, backend: str, replica: str, force: bool) -> None:
         now = self.clock()
         if not force and now - self._gauged.get(replica, -GAUGE_EVERY_S) < GAUGE_EVERY_S:
             return
         self._gauged[replica] = now
-        blocks = self.choosers[backend].index.sizes().get(replica, 0)
+        blocks = self.indexes[backend].sizes().get(replica, 0)
         self.metrics.replica_index(backend, replica, blocks, None if force else self.wall())

@@ -277,7 +277,7 @@ def router_modules():
     stub.InferenceRequest = BlsRequest
     stub.get_output_tensor_by_name = get_output_tensor_by_name
     bound = ("adapters", "breaker", "control", "inbound", "policy", "relay", "router_metrics",
-             "tenants", "replicas", "replica_policy", "prefix_index",
+             "tenants", "replicas", "replica_policy", "prefix_index", "targets",
              "tenant_store",
              "trident_common.metrics", "trident_common.request", "trident_common.interface",
              "trident_common.log",
@@ -726,17 +726,18 @@ def test_a_pinned_backend_is_never_answered_by_its_fallback(router):
 
 
 def test_the_engine_caps_the_inflight_limit(router, tmp_path):
-    with router_modules() as module:
+    with router_modules():
+        inbound = sys.modules["inbound"]
         engine = tmp_path / "repo" / "primary"
         (engine / "1").mkdir(parents=True)
         (engine / "1" / "model.json").write_text(json.dumps({"max_num_seqs": 16}))
         (engine / "config.pbtxt").write_text("instance_group [ { count: 2 kind: KIND_CPU } ]")
         repo = str(tmp_path / "repo")
-        assert module.engine_capacity(repo, "primary", "vllm") == 32
-        assert module.engine_capacity(repo, "missing", "vllm") is None
-        assert module.engine_capacity(repo, "primary", "tensorrt_llm") is None
-        assert module.inflight_limit(256, 32) == 64 and module.inflight_limit(8, 32) == 8
-        assert module.inflight_limit(256, None) == 256
+        assert inbound.engine_capacity(repo, "primary", "vllm") == 32
+        assert inbound.engine_capacity(repo, "missing", "vllm") is None
+        assert inbound.engine_capacity(repo, "primary", "tensorrt_llm") is None
+        assert inbound.inflight_limit(256, 32) == 64 and inbound.inflight_limit(8, 32) == 8
+        assert inbound.inflight_limit(256, None) == 256
 
 
 def test_one_message_object_is_forwarded_as_a_list(router):

@@ -105,10 +105,11 @@ def test_missing_directory(tmp_path):
 
 def test_router_keys_are_what_the_router_reads():
     # validate's list is a copy: this keeps it equal to every `config["key"]` the router
-    # reads (bls/model.py's self.config, bls/policy.Policy's config).
+    # reads (bls/model.py's self.config, bls/policy.Policy's, bls/targets.Targets' and
+    # bls/replicas.Replicas' config).
     bls = Path(__file__).resolve().parents[2] / "bls"
     read = set()
-    for module in ("model.py", "policy.py"):
+    for module in ("model.py", "policy.py", "targets.py", "replicas.py"):
         for node in ast.walk(ast.parse((bls / module).read_text())):
             if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
                     and ast.unparse(node.value) in ("config", "self.config")):
