@@ -57,6 +57,10 @@ def spec_data() -> dict:
     spare = copy.deepcopy(data["models"][0])
     spare["name"] = "spare"
     data["models"].append(spare)
+    # Two replicas (pair__r0, pair__r1) behind the router: the replica panels' series.
+    pair = copy.deepcopy(data["models"][0])
+    pair.update(name="pair", instances=2, placement={})
+    data["models"].append(pair)
     data["router"] = {"default": [check_sglang.MODEL, "spare"]}
     data["tenants"] = {"default": {"requests_per_minute": 1000}, "limits": {"a": {}}}
     return data
@@ -117,7 +121,8 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("monitoring-metrics")
     repo = render(spec_data(), tmp / "repo")
     (repo / check_sglang.MODEL / "1" / "sglang.py").write_text(FAILING_SHIM)
-    (repo / "spare" / "1" / "sglang.py").write_text(SHIM)
+    for model in ("spare", "pair__r0", "pair__r1"):
+        (repo / model / "1" / "sglang.py").write_text(SHIM)
     server = start_server(repo, tmp, timeout_s=90)
     yield server
     server.stop()
@@ -145,6 +150,12 @@ def traffic(server) -> None:
     fell_back.close()
     wait_for(lambda: metric_value(server.metrics_url, "trident_router_fallbacks_total",
                                   backend=check_sglang.MODEL) >= 1, timeout_s=10)
+
+    replicated = Stream(server, hints={"tenant": "a", "route": "pair"}, max_tokens=4)
+    assert replicated.pump(30) and not replicated.errors, replicated.errors
+    replicated.close()
+    wait_for(lambda: "trident_router_replica_index_updated_timestamp_seconds"
+             in scraped_samples(server.metrics_url), timeout_s=10)
 
 
 def test_every_alert_and_panel_metric_is_exported(server):
