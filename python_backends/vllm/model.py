@@ -117,6 +117,13 @@ class TritonPythonModel(AsyncEngineModel):
                                                or config.get("max_loras") or 1)
         self._loaded_loras: set = set()
         engine_args = AsyncEngineArgs(**config)
+        # Structured outputs write compact JSON: where the grammar allows whitespace, a
+        # small model may write newlines until max_tokens (SmolLM2 did, in 1 of 50 schemas
+        # and in forced tool calls at temperature 0.7). Compact JSON is the same JSON.
+        # vLLM allows that with xgrammar or guidance, not "auto": xgrammar, its first
+        # choice (a schema feature xgrammar lacks is then a 400, not a fallback).
+        engine_args.structured_outputs_config.backend = "xgrammar"
+        engine_args.structured_outputs_config.disable_any_whitespace = True
         loggers = []
         # vLLM computes no stats with disable_log_stats: then there is nothing to export.
         if self._report_stats and not engine_args.disable_log_stats:
