@@ -25,6 +25,7 @@ from builder.cli import main as cli
 from builder.engines.jobs import ServedEngine
 from builder.pipeline import build_repository
 from builder.plan.planner import plan_for_spec
+from builder.plan.replicas import routed_replicas
 from builder.render.context import RenderContext
 from builder.render.repository import render_files
 from builder.spec import load_spec, parse_spec
@@ -272,11 +273,15 @@ def test_shipped_sglang_models_start_with_their_rendered_args(spec_file):
     spec = load_spec(spec_file)
     engines = {m.name: ServedEngine("/engines/" + "ab" * 32, "ab" * 32) for m in spec.models
                if m.engine == "tensorrt_llm"}
-    files = render_files(RenderContext(spec, {}, engines, plan_for_spec(spec)))
+    plan = plan_for_spec(spec)
+    files = render_files(RenderContext(spec, {}, engines, plan))
+    replicas = routed_replicas(spec, plan)
     for model in (m for m in spec.models if m.engine == "sglang"):
-        config = json.loads(files[f"{model.name}/1/model.json"])
-        engine = fake_sglang.Engine(**config)          # TypeError on a non-ServerArgs name
-        assert engine.server_args.model_path == model.model
+        # A model behind the router with several instances runs as its replicas.
+        for name in replicas.get(model.name, (model.name,)):
+            config = json.loads(files[f"{name}/1/model.json"])
+            engine = fake_sglang.Engine(**config)      # TypeError on a non-ServerArgs name
+            assert engine.server_args.model_path == model.model
 
 
 def test_h100x8_serves_an_sglang_model():

@@ -43,6 +43,8 @@ class SamplingParams:
         unknown = sorted(set(values) - set(self.__struct_fields__) - {"lora_name"})
         if unknown:
             raise TypeError(f"Unexpected keyword argument {unknown[0]!r}")
+        for name in self.__struct_fields__:   # vLLM's fields all have defaults
+            setattr(self, name, None)
         self.max_tokens = 16
         self.output_kind = RequestOutputKind.CUMULATIVE
         self.n = 1

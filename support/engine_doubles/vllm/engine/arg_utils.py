@@ -1,6 +1,7 @@
 """AsyncEngineArgs: the engine arguments (model.json) as attributes. Two are the double's
 own: `rate` (support.pacing.Rate's fields) and `rate_control` (a JSON file of them that the
 benchmark rewrites between load points)."""
+from types import SimpleNamespace
 
 
 class AsyncEngineArgs:
@@ -11,6 +12,10 @@ class AsyncEngineArgs:
         self.max_model_len, self.disable_log_stats = max_model_len, disable_log_stats
         self.enable_log_requests = bool(engine_args.pop("enable_log_requests", False))
         self.aggregate_engine_logging = False
+        # Set by the model (the structured-output backend, compact JSON); the double's
+        # filler answers ignore it.
+        self.structured_outputs_config = SimpleNamespace(backend="auto",
+                                                         disable_any_whitespace=False)
         self.engine_args = engine_args   # the rest (model, dtype, ...): recorded only
 
     def create_engine_config(self, usage_context=None):
