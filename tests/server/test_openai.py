@@ -176,7 +176,7 @@ def test_unknown_model_is_404(client):
 @pytest.mark.parametrize("kwargs, param", [
     ({"temperature": -1}, "temperature"),
     ({"messages": [{"role": "user"}]}, "messages[0].content"),
-    ({"n": 2}, "n"),
+    ({"n": 17}, "n"),                           # past the fan-out bound (16)
     ({"extra_body": {"min_p": 5}}, "min_p"),     # refused by the engine, not the frontend
     ({"extra_body": {"top_k": -7}}, "top_k"),
 ])
