@@ -19,6 +19,7 @@ tokenizer would split into 2-4 tokens each. Without AIPerf here the benchmark sa
 one line and reports no figures.
 Usage: .venv/bin/python -m bench.aiperf_point [--out DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,9 +57,9 @@ from support.pacing import Rate
 from support.vllm_double import make_environment, use_double, write_rate
 
 ROOT = Path(__file__).resolve().parent.parent
-AIPERF_ENV = "TRIDENT_AIPERF"          # the aiperf executable, if not .venv-aiperf's
+AIPERF_ENV = "TRIDENT_AIPERF"  # the aiperf executable, if not .venv-aiperf's
 STREAMS, TOKENS_PER_S, TOKENS, REQUESTS_PER_STREAM = 16, 50, 128, 3
-INPUT_TOKENS = 32                      # the double's TTFT does not depend on the prompt
+INPUT_TOKENS = 32  # the double's TTFT does not depend on the prompt
 AIPERF_TIMEOUT_S = 600
 LOCAL_REPO_OWNER, LOCAL_REVISION = "trident-local", "0" * 40
 
@@ -66,8 +67,9 @@ LOCAL_REPO_OWNER, LOCAL_REVISION = "trident-local", "0" * 40
 def aiperf_executable() -> Path:
     path = Path(os.environ.get(AIPERF_ENV) or ROOT / ".venv-aiperf" / "bin" / "aiperf")
     if not os.access(path, os.X_OK):
-        raise AIPerfUnavailable(f"no aiperf executable at {path} (run `make aiperf`, or set "
-                                f"{AIPERF_ENV})")
+        raise AIPerfUnavailable(
+            f"no aiperf executable at {path} (run `make aiperf`, or set {AIPERF_ENV})"
+        )
     return path
 
 
@@ -100,37 +102,60 @@ def local_hub_cache(folder: Path, cache: Path) -> str:
 def offline_environment(cache: Path) -> dict:
     """AIPerf's environment: no HuggingFace download, whatever the machine's settings;
     the hub cache is the local one."""
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "HF_DATASETS_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_CACHE": str(cache),
+    }
 
 
 def run_aiperf(url: str, artifacts: Path, log_path: Path) -> dict:
     cache = artifacts.parent / "hf-hub"
     tokenizer = local_hub_cache(tokenizer_folder(), cache)
-    command = aiperf_command(aiperf_executable(), url, ROUTER, tokenizer, artifacts,
-                             streams=STREAMS, requests=STREAMS * REQUESTS_PER_STREAM,
-                             tokens=TOKENS, input_tokens=INPUT_TOKENS)
+    command = aiperf_command(
+        aiperf_executable(),
+        url,
+        ROUTER,
+        tokenizer,
+        artifacts,
+        streams=STREAMS,
+        requests=STREAMS * REQUESTS_PER_STREAM,
+        tokens=TOKENS,
+        input_tokens=INPUT_TOKENS,
+    )
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(log_path, "wb") as log:
         try:
-            done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, env=offline_environment(cache),
-                                  timeout=AIPERF_TIMEOUT_S, cwd=artifacts.parent)
+            done = subprocess.run(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=offline_environment(cache),
+                timeout=AIPERF_TIMEOUT_S,
+                cwd=artifacts.parent,
+            )
         except subprocess.TimeoutExpired:
-            raise AIPerfUnavailable(f"aiperf did not finish within {AIPERF_TIMEOUT_S} s "
-                                    f"(log: {log_path})") from None
+            raise AIPerfUnavailable(
+                f"aiperf did not finish within {AIPERF_TIMEOUT_S} s (log: {log_path})"
+            ) from None
     if done.returncode != 0:
-        raise AIPerfUnavailable(f"aiperf exited with {done.returncode}: "
-                                f"{failure_line(log_path.read_text(errors='replace'))} "
-                                f"(log: {log_path})")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)   # AIPerf's processes, all
+        raise AIPerfUnavailable(
+            f"aiperf exited with {done.returncode}: "
+            f"{failure_line(log_path.read_text(errors='replace'))} "
+            f"(log: {log_path})"
+        )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # AIPerf's processes, all
     export = find_export(artifacts)
-    kept = log_path.parent / f"aiperf_point.{EXPORT}"      # AIPerf's own summary, kept
+    kept = log_path.parent / f"aiperf_point.{EXPORT}"  # AIPerf's own summary, kept
     shutil.copyfile(export, kept)
     figures = aiperf_figures(json.loads(kept.read_text()))
     # its whole run (start-up, warm-up, the point, the report): what it took from the cores
-    figures["client_cpu_s"] = (after.ru_utime + after.ru_stime
-                               - children.ru_utime - children.ru_stime)
+    figures["client_cpu_s"] = (
+        after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+    )
     return figures
 
 
@@ -148,17 +173,18 @@ async def inhouse(url: str) -> dict:
                 failures.append(e)
 
     try:
-        await load_point(path, 4, 8, 60)             # warm-up: connections, code paths
+        await load_point(path, 4, 8, 60)  # warm-up: connections, code paths
         cpu = time.process_time()
-        await asyncio.wait_for(asyncio.gather(*(lane() for _ in range(STREAMS))),
-                               AIPERF_TIMEOUT_S)
+        await asyncio.wait_for(asyncio.gather(*(lane() for _ in range(STREAMS))), AIPERF_TIMEOUT_S)
     finally:
         await path.close()
     if failures:
-        print(f"aiperf_point: {len(failures)} in-house requests failed: "
-              f"{type(failures[0]).__name__}: {failures[0]}", flush=True)
-    return {**inhouse_figures(requests, len(failures)),
-            "client_cpu_s": time.process_time() - cpu}
+        print(
+            f"aiperf_point: {len(failures)} in-house requests failed: "
+            f"{type(failures[0]).__name__}: {failures[0]}",
+            flush=True,
+        )
+    return {**inhouse_figures(requests, len(failures)), "client_cpu_s": time.process_time() - cpu}
 
 
 def measure(http_url: str, out_dir: Path, work: Path) -> tuple[dict, dict | str, dict]:
@@ -176,26 +202,37 @@ def measure(http_url: str, out_dir: Path, work: Path) -> tuple[dict, dict | str,
 
 
 def _line(f: dict) -> str:
-    return (f"TTFT p50/p99 {f['ttft_p50_ms']:.1f}/{f['ttft_p99_ms']:.1f} ms, ITL p50/p99 "
-            f"{f['itl_p50_ms']:.2f}/{f['itl_p99_ms']:.2f} ms, output "
-            f"{f['output_tokens_per_s']:.0f} tokens/s, {f['requests']} requests, "
-            f"{f['errors']} failed, client CPU {f['client_cpu_s']:.1f} s")
+    return (
+        f"TTFT p50/p99 {f['ttft_p50_ms']:.1f}/{f['ttft_p99_ms']:.1f} ms, ITL p50/p99 "
+        f"{f['itl_p50_ms']:.2f}/{f['itl_p99_ms']:.2f} ms, output "
+        f"{f['output_tokens_per_s']:.0f} tokens/s, {f['requests']} requests, "
+        f"{f['errors']} failed, client CPU {f['client_cpu_s']:.1f} s"
+    )
 
 
 def run(out_dir: Path) -> dict:
     out_dir = Path(out_dir)
-    config = {"engine": "paced AsyncLLM double behind trident's vLLM model and router",
-              "path": "trident openai, /v1/completions, streamed", "streams": STREAMS,
-              "tokens_per_stream_s": TOKENS_PER_S, "tokens": TOKENS, "ttft_s": TTFT_S,
-              "requests": STREAMS * REQUESTS_PER_STREAM, "input_tokens": INPUT_TOKENS}
+    config = {
+        "engine": "paced AsyncLLM double behind trident's vLLM model and router",
+        "path": "trident openai, /v1/completions, streamed",
+        "streams": STREAMS,
+        "tokens_per_stream_s": TOKENS_PER_S,
+        "tokens": TOKENS,
+        "ttft_s": TTFT_S,
+        "requests": STREAMS * REQUESTS_PER_STREAM,
+        "input_tokens": INPUT_TOKENS,
+    }
     try:
         config["aiperf"] = str(aiperf_executable())
         config["tokenizer"] = str(tokenizer_folder())
     except AIPerfUnavailable as e:
         print(f"aiperf_point: AIPerf cannot run here: {e}", file=sys.stderr)
-        return bench_result("aiperf_point", [{"metric": "AIPerf vs in-house client",
-                                              "target": f"not run: {e}"[:120],
-                                              "met": None}], config, {"aiperf": str(e)})
+        return bench_result(
+            "aiperf_point",
+            [{"metric": "AIPerf vs in-house client", "target": f"not run: {e}"[:120], "met": None}],
+            config,
+            {"aiperf": str(e)},
+        )
     with tempfile.TemporaryDirectory(prefix="trident-bench-aiperf-") as tmp:
         work = Path(tmp)
         repo, control = work / "repo", work / "rate.json"
@@ -203,13 +240,17 @@ def run(out_dir: Path) -> dict:
         rate = Rate(TTFT_S, TOKENS_PER_S, BATCH_TOKENS_PER_S)
         use_double(repo, MODEL, make_environment(work / "env"), control, rate)
         write_rate(control, rate)
-        server = start_on_free_ports(repo, out_dir / "aiperf_point.tritonserver.log",
-                                     load_models=(MODEL, ROUTER), timeout_s=120)
+        server = start_on_free_ports(
+            repo,
+            out_dir / "aiperf_point.tritonserver.log",
+            load_models=(MODEL, ROUTER),
+            timeout_s=120,
+        )
         frontend = None
         try:
-            frontend, http_url = start_frontend(server.grpc_url,
-                                                out_dir / "aiperf_point.frontend.log",
-                                                server.admin_key)   # lists the models
+            frontend, http_url = start_frontend(
+                server.grpc_url, out_dir / "aiperf_point.frontend.log", server.admin_key
+            )  # lists the models
             started = time.monotonic()
             before, aiperf, after = measure(http_url, out_dir, work)
             config["measured_s"] = round(time.monotonic() - started, 1)

@@ -7,6 +7,7 @@ loop of boto3 `download_file` over the same objects with boto3's default transfe
 Both sides get a fresh client each time (created before the clock starts). Medians are
 compared; target: ours >= 0.9x direct.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,12 +42,12 @@ def write_fake_engine(directory: Path, rank_mib: int) -> int:
 
 class Timing(NamedTuple):
     wall_s: float
-    cpu_s: float            # this process, all threads (the server's CPU is not included)
+    cpu_s: float  # this process, all threads (the server's CPU is not included)
 
 
 def restore_with_cache(uri: str, key: str, scratch: Path) -> Timing:
     local = scratch / "cache"
-    cache = EngineCache(local, uri)         # client set-up is not timed on either side
+    cache = EngineCache(local, uri)  # client set-up is not timed on either side
     started, cpu = time.perf_counter(), time.process_time()
     path = cache.lookup(key)
     elapsed = Timing(time.perf_counter() - started, time.process_time() - cpu)
@@ -56,11 +57,12 @@ def restore_with_cache(uri: str, key: str, scratch: Path) -> Timing:
     return elapsed
 
 
-def download_plainly(server: SeaweedS3, bucket: str, object_keys: list[str],
-                     scratch: Path) -> Timing:
+def download_plainly(
+    server: SeaweedS3, bucket: str, object_keys: list[str], scratch: Path
+) -> Timing:
     target = scratch / "plain"
     target.mkdir()
-    client = server.client()                # a new client each time, as the cache gets
+    client = server.client()  # a new client each time, as the cache gets
     started, cpu = time.perf_counter(), time.process_time()
     for object_key in object_keys:
         client.download_file(bucket, object_key, str(target / object_key.rsplit("/", 1)[1]))
@@ -84,12 +86,17 @@ def _aws_environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _alternating_runs(server: SeaweedS3, uri: str, key: str,
-                      work: Path) -> tuple[list[Timing], list[Timing]]:
+def _alternating_runs(
+    server: SeaweedS3, uri: str, key: str, work: Path
+) -> tuple[list[Timing], list[Timing]]:
     client = server.client()
     location = parse_s3_uri(uri)
-    object_keys = [item["Key"] for item in client.list_objects_v2(
-        Bucket=location.bucket, Prefix=location.object_key(key, "files") + "/")["Contents"]]
+    object_keys = [
+        item["Key"]
+        for item in client.list_objects_v2(
+            Bucket=location.bucket, Prefix=location.object_key(key, "files") + "/"
+        )["Contents"]
+    ]
     ours, direct = [], []
     for repeat in range(REPEATS):
         # Alternate which goes first so neither always gets the warmer server.
@@ -122,7 +129,8 @@ def run(out_dir: Path) -> dict:
     direct_cpu = statistics.median(t.cpu_s for t in direct)
     return {
         "name": "cache_restore",
-        "bytes": total, "repeats": REPEATS,
+        "bytes": total,
+        "repeats": REPEATS,
         "ours_s": [round(t.wall_s, 3) for t in ours],
         "direct_s": [round(t.wall_s, 3) for t in direct],
         "publish_s": round(publish_s, 3),
@@ -130,21 +138,37 @@ def run(out_dir: Path) -> dict:
         # ratio (verification is extra CPU), so the load is recorded with the result.
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "rows": [
-            {"metric": f"restore MB/s ({total // MiB} MiB, verified)", "ours": ours_mbs,
-             "direct": direct_mbs, "ratio": ratio, "target": f">= {TARGET_RATIO}x",
-             "met": ratio >= TARGET_RATIO},
-            {"metric": "client CPU s per restore (incl. sha256)", "ours": ours_cpu,
-             "direct": direct_cpu, "ratio": ours_cpu / direct_cpu, "target": "",
-             "met": None},
-            {"metric": "warm local hit (ms)", "ours": hit_s * 1000, "direct": None,
-             "ratio": None, "target": "", "met": None},
+            {
+                "metric": f"restore MB/s ({total // MiB} MiB, verified)",
+                "ours": ours_mbs,
+                "direct": direct_mbs,
+                "ratio": ratio,
+                "target": f">= {TARGET_RATIO}x",
+                "met": ratio >= TARGET_RATIO,
+            },
+            {
+                "metric": "client CPU s per restore (incl. sha256)",
+                "ours": ours_cpu,
+                "direct": direct_cpu,
+                "ratio": ours_cpu / direct_cpu,
+                "target": "",
+                "met": None,
+            },
+            {
+                "metric": "warm local hit (ms)",
+                "ours": hit_s * 1000,
+                "direct": None,
+                "ratio": None,
+                "target": "",
+                "met": None,
+            },
         ],
     }
 
 
 def _warm_hit_seconds(uri: str, key: str, work: Path) -> float:
     cache = EngineCache(work / "warm", uri)
-    cache.lookup(key)                      # fetch once; the timed lookup is a local hit
+    cache.lookup(key)  # fetch once; the timed lookup is a local hit
     started = time.perf_counter()
     if cache.lookup(key) is None:
         raise RuntimeError("warm lookup missed")

@@ -1,4 +1,5 @@
 """Shared pieces of the serving benchmarks: prompts, concurrent gRPC streams, summaries."""
+
 from __future__ import annotations
 
 import os
@@ -8,10 +9,28 @@ import time
 
 from builder.serve import client as infer
 
-PROMPTS = [f"Write a short story about a {thing}." for thing in (
-    "dragon", "lighthouse", "robot", "garden", "violin", "glacier", "market", "comet",
-    "library", "river", "clockmaker", "desert", "harbor", "forest", "train", "kite")]
-GREEDY_LONG = {"temperature": 0, "ignore_eos": True}   # every stream makes max_tokens
+PROMPTS = [
+    f"Write a short story about a {thing}."
+    for thing in (
+        "dragon",
+        "lighthouse",
+        "robot",
+        "garden",
+        "violin",
+        "glacier",
+        "market",
+        "comet",
+        "library",
+        "river",
+        "clockmaker",
+        "desert",
+        "harbor",
+        "forest",
+        "train",
+        "kite",
+    )
+]
+GREEDY_LONG = {"temperature": 0, "ignore_eos": True}  # every stream makes max_tokens
 
 
 def concurrently(count: int, call, label: str) -> tuple[list, float]:
@@ -40,34 +59,60 @@ def concurrently(count: int, call, label: str) -> tuple[list, float]:
 
 def stream_round(url: str, model: str, streams: int, max_tokens: int) -> dict:
     """`streams` concurrent gRPC streams; tokens/s over the round, TTFT per stream."""
-    results, wall = concurrently(streams, lambda i: infer.stream_generate(
-        url, model, PROMPTS[i % len(PROMPTS)], max_tokens, chat=False,
-        sampling=GREEDY_LONG), model)
+    results, wall = concurrently(
+        streams,
+        lambda i: infer.stream_generate(
+            url, model, PROMPTS[i % len(PROMPTS)], max_tokens, chat=False, sampling=GREEDY_LONG
+        ),
+        model,
+    )
     tokens = sum(r.output_tokens for r in results)
-    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-            "ttft_s": [r.ttft_s for r in results]}
+    return {
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "ttft_s": [r.ttft_s for r in results],
+    }
 
 
 def summarize(rounds: list[dict]) -> dict:
     ttfts = [t for r in rounds for t in r["ttft_s"]]
-    return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rounds),
-            "ttft_median_s": statistics.median(ttfts),
-            "rounds": [{k: v for k, v in r.items() if k != "ttft_s"} for r in rounds]}
+    return {
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rounds),
+        "ttft_median_s": statistics.median(ttfts),
+        "rounds": [{k: v for k, v in r.items() if k != "ttft_s"} for r in rounds],
+    }
 
 
-def ratio_row(metric: str, ours: float, direct: float, target: str, higher_better=True,
-              threshold: float | None = None) -> dict:
+def ratio_row(
+    metric: str,
+    ours: float,
+    direct: float,
+    target: str,
+    higher_better=True,
+    threshold: float | None = None,
+) -> dict:
     ratio = ours / direct if direct else None
     met = None
     if threshold is not None and ratio is not None:
         met = ratio >= threshold if higher_better else ratio <= threshold
-    return {"metric": metric, "ours": ours, "direct": direct, "ratio": ratio,
-            "target": target, "met": met}
+    return {
+        "metric": metric,
+        "ours": ours,
+        "direct": direct,
+        "ratio": ratio,
+        "target": target,
+        "met": met,
+    }
 
 
 def bench_result(name: str, rows: list[dict], config: dict, raw) -> dict:
     """One benchmark's result, as bench/run.py records it."""
-    return {"name": name, "rows": rows, "config": config,
-            # other work on the machine skews both paths; read the ratios with this
-            "load_average_after": os.getloadavg(),
-            "raw": raw}
+    return {
+        "name": name,
+        "rows": rows,
+        "config": config,
+        # other work on the machine skews both paths; read the ratios with this
+        "load_average_after": os.getloadavg(),
+        "raw": raw,
+    }

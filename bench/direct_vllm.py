@@ -5,6 +5,7 @@ answers each JSON line on stdin ({"prompts": [...], "max_tokens": n, "rounds": k
 `RESULT <json>` line, until stdin closes: the engine stays up between measurements, so
 the benchmark can alternate it with the Triton side.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,9 @@ from itertools import count
 
 async def one_round(engine, sampling_cls, delta, prompts, max_tokens, round_id):
     async def one(i, prompt):
-        params = sampling_cls(temperature=0, ignore_eos=True, max_tokens=max_tokens,
-                              output_kind=delta)
+        params = sampling_cls(
+            temperature=0, ignore_eos=True, max_tokens=max_tokens, output_kind=delta
+        )
         start = time.perf_counter()
         ttft, tokens = None, 0
         async for out in engine.generate(prompt, params, f"r{round_id}-{i}"):
@@ -34,8 +36,12 @@ async def one_round(engine, sampling_cls, delta, prompts, max_tokens, round_id):
     results = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     wall = time.perf_counter() - start
     tokens = sum(t for _, t in results)
-    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-            "ttft_s": [t for t, _ in results]}
+    return {
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "ttft_s": [t for t, _ in results],
+    }
 
 
 async def serve(config_path: str) -> None:
@@ -54,9 +60,12 @@ async def serve(config_path: str) -> None:
     try:
         while line := await loop.run_in_executor(None, sys.stdin.readline):
             ask = json.loads(line)
-            rounds = [await one_round(engine, SamplingParams, delta, ask["prompts"],
-                                      ask["max_tokens"], next(ids))
-                      for _ in range(ask["rounds"])]
+            rounds = [
+                await one_round(
+                    engine, SamplingParams, delta, ask["prompts"], ask["max_tokens"], next(ids)
+                )
+                for _ in range(ask["rounds"])
+            ]
             print("RESULT " + json.dumps(rounds), flush=True)
     finally:
         engine.shutdown()
@@ -64,6 +73,7 @@ async def serve(config_path: str) -> None:
 
 if __name__ == "__main__":
     import locale
+
     locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True, help="the model's model.json")

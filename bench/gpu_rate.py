@@ -23,6 +23,7 @@ answers: a smoke run of about a minute. A 2-core machine saturates well before t
 sweep's top: that is what the ceiling shows.
 Usage: .venv/bin/python -m bench.gpu_rate [--quick] [--out DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,8 @@ PATHS = ("direct", "router", "openai", "anchor")
 FULL = {"streams": (16, 64, 256), "tokens_per_s": (20, 50, 100), "tokens": 256}
 QUICK = {"streams": (16, 64), "tokens_per_s": (50, 100), "tokens": 64}
 TTFT_S = 0.05
-BATCH_TOKENS_PER_S = 32_000   # above the sweep's top (256 x 100): the engine never limits
-ANCHOR_LOAD_TIMEOUT_S = 60    # the double loads in about a second
+BATCH_TOKENS_PER_S = 32_000  # above the sweep's top (256 x 100): the engine never limits
+ANCHOR_LOAD_TIMEOUT_S = 60  # the double loads in about a second
 
 
 def deployment(streams: int) -> dict:
@@ -76,7 +77,7 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
 
 def processes(server, frontend) -> dict[str, int]:
     pids = {"tritonserver": server.process.pid, "frontend": frontend.pid}
-    for stub in stub_processes(server.process.pid).values():   # its own process group
+    for stub in stub_processes(server.process.pid).values():  # its own process group
         pids[f"stub:{stub.model}"] = stub.pid
     return pids
 
@@ -87,20 +88,25 @@ def plan(sizes: dict) -> list[tuple[int, float]]:
 
 async def sweep(paths: dict, pids: dict, control: Path, sizes: dict) -> list[dict]:
     tokens, points = sizes["tokens"], []
-    for path in paths.values():       # warm-up: connections, every code path
+    for path in paths.values():  # warm-up: connections, every code path
         write_rate(control, Rate(TTFT_S, 1000, BATCH_TOKENS_PER_S))
         await load_point(path, 4, 8, 60)
     for i, (streams, rate) in enumerate(plan(sizes)):
         write_rate(control, Rate(TTFT_S, rate, BATCH_TOKENS_PER_S))
         timeout = 10 * (TTFT_S + tokens / rate) + 60
         names = list(paths)
-        for name in names[i % len(names):] + names[:i % len(names)]:
+        for name in names[i % len(names) :] + names[: i % len(names)]:
             before = cpu_seconds(pids)
             requests, failed = await load_point(paths[name], streams, tokens, timeout)
             point = summarize(requests, streams * rate, failed)
-            point.update(path=name, streams=streams, tokens_per_stream_s=rate,
-                         cpu_ms_per_1000_tokens=cpu_ms_per_1000_tokens(
-                             before, cpu_seconds(pids), point["tokens"]))
+            point.update(
+                path=name,
+                streams=streams,
+                tokens_per_stream_s=rate,
+                cpu_ms_per_1000_tokens=cpu_ms_per_1000_tokens(
+                    before, cpu_seconds(pids), point["tokens"]
+                ),
+            )
             points.append(point)
             print(_line(point), flush=True)
     return points
@@ -109,19 +115,26 @@ async def sweep(paths: dict, pids: dict, control: Path, sizes: dict) -> list[dic
 def _line(p: dict) -> str:
     def ms(value):
         return "-" if value is None else f"{value * 1000:.1f}"
-    return (f"gpu_rate {p['path']:6} {p['streams']:3} x {p['tokens_per_stream_s']:g}/s: "
-            f"offered {p['offered_tokens_per_s']:.0f} delivered "
-            f"{p['delivered_tokens_per_s']:.0f} tok/s, TTFT p50/p99 {ms(p['ttft_p50_s'])}/"
-            f"{ms(p['ttft_p99_s'])} ms, gap p50/p99 {ms(p['gap_p50_s'])}/"
-            f"{ms(p['gap_p99_s'])} ms, ITL p99 {ms(p['itl_p99_s'])} ms, "
-            f"{p['tokens_per_chunk']:.2f} tokens/chunk"
-            + (f", {p['errors']} failed" if p["errors"] else ""))
+
+    return (
+        f"gpu_rate {p['path']:6} {p['streams']:3} x {p['tokens_per_stream_s']:g}/s: "
+        f"offered {p['offered_tokens_per_s']:.0f} delivered "
+        f"{p['delivered_tokens_per_s']:.0f} tok/s, TTFT p50/p99 {ms(p['ttft_p50_s'])}/"
+        f"{ms(p['ttft_p99_s'])} ms, gap p50/p99 {ms(p['gap_p50_s'])}/"
+        f"{ms(p['gap_p99_s'])} ms, ITL p99 {ms(p['itl_p99_s'])} ms, "
+        f"{p['tokens_per_chunk']:.2f} tokens/chunk"
+        + (f", {p['errors']} failed" if p["errors"] else "")
+    )
 
 
-async def measure(grpc_url: str, http_url: str, pids: dict, control: Path,
-                  sizes: dict, with_anchor: bool) -> list[dict]:
-    paths = {"direct": GrpcPath(grpc_url, MODEL), "router": GrpcPath(grpc_url, ROUTER),
-             "openai": HttpPath(http_url, ROUTER, max(sizes["streams"]))}
+async def measure(
+    grpc_url: str, http_url: str, pids: dict, control: Path, sizes: dict, with_anchor: bool
+) -> list[dict]:
+    paths = {
+        "direct": GrpcPath(grpc_url, MODEL),
+        "router": GrpcPath(grpc_url, ROUTER),
+        "openai": HttpPath(http_url, ROUTER, max(sizes["streams"])),
+    }
     if with_anchor:
         paths["anchor"] = AnchorPath(grpc_url, anchor.ANCHOR)
     try:
@@ -137,30 +150,65 @@ def rows(points: list[dict]) -> list[dict]:
         del by_path["anchor"]
     top = {name: ceiling(ps) for name, ps in by_path.items()}
     literal = {name: ceiling(ps, literal=True) for name, ps in by_path.items()}
-    out = [_ceiling_row("ceiling tokens/s, router vs direct", top, ROUTER, "direct"),
-           _ceiling_row("ceiling tokens/s, openai vs router", top, "openai", ROUTER),
-           _ceiling_row("ceiling (gap p99 <= 30 ms literally), router vs direct", literal,
-                        ROUTER, "direct", target="report"),
-           _ceiling_row("ceiling (gap p99 <= 30 ms literally), openai vs router", literal,
-                        "openai", ROUTER, target="report")]
+    out = [
+        _ceiling_row("ceiling tokens/s, router vs direct", top, ROUTER, "direct"),
+        _ceiling_row("ceiling tokens/s, openai vs router", top, "openai", ROUTER),
+        _ceiling_row(
+            "ceiling (gap p99 <= 30 ms literally), router vs direct",
+            literal,
+            ROUTER,
+            "direct",
+            target="report",
+        ),
+        _ceiling_row(
+            "ceiling (gap p99 <= 30 ms literally), openai vs router",
+            literal,
+            "openai",
+            ROUTER,
+            target="report",
+        ),
+    ]
     if "anchor" in top:
-        out.insert(2, _ceiling_row("ceiling tokens/s, direct (trident's vLLM model) vs "
-                                   "vllm_backend", top, "direct", "anchor", threshold=1.0))
+        out.insert(
+            2,
+            _ceiling_row(
+                "ceiling tokens/s, direct (trident's vLLM model) vs vllm_backend",
+                top,
+                "direct",
+                "anchor",
+                threshold=1.0,
+            ),
+        )
     for point in by_path[ROUTER]:
         direct = next(p for p in by_path["direct"] if _same(p, point))
         frontend = next(p for p in by_path["openai"] if _same(p, point))
         label = f"{point['streams']} x {point['tokens_per_stream_s']:g}/s"
-        out.append(ratio_row(f"delivered tokens/s {label}, router vs direct",
-                             point["delivered_tokens_per_s"],
-                             direct["delivered_tokens_per_s"], "report"))
-        out.append(ratio_row(f"delivered tokens/s {label}, openai vs router",
-                             frontend["delivered_tokens_per_s"],
-                             point["delivered_tokens_per_s"], "report"))
+        out.append(
+            ratio_row(
+                f"delivered tokens/s {label}, router vs direct",
+                point["delivered_tokens_per_s"],
+                direct["delivered_tokens_per_s"],
+                "report",
+            )
+        )
+        out.append(
+            ratio_row(
+                f"delivered tokens/s {label}, openai vs router",
+                frontend["delivered_tokens_per_s"],
+                point["delivered_tokens_per_s"],
+                "report",
+            )
+        )
         if "anchor" in by_path:
             base = next(p for p in by_path["anchor"] if _same(p, point))
-            out.append(ratio_row(f"delivered tokens/s {label}, direct vs vllm_backend",
-                                 direct["delivered_tokens_per_s"],
-                                 base["delivered_tokens_per_s"], "report"))
+            out.append(
+                ratio_row(
+                    f"delivered tokens/s {label}, direct vs vllm_backend",
+                    direct["delivered_tokens_per_s"],
+                    base["delivered_tokens_per_s"],
+                    "report",
+                )
+            )
     return out
 
 
@@ -168,14 +216,20 @@ def _same(a: dict, b: dict) -> bool:
     return a["streams"] == b["streams"] and a["tokens_per_stream_s"] == b["tokens_per_stream_s"]
 
 
-def _ceiling_row(metric: str, top: dict, ours: str, base: str, target: str = "",
-                 threshold: float = 0.9) -> dict:
+def _ceiling_row(
+    metric: str, top: dict, ours: str, base: str, target: str = "", threshold: float = 0.9
+) -> dict:
     """A ceiling ratio row; None (no point met the limits) reads as 0 tokens/s."""
     threshold = threshold if not target else None
-    row = ratio_row(metric, top[ours] or 0.0, top[base] or 0.0,
-                    target or f">= {threshold}x {base}", threshold=threshold)
+    row = ratio_row(
+        metric,
+        top[ours] or 0.0,
+        top[base] or 0.0,
+        target or f">= {threshold}x {base}",
+        threshold=threshold,
+    )
     if top[base] is None and threshold is not None:
-        row["met"] = None       # nothing to compare with: the base met no point
+        row["met"] = None  # nothing to compare with: the base met no point
     return row
 
 
@@ -190,27 +244,33 @@ def run(out_dir: Path, quick: bool | None = None) -> dict:
         environment = make_environment(work / "env")
         use_double(repo, MODEL, environment, control, Rate(TTFT_S, 50, BATCH_TOKENS_PER_S))
         with_anchor = add_anchor(repo, environment, control)
-        server = start_on_free_ports(repo, out_dir / "gpu_rate.tritonserver.log",
-                                     load_models=(MODEL, ROUTER), timeout_s=120)
+        server = start_on_free_ports(
+            repo, out_dir / "gpu_rate.tritonserver.log", load_models=(MODEL, ROUTER), timeout_s=120
+        )
         frontend = None
         try:
-            with_anchor = with_anchor and load_anchor(server.grpc_url,
-                                                      admin.grpc_headers(server.admin_key))
-            frontend, http_url = start_frontend(server.grpc_url,
-                                                out_dir / "gpu_rate.frontend.log",
-                                                server.admin_key)
+            with_anchor = with_anchor and load_anchor(
+                server.grpc_url, admin.grpc_headers(server.admin_key)
+            )
+            frontend, http_url = start_frontend(
+                server.grpc_url, out_dir / "gpu_rate.frontend.log", server.admin_key
+            )
             pids = processes(server, frontend)
-            points = asyncio.run(measure(server.grpc_url, http_url, pids, control, sizes,
-                                         with_anchor))
+            points = asyncio.run(
+                measure(server.grpc_url, http_url, pids, control, sizes, with_anchor)
+            )
         finally:
             stop_frontend(frontend)
             server.stop()
-    config = {"engine": "paced AsyncLLM double (support/engine_doubles/vllm) behind "
-                        "trident's vLLM model", "quick": quick, "ttft_s": TTFT_S,
-              "batch_tokens_per_s": BATCH_TOKENS_PER_S, **{k: list(v) if isinstance(
-                  v, tuple) else v for k, v in sizes.items()},
-              "cpu_processes": sorted(pids) + ["client"],
-              "anchor": with_anchor or "left out (see the run's output)"}
+    config = {
+        "engine": "paced AsyncLLM double (support/engine_doubles/vllm) behind trident's vLLM model",
+        "quick": quick,
+        "ttft_s": TTFT_S,
+        "batch_tokens_per_s": BATCH_TOKENS_PER_S,
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in sizes.items()},
+        "cpu_processes": sorted(pids) + ["client"],
+        "anchor": with_anchor or "left out (see the run's output)",
+    }
     return bench_result("gpu_rate", rows(points), config, points)
 
 
@@ -218,14 +278,14 @@ def add_anchor(repo: Path, environment: Path, control: Path) -> bool:
     """vllm_backend's model beside trident's, on the same double and rate; False (and
     one line saying why) when its source is not here or no longer takes the patches."""
     try:
-        files = anchor.apply_patches(anchor.read_source(
-            anchor.source_location(), os.environ.get(anchor.REV_ENV, "HEAD")))
+        files = anchor.apply_patches(
+            anchor.read_source(anchor.source_location(), os.environ.get(anchor.REV_ENV, "HEAD"))
+        )
     except anchor.AnchorUnavailable as e:
         print(f"gpu_rate: the vllm_backend anchor is left out: {e}", file=sys.stderr)
         return False
     anchor.add_anchor(repo, files)
-    use_double(repo, anchor.ANCHOR, environment, control, Rate(TTFT_S, 50,
-                                                                BATCH_TOKENS_PER_S))
+    use_double(repo, anchor.ANCHOR, environment, control, Rate(TTFT_S, 50, BATCH_TOKENS_PER_S))
     return True
 
 
@@ -234,12 +294,13 @@ def load_anchor(url: str, headers: dict) -> bool:
     on the double costs its path only, with a line saying why."""
     client = grpcclient.InferenceServerClient(url)
     try:
-        client.load_model(anchor.ANCHOR, headers=headers,
-                          client_timeout=ANCHOR_LOAD_TIMEOUT_S)
+        client.load_model(anchor.ANCHOR, headers=headers, client_timeout=ANCHOR_LOAD_TIMEOUT_S)
         return True
     except Exception as e:  # InferenceServerException or a timeout: the path is left out
-        print(f"gpu_rate: the vllm_backend anchor did not load on the double, left out: "
-              f"{e}", file=sys.stderr)
+        print(
+            f"gpu_rate: the vllm_backend anchor did not load on the double, left out: {e}",
+            file=sys.stderr,
+        )
         return False
     finally:
         client.close()

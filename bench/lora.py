@@ -8,6 +8,7 @@ kind only: vLLM's CPU path computes base requests wrongly when a batch mixes the
 adapter requests (docs/lora.md), and the base side here is "a LoRA-enabled model serving
 a base request", which is what the router sends to it.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -26,22 +27,41 @@ ADAPTER = "bench"
 
 
 def spec(adapter: Path) -> dict:
-    return {"name": "bench-lora", "models": [
-        {"name": "smollm2", "engine": "vllm", "model": "builtin:smollm2-135m-instruct",
-         "family": "llama", "engine_args": {"max_model_len": 1024},
-         "adapters": {ADAPTER: str(adapter)}, "lora": {"max_loras": 1, "max_lora_rank": 8}}],
-        "router": {"default": ["smollm2"]}}
+    return {
+        "name": "bench-lora",
+        "models": [
+            {
+                "name": "smollm2",
+                "engine": "vllm",
+                "model": "builtin:smollm2-135m-instruct",
+                "family": "llama",
+                "engine_args": {"max_model_len": 1024},
+                "adapters": {ADAPTER: str(adapter)},
+                "lora": {"max_loras": 1, "max_lora_rank": 8},
+            }
+        ],
+        "router": {"default": ["smollm2"]},
+    }
 
 
 def one_round(url: str, adapter: str | None) -> dict:
     sampling = dict(GREEDY_LONG, **({"lora_name": adapter} if adapter else {}))
-    results, wall = concurrently(STREAMS, lambda i: infer.stream_generate(
-        url, "smollm2", PROMPTS[i % len(PROMPTS)], MAX_TOKENS, chat=False,
-        sampling=sampling), adapter or "base")
+    results, wall = concurrently(
+        STREAMS,
+        lambda i: infer.stream_generate(
+            url, "smollm2", PROMPTS[i % len(PROMPTS)], MAX_TOKENS, chat=False, sampling=sampling
+        ),
+        adapter or "base",
+    )
     tokens = sum(r.output_tokens for r in results)
     served = sorted({r.served_by for r in results})
-    return {"side": "adapter" if adapter else "base", "tokens": tokens, "wall_s": wall,
-            "tokens_per_s": tokens / wall, "served_by": served}
+    return {
+        "side": "adapter" if adapter else "base",
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "served_by": served,
+    }
 
 
 def measure(url: str) -> list[dict]:
@@ -61,21 +81,28 @@ def run(out_dir: Path) -> dict:
     build_repository(parse_spec(spec(adapter), str(work / "spec.yaml")), repo)
     server = start_on_free_ports(repo, work / "tritonserver.log", load_models=("smollm2",))
     try:
-        one_round(server.grpc_url, ADAPTER)                          # warm-up, both paths
+        one_round(server.grpc_url, ADAPTER)  # warm-up, both paths
         one_round(server.grpc_url, None)
         rounds = measure(server.grpc_url)
     finally:
         server.stop()
-    for r in rounds:   # a benchmark never hides a request that went to the wrong place
+    for r in rounds:  # a benchmark never hides a request that went to the wrong place
         expected = "smollm2:" + ADAPTER if r["side"] == "adapter" else "smollm2"
         if r["served_by"] != [expected]:
             raise RuntimeError(f"{r['side']} round served by {r['served_by']}")
-    speed = {side: statistics.median(r["tokens_per_s"] for r in rounds if r["side"] == side)
-             for side in ("adapter", "base")}
-    row = ratio_row(f"adapter vs base tokens/s, {STREAMS} streams", speed["adapter"],
-                    speed["base"], "report")
-    config = {"model": "SmolLM2-135M-Instruct, vLLM (CPU), one random rank-8 adapter on "
-                       "q_proj/v_proj", "streams": STREAMS, "max_tokens": MAX_TOKENS,
-              "rounds_per_side": PAIRS, "sampling": "greedy, ignore_eos",
-              "order": "adapter/base alternating, one kind per round"}
+    speed = {
+        side: statistics.median(r["tokens_per_s"] for r in rounds if r["side"] == side)
+        for side in ("adapter", "base")
+    }
+    row = ratio_row(
+        f"adapter vs base tokens/s, {STREAMS} streams", speed["adapter"], speed["base"], "report"
+    )
+    config = {
+        "model": "SmolLM2-135M-Instruct, vLLM (CPU), one random rank-8 adapter on q_proj/v_proj",
+        "streams": STREAMS,
+        "max_tokens": MAX_TOKENS,
+        "rounds_per_side": PAIRS,
+        "sampling": "greedy, ignore_eos",
+        "order": "adapter/base alternating, one kind per round",
+    }
     return bench_result("lora", [row], config, rounds)

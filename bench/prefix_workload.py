@@ -9,6 +9,7 @@ its own system prompt and questions (`phase` is the first thing in the system pr
 no phase finds another phase's blocks in an engine's cache. The control shares nothing:
 each prompt starts with its own tag.
 """
+
 from __future__ import annotations
 
 import random
@@ -17,23 +18,48 @@ import statistics
 from dataclasses import dataclass, field
 
 CONVERSATIONS, TURNS = 16, 6
-SYSTEM_WORDS = 940        # ~7,600 characters: ~1,000 SmolLM2 tokens (747 for 700 words)
-QUESTION_WORDS = 40       # ~50 tokens a turn
-_WORDS = ("inventory", "refund", "warranty", "shipping", "invoice", "battery", "firmware",
-          "adapter", "voltage", "manual", "order", "parcel", "courier", "receipt", "cable",
-          "charger", "screen", "keyboard", "replacement", "depot")
+SYSTEM_WORDS = 940  # ~7,600 characters: ~1,000 SmolLM2 tokens (747 for 700 words)
+QUESTION_WORDS = 40  # ~50 tokens a turn
+_WORDS = (
+    "inventory",
+    "refund",
+    "warranty",
+    "shipping",
+    "invoice",
+    "battery",
+    "firmware",
+    "adapter",
+    "voltage",
+    "manual",
+    "order",
+    "parcel",
+    "courier",
+    "receipt",
+    "cable",
+    "charger",
+    "screen",
+    "keyboard",
+    "replacement",
+    "depot",
+)
 
 
 def system_prompt(phase: str) -> str:
     rng = random.Random(f"system-{phase}")
-    return (f"Support desk {phase}. You answer customers of a hardware shop. Policy: "
-            + " ".join(rng.choice(_WORDS) for _ in range(SYSTEM_WORDS)) + ".")
+    return (
+        f"Support desk {phase}. You answer customers of a hardware shop. Policy: "
+        + " ".join(rng.choice(_WORDS) for _ in range(SYSTEM_WORDS))
+        + "."
+    )
 
 
 def question(phase: str, conversation: int, turn: int) -> str:
     rng = random.Random(f"question-{phase}-{conversation}-{turn}")
-    return (f"Customer {conversation}, question {turn}: "
-            + " ".join(rng.choice(_WORDS) for _ in range(QUESTION_WORDS)) + "?")
+    return (
+        f"Customer {conversation}, question {turn}: "
+        + " ".join(rng.choice(_WORDS) for _ in range(QUESTION_WORDS))
+        + "?"
+    )
 
 
 @dataclass
@@ -55,8 +81,10 @@ class Conversation:
 
     def ask(self) -> list[dict]:
         """The next request's messages: the history and the next question."""
-        return [*self.messages,
-                {"role": "user", "content": question(self.phase, self.number, self.turn)}]
+        return [
+            *self.messages,
+            {"role": "user", "content": question(self.phase, self.number, self.turn)},
+        ]
 
     def answered(self, asked: list[dict], answer: str) -> None:
         self.messages = [*asked, {"role": "assistant", "content": answer}]
@@ -65,15 +93,16 @@ class Conversation:
 def control_prompt(phase: str, n: int) -> str:
     """A prompt sharing no prefix with any other: its own tag comes first."""
     rng = random.Random(f"control-{phase}-{n}")
-    return (f"[{phase}-{n}-{rng.getrandbits(64):016x}] Write a reply to this customer: "
-            + " ".join(rng.choice(_WORDS) for _ in range(120)))
+    return f"[{phase}-{n}-{rng.getrandbits(64):016x}] Write a reply to this customer: " + " ".join(
+        rng.choice(_WORDS) for _ in range(120)
+    )
 
 
 # -- the engines' counters -------------------------------------------------------------
 
 PROMPT_TOKENS = "trident_prompt_tokens_total"
 CACHED_TOKENS = "trident_prefix_cached_tokens_total"
-_SAMPLE = re.compile(r'^(\w+)\{([^}]*)\}\s+(\S+)\s*$')
+_SAMPLE = re.compile(r"^(\w+)\{([^}]*)\}\s+(\S+)\s*$")
 
 
 def counters(text: str, models: list[str]) -> dict[str, dict[str, float]]:
@@ -99,17 +128,24 @@ def hit_rate(before: dict, after: dict) -> dict:
     for model in after:
         cached = after[model][CACHED_TOKENS] - before.get(model, {}).get(CACHED_TOKENS, 0.0)
         prompt = after[model][PROMPT_TOKENS] - before.get(model, {}).get(PROMPT_TOKENS, 0.0)
-        per[model] = {"prompt_tokens": prompt, "cached_tokens": cached,
-                      "hit_rate": cached / prompt if prompt else None}
+        per[model] = {
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "hit_rate": cached / prompt if prompt else None,
+        }
         cached_all += cached
         prompt_all += prompt
-    return {"hit_rate": cached_all / prompt_all if prompt_all else None,
-            "prompt_tokens": prompt_all, "cached_tokens": cached_all,
-            "computed_tokens": prompt_all - cached_all, "replicas": per}
+    return {
+        "hit_rate": cached_all / prompt_all if prompt_all else None,
+        "prompt_tokens": prompt_all,
+        "cached_tokens": cached_all,
+        "computed_tokens": prompt_all - cached_all,
+        "replicas": per,
+    }
 
 
 DECISION = "trident_router_replica_decision_seconds"
-DECISION_TARGET_S = 50e-6   # issue 23: the decision's p99, on the router's own histogram
+DECISION_TARGET_S = 50e-6  # issue 23: the decision's p99, on the router's own histogram
 
 
 def buckets(text: str, name: str) -> dict[float, float]:
@@ -135,8 +171,7 @@ def decision_figures(before: dict[float, float], after: dict[float, float]) -> d
         return {"decisions": 0, "share_within_target": None, "p99_at_most_s": None}
     p99 = next(le for le, count in counts.items() if count >= 0.99 * total)
     within = max((c for le, c in counts.items() if le <= DECISION_TARGET_S), default=0.0)
-    return {"decisions": total, "share_within_target": within / total,
-            "p99_at_most_s": p99}
+    return {"decisions": total, "share_within_target": within / total, "p99_at_most_s": p99}
 
 
 def percentile(values: list[float], pct: float) -> float | None:
@@ -149,11 +184,15 @@ def percentile(values: list[float], pct: float) -> float | None:
 def ttft_summary(ttfts: dict[int, list[float]]) -> dict:
     """TTFT (s) per turn, and p50 over turns 2 and later (the turns a cache can serve)."""
     later = [t for turn, values in ttfts.items() if turn >= 2 for t in values]
-    return {"p50_turns_2_on": percentile(later, 50), "p90_turns_2_on": percentile(later, 90),
-            "p50_by_turn": {turn: statistics.median(v) for turn, v in sorted(ttfts.items())}}
+    return {
+        "p50_turns_2_on": percentile(later, 50),
+        "p90_turns_2_on": percentile(later, 90),
+        "p50_by_turn": {turn: statistics.median(v) for turn, v in sorted(ttfts.items())},
+    }
 
 
 # -- rows ------------------------------------------------------------------------------
+
 
 def rows(phases: dict[str, dict], control: dict[str, dict]) -> list[dict]:
     """Issue 23's targets, prefix_aware against the oracle and round_robin; where
@@ -161,37 +200,98 @@ def rows(phases: dict[str, dict], control: dict[str, dict]) -> list[dict]:
     rr, oracle, aware = (phases.get(p) for p in ("round_robin", "oracle", "prefix_aware"))
     out = []
     if aware and oracle:
-        out.append(_row("hit rate: prefix_aware vs oracle", aware["hit_rate"],
-                        oracle["hit_rate"], "within 5 points of oracle",
-                        aware["hit_rate"] >= oracle["hit_rate"] - 0.05))
+        out.append(
+            _row(
+                "hit rate: prefix_aware vs oracle",
+                aware["hit_rate"],
+                oracle["hit_rate"],
+                "within 5 points of oracle",
+                aware["hit_rate"] >= oracle["hit_rate"] - 0.05,
+            )
+        )
     if aware and rr:
-        out.append(_row("hit rate: prefix_aware vs round_robin", aware["hit_rate"],
-                        rr["hit_rate"], ">= round_robin + 15 points",
-                        aware["hit_rate"] >= rr["hit_rate"] + 0.15))
+        out.append(
+            _row(
+                "hit rate: prefix_aware vs round_robin",
+                aware["hit_rate"],
+                rr["hit_rate"],
+                ">= round_robin + 15 points",
+                aware["hit_rate"] >= rr["hit_rate"] + 0.15,
+            )
+        )
         ours, base = aware["ttft"]["p50_turns_2_on"], rr["ttft"]["p50_turns_2_on"]
-        out.append(_row("TTFT p50 turns 2-6 (s): prefix_aware vs round_robin", ours, base,
-                        "<= 0.6x round_robin", ours <= 0.6 * base, ratio=True))
-        out.append(_row("prompt tokens prefilled: prefix_aware vs round_robin",
-                        aware["computed_tokens"], rr["computed_tokens"], "report", None,
-                        ratio=True))
-        out.append(_row("phase wall (s): prefix_aware vs round_robin", aware["wall_s"],
-                        rr["wall_s"], "report", None, ratio=True))
+        out.append(
+            _row(
+                "TTFT p50 turns 2-6 (s): prefix_aware vs round_robin",
+                ours,
+                base,
+                "<= 0.6x round_robin",
+                ours <= 0.6 * base,
+                ratio=True,
+            )
+        )
+        out.append(
+            _row(
+                "prompt tokens prefilled: prefix_aware vs round_robin",
+                aware["computed_tokens"],
+                rr["computed_tokens"],
+                "report",
+                None,
+                ratio=True,
+            )
+        )
+        out.append(
+            _row(
+                "phase wall (s): prefix_aware vs round_robin",
+                aware["wall_s"],
+                rr["wall_s"],
+                "report",
+                None,
+                ratio=True,
+            )
+        )
     elif oracle and rr:
-        out.append(_row("hit rate: oracle vs round_robin (prefix_aware not run)",
-                        oracle["hit_rate"], rr["hit_rate"], "report", None))
-        out.append(_row("TTFT p50 turns 2-6 (s): oracle vs round_robin",
-                        oracle["ttft"]["p50_turns_2_on"], rr["ttft"]["p50_turns_2_on"],
-                        "report", None, ratio=True))
+        out.append(
+            _row(
+                "hit rate: oracle vs round_robin (prefix_aware not run)",
+                oracle["hit_rate"],
+                rr["hit_rate"],
+                "report",
+                None,
+            )
+        )
+        out.append(
+            _row(
+                "TTFT p50 turns 2-6 (s): oracle vs round_robin",
+                oracle["ttft"]["p50_turns_2_on"],
+                rr["ttft"]["p50_turns_2_on"],
+                "report",
+                None,
+                ratio=True,
+            )
+        )
     decision = (aware or {}).get("decision")
     if decision and decision["decisions"]:
-        out.append({"metric": "router decision p99 (its histogram, bucket bound, us)",
-                    "ours": decision["p99_at_most_s"] * 1e6,
-                    "target": f"<= {DECISION_TARGET_S * 1e6:g} us",
-                    "met": decision["share_within_target"] >= 0.99})
+        out.append(
+            {
+                "metric": "router decision p99 (its histogram, bucket bound, us)",
+                "ours": decision["p99_at_most_s"] * 1e6,
+                "target": f"<= {DECISION_TARGET_S * 1e6:g} us",
+                "met": decision["share_within_target"] >= 0.99,
+            }
+        )
     if "prefix_aware" in control and "round_robin" in control:
         ours, base = (control[p]["tokens_per_s"] for p in ("prefix_aware", "round_robin"))
-        out.append(_row("control tokens/s: prefix_aware vs round_robin", ours, base,
-                        ">= 0.95x round_robin", ours >= 0.95 * base, ratio=True))
+        out.append(
+            _row(
+                "control tokens/s: prefix_aware vs round_robin",
+                ours,
+                base,
+                ">= 0.95x round_robin",
+                ours >= 0.95 * base,
+                ratio=True,
+            )
+        )
     return out
 
 

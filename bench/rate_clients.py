@@ -9,6 +9,7 @@ text response's arrival time and token count recorded (bench.rate_stats.Request)
   against the frontend). The doubles' tokens are the words " w<i>", so a chunk's tokens
   are counted from its text; the usage at the end must agree.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,12 +33,16 @@ class GrpcPath:
         self.client = grpcaio.InferenceServerClient(url)
 
     async def one(self, tokens: int) -> Request:
-        inputs = build_inputs(prompt=PROMPT, max_tokens=tokens, stream=True,
-                              sampling=SAMPLING, exclude_input_in_output=True)
+        inputs = build_inputs(
+            prompt=PROMPT,
+            max_tokens=tokens,
+            stream=True,
+            sampling=SAMPLING,
+            exclude_input_in_output=True,
+        )
 
         async def requests():
-            yield {"model_name": self.model, "inputs": inputs,
-                   "request_id": uuid.uuid4().hex}
+            yield {"model_name": self.model, "inputs": inputs, "request_id": uuid.uuid4().hex}
 
         request = Request(time.perf_counter())
         async for result, error in self.client.stream_infer(requests()):
@@ -50,8 +55,7 @@ class GrpcPath:
             if problem:
                 raise RuntimeError(f"{self.model}: {problem}")
         if request.output_tokens != tokens:
-            raise RuntimeError(f"{self.model}: {request.output_tokens} tokens, "
-                               f"wanted {tokens}")
+            raise RuntimeError(f"{self.model}: {request.output_tokens} tokens, wanted {tokens}")
         return request
 
     async def close(self) -> None:
@@ -66,8 +70,11 @@ class AnchorPath(GrpcPath):
         from bench.anchor import _inputs
 
         async def requests():
-            yield {"model_name": self.model, "inputs": _inputs(PROMPT, tokens),
-                   "request_id": uuid.uuid4().hex}
+            yield {
+                "model_name": self.model,
+                "inputs": _inputs(PROMPT, tokens),
+                "request_id": uuid.uuid4().hex,
+            }
 
         request, count = Request(time.perf_counter()), 0
         async for result, error in self.client.stream_infer(requests()):
@@ -87,7 +94,7 @@ class AnchorPath(GrpcPath):
 def sse_events(buffer: bytes) -> tuple[list[bytes], bytes]:
     """The complete `data:` payloads in buffer, and the unfinished rest."""
     *events, rest = buffer.split(b"\n\n")
-    return [e[len(b"data: "):] for e in events if e.startswith(b"data: ")], rest
+    return [e[len(b"data: ") :] for e in events if e.startswith(b"data: ")], rest
 
 
 class HttpPath:
@@ -97,13 +104,20 @@ class HttpPath:
         self.client = httpx.AsyncClient(timeout=600, limits=limits)
 
     async def one(self, tokens: int) -> Request:
-        body = {"model": self.model, "prompt": PROMPT, "max_tokens": tokens, "stream": True,
-                "stream_options": {"include_usage": True}, **SAMPLING}
+        body = {
+            "model": self.model,
+            "prompt": PROMPT,
+            "max_tokens": tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **SAMPLING,
+        }
         request, count, usage, buffer = Request(time.perf_counter()), 0, None, b""
         async with self.client.stream("POST", self.url, json=body) as response:
             if response.status_code != 200:
-                raise RuntimeError(f"HTTP {response.status_code}: "
-                                   f"{(await response.aread())[:300]!r}")
+                raise RuntimeError(
+                    f"HTTP {response.status_code}: {(await response.aread())[:300]!r}"
+                )
             async for data in response.aiter_raw():
                 at = time.perf_counter()
                 events, buffer = sse_events(buffer + data)
@@ -120,8 +134,7 @@ class HttpPath:
                         count += text.count(" w")
                         request.add(at, count)
         if usage != tokens or count != tokens:
-            raise RuntimeError(f"frontend: {count} tokens counted, usage {usage}, "
-                               f"wanted {tokens}")
+            raise RuntimeError(f"frontend: {count} tokens counted, usage {usage}, wanted {tokens}")
         return request
 
     async def close(self) -> None:
@@ -130,12 +143,16 @@ class HttpPath:
 
 async def load_point(path, streams: int, tokens: int, timeout_s: float) -> tuple[list, int]:
     """`streams` requests at once; (the answered ones, how many failed)."""
-    results = await asyncio.wait_for(asyncio.gather(
-        *(path.one(tokens) for _ in range(streams)), return_exceptions=True), timeout_s)
+    results = await asyncio.wait_for(
+        asyncio.gather(*(path.one(tokens) for _ in range(streams)), return_exceptions=True),
+        timeout_s,
+    )
     answered = [r for r in results if isinstance(r, Request)]
     failures = [r for r in results if not isinstance(r, Request)]
     if failures:
-        print(f"gpu_rate: {len(failures)} of {streams} requests failed: "
-              f"{type(failures[0]).__name__}: {failures[0]}",
-              flush=True)
+        print(
+            f"gpu_rate: {len(failures)} of {streams} requests failed: "
+            f"{type(failures[0]).__name__}: {failures[0]}",
+            flush=True,
+        )
     return answered, len(failures)

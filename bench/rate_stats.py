@@ -13,6 +13,7 @@ response that carried text, when it arrived and the answer's token count so far.
   all its tokens from the first request sent to the last token.
 - The ceiling: the highest offered tokens/s among the points that met every limit.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,14 +23,14 @@ from dataclasses import dataclass, field
 DELIVERED_FRACTION = 0.99
 GAP_P99_S = 0.030
 TTFT_P99_S = 0.800
-MIN_WINDOW_S = 0.2     # a shorter all-decoding window is too short to count tokens in
+MIN_WINDOW_S = 0.2  # a shorter all-decoding window is too short to count tokens in
 
 
 @dataclass
 class Request:
     sent: float
-    arrivals: list = field(default_factory=list)   # s, each response that had text
-    tokens: list = field(default_factory=list)     # cumulative output tokens at each
+    arrivals: list = field(default_factory=list)  # s, each response that had text
+    tokens: list = field(default_factory=list)  # cumulative output tokens at each
 
     def add(self, at: float, tokens: int) -> None:
         self.arrivals.append(at)
@@ -96,16 +97,25 @@ def summarize(requests: list[Request], offered: float, errors: int = 0) -> dict:
     gaps = [g for r in requests for g in r.gaps()]
     itls = [v for r in requests if (v := r.itl()) is not None]
     rate, counted = delivered(requests)
-    return {"offered_tokens_per_s": offered, "delivered_tokens_per_s": rate,
-            "delivered_counted": counted, "requests": len(requests), "errors": errors,
-            "tokens": sum(r.output_tokens for r in requests),
-            "chunks": sum(len(r.arrivals) for r in requests),
-            # above 1: the path fell behind and tokens merged into fewer responses
-            "tokens_per_chunk": (sum(r.output_tokens for r in requests)
-                                 / max(1, sum(len(r.arrivals) for r in requests))),
-            "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99),
-            "gap_p50_s": percentile(gaps, 50), "gap_p99_s": percentile(gaps, 99),
-            "itl_p50_s": percentile(itls, 50), "itl_p99_s": percentile(itls, 99)}
+    return {
+        "offered_tokens_per_s": offered,
+        "delivered_tokens_per_s": rate,
+        "delivered_counted": counted,
+        "requests": len(requests),
+        "errors": errors,
+        "tokens": sum(r.output_tokens for r in requests),
+        "chunks": sum(len(r.arrivals) for r in requests),
+        # above 1: the path fell behind and tokens merged into fewer responses
+        "tokens_per_chunk": (
+            sum(r.output_tokens for r in requests) / max(1, sum(len(r.arrivals) for r in requests))
+        ),
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p99_s": percentile(ttfts, 99),
+        "gap_p50_s": percentile(gaps, 50),
+        "gap_p99_s": percentile(gaps, 99),
+        "itl_p50_s": percentile(itls, 50),
+        "itl_p99_s": percentile(itls, 99),
+    }
 
 
 def meets(point: dict, engine_gap_s: float = 0.0) -> bool:
@@ -115,16 +125,21 @@ def meets(point: dict, engine_gap_s: float = 0.0) -> bool:
     the issue's literal limit."""
     if point["errors"] or point["gap_p99_s"] is None or point["ttft_p99_s"] is None:
         return False
-    return (point["delivered_tokens_per_s"] >= DELIVERED_FRACTION * point["offered_tokens_per_s"]
-            and point["gap_p99_s"] <= GAP_P99_S + engine_gap_s
-            and point["ttft_p99_s"] <= TTFT_P99_S)
+    return (
+        point["delivered_tokens_per_s"] >= DELIVERED_FRACTION * point["offered_tokens_per_s"]
+        and point["gap_p99_s"] <= GAP_P99_S + engine_gap_s
+        and point["ttft_p99_s"] <= TTFT_P99_S
+    )
 
 
 def ceiling(points: list[dict], literal: bool = False) -> float | None:
     """The highest offered tokens/s of a point that met the limits; None if none did.
     Each point carries `tokens_per_stream_s` (the engine's pace for its streams)."""
-    met = [p["offered_tokens_per_s"] for p in points
-           if meets(p, 0.0 if literal else 1.0 / p["tokens_per_stream_s"])]
+    met = [
+        p["offered_tokens_per_s"]
+        for p in points
+        if meets(p, 0.0 if literal else 1.0 / p["tokens_per_stream_s"])
+    ]
     return max(met) if met else None
 
 
@@ -132,5 +147,4 @@ def cpu_ms_per_1000_tokens(before: dict, after: dict, tokens: int) -> dict:
     """CPU ms per 1,000 delivered tokens of each process (CPU seconds by name)."""
     if tokens <= 0:
         return {}
-    return {name: (after[name] - before[name]) * 1e6 / tokens
-            for name in after if name in before}
+    return {name: (after[name] - before[name]) * 1e6 / tokens for name in after if name in before}

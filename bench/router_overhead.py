@@ -10,6 +10,7 @@ first-token path) is reported too. Targets (issues 4 and 16): router keeps >= 0.
 tokens/s at 8 and 16 streams; TTFT is reported against direct + 1 ms (1 stream) and
 direct + 2 ms (16 streams), the zero-cost engine's goals (bench/zero_cost.py).
 """
+
 from __future__ import annotations
 
 import re
@@ -31,8 +32,8 @@ from builder.spec import load_spec  # noqa: E402
 BACKEND, ROUTER = "smollm2", "router"
 STREAMS = (8, 16)
 MAX_TOKENS = 48
-ROUNDS = 4               # per path, alternating
-SINGLE_REQUESTS = 30     # per path, alternating
+ROUNDS = 4  # per path, alternating
+SINGLE_REQUESTS = 30  # per path, alternating
 SAMPLING = GREEDY_LONG
 
 
@@ -46,8 +47,11 @@ def single_ttfts(url: str) -> dict[str, list[float]]:
     ttft = {ROUTER: [], BACKEND: []}
     for i in range(SINGLE_REQUESTS):
         for model in (ROUTER, BACKEND) if i % 2 == 0 else (BACKEND, ROUTER):
-            ttft[model].append(stream_generate(url, model, PROMPTS[0], max_tokens=1,
-                                               chat=False, sampling=SAMPLING).ttft_s)
+            ttft[model].append(
+                stream_generate(
+                    url, model, PROMPTS[0], max_tokens=1, chat=False, sampling=SAMPLING
+                ).ttft_s
+            )
     return ttft
 
 
@@ -56,8 +60,9 @@ def router_added_latency(metrics_url: str) -> tuple[float, int]:
     text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
     values = {}
     for suffix in ("sum", "count"):
-        match = re.search(rf"^trident_router_added_latency_seconds_{suffix}\{{[^}}]*\}} (\S+)$",
-                          text, re.M)
+        match = re.search(
+            rf"^trident_router_added_latency_seconds_{suffix}\{{[^}}]*\}} (\S+)$", text, re.M
+        )
         values[suffix] = float(match.group(1)) if match else 0.0
     count = int(values["count"])
     return (values["sum"] / count if count else 0.0), count
@@ -65,7 +70,7 @@ def router_added_latency(metrics_url: str) -> tuple[float, int]:
 
 def measure(server: TritonServer) -> dict:
     url = server.grpc_url
-    for model in (ROUTER, BACKEND):      # warm-up: compile paths, fill caches
+    for model in (ROUTER, BACKEND):  # warm-up: compile paths, fill caches
         one_round(url, model, max(STREAMS))
     single = single_ttfts(url)
     ttfts = {n: {ROUTER: [], BACKEND: []} for n in STREAMS}
@@ -77,8 +82,13 @@ def measure(server: TritonServer) -> dict:
                 ttfts[streams][model] += round_ttft
                 rates[streams][model].append(rate)
     mean_added, samples = router_added_latency(server.metrics_url)
-    return {"single": single, "ttft": ttfts, "rates": rates,
-            "router_added_mean_s": mean_added, "router_added_samples": samples}
+    return {
+        "single": single,
+        "ttft": ttfts,
+        "rates": rates,
+        "router_added_mean_s": mean_added,
+        "router_added_samples": samples,
+    }
 
 
 def rows_from(m: dict) -> list[dict]:
@@ -86,21 +96,49 @@ def rows_from(m: dict) -> list[dict]:
         return statistics.median(values) * 1000
 
     single_r, single_d = median_ms(m["single"][ROUTER]), median_ms(m["single"][BACKEND])
-    rows = [{"metric": "TTFT median ms, 1 stream", "ours": single_r, "direct": single_d,
-             "ratio": single_r / single_d, "target": "router adds <= 1 ms",
-             "met": single_r - single_d <= 1.0}]
+    rows = [
+        {
+            "metric": "TTFT median ms, 1 stream",
+            "ours": single_r,
+            "direct": single_d,
+            "ratio": single_r / single_d,
+            "target": "router adds <= 1 ms",
+            "met": single_r - single_d <= 1.0,
+        }
+    ]
     for streams in STREAMS:
         ttft_r, ttft_d = (median_ms(m["ttft"][streams][p]) for p in (ROUTER, BACKEND))
         rate_r, rate_d = (statistics.median(m["rates"][streams][p]) for p in (ROUTER, BACKEND))
-        rows.append({"metric": f"tokens/s, {streams} streams", "ours": rate_r,
-                     "direct": rate_d, "ratio": rate_r / rate_d, "target": ">= 0.98x",
-                     "met": rate_r / rate_d >= 0.98})
-        rows.append({"metric": f"TTFT median ms, {streams} streams", "ours": ttft_r,
-                     "direct": ttft_d, "ratio": ttft_r / ttft_d,
-                     "target": "router adds <= 2 ms", "met": ttft_r - ttft_d <= 2.0})
-    rows.append({"metric": "router time on first-token path, mean ms (router metric)",
-                 "ours": m["router_added_mean_s"] * 1000, "direct": None, "ratio": None,
-                 "target": "<= 1 ms", "met": m["router_added_mean_s"] * 1000 <= 1.0})
+        rows.append(
+            {
+                "metric": f"tokens/s, {streams} streams",
+                "ours": rate_r,
+                "direct": rate_d,
+                "ratio": rate_r / rate_d,
+                "target": ">= 0.98x",
+                "met": rate_r / rate_d >= 0.98,
+            }
+        )
+        rows.append(
+            {
+                "metric": f"TTFT median ms, {streams} streams",
+                "ours": ttft_r,
+                "direct": ttft_d,
+                "ratio": ttft_r / ttft_d,
+                "target": "router adds <= 2 ms",
+                "met": ttft_r - ttft_d <= 2.0,
+            }
+        )
+    rows.append(
+        {
+            "metric": "router time on first-token path, mean ms (router metric)",
+            "ours": m["router_added_mean_s"] * 1000,
+            "direct": None,
+            "ratio": None,
+            "target": "<= 1 ms",
+            "met": m["router_added_mean_s"] * 1000 <= 1.0,
+        }
+    )
     return rows
 
 
@@ -108,16 +146,23 @@ def run(out_dir: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="trident-bench-router-") as tmp:
         repo = Path(tmp) / "repo"
         build_repository(load_spec(ROOT / "deploy" / "default.yaml"), repo)
-        server = start_on_free_ports(
-            repo, Path(out_dir) / "router_overhead.tritonserver.log")
+        server = start_on_free_ports(repo, Path(out_dir) / "router_overhead.tritonserver.log")
         try:
             measured = measure(server)
         finally:
             server.stop()
-    return bench_result("router_overhead", rows_from(measured),
-                        {"streams": STREAMS, "max_tokens": MAX_TOKENS, "rounds": ROUNDS,
-                         "single_requests": SINGLE_REQUESTS, "sampling": SAMPLING},
-                        measured)
+    return bench_result(
+        "router_overhead",
+        rows_from(measured),
+        {
+            "streams": STREAMS,
+            "max_tokens": MAX_TOKENS,
+            "rounds": ROUNDS,
+            "single_requests": SINGLE_REQUESTS,
+            "sampling": SAMPLING,
+        },
+        measured,
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Each benchmark is a module `bench/<name>.py` with `run(out_dir: Path) -> dict` r
 {"name": ..., "rows": [{"metric", "ours", "direct", "ratio", "target", "met"}], ...}:
 trident's path and the direct path measured side by side in the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,9 +15,20 @@ import time
 from pathlib import Path
 
 # Issue 16's table first (zero-cost engine, vLLM, the vllm_backend anchor), then the rest.
-BENCHMARKS = ["zero_cost", "router_overhead", "vllm_backend", "anchor", "openai_frontend",
-              "lora", "tenant_check", "cache_restore", "gpu_rate", "prefix_decision",
-              "prefix_routing", "aiperf_point"]
+BENCHMARKS = [
+    "zero_cost",
+    "router_overhead",
+    "vllm_backend",
+    "anchor",
+    "openai_frontend",
+    "lora",
+    "tenant_check",
+    "cache_restore",
+    "gpu_rate",
+    "prefix_decision",
+    "prefix_routing",
+    "aiperf_point",
+]
 
 
 def _fmt(value) -> str:
@@ -30,9 +42,17 @@ def print_table(results: list[dict]) -> None:
     rows = [header]
     for result in results:
         for row in result.get("rows", []):
-            rows.append((result["name"], row["metric"], _fmt(row.get("ours")),
-                         _fmt(row.get("direct")), _fmt(row.get("ratio")),
-                         row.get("target", ""), _fmt(row.get("met"))))
+            rows.append(
+                (
+                    result["name"],
+                    row["metric"],
+                    _fmt(row.get("ours")),
+                    _fmt(row.get("direct")),
+                    _fmt(row.get("ratio")),
+                    row.get("target", ""),
+                    _fmt(row.get("met")),
+                )
+            )
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(header))]
     for i, row in enumerate(rows):
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
@@ -42,8 +62,9 @@ def print_table(results: list[dict]) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of "
-                                                  f"{', '.join(BENCHMARKS)})")
+    parser.add_argument(
+        "names", nargs="*", help=f"benchmarks to run (default: all of {', '.join(BENCHMARKS)})"
+    )
     parser.add_argument("--out", default="bench_results")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -62,8 +83,12 @@ def main(argv=None) -> int:
             result = module.run(out)
         except Exception as e:  # one broken benchmark must not lose the others' results
             print(f"{name}: failed: {type(e).__name__}: {e}", file=sys.stderr)
-            result = {"rows": [{"metric": "failed", "target": f"{type(e).__name__}: {e}"[:80],
-                                "met": False}], "error": f"{type(e).__name__}: {e}"}
+            result = {
+                "rows": [
+                    {"metric": "failed", "target": f"{type(e).__name__}: {e}"[:80], "met": False}
+                ],
+                "error": f"{type(e).__name__}: {e}",
+            }
         result.setdefault("name", name)
         result["wall_s"] = round(time.time() - started, 1)
         (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -15,6 +15,7 @@ Run it alone (under `flock /tmp/trident-heavy.lock` on a shared machine). A star
 does not become ready within --timeout counts as a hang and its message says which model
 was stuck where; each start's server log is kept in the work folder.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,7 @@ from builder.serve.server import Ports, ServeError, TritonServer, free_port
 from builder.spec import load_spec
 
 SPEC = Path(__file__).resolve().parents[1] / "deploy" / "examples" / "cpu-fallback.yaml"
-SPIN = "while True: pass"   # one busy core's worth of other work
+SPIN = "while True: pass"  # one busy core's worth of other work
 
 
 def classify(message: str) -> str:
@@ -49,9 +50,15 @@ def classify(message: str) -> str:
 def one_start(repo: Path, log: Path, timeout_s: float, all_at_once: bool) -> dict:
     models = sorted(p.parent.name for p in repo.glob("*/config.pbtxt"))
     ports = Ports(free_port(), free_port(), free_port())
-    if all_at_once:   # the old way: tritonserver loads every model itself, concurrently
-        server = TritonServer(repo, ports, load_models=(), log_path=log, self_test=False,
-                              extra_args=tuple(f"--load-model={m}" for m in models))
+    if all_at_once:  # the old way: tritonserver loads every model itself, concurrently
+        server = TritonServer(
+            repo,
+            ports,
+            load_models=(),
+            log_path=log,
+            self_test=False,
+            extra_args=tuple(f"--load-model={m}" for m in models),
+        )
     else:
         server = TritonServer(repo, ports, log_path=log, self_test=False)
     started = time.monotonic()
@@ -66,8 +73,11 @@ def one_start(repo: Path, log: Path, timeout_s: float, all_at_once: bool) -> dic
         outcome = classify(message)
     finally:
         server.stop()
-    return {"outcome": outcome, "seconds": round(time.monotonic() - started, 1),
-            "message": message[:400]}
+    return {
+        "outcome": outcome,
+        "seconds": round(time.monotonic() - started, 1),
+        "message": message[:400],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,8 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--starts", type=int, default=20)
     parser.add_argument("--busy", type=int, default=4, help="busy-looping processes")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per start")
-    parser.add_argument("--all-at-once", action="store_true",
-                        help="the old start: every model loaded by tritonserver at once")
+    parser.add_argument(
+        "--all-at-once",
+        action="store_true",
+        help="the old start: every model loaded by tritonserver at once",
+    )
     parser.add_argument("--out", type=Path, default=None, help="folder for the JSON result")
     args = parser.parse_args(argv)
 
@@ -85,27 +98,38 @@ def main(argv: list[str] | None = None) -> int:
     build_repository(load_spec(SPEC), repo)
     spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(args.busy)]
     results = []
-    signal.signal(signal.SIGTERM, signal.default_int_handler)   # stop as on Ctrl-C
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl-C
     try:
         for index in range(args.starts):
-            result = one_start(repo, work / f"start-{index:02d}.log", args.timeout,
-                               args.all_at_once)
+            result = one_start(
+                repo, work / f"start-{index:02d}.log", args.timeout, args.all_at_once
+            )
             results.append(result)
-            print(f"start {index + 1}/{args.starts}: {result['outcome']} in "
-                  f"{result['seconds']} s {result['message']}", flush=True)
+            print(
+                f"start {index + 1}/{args.starts}: {result['outcome']} in "
+                f"{result['seconds']} s {result['message']}",
+                flush=True,
+            )
     except KeyboardInterrupt:
         print(f"interrupted after {len(results)} starts", flush=True)
     finally:
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
-    counts = {kind: sum(r["outcome"] == kind for r in results)
-              for kind in ("ready", "hung", "slow", "failed")}
-    summary = {"spec": str(SPEC), "mode": "all-at-once" if args.all_at_once else "one-by-one",
-               "busy_processes": args.busy, "starts": len(results), **counts,
-               "ready_seconds": sorted(r["seconds"] for r in results
-                                       if r["outcome"] == "ready"),
-               "logs": str(work), "results": results}
+    counts = {
+        kind: sum(r["outcome"] == kind for r in results)
+        for kind in ("ready", "hung", "slow", "failed")
+    }
+    summary = {
+        "spec": str(SPEC),
+        "mode": "all-at-once" if args.all_at_once else "one-by-one",
+        "busy_processes": args.busy,
+        "starts": len(results),
+        **counts,
+        "ready_seconds": sorted(r["seconds"] for r in results if r["outcome"] == "ready"),
+        "logs": str(work),
+        "results": results,
+    }
     print(json.dumps({k: v for k, v in summary.items() if k != "results"}))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ loopback. Requests alternate between them (one at a time, so the three see the s
 machine load) and the median TTFT of each is compared with the router without tenants.
 Usage: .venv/bin/python -m bench.tenant_check [--requests N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,9 +27,14 @@ from support.grpc_stream import generate
 from support.redis_server import RedisServer
 
 REQUESTS = 200
-TENANTS = {"default": {"requests_per_minute": 1_000_000, "tokens_per_minute": 1_000_000_000,
-                       "max_concurrent": 64},
-           "limits": {"bench": {"tier": "premium"}}}
+TENANTS = {
+    "default": {
+        "requests_per_minute": 1_000_000,
+        "tokens_per_minute": 1_000_000_000,
+        "max_concurrent": 64,
+    },
+    "limits": {"bench": {"tier": "premium"}},
+}
 
 
 def _variant(repo: Path, work: Path, name: str, tenants) -> Path:
@@ -45,11 +51,10 @@ def measure(urls: dict, requests: int) -> dict:
     ttfts = {name: [] for name in urls}
     for i in range(requests + 10):
         for name, url in urls.items():
-            result = generate(url, "router", prompt="go", max_tokens=2,
-                              hints={"tenant": "bench"})
+            result = generate(url, "router", prompt="go", max_tokens=2, hints={"tenant": "bench"})
             if result.errors:
                 raise RuntimeError(f"{name}: {result.errors}")
-            if i >= 10:   # warm-up: connections, the Lua script's first load
+            if i >= 10:  # warm-up: connections, the Lua script's first load
                 ttfts[name].append(result.ttft_s)
     return {name: statistics.median(values) for name, values in ttfts.items()}
 
@@ -66,25 +71,40 @@ def run(out_dir: Path, requests: int = REQUESTS) -> dict:
             build_repository(parse_spec(spec, "<bench>"), repo)
             (repo / sglang_double.MODEL / "1" / "sglang.py").write_text(sglang_double.SHIM)
             rendered = json.loads((repo / "router" / "1" / "router.json").read_text())
-            repos = {"none": _variant(repo, work, "none", None),
-                     "local": _variant(repo, work, "local",
-                                       {**rendered["tenants"], "redis": None}),
-                     "redis": repo}
+            repos = {
+                "none": _variant(repo, work, "none", None),
+                "local": _variant(repo, work, "local", {**rendered["tenants"], "redis": None}),
+                "redis": repo,
+            }
             urls = {}
             for name, path in repos.items():
-                servers.append(start_on_free_ports(
-                    path, Path(out_dir) / f"tenant_check.{name}.tritonserver.log"))
+                servers.append(
+                    start_on_free_ports(
+                        path, Path(out_dir) / f"tenant_check.{name}.tritonserver.log"
+                    )
+                )
                 urls[name] = servers[-1].grpc_url
             ttft = measure(urls, requests)
     finally:
         for server in servers:
             server.stop()
         redis.stop()
-    rows = [ratio_row(f"TTFT p50 ms, tenant check {name} vs none", ttft[name] * 1000,
-                      ttft["none"] * 1000, "cost of the check", higher_better=False)
-            for name in ("local", "redis")]
-    return bench_result("tenant_check", rows, {"requests": requests},
-                        {name: value * 1000 for name, value in ttft.items()})
+    rows = [
+        ratio_row(
+            f"TTFT p50 ms, tenant check {name} vs none",
+            ttft[name] * 1000,
+            ttft["none"] * 1000,
+            "cost of the check",
+            higher_better=False,
+        )
+        for name in ("local", "redis")
+    ]
+    return bench_result(
+        "tenant_check",
+        rows,
+        {"requests": requests},
+        {name: value * 1000 for name, value in ttft.items()},
+    )
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ requests/s at 64 concurrent streams >= 0.9x direct; per streamed token of one lo
 <= 1.3x direct. Issue 22: requests/s at 64 streams with 64-token answers >= 0.8x direct.
 Usage: .venv/bin/python -m bench.zero_cost [OUT_DIR]
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,13 +33,13 @@ from support import sglang_double
 
 ROOT = Path(__file__).resolve().parent.parent
 DIRECT, ROUTER = sglang_double.MODEL, "router"
-SEQUENTIAL = 200          # single requests per path, alternating
-SHORT_TOKENS = 8          # tokens per request in the latency and throughput rounds
+SEQUENTIAL = 200  # single requests per path, alternating
+SHORT_TOKENS = 8  # tokens per request in the latency and throughput rounds
 CONCURRENCY = (16, 64)
-LONG_ANSWER = (64, 64)    # issue 22's point: (streams, tokens per answer)
-PER_WORKER = 12           # requests per worker per round
-ROUNDS = 3                # concurrent rounds per path, alternating
-LONG_TOKENS = 1000        # one stream, for the per-chunk cost
+LONG_ANSWER = (64, 64)  # issue 22's point: (streams, tokens per answer)
+PER_WORKER = 12  # requests per worker per round
+ROUNDS = 3  # concurrent rounds per path, alternating
+LONG_TOKENS = 1000  # one stream, for the per-chunk cost
 LONG_RUNS = 5
 
 
@@ -58,9 +59,14 @@ class Worker:
         """(seconds to the first text chunk, tokens) of one streamed request. Tokens,
         not chunks: under load the engine model sends the tokens that piled up as one
         response (trident_common/outbox.py), so a stream's chunk count varies."""
-        await self.outgoing.put({"model_name": model, "inputs": build_inputs(
-            prompt="go", max_tokens=tokens), "request_id": uuid.uuid4().hex,
-            "enable_empty_final_response": True})
+        await self.outgoing.put(
+            {
+                "model_name": model,
+                "inputs": build_inputs(prompt="go", max_tokens=tokens),
+                "request_id": uuid.uuid4().hex,
+                "enable_empty_final_response": True,
+            }
+        )
         start, ttft = time.perf_counter(), None
         async for result, error in self.responses:
             if error is not None:
@@ -69,7 +75,7 @@ class Worker:
                 ttft = ttft or time.perf_counter() - start
             # The aio client cannot ask for the empty final response (a reserved
             # parameter): the last chunk is the one that carries a finish reason.
-            if first_output(result, "finish_reason"):   # num_output_tokens: the total
+            if first_output(result, "finish_reason"):  # num_output_tokens: the total
                 return ttft or 0.0, int(first_output(result, "num_output_tokens") or 0)
         raise RuntimeError(f"{model}: stream ended without a finish reason")
 
@@ -89,8 +95,7 @@ async def sequential(url: str) -> dict[str, list[float]]:
     return ttft
 
 
-async def concurrent_round(url: str, model: str, streams: int,
-                           tokens: int = SHORT_TOKENS) -> dict:
+async def concurrent_round(url: str, model: str, streams: int, tokens: int = SHORT_TOKENS) -> dict:
     workers = [Worker(url) for _ in range(streams)]
 
     async def run(worker):
@@ -111,9 +116,13 @@ async def concurrent(url: str, streams: int, tokens: int = SHORT_TOKENS) -> dict
     for i in range(ROUNDS):
         for model in (ROUTER, DIRECT) if i % 2 == 0 else (DIRECT, ROUTER):
             rounds[model].append(await concurrent_round(url, model, streams, tokens))
-    return {model: {"requests_per_s": statistics.median(r["requests_per_s"] for r in rs),
-                    "ttft_p50_s": statistics.median(t for r in rs for t in r["ttft_s"])}
-            for model, rs in rounds.items()}
+    return {
+        model: {
+            "requests_per_s": statistics.median(r["requests_per_s"] for r in rs),
+            "ttft_p50_s": statistics.median(t for r in rs for t in r["ttft_s"]),
+        }
+        for model, rs in rounds.items()
+    }
 
 
 async def per_chunk(url: str) -> dict[str, float]:
@@ -133,14 +142,16 @@ async def per_chunk(url: str) -> dict[str, float]:
 
 
 async def measure(url: str) -> dict:
-    await concurrent_round(url, ROUTER, 4)      # warm-up: both paths, every code path
+    await concurrent_round(url, ROUTER, 4)  # warm-up: both paths, every code path
     await concurrent_round(url, DIRECT, 4)
     single = await sequential(url)
     streams, tokens = LONG_ANSWER
-    return {"sequential_ttft_s": single,
-            "concurrent": {str(n): await concurrent(url, n) for n in CONCURRENCY},
-            "long_answers": await concurrent(url, streams, tokens),
-            "per_chunk_s": await per_chunk(url)}
+    return {
+        "sequential_ttft_s": single,
+        "concurrent": {str(n): await concurrent(url, n) for n in CONCURRENCY},
+        "long_answers": await concurrent(url, streams, tokens),
+        "per_chunk_s": await per_chunk(url),
+    }
 
 
 def rows_from(m: dict) -> list[dict]:
@@ -156,16 +167,30 @@ def rows_from(m: dict) -> list[dict]:
     return [
         _row("TTFT p50 ms, sequential", seq, "<= direct + 1 ms", seq[ROUTER] - seq[DIRECT] <= 1),
         _row("TTFT p50 ms, 16 streams", t16, "<= direct + 2 ms", t16[ROUTER] - t16[DIRECT] <= 2),
-        _row("TTFT p50 ms, 64 streams", {k: ms(v["ttft_p50_s"]) for k, v in c64.items()},
-             "report", None),
-        _row("requests/s, 16 streams", {k: v["requests_per_s"] for k, v in c16.items()},
-             "report", None),
-        _row("requests/s, 64 streams", rps64, ">= 0.9x direct",
-             rps64[ROUTER] >= 0.9 * rps64[DIRECT]),
-        _row(f"requests/s, {LONG_ANSWER[0]} streams, {LONG_ANSWER[1]}-token answers", long,
-             ">= 0.8x direct", long[ROUTER] >= 0.8 * long[DIRECT]),
-        _row("ms per streamed token", chunk, "<= 1.3x direct",
-             chunk[ROUTER] <= 1.3 * chunk[DIRECT]),
+        _row(
+            "TTFT p50 ms, 64 streams",
+            {k: ms(v["ttft_p50_s"]) for k, v in c64.items()},
+            "report",
+            None,
+        ),
+        _row(
+            "requests/s, 16 streams",
+            {k: v["requests_per_s"] for k, v in c16.items()},
+            "report",
+            None,
+        ),
+        _row(
+            "requests/s, 64 streams", rps64, ">= 0.9x direct", rps64[ROUTER] >= 0.9 * rps64[DIRECT]
+        ),
+        _row(
+            f"requests/s, {LONG_ANSWER[0]} streams, {LONG_ANSWER[1]}-token answers",
+            long,
+            ">= 0.8x direct",
+            long[ROUTER] >= 0.8 * long[DIRECT],
+        ),
+        _row(
+            "ms per streamed token", chunk, "<= 1.3x direct", chunk[ROUTER] <= 1.3 * chunk[DIRECT]
+        ),
     ]
 
 
@@ -197,11 +222,20 @@ def serve_and_measure(work: Path) -> dict:
 def run(out_dir: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="trident-bench-zero-cost-") as tmp:
         measured = serve_and_measure(Path(tmp))
-    return bench_result("zero_cost", rows_from(measured),
-                        {"engine": "SGLang test double (zero cost)", "sequential": SEQUENTIAL,
-                         "short_tokens": SHORT_TOKENS, "per_worker": PER_WORKER,
-                         "long_answer": {"streams": LONG_ANSWER[0], "tokens": LONG_ANSWER[1]},
-                         "rounds": ROUNDS, "long_tokens": LONG_TOKENS}, measured)
+    return bench_result(
+        "zero_cost",
+        rows_from(measured),
+        {
+            "engine": "SGLang test double (zero cost)",
+            "sequential": SEQUENTIAL,
+            "short_tokens": SHORT_TOKENS,
+            "per_worker": PER_WORKER,
+            "long_answer": {"streams": LONG_ANSWER[0], "tokens": LONG_ANSWER[1]},
+            "rounds": ROUNDS,
+            "long_tokens": LONG_TOKENS,
+        },
+        measured,
+    )
 
 
 if __name__ == "__main__":

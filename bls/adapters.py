@@ -5,6 +5,7 @@ responses pass through untouched (no per-chunk work beyond an error check). TRT-
 ensemble uses batch dimensions ([1, 1]), separate sampling tensors and a required
 `max_tokens`, and has no `served_by`: its adapter translates both ways.
 """
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -16,13 +17,14 @@ from trident_common.sampling import check_range, coerce_sampling, parse_sampling
 ROUTER_ONLY_INPUTS = interface.ROUTER_ONLY_INPUTS
 LLM_OUTPUTS = list(interface.OUTPUT_NAMES)
 # vLLM-style sampling name → (TRT-LLM ensemble input, numpy dtype).
-TRTLLM_SAMPLING = {key: (t.ensemble, np.dtype(interface.NUMPY_DTYPES[t.dtype]))
-                   for key, t in interface.TRTLLM_SAMPLING.items()}
+TRTLLM_SAMPLING = {
+    key: (t.ensemble, np.dtype(interface.NUMPY_DTYPES[t.dtype]))
+    for key, t in interface.TRTLLM_SAMPLING.items()
+}
 
 
 def _string_tensor(name, value, shape=(1,)):
-    return pb_utils.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_)
-                           .reshape(shape))
+    return pb_utils.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_).reshape(shape))
 
 
 class PythonLlmAdapter:
@@ -75,39 +77,47 @@ class TrtllmAdapter:
         values = {t.name(): t.as_numpy() for t in inputs}
         if "messages" in values:
             raise ValueError("the TRT-LLM ensemble takes text_input, not messages")
-        if "tools" in values or "tool_choice" in values:   # never dropped on the way
-            raise BadRequest("[tools] the TRT-LLM ensemble takes no tools: tool calling "
-                             "needs a vLLM or SGLang model")
+        if "tools" in values or "tool_choice" in values:  # never dropped on the way
+            raise BadRequest(
+                "[tools] the TRT-LLM ensemble takes no tools: tool calling "
+                "needs a vLLM or SGLang model"
+            )
         # Typed and range-checked as the engine models do (BadRequest: the client's fault).
-        sampling = coerce_sampling(parse_sampling(
-            first_scalar(values.get("sampling_parameters"))))
+        sampling = coerce_sampling(parse_sampling(first_scalar(values.get("sampling_parameters"))))
         adapter = sampling.pop("lora_name", None) or adapter
         max_tokens = first_scalar(values.get("max_tokens"))
         max_tokens = max_tokens or sampling.pop("max_tokens", DEFAULT_MAX_TOKENS)
         out = [
             _string_tensor("text_input", first_scalar(values["text_input"]), (1, 1)),
             pb_utils.Tensor("max_tokens", np.array([[max_tokens]], dtype=np.int32)),
-            pb_utils.Tensor("stream", np.array(
-                [[bool(first_scalar(values.get("stream")))]], dtype=bool)),
+            pb_utils.Tensor(
+                "stream", np.array([[bool(first_scalar(values.get("stream")))]], dtype=bool)
+            ),
         ]
         if "exclude_input_in_output" in values:
-            out.append(pb_utils.Tensor("exclude_input_in_output", np.array(
-                [[bool(first_scalar(values["exclude_input_in_output"]))]], dtype=bool)))
+            out.append(
+                pb_utils.Tensor(
+                    "exclude_input_in_output",
+                    np.array([[bool(first_scalar(values["exclude_input_in_output"]))]], dtype=bool),
+                )
+            )
         if adapter:
             out.append(_string_tensor("lora_name", adapter, (1, 1)))
         for key, value in sampling.items():
             if key not in TRTLLM_SAMPLING:
-                raise ValueError(f"sampling parameter {key!r} is not supported by TRT-LLM "
-                                 f"(supported: {', '.join(sorted(TRTLLM_SAMPLING))})")
+                raise ValueError(
+                    f"sampling parameter {key!r} is not supported by TRT-LLM "
+                    f"(supported: {', '.join(sorted(TRTLLM_SAMPLING))})"
+                )
             name, dtype = TRTLLM_SAMPLING[key]
-            if dtype.kind in "iu":   # never wraps: random_seed is UINT64, a negative seed not
+            if dtype.kind in "iu":  # never wraps: random_seed is UINT64, a negative seed not
                 info = np.iinfo(dtype)
                 check_range(f"sampling_parameters.{key}", value, (int(info.min), int(info.max)))
             out.append(pb_utils.Tensor(name, np.array([[value]], dtype=dtype)))
         return out
 
     def abort_inputs(self, request_id):
-        return None   # the ensemble has no abort input; the stream ends on its own
+        return None  # the ensemble has no abort input; the stream ends on its own
 
     def split(self, response):
         """(the backend's error or None, the response in the router's interface or None
@@ -119,9 +129,17 @@ class TrtllmAdapter:
             return None, None, False
         # Fresh tensors per response: a send copies each tensor into shared memory with
         # the GIL released, so one tensor object shared by concurrent relays races.
-        return None, pb_utils.InferenceResponse(output_tensors=[
-            _string_tensor("text_output", first_scalar(text.as_numpy()) or ""),
-            _string_tensor("served_by", self.backend), _string_tensor("error", "")]), False
+        return (
+            None,
+            pb_utils.InferenceResponse(
+                output_tensors=[
+                    _string_tensor("text_output", first_scalar(text.as_numpy()) or ""),
+                    _string_tensor("served_by", self.backend),
+                    _string_tensor("error", ""),
+                ]
+            ),
+            False,
+        )
 
 
 class Adapters(dict):
@@ -130,5 +148,9 @@ class Adapters(dict):
     @classmethod
     def from_config(cls, backends):
         python_llm = PythonLlmAdapter()
-        return cls({name: TrtllmAdapter(name) if info["engine"] == "tensorrt_llm"
-                    else python_llm for name, info in backends.items()})
+        return cls(
+            {
+                name: TrtllmAdapter(name) if info["engine"] == "tensorrt_llm" else python_llm
+                for name, info in backends.items()
+            }
+        )

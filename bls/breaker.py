@@ -6,6 +6,7 @@ failures)──► open ──(cooldown elapsed)──► half_open ──(probe
 While open, `allow()` is False and the router routes around the backend. In half_open
 exactly one probe request is let through at a time.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
-STATE_VALUES = {CLOSED: 0, HALF_OPEN: 1, OPEN: 2}   # for the breaker-state gauge
+STATE_VALUES = {CLOSED: 0, HALF_OPEN: 1, OPEN: 2}  # for the breaker-state gauge
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class CircuitBreaker:
     def __init__(self, config: BreakerConfig, clock: Callable[[], float]):
         self.config, self._clock = config, clock
         self.state = CLOSED
-        self._outcomes: deque[tuple[float, bool]] = deque()   # (time, failed)
+        self._outcomes: deque[tuple[float, bool]] = deque()  # (time, failed)
         self._failures_in_window = 0
         self._consecutive = 0
         self._opened_at = 0.0
@@ -87,8 +88,10 @@ class CircuitBreaker:
         if self._consecutive >= self.config.consecutive_failures:
             return True
         total = len(self._outcomes)
-        return (total >= self.config.min_requests
-                and self._failures_in_window / total >= self.config.error_rate)
+        return (
+            total >= self.config.min_requests
+            and self._failures_in_window / total >= self.config.error_rate
+        )
 
     def _open(self) -> None:
         self.state, self._opened_at, self._probe_in_flight = OPEN, self._clock(), False

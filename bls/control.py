@@ -2,6 +2,7 @@
 whose stream went silent. Both are BLS calls carrying only `abort_request_id` and the
 router's proof for it (trust.py); they run on the router's event loop and never block a
 stream."""
+
 import asyncio
 import time
 
@@ -12,18 +13,18 @@ from trident_common import trust
 from trident_common.interface import ROUTER_PROOF
 from trident_common.request import CLIENT_FAULT_PREFIX
 
-SILENCE_PROBE_S = 2.0     # a stream quiet this long gets its backend health-probed
-PROBE_TIMEOUT_S = 5.0     # no answer this fast: the backend is busy (not counted as dead)
-PROBE_REQUEST_ID = "trident-router-health-probe"   # aborting it is a no-op
+SILENCE_PROBE_S = 2.0  # a stream quiet this long gets its backend health-probed
+PROBE_TIMEOUT_S = 5.0  # no answer this fast: the backend is busy (not counted as dead)
+PROBE_REQUEST_ID = "trident-router-health-probe"  # aborting it is a no-op
 
 
 class Controls:
     def __init__(self, adapters, metrics, pool, retired, proof_key=None):
         self.adapters, self.metrics, self.pool, self.retired = adapters, metrics, pool, retired
-        self.proof_key = proof_key   # None: the engine models refuse the aborts
+        self.proof_key = proof_key  # None: the engine models refuse the aborts
         self.loop = None
-        self.background = set()     # control-request tasks (kept referenced until done)
-        self.probes = {}            # backend → (its shared health-probe task, started at)
+        self.background = set()  # control-request tasks (kept referenced until done)
+        self.probes = {}  # backend → (its shared health-probe task, started at)
 
     def bind(self, loop):
         """Run on this event loop (the stub's; tests run several in turn)."""
@@ -55,7 +56,7 @@ class Controls:
     async def _probe(self, backend):
         inputs = self.adapters[backend].abort_inputs(PROBE_REQUEST_ID)
         if inputs is None:
-            return None   # no control input (TRT-LLM's ensemble): cannot tell
+            return None  # no control input (TRT-LLM's ensemble): cannot tell
         control = self.loop.create_task(self._send(backend, inputs, PROBE_REQUEST_ID))
         done, _ = await asyncio.wait((control,), timeout=PROBE_TIMEOUT_S)
         if not done:
@@ -65,18 +66,21 @@ class Controls:
             return None
         problem = control.result()
         if problem is not None and problem.startswith(CLIENT_FAULT_PREFIX):
-            return None   # it refused the abort (no router secret): a live stub answered
+            return None  # it refused the abort (no router secret): a live stub answered
         return problem
 
     async def _send(self, backend, inputs, request_id):
         """Send a control request for request_id; the first error it gets, or None."""
-        parameters = None if self.proof_key is None else {
-            ROUTER_PROOF: trust.abort_proof(self.proof_key, request_id)}
-        control = pb_utils.InferenceRequest(model_name=backend, inputs=inputs,
-                                            requested_output_names=[], parameters=parameters)
+        parameters = (
+            None
+            if self.proof_key is None
+            else {ROUTER_PROOF: trust.abort_proof(self.proof_key, request_id)}
+        )
+        control = pb_utils.InferenceRequest(
+            model_name=backend, inputs=inputs, requested_output_names=[], parameters=parameters
+        )
         try:
             responses = await control.async_exec(decoupled=True)
-            return await self.loop.run_in_executor(self.pool, first_error, responses,
-                                                   self.retired)
+            return await self.loop.run_in_executor(self.pool, first_error, responses, self.retired)
         except Exception as e:  # stub unhealthy, not loaded
             return str(e) or type(e).__name__

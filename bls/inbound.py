@@ -1,6 +1,7 @@
 """What the router reads from a client's request, and how many requests one backend may
 hold (its engine's capacity). Chat messages are checked by trident_common.request's
 parse_messages, shared with the engine models."""
+
 import json
 import os
 import re
@@ -17,8 +18,7 @@ class Inbound:
 
     __slots__ = ("features", "stream", "replaced", "returns", "parameters", "prompt")
 
-    def __init__(self, features, stream, replaced, returns=None, parameters=None,
-                 prompt=None):
+    def __init__(self, features, stream, replaced, returns=None, parameters=None, prompt=None):
         self.features, self.stream, self.replaced = features, stream, replaced
         # The prompt as the replicas' prefix index reads it (prefix_index.prompt_key);
         # None when no backend has replicas.
@@ -53,7 +53,7 @@ def engine_capacity(repository: str, backend: str, engine: str) -> int | None:
         with open(os.path.join(model_dir, "config.pbtxt")) as f:
             counts = re.findall(r"\bcount:\s*(\d+)", f.read())
     except (OSError, IndexError, ValueError):
-        return None   # no readable engine config: the spec's limit alone applies
+        return None  # no readable engine config: the spec's limit alone applies
     if not isinstance(per_instance, int) or per_instance < 1:
         return None
     return per_instance * max(1, sum(int(c) for c in counts))

@@ -20,6 +20,7 @@ A non-streaming request (stream false or absent) is answered with exactly one re
 carrying the final flag, as the backend sent it: Triton's HTTP generate endpoint accepts
 nothing else.
 """
+
 import asyncio
 import faulthandler
 import json
@@ -48,7 +49,7 @@ from trident_common.log import Log
 from trident_common.request import BadRequest, first_scalar, parse_messages
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-HINT_KEYS = (*HINT_NAMES, *ADAPTER_KEYS)   # the hints, and the adapter's (policy.adapter_name)
+HINT_KEYS = (*HINT_NAMES, *ADAPTER_KEYS)  # the hints, and the adapter's (policy.adapter_name)
 RETURN_FLAGS = tuple(f"return_{name}" for name in RETURNABLE)
 READ_INPUTS = frozenset((*HINT_KEYS, *RETURN_FLAGS, "text_input", "messages", "stream"))
 # How often the loop checks a stream for a client cancel, its deadline and silence: the
@@ -57,7 +58,7 @@ READ_INPUTS = frozenset((*HINT_KEYS, *RETURN_FLAGS, "text_input", "messages", "s
 # polled every 20 ms cost more CPU than the relay itself.
 FIRST_TOKEN_WATCH_S = 0.02
 STREAM_WATCH_S = 0.2
-CONTROL_THREADS = 64      # BLS calls beyond the streams: aborts, probes, drains
+CONTROL_THREADS = 64  # BLS calls beyond the streams: aborts, probes, drains
 # The server side of BLS holds a thread of the Python backend's pool (thread-pool-size,
 # 32 by default) per call until that call's first response. Requests queued in an engine
 # would hold them all, and aborts and health probes then wait behind them: at most this
@@ -72,8 +73,11 @@ def forwardable(parameters):
     proof is the router's own (trust.py). None when there are none."""
     if not parameters:
         return None
-    return {k: str(v) if isinstance(v, float) else v for k, v in parameters.items()
-            if isinstance(v, (bool, int, str, float)) and k != ROUTER_PROOF}
+    return {
+        k: str(v) if isinstance(v, float) else v
+        for k, v in parameters.items()
+        if isinstance(v, (bool, int, str, float)) and k != ROUTER_PROOF
+    }
 
 
 class BackendFailed(Exception):
@@ -95,14 +99,18 @@ class TritonPythonModel:
         self.name = self.config["name"]
         self.log = Log(self.name)
         # The key the router proves its requests to the engine models with (trust.py).
-        self.proof_key = trust.proof_key(os.environ)   # SecretError: one line, load fails
+        self.proof_key = trust.proof_key(os.environ)  # SecretError: one line, load fails
         if self.proof_key is None and self.config.get("tenants"):
-            raise RuntimeError(f"tenants need {ROUTER_SECRET_ENV} in tritonserver's "
-                               "environment (`trident serve` sets one per start): set it "
-                               "to a long random value")
+            raise RuntimeError(
+                f"tenants need {ROUTER_SECRET_ENV} in tritonserver's "
+                "environment (`trident serve` sets one per start): set it "
+                "to a long random value"
+            )
         if self.proof_key is None:
-            self.log.warning(f"no {ROUTER_SECRET_ENV}: the engine models will refuse this "
-                             "router's aborts (a cancelled request runs to its end there)")
+            self.log.warning(
+                f"no {ROUTER_SECRET_ENV}: the engine models will refuse this "
+                "router's aborts (a cancelled request runs to its end there)"
+            )
         self.policy = Policy(self.config)
         backends = self.config["backends"]
         self.adapters = Adapters.from_config(backends)
@@ -111,35 +119,44 @@ class TritonPythonModel:
         # A backend rendered as replicas is called through them, never by its own name:
         # breakers, in-flight counts and limits (one engine's) are per replica.
         self.replicas = Replicas(self.config, self.metrics)
-        self.targets = Targets(self.config, self.replicas, self.adapters,
-                               args["model_repository"], self.metrics, self.log)
+        self.targets = Targets(
+            self.config,
+            self.replicas,
+            self.adapters,
+            args["model_repository"],
+            self.metrics,
+            self.log,
+        )
         self.breakers, self.inflight = self.targets.breakers, self.targets.inflight
         self.deadline_s = self.config["deadline_s"]
         self.first_token_timeout_s = self.config["first_token_timeout_s"]
         streams = sum(self.targets.max_inflight.values())
         # One thread per attempt (a relay waits in its BLS call, then pumps its stream),
         # plus drains of abandoned attempts and control requests.
-        self.pool = ThreadPoolExecutor(max_workers=2 * streams + CONTROL_THREADS,
-                                       thread_name_prefix="relay")
+        self.pool = ThreadPoolExecutor(
+            max_workers=2 * streams + CONTROL_THREADS, thread_name_prefix="relay"
+        )
         # Control requests use async_exec, which runs each call in the loop's default
         # executor until its first response: asyncio's default (CPUs + 4 threads) would
         # queue an abort behind probes of a busy engine.
         self.control_pool = None
         self.loop = self.bls_slots = None
         self.retired = Retired()
-        self.controls = Controls(self.adapters, self.metrics, self.pool, self.retired,
-                                 self.proof_key)
+        self.controls = Controls(
+            self.adapters, self.metrics, self.pool, self.retired, self.proof_key
+        )
         self.tenants = Tenants(self.config.get("tenants"), self.metrics, self.deadline_s)
 
     async def execute(self, requests):
         # Breakers, counters and control requests are only touched on this loop.
         loop = asyncio.get_running_loop()
-        if loop is not self.loop:   # the stub's one loop (tests run several in turn)
+        if loop is not self.loop:  # the stub's one loop (tests run several in turn)
             self.loop = loop
             self.bls_slots = CallSlots(BLS_CALL_SLOTS, self.pool, loop)
             self.controls.bind(loop)
-            self.control_pool = ThreadPoolExecutor(max_workers=CONTROL_THREADS,
-                                                   thread_name_prefix="control")
+            self.control_pool = ThreadPoolExecutor(
+                max_workers=CONTROL_THREADS, thread_name_prefix="control"
+            )
             loop.set_default_executor(self.control_pool)
         await asyncio.gather(*(self.handle(request) for request in requests))
         return None
@@ -165,7 +182,7 @@ class TritonPythonModel:
         except Exception as e:  # a router defect must never leave the client hanging
             self.log.error(f"router error: {type(e).__name__}: {e}")
             talking = [relay for relay in attempts if relay.streaming or relay.answered]
-            if talking:   # close() does nothing if the final flag already went out
+            if talking:  # close() does nothing if the final flag already went out
                 talking[-1].close(f"router error: {e}")
             else:
                 self.fail(sender, f"router error: {e}", "internal")
@@ -176,9 +193,8 @@ class TritonPythonModel:
             route, candidates = self.policy.candidates(inbound.features, self.targets.available)
         except UnknownRoute as e:
             return self.fail(sender, CLIENT.mark(str(e), e.param), "unknown_route")
-        except BadRequest as e:   # the messages tensor is not what the interface says
-            return self.fail(sender, CLIENT.mark(str(e), e.param or "messages"),
-                             "bad_request")
+        except BadRequest as e:  # the messages tensor is not what the interface says
+            return self.fail(sender, CLIENT.mark(str(e), e.param or "messages"), "bad_request")
         except ValueError as e:
             return self.fail(sender, CLIENT.mark(str(e)), "bad_request")
         if not candidates:
@@ -188,52 +204,69 @@ class TritonPythonModel:
 
     async def attempt(self, request, inbound, sender, route, candidates, arrival, attempts):
         errors, tried, choices = [], False, None
-        if self.replicas:   # replicated backends: their replicas, in the chooser's order
+        if self.replicas:  # replicated backends: their replicas, in the chooser's order
             # (chosen once the tenant is admitted: a refused request leaves no record)
             candidates, choices = self.replicas.expand(
-                route, candidates, inbound.features, inbound.prompt,
+                route,
+                candidates,
+                inbound.features,
+                inbound.prompt,
                 tenant_salt(self.tenants, inbound.features.tenant),
-                lambda name: self.breakers[name].available(), self.inflight)
+                lambda name: self.breakers[name].available(),
+                self.inflight,
+            )
         for attempt, backend in enumerate(candidates):
             if not self.targets.claim(backend):
                 errors.append(self.targets.unavailable_reason(backend))
                 continue
             tried = True
-            probe = self.breakers[backend].state == HALF_OPEN   # this request is the probe
+            probe = self.breakers[backend].state == HALF_OPEN  # this request is the probe
             recorded = False
             try:
-                recorded = await self.serve(request, inbound, sender, backend, route,
-                                            arrival, attempts, choices)
+                recorded = await self.serve(
+                    request, inbound, sender, backend, route, arrival, attempts, choices
+                )
                 return
             except BackendFailed as e:
                 self.targets.record(backend, ok=False)
                 recorded = True
                 errors.append(f"{backend}: {e}")
                 if attempt + 1 < len(candidates):
-                    self.log.warning(f"{backend} failed before its first token, "
-                                     f"falling back: {e}")
+                    self.log.warning(f"{backend} failed before its first token, falling back: {e}")
                     self.metrics.fallback(backend)
             finally:
                 self.inflight[backend] -= 1
                 if probe and not recorded:
                     self.breakers[backend].release_probe()
-        if not tried:   # each was taken (full, breaker) while this request waited
-            return self.fail(sender, UNAVAILABLE.mark(
-                f"no backend available for route {route!r}: " + "; ".join(errors)),
-                "no_backend")
-        self.fail(sender, "every backend failed before its first token: " + "; ".join(errors),
-                  "all_failed")
+        if not tried:  # each was taken (full, breaker) while this request waited
+            return self.fail(
+                sender,
+                UNAVAILABLE.mark(f"no backend available for route {route!r}: " + "; ".join(errors)),
+                "no_backend",
+            )
+        self.fail(
+            sender,
+            "every backend failed before its first token: " + "; ".join(errors),
+            "all_failed",
+        )
 
     def refuse(self, sender, route, features):
         """No candidate can take the request: overloaded (all full) or unavailable."""
         _, wanted = self.policy.candidates(features)
         reasons = "; ".join(self.targets.unavailable_reason(b) for b in wanted)
         if wanted and all(self.targets.full(b) for b in wanted):
-            return self.fail(sender, OVERLOADED.mark(
-                f"every backend of route {route!r} is at its limit, retry later "
-                f"({reasons})"), "overloaded")
-        return self.fail(sender, UNAVAILABLE.mark(
-            f"no backend available for route {route!r}: {reasons}"), "no_backend")
+            return self.fail(
+                sender,
+                OVERLOADED.mark(
+                    f"every backend of route {route!r} is at its limit, retry later ({reasons})"
+                ),
+                "overloaded",
+            )
+        return self.fail(
+            sender,
+            UNAVAILABLE.mark(f"no backend available for route {route!r}: {reasons}"),
+            "no_backend",
+        )
 
     def inbound(self, request):
         """Routing features, whether the client streams, and inputs to forward in a
@@ -247,19 +280,29 @@ class TritonPythonModel:
         for name in HINT_KEYS:
             if name in values:
                 hints[name] = first_scalar(values[name].as_numpy())
-        self.tenants.set_tier(hints)   # the spec's tier, never the client's
+        self.tenants.set_tier(hints)  # the spec's tier, never the client's
         text = first_scalar(values["text_input"].as_numpy()) if "text_input" in values else None
         messages, replaced = None, {}
         if "messages" in values:
             messages, normalised = parse_messages(values["messages"].as_numpy())
             if normalised is not None:
-                replaced["messages"] = pb_utils.Tensor("messages", np.array(
-                    [normalised.encode("utf-8")], dtype=np.object_))
+                replaced["messages"] = pb_utils.Tensor(
+                    "messages", np.array([normalised.encode("utf-8")], dtype=np.object_)
+                )
         stream = bool(first_scalar(values["stream"].as_numpy())) if "stream" in values else False
-        returns = {name: bool(first_scalar(values[name].as_numpy()))
-                   for name in RETURN_FLAGS if name in values} or None
-        return Inbound(features_from(text, messages, hints), stream, replaced, returns,
-                       forwardable(loaded), self.replicas.prompt(text, messages))
+        returns = {
+            name: bool(first_scalar(values[name].as_numpy()))
+            for name in RETURN_FLAGS
+            if name in values
+        } or None
+        return Inbound(
+            features_from(text, messages, hints),
+            stream,
+            replaced,
+            returns,
+            forwardable(loaded),
+            self.replicas.prompt(text, messages),
+        )
 
     def fail(self, sender, message, reason):
         """Answer with an error response, then the final flag on its own: the same shape
@@ -268,7 +311,7 @@ class TritonPythonModel:
         an unmarked one is internal."""
         self.metrics.error(reason)
         error = triton_error(pb_utils, message)
-        if reason in ("all_failed", "internal"):   # not the client's doing
+        if reason in ("all_failed", "internal"):  # not the client's doing
             self.log.error(message)
         try:
             sender.send(pb_utils.InferenceResponse(error=error))
@@ -276,24 +319,26 @@ class TritonPythonModel:
         except Exception:
             pass  # the client is gone
 
-    async def serve(self, request, inbound, sender, backend, route, arrival, attempts,
-                    choices=None):
+    async def serve(
+        self, request, inbound, sender, backend, route, arrival, attempts, choices=None
+    ):
         """One attempt. Raises BackendFailed if nothing reached the client; returns
         whether the backend's outcome was recorded in its breaker."""
         adapter = self.adapters[backend]
         # Unguessable: a backend aborts by this id, and any client may send aborts.
         request_id = f"{self.name}-{secrets.token_hex(16)}"
         added = self.tenants.inputs(inbound)
-        skipped = ROUTER_ONLY_INPUTS.union(t.name() for t in added) if added else \
-            ROUTER_ONLY_INPUTS
-        inputs = [inbound.replaced.get(t.name(), t) for t in request.inputs()
-                  if t.name() not in skipped] + added
+        skipped = ROUTER_ONLY_INPUTS.union(t.name() for t in added) if added else ROUTER_ONLY_INPUTS
+        inputs = [
+            inbound.replaced.get(t.name(), t) for t in request.inputs() if t.name() not in skipped
+        ] + added
         try:
             child = pb_utils.InferenceRequest(
                 model_name=backend,
                 inputs=adapter.inputs(inputs, request_id, inbound.features.adapter),
                 requested_output_names=adapter.outputs,
-                parameters=self.signed(inbound.parameters, request_id, added))
+                parameters=self.signed(inbound.parameters, request_id, added),
+            )
         except BadRequest as e:  # a value no engine could take (out of range)
             self.fail(sender, e.marked(), "bad_request")
             return False
@@ -304,8 +349,7 @@ class TritonPythonModel:
         attempts.append(relay)
         routed_s = time.monotonic() - arrival
         self.bls_slots.start(relay, child)
-        first_by = min(time.monotonic() + self.first_token_timeout_s,
-                       arrival + self.deadline_s)
+        first_by = min(time.monotonic() + self.first_token_timeout_s, arrival + self.deadline_s)
         late = f"no first token within {self.first_token_timeout_s} s"
         problem = await self.watch(relay, relay.first, backend, first_by, late, request_id)
         # abandon() fails once the relay sent the first response: the stream is on.
@@ -332,18 +376,20 @@ class TritonPythonModel:
         if self.proof_key is None:
             return parameters
         values = {t.name(): first_scalar(t.as_numpy()) for t in added}
-        proof = trust.generate_proof(self.proof_key, request_id, values.get("priority"),
-                                     values.get("cache_salt"))
+        proof = trust.generate_proof(
+            self.proof_key, request_id, values.get("priority"), values.get("cache_salt")
+        )
         return {**(parameters or {}), ROUTER_PROOF: proof}
 
     async def finish(self, relay, backend, request_id, arrival):
         """Supervise a started stream until it ends; returns True (outcome recorded)."""
         late = f"deadline of {self.deadline_s} s exceeded"
-        problem = await self.watch(relay, relay.done, backend, arrival + self.deadline_s,
-                                   late, request_id)
+        problem = await self.watch(
+            relay, relay.done, backend, arrival + self.deadline_s, late, request_id
+        )
         if problem == late:
             relay.close(late)
-            self.controls.abort(backend, request_id)   # not the backend's failure
+            self.controls.abort(backend, request_id)  # not the backend's failure
         elif problem is not None:
             relay.close(f"{backend} failed mid-stream: {problem}")
             self.targets.record(backend, ok=False)

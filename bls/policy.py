@@ -5,6 +5,7 @@ asks `Policy.candidates`, and tries the candidates in order. The policy's config
 JSON that `trident repo` renders beside the router (router.json), built by
 `router_config` from the spec, so nothing is re-parsed per request.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-CHARS_PER_TOKEN = 4   # prompt length estimate without a tokenizer (English text ≈ 4)
+CHARS_PER_TOKEN = 4  # prompt length estimate without a tokenizer (English text ≈ 4)
 # Where a request names its LoRA adapter: in its sampling_parameters tensor (JSON), or
 # `lora_name` among its request parameters. The router collects both with the hints.
 ADAPTER_KEYS = ("sampling_parameters", "lora_name")
@@ -36,13 +37,13 @@ class RequestFeatures:
     hint: str | None = None
     family: str | None = None
     task: str | None = None
-    turns: int = 0                      # user messages in a chat request (0: plain text)
+    turns: int = 0  # user messages in a chat request (0: plain text)
     prompt_tokens: int = 0
     tenant: str | None = None
     tier: str | None = None
     shared_prefix: bool = False
     conversation_id: str | None = None
-    adapter: str | None = None       # the LoRA adapter the request names (lora_name)
+    adapter: str | None = None  # the LoRA adapter the request names (lora_name)
 
 
 def estimate_tokens(text_length: int) -> int:
@@ -66,13 +67,19 @@ def features_from(text: str | None, messages: list | None, hints: dict) -> Reque
     if isinstance(shared, str):
         shared = shared.lower() in ("1", "true", "yes")
     return RequestFeatures(
-        hint=hints.get("route") or None, family=hints.get("family") or None,
-        task=hints.get("task") or None, turns=turns,
-        prompt_tokens=estimate_tokens(length), tenant=hints.get("tenant") or None,
+        hint=hints.get("route") or None,
+        family=hints.get("family") or None,
+        task=hints.get("task") or None,
+        turns=turns,
+        prompt_tokens=estimate_tokens(length),
+        tenant=hints.get("tenant") or None,
         tier=hints.get("tier") or None,
-        shared_prefix=bool(shared) if shared is not None else (
-            has_system or turns > 1 or conversation is not None),
-        conversation_id=conversation, adapter=adapter_name(hints))
+        shared_prefix=bool(shared)
+        if shared is not None
+        else (has_system or turns > 1 or conversation is not None),
+        conversation_id=conversation,
+        adapter=adapter_name(hints),
+    )
 
 
 def adapter_name(hints: dict) -> str | None:
@@ -129,8 +136,9 @@ class Policy:
                 return f.hint, [f.hint]
             matched = [r for r in self.rules if r["match"].get("hint") == f.hint]
             if not matched:
-                raise UnknownRoute(f"unknown route {f.hint!r} (valid routes: "
-                                   f"{', '.join(self.routes())})")
+                raise UnknownRoute(
+                    f"unknown route {f.hint!r} (valid routes: {', '.join(self.routes())})"
+                )
         for rule in self.rules:
             if _matches(rule["match"], f):
                 return rule["name"], list(rule["backends"])
@@ -139,12 +147,11 @@ class Policy:
     def pinned(self, f: RequestFeatures) -> bool:
         """Whether the request names a backend (route hint = a backend's name, not a rule's):
         then only that backend may answer it."""
-        return (f.hint is not None and f.hint not in self._rule_by_name
-                and f.hint in self.backends)
+        return f.hint is not None and f.hint not in self._rule_by_name and f.hint in self.backends
 
-    def candidates(self, f: RequestFeatures,
-                   available: Callable[[str], bool] = lambda name: True
-                   ) -> tuple[str, list[str]]:
+    def candidates(
+        self, f: RequestFeatures, available: Callable[[str], bool] = lambda name: True
+    ) -> tuple[str, list[str]]:
         """(route name, backends to try in order): primaries each followed by their
         fallback chain (a pinned backend alone), unavailable (breaker open, full)
         backends left out, and speculative backends skipped for short prompts when a
@@ -169,21 +176,24 @@ class Policy:
             healthy = self._skip_speculative(healthy)
         return route, healthy
 
-    def _holders(self, f: RequestFeatures, route: str, ordered: list[str]
-                 ) -> tuple[str, list[str]]:
+    def _holders(self, f: RequestFeatures, route: str, ordered: list[str]) -> tuple[str, list[str]]:
         """Only backends holding the adapter, in the route's order (fallbacks included).
         A route without any: every holder, in spec order, unless the client named the
         backend or rule itself."""
         holders = [n for n, b in self.backends.items() if f.adapter in b.get("adapters", ())]
         if not holders:
-            raise UnknownAdapter(f"unknown adapter {f.adapter!r}: no backend holds it "
-                                 f"(adapters: {self._adapter_list()})")
+            raise UnknownAdapter(
+                f"unknown adapter {f.adapter!r}: no backend holds it "
+                f"(adapters: {self._adapter_list()})"
+            )
         kept = [n for n in ordered if n in holders]
         if kept:
             return route, kept
         if f.hint is not None:
-            raise UnknownAdapter(f"route {route!r} has no backend holding adapter "
-                                 f"{f.adapter!r} (held by: {', '.join(holders)})")
+            raise UnknownAdapter(
+                f"route {route!r} has no backend holding adapter "
+                f"{f.adapter!r} (held by: {', '.join(holders)})"
+            )
         return f"adapter:{f.adapter}", holders
 
     def _adapter_list(self) -> str:
@@ -200,11 +210,18 @@ class Policy:
     def _skip_speculative(self, ordered: list[str]) -> list[str]:
         """Speculative decoding slows short prompts down: prefer a plain backend of the
         same model family when the list has one."""
-        plain_families = {self.backends[n]["family"] for n in ordered
-                          if not self.backends[n]["speculative"] and self.backends[n]["family"]}
-        return [n for n in ordered
-                if not (self.backends[n]["speculative"]
-                        and self.backends[n]["family"] in plain_families)]
+        plain_families = {
+            self.backends[n]["family"]
+            for n in ordered
+            if not self.backends[n]["speculative"] and self.backends[n]["family"]
+        }
+        return [
+            n
+            for n in ordered
+            if not (
+                self.backends[n]["speculative"] and self.backends[n]["family"] in plain_families
+            )
+        ]
 
 
 def _affinity_order(backends: list[str], conversation_id: str) -> list[str]:
@@ -224,13 +241,21 @@ def router_config(spec) -> dict:
 
     return {
         "name": router.name,
-        "backends": {m.name: {"engine": m.engine, "family": m.family, "tasks": list(m.tasks),
-                              "speculative": m.speculative,
-                              "adapters": sorted(getattr(m, "extra", {}).get("adapters", ()))}
-                     for m in spec.models},
+        "backends": {
+            m.name: {
+                "engine": m.engine,
+                "family": m.family,
+                "tasks": list(m.tasks),
+                "speculative": m.speculative,
+                "adapters": sorted(getattr(m, "extra", {}).get("adapters", ())),
+            }
+            for m in spec.models
+        },
         "default": list(router.default),
-        "rules": [{"name": r.name, "match": drop_none(r.match), "backends": list(r.backends)}
-                  for r in router.rules],
+        "rules": [
+            {"name": r.name, "match": drop_none(r.match), "backends": list(r.backends)}
+            for r in router.rules
+        ],
         "fallback": {k: list(v) for k, v in router.fallback.items()},
         "breaker": dict(vars(router.breaker)),
         "short_prompt_tokens": router.short_prompt_tokens,
@@ -238,6 +263,7 @@ def router_config(spec) -> dict:
         "first_token_timeout_s": router.first_token_timeout_s,
         "max_inflight_per_backend": router.max_inflight_per_backend,
         # Read by bls/tenants.py, written by builder/spec/tenants.py (it holds no secret).
-        "tenants": (spec.tenants.router_config(spec.name)
-                    if getattr(spec, "tenants", None) else None),
+        "tenants": (
+            spec.tenants.router_config(spec.name) if getattr(spec, "tenants", None) else None
+        ),
     }

@@ -29,15 +29,16 @@ Cheap to keep (issue 23's budget for the whole decision is 50 us at p99): the bl
 chat's first message, the system prompt a tenant's conversations share, are hashed once
 and looked up after that (`block_hashes`' memo).
 """
+
 from __future__ import annotations
 
 import json
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 
-BLOCK_CHARS = 128                 # ~32 tokens: a vLLM block on CPU, two on GPU
-MAX_BLOCKS_PER_REPLICA = 16_384   # 2 MiB of prompt text (~500k tokens) per replica
-MAX_PROMPT_BLOCKS = 512           # a prompt's first 64 KiB decide; its tail is not hashed
+BLOCK_CHARS = 128  # ~32 tokens: a vLLM block on CPU, two on GPU
+MAX_BLOCKS_PER_REPLICA = 16_384  # 2 MiB of prompt text (~500k tokens) per replica
+MAX_PROMPT_BLOCKS = 512  # a prompt's first 64 KiB decide; its tail is not hashed
 # Measured with tracemalloc (CPython 3.11): one recorded block costs 140-180 bytes (its
 # int key, an OrderedDict slot and link; the tables grow in doublings). The documented
 # bound leaves headroom for that: 4 MiB per replica at the default size.
@@ -49,7 +50,7 @@ MEMO_ENTRIES = 4_096
 MEMO_CHARS = 256 * 1024
 MEMO_BYTES_BOUND = 4 * MEMO_CHARS + MEMO_ENTRIES * 600 + MEMO_CHARS // 128 * 40
 
-_RECORD, _UNIT = "\x1e", "\x1f"   # ASCII record/unit separators: never in chat text
+_RECORD, _UNIT = "\x1e", "\x1f"  # ASCII record/unit separators: never in chat text
 
 
 def prompt_key(text: str | None, messages: list | None) -> str:
@@ -61,7 +62,7 @@ def prompt_key(text: str | None, messages: list | None) -> str:
     parts = []
     for message in messages:
         if not isinstance(message, dict):
-            continue   # the engine rejects it; it has no prefix to share
+            continue  # the engine rejects it; it has no prefix to share
         content = message.get("content")
         if not isinstance(content, str):
             content = json.dumps(content, sort_keys=True, separators=(",", ":"))
@@ -76,12 +77,16 @@ class PrefixIndex:
     craft colliding prompts), 64 bits wide, and fast; the index lives and dies with the
     router process, so it never needs to be stable across processes."""
 
-    def __init__(self, block_chars: int = BLOCK_CHARS,
-                 max_blocks_per_replica: int = MAX_BLOCKS_PER_REPLICA,
-                 max_prompt_blocks: int = MAX_PROMPT_BLOCKS):
+    def __init__(
+        self,
+        block_chars: int = BLOCK_CHARS,
+        max_blocks_per_replica: int = MAX_BLOCKS_PER_REPLICA,
+        max_prompt_blocks: int = MAX_PROMPT_BLOCKS,
+    ):
         if block_chars < 1 or max_blocks_per_replica < 1 or max_prompt_blocks < 1:
-            raise ValueError("block_chars, max_blocks_per_replica and max_prompt_blocks "
-                             "must be at least 1")
+            raise ValueError(
+                "block_chars, max_blocks_per_replica and max_prompt_blocks must be at least 1"
+            )
         self.block_chars = block_chars
         self.max_blocks_per_replica = max_blocks_per_replica
         self.max_prompt_blocks = max_prompt_blocks
@@ -106,21 +111,19 @@ class PrefixIndex:
         is keyed by the salt scope and the record's text, so one tenant's entry never
         serves another's; a key with no record separator is hashed whole."""
         cut = key.find(_RECORD) + 1
-        if cut < self.block_chars:   # no first record, or shorter than a block: no gain
-            return self._chain(hash(("trident-prefix", salt_scope)), key,
-                               self.max_prompt_blocks)
+        if cut < self.block_chars:  # no first record, or shorter than a block: no gain
+            return self._chain(hash(("trident-prefix", salt_scope)), key, self.max_prompt_blocks)
         first = key[:cut]
         step = self._memo.get((salt_scope, first))
         if step is None:
             seed = hash(("trident-prefix", salt_scope))
             blocks = self._chain(seed, first, self.max_prompt_blocks)
-            step = (blocks[-1] if blocks else seed, first[len(blocks) * self.block_chars:],
-                    blocks)
+            step = (blocks[-1] if blocks else seed, first[len(blocks) * self.block_chars :], blocks)
             self._remember((salt_scope, first), step, cut)
         running, tail, blocks = step
         left = self.max_prompt_blocks - len(blocks)
         if left <= 0:
-            return blocks[:self.max_prompt_blocks]
+            return blocks[: self.max_prompt_blocks]
         return [*blocks, *self._chain(running, tail + key[cut:], left)]
 
     def _chain(self, running: int, key: str, limit: int) -> list[int]:
@@ -128,12 +131,13 @@ class PrefixIndex:
         count = min(len(key) // size, limit)
         hashes = []
         for start in range(0, count * size, size):
-            running = hash((running, key[start:start + size]))
+            running = hash((running, key[start : start + size]))
             hashes.append(running)
         return hashes
 
-    def prompt_hashes(self, text: str | None, messages: list | None,
-                      salt_scope: str | None = None) -> list[int]:
+    def prompt_hashes(
+        self, text: str | None, messages: list | None, salt_scope: str | None = None
+    ) -> list[int]:
         """block_hashes of the prompt's key (prompt_key): what the router records."""
         return self.block_hashes(prompt_key(text, messages), salt_scope)
 
@@ -141,7 +145,7 @@ class PrefixIndex:
         # Emptied, not evicted one by one: it refills within a few requests, and a bound
         # this simple cannot be got wrong.
         if chars > MEMO_CHARS:
-            return   # a message larger than the whole memo is not kept at all
+            return  # a message larger than the whole memo is not kept at all
         if len(self._memo) >= MEMO_ENTRIES or self._memo_chars + chars > MEMO_CHARS:
             self._memo.clear()
             self._memo_chars = 0
@@ -150,8 +154,7 @@ class PrefixIndex:
 
     # -- lookup and record -----------------------------------------------------------
 
-    def match(self, hashes: Sequence[int], replicas: Iterable[str] | None = None
-              ) -> dict[str, int]:
+    def match(self, hashes: Sequence[int], replicas: Iterable[str] | None = None) -> dict[str, int]:
         """Blocks of this prompt's prefix each replica holds (0 where none): the longest
         run of `hashes` from the start found in that replica's record.
 
@@ -172,7 +175,7 @@ class PrefixIndex:
         touch = record.move_to_end
         for block in reversed(hashes):
             if block in record:
-                touch(block)            # held already (the usual case for a next turn)
+                touch(block)  # held already (the usual case for a next turn)
             else:
                 record[block] = None
         excess = len(record) - self.max_blocks_per_replica
@@ -209,7 +212,7 @@ def _held(record: Mapping[int, None] | None, hashes: Sequence[int]) -> int:
     """How many of `hashes`, from the first, `record` holds: a binary search, since what
     a record holds of a chain is always a prefix of it."""
     low, high = 0, len(hashes) if record else 0
-    while low < high:              # the answer lies in [low, high]
+    while low < high:  # the answer lies in [low, high]
         middle = (low + high + 1) // 2
         if hashes[middle - 1] in record:
             low = middle

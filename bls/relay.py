@@ -2,6 +2,7 @@
 BLS call, sends the first response at once and then every later one, and the client's
 final flag exactly once; and keeping finished BLS iterators alive until the stub's own
 cleanup is done (Retired)."""
+
 import collections
 import threading
 import time
@@ -11,9 +12,9 @@ import triton_python_backend_utils as pb_utils
 from trident_common.error_classes import CLIENT, classify, triton_error
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-CLIENT_ERROR = "client error"   # Relay.start outcome: the backend rejected the request
-RETIRE_S = 10.0           # finished BLS iterators are kept this long (see Retired)
-PRUNE_EVERY_S = 1.0       # how often Retired.prune looks (it is called per request)
+CLIENT_ERROR = "client error"  # Relay.start outcome: the backend rejected the request
+RETIRE_S = 10.0  # finished BLS iterators are kept this long (see Retired)
+PRUNE_EVERY_S = 1.0  # how often Retired.prune looks (it is called per request)
 
 
 class Retired:
@@ -29,7 +30,7 @@ class Retired:
     reference is Python's, released with the GIL held."""
 
     def __init__(self):
-        self.entries = collections.deque()   # (finished at, iterator); append is atomic
+        self.entries = collections.deque()  # (finished at, iterator); append is atomic
         self.next_prune = 0.0
 
     def add(self, responses):
@@ -55,7 +56,7 @@ class CallSlots:
 
     def __init__(self, size, pool, loop):
         self.free, self.pool, self.loop = size, pool, loop
-        self.waiting = collections.deque()   # (relay, child)
+        self.waiting = collections.deque()  # (relay, child)
 
     def start(self, relay, child):
         """Run relay.run(child) on the pool now, or once a slot is free."""
@@ -70,7 +71,7 @@ class CallSlots:
         while self.free and self.waiting:
             relay, child = self.waiting.popleft()
             if relay.closed:
-                continue   # given up while it waited: never sent
+                continue  # given up while it waited: never sent
             self.free -= 1
             self.pool.submit(relay.run, child, self)
 
@@ -91,17 +92,17 @@ class Relay:
     def __init__(self, sender, adapter, backend, loop, single, retired):
         self.sender, self.adapter, self.backend, self.loop = sender, adapter, backend, loop
         self.retired = retired
-        self.single = single        # the client wants one response (stream false)
+        self.single = single  # the client wants one response (stream false)
         self.lock = threading.Lock()
-        self.streaming = False      # the first response went to the client
-        self.closed = False         # final flag sent, or attempt abandoned
-        self.answered = False       # this attempt sent the client's final flag
+        self.streaming = False  # the first response went to the client
+        self.closed = False  # final flag sent, or attempt abandoned
+        self.answered = False  # this attempt sent the client's final flag
         self.backend_failed = False  # the backend's error ended the stream
-        self.chunks = 0             # backend responses seen: progress, for silence probes
-        self.first_relay_s = 0.0    # router time between the first response and its send
-        self.last = None            # the last response sent (bls/tenants.py reads its counts)
-        self.tally = None           # counts tokens per response, if set (bls/tenants.py)
-        self.first = loop.create_future()   # start's outcome (or the call's failure)
+        self.chunks = 0  # backend responses seen: progress, for silence probes
+        self.first_relay_s = 0.0  # router time between the first response and its send
+        self.last = None  # the last response sent (bls/tenants.py reads its counts)
+        self.tally = None  # counts tokens per response, if set (bls/tenants.py)
+        self.first = loop.create_future()  # start's outcome (or the call's failure)
         self.done = loop.create_future()
 
     # -- worker thread ------------------------------------------------------------------
@@ -131,7 +132,7 @@ class Relay:
             # unfinished blocks the thread that drops it until the backend's stream ends).
             drain(responses, self.retired)
 
-    def _started(self, slots, outcome):   # on the loop
+    def _started(self, slots, outcome):  # on the loop
         slots.released()
         _set_once(self.first, outcome)
 
@@ -183,9 +184,9 @@ class Relay:
         problem, outgoing, last = self._split(response)
         with self.lock:
             if self.closed:
-                return                  # answered, abandoned or cancelled: drain only
+                return  # answered, abandoned or cancelled: drain only
             if problem is not None and _client_fault(problem):
-                self._finish(problem)   # the request's fault, not the backend's
+                self._finish(problem)  # the request's fault, not the backend's
             elif problem is not None:
                 self.backend_failed = True
                 self._finish(f"{self.backend} failed mid-stream: {problem}")
@@ -237,8 +238,8 @@ class Relay:
     def _finish(self, error):
         self.closed = self.answered = True
         try:
-            if error is not None:   # a message, or a backend's TritonError (keeps its code)
-                if isinstance(error, str):   # its marker sets the Triton code
+            if error is not None:  # a message, or a backend's TritonError (keeps its code)
+                if isinstance(error, str):  # its marker sets the Triton code
                     error = triton_error(pb_utils, error)
                 self.sender.send(pb_utils.InferenceResponse(error=error))
             self.sender.send(flags=FINAL)
@@ -258,7 +259,7 @@ def _client_fault(problem):
 
 def drain(responses, retired):
     try:
-        while next(responses, None) is not None:   # next(): see Relay.pump
+        while next(responses, None) is not None:  # next(): see Relay.pump
             pass
     except Exception:
         return  # the backend is gone: nothing left to drain (and no cleanup queued)

@@ -22,6 +22,7 @@ The rules, in order (docs/router.md, "Replicas and cache-aware routing"):
    (the overlap-and-load cost of Dynamo's KV router, in the index's block units).
 Ties go to the next replica in rotation, so equal replicas share new prefixes evenly.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,14 +36,14 @@ POLICIES = ("round_robin", "least_loaded", "prefix_aware")
 # replica is worth: a request waiting there delays this one's first token about as much
 # as prefilling a few dozen tokens more elsewhere.
 LOAD_WEIGHT_BLOCKS = 0.5
-KV_FULL = 0.95   # engine KV-cache usage at which a replica counts as past the bound
+KV_FULL = 0.95  # engine KV-cache usage at which a replica counts as past the bound
 
 
 @dataclass(frozen=True)
 class ReplicaLoad:
-    in_flight: int = 0                # the router's requests on it, not yet finished
-    engine_queue: int | None = None   # the engine's running + waiting (its own gauges)
-    kv_usage: float | None = None     # the engine's KV-cache usage, 0..1
+    in_flight: int = 0  # the router's requests on it, not yet finished
+    engine_queue: int | None = None  # the engine's running + waiting (its own gauges)
+    kv_usage: float | None = None  # the engine's KV-cache usage, 0..1
 
     @property
     def requests(self) -> int:
@@ -62,9 +63,9 @@ class Balance:
 
 @dataclass(frozen=True)
 class Decision:
-    order: tuple[str, ...]   # every live replica, the chosen one first: try in this order
-    reason: str              # affinity | prefix | spill | load | round_robin
-    matched_blocks: int      # of the request's prefix, on the chosen replica
+    order: tuple[str, ...]  # every live replica, the chosen one first: try in this order
+    reason: str  # affinity | prefix | spill | load | round_robin
+    matched_blocks: int  # of the request's prefix, on the chosen replica
 
     @property
     def replica(self) -> str:
@@ -74,16 +75,22 @@ class Decision:
 def affinity_replica(conversation_id: str, replicas: Sequence[str]) -> str:
     """Rendezvous (highest random weight) hashing: stable across router processes and
     restarts, and removing a replica moves only the conversations that were on it."""
+
     def weight(replica: str) -> bytes:
-        return hashlib.blake2b(f"{conversation_id}\0{replica}".encode(),
-                               digest_size=8).digest()
+        return hashlib.blake2b(f"{conversation_id}\0{replica}".encode(), digest_size=8).digest()
+
     return max(replicas, key=weight)
 
 
 class ReplicaChooser:
-    def __init__(self, policy: str = "prefix_aware", index: PrefixIndex | None = None,
-                 balance: Balance | None = None, load_weight: float = LOAD_WEIGHT_BLOCKS,
-                 kv_full: float = KV_FULL):
+    def __init__(
+        self,
+        policy: str = "prefix_aware",
+        index: PrefixIndex | None = None,
+        balance: Balance | None = None,
+        load_weight: float = LOAD_WEIGHT_BLOCKS,
+        kv_full: float = KV_FULL,
+    ):
         if policy not in POLICIES:
             raise ValueError(f"router.policy: '{policy}' is not one of {', '.join(POLICIES)}")
         self.policy = policy
@@ -93,9 +100,14 @@ class ReplicaChooser:
         self.kv_full = kv_full
         self._turn = 0
 
-    def choose(self, replicas: Sequence[str], loads: Mapping[str, ReplicaLoad],
-               hashes: Sequence[int] = (), conversation_id: str | None = None,
-               policy: str | None = None) -> Decision:
+    def choose(
+        self,
+        replicas: Sequence[str],
+        loads: Mapping[str, ReplicaLoad],
+        hashes: Sequence[int] = (),
+        conversation_id: str | None = None,
+        policy: str | None = None,
+    ) -> Decision:
         """`policy` overrides the chooser's own for this request (a rule's `policy`: the
         backend's index and rotation are shared by every rule that routes to it)."""
         if not replicas:
@@ -107,17 +119,20 @@ class ReplicaChooser:
         load = {r: loads[r].requests if r in loads else 0 for r in rotation}
         least = min(load.values())
         eligible = [r for r in rotation if not self._past_bound(r, load[r], least, loads)]
-        if not eligible:   # every replica's KV cache is full: load alone decides
+        if not eligible:  # every replica's KV cache is full: load alone decides
             eligible = rotation
-        matched = (self.index.match(hashes, rotation)
-                   if self.index is not None and hashes else dict.fromkeys(rotation, 0))
+        matched = (
+            self.index.match(hashes, rotation)
+            if self.index is not None and hashes
+            else dict.fromkeys(rotation, 0)
+        )
 
         spilled = False
         if conversation_id:
             home = affinity_replica(conversation_id, replicas)
             if home in eligible:
                 return self._decision(home, "affinity", rotation, load, matched)
-            spilled = True   # its own replica is past the bound: this turn goes elsewhere
+            spilled = True  # its own replica is past the bound: this turn goes elsewhere
         if policy == "round_robin":
             chosen, reason = rotation[0], "round_robin"
         elif policy == "least_loaded":
@@ -125,12 +140,12 @@ class ReplicaChooser:
         else:
             blocks = len(hashes)
             # min() keeps the first of equals: the rotation order breaks ties
-            chosen = min(eligible, key=lambda r: blocks - matched[r]
-                         + self.load_weight * load[r])
+            chosen = min(eligible, key=lambda r: blocks - matched[r] + self.load_weight * load[r])
             reason = "prefix" if matched[chosen] else "load"
             # a replica holding more of the prefix was left out by the bound
-            spilled = spilled or any(matched[r] > matched[chosen]
-                                     for r in rotation if r not in eligible)
+            spilled = spilled or any(
+                matched[r] > matched[chosen] for r in rotation if r not in eligible
+            )
         if spilled:
             reason = "spill"
         return self._decision(chosen, reason, rotation, load, matched)
@@ -146,14 +161,15 @@ class ReplicaChooser:
         if self.index is not None:
             self.index.drop_replica(replica)
 
-    def _past_bound(self, replica: str, load: int, least: int,
-                    loads: Mapping[str, ReplicaLoad]) -> bool:
+    def _past_bound(
+        self, replica: str, load: int, least: int, loads: Mapping[str, ReplicaLoad]
+    ) -> bool:
         usage = loads[replica].kv_usage if replica in loads else None
-        return self.balance.over(load, least) or (usage is not None
-                                                  and usage >= self.kv_full)
+        return self.balance.over(load, least) or (usage is not None and usage >= self.kv_full)
 
     @staticmethod
-    def _decision(chosen: str, reason: str, rotation: list[str], load: dict[str, int],
-                  matched: dict[str, int]) -> Decision:
+    def _decision(
+        chosen: str, reason: str, rotation: list[str], load: dict[str, int], matched: dict[str, int]
+    ) -> Decision:
         rest = sorted((r for r in rotation if r != chosen), key=load.__getitem__)
         return Decision((chosen, *rest), reason, matched[chosen])

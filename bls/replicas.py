@@ -14,6 +14,7 @@ Every router instance (stub process) keeps its own choosers and indexes, of what
 routed itself: nothing here is shared, so nothing here locks. All of it runs on the
 router's event loop.
 """
+
 from __future__ import annotations
 
 import time
@@ -24,14 +25,15 @@ from prefix_index import PrefixIndex, prompt_key
 from replica_policy import POLICIES, Decision, ReplicaChooser, ReplicaLoad
 
 DEFAULT_POLICY = "prefix_aware"
-GAUGE_EVERY_S = 1.0   # a replica's index gauges are written at most this often (IPC each)
+GAUGE_EVERY_S = 1.0  # a replica's index gauges are written at most this often (IPC each)
 
 
 def check_policy(policy: Any, where: str) -> str:
     """A policy name from router.json, or ValueError naming where it was found."""
     if policy not in POLICIES:
-        raise ValueError(f"router.json {where}: policy '{policy}' is not one of "
-                         f"{', '.join(POLICIES)}")
+        raise ValueError(
+            f"router.json {where}: policy '{policy}' is not one of {', '.join(POLICIES)}"
+        )
     return str(policy)
 
 
@@ -49,39 +51,49 @@ class Choice:
 
     __slots__ = ("backend", "policy", "decision", "hashes")
 
-    def __init__(self, backend: str, policy: str, decision: Decision,
-                 hashes: Sequence[int]):
+    def __init__(self, backend: str, policy: str, decision: Decision, hashes: Sequence[int]):
         self.backend, self.policy, self.decision = backend, policy, decision
         self.hashes = hashes
 
 
 class Replicas:
-    def __init__(self, config: Mapping[str, Any], metrics: Any = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        metrics: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ):
         backends = config["backends"]
-        self.of = {name: tuple(info["replicas"]) for name, info in backends.items()
-                   if info.get("replicas")}
-        self.backend_of = {replica: name for name, replicas in self.of.items()
-                           for replica in replicas}
-        self.policy = {name: check_policy(backends[name].get("policy") or DEFAULT_POLICY,
-                                          f"backends.{name}") for name in self.of}
+        self.of = {
+            name: tuple(info["replicas"]) for name, info in backends.items() if info.get("replicas")
+        }
+        self.backend_of = {
+            replica: name for name, replicas in self.of.items() for replica in replicas
+        }
+        self.policy = {
+            name: check_policy(backends[name].get("policy") or DEFAULT_POLICY, f"backends.{name}")
+            for name in self.of
+        }
         # A rule's policy wins over its backends' own for the requests that rule routes.
-        self.rule_policy = {rule["name"]: check_policy(rule["policy"], f"rule {rule['name']}")
-                            for rule in config["rules"] if rule.get("policy")}
+        self.rule_policy = {
+            rule["name"]: check_policy(rule["policy"], f"rule {rule['name']}")
+            for rule in config["rules"]
+            if rule.get("policy")
+        }
         # Every backend gets an index, whatever its own policy: a rule may ask for
         # prefix_aware on a backend whose default is round_robin.
         self.indexes = {name: PrefixIndex() for name in self.of}
-        self.choosers = {name: ReplicaChooser(self.policy[name], index=self.indexes[name])
-                         for name in self.of}
+        self.choosers = {
+            name: ReplicaChooser(self.policy[name], index=self.indexes[name]) for name in self.of
+        }
         self.metrics, self.clock, self.wall = metrics, clock, wall
-        self._gauged: dict[str, float] = {}   # replica → when its gauges were last written
+        self._gauged: dict[str, float] = {}  # replica → when its gauges were last written
 
     def __bool__(self) -> bool:
         return bool(self.of)
 
-    def targets(self, backends: Mapping[str, Any], adapters: dict[str, Any]
-                ) -> dict[str, Any]:
+    def targets(self, backends: Mapping[str, Any], adapters: dict[str, Any]) -> dict[str, Any]:
         """Every model the router may call, with its backend's router.json entry: a
         backend's replicas in its place, or the backend itself (each gets its breaker,
         in-flight count and limit). A replica speaks through its backend's adapter
@@ -98,9 +110,16 @@ class Replicas:
         without replicas pays nothing)."""
         return prompt_key(text, messages) if self.of else None
 
-    def expand(self, route: str, candidates: list[str], features: Any, prompt: str | None,
-               salt: str | None, live: Callable[[str], bool], inflight: Mapping[str, int]
-               ) -> tuple[list[str], dict[str, Choice]]:
+    def expand(
+        self,
+        route: str,
+        candidates: list[str],
+        features: Any,
+        prompt: str | None,
+        salt: str | None,
+        live: Callable[[str], bool],
+        inflight: Mapping[str, int],
+    ) -> tuple[list[str], dict[str, Choice]]:
         """(the models to try in order, {backend: Choice}): each backend with replicas
         replaced by its live replicas in its chooser's order; other backends as they are.
         `live(replica)`: its breaker lets a request through; `inflight`: the router's
@@ -122,15 +141,17 @@ class Replicas:
             policy = self.rule_policy.get(route) or self.policy[name]
             used: Sequence[int] = ()
             if policy == "prefix_aware":
-                if hashes is None:   # the same blocks for every backend (one block size)
+                if hashes is None:  # the same blocks for every backend (one block size)
                     hashes = self.indexes[name].block_hashes(prompt or "", salt)
                 used = hashes
             loads = {r: ReplicaLoad(in_flight=inflight[r]) for r in alive}
-            decision = self.choosers[name].choose(alive, loads, used,
-                                                  features.conversation_id, policy)
+            decision = self.choosers[name].choose(
+                alive, loads, used, features.conversation_id, policy
+            )
             if self.metrics is not None:
-                self.metrics.replica_decision(name, decision.matched_blocks,
-                                              time.perf_counter() - started)
+                self.metrics.replica_decision(
+                    name, decision.matched_blocks, time.perf_counter() - started
+                )
             choices[name] = Choice(name, policy, decision, used)
             targets.extend(decision.order)
         return targets, choices
@@ -148,8 +169,8 @@ class Replicas:
             return
         reason = choice.decision.reason if target == choice.decision.replica else "fallback"
         self.metrics.replica_request(backend, target, choice.policy, reason)
-        if choice.policy == "prefix_aware":   # its record is fresh (a short prompt
-            self._gauges(backend, target, force=False)   # adds no block, yet is routed)
+        if choice.policy == "prefix_aware":  # its record is fresh (a short prompt
+            self._gauges(backend, target, force=False)  # adds no block, yet is routed)
 
     def dropped(self, target: str) -> None:
         """`target`'s breaker opened: its cache is gone (dead, or reloaded empty)."""

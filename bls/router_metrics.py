@@ -3,6 +3,7 @@
 Every write of a Triton metric is an IPC round trip from the stub to the server that
 blocks its caller. The router's event loop and relay threads only queue their writes;
 a trident_common.metrics.Writer thread makes them, in order."""
+
 from breaker import STATE_VALUES
 from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, MetricSet, Writer
 
@@ -55,37 +56,65 @@ class RouterMetrics:
     latency. Label sets are created lazily; like every trident metric they outlive this
     instance (see trident_common.metrics)."""
 
-    FAMILIES = {   # kind: (name, description, metric kind)
-        "requests": ("trident_router_requests_total",
-                     "Requests routed, by route and serving backend", COUNTER),
-        "fallbacks": ("trident_router_fallbacks_total",
-                      "Requests moved to the next candidate after this backend failed "
-                      "before its first token", COUNTER),
-        "aborts": ("trident_router_aborts_total",
-                   "Aborts sent to a backend (client cancel, timeout, deadline)", COUNTER),
-        "errors": ("trident_router_errors_total",
-                   "Requests the router answered with an error, by reason", COUNTER),
-        "breaker": ("trident_router_breaker_state",
-                    "Circuit breaker per backend: 0 closed, 1 half-open, 2 open", GAUGE),
-        "latency": ("trident_router_added_latency_seconds",
-                    "Router time on the first-token path (before the backend call and "
-                    "relaying its first response)", HISTOGRAM),
+    FAMILIES = {  # kind: (name, description, metric kind)
+        "requests": (
+            "trident_router_requests_total",
+            "Requests routed, by route and serving backend",
+            COUNTER,
+        ),
+        "fallbacks": (
+            "trident_router_fallbacks_total",
+            "Requests moved to the next candidate after this backend failed before its first token",
+            COUNTER,
+        ),
+        "aborts": (
+            "trident_router_aborts_total",
+            "Aborts sent to a backend (client cancel, timeout, deadline)",
+            COUNTER,
+        ),
+        "errors": (
+            "trident_router_errors_total",
+            "Requests the router answered with an error, by reason",
+            COUNTER,
+        ),
+        "breaker": (
+            "trident_router_breaker_state",
+            "Circuit breaker per backend: 0 closed, 1 half-open, 2 open",
+            GAUGE,
+        ),
+        "latency": (
+            "trident_router_added_latency_seconds",
+            "Router time on the first-token path (before the backend call and "
+            "relaying its first response)",
+            HISTOGRAM,
+        ),
         # Replicas (bls/replicas.py): how each request's replica was chosen.
-        "replica_requests": ("trident_router_replica_requests_total",
-                             "Requests a replica took, by backend, policy and reason "
-                             "(affinity, prefix, spill, load, round_robin, fallback)",
-                             COUNTER),
-        "matched_blocks": ("trident_router_replica_matched_blocks",
-                           "Prompt blocks (128 characters) the chosen replica's prefix "
-                           "index matched", HISTOGRAM),
-        "decision": ("trident_router_replica_decision_seconds",
-                     "Time to choose a replica: hashing the prompt, matching, scoring",
-                     HISTOGRAM),
-        "index_blocks": ("trident_router_replica_index_blocks",
-                         "Blocks in this router instance's prefix index per replica", GAUGE),
-        "index_updated": ("trident_router_replica_index_updated_timestamp_seconds",
-                          "Unix time of the last prompt recorded for a replica (its age: "
-                          "time() minus this)", GAUGE),
+        "replica_requests": (
+            "trident_router_replica_requests_total",
+            "Requests a replica took, by backend, policy and reason "
+            "(affinity, prefix, spill, load, round_robin, fallback)",
+            COUNTER,
+        ),
+        "matched_blocks": (
+            "trident_router_replica_matched_blocks",
+            "Prompt blocks (128 characters) the chosen replica's prefix index matched",
+            HISTOGRAM,
+        ),
+        "decision": (
+            "trident_router_replica_decision_seconds",
+            "Time to choose a replica: hashing the prompt, matching, scoring",
+            HISTOGRAM,
+        ),
+        "index_blocks": (
+            "trident_router_replica_index_blocks",
+            "Blocks in this router instance's prefix index per replica",
+            GAUGE,
+        ),
+        "index_updated": (
+            "trident_router_replica_index_updated_timestamp_seconds",
+            "Unix time of the last prompt recorded for a replica (its age: time() minus this)",
+            GAUGE,
+        ),
     }
     MATCHED_BUCKETS = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
     DECISION_BUCKETS = [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.001, 0.005]
@@ -99,8 +128,9 @@ class RouterMetrics:
         self.set = MetricSet()
         self.writes = Writer("router-metrics", _apply, merge=_merge)
         self.metrics = {}
-        self._latency = self.metric("latency", (), buckets=[
-            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1])
+        self._latency = self.metric(
+            "latency", (), buckets=[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1]
+        )
 
     def metric(self, kind, labels, buckets=None, families=None):
         """The series of family `kind` (in `families`, else FAMILIES) with the router's
@@ -112,8 +142,10 @@ class RouterMetrics:
             labelled = {"router": self.router, **dict(labels)}
             if metric_kind == GAUGE and self.instance:
                 labelled["router_instance"] = self.instance
-            metric = self.metrics[key] = Series(lambda: self.set.metric(
-                name, description, metric_kind, labelled, buckets), self.writes)
+            metric = self.metrics[key] = Series(
+                lambda: self.set.metric(name, description, metric_kind, labelled, buckets),
+                self.writes,
+            )
         return metric
 
     def request(self, route, backend):
@@ -140,8 +172,10 @@ class RouterMetrics:
         self.metric("decision", labels, self.DECISION_BUCKETS).observe(seconds)
 
     def replica_request(self, backend, replica, policy, reason):
-        self.metric("replica_requests", (("backend", backend), ("replica", replica),
-                                         ("policy", policy), ("reason", reason))).increment(1)
+        self.metric(
+            "replica_requests",
+            (("backend", backend), ("replica", replica), ("policy", policy), ("reason", reason)),
+        ).increment(1)
 
     def replica_index(self, backend, replica, blocks, updated_at=None):
         labels = (("backend", backend), ("replica", replica))
@@ -150,5 +184,5 @@ class RouterMetrics:
             self.metric("index_updated", labels).set(updated_at)
 
     def finalize(self):
-        self.writes.close()   # what was queued is written first
-        self.set.close()      # the series stay for the router's next instance
+        self.writes.close()  # what was queued is written first
+        self.set.close()  # the series stay for the router's next instance

@@ -3,6 +3,7 @@ limit: every backend of router.json, or in its place a replicated backend's repl
 (bls/replicas.py). A replicated backend is available while any of its replicas is, and
 full when all are. Touched from the router's event loop only.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,42 +17,57 @@ from replicas import Replicas
 
 
 class Targets:
-    def __init__(self, config: Mapping[str, Any], replicas: Replicas,
-                 adapters: dict[str, Any], model_repository: str, metrics: Any, log: Any):
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        replicas: Replicas,
+        adapters: dict[str, Any],
+        model_repository: str,
+        metrics: Any,
+        log: Any,
+    ):
         self.replicas, self.metrics, self.log = replicas, metrics, log
         self.configured = config["max_inflight_per_backend"]
         targets = replicas.targets(config["backends"], adapters)
         breaker_config = BreakerConfig.from_dict(config["breaker"])
-        self.breakers = {name: CircuitBreaker(breaker_config, time.monotonic)
-                         for name in targets}
+        self.breakers = {name: CircuitBreaker(breaker_config, time.monotonic) for name in targets}
         self.inflight = dict.fromkeys(targets, 0)
         repository = os.path.dirname(os.path.abspath(model_repository))
         # The engine's capacity: router.json's (one replica's), else read from the
         # model's own files; shared among this router's instances (router.json).
-        self.max_inflight = {name: inflight_limit(
-            self.configured,
-            info.get("capacity") or engine_capacity(repository, name, info["engine"]),
-            config.get("instances", 1))
-            for name, info in targets.items()}
+        self.max_inflight = {
+            name: inflight_limit(
+                self.configured,
+                info.get("capacity") or engine_capacity(repository, name, info["engine"]),
+                config.get("instances", 1),
+            )
+            for name, info in targets.items()
+        }
         for name, breaker in self.breakers.items():
             metrics.breaker_state(name, breaker.state)
 
     def available(self, backend: str) -> bool:
-        return any(self.breakers[name].available() and not self.full(name)
-                   for name in self.replicas.of.get(backend, (backend,)))
+        return any(
+            self.breakers[name].available() and not self.full(name)
+            for name in self.replicas.of.get(backend, (backend,))
+        )
 
     def full(self, backend: str) -> bool:
-        return all(self.inflight[name] >= self.max_inflight[name]
-                   for name in self.replicas.of.get(backend, (backend,)))
+        return all(
+            self.inflight[name] >= self.max_inflight[name]
+            for name in self.replicas.of.get(backend, (backend,))
+        )
 
     def unavailable_reason(self, backend: str) -> str:
         if backend in self.replicas.of:
             return "; ".join(map(self.unavailable_reason, self.replicas.of[backend]))
         if self.full(backend):
-            return (f"{backend}: {self.inflight[backend]} requests in flight "
-                    f"(its limit is {self.max_inflight[backend]}: "
-                    f"max_inflight_per_backend is {self.configured}, "
-                    f"the engine's {QUEUE_FACTOR} x concurrent sequences caps it)")
+            return (
+                f"{backend}: {self.inflight[backend]} requests in flight "
+                f"(its limit is {self.max_inflight[backend]}: "
+                f"max_inflight_per_backend is {self.configured}, "
+                f"the engine's {QUEUE_FACTOR} x concurrent sequences caps it)"
+            )
         return f"{backend}: circuit breaker {self.breakers[backend].state}"
 
     def claim(self, name: str) -> bool:
@@ -66,5 +82,5 @@ class Targets:
         if breaker.state != before:
             self.log.warning(f"{name}: circuit breaker {before} -> {breaker.state}")
             self.metrics.breaker_state(name, breaker.state)
-            if breaker.state == OPEN:   # a replica's engine is dead: so is its cache
+            if breaker.state == OPEN:  # a replica's engine is dead: so is its cache
                 self.replicas.dropped(name)

@@ -9,15 +9,16 @@ past `capacity` the oldest write is dropped, and a write still failing after
 `give_up_s` is dropped (its lease expired long before; its token charge is what is
 lost). Every drop is reported to `on_lost`, every failed attempt to `on_retry`.
 """
+
 import asyncio
 import collections
 import time
 
-CAPACITY = 10_000        # writes waiting; ~200 bytes each
-BATCH = 16               # writes in flight at once (a burst of ends is not serialised)
+CAPACITY = 10_000  # writes waiting; ~200 bytes each
+BATCH = 16  # writes in flight at once (a burst of ends is not serialised)
 FIRST_BACKOFF_S = 0.05
 MAX_BACKOFF_S = 2.0
-GIVE_UP_S = 600.0        # ten minutes of failing: the write is dropped and counted
+GIVE_UP_S = 600.0  # ten minutes of failing: the write is dropped and counted
 
 
 class Write:
@@ -31,14 +32,21 @@ class Write:
 
 
 class Outbox:
-    def __init__(self, store, on_retry=lambda: None, on_lost=lambda: None,
-                 capacity=CAPACITY, give_up_s=GIVE_UP_S, clock=time.monotonic):
+    def __init__(
+        self,
+        store,
+        on_retry=lambda: None,
+        on_lost=lambda: None,
+        capacity=CAPACITY,
+        give_up_s=GIVE_UP_S,
+        clock=time.monotonic,
+    ):
         self.store, self.on_retry, self.on_lost = store, on_retry, on_lost
         self.capacity, self.give_up_s, self.clock = capacity, give_up_s, clock
         self.queue = collections.deque()
         self.task = self.wake = None
         self.backoff_s = 0.0
-        self.writing = 0     # writes taken from the queue, not yet answered
+        self.writing = 0  # writes taken from the queue, not yet answered
 
     def put(self, tenant, limits, lease_id, tokens):
         """Queue one write; call on the router's event loop. Never waits."""
@@ -76,7 +84,7 @@ class Outbox:
             future = asyncio.run_coroutine_threadsafe(self._close(timeout_s), loop)
             try:
                 left = 0 if future.result(timeout_s + 1.0) else self.pending()
-            except Exception:   # the loop stopped under us: nothing more will be written
+            except Exception:  # the loop stopped under us: nothing more will be written
                 future.cancel()
                 left = self.pending()
         for _ in range(left):
@@ -86,7 +94,7 @@ class Outbox:
     async def _close(self, timeout_s):
         written = await self.drained(timeout_s)
         if self.task is not None:
-            self.task.cancel()   # an idle writer left pending is reported at exit
+            self.task.cancel()  # an idle writer left pending is reported at exit
         return written
 
     async def _write_all(self):
@@ -114,7 +122,7 @@ class Outbox:
     async def _write(self, write):
         try:
             await self.store.finish(write.tenant, write.limits, write.lease_id, write.tokens)
-        except Exception:   # StoreUnavailable, or anything else: the writer must live on
+        except Exception:  # StoreUnavailable, or anything else: the writer must live on
             self.on_retry()
         else:
             write.done = True

@@ -25,6 +25,7 @@ decide at once (the caller's on_redis_error), then one call at a time probes Red
 until one succeeds, so a stalled Redis costs one request the budget per RETRY_S
 instead of every request.
 """
+
 import asyncio
 import hashlib
 import time
@@ -43,7 +44,7 @@ REASONS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
 # only costs time when Redis is stalled with its connection open; refused or reset
 # connections fail at once.
 TIMEOUT_S = 2.0
-RETRY_S = 0.5        # after a failure, requests decide without Redis for this long
+RETRY_S = 0.5  # after a failure, requests decide without Redis for this long
 MAX_CONNECTIONS = 32  # per router; more concurrent calls wait for a free connection
 
 
@@ -67,8 +68,8 @@ class LocalStore:
 
     def __init__(self, clock=time.monotonic):
         self.clock = clock
-        self.tats = {}      # (tenant, "rpm" | "tpm") → TAT in ms
-        self.leases = {}    # tenant → {lease id: expiry in ms}
+        self.tats = {}  # (tenant, "rpm" | "tpm") → TAT in ms
+        self.leases = {}  # tenant → {lease id: expiry in ms}
 
     async def admit(self, tenant, limits, lease_id, lease_ms):
         """'' when admitted (a lease is taken), else the limit that refused it."""
@@ -104,8 +105,9 @@ class LocalStore:
         if len(self.tats) + len(self.leases) < 4096:
             return
         self.tats = {k: v for k, v in self.tats.items() if v > now}
-        self.leases = {k: v for k, v in self.leases.items()
-                       if any(expiry > now for expiry in v.values())}
+        self.leases = {
+            k: v for k, v in self.leases.items() if any(expiry > now for expiry in v.values())
+        }
 
 
 # -- in Redis -------------------------------------------------------------------------------
@@ -115,7 +117,9 @@ local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local period = 60000
 """
 # KEYS: requests TAT, tokens TAT, leases. ARGV: rpm, tpm, max_concurrent, lease id, lease ms.
-ADMIT = _NOW + """
+ADMIT = (
+    _NOW
+    + """
 local rpm, tpm, maxc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 if tpm > 0 and (tonumber(redis.call('GET', KEYS[2])) or now) - now > period then
   return 'tokens_per_minute'
@@ -136,8 +140,11 @@ if rpm > 0 then
 end
 return ''
 """
+)
 # KEYS: tokens TAT, leases. ARGV: tpm, tokens, lease id.
-FINISH = _NOW + """
+FINISH = (
+    _NOW
+    + """
 redis.call('ZREM', KEYS[2], ARGV[3])
 local tpm, tokens = tonumber(ARGV[1]), tonumber(ARGV[2])
 if tpm > 0 and tokens > 0 then
@@ -147,29 +154,42 @@ if tpm > 0 and tokens > 0 then
 end
 return ''
 """
+)
 
 
 class RedisStore:
     """The same counters in Redis, shared by every router of the deployment."""
 
-    def __init__(self, url, password, namespace, username=None, timeout_s=TIMEOUT_S,
-                 retry_s=RETRY_S, clock=time.monotonic):
+    def __init__(
+        self,
+        url,
+        password,
+        namespace,
+        username=None,
+        timeout_s=TIMEOUT_S,
+        retry_s=RETRY_S,
+        clock=time.monotonic,
+    ):
         parsed = urllib.parse.urlsplit(url)
         self.options = {
-            "host": parsed.hostname, "port": parsed.port or 6379,
+            "host": parsed.hostname,
+            "port": parsed.port or 6379,
             "db": int(parsed.path.strip("/") or 0),
-            "connection_class": (aioredis.SSLConnection if parsed.scheme == "rediss"
-                                 else aioredis.Connection),
-            "username": username, "password": password,
+            "connection_class": (
+                aioredis.SSLConnection if parsed.scheme == "rediss" else aioredis.Connection
+            ),
+            "username": username,
+            "password": password,
             "socket_connect_timeout": timeout_s,
             # One immediate retry on a fresh connection: a pooled connection that a
             # restarted Redis closed fails once, and that is not Redis being down.
-            "retry": Retry(NoBackoff(), 1)}
+            "retry": Retry(NoBackoff(), 1),
+        }
         self.namespace = namespace
         self.timeout_s, self.retry_s, self.clock = timeout_s, retry_s, clock
         self.client = self.loop = None
-        self.batch = []          # (script, keys, args, future) of this loop turn
-        self.sending = set()     # pipelines in flight, referenced until done
+        self.batch = []  # (script, keys, args, future) of this loop turn
+        self.sending = set()  # pipelines in flight, referenced until done
         self.failing, self.probing = False, False
         self.retry_at, self.last_error = 0.0, ""
 
@@ -181,8 +201,11 @@ class RedisStore:
 
     async def admit(self, tenant, limits, lease_id, lease_ms):
         rpm, tpm, leases = self.keys(tenant)
-        reply = await self.call(ADMIT, (rpm, tpm, leases), (
-            limits.rpm, limits.tpm, limits.max_concurrent, lease_id, int(lease_ms)))
+        reply = await self.call(
+            ADMIT,
+            (rpm, tpm, leases),
+            (limits.rpm, limits.tpm, limits.max_concurrent, lease_id, int(lease_ms)),
+        )
         return reply.decode() if isinstance(reply, bytes) else ""
 
     async def finish(self, tenant, limits, lease_id, tokens):
@@ -218,7 +241,8 @@ class RedisStore:
             # redis-py's connections belong to the loop that opened them: the stub has
             # one loop, tests run several in turn.
             pool = aioredis.BlockingConnectionPool(
-                max_connections=MAX_CONNECTIONS, timeout=None, **self.options)
+                max_connections=MAX_CONNECTIONS, timeout=None, **self.options
+            )
             self.client, self.loop, self.batch = aioredis.Redis(connection_pool=pool), loop, []
         future = loop.create_future()
         self.batch.append((script, keys, args, future))
@@ -238,8 +262,11 @@ class RedisStore:
         try:
             replies = await asyncio.wait_for(self._execute(batch), self.timeout_s)
         except (Exception, asyncio.CancelledError) as e:
-            error = e if isinstance(e, (RedisError, OSError)) else ConnectionError(
-                f"pipeline {type(e).__name__}")
+            error = (
+                e
+                if isinstance(e, (RedisError, OSError))
+                else ConnectionError(f"pipeline {type(e).__name__}")
+            )
             for *_, future in batch:
                 if not future.done():
                     future.set_exception(error)
@@ -247,7 +274,7 @@ class RedisStore:
                 raise
             return
         for (*_, future), reply in zip(batch, replies, strict=True):
-            if future.done():      # its caller gave up
+            if future.done():  # its caller gave up
                 continue
             if isinstance(reply, Exception):
                 future.set_exception(reply)

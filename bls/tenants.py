@@ -16,6 +16,7 @@ routing hint (what the policy's rules match) and becomes vLLM's request `priorit
 `cache_salt` per tenant keeps tenants' prefix caches apart unless they are listed in
 share_prefix_cache. Both travel to the engine model as input tensors.
 """
+
 import os
 import re
 import secrets
@@ -33,14 +34,16 @@ from trident_common.trust import tenant_salt
 # deadline (checked every STREAM_WATCH_S, later on a loaded loop), then releases it. A
 # lease a dead router never releases blocks its tenant no longer than that.
 LEASE_MARGIN_S = 5.0
-CLOSE_FLUSH_S = 2.0       # at unload, how long queued releases and charges may take
+CLOSE_FLUSH_S = 2.0  # at unload, how long queued releases and charges may take
 ANONYMOUS = "_anonymous"  # the bucket of requests that name no tenant
-OTHER = "_other"          # metric label of tenants not in the spec (clients pick names)
+OTHER = "_other"  # metric label of tenants not in the spec (clients pick names)
 # builder/spec/tenants.py's TENANT_RE (the stub cannot import the builder).
 TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
-UNITS = {"requests_per_minute": "requests per minute",
-         "tokens_per_minute": "tokens per minute",
-         "max_concurrent": "concurrent requests (max_concurrent)"}
+UNITS = {
+    "requests_per_minute": "requests per minute",
+    "tokens_per_minute": "tokens per minute",
+    "max_concurrent": "concurrent requests (max_concurrent)",
+}
 
 
 class Tenant:
@@ -48,9 +51,10 @@ class Tenant:
 
     def __init__(self, name, label, entry, shared):
         self.name, self.label = name, label
-        self.quota = entry   # the spec's numbers, for messages
-        self.limits = Limits(entry["requests_per_minute"], entry["tokens_per_minute"],
-                             entry["max_concurrent"])
+        self.quota = entry  # the spec's numbers, for messages
+        self.limits = Limits(
+            entry["requests_per_minute"], entry["tokens_per_minute"], entry["max_concurrent"]
+        )
         self.tier, self.priority = entry["tier"], entry["priority"]
         # Secret: a keyed HMAC of the name (trust.py), so no one can compute another's.
         self.salt = None if shared else tenant_salt(name)
@@ -76,16 +80,19 @@ def read_password(config):
     if config.get("password_env"):
         value = os.environ.get(config["password_env"])
         if not value:
-            raise RuntimeError(f"tenants.password_env: the environment variable "
-                               f"{config['password_env']} is not set")
+            raise RuntimeError(
+                f"tenants.password_env: the environment variable "
+                f"{config['password_env']} is not set"
+            )
         return value
     if config.get("password_file"):
         try:
             with open(config["password_file"]) as f:
                 return f.read().strip()
         except OSError as e:
-            raise RuntimeError(f"tenants.password_file: cannot read "
-                               f"{config['password_file']}: {e.strerror}") from None
+            raise RuntimeError(
+                f"tenants.password_file: cannot read {config['password_file']}: {e.strerror}"
+            ) from None
     return None
 
 
@@ -99,15 +106,24 @@ class Tenants:
             return
         self.lease_ms = (deadline_s + LEASE_MARGIN_S) * 1000.0
         shared = set(config["share_prefix_cache"])
-        self.known = {name: Tenant(name, name, entry, name in shared)
-                      for name, entry in config["limits"].items()}
+        self.known = {
+            name: Tenant(name, name, entry, name in shared)
+            for name, entry in config["limits"].items()
+        }
         self.metrics = TenantMetrics(router_metrics)
         if store is None and config["redis"]:
-            store = RedisStore(config["redis"], read_password(config), config["namespace"],
-                               username=config.get("username"))
+            store = RedisStore(
+                config["redis"],
+                read_password(config),
+                config["namespace"],
+                username=config.get("username"),
+            )
         self.store = store or LocalStore()
-        self.outbox = Outbox(self.store, on_retry=lambda: self.metrics.redis_failure("retry"),
-                             on_lost=lambda: self.metrics.redis_failure("lost"))
+        self.outbox = Outbox(
+            self.store,
+            on_retry=lambda: self.metrics.redis_failure("retry"),
+            on_lost=lambda: self.metrics.redis_failure("lost"),
+        )
 
     def close(self, loop):
         """At unload: write the releases and charges still queued (bounded wait)."""
@@ -134,15 +150,25 @@ class Tenants:
             return tenant
         label = ANONYMOUS if name == ANONYMOUS else OTHER
         if name != ANONYMOUS and not TENANT_RE.fullmatch(name):
-            raise Refused(label, "bad_tenant", CLIENT.mark(
-                f"tenant {name[:64]!r} is not a tenant name (letters, digits, '_', '.', "
-                "'@', '-')", "tenant"))
+            raise Refused(
+                label,
+                "bad_tenant",
+                CLIENT.mark(
+                    f"tenant {name[:64]!r} is not a tenant name (letters, digits, '_', '.', "
+                    "'@', '-')",
+                    "tenant",
+                ),
+            )
         if self.config["unknown"] == "reject":
-            what = ("the request names no tenant (give the `tenant` input or parameter)"
-                    if name == ANONYMOUS else f"tenant {name!r} is not known")
+            what = (
+                "the request names no tenant (give the `tenant` input or parameter)"
+                if name == ANONYMOUS
+                else f"tenant {name!r} is not known"
+            )
             raise Refused(label, "unknown_tenant", f"rate limit: {what}")
-        tenant = Tenant(name, label, self.config["default"],
-                        name in self.config["share_prefix_cache"])
+        tenant = Tenant(
+            name, label, self.config["default"], name in self.config["share_prefix_cache"]
+        )
         return tenant
 
     async def admit(self, name):
@@ -150,20 +176,25 @@ class Tenants:
         tenant = self.identify(name)
         lease_id = secrets.token_hex(8)
         try:
-            reason = await self.store.admit(tenant.name, tenant.limits, lease_id,
-                                            self.lease_ms)
+            reason = await self.store.admit(tenant.name, tenant.limits, lease_id, self.lease_ms)
         except StoreUnavailable as e:
             decision = self.config["on_redis_error"]
             self.metrics.redis_failure(decision)
             if decision == "deny":
-                raise Refused(tenant.label, "redis_unavailable",
-                              f"rate limit: cannot check tenant {tenant.name!r}: {e}; "
-                              "refused (on_redis_error: deny)") from None
+                raise Refused(
+                    tenant.label,
+                    "redis_unavailable",
+                    f"rate limit: cannot check tenant {tenant.name!r}: {e}; "
+                    "refused (on_redis_error: deny)",
+                ) from None
             reason = ""
         if reason:
             limit = tenant.quota[reason]
-            raise Refused(tenant.label, reason, f"rate limit: tenant {tenant.name!r} is "
-                          f"over {limit} {UNITS[reason]}")
+            raise Refused(
+                tenant.label,
+                reason,
+                f"rate limit: tenant {tenant.name!r} is over {limit} {UNITS[reason]}",
+            )
         self.metrics.admitted(tenant.label)
         return Ticket(tenant, lease_id)
 
@@ -199,11 +230,12 @@ class Tenants:
         name = inbound.features.tenant
         tenant = self.known.get(str(name)) if name else None
         if tenant is None:
-            tenant = self.identify(name)   # admitted already: it does not raise
+            tenant = self.identify(name)  # admitted already: it does not raise
         tensors = [pb_utils.Tensor("priority", np.array([tenant.priority], dtype=np.int32))]
         if tenant.salt is not None:
-            tensors.append(pb_utils.Tensor("cache_salt", np.array(
-                [tenant.salt.encode()], dtype=np.object_)))
+            tensors.append(
+                pb_utils.Tensor("cache_salt", np.array([tenant.salt.encode()], dtype=np.object_))
+            )
         if inbound.returns is not None:
             tensors += [pb_utils.Tensor(flag, np.array([True])) for flag in Tally.FLAGS]
         return tensors
@@ -213,8 +245,13 @@ class Tenants:
         counts the router charges; None when the engine's running totals will do."""
         if not self.enabled or inbound.returns is None:
             return None
-        return Tally({name for name, flag in zip(Tally.OUTPUTS, Tally.FLAGS, strict=True)
-                      if not inbound.returns.get(flag)})
+        return Tally(
+            {
+                name
+                for name, flag in zip(Tally.OUTPUTS, Tally.FLAGS, strict=True)
+                if not inbound.returns.get(flag)
+            }
+        )
 
 
 class Tally:
@@ -240,8 +277,9 @@ class Tally:
                 self.completion += int(tensor.as_numpy().reshape(-1)[0])
         if not self.hidden:
             return response
-        return pb_utils.InferenceResponse(output_tensors=[
-            t for t in tensors if t.name() not in self.hidden])
+        return pb_utils.InferenceResponse(
+            output_tensors=[t for t in tensors if t.name() not in self.hidden]
+        )
 
 
 def _token_counts(attempts):
@@ -266,21 +304,33 @@ def _token_counts(attempts):
 class TenantMetrics:
     FAMILIES = {
         "admitted": ("trident_tenant_admitted_total", "Requests admitted, by tenant", COUNTER),
-        "rejected": ("trident_tenant_rejected_total",
-                     "Requests refused before any backend, by tenant and reason", COUNTER),
-        "tokens": ("trident_tenant_tokens_total",
-                   "Tokens charged to a tenant, by kind (prompt, completion)", COUNTER),
-        "inflight": ("trident_tenant_inflight",
-                     "A tenant's requests in flight in this router", GAUGE),
-        "redis": ("trident_tenant_redis_failures_total",
-                  "Redis calls that failed or timed out, by what was done: allow or deny "
-                  "(an admission, on_redis_error), retry (a release and token charge, "
-                  "tried again later), lost (one dropped: queue full or failing for "
-                  "10 minutes)", COUNTER),
+        "rejected": (
+            "trident_tenant_rejected_total",
+            "Requests refused before any backend, by tenant and reason",
+            COUNTER,
+        ),
+        "tokens": (
+            "trident_tenant_tokens_total",
+            "Tokens charged to a tenant, by kind (prompt, completion)",
+            COUNTER,
+        ),
+        "inflight": (
+            "trident_tenant_inflight",
+            "A tenant's requests in flight in this router",
+            GAUGE,
+        ),
+        "redis": (
+            "trident_tenant_redis_failures_total",
+            "Redis calls that failed or timed out, by what was done: allow or deny "
+            "(an admission, on_redis_error), retry (a release and token charge, "
+            "tried again later), lost (one dropped: queue full or failing for "
+            "10 minutes)",
+            COUNTER,
+        ),
     }
 
     def __init__(self, router_metrics):
-        self.router_metrics = router_metrics   # its set and series cache hold these too
+        self.router_metrics = router_metrics  # its set and series cache hold these too
         self.inflight = {}
 
     def _metric(self, kind, labels):

@@ -6,6 +6,7 @@
 Each stage only knows the ones before it through the objects it is handed: the renderer
 takes the plan and never plans, the planner never renders.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,14 +38,14 @@ def resolve_engines(spec: DeploymentSpec) -> dict[str, engines.ServedEngine]:
 def render(spec: DeploymentSpec, plan: Plan) -> dict[str, bytes]:
     """Every file of the repository (resolves models and engines on the way)."""
     models = resolve_models(spec)
-    check_adapters(spec, models)   # the LoRA folders, before any engine is fetched
+    check_adapters(spec, models)  # the LoRA folders, before any engine is fetched
     return render_files(RenderContext(spec, models, resolve_engines(spec), plan))
 
 
 def build_repository(spec: DeploymentSpec, out: Path) -> int:
     """Render spec into out (replacing it atomically); returns the number of files."""
-    output_dir.check_target(out, [spec.file])   # before any slow work: a bad --out is cheap
-    plan = plan_for_spec(spec)   # before the engines: a placement error costs no build
+    output_dir.check_target(out, [spec.file])  # before any slow work: a bad --out is cheap
+    plan = plan_for_spec(spec)  # before the engines: a placement error costs no build
     files = render(spec, plan)
     write_repository(files, out, validate_repository, spec_file=spec.file)
     return len(files)

@@ -1,6 +1,7 @@
 """Reading the small text files a user hands trident (a spec, a topology matrix, a
 config.pbtxt): regular files only, capped, strictly UTF-8, and every refusal one line
 that the caller prefixes with the file's name."""
+
 from __future__ import annotations
 
 import os
@@ -37,7 +38,7 @@ def utf8(data: bytes, show_byte: bool = True) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
+        line = data[: e.start].count(b"\n") + 1
         byte = f" (byte 0x{data[e.start]:02x})" if show_byte else ""
         raise NotText(f"line {line}: not UTF-8 text{byte}; save it as UTF-8") from None
 

@@ -5,10 +5,20 @@
 
 Self-contained: nothing of trident's is imported, and boto3 only once an S3 tier is opened.
 """
+
 from engine_cache.cache import EngineCache, EntryInfo
 from engine_cache.errors import CacheError
 from engine_cache.key import CACHE_FORMAT_VERSION, EngineInputs, checkpoint_digest, engine_key
 from engine_cache.location import S3Location, parse_s3_uri
 
-__all__ = ["CACHE_FORMAT_VERSION", "CacheError", "EngineCache", "EngineInputs", "EntryInfo",
-           "S3Location", "checkpoint_digest", "engine_key", "parse_s3_uri"]
+__all__ = [
+    "CACHE_FORMAT_VERSION",
+    "CacheError",
+    "EngineCache",
+    "EngineInputs",
+    "EntryInfo",
+    "S3Location",
+    "checkpoint_digest",
+    "engine_key",
+    "parse_s3_uri",
+]

@@ -6,6 +6,7 @@ get_or_build:  lookup; on a miss take the local file lock (one builder per machi
                S3 lease (one builder per fleet); waiters poll until the holder publishes and
                fetch its result; the holder builds into a staging dir and publishes.
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,18 +28,19 @@ from engine_cache.manifest import Manifest, manifest_for_dir
 from engine_cache.stats import StatsFile
 from engine_cache.tier import Tier
 
-if TYPE_CHECKING:                # boto3 is needed only with an S3 tier
+if TYPE_CHECKING:  # boto3 is needed only with an S3 tier
     from boto3.s3.transfer import TransferConfig
 
     from engine_cache.s3 import S3Tier
 
 log = logging.getLogger("trident.engine_cache")
-PUBLISHED_MARK = "published"     # in a local entry: S3 holds this key (ours or another's)
+PUBLISHED_MARK = "published"  # in a local entry: S3 holds this key (ours or another's)
 
 
 def _falls_back_to_local(method):
     """With local_only=True, an unreachable S3 endpoint is logged once and the operation
     (and every later one) runs on the local tier alone; otherwise it is a CacheError."""
+
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         try:
@@ -49,6 +51,7 @@ def _falls_back_to_local(method):
             log.warning("engine cache: %s; carrying on with the local tier only", e)
             self.s3 = None
             return method(self, *args, **kwargs)
+
     return wrapper
 
 
@@ -59,17 +62,24 @@ class EntryInfo:
     files: int
     created: float
     metadata: Mapping[str, Any] = field(default_factory=dict)
-    tier: str = "local"          # "local", "s3" or "local+s3"
+    tier: str = "local"  # "local", "s3" or "local+s3"
 
 
 class EngineCache:
-    def __init__(self, local_dir: Path, s3_uri: str | None = None,
-                 endpoint_url: str | None = None, local_only: bool = False,
-                 clock: Callable[[], float] = time.time, *,
-                 sleep: Callable[[float], None] = time.sleep,
-                 lease_ttl_s: float = 600.0, poll_s: float = 5.0,
-                 wait_timeout_s: float | None = None,
-                 transfer_config: TransferConfig | None = None):
+    def __init__(
+        self,
+        local_dir: Path,
+        s3_uri: str | None = None,
+        endpoint_url: str | None = None,
+        local_only: bool = False,
+        clock: Callable[[], float] = time.time,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        lease_ttl_s: float = 600.0,
+        poll_s: float = 5.0,
+        wait_timeout_s: float | None = None,
+        transfer_config: TransferConfig | None = None,
+    ):
         """local_only=True: when the S3 endpoint is unreachable, warn and carry on with the
         local tier (by default that is a CacheError naming the endpoint). wait_timeout_s
         bounds how long a waiter waits for another builder (None: forever; a dead builder's
@@ -124,22 +134,23 @@ class EngineCache:
             if problems:
                 self._quarantine_s3(s3, key, problems, etag)
                 return None
-            self.stats_file.add({"fetch_bytes": manifest.size,
-                                 "fetch_seconds": self.clock() - started})
+            self.stats_file.add(
+                {"fetch_bytes": manifest.size, "fetch_seconds": self.clock() - started}
+            )
             (staging / PUBLISHED_MARK).touch()
             return self.local.commit(staging, manifest)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def _quarantine_s3(self, s3: S3Tier, key: str, problems: list[str],
-                       etag: str | None) -> None:
+    def _quarantine_s3(self, s3: S3Tier, key: str, problems: list[str], etag: str | None) -> None:
         self.stats_file.add({"corrupt_entries": 1})
         s3.quarantine(key, problems, etag)
 
     # --- build -------------------------------------------------------------------------
     @_falls_back_to_local
-    def get_or_build(self, key: str, build: Callable[[Path], None],
-                     metadata: dict) -> tuple[Path, str]:
+    def get_or_build(
+        self, key: str, build: Callable[[Path], None], metadata: dict
+    ) -> tuple[Path, str]:
         """(engine dir, "hit-local" | "hit-s3" | "built"). build(dir) writes the engine
         files into dir; across processes and machines only one build runs per key."""
         key = _checked(key)
@@ -156,8 +167,9 @@ class EngineCache:
             self._count_lookup(outcome)
         return path, outcome
 
-    def _build_once(self, key: str, build: Callable[[Path], None],
-                    metadata: dict) -> tuple[Path, str]:
+    def _build_once(
+        self, key: str, build: Callable[[Path], None], metadata: dict
+    ) -> tuple[Path, str]:
         if self.s3 is None:
             return self._build_and_publish(key, build, metadata), "built"
         with self._s3_lease(self.s3, key) as fetched:
@@ -180,10 +192,14 @@ class EngineCache:
             if fetched is not None:
                 yield fetched
                 return
-            if self.wait_timeout_s is not None and \
-                    self.clock() - waited_since > self.wait_timeout_s:
-                raise CacheError(f"waited {self.wait_timeout_s:.0f} s for {lease.holder} to "
-                                 f"build {key}; giving up")
+            if (
+                self.wait_timeout_s is not None
+                and self.clock() - waited_since > self.wait_timeout_s
+            ):
+                raise CacheError(
+                    f"waited {self.wait_timeout_s:.0f} s for {lease.holder} to "
+                    f"build {key}; giving up"
+                )
             self.sleep(self.poll_s)
         lease.start_renewing()
         try:
@@ -192,8 +208,7 @@ class EngineCache:
         finally:
             lease.release()
 
-    def _build_and_publish(self, key: str, build: Callable[[Path], None],
-                           metadata: dict) -> Path:
+    def _build_and_publish(self, key: str, build: Callable[[Path], None], metadata: dict) -> Path:
         staging = self.local.staging_dir()
         started = self.clock()
         try:
@@ -202,8 +217,9 @@ class EngineCache:
             except BaseException:
                 self.stats_file.add({"build_failures": 1})
                 raise
-            self.stats_file.add({"builds": 1, "misses": 1, "lookups": 1,
-                                 "build_seconds": self.clock() - started})
+            self.stats_file.add(
+                {"builds": 1, "misses": 1, "lookups": 1, "build_seconds": self.clock() - started}
+            )
             manifest = manifest_for_dir(key, staging / "files", self.clock(), metadata)
             path = self.local.commit(staging, manifest)
         finally:
@@ -235,13 +251,16 @@ class EngineCache:
                 self.s3 = None
                 return
             if must_succeed:
-                raise CacheError(f"{key} is cached locally in {self.local.files_dir(key)} but "
-                                 f"publishing it failed: {e}") from e
+                raise CacheError(
+                    f"{key} is cached locally in {self.local.files_dir(key)} but "
+                    f"publishing it failed: {e}"
+                ) from e
             log.warning("engine cache: %s is not in S3 yet and uploading it failed: %s", key, e)
             return
         if published:
-            self.stats_file.add({"upload_bytes": manifest.size,
-                                 "upload_seconds": self.clock() - started})
+            self.stats_file.add(
+                {"upload_bytes": manifest.size, "upload_seconds": self.clock() - started}
+            )
         else:
             self.stats_file.add({"publish_conflicts": 1})
         mark.touch()
@@ -256,25 +275,30 @@ class EngineCache:
         found: dict[str, tuple[Manifest, str]] = {}
         for tier in self._tiers():
             for key in tier.keys():
-                if key in found:         # the same key: the first tier's manifest will do
+                if key in found:  # the same key: the first tier's manifest will do
                     found[key] = (found[key][0], f"{found[key][1]}+{tier.name}")
                     continue
                 manifest = _readable_manifest(tier, key)
                 if manifest is not None:
                     found[key] = (manifest, tier.name)
-        return [EntryInfo(k, m.size, len(m.files), m.created, dict(m.metadata), tier)
-                for k, (m, tier) in sorted(found.items(), key=lambda kv: kv[1][0].created)]
+        return [
+            EntryInfo(k, m.size, len(m.files), m.created, dict(m.metadata), tier)
+            for k, (m, tier) in sorted(found.items(), key=lambda kv: kv[1][0].created)
+        ]
 
     def stats(self) -> dict:
         counters = self.stats_file.read()
         keys = self.local.keys()
         manifests = [_readable_manifest(self.local, key) for key in keys]
         hits = counters["hits_local"] + counters["hits_s3"]
-        return {**counters,
-                "hit_rate": hits / counters["lookups"] if counters["lookups"] else None,
-                "local_dir": str(self.local.root), "local_entries": len(keys),
-                "local_bytes": sum(m.size for m in manifests if m is not None),
-                "s3": self.s3.uri if self.s3 else None}
+        return {
+            **counters,
+            "hit_rate": hits / counters["lookups"] if counters["lookups"] else None,
+            "local_dir": str(self.local.root),
+            "local_entries": len(keys),
+            "local_bytes": sum(m.size for m in manifests if m is not None),
+            "s3": self.s3.uri if self.s3 else None,
+        }
 
     @_falls_back_to_local
     def verify(self, key: str | None = None) -> list[str]:
@@ -297,8 +321,12 @@ class EngineCache:
         return key
 
     @_falls_back_to_local
-    def gc(self, keep_last: int | None = None, older_than_s: float | None = None,
-           include_s3: bool = False) -> list[str]:
+    def gc(
+        self,
+        keep_last: int | None = None,
+        older_than_s: float | None = None,
+        include_s3: bool = False,
+    ) -> list[str]:
         """Remove local entries beyond the keep_last most recently used, and those unused
         for older_than_s seconds. Returns the removed keys. With include_s3 the same policy
         applies to the shared bucket (by creation time: S3 does not know last use), and
@@ -311,35 +339,50 @@ class EngineCache:
             removed += self._gc_tier(tier, keep_last, older_than_s)
         return sorted(set(removed))
 
-    def _gc_tier(self, tier: Tier, keep_last: int | None,
-                 older_than_s: float | None) -> list[str]:
+    def _gc_tier(self, tier: Tier, keep_last: int | None, older_than_s: float | None) -> list[str]:
         used: dict[str, float] = {}
         for key in tier.keys():
             try:
                 used[key] = tier.last_used(key)
             except CacheError:
-                continue                 # damaged: verify reports and quarantines it
+                continue  # damaged: verify reports and quarantines it
         newest_first = sorted(used, key=used.__getitem__, reverse=True)
-        return [key for key in self._expired(newest_first, used.__getitem__, keep_last,
-                                             older_than_s)
-                if tier.remove(key)]
+        return [
+            key
+            for key in self._expired(newest_first, used.__getitem__, keep_last, older_than_s)
+            if tier.remove(key)
+        ]
 
-    def _expired(self, newest_first: list[str], timestamp: Callable[[str], float],
-                 keep_last: int | None, older_than_s: float | None) -> list[str]:
+    def _expired(
+        self,
+        newest_first: list[str],
+        timestamp: Callable[[str], float],
+        keep_last: int | None,
+        older_than_s: float | None,
+    ) -> list[str]:
         now = self.clock()
-        return [key for rank, key in enumerate(newest_first)
-                if (keep_last is not None and rank >= keep_last)
-                or (older_than_s is not None and now - timestamp(key) > older_than_s)]
+        return [
+            key
+            for rank, key in enumerate(newest_first)
+            if (keep_last is not None and rank >= keep_last)
+            or (older_than_s is not None and now - timestamp(key) > older_than_s)
+        ]
 
 
-def _open_s3(uri: str, endpoint_url: str | None, transfer_config: TransferConfig | None,
-             clock: Callable[[], float]) -> S3Tier:
-    parse_s3_uri(uri)                # a bad URI is bad input, with or without boto3
+def _open_s3(
+    uri: str,
+    endpoint_url: str | None,
+    transfer_config: TransferConfig | None,
+    clock: Callable[[], float],
+) -> S3Tier:
+    parse_s3_uri(uri)  # a bad URI is bad input, with or without boto3
     try:
         from engine_cache.s3 import S3Tier
     except ImportError as e:
-        raise CacheError(f"the S3 tier {uri} needs boto3, which is not installed ({e}); "
-                         "install it, or use the local tier alone") from e
+        raise CacheError(
+            f"the S3 tier {uri} needs boto3, which is not installed ({e}); "
+            "install it, or use the local tier alone"
+        ) from e
     return S3Tier(uri, endpoint_url, transfer_config, clock)
 
 
@@ -362,6 +405,7 @@ def _check_gc_policy(keep_last: int | None, older_than_s: float | None) -> None:
 
 def _checked(key: str) -> str:
     if not isinstance(key, str) or not is_engine_key(key):
-        raise CacheError(f"{key!r} is not an engine cache key (64 lowercase hex digits; "
-                         "see engine_key())", 2)
+        raise CacheError(
+            f"{key!r} is not an engine cache key (64 lowercase hex digits; see engine_key())", 2
+        )
     return key

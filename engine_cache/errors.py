@@ -1,5 +1,6 @@
 """The engine cache's errors. engine_cache depends on nothing of trident's: a CLI prints a
 CacheError as one line and exits with its exit_code (2: bad input, 1: a failure)."""
+
 from __future__ import annotations
 
 from engine_cache.redact import redact

@@ -5,6 +5,7 @@ cache keys on version + build config + path; ours keys on checkpoint *content*, 
 argument, the target SM architecture and both library versions, so an engine is reused
 exactly when it would be valid.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,16 +40,23 @@ class EngineInputs:
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[0-9a-f]{64}", str(self.checkpoint_digest)):
-            raise CacheError(f"engine inputs: checkpoint_digest {self.checkpoint_digest!r} "
-                             "is not a sha256 hex digest (use checkpoint_digest(path))", 2)
+            raise CacheError(
+                f"engine inputs: checkpoint_digest {self.checkpoint_digest!r} "
+                "is not a sha256 hex digest (use checkpoint_digest(path))",
+                2,
+            )
         if not _SM_PATTERN.match(str(self.target_sm)):
-            raise CacheError(f"engine inputs: target_sm {self.target_sm!r} is not an SM "
-                             "architecture such as '90' or '89'", 2)
+            raise CacheError(
+                f"engine inputs: target_sm {self.target_sm!r} is not an SM "
+                "architecture such as '90' or '89'",
+                2,
+            )
         for field in ("trtllm_version", "tensorrt_version"):
             value = getattr(self, field)
             if not isinstance(value, str) or not value.strip():
-                raise CacheError(f"engine inputs: {field} must be a non-empty version string, "
-                                 f"got {value!r}", 2)
+                raise CacheError(
+                    f"engine inputs: {field} must be a non-empty version string, got {value!r}", 2
+                )
         if not isinstance(self.build_args, Mapping):
             raise CacheError("engine inputs: build_args must be a mapping of argument → value", 2)
         _check_json_value(self.build_args, "build_args")
@@ -77,13 +85,17 @@ def _check_json_value(value: Any, where: str) -> None:
     elif isinstance(value, float) and not math.isfinite(value):
         raise CacheError(f"engine inputs: {where} is {value}, which has no JSON form", 2)
     elif value is not None and not isinstance(value, (str, int, float, bool)):
-        raise CacheError(f"engine inputs: {where} has a {type(value).__name__} value "
-                         f"({value!r}); build arguments must be JSON values", 2)
+        raise CacheError(
+            f"engine inputs: {where} has a {type(value).__name__} value "
+            f"({value!r}); build arguments must be JSON values",
+            2,
+        )
 
 
 def canonical_json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False).encode()
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    ).encode()
 
 
 def engine_key(inputs: EngineInputs) -> str:
@@ -108,8 +120,10 @@ def regular_files(root: Path) -> Iterator[tuple[str, Path]]:
     because what they point at is not part of the content being hashed or cached."""
     for path in sorted(root.rglob("*")):
         if path.is_symlink():
-            raise CacheError(f"{path}: symbolic links are not supported in checkpoints or "
-                             "engine directories (copy the file instead)")
+            raise CacheError(
+                f"{path}: symbolic links are not supported in checkpoints or "
+                "engine directories (copy the file instead)"
+            )
         if path.is_file():
             yield path.relative_to(root).as_posix(), path
 
@@ -133,8 +147,10 @@ def checkpoint_digest(path: Path, memo_file: Path | None = None) -> str:
     if not listing:
         raise CacheError(f"checkpoint {path}: the directory holds no files", 2)
     memo = DigestMemo(Path(memo_file)) if memo_file is not None else None
-    records = [[rel, file.stat().st_size, memo.sha256(file) if memo else file_sha256(file)]
-               for rel, file in listing]
+    records = [
+        [rel, file.stat().st_size, memo.sha256(file) if memo else file_sha256(file)]
+        for rel, file in listing
+    ]
     if memo is not None:
         memo.save()
     return hashlib.sha256(canonical_json(records)).hexdigest()
@@ -153,7 +169,7 @@ class DigestMemo:
             data = json.loads(self.path.read_text())
             return data if isinstance(data, dict) else {}
         except (OSError, ValueError):
-            return {}                # absent or damaged: everything is simply rehashed
+            return {}  # absent or damaged: everything is simply rehashed
 
     @staticmethod
     def _identity(file: Path) -> list[int]:
@@ -167,7 +183,7 @@ class DigestMemo:
         if isinstance(known, list) and known[:-1] == identity:
             return known[-1]
         digest = file_sha256(file)
-        if self._identity(file) == identity:        # unchanged while we hashed it
+        if self._identity(file) == identity:  # unchanged while we hashed it
             self._learned[name] = [*identity, digest]
         return digest
 

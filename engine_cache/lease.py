@@ -7,6 +7,7 @@ The lease is `<prefix>/<key>/lease.json` = {"owner", "expires_at"}. It is create
 while building; a holder that dies stops renewing and the lease expires, so a waiter builds.
 Expiry compares wall clocks of different machines: keep ttl much larger than clock skew.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,7 +53,7 @@ def new_owner_id() -> str:
 class LeaseStore(Protocol):
     """The conditional object operations a lease needs (S3Tier implements them)."""
 
-    def create_lease(self, key: str, body: bytes) -> str | None: ...          # etag or None
+    def create_lease(self, key: str, body: bytes) -> str | None: ...  # etag or None
     def replace_lease(self, key: str, body: bytes, etag: str) -> str | None: ...  # etag or None
     def read_lease(self, key: str) -> tuple[bytes, str] | None: ...
     def delete_lease(self, key: str, etag: str) -> None: ...
@@ -65,7 +66,7 @@ class Lease:
         self.store, self.key, self.ttl_s, self.clock = store, key, ttl_s, clock
         self.owner = new_owner_id()
         self.etag: str | None = None
-        self.holder: str | None = None     # who holds it when we do not (for messages)
+        self.holder: str | None = None  # who holds it when we do not (for messages)
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
 
@@ -79,7 +80,7 @@ class Lease:
             return True
         current = self.store.read_lease(self.key)
         if current is None:
-            return False             # released between our two calls: the next attempt wins
+            return False  # released between our two calls: the next attempt wins
         raw, etag = current
         record = parse_lease(raw)
         if record is not None and not record.expired(self.clock()):
@@ -87,8 +88,11 @@ class Lease:
             return False
         self.etag = self.store.replace_lease(self.key, self._body(), etag)
         if self.etag:
-            log.warning("engine cache: took over the expired build lease of %s (was %s)",
-                        self.key, record.owner if record else "unreadable")
+            log.warning(
+                "engine cache: took over the expired build lease of %s (was %s)",
+                self.key,
+                record.owner if record else "unreadable",
+            )
         return self.etag is not None
 
     def renew(self) -> bool:
@@ -102,15 +106,18 @@ class Lease:
             return True
         self.etag = renewed
         if self.etag is None:
-            log.warning("engine cache: lost the build lease of %s (renewed too late?); "
-                        "the manifest's conditional write still keeps the entry consistent",
-                        self.key)
+            log.warning(
+                "engine cache: lost the build lease of %s (renewed too late?); "
+                "the manifest's conditional write still keeps the entry consistent",
+                self.key,
+            )
         return self.etag is not None
 
     def start_renewing(self) -> None:
         def loop():
             while not self._stop.wait(self.ttl_s / 3) and self.renew():
                 pass
+
         self._renewer = threading.Thread(target=loop, name=f"lease-{self.key[:8]}", daemon=True)
         self._renewer.start()
 
@@ -122,6 +129,11 @@ class Lease:
             try:
                 self.store.delete_lease(self.key, self.etag)
             except CacheError as e:
-                log.warning("engine cache: could not release the build lease of %s (%s); "
-                            "it expires in at most %.0f s", self.key, e, self.ttl_s)
+                log.warning(
+                    "engine cache: could not release the build lease of %s (%s); "
+                    "it expires in at most %.0f s",
+                    self.key,
+                    e,
+                    self.ttl_s,
+                )
             self.etag = None

@@ -9,6 +9,7 @@ Layout under the cache root:
   quarantine/<key>-<time>-<id>/ corrupt entries, moved aside with a reason.txt
   locks/<key>.lock              one builder per key on this machine
 """
+
 from __future__ import annotations
 
 import json
@@ -70,8 +71,11 @@ class LocalTier:
         return FileLock(str(self.root / "locks" / f"{key}.lock"))
 
     def keys(self) -> list[str]:
-        return sorted(p.name for p in (self.root / "entries").iterdir()
-                      if is_engine_key(p.name) and (p / MANIFEST_NAME).is_file())
+        return sorted(
+            p.name
+            for p in (self.root / "entries").iterdir()
+            if is_engine_key(p.name) and (p / MANIFEST_NAME).is_file()
+        )
 
     def has_entry(self, key: str) -> bool:
         return self.entry_dir(key).exists()
@@ -190,10 +194,14 @@ class LocalTier:
         try:
             os.rename(self.entry_dir(key), target)
         except FileNotFoundError:
-            return               # another process quarantined or removed it first
+            return  # another process quarantined or removed it first
         (target / "reason.txt").write_text("\n".join(problems) + "\n")
-        log.warning("engine cache: local entry %s is damaged (%s); moved to %s",
-                    key, "; ".join(problems), target)
+        log.warning(
+            "engine cache: local entry %s is damaged (%s); moved to %s",
+            key,
+            "; ".join(problems),
+            target,
+        )
 
     def remove(self, key: str) -> bool:
         """Delete an entry: first renamed out of entries/ so no reader sees a partial one."""

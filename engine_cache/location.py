@@ -3,6 +3,7 @@
 Neither may carry credentials: they would end up in logs, specs under version control and
 error messages. Credentials come from the standard AWS chain instead. The rules are
 engine_cache/urls.py's, which the spec reads too."""
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,7 @@ from engine_cache.urls import AWS_CREDENTIALS_HINT, endpoint_url_problem, s3_uri
 @dataclass(frozen=True)
 class S3Location:
     bucket: str
-    prefix: str          # no leading or trailing slash; may be empty
+    prefix: str  # no leading or trailing slash; may be empty
 
     def object_key(self, *parts: str) -> str:
         return "/".join(p for p in (self.prefix, *parts) if p)
@@ -32,8 +33,11 @@ def parse_s3_uri(uri: str, what: str = "cache location") -> S3Location:
     if problem:
         # A credential problem (the hint says so) is told without the URI: its host at
         # most. Any other shows the URI (CacheError still redacts what looks secret).
-        shown = host_of(uri) if isinstance(uri, str) and "@" in uri else (
-            "s3://..." if AWS_CREDENTIALS_HINT in problem else repr(uri))
+        shown = (
+            host_of(uri)
+            if isinstance(uri, str) and "@" in uri
+            else ("s3://..." if AWS_CREDENTIALS_HINT in problem else repr(uri))
+        )
         raise CacheError(f"{what} {shown} {problem}", 2)
     bucket, _, prefix = uri.removeprefix("s3://").partition("/")
     return S3Location(bucket, prefix.strip("/"))
@@ -41,8 +45,12 @@ def parse_s3_uri(uri: str, what: str = "cache location") -> S3Location:
 
 def resolve_endpoint(endpoint_url: str | None) -> str | None:
     """The explicit endpoint, else the standard AWS_ENDPOINT_URL(_S3) variables; checked."""
-    endpoint = (endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
-                or os.environ.get("AWS_ENDPOINT_URL") or None)
+    endpoint = (
+        endpoint_url
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or None
+    )
     if endpoint is not None:
         check_endpoint_url(endpoint)
     return endpoint

@@ -4,6 +4,7 @@ A manifest is what makes an entry exist: in S3 it is written last (conditionally
 is renamed into place with the files. Everything read back from a manifest is untrusted
 until checked here.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ MANIFEST_NAME = "manifest.json"
 
 @dataclass(frozen=True)
 class FileRecord:
-    path: str          # posix path relative to the engine directory
+    path: str  # posix path relative to the engine directory
     size: int
     sha256: str
 
@@ -32,7 +33,7 @@ class Manifest:
     files: tuple[FileRecord, ...]
     created: float
     metadata: Mapping[str, Any] = field(default_factory=dict)
-    upload_id: str = ""        # S3 only: the publisher's private folder under files/
+    upload_id: str = ""  # S3 only: the publisher's private folder under files/
 
     @property
     def size(self) -> int:
@@ -79,8 +80,9 @@ def parse_manifest(raw: bytes, expected_key: str, source: str) -> Manifest:
         metadata = data.get("metadata", {})
         if not isinstance(metadata, dict):
             raise ValueError("metadata is not an object")
-        return Manifest(expected_key, files, float(data["created"]), metadata,
-                        str(data.get("upload_id", "")))
+        return Manifest(
+            expected_key, files, float(data["created"]), metadata, str(data.get("upload_id", ""))
+        )
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CacheError(f"{source}: invalid manifest ({e})") from e
 
@@ -94,11 +96,14 @@ def _parse_record(item: Mapping[str, Any]) -> FileRecord:
     return FileRecord(safe_relative_path(item["path"]), size, sha)
 
 
-def manifest_for_dir(key: str, engine_dir: Path, created: float,
-                     metadata: Mapping[str, Any]) -> Manifest:
+def manifest_for_dir(
+    key: str, engine_dir: Path, created: float, metadata: Mapping[str, Any]
+) -> Manifest:
     """Hash every file of a freshly built engine directory."""
-    files = tuple(FileRecord(rel, path.stat().st_size, file_sha256(path))
-                  for rel, path in regular_files(engine_dir))
+    files = tuple(
+        FileRecord(rel, path.stat().st_size, file_sha256(path))
+        for rel, path in regular_files(engine_dir)
+    )
     if not files:
         raise CacheError(f"engine directory {engine_dir} holds no files: nothing to cache")
     try:
@@ -122,8 +127,9 @@ def problems_in_dir(manifest: Manifest, engine_dir: Path, deep: bool = True) -> 
         if path is None:
             problems.append(f"{record.path}: missing")
         elif path.stat().st_size != record.size:
-            problems.append(f"{record.path}: size {path.stat().st_size}, "
-                            f"manifest says {record.size}")
+            problems.append(
+                f"{record.path}: size {path.stat().st_size}, manifest says {record.size}"
+            )
         elif deep and file_sha256(path) != record.sha256:
             problems.append(f"{record.path}: sha256 differs from the manifest")
     problems.extend(f"{rel}: not in the manifest" for rel in sorted(present))

@@ -9,6 +9,7 @@ credentials come from the environment or a Secret instead.
 Here in engine_cache because engine_cache depends on nothing of trident's; the builder
 (spec, CLI, logs) imports it from here.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,18 +30,24 @@ _USERINFO = re.compile(rf"({_SCHEME})[^\s@'\"]+@", re.I)
 # trident prints needs them, so they are masked whole.
 _QUERY = re.compile(rf"({_SCHEME}[^\s?#'\"]*)([?#])[^\s'\"]*", re.I)
 # A Redis URL's path is a db number; anything else there (a pasted password) is masked.
-_REDIS_PATH = re.compile(r"(\brediss?://[^\s/'\"]*/)(?![0-9]{1,2}(?:[?#]|(?![^\s'\"])))"
-                         r"[^\s'\"]+", re.I)
+_REDIS_PATH = re.compile(
+    r"(\brediss?://[^\s/'\"]*/)(?![0-9]{1,2}(?:[?#]|(?![^\s'\"])))"
+    r"[^\s'\"]+",
+    re.I,
+)
 # name=value and name: value where the name ends in a credential word (password,
 # hf_token, aws_secret_access_key): `password_env: must be ...`, `tokenizer: ...` or
 # `tokens_per_minute: ...` in an error line are field names, not secrets.
 _ASSIGNMENT = re.compile(
     r"\b(\w*(?:secret|token|passw(?:or)?d|credentials?|api_?key|access_?key(?:_id)?))"
-    r"(\s*[=:]\s*)(['\"]?)([^\s,;'\"]+)", re.I)
+    r"(\s*[=:]\s*)(['\"]?)([^\s,;'\"]+)",
+    re.I,
+)
 
 
-def redact(text: str, secrets: Iterable[str | None] = (),
-           environ: Mapping[str, str] | None = None) -> str:
+def redact(
+    text: str, secrets: Iterable[str | None] = (), environ: Mapping[str, str] | None = None
+) -> str:
     """text with credentials masked: the given secrets, the values of environment
     variables whose names say secret, URL userinfo, queries and fragments, a Redis URL's
     non-numeric path, and `password=...`-style assignments."""

@@ -11,6 +11,7 @@ Layout under s3://bucket/prefix:
 Every botocore failure becomes a CacheError naming the endpoint, the object and the reason
 (engine_cache.s3_client). EngineCache imports this module only for an s3:// cache.
 """
+
 from __future__ import annotations
 
 import base64
@@ -39,7 +40,7 @@ from engine_cache.s3_client import (  # noqa: F401
 from engine_cache.verified_file import VerifyingFile
 
 log = logging.getLogger("trident.engine_cache")
-ABANDONED_UPLOAD_S = 24 * 3600   # an unpublished upload folder this old lost its publisher
+ABANDONED_UPLOAD_S = 24 * 3600  # an unpublished upload folder this old lost its publisher
 
 
 class S3Tier:
@@ -47,9 +48,13 @@ class S3Tier:
 
     name = "s3"
 
-    def __init__(self, uri: str, endpoint_url: str | None = None,
-                 transfer_config: TransferConfig | None = None,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        uri: str,
+        endpoint_url: str | None = None,
+        transfer_config: TransferConfig | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
         self.location = parse_s3_uri(uri)
         self.uri = uri
         s3 = S3Client(endpoint_url)
@@ -75,8 +80,9 @@ class S3Tier:
         """Put with If-None-Match/If-Match; the new etag, or None if the condition failed."""
         with self._call(f"writing {self._where(object_key)}"):
             try:
-                response = self.client.put_object(Bucket=self.location.bucket, Key=object_key,
-                                                  Body=body, **condition)
+                response = self.client.put_object(
+                    Bucket=self.location.bucket, Key=object_key, Body=body, **condition
+                )
             except botocore.exceptions.ClientError as e:
                 if error_code(e) in CONFLICT or error_code(e) in NOT_FOUND:
                     return None
@@ -86,8 +92,7 @@ class S3Tier:
     def _delete(self, object_key: str, **condition) -> None:
         with self._call(f"deleting {self._where(object_key)}"):
             try:
-                self.client.delete_object(Bucket=self.location.bucket, Key=object_key,
-                                          **condition)
+                self.client.delete_object(Bucket=self.location.bucket, Key=object_key, **condition)
             except botocore.exceptions.ClientError as e:
                 if error_code(e) not in CONFLICT | NOT_FOUND:
                     raise
@@ -118,8 +123,9 @@ class S3Tier:
         except CacheError as e:
             raise CorruptEntry(key, [str(e)], etag) from e
         if not manifest.upload_id or "/" in manifest.upload_id:
-            raise CorruptEntry(key, [f"manifest has no valid upload_id ({manifest.upload_id!r})"],
-                               etag)
+            raise CorruptEntry(
+                key, [f"manifest has no valid upload_id ({manifest.upload_id!r})"], etag
+            )
         return manifest, etag
 
     def read_manifest(self, key: str) -> Manifest | None:
@@ -138,10 +144,13 @@ class S3Tier:
         names = []
         with self._call(f"listing s3://{self.location.bucket}/{prefix}"):
             pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.location.bucket, Prefix=prefix, Delimiter="/")
+                Bucket=self.location.bucket, Prefix=prefix, Delimiter="/"
+            )
             for page in pages:
-                names += [common["Prefix"][len(prefix):].rstrip("/")
-                          for common in page.get("CommonPrefixes", [])]
+                names += [
+                    common["Prefix"][len(prefix) :].rstrip("/")
+                    for common in page.get("CommonPrefixes", [])
+                ]
         return names
 
     def key_folders(self) -> list[str]:
@@ -155,8 +164,11 @@ class S3Tier:
 
     def remove_abandoned(self) -> list[str]:
         """Upload folders of publishers killed before their manifest, a day on."""
-        return [f"{key}/files/{upload_id}" for key in self.key_folders()
-                for upload_id in self.sweep_abandoned_uploads(key, ABANDONED_UPLOAD_S)]
+        return [
+            f"{key}/files/{upload_id}"
+            for key in self.key_folders()
+            for upload_id in self.sweep_abandoned_uploads(key, ABANDONED_UPLOAD_S)
+        ]
 
     def sweep_abandoned_uploads(self, key: str, older_than_s: float) -> list[str]:
         """Delete upload folders of key that no manifest names and that were started more
@@ -165,7 +177,7 @@ class S3Tier:
         try:
             got = self.get_manifest(key)
         except CorruptEntry:
-            return []                # verify quarantines it first
+            return []  # verify quarantines it first
         live = got[0].upload_id if got else None
         now, removed = self.clock(), []
         for upload_id in self._subfolders(self.location.object_key(key, "files") + "/"):
@@ -201,22 +213,32 @@ class S3Tier:
         problems = self._stored_problems(manifest)
         if problems:
             self._delete_upload(manifest)
-            raise CacheError(f"uploading {manifest.key} to {self.uri} failed verification: "
-                             + "; ".join(problems))
-        etag = self._put_conditional(self.manifest_key(manifest.key), manifest.to_json(),
-                                     IfNoneMatch="*")
+            raise CacheError(
+                f"uploading {manifest.key} to {self.uri} failed verification: "
+                + "; ".join(problems)
+            )
+        etag = self._put_conditional(
+            self.manifest_key(manifest.key), manifest.to_json(), IfNoneMatch="*"
+        )
         if etag is None:
             self._delete_upload(manifest)
             return False
         return True
 
     def _upload_files(self, manifest: Manifest, files_dir: Path) -> None:
-        with self._call(f"uploading {manifest.key} to {self.uri}"), \
-                create_transfer_manager(self.client, self.transfer_config) as manager:
-            futures = [manager.upload(str(files_dir / record.path), self.location.bucket,
-                                      self.file_key(manifest, record),
-                                      extra_args=self._upload_checksum(record))
-                       for record in manifest.files]
+        with (
+            self._call(f"uploading {manifest.key} to {self.uri}"),
+            create_transfer_manager(self.client, self.transfer_config) as manager,
+        ):
+            futures = [
+                manager.upload(
+                    str(files_dir / record.path),
+                    self.location.bucket,
+                    self.file_key(manifest, record),
+                    extra_args=self._upload_checksum(record),
+                )
+                for record in manifest.files
+            ]
             wait_all(futures)
 
     def _upload_checksum(self, record: FileRecord) -> dict[str, str]:
@@ -234,19 +256,26 @@ class S3Tier:
             object_key = self.file_key(manifest, record)
             with self._call(f"checking {self._where(object_key)}"):
                 try:
-                    head = self.client.head_object(Bucket=self.location.bucket, Key=object_key,
-                                                   ChecksumMode="ENABLED")
+                    head = self.client.head_object(
+                        Bucket=self.location.bucket, Key=object_key, ChecksumMode="ENABLED"
+                    )
                 except botocore.exceptions.ClientError as e:
                     if error_code(e) in NOT_FOUND:
                         problems.append(f"{record.path}: missing in S3")
                         continue
                     raise
             if head["ContentLength"] != record.size:
-                problems.append(f"{record.path}: {head['ContentLength']} bytes in S3, "
-                                f"manifest says {record.size}")
+                problems.append(
+                    f"{record.path}: {head['ContentLength']} bytes in S3, "
+                    f"manifest says {record.size}"
+                )
             stored = head.get("ChecksumSHA256")
-            if stored and "-" not in stored and head.get("ChecksumType") != "COMPOSITE" \
-                    and base64.b64decode(stored).hex() != record.sha256:
+            if (
+                stored
+                and "-" not in stored
+                and head.get("ChecksumType") != "COMPOSITE"
+                and base64.b64decode(stored).hex() != record.sha256
+            ):
                 problems.append(f"{record.path}: sha256 in S3 differs from the manifest")
         return problems
 
@@ -259,23 +288,25 @@ class S3Tier:
         writers = {name: VerifyingFile(path) for name, path in targets.items()}
         try:
             missing = self._download_into(manifest, writers)
-        except OSError as e:        # the local disk (full?), not the entry: nothing to blame
+        except OSError as e:  # the local disk (full?), not the entry: nothing to blame
             raise CacheError(f"writing {manifest.key} into {target_dir} failed: {e}") from e
         finally:
             for writer in writers.values():
                 writer.close()
         for name, writer in writers.items():
             if writer.read_error is not None:
-                raise CacheError(f"reading back {targets[name]} to verify it failed: "
-                                 f"{writer.read_error}")
+                raise CacheError(
+                    f"reading back {targets[name]} to verify it failed: {writer.read_error}"
+                )
         problems = [f"{name}: missing in S3" for name in missing]
         for record in manifest.files:
             got = writers[record.path]
             if record.path in missing:
                 continue
             if got.size() != record.size:
-                problems.append(f"{record.path}: got {got.size()} bytes, manifest says "
-                                f"{record.size}")
+                problems.append(
+                    f"{record.path}: got {got.size()} bytes, manifest says {record.size}"
+                )
             elif got.digest.hexdigest() != record.sha256:
                 problems.append(f"{record.path}: sha256 differs from the manifest")
         return problems
@@ -284,11 +315,16 @@ class S3Tier:
         """Parallel ranged GETs of every file; returns the names of files S3 does not have."""
         missing = set()
         # Leaving the manager's context on an exception cancels the other transfers.
-        with self._call(f"downloading {manifest.key} from {self.uri}"), \
-                create_transfer_manager(self.client, self.transfer_config) as manager:
-            futures = {record.path: manager.download(
-                self.location.bucket, self.file_key(manifest, record), writers[record.path])
-                for record in manifest.files}
+        with (
+            self._call(f"downloading {manifest.key} from {self.uri}"),
+            create_transfer_manager(self.client, self.transfer_config) as manager,
+        ):
+            futures = {
+                record.path: manager.download(
+                    self.location.bucket, self.file_key(manifest, record), writers[record.path]
+                )
+                for record in manifest.files
+            }
             for name, future in futures.items():
                 try:
                     future.result()
@@ -317,15 +353,17 @@ class S3Tier:
     def _delete_prefix(self, prefix: str) -> None:
         with self._call(f"deleting s3://{self.location.bucket}/{prefix}"):
             pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.location.bucket, Prefix=prefix)
+                Bucket=self.location.bucket, Prefix=prefix
+            )
             for page in pages:
                 for item in page.get("Contents", []):
                     # One by one: an entry holds a handful of objects.
                     self.client.delete_object(Bucket=self.location.bucket, Key=item["Key"])
 
     def _delete_upload(self, manifest: Manifest) -> None:
-        self._delete_prefix(self.location.object_key(manifest.key, "files", manifest.upload_id)
-                            + "/")
+        self._delete_prefix(
+            self.location.object_key(manifest.key, "files", manifest.upload_id) + "/"
+        )
 
     def _try_delete_upload(self, manifest: Manifest) -> None:
         """Best effort after a failed upload: without a manifest the objects are invisible
@@ -333,8 +371,9 @@ class S3Tier:
         try:
             self._delete_upload(manifest)
         except CacheError as e:
-            log.warning("engine cache: could not remove the partial upload of %s: %s",
-                        manifest.key, e)
+            log.warning(
+                "engine cache: could not remove the partial upload of %s: %s", manifest.key, e
+            )
 
     def quarantine(self, key: str, problems: list[str], etag: str | None = None) -> None:
         """Hide a damaged entry at once (delete its manifest, only if still the one we
@@ -343,22 +382,30 @@ class S3Tier:
         base = self.location.object_key("quarantine", key, stamp)
         got = self._get(self.manifest_key(key))
         if got is None or (etag is not None and got[1] != etag):
-            return               # already quarantined, or replaced by a new publisher
+            return  # already quarantined, or replaced by a new publisher
         raw, current_etag = got
         with self._call(f"quarantining {key} in {self.uri}"):
-            self.client.put_object(Bucket=self.location.bucket, Key=f"{base}/{MANIFEST_NAME}",
-                                   Body=raw)
-            self.client.put_object(Bucket=self.location.bucket, Key=f"{base}/reason.txt",
-                                   Body=("\n".join(problems) + "\n").encode())
+            self.client.put_object(
+                Bucket=self.location.bucket, Key=f"{base}/{MANIFEST_NAME}", Body=raw
+            )
+            self.client.put_object(
+                Bucket=self.location.bucket,
+                Key=f"{base}/reason.txt",
+                Body=("\n".join(problems) + "\n").encode(),
+            )
         self._delete(self.manifest_key(key), IfMatch=current_etag)
         try:
             manifest = parse_manifest(raw, key, "quarantined manifest")
             if manifest.upload_id and "/" not in manifest.upload_id:
                 self._delete_upload(manifest)
         except CacheError:
-            pass                 # unreadable manifest: its files are left for gc
-        log.warning("engine cache: S3 entry %s is damaged (%s); quarantined under %s/",
-                    key, "; ".join(problems), self._where(base))
+            pass  # unreadable manifest: its files are left for gc
+        log.warning(
+            "engine cache: S3 entry %s is damaged (%s); quarantined under %s/",
+            key,
+            "; ".join(problems),
+            self._where(base),
+        )
 
     # --- leases (engine_cache.lease.LeaseStore) ----------------------------------------
     def lease_key(self, key: str) -> str:
@@ -375,4 +422,3 @@ class S3Tier:
 
     def delete_lease(self, key: str, etag: str) -> None:
         self._delete(self.lease_key(key), IfMatch=etag)
-

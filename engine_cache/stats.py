@@ -1,4 +1,5 @@
 """Counters persisted in the local cache directory (sccache-style), safe across processes."""
+
 from __future__ import annotations
 
 import json
@@ -9,9 +10,20 @@ from pathlib import Path
 from filelock import FileLock
 
 COUNTERS = (
-    "lookups", "hits_local", "hits_s3", "misses", "builds", "build_failures", "build_seconds",
-    "fetch_bytes", "fetch_seconds", "upload_bytes", "upload_seconds", "corrupt_entries",
-    "lease_waits", "publish_conflicts",
+    "lookups",
+    "hits_local",
+    "hits_s3",
+    "misses",
+    "builds",
+    "build_failures",
+    "build_seconds",
+    "fetch_bytes",
+    "fetch_seconds",
+    "upload_bytes",
+    "upload_seconds",
+    "corrupt_entries",
+    "lease_waits",
+    "publish_conflicts",
 )
 
 
@@ -27,9 +39,10 @@ class StatsFile:
         except FileNotFoundError:
             return counters
         except (OSError, ValueError):
-            return counters      # a damaged stats file must not break a build: start over
-        counters.update({k: v for k, v in stored.items()
-                         if k in counters and isinstance(v, (int, float))})
+            return counters  # a damaged stats file must not break a build: start over
+        counters.update(
+            {k: v for k, v in stored.items() if k in counters and isinstance(v, (int, float))}
+        )
         return counters
 
     def add(self, increments: Mapping[str, float]) -> None:

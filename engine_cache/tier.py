@@ -4,6 +4,7 @@ collects garbage in both with the same code (like sccache's storage trait).
 Writing is not here: the local tier commits a staged directory by one rename, the S3 tier
 publishes (upload, check, conditional manifest) and fetches (verified download); those
 differ in kind and stay on each class."""
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -12,7 +13,7 @@ from engine_cache.manifest import Manifest
 
 
 class Tier(Protocol):
-    name: str          # "local" or "s3": the label in entries() and verify() reports
+    name: str  # "local" or "s3": the label in entries() and verify() reports
 
     def keys(self) -> list[str]:
         """The keys of the entries in the tier (those with a manifest), sorted."""

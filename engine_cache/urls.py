@@ -12,20 +12,25 @@ cache; here in engine_cache, beside redact, because engine_cache depends on noth
 trident's. The router does not parse a Redis URL itself: redis-py does, on one that
 passed here when the spec was read.
 """
+
 from __future__ import annotations
 
 import re
 
 from engine_cache.redact import url_credentials
 
-AWS_CREDENTIALS_HINT = ("credentials go in the standard AWS environment variables "
-                        "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or an AWS profile "
-                        "(AWS_PROFILE)")
+AWS_CREDENTIALS_HINT = (
+    "credentials go in the standard AWS environment variables "
+    "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or an AWS profile "
+    "(AWS_PROFILE)"
+)
 REDIS_PASSWORD_HINT = "the password goes in password_env or password_file"
 
 # A port in 1..65535, as a pattern (JSON Schema has no numeric check inside a string).
-PORT = (r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}"
-        r"|[1-9][0-9]{0,3})")
+PORT = (
+    r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}"
+    r"|[1-9][0-9]{0,3})"
+)
 # A bracketed IPv6 address or a name (`_` too: container runtimes resolve such names).
 HOST = r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)"
 # s3://bucket[/prefix]: a bucket is 3-63 lower-case letters, digits, '.' and '-' (S3's
@@ -45,8 +50,7 @@ def s3_uri_problem(uri: object) -> str | None:
     bucket = rest.partition("/")[0]
     # KEY:SECRET@bucket (a secret may hold "/"), a presigned query, a fragment; in an
     # s3:// URI a ":" in the bucket is a credential too (never in a bucket name).
-    problem = url_credentials(uri) or (scheme == "s3" and ":" in bucket
-                                       and "contains credentials")
+    problem = url_credentials(uri) or (scheme == "s3" and ":" in bucket and "contains credentials")
     if problem:
         return f"{problem}; {AWS_CREDENTIALS_HINT}"
     if scheme != "s3" or not uri.startswith("s3://"):
@@ -54,8 +58,10 @@ def s3_uri_problem(uri: object) -> str | None:
     if not bucket:
         return "names no bucket (s3://bucket[/prefix])"
     if re.fullmatch(S3_URI, uri) is None:
-        return ("is not an s3://bucket[/prefix] URI (a bucket is 3-63 lower-case letters, "
-                "digits, '.' and '-')")
+        return (
+            "is not an s3://bucket[/prefix] URI (a bucket is 3-63 lower-case letters, "
+            "digits, '.' and '-')"
+        )
     return None
 
 
@@ -86,10 +92,12 @@ def redis_url_problem(url: str) -> str | None:
         if port:
             return port
         if slash and re.fullmatch(r"[0-9]{0,2}", db) is None:
-            return ("the db (after the host's '/') is not a number from 0 to 99; "
-                    f"{REDIS_PASSWORD_HINT}")
-    return ("is not a redis://host[:port][/db] URL (db: a number from 0 to 99; "
-            f"{REDIS_PASSWORD_HINT})")
+            return (
+                f"the db (after the host's '/') is not a number from 0 to 99; {REDIS_PASSWORD_HINT}"
+            )
+    return (
+        f"is not a redis://host[:port][/db] URL (db: a number from 0 to 99; {REDIS_PASSWORD_HINT})"
+    )
 
 
 def _port_problem(rest: str) -> str | None:
@@ -100,5 +108,4 @@ def _port_problem(rest: str) -> str | None:
     if port is None or re.fullmatch(PORT, port["port"]) is not None:
         return None
     number = port["port"]
-    return (f"port {number} is not in 1..65535" if len(number) < 7
-            else "the port is not in 1..65535")
+    return f"port {number} is not in 1..65535" if len(number) < 7 else "the port is not in 1..65535"

@@ -5,6 +5,7 @@ ranged GETs finish (boto3's own fastest path). A hasher thread follows the conti
 prefix and hashes it by reading it back from the page cache, so the sha256 of every byte is
 known when the last part lands, with no second pass and no parts held in memory.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,7 +21,7 @@ class WrittenPrefix:
 
     def __init__(self):
         self.end = 0
-        self._ahead: dict[int, int] = {}       # start → end of writes beyond a gap
+        self._ahead: dict[int, int] = {}  # start → end of writes beyond a gap
 
     def add(self, start: int, length: int) -> int:
         """Record a write; returns the new end of the gap-free prefix."""
@@ -30,7 +31,7 @@ class WrittenPrefix:
             return self.end
         self.end = max(self.end, stop)
         absorbed = True
-        while absorbed:                      # writes that the prefix now reaches
+        while absorbed:  # writes that the prefix now reaches
             absorbed = False
             for ahead_start in [s for s in self._ahead if s <= self.end]:
                 self.end = max(self.end, self._ahead.pop(ahead_start))
@@ -48,10 +49,9 @@ class VerifyingFile:
         self._changed = threading.Condition()
         self._closing = False
         self.digest = hashlib.sha256()
-        self.hashed = 0                      # bytes hashed so far (the gap-free prefix)
-        self.read_error: OSError | None = None   # a local disk failure, not a bad download
-        self._hasher = threading.Thread(target=self._hash_prefix, daemon=True,
-                                        name="sha256-verify")
+        self.hashed = 0  # bytes hashed so far (the gap-free prefix)
+        self.read_error: OSError | None = None  # a local disk failure, not a bad download
+        self._hasher = threading.Thread(target=self._hash_prefix, daemon=True, name="sha256-verify")
         self._hasher.start()
 
     def seekable(self) -> bool:
@@ -83,11 +83,10 @@ class VerifyingFile:
                 self._changed.wait_for(lambda: self._prefix.end > self.hashed or self._closing)
                 end = self._prefix.end
                 if end <= self.hashed:
-                    return                   # closing and everything written is hashed
+                    return  # closing and everything written is hashed
             while self.hashed < end:
                 try:
-                    chunk = os.pread(self._fd, min(READ_BACK_BYTES, end - self.hashed),
-                                     self.hashed)
+                    chunk = os.pread(self._fd, min(READ_BACK_BYTES, end - self.hashed), self.hashed)
                 except OSError as e:
                     self.read_error = e
                     return

@@ -30,6 +30,7 @@ Scripting for tests: `fail_before_first`, `fail_after_chunks`, `abort_with_statu
 engine is made, tokens come at that rate, as from a GPU (TTFT, tokens/s per stream, a
 batch-wide limit), and a chunk holds every token made since the last one.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -40,32 +41,83 @@ from dataclasses import dataclass, field
 from support import schema_instance
 from support.pacing import PacedBatch
 
-REPLY = ("The capital of France is Paris . It is known for the Eiffel Tower , "
-         "the Louvre and its cafes .")
-PACE = None   # a support.pacing.RateSource: paced tokens (benchmarks); None: at no cost
+REPLY = (
+    "The capital of France is Paris . It is known for the Eiffel Tower , the Louvre and its cafes ."
+)
+PACE = None  # a support.pacing.RateSource: paced tokens (benchmarks); None: at no cost
 
 # sglang 0.5.23 ServerArgs fields (python/sglang/srt/arg_groups/fields/*.py) that
 # trident may pass; a name outside this set is a TypeError, as in ServerArgs(**kwargs).
 SERVER_ARGS = {
-    "model_path", "tokenizer_path", "tp_size", "pp_size", "dp_size", "mem_fraction_static",
-    "context_length", "chunked_prefill_size", "schedule_policy", "quantization", "dtype",
-    "kv_cache_dtype", "max_running_requests", "max_prefill_tokens", "disable_radix_cache",
-    "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
-    "speculative_eagle_topk", "speculative_num_draft_tokens", "random_seed",
-    "trust_remote_code", "attention_backend", "enable_metrics", "log_level",
-    "incremental_streaming_output", "enable_cache_report", "skip_tokenizer_init",
-    "chat_template", "served_model_name", "stream_interval", "device", "base_gpu_id",
-    "enable_lora", "lora_paths", "max_loras_per_batch", "max_lora_rank",
+    "model_path",
+    "tokenizer_path",
+    "tp_size",
+    "pp_size",
+    "dp_size",
+    "mem_fraction_static",
+    "context_length",
+    "chunked_prefill_size",
+    "schedule_policy",
+    "quantization",
+    "dtype",
+    "kv_cache_dtype",
+    "max_running_requests",
+    "max_prefill_tokens",
+    "disable_radix_cache",
+    "speculative_algorithm",
+    "speculative_draft_model_path",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "random_seed",
+    "trust_remote_code",
+    "attention_backend",
+    "enable_metrics",
+    "log_level",
+    "incremental_streaming_output",
+    "enable_cache_report",
+    "skip_tokenizer_init",
+    "chat_template",
+    "served_model_name",
+    "stream_interval",
+    "device",
+    "base_gpu_id",
+    "enable_lora",
+    "lora_paths",
+    "max_loras_per_batch",
+    "max_lora_rank",
     "tool_call_parser",
 }
 
 # sglang 0.5.23 SamplingParams API fields (python/sglang/srt/sampling/sampling_params.py).
 SAMPLING_FIELDS = {
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p",
-    "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
-    "min_new_tokens", "n", "beam_width", "json_schema", "regex", "ebnf", "structural_tag",
-    "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
-    "stream_interval", "logit_bias", "sampling_seed", "custom_params", "watermark",
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "beam_width",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "stream_interval",
+    "logit_bias",
+    "sampling_seed",
+    "custom_params",
+    "watermark",
 }
 
 
@@ -96,8 +148,7 @@ class FakeTokenizer:
         words = {i: w for w, i in VOCAB.items()}
         return "".join(" " + words[i] for i in ids)
 
-    def apply_chat_template(self, messages, tokenize=True, add_generation_prompt=False,
-                            **kwargs):
+    def apply_chat_template(self, messages, tokenize=True, add_generation_prompt=False, **kwargs):
         assert tokenize is False, "trident renders the prompt as text"
         parts = [f"<|im_start|> {m['role']} {m['content']} <|im_end|>" for m in messages]
         if add_generation_prompt:
@@ -124,12 +175,10 @@ class Engine:
     def __init__(self, **kwargs):
         unknown = sorted(set(kwargs) - SERVER_ARGS)
         if unknown:
-            raise TypeError(f"ServerArgs.__init__() got unexpected keyword argument(s) "
-                            f"{unknown}")
+            raise TypeError(f"ServerArgs.__init__() got unexpected keyword argument(s) {unknown}")
         if "model_path" not in kwargs:
             raise TypeError("ServerArgs.__init__() missing required argument: 'model_path'")
-        known = {k: kwargs.pop(k) for k in list(kwargs)
-                 if k in ServerArgs.__dataclass_fields__}
+        known = {k: kwargs.pop(k) for k in list(kwargs) if k in ServerArgs.__dataclass_fields__}
         self.server_args = ServerArgs(**known, extra=kwargs)
         self.tokenizer_manager = FakeTokenizerManager(self, self.server_args.skip_tokenizer_init)
         # scripting
@@ -147,21 +196,51 @@ class Engine:
         self._pace, self._batch = PACE, None
 
     # -- sglang.Engine ------------------------------------------------------------------
-    async def async_generate(self, prompt=None, sampling_params=None, input_ids=None,
-                             image_data=None, audio_data=None, video_data=None,
-                             mm_hashes=None, mm_content_hashes=None, return_logprob=False,
-                             logprob_start_len=None, top_logprobs_num=None,
-                             token_ids_logprob=None, lora_path=None,
-                             custom_logit_processor=None, require_reasoning=False,
-                             return_hidden_states=False, return_routed_experts=False,
-                             routed_experts_start_len=0, stream=False, bootstrap_host=None,
-                             bootstrap_port=None, bootstrap_room=None, routed_dp_rank=None,
-                             disagg_prefill_dp_rank=None, kv_hints=None,
-                             data_parallel_rank=None, external_trace_header=None, rid=None,
-                             session_params=None, priority=None, session_id=None, *,
-                             cache_salt=None):
-        self.calls.append({"prompt": prompt, "sampling_params": dict(sampling_params or {}),
-                           "stream": stream, "rid": rid, "lora_path": lora_path})
+    async def async_generate(
+        self,
+        prompt=None,
+        sampling_params=None,
+        input_ids=None,
+        image_data=None,
+        audio_data=None,
+        video_data=None,
+        mm_hashes=None,
+        mm_content_hashes=None,
+        return_logprob=False,
+        logprob_start_len=None,
+        top_logprobs_num=None,
+        token_ids_logprob=None,
+        lora_path=None,
+        custom_logit_processor=None,
+        require_reasoning=False,
+        return_hidden_states=False,
+        return_routed_experts=False,
+        routed_experts_start_len=0,
+        stream=False,
+        bootstrap_host=None,
+        bootstrap_port=None,
+        bootstrap_room=None,
+        routed_dp_rank=None,
+        disagg_prefill_dp_rank=None,
+        kv_hints=None,
+        data_parallel_rank=None,
+        external_trace_header=None,
+        rid=None,
+        session_params=None,
+        priority=None,
+        session_id=None,
+        *,
+        cache_salt=None,
+    ):
+        self.calls.append(
+            {
+                "prompt": prompt,
+                "sampling_params": dict(sampling_params or {}),
+                "stream": stream,
+                "rid": rid,
+                "lora_path": lora_path,
+            }
+        )
         loaded = self.server_args.extra.get("lora_paths") or {}
         if lora_path is not None and lora_path not in loaded:
             # SGLang refuses a name its lora_paths did not load.
@@ -181,8 +260,9 @@ class Engine:
         self._released.set()
 
     # -- the "model" --------------------------------------------------------------------
-    async def _generate(self, prompt: str, params: dict, rid: str, stream: bool,
-                        top: int | None = None):
+    async def _generate(
+        self, prompt: str, params: dict, rid: str, stream: bool, top: int | None = None
+    ):
         prompt_tokens = self._validate(prompt, params)
         cached = self._cached_prefix(prompt_tokens)
         state = self.tokenizer_manager.rid_to_state[rid] = {"aborted": False}
@@ -202,7 +282,7 @@ class Engine:
                 if self.fail_after_chunks is not None and chunks == self.fail_after_chunks:
                     raise RuntimeError("CUDA error: an illegal memory access was encountered")
                 size = self.tokens_per_chunk if paced is None else await paced.take()
-                step = reply[len(emitted):len(emitted) + size]
+                step = reply[len(emitted) : len(emitted) + size]
                 emitted += step
                 done = len(emitted) == len(reply)
                 reason = finish if done else None
@@ -212,20 +292,26 @@ class Engine:
                     status, message = self.abort_with_status
                     reason = {"type": "abort", "message": message, "status_code": status}
                 text = "".join(" " + t for t in emitted)
-                meta = {"id": rid, "finish_reason": reason,
-                        "prompt_tokens": len(prompt_tokens),
-                        "completion_tokens": len(emitted), "cached_tokens": cached}
+                meta = {
+                    "id": rid,
+                    "finish_reason": reason,
+                    "prompt_tokens": len(prompt_tokens),
+                    "completion_tokens": len(emitted),
+                    "cached_tokens": cached,
+                }
                 if top is not None:
                     incremental = stream and self.server_args.incremental_streaming_output
-                    meta.update(_logprobs(emitted, top, sent_text.count(" ")
-                                          if incremental else 0))
+                    meta.update(_logprobs(emitted, top, sent_text.count(" ") if incremental else 0))
                 chunks += 1
                 if reason is not None:
                     self._radix.append(prompt_tokens + emitted)
                 if stream or reason is not None:
                     incremental = stream and self.server_args.incremental_streaming_output
-                    yield {"text": text[len(sent_text):] if incremental else text,
-                           "output_ids": list(range(len(emitted))), "meta_info": meta}
+                    yield {
+                        "text": text[len(sent_text) :] if incremental else text,
+                        "output_ids": list(range(len(emitted))),
+                        "meta_info": meta,
+                    }
                     sent_text = text
                 if reason is not None:
                     return
@@ -247,11 +333,11 @@ class Engine:
     def _validate(self, prompt, params: dict) -> list[str]:
         unknown = sorted(set(params) - SAMPLING_FIELDS)
         if unknown:
-            raise TypeError(f"SamplingParams.__init__() got unexpected keyword argument "
-                            f"{unknown[0]!r}")
+            raise TypeError(
+                f"SamplingParams.__init__() got unexpected keyword argument {unknown[0]!r}"
+            )
         if params.get("temperature", 1.0) < 0:
-            raise ValueError("temperature must be non-negative, got "
-                             f"{params['temperature']}.")
+            raise ValueError(f"temperature must be non-negative, got {params['temperature']}.")
         if not 0 < params.get("top_p", 1.0) <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {params['top_p']}.")
         if not isinstance(prompt, str):
@@ -259,8 +345,10 @@ class Engine:
         tokens = prompt.split()
         limit = self.server_args.context_length
         if limit is not None and len(tokens) >= limit:
-            raise ValueError(f"The input ({len(tokens)} tokens) is longer than the model's "
-                             f"context length ({limit} tokens).")
+            raise ValueError(
+                f"The input ({len(tokens)} tokens) is longer than the model's "
+                f"context length ({limit} tokens)."
+            )
         return tokens
 
     def _reply(self, params: dict) -> tuple[list[str], dict]:
@@ -272,7 +360,7 @@ class Engine:
             words = json.dumps(value).split(" ")
         for stop in _as_list(params.get("stop")):
             if stop in words:
-                return words[:words.index(stop)], {"type": "stop", "matched": stop}
+                return words[: words.index(stop)], {"type": "stop", "matched": stop}
         limit = params.get("max_new_tokens", 128)
         if limit < len(words):
             return words[:limit], {"type": "length", "length": limit}
@@ -301,9 +389,11 @@ def _logprobs(emitted: list[str], top: int, start: int) -> dict:
     for i in range(start, len(emitted)):
         word, logprob = emitted[i], -0.25 * (1 + i % 3)
         sampled.append((logprob, token_id(word), None))
-        others = [w for w in words if w != word][:max(top - 1, 0)]
-        tops.append([(logprob, token_id(word), None)][:top] + [
-            (logprob - 1 - j, token_id(w), None) for j, w in enumerate(others)])
+        others = [w for w in words if w != word][: max(top - 1, 0)]
+        tops.append(
+            [(logprob, token_id(word), None)][:top]
+            + [(logprob - 1 - j, token_id(w), None) for j, w in enumerate(others)]
+        )
     return {"output_token_logprobs": sampled, "output_top_logprobs": tops}
 
 

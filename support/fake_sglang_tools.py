@@ -8,6 +8,7 @@ Same surface as trident's SGLang model uses: `FunctionCallParser(tools, name)`,
 one: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`) is known; another
 name is a ValueError, as SGLang raises for a parser it does not have.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,9 +60,14 @@ class FunctionCallParser:
             except json.JSONDecodeError:
                 continue
             if found.get("name") in names:
-                calls.append(ToolCallItem(names.index(found["name"]), found["name"],
-                                          json.dumps(found.get("arguments", {}))))
-        normal = full_text[:full_text.find("<tool_call>")].strip()
+                calls.append(
+                    ToolCallItem(
+                        names.index(found["name"]),
+                        found["name"],
+                        json.dumps(found.get("arguments", {})),
+                    )
+                )
+        normal = full_text[: full_text.find("<tool_call>")].strip()
         return normal, calls
 
 
@@ -74,8 +80,12 @@ def install(modules: dict | None = None) -> None:
     parser.FunctionCallParser = FunctionCallParser
     protocol = types.ModuleType("sglang.srt.entrypoints.openai.protocol")
     protocol.Tool = Tool
-    for name in ("sglang.srt", "sglang.srt.function_call", "sglang.srt.entrypoints",
-                 "sglang.srt.entrypoints.openai"):
+    for name in (
+        "sglang.srt",
+        "sglang.srt.function_call",
+        "sglang.srt.entrypoints",
+        "sglang.srt.entrypoints.openai",
+    ):
         modules.setdefault(name, types.ModuleType(name))
     modules[parser.__name__] = parser
     modules[protocol.__name__] = protocol

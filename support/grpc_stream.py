@@ -1,6 +1,7 @@
 """A gRPC stream client that folds one streamed request into a Result: text, chunks,
 final flags, finish reason, token count, served_by, TTFT. Used by the SGLang GPU check
 (tests/gpu/check_sglang.py), the server tests and bench/tenant_check.py."""
+
 from __future__ import annotations
 
 import queue
@@ -31,14 +32,14 @@ class Stream:
     def __init__(self, url: str):
         self.client = grpcclient.InferenceServerClient(url)
         self.responses: queue.Queue = queue.Queue()
-        self.client.start_stream(callback=lambda result, error: self.responses.put(
-            (result, error)))
+        self.client.start_stream(callback=lambda result, error: self.responses.put((result, error)))
         self.start = time.perf_counter()
         self.result = Result()
 
     def send(self, model: str, inputs: list) -> None:
-        self.client.async_stream_infer(model, inputs, request_id=uuid.uuid4().hex,
-                                       enable_empty_final_response=True)
+        self.client.async_stream_infer(
+            model, inputs, request_id=uuid.uuid4().hex, enable_empty_final_response=True
+        )
 
     def read(self, until_chunks: int | None = None, timeout_s: float = 120.0) -> Result:
         while until_chunks is None or self.result.chunks < until_chunks:

@@ -15,6 +15,7 @@ by the AsyncLLM double (support/engine_doubles/vllm) and the SGLang double
 rewrites between load points; it is read again when its mtime changes, checked once
 per new request (never per token).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,9 +28,9 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Rate:
-    ttft_s: float = 0.05               # arrival to first token (prefill)
-    tokens_per_s: float = 50.0         # per stream, while decoding
-    batch_tokens_per_s: float = 0.0    # the whole engine's limit; 0: none
+    ttft_s: float = 0.05  # arrival to first token (prefill)
+    tokens_per_s: float = 50.0  # per stream, while decoding
+    batch_tokens_per_s: float = 0.0  # the whole engine's limit; 0: none
 
     @classmethod
     def from_dict(cls, values: dict) -> Rate:
@@ -38,8 +39,9 @@ class Rate:
             raise ValueError(f"rate: unknown field(s) {unknown}")
         rate = cls(**{k: float(v) for k, v in values.items()})
         if rate.tokens_per_s <= 0 or rate.ttft_s < 0 or rate.batch_tokens_per_s < 0:
-            raise ValueError(f"rate: tokens_per_s must be > 0, ttft_s and "
-                             f"batch_tokens_per_s >= 0: {rate}")
+            raise ValueError(
+                f"rate: tokens_per_s must be > 0, ttft_s and batch_tokens_per_s >= 0: {rate}"
+            )
         return rate
 
 
@@ -62,7 +64,7 @@ class RateSource:
             try:
                 mtime = os.stat(self._control).st_mtime_ns
             except OSError:
-                return self._rate      # not written yet: keep the last one
+                return self._rate  # not written yet: keep the last one
             if mtime != self._mtime:
                 with open(self._control) as f:
                     self._rate = Rate.from_dict(json.load(f))
@@ -78,7 +80,7 @@ class PacedStream:
     arrived: float = 0.0
     made: int = 0
     taken: int = 0
-    done: bool = False             # all made, or aborted
+    done: bool = False  # all made, or aborted
     first_at: float | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -95,8 +97,12 @@ class PacedBatch:
     """The engine's step clock on one asyncio loop. `on_step(stats)` (optional) is called
     after each step with what it made, as an engine reports its iteration stats."""
 
-    def __init__(self, source: RateSource, clock: Callable[[], float] = time.monotonic,
-                 on_step: Callable[[StepStats], None] | None = None):
+    def __init__(
+        self,
+        source: RateSource,
+        clock: Callable[[], float] = time.monotonic,
+        on_step: Callable[[StepStats], None] | None = None,
+    ):
         self._source, self._clock, self._on_step = source, clock, on_step
         self.rate = source.current()
         self._running: set[PacedStream] = set()
@@ -130,12 +136,13 @@ class PacedBatch:
 
     def _first_token(self, stream: PacedStream) -> None:
         self._waiting -= 1
-        if stream.done:                   # aborted during its prefill
+        if stream.done:  # aborted during its prefill
             return
         stream.made, stream.first_at = 1, self._clock()
         if self._on_step is not None:
-            self._on_step(StepStats(0, 1, [stream.first_at - stream.arrived], [], [],
-                                    self._state()))
+            self._on_step(
+                StepStats(0, 1, [stream.first_at - stream.arrived], [], [], self._state())
+            )
         if stream.made >= stream.limit:
             stream.done = True
         else:

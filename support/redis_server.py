@@ -4,6 +4,7 @@ Debian's `redis-server` (.ci/run installs it when missing). No persistence, noth
 written outside a temporary directory; `kill` and `start` again on the same port play
 "Redis died and came back", `pause`/`resume` (SIGSTOP/SIGCONT) play "Redis is slow".
 """
+
 from __future__ import annotations
 
 import os
@@ -27,10 +28,12 @@ class RedisServer:
 
     def __init__(self, password: str | None = None, users: tuple[str, ...] = ()):
         self.binary = shutil.which("redis-server") or (
-            "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
+            "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None
+        )
         if self.binary is None:
-            raise RuntimeError("redis-server is not installed (apt-get install -y "
-                               "redis-server; .ci/run does it)")
+            raise RuntimeError(
+                "redis-server is not installed (apt-get install -y redis-server; .ci/run does it)"
+            )
         self.port, self.password, self.users = free_port(), password, users
         self.dir = tempfile.mkdtemp(prefix="trident-redis-")
         self.process: subprocess.Popen | None = None
@@ -40,15 +43,26 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                "--save", "", "--appendonly", "no", "--dir", self.dir,
-                "--logfile", os.path.join(self.dir, "redis.log")]
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self.dir,
+            "--logfile",
+            os.path.join(self.dir, "redis.log"),
+        ]
         if self.password:
             args += ["--requirepass", self.password]
         for rule in self.users:
             args += ["--user", *rule.split()]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -61,10 +75,12 @@ class RedisServer:
     def command(self, *args: str) -> bytes:
         """One raw command (RESP) and its raw reply; b'' if nothing answered."""
         payload = b"*%d\r\n" % len(args) + b"".join(
-            b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args)
+            b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args
+        )
         if self.password and args[0] != "PING":
-            payload = (b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n"
-                       % (len(self.password), self.password.encode())) + payload
+            payload = (
+                b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(self.password), self.password.encode())
+            ) + payload
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
                 s.sendall(payload)

@@ -5,6 +5,7 @@ process (~1 s to ready). Every port is a free loopback port, telemetry is off, l
 stay in the given directory, and stop() SIGKILLs after a short grace period: after heavy I/O
 SeaweedFS can take >20 s to exit on SIGTERM, and the data directory is thrown away anyway.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,42 +51,69 @@ class SeaweedS3:
     @property
     def env(self) -> dict[str, str]:
         """Credentials and endpoint through the standard AWS variables."""
-        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-                "AWS_ENDPOINT_URL": self.endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
+        return {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
 
     def client(self):
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
-                            aws_secret_access_key=SECRET_KEY, region_name="us-east-1",
-                            config=botocore.config.Config(s3={"addressing_style": "path"}))
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name="us-east-1",
+            config=botocore.config.Config(s3={"addressing_style": "path"}),
+        )
 
     def _command(self) -> list[str]:
         data, logs = self.workdir / "data", self.workdir / "logs"
         data.mkdir(parents=True, exist_ok=True)
         logs.mkdir(parents=True, exist_ok=True)
-        identities = {"identities": [{
-            "name": "trident-test", "credentials": [{"accessKey": ACCESS_KEY,
-                                                     "secretKey": SECRET_KEY}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
+        identities = {
+            "identities": [
+                {
+                    "name": "trident-test",
+                    "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                }
+            ]
+        }
         (self.workdir / "s3.json").write_text(json.dumps(identities))
         self.ports = {name: free_port() for name in COMPONENTS}
-        command = [weed_binary(), f"-logdir={logs}", "mini", f"-dir={data}",
-                   "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false",
-                   "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-                   f"-s3.config={self.workdir / 's3.json'}",
-                   f"-filer.localSocket={self.workdir / 'filer.sock'}",
-                   f"-s3.localSocket={self.workdir / 's3.sock'}"]
+        command = [
+            weed_binary(),
+            f"-logdir={logs}",
+            "mini",
+            f"-dir={data}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-master.telemetry=false",
+            "-webdav=false",
+            "-admin.ui=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-s3.config={self.workdir / 's3.json'}",
+            f"-filer.localSocket={self.workdir / 'filer.sock'}",
+            f"-s3.localSocket={self.workdir / 's3.sock'}",
+        ]
         for name in COMPONENTS:
             self.ports[f"{name}.grpc"] = free_port()
-            command += [f"-{name}.port={self.ports[name]}",
-                        f"-{name}.port.grpc={self.ports[name + '.grpc']}"]
+            command += [
+                f"-{name}.port={self.ports[name]}",
+                f"-{name}.port.grpc={self.ports[name + '.grpc']}",
+            ]
         return command
 
     def start(self, timeout_s: float = 30.0) -> SeaweedS3:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        for attempt in range(3):          # a free port can be taken before weed binds it
+        for attempt in range(3):  # a free port can be taken before weed binds it
             with open(self.workdir / f"weed-{attempt}.out", "wb") as output:
-                self.process = subprocess.Popen(self._command(), stdout=output,
-                                                stderr=subprocess.STDOUT, process_group=0)
+                self.process = subprocess.Popen(
+                    self._command(), stdout=output, stderr=subprocess.STDOUT, process_group=0
+                )
             if self._wait_ready(timeout_s):
                 return self
             self.stop()
@@ -96,7 +124,7 @@ class SeaweedS3:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                return False       # exited: most likely a port was taken meanwhile
+                return False  # exited: most likely a port was taken meanwhile
             try:
                 client.list_buckets()
                 return True

@@ -7,6 +7,7 @@ items, minItems, enum, const, anyOf / oneOf (the first branch), $ref to #/$defs 
 #/definitions, minimum / exclusiveMinimum, minLength. A schema outside that is a
 ValueError (the double then aborts the request as SGLang does for a bad grammar).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -34,8 +35,7 @@ def instance(schema: Any, root: Any = None) -> Any:
         props = schema.get("properties", {})
         return {name: instance(sub, root) for name, sub in props.items()}
     if kind == "array":
-        return [instance(schema.get("items", {}), root)
-                for _ in range(schema.get("minItems", 1))]
+        return [instance(schema.get("items", {}), root) for _ in range(schema.get("minItems", 1))]
     if kind == "string":
         return "x" * max(schema.get("minLength", 1), 1)
     if kind in ("integer", "number"):

@@ -4,6 +4,7 @@ written there (the texts below) is what trident's real model code gets.
 
 MODEL and deployment() are the SGLang GPU check's (tests/gpu/check_sglang.py): the server
 tests and the benchmarks render the same repository and swap the engine."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,11 +17,23 @@ def deployment(model_path: str, gpu: str) -> dict:
     return {
         "name": "sglang-gpu-check",
         "hardware": {"gpu": gpu, "count": 1},
-        "models": [{"name": MODEL, "engine": "sglang", "model": model_path, "family": "qwen",
-                    "tasks": ["chat"], "placement": {"devices": [0]},
-                    "engine_args": {"tp_size": 1, "context_length": 4096,
-                                    "mem_fraction_static": 0.5,
-                                    "max_running_requests": 16, "schedule_policy": "lpm"}}],
+        "models": [
+            {
+                "name": MODEL,
+                "engine": "sglang",
+                "model": model_path,
+                "family": "qwen",
+                "tasks": ["chat"],
+                "placement": {"devices": [0]},
+                "engine_args": {
+                    "tp_size": 1,
+                    "context_length": 4096,
+                    "mem_fraction_static": 0.5,
+                    "max_running_requests": 16,
+                    "schedule_policy": "lpm",
+                },
+            }
+        ],
         "router": {"default": [MODEL]},
     }
 
@@ -48,17 +61,21 @@ class Engine(fake_sglang.Engine):
 
 def zero_cost_shim(tokens: int) -> str:
     """A `sglang.py` whose engine makes `tokens` words at no cost (bench/zero_cost.py)."""
-    return (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-            "from support import fake_sglang\n"
-            f"fake_sglang.REPLY = ' '.join(f'w{{i}}' for i in range({tokens}))\n"
-            "Engine = fake_sglang.Engine\n")
+    return (
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+        "from support import fake_sglang\n"
+        f"fake_sglang.REPLY = ' '.join(f'w{{i}}' for i in range({tokens}))\n"
+        "Engine = fake_sglang.Engine\n"
+    )
 
 
 def paced_shim(control: Path, tokens: int = 1024) -> str:
     """A `sglang.py` whose engine makes up to `tokens` words at the rate in the control
     file (support/pacing.py; support/vllm_double.write_rate writes it)."""
-    return (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-            "from support import fake_sglang\nfrom support.pacing import RateSource\n"
-            f"fake_sglang.REPLY = ' '.join(f'w{{i}}' for i in range({tokens}))\n"
-            f"fake_sglang.PACE = RateSource(control={str(control)!r})\n"
-            "Engine = fake_sglang.Engine\n")
+    return (
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+        "from support import fake_sglang\nfrom support.pacing import RateSource\n"
+        f"fake_sglang.REPLY = ' '.join(f'w{{i}}' for i in range({tokens}))\n"
+        f"fake_sglang.PACE = RateSource(control={str(control)!r})\n"
+        "Engine = fake_sglang.Engine\n"
+    )

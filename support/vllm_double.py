@@ -7,6 +7,7 @@ The Python backend sources `<env>/bin/activate` before it starts the stub, and t
 takes its Python from PATH (DESIGN.md), so the environment's pyvenv.cfg decides the
 stub's sys.path. The environment points at the same base Python as the running one.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,20 +39,30 @@ def make_environment(folder: Path) -> Path:
 def write_rate(control: Path, rate: Rate) -> None:
     """The rate the double reads at its next request (atomically: never half a file)."""
     tmp = Path(f"{control}.tmp")
-    tmp.write_text(json.dumps({"ttft_s": rate.ttft_s, "tokens_per_s": rate.tokens_per_s,
-                               "batch_tokens_per_s": rate.batch_tokens_per_s}))
+    tmp.write_text(
+        json.dumps(
+            {
+                "ttft_s": rate.ttft_s,
+                "tokens_per_s": rate.tokens_per_s,
+                "batch_tokens_per_s": rate.batch_tokens_per_s,
+            }
+        )
+    )
     tmp.replace(control)
 
 
-def use_double(repo: Path, model: str, environment: Path, control: Path,
-               rate: Rate) -> None:
+def use_double(repo: Path, model: str, environment: Path, control: Path, rate: Rate) -> None:
     """Point a rendered vLLM model at the double: its stub runs in `environment`, its
     engine arguments name the control file (written here with `rate`)."""
     config = Path(repo) / model / "config.pbtxt"
-    config.write_text(config.read_text() + (
-        '\n# bench: the stub runs with the paced AsyncLLM double (support/vllm_double.py)\n'
-        'parameters: { key: "EXECUTION_ENV_PATH" '
-        f'value: {{ string_value: "{environment}" }} }}\n'))
+    config.write_text(
+        config.read_text()
+        + (
+            "\n# bench: the stub runs with the paced AsyncLLM double (support/vllm_double.py)\n"
+            'parameters: { key: "EXECUTION_ENV_PATH" '
+            f'value: {{ string_value: "{environment}" }} }}\n'
+        )
+    )
     engine = Path(repo) / model / "1" / "model.json"
     engine_args = json.loads(engine.read_text())
     engine_args["rate_control"] = str(control)

@@ -4,6 +4,7 @@ Tests under tests/server/ start a real tritonserver and are marked `server` here
 `vllm` by their module when a real vLLM engine loads); `make test-fast` skips them.
 Helpers live in tests/helpers/, test doubles in tests/fakes/.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -15,8 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-pytest_plugins = ["tests.helpers.s3_fixtures"]   # the real SeaweedFS S3 server fixtures
-sys.path.insert(0, str(ROOT / "python_backends"))   # trident_common, as in the stub
+pytest_plugins = ["tests.helpers.s3_fixtures"]  # the real SeaweedFS S3 server fixtures
+sys.path.insert(0, str(ROOT / "python_backends"))  # trident_common, as in the stub
 
 from support.redis_server import RedisServer  # noqa: E402
 from tests.helpers.servers import render, start_server  # noqa: E402

@@ -9,6 +9,7 @@ repository root, `trident_common.*` from python_backends/, and the router's sibl
 (`from policy import ...` inside bls/) as `bls.*`. Function-level imports count too: a
 cycle hidden inside a function is still a cycle.
 """
+
 from __future__ import annotations
 
 import ast
@@ -85,19 +86,19 @@ def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
             names = [f"{node.module}.{alias.name}" for alias in node.names]
             inside = (module + ".").startswith(node.module + ".")
             if not inside or any(name not in modules for name in names):
-                names.append(node.module)   # its __init__ runs (or provides the names)
+                names.append(node.module)  # its __init__ runs (or provides the names)
             if module.startswith("bls.") and f"bls.{node.module}" in modules:
-                names.append(f"bls.{node.module}")     # a sibling in the router's folder
+                names.append(f"bls.{node.module}")  # a sibling in the router's folder
         for name in names:
             target = _resolve(name, modules)
             if target is None or target == module:
                 continue
             targets.add(target)
             parts = target.split(".")
-            for end in range(1, len(parts)):   # parent packages initialise first...
+            for end in range(1, len(parts)):  # parent packages initialise first...
                 parent = ".".join(parts[:end])
                 if parent in modules and not (module + ".").startswith(parent + "."):
-                    targets.add(parent)        # ...unless we are already inside them
+                    targets.add(parent)  # ...unless we are already inside them
     return targets
 
 
@@ -108,7 +109,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One import cycle as a list of modules (first == last), or None."""
-    state: dict[str, int] = {}   # 1: on the current path, 2: finished
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
     path: list[str] = []
 
     def visit(node: str) -> list[str] | None:
@@ -116,7 +117,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for target in sorted(graph.get(node, ())):
             if state.get(target) == 1:
-                return path[path.index(target):] + [target]
+                return path[path.index(target) :] + [target]
             if target not in state:
                 cycle = visit(target)
                 if cycle:
@@ -146,20 +147,27 @@ def test_the_project_has_no_import_cycle():
 
 def test_engine_cache_stands_alone():
     graph = import_graph()
-    leaks = {module: sorted(t for t in targets if t.startswith("builder"))
-             for module, targets in graph.items() if module.startswith("engine_cache")}
+    leaks = {
+        module: sorted(t for t in targets if t.startswith("builder"))
+        for module, targets in graph.items()
+        if module.startswith("engine_cache")
+    }
     assert not {m: t for m, t in leaks.items() if t}
 
 
 def test_no_module_is_too_long():
-    long = {str(path.relative_to(ROOT)): n for path in _modules().values()
-            if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in _modules().values()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
     assert not long, (
         f"these modules passed {MAX_LINES} lines: {long}. Length is only the symptom of "
         "a module holding more than one responsibility: find the jobs in it and give each "
         "its own module (what changes together stays together), named for what it does. "
         "Do not split by size (part1/part2, helpers), raise the cap, or squeeze lines "
-        "to fit under it")
+        "to fit under it"
+    )
 
 
 def _shipped_sources() -> list[Path]:
@@ -203,12 +211,17 @@ def declared_distributions(setup_cfg: Path) -> set[str]:
     cfg = configparser.ConfigParser()
     cfg.read(setup_cfg)
     blocks = [cfg["options"]["install_requires"], *cfg["options.extras_require"].values()]
-    return {canonicalize_name(Requirement(line).name) for block in blocks
-            for raw in block.splitlines() if (line := raw.split("#")[0].strip())}
+    return {
+        canonicalize_name(Requirement(line).name)
+        for block in blocks
+        for raw in block.splitlines()
+        if (line := raw.split("#")[0].strip())
+    }
 
 
-def undeclared(imports: dict[str, list[str]], declared: set[str],
-               providers: dict[str, list[str]]) -> dict[str, str]:
+def undeclared(
+    imports: dict[str, list[str]], declared: set[str], providers: dict[str, list[str]]
+) -> dict[str, str]:
     """Import name → why it is not covered: no declared distribution provides it (a
     namespace such as `google` counts when any of its providers is declared)."""
     problems = {}
@@ -217,27 +230,35 @@ def undeclared(imports: dict[str, list[str]], declared: set[str],
             continue
         dists = {canonicalize_name(d) for d in providers.get(name, ())}
         if not dists:
-            problems[name] = (f"imported by {files[0]}, provided by no installed "
-                              "distribution: install it here and declare it in setup.cfg, "
-                              "or list it in ENGINE_ENVIRONMENT with the reason")
+            problems[name] = (
+                f"imported by {files[0]}, provided by no installed "
+                "distribution: install it here and declare it in setup.cfg, "
+                "or list it in ENGINE_ENVIRONMENT with the reason"
+            )
         elif not dists & declared:
-            problems[name] = (f"imported by {files[0]}: declare {' or '.join(sorted(dists))} "
-                              "in setup.cfg (install_requires, or the extra of the profile "
-                              "that runs it)")
+            problems[name] = (
+                f"imported by {files[0]}: declare {' or '.join(sorted(dists))} "
+                "in setup.cfg (install_requires, or the extra of the profile "
+                "that runs it)"
+            )
     return problems
 
 
 def test_shipped_code_imports_neither_tests_nor_support():
-    leaks = {str(path.relative_to(ROOT)): sorted(imported_tops(path) & set(NEVER_SHIPPED))
-             for path in _shipped_sources()}
+    leaks = {
+        str(path.relative_to(ROOT)): sorted(imported_tops(path) & set(NEVER_SHIPPED))
+        for path in _shipped_sources()
+    }
     assert not {p: t for p, t in leaks.items() if t}, "shipped code reaches the tests"
 
 
 def test_the_scan_sees_a_leak_and_an_undeclared_import(tmp_path):
     """The two checks above and below on a made-up file: they must be able to fail."""
     module = tmp_path / "m.py"
-    module.write_text("import os\nfrom tests.helpers import x\n"
-                      "def f():\n    from support.redis_server import y\n    import fastapi\n")
+    module.write_text(
+        "import os\nfrom tests.helpers import x\n"
+        "def f():\n    from support.redis_server import y\n    import fastapi\n"
+    )
     assert imported_tops(module) == {"os", "tests", "support", "fastapi"}
     imports = {"fastapi": ["m.py"], "google": ["v.py"], "vllm": ["e.py"], "zzz": ["z.py"]}
     providers = {"fastapi": ["fastapi"], "google": ["protobuf", "googleapis-common-protos"]}
@@ -247,11 +268,12 @@ def test_the_scan_sees_a_leak_and_an_undeclared_import(tmp_path):
 
 def test_every_third_party_import_is_declared():
     imports = third_party_imports(_shipped_sources())
-    assert {"click", "yaml", "fastapi", "vllm"} <= set(imports)   # the scan sees them
+    assert {"click", "yaml", "fastapi", "vllm"} <= set(imports)  # the scan sees them
     stale = sorted(set(ENGINE_ENVIRONMENT) - set(imports))
     assert not stale, f"ENGINE_ENVIRONMENT lists what nothing imports any more: {stale}"
-    problems = undeclared(imports, declared_distributions(ROOT / "setup.cfg"),
-                          metadata.packages_distributions())
+    problems = undeclared(
+        imports, declared_distributions(ROOT / "setup.cfg"), metadata.packages_distributions()
+    )
     assert not problems, "\n".join(f"{name}: {why}" for name, why in problems.items())
 
 
@@ -262,7 +284,8 @@ def test_the_container_profile_holds_the_openai_and_s3_extras(extra):
     cfg.read(ROOT / "setup.cfg")
 
     def lines(name: str) -> set[str]:
-        return {raw.split("#")[0].strip()
-                for raw in cfg["options.extras_require"][name].splitlines()} - {""}
+        return {
+            raw.split("#")[0].strip() for raw in cfg["options.extras_require"][name].splitlines()
+        } - {""}
 
     assert lines(extra) <= lines("container"), lines(extra) - lines("container")

@@ -1,6 +1,7 @@
 """The support package (support/) is shared by the tests and the benchmarks and is never
 shipped: the benchmarks import nothing from tests/, and setup.cfg's package list leaves support/
 out. That shipped code imports neither is tests/test_architecture.py's."""
+
 from __future__ import annotations
 
 import configparser
@@ -12,8 +13,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _importers(folders, top: str) -> list[str]:
-    return sorted(str(path.relative_to(ROOT)) for folder in folders
-                  for path in (ROOT / folder).rglob("*.py") if top in imported_tops(path))
+    return sorted(
+        str(path.relative_to(ROOT))
+        for folder in folders
+        for path in (ROOT / folder).rglob("*.py")
+        if top in imported_tops(path)
+    )
 
 
 def test_benchmarks_do_not_import_the_tests():

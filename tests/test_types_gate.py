@@ -2,6 +2,7 @@
 pending list fails, a pending file's errors are only counted, a pending file that now
 passes fails (the ratchet), and a blocked run never passes. On made-up mypy output: the
 gate itself runs mypy in CI (.ci/lint types), not here."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -12,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("types_gate", ROOT / ".ci" / "types_gate.py")
 assert _spec and _spec.loader
 gate = importlib.util.module_from_spec(_spec)
-sys.modules["types_gate"] = gate    # dataclasses look their module up while it loads
+sys.modules["types_gate"] = gate  # dataclasses look their module up while it loads
 _spec.loader.exec_module(gate)
 
 RUN = "### mypy run: builder\n"
@@ -20,7 +21,8 @@ OUTPUT = RUN + (
     "bls/model.py:12: error: Function is missing a type annotation  [no-untyped-def]\n"
     "bls/model.py:40:5: error: Returning Any  [no-any-return]\n"
     "bls/model.py:40:5: note: a note about it\n"
-    "Found 2 errors in 1 file (checked 3 source files)\n")
+    "Found 2 errors in 1 file (checked 3 source files)\n"
+)
 
 
 def _judge(output, pending, existing=("bls/model.py", "bls/policy.py")):
@@ -34,8 +36,10 @@ def test_errors_of_pending_files_are_counted_not_enforced():
 
 
 def test_an_error_outside_the_list_fails_with_its_lines():
-    output = OUTPUT + "builder/x.py:3: error: Incompatible types  [assignment]\n" \
-                      "builder/x.py:3: note: See the docs\n"
+    output = (
+        OUTPUT + "builder/x.py:3: error: Incompatible types  [assignment]\n"
+        "builder/x.py:3: note: See the docs\n"
+    )
     verdict = _judge(output, ["bls/model.py"])
     assert not verdict.passed and verdict.failures == 1
     text = gate.report(verdict)
@@ -60,8 +64,10 @@ def test_a_listed_file_that_is_gone_fails():
 
 
 def test_a_blocked_run_never_passes():
-    output = RUN + ("bls/model.py:1: error: invalid syntax  [syntax]\n"
-                    "Found 1 error in 1 file (errors prevented further checking)\n")
+    output = RUN + (
+        "bls/model.py:1: error: invalid syntax  [syntax]\n"
+        "Found 1 error in 1 file (errors prevented further checking)\n"
+    )
     verdict = _judge(output, ["bls/model.py"])
     assert not verdict.passed and verdict.blocked
 

@@ -1,4 +1,5 @@
 """`python -m builder.cli`."""
+
 import sys
 
 from builder.cli.main import main

@@ -3,6 +3,7 @@
 Command modules import this, never builder.cli.main, so main can import them all without
 a cycle.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +13,8 @@ import click
 from click.shell_completion import CompletionItem
 
 EXIT_OK = 0
-EXIT_FAILURE = 1      # the job failed: invalid repository, server down, build failed
-EXIT_USAGE = 2        # bad input: a spec defect, a bad argument
+EXIT_FAILURE = 1  # the job failed: invalid repository, server down, build failed
+EXIT_USAGE = 2  # bad input: a spec defect, a bad argument
 EXIT_INTERRUPTED = 130
 
 
@@ -42,37 +43,46 @@ def complete_dir(_ctx, _param, incomplete: str) -> list[CompletionItem]:
 
 
 def spec_option(required: bool = True, help: str = "deployment spec (YAML)"):
-    return click.option("--spec", required=required, metavar="FILE", help=help,
-                        shell_complete=complete_file)
+    return click.option(
+        "--spec", required=required, metavar="FILE", help=help, shell_complete=complete_file
+    )
 
 
 def api_keys_option(help: str):
     """--api-keys-file: the OpenAI frontend requires keys (builder.serve.openai.keys)."""
-    return click.option("--api-keys-file", type=click.Path(dir_okay=False), default=None,
-                        metavar="FILE", help=help)
+    return click.option(
+        "--api-keys-file", type=click.Path(dir_okay=False), default=None, metavar="FILE", help=help
+    )
 
 
 def _model_names(_ctx, _param, values: tuple) -> tuple:
     for value in values:
         if not value or not all(c.isalnum() or c in "_-." for c in value):
-            raise click.BadParameter(f"{value!r} is not a model name (letters, digits, "
-                                     "'_', '-', '.')")
+            raise click.BadParameter(
+                f"{value!r} is not a model name (letters, digits, '_', '-', '.')"
+            )
     return values
 
 
 def expose_option():
     """--expose: the models the OpenAI frontend serves (builder.serve.openai.policy); none
     given: the router only."""
-    return click.option("--expose", multiple=True, metavar="MODEL", callback=_model_names,
-                        help="a model the OpenAI API serves and lists; repeatable "
-                             "[default: router]. Engine models behind the router skip "
-                             "its tenant limits: expose them only on a trusted network")
+    return click.option(
+        "--expose",
+        multiple=True,
+        metavar="MODEL",
+        callback=_model_names,
+        help="a model the OpenAI API serves and lists; repeatable "
+        "[default: router]. Engine models behind the router skip "
+        "its tenant limits: expose them only on a trusted network",
+    )
 
 
 @contextlib.contextmanager
 def sigterm_as_interrupt():
     """SIGTERM raises KeyboardInterrupt for the duration, so a job cleans up after itself
     as on Ctrl-C (and exits 130)."""
+
     def on_sigterm(_signum, _frame):
         raise KeyboardInterrupt
 

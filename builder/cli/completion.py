@@ -3,6 +3,7 @@
 The script calls trident back with `_TRIDENT_COMPLETE` set, which click's own completion
 answers (see builder.cli.main).
 """
+
 from __future__ import annotations
 
 import click
@@ -25,7 +26,7 @@ def completion(shell: str) -> int:
     ctx = click.get_current_context()
     root = ctx.find_root()
     shell_class = get_completion_class(shell)
-    assert shell_class is not None   # click.Choice(SHELLS) let only click's own shells in
+    assert shell_class is not None  # click.Choice(SHELLS) let only click's own shells in
     complete = shell_class(root.command, {}, root.info_name or "trident", COMPLETE_VAR)
     click.echo(complete.source())
     return 0

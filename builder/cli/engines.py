@@ -3,6 +3,7 @@
 Failures are TridentErrors (one line, exit 1; exit 2 for bad input); `engines prebuild`
 reports every engine and exits 1 when any failed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,22 +25,31 @@ def parse_duration(text: str) -> float:
     """'90s', '30m', '12h', '7d', '2w' → seconds."""
     match = _DURATION.match(text.strip())
     if not match:
-        raise TridentError(f"--older-than: {text!r} is not a duration such as 90s, 30m, "
-                           "12h, 7d or 2w", EXIT_USAGE)
+        raise TridentError(
+            f"--older-than: {text!r} is not a duration such as 90s, 30m, 12h, 7d or 2w", EXIT_USAGE
+        )
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
 def _cache_options(spec_required: bool):
     """--spec, --cache and --local-cache, on every engines and cache command."""
+
     def decorate(command):
-        command = click.option("--local-cache", metavar="DIR", shell_complete=complete_dir,
-                               help="local tier (overrides the spec's "
-                                    "engine_cache.local_dir)")(command)
-        command = click.option("--cache", metavar="s3://BUCKET/PREFIX",
-                               help="shared S3 tier (overrides the spec's "
-                                    "engine_cache.s3)")(command)
-        return spec_option(spec_required, help="deployment spec (YAML); its engine_cache "
-                                               "section is used")(command)
+        command = click.option(
+            "--local-cache",
+            metavar="DIR",
+            shell_complete=complete_dir,
+            help="local tier (overrides the spec's engine_cache.local_dir)",
+        )(command)
+        command = click.option(
+            "--cache",
+            metavar="s3://BUCKET/PREFIX",
+            help="shared S3 tier (overrides the spec's engine_cache.s3)",
+        )(command)
+        return spec_option(
+            spec_required, help="deployment spec (YAML); its engine_cache section is used"
+        )(command)
+
     return decorate
 
 
@@ -55,8 +65,9 @@ def engines() -> None:
     """Build TensorRT-LLM engines into the content-addressed cache."""
 
 
-def _prepare(spec_file: str, cache: str | None, local_cache: str | None,
-             profile: str | None = None):
+def _prepare(
+    spec_file: str, cache: str | None, local_cache: str | None, profile: str | None = None
+):
     # lazy: the build machinery (and boto3 behind it) is for these commands only
     from builder.engines import jobs, trtllm_build
     from builder.spec import load_spec
@@ -81,23 +92,25 @@ def _builder(spec, env, target, location, s3_client):
 def _outcome_line(outcome) -> str:
     where = f" → {outcome.path}" if outcome.path else ""
     detail = f": {outcome.error}" if outcome.error else ""
-    return (f"{outcome.status:8} {outcome.job.title} key={outcome.job.key[:16]} "
-            f"({outcome.seconds:.1f} s){where}{detail}")
+    return (
+        f"{outcome.status:8} {outcome.job.title} key={outcome.job.key[:16]} "
+        f"({outcome.seconds:.1f} s){where}{detail}"
+    )
 
 
 @engines.command()
 @_cache_options(spec_required=True)
 @_profile_option
-def build(spec: str, cache: str | None, local_cache: str | None,
-          profile: str | None) -> int:
+def build(spec: str, cache: str | None, local_cache: str | None, profile: str | None) -> int:
     """Build (or fetch) the spec's engines; idempotent."""
     from builder.engines import jobs
 
-    spec_, env, target, location, s3_client, planned = _prepare(spec, cache, local_cache,
-                                                                profile)
-    click.echo(f"{len(planned)} engine(s) for SM {target.sm}, TensorRT-LLM "
-               f"{target.trtllm_version}, TensorRT {target.tensorrt_version}; cache: "
-               f"{jobs.describe(location)}")
+    spec_, env, target, location, s3_client, planned = _prepare(spec, cache, local_cache, profile)
+    click.echo(
+        f"{len(planned)} engine(s) for SM {target.sm}, TensorRT-LLM "
+        f"{target.trtllm_version}, TensorRT {target.tensorrt_version}; cache: "
+        f"{jobs.describe(location)}"
+    )
     builder = _builder(spec_, env, target, location, s3_client)
     for job in planned:
         click.echo(_outcome_line(builder.run(job)))
@@ -113,18 +126,22 @@ def prebuild(spec: str, cache: str | None, local_cache: str | None) -> int:
     outcomes = builder.run_all(planned, keep_going=True)
     for outcome in outcomes:
         click.echo(_outcome_line(outcome))
-    counts = {word: sum(o.status == word for o in outcomes)
-              for word in ("built", "fetched", "skipped", "failed")}
-    click.echo("summary: " + ", ".join(f"{n} {word}" for word, n in counts.items()) +
-               f" of {len(outcomes)} engine(s)")
+    counts = {
+        word: sum(o.status == word for o in outcomes)
+        for word in ("built", "fetched", "skipped", "failed")
+    }
+    click.echo(
+        "summary: "
+        + ", ".join(f"{n} {word}" for word, n in counts.items())
+        + f" of {len(outcomes)} engine(s)"
+    )
     return 1 if counts["failed"] else 0
 
 
 @engines.command("plan")
 @_cache_options(spec_required=True)
 @_profile_option
-def plan_engines(spec: str, cache: str | None, local_cache: str | None,
-                 profile: str | None) -> int:
+def plan_engines(spec: str, cache: str | None, local_cache: str | None, profile: str | None) -> int:
     """Print cache keys and exact command lines, build nothing (what CI would run)."""
     from builder.engines import trtllm_build
 
@@ -133,9 +150,16 @@ def plan_engines(spec: str, cache: str | None, local_cache: str | None,
     for job in planned:
         click.echo(f"{job.title} key={job.key}")
         checkpoint_dir = "" if job.checkpoint.needs_conversion else job.checkpoint.path
-        for step in trtllm_build.plan_steps(job.checkpoint, job.build, job.profile, tools,
-                                            checkpoint_dir, "$WORK", "$ENGINE_DIR",
-                                            job.lora):
+        for step in trtllm_build.plan_steps(
+            job.checkpoint,
+            job.build,
+            job.profile,
+            tools,
+            checkpoint_dir,
+            "$WORK",
+            "$ENGINE_DIR",
+            job.lora,
+        ):
             click.echo(f"  {step.label}: {step.shell()}")
     return 0
 
@@ -163,13 +187,15 @@ def _open_cache(spec_file: str | None, cache: str | None, local_cache: str | Non
 @cache_group.command("ls")
 @_cache_options(spec_required=False)
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per entry")
-def ls(spec: str | None, cache: str | None, local_cache: str | None,
-       as_json: bool) -> int:
+def ls(spec: str | None, cache: str | None, local_cache: str | None, as_json: bool) -> int:
     """List the cache's entries."""
     entries = list(_open_cache(spec, cache, local_cache).entries())
     for entry in entries:
-        click.echo(json.dumps(dataclasses.asdict(entry), default=str, sort_keys=True)
-                   if as_json else _entry_line(entry))
+        click.echo(
+            json.dumps(dataclasses.asdict(entry), default=str, sort_keys=True)
+            if as_json
+            else _entry_line(entry)
+        )
     if not as_json:
         click.echo(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}", err=True)
     return 0
@@ -179,8 +205,10 @@ def _entry_line(entry) -> str:
     meta = entry.metadata or {}
     title = f"{meta.get('model', '?')}/{meta.get('profile', '?')}"
     created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(entry.created))
-    return (f"{entry.key}  {title}  {entry.size / 2**20:.1f} MiB  {entry.files} files  "
-            f"{created}Z  {entry.tier}")
+    return (
+        f"{entry.key}  {title}  {entry.size / 2**20:.1f} MiB  {entry.files} files  "
+        f"{created}Z  {entry.tier}"
+    )
 
 
 @cache_group.command()
@@ -195,8 +223,7 @@ def stats(spec: str | None, cache: str | None, local_cache: str | None) -> int:
 @cache_group.command()
 @_cache_options(spec_required=False)
 @click.argument("key", required=False)
-def verify(spec: str | None, cache: str | None, local_cache: str | None,
-           key: str | None) -> int:
+def verify(spec: str | None, cache: str | None, local_cache: str | None, key: str | None) -> int:
     """Check every file's sha256 (of all entries, or of KEY); exit 1 on a problem."""
     problems = _open_cache(spec, cache, local_cache).verify(key)
     for problem in problems:
@@ -212,16 +239,20 @@ def verify(spec: str | None, cache: str | None, local_cache: str | None,
 @_cache_options(spec_required=False)
 @click.option("--keep-last", type=int, metavar="N", help="keep the N most recently used")
 @click.option("--older-than", metavar="D", help="remove entries unused for D (7d, 12h)")
-def gc(spec: str | None, cache: str | None, local_cache: str | None,
-       keep_last: int | None, older_than: str | None) -> int:
+def gc(
+    spec: str | None,
+    cache: str | None,
+    local_cache: str | None,
+    keep_last: int | None,
+    older_than: str | None,
+) -> int:
     """Remove old entries (give --keep-last and/or --older-than)."""
     if keep_last is None and older_than is None:
         raise TridentError("cache gc: give --keep-last N and/or --older-than D", EXIT_USAGE)
     if keep_last is not None and keep_last < 0:
         raise TridentError(f"--keep-last: must be >= 0, got {keep_last}", EXIT_USAGE)
     older = parse_duration(older_than) if older_than else None
-    removed = _open_cache(spec, cache, local_cache).gc(keep_last=keep_last,
-                                                       older_than_s=older)
+    removed = _open_cache(spec, cache, local_cache).gc(keep_last=keep_last, older_than_s=older)
     for key in removed:
         click.echo(f"removed {key}")
     click.echo(f"{len(removed)} entr{'y' if len(removed) == 1 else 'ies'} removed", err=True)

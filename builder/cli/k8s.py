@@ -3,6 +3,7 @@
 
 Exit codes: 0 written; 1 the models do not fit the hardware; 2 bad input (spec defect,
 bad option, an output directory trident did not write)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,25 +13,49 @@ import click
 from builder.cli.common import sigterm_as_interrupt, spec_option
 
 _ttft_option = click.option(
-    "--ttft-p99-seconds", "ttft_p99", type=float, default=2.0, show_default=True,
-    help="TTFT p99 above which the TridentTimeToFirstTokenHigh alert fires")
+    "--ttft-p99-seconds",
+    "ttft_p99",
+    type=float,
+    default=2.0,
+    show_default=True,
+    help="TTFT p99 above which the TridentTimeToFirstTokenHigh alert fires",
+)
 
 
 @click.command("k8s")
 @spec_option()
 @click.option("--out", required=True, metavar="DIR", help="manifest directory to (re)place")
-@click.option("--namespace", metavar="NS", help="namespace of every object (and of the "
-              "kustomization)")
-@click.option("--image", metavar="IMAGE", help="image with trident, tritonserver and the "
-              "engines (default trident:0.1.0)")
-@click.option("--cache-secret", metavar="NAME", help="Secret with AWS_* for the S3 engine "
-              "cache (default: engine_cache.credentials_secret); referenced, never read")
-@click.option("--api-keys-secret", metavar="NAME", help="Secret whose key `api-keys` holds "
-              "the OpenAI frontend's keys (`KEY TENANT` lines); needs server.openai_port. "
-              "Triton's HTTP/gRPC ports then stay inside the pod; referenced, never read")
+@click.option(
+    "--namespace", metavar="NS", help="namespace of every object (and of the kustomization)"
+)
+@click.option(
+    "--image",
+    metavar="IMAGE",
+    help="image with trident, tritonserver and the engines (default trident:0.1.0)",
+)
+@click.option(
+    "--cache-secret",
+    metavar="NAME",
+    help="Secret with AWS_* for the S3 engine "
+    "cache (default: engine_cache.credentials_secret); referenced, never read",
+)
+@click.option(
+    "--api-keys-secret",
+    metavar="NAME",
+    help="Secret whose key `api-keys` holds "
+    "the OpenAI frontend's keys (`KEY TENANT` lines); needs server.openai_port. "
+    "Triton's HTTP/gRPC ports then stay inside the pod; referenced, never read",
+)
 @_ttft_option
-def k8s(spec: str, out: str, namespace: str | None, image: str | None,
-        cache_secret: str | None, api_keys_secret: str | None, ttft_p99: float) -> int:
+def k8s(
+    spec: str,
+    out: str,
+    namespace: str | None,
+    image: str | None,
+    cache_secret: str | None,
+    api_keys_secret: str | None,
+    ttft_p99: float,
+) -> int:
     """Render Kubernetes manifests for a spec: `kubectl apply -k DIR`."""
     from builder.k8s import access, render
     from builder.plan.planner import plan_for_spec
@@ -39,7 +64,7 @@ def k8s(spec: str, out: str, namespace: str | None, image: str | None,
 
     loaded = load_spec(spec)
     options = render.options(namespace, image, cache_secret, ttft_p99, api_keys_secret)
-    access.check(loaded, options)                        # before planning: cheap to refuse
+    access.check(loaded, options)  # before planning: cheap to refuse
     output_dir.check_target(Path(out), [loaded.file])
     with sigterm_as_interrupt():
         written = render.write_manifests(loaded, plan_for_spec(loaded), options, Path(out))
@@ -48,8 +73,11 @@ def k8s(spec: str, out: str, namespace: str | None, image: str | None,
 
 
 @click.command("monitoring")
-@spec_option(required=False, help="deployment spec (YAML): the router's breaker error "
-             "rate sets the error-rate alert (default deploy/default.yaml)")
+@spec_option(
+    required=False,
+    help="deployment spec (YAML): the router's breaker error "
+    "rate sets the error-rate alert (default deploy/default.yaml)",
+)
 @click.option("--out", required=True, metavar="DIR", help="directory to (re)place")
 @_ttft_option
 def monitoring(spec: str | None, out: str, ttft_p99: float) -> int:
@@ -61,8 +89,10 @@ def monitoring(spec: str | None, out: str, ttft_p99: float) -> int:
     loaded = load_spec(spec or PROJECT_ROOT / "deploy" / "default.yaml")
     with sigterm_as_interrupt():
         written = render.write_monitoring(loaded, ttft_p99, Path(out))
-    click.echo(f"wrote {written} file(s) into {out} (trident-alerts.yaml for Prometheus' "
-               "rule_files, trident-dashboard.json for Grafana)")
+    click.echo(
+        f"wrote {written} file(s) into {out} (trident-alerts.yaml for Prometheus' "
+        "rule_files, trident-dashboard.json for Grafana)"
+    )
     return 0
 
 

@@ -2,6 +2,7 @@
 `trident.engine_cache`) to stderr at INFO, or DEBUG with -v, so a message such as
 "waiting for a build lease" reaches the user. Nothing that looks like a secret is logged.
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,6 +15,7 @@ __all__ = ["configure", "redact"]
 
 _HANDLER_NAME = "trident-cli"
 
+
 class _StderrHandler(logging.Handler):
     """Writes to sys.stderr as it is when the record comes, not when the handler was made,
     so redirected stderr (contextlib.redirect_stderr, pytest's capture) gets the line."""
@@ -22,7 +24,7 @@ class _StderrHandler(logging.Handler):
         try:
             sys.stderr.write(self.format(record) + "\n")
             sys.stderr.flush()
-        except Exception:   # logging must never break the command it reports on
+        except Exception:  # logging must never break the command it reports on
             self.handleError(record)
 
 

@@ -8,6 +8,7 @@ stderr, never a traceback.
 Adding a command: write a module in builder/cli/ whose COMMANDS lists its click commands
 or groups, and add it to COMMAND_MODULES below.
 """
+
 from __future__ import annotations
 
 import re
@@ -22,21 +23,22 @@ from engine_cache.errors import CacheError
 from engine_cache.redact import redact
 
 COMMAND_MODULES = [
-    repository,     # repo, validate, schema, assets
-    serve,          # serve, infer
-    openai,         # openai (the OpenAI-compatible HTTP frontend)
-    placement,      # plan, mig check|plan
-    engines,        # engines plan|build|prebuild, cache ls|stats|verify|gc
-    k8s,            # k8s, monitoring
-    completion,     # completion bash|zsh|fish
+    repository,  # repo, validate, schema, assets
+    serve,  # serve, infer
+    openai,  # openai (the OpenAI-compatible HTTP frontend)
+    placement,  # plan, mig check|plan
+    engines,  # engines plan|build|prebuild, cache ls|stats|verify|gc
+    k8s,  # k8s, monitoring
+    completion,  # completion bash|zsh|fish
 ]
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 @click.group(cls=TridentGroup, context_settings=CONTEXT_SETTINGS)
-@click.option("-v", "--verbose", is_flag=True,
-              help="debug logging (trident's own loggers) on stderr")
+@click.option(
+    "-v", "--verbose", is_flag=True, help="debug logging (trident's own loggers) on stderr"
+)
 def cli(verbose: bool) -> None:
     """Render a deployment spec into a validated Triton model repository and serve it.
 
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         # one line naming it, as for trident's own errors.
         where = f"{printable(e.filename)}: " if e.filename else ""
         return _error(f"{where}{e.strerror or e}", EXIT_FAILURE)
-    except SystemExit as e:   # shell completion, or a closed stdout pipe, exit this way
+    except SystemExit as e:  # shell completion, or a closed stdout pipe, exit this way
         return e.code if isinstance(e.code, int) else EXIT_FAILURE
     return result if isinstance(result, int) else 0
 

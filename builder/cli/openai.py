@@ -1,4 +1,5 @@
 """`trident openai`: the OpenAI-compatible HTTP frontend in front of a running Triton."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,24 +11,56 @@ from builder.spec import ServerSpec
 
 
 @click.command("openai")
-@click.option("--triton", "triton_url", default=f"127.0.0.1:{ServerSpec.grpc_port}",
-              show_default=True,
-              metavar="HOST:PORT", help="Triton's gRPC endpoint")
-@click.option("--port", type=click.IntRange(1, 65535), default=9000, show_default=True,
-              help="HTTP port of the OpenAI API")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="address to listen on (0.0.0.0: every interface)")
-@api_keys_option("require API keys: one `KEY TENANT` per line; a key sets the request's "
-                 "tenant (401 for a missing or unknown key)")
+@click.option(
+    "--triton",
+    "triton_url",
+    default=f"127.0.0.1:{ServerSpec.grpc_port}",
+    show_default=True,
+    metavar="HOST:PORT",
+    help="Triton's gRPC endpoint",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=9000,
+    show_default=True,
+    help="HTTP port of the OpenAI API",
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="address to listen on (0.0.0.0: every interface)",
+)
+@api_keys_option(
+    "require API keys: one `KEY TENANT` per line; a key sets the request's "
+    "tenant (401 for a missing or unknown key)"
+)
 @expose_option()
-@click.option("--max-body-bytes", type=click.IntRange(1024, 2**30), default=None,
-              metavar="N", help="largest request body (413 above it) [default: 4 MiB]")
-@click.option("--repo", default=None, metavar="DIR", shell_complete=complete_dir,
-              help="the repository Triton serves: max_tokens above a model's context "
-                   "length (its max_model_len) is then a 400")
-def openai_command(triton_url: str, port: int, host: str, api_keys_file: str | None,
-                   expose: tuple[str, ...], max_body_bytes: int | None,
-                   repo: str | None) -> int:
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(1024, 2**30),
+    default=None,
+    metavar="N",
+    help="largest request body (413 above it) [default: 4 MiB]",
+)
+@click.option(
+    "--repo",
+    default=None,
+    metavar="DIR",
+    shell_complete=complete_dir,
+    help="the repository Triton serves: max_tokens above a model's context "
+    "length (its max_model_len) is then a 400",
+)
+def openai_command(
+    triton_url: str,
+    port: int,
+    host: str,
+    api_keys_file: str | None,
+    expose: tuple[str, ...],
+    max_body_bytes: int | None,
+    repo: str | None,
+) -> int:
     """Serve OpenAI's API (/v1/models, /v1/chat/completions, /v1/completions) for the
     exposed models of a running tritonserver (`router` unless --expose names others),
     over its gRPC port.
@@ -46,8 +79,11 @@ def openai_command(triton_url: str, port: int, host: str, api_keys_file: str | N
     keys = None if api_keys_file is None else load_keys(api_keys_file)
     limits = Limits() if max_body_bytes is None else Limits(max_body_bytes=max_body_bytes)
     expose = expose or DEFAULT_EXPOSE
-    click.echo(f"OpenAI API on http://{host}:{port}/v1 for Triton at {triton_url} "
-               f"(models: {', '.join(expose)})", err=True)
+    click.echo(
+        f"OpenAI API on http://{host}:{port}/v1 for Triton at {triton_url} "
+        f"(models: {', '.join(expose)})",
+        err=True,
+    )
     run(triton_url, host, port, keys, expose, limits, None if repo is None else Path(repo))
     return 0
 

@@ -1,4 +1,5 @@
 """`trident repo | validate | schema | assets`: render, check and describe repositories."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,13 @@ from builder.cli.common import EXIT_FAILURE, complete_dir, sigterm_as_interrupt,
 
 @click.command()
 @spec_option()
-@click.option("--out", required=True, metavar="DIR", shell_complete=complete_dir,
-              help="model repository directory to (re)place")
+@click.option(
+    "--out",
+    required=True,
+    metavar="DIR",
+    shell_complete=complete_dir,
+    help="model repository directory to (re)place",
+)
 def repo(spec: str, out: str) -> int:
     """Render a spec into a Triton model repository.
 
@@ -23,11 +29,10 @@ def repo(spec: str, out: str) -> int:
     from builder.spec import load_spec
 
     deployment = load_spec(spec)
-    with sigterm_as_interrupt():   # the render cleans up after itself as on Ctrl-C
+    with sigterm_as_interrupt():  # the render cleans up after itself as on Ctrl-C
         written = pipeline.build_repository(deployment, Path(out))
     router = " + router" if deployment.router else ""
-    click.echo(f"rendered {len(deployment.models)} model(s){router} into {out} "
-               f"({written} files)")
+    click.echo(f"rendered {len(deployment.models)} model(s){router} into {out} ({written} files)")
     return 0
 
 

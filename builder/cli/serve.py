@@ -1,4 +1,5 @@
 """`trident serve | infer`: run tritonserver on a repository, and talk to it."""
+
 from __future__ import annotations
 
 import sys
@@ -16,42 +17,90 @@ from builder.cli.common import (
 from builder.errors import TridentError
 from builder.spec import ServerSpec
 
-LOOPBACK = "127.0.0.1"   # as builder.serve.server's, not imported: `--help` stays fast
+LOOPBACK = "127.0.0.1"  # as builder.serve.server's, not imported: `--help` stays fast
 
 
 @click.command()
-@click.option("--repo", default="model_repository", metavar="DIR", show_default=True,
-              shell_complete=complete_dir, help="model repository to serve")
+@click.option(
+    "--repo",
+    default="model_repository",
+    metavar="DIR",
+    show_default=True,
+    shell_complete=complete_dir,
+    help="model repository to serve",
+)
 @click.option("--http-port", type=int, default=ServerSpec.http_port, show_default=True)
 @click.option("--grpc-port", type=int, default=ServerSpec.grpc_port, show_default=True)
 @click.option("--metrics-port", type=int, default=ServerSpec.metrics_port, show_default=True)
-@click.option("--triton-host", default=LOOPBACK, show_default=True, metavar="ADDR",
-              help="address Triton's HTTP and gRPC ports bind to (they take no API keys: "
-                   "keep them private)")
-@click.option("--metrics-host", default=LOOPBACK, show_default=True, metavar="ADDR",
-              help="address of the metrics port (0.0.0.0 for a Prometheus elsewhere)")
-@click.option("--allow-open-triton", is_flag=True,
-              help="with --api-keys-file, let --triton-host be a non-loopback address "
-                   "(anyone reaching it bypasses the keys)")
-@click.option("--timeout", type=float, default=300.0, show_default=True,
-              help="seconds to wait for the server and its models to be ready (the "
-                   "models load one after another; one that does not is named)")
-@click.option("--load-model", multiple=True, metavar="MODEL",
-              help="load only these models (explicit model control); repeatable")
-@click.option("--openai-port", type=click.IntRange(1, 65535), default=None,
-              help="also serve the OpenAI API on this port (started once Triton is ready)")
-@click.option("--openai-host", default="127.0.0.1", show_default=True,
-              help="address of the OpenAI API")
-@api_keys_option("the OpenAI API requires keys: one `KEY TENANT` per line (see "
-                 "`trident openai --help`)")
+@click.option(
+    "--triton-host",
+    default=LOOPBACK,
+    show_default=True,
+    metavar="ADDR",
+    help="address Triton's HTTP and gRPC ports bind to (they take no API keys: keep them private)",
+)
+@click.option(
+    "--metrics-host",
+    default=LOOPBACK,
+    show_default=True,
+    metavar="ADDR",
+    help="address of the metrics port (0.0.0.0 for a Prometheus elsewhere)",
+)
+@click.option(
+    "--allow-open-triton",
+    is_flag=True,
+    help="with --api-keys-file, let --triton-host be a non-loopback address "
+    "(anyone reaching it bypasses the keys)",
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="seconds to wait for the server and its models to be ready (the "
+    "models load one after another; one that does not is named)",
+)
+@click.option(
+    "--load-model",
+    multiple=True,
+    metavar="MODEL",
+    help="load only these models (explicit model control); repeatable",
+)
+@click.option(
+    "--openai-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="also serve the OpenAI API on this port (started once Triton is ready)",
+)
+@click.option(
+    "--openai-host", default="127.0.0.1", show_default=True, help="address of the OpenAI API"
+)
+@api_keys_option(
+    "the OpenAI API requires keys: one `KEY TENANT` per line (see `trident openai --help`)"
+)
 @expose_option()
-@click.option("--no-self-test", is_flag=True,
-              help="skip the start-up check that the server's Python stub passes strings "
-                   "intact (one echo through a throwaway second server, ~0.5 s)")
-def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, triton_host: str,
-          metrics_host: str, allow_open_triton: bool, timeout: float,
-          load_model: tuple[str, ...], openai_port: int | None, openai_host: str,
-          api_keys_file: str | None, expose: tuple[str, ...], no_self_test: bool) -> int:
+@click.option(
+    "--no-self-test",
+    is_flag=True,
+    help="skip the start-up check that the server's Python stub passes strings "
+    "intact (one echo through a throwaway second server, ~0.5 s)",
+)
+def serve(
+    repo: str,
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+    triton_host: str,
+    metrics_host: str,
+    allow_open_triton: bool,
+    timeout: float,
+    load_model: tuple[str, ...],
+    openai_port: int | None,
+    openai_host: str,
+    api_keys_file: str | None,
+    expose: tuple[str, ...],
+    no_self_test: bool,
+) -> int:
     """Run tritonserver on a model repository.
 
     Triton's ports bind to 127.0.0.1 unless --triton-host says otherwise. The models load
@@ -68,25 +117,35 @@ def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, triton_h
 
     repo_dir = Path(repo)
     if not repo_dir.is_dir():
-        raise TridentError(f"{repo_dir}: no such model repository (run `trident repo` "
-                           "first)", EXIT_USAGE)
+        raise TridentError(
+            f"{repo_dir}: no such model repository (run `trident repo` first)", EXIT_USAGE
+        )
     if api_keys_file is not None and not is_loopback(triton_host) and not allow_open_triton:
-        raise TridentError(f"trident serve: --triton-host {triton_host} is not a loopback "
-                           "address: with --api-keys-file, clients reaching Triton's ports "
-                           "would bypass the keys (add --allow-open-triton to mean it)",
-                           EXIT_USAGE)
-    server = TritonServer(repo_dir, Ports(http_port, grpc_port, metrics_port),
-                          load_models=load_model or None, self_test=not no_self_test,
-                          host=triton_host, metrics_host=metrics_host)
+        raise TridentError(
+            f"trident serve: --triton-host {triton_host} is not a loopback "
+            "address: with --api-keys-file, clients reaching Triton's ports "
+            "would bypass the keys (add --allow-open-triton to mean it)",
+            EXIT_USAGE,
+        )
+    server = TritonServer(
+        repo_dir,
+        Ports(http_port, grpc_port, metrics_port),
+        load_models=load_model or None,
+        self_test=not no_self_test,
+        host=triton_host,
+        metrics_host=metrics_host,
+    )
     frontend = None
     if openai_port is not None:
         from builder.serve.openai.runner import Frontend, check_port
-        check_port(openai_host, openai_port)   # before minutes of model loading
+
+        check_port(openai_host, openai_port)  # before minutes of model loading
     if api_keys_file is not None:
         if openai_port is None:
             raise TridentError("--api-keys-file needs --openai-port", EXIT_USAGE)
         from builder.serve.openai.keys import load_keys
-        api_keys = load_keys(api_keys_file)   # before loading too: a bad file fails now
+
+        api_keys = load_keys(api_keys_file)  # before loading too: a bad file fails now
     else:
         api_keys = None
     if expose and openai_port is None:
@@ -96,12 +155,20 @@ def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, triton_h
         with sigterm_as_interrupt():
             server.start()
             server.wait_ready(timeout)
-            click.echo(f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  "
-                       f"metrics {server.metrics_url}")
+            click.echo(
+                f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  "
+                f"metrics {server.metrics_url}"
+            )
             if openai_port is not None:
-                frontend = Frontend(server.grpc_url, openai_host, openai_port, api_keys,
-                                    expose, repo=repo_dir,
-                                    admin_key=server.admin_key).start()
+                frontend = Frontend(
+                    server.grpc_url,
+                    openai_host,
+                    openai_port,
+                    api_keys,
+                    expose,
+                    repo=repo_dir,
+                    admin_key=server.admin_key,
+                ).start()
                 click.echo(f"OpenAI API: {frontend.url}/v1")
             sys.stdout.flush()
             # Returns only by raising, when tritonserver exits; a model that dies
@@ -119,16 +186,20 @@ def serve(repo: str, http_port: int, grpc_port: int, metrics_port: int, triton_h
 
 @click.command()
 @click.option("--model", default="router", show_default=True, help="model to ask")
-@click.option("--url", default=f"127.0.0.1:{ServerSpec.grpc_port}", show_default=True,
-              metavar="HOST:PORT",
-              help="gRPC endpoint")
+@click.option(
+    "--url",
+    default=f"127.0.0.1:{ServerSpec.grpc_port}",
+    show_default=True,
+    metavar="HOST:PORT",
+    help="gRPC endpoint",
+)
 @click.option("--max-tokens", type=int, default=64, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True,
-              help="0 is greedy")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy")
 @click.option("--raw", is_flag=True, help="send text_input as is instead of a chat message")
 @click.argument("prompt", nargs=-1, required=True)
-def infer(model: str, url: str, max_tokens: int, temperature: float, raw: bool,
-          prompt: tuple[str, ...]) -> int:
+def infer(
+    model: str, url: str, max_tokens: int, temperature: float, raw: bool, prompt: tuple[str, ...]
+) -> int:
     """Stream a generation for PROMPT from a served model over gRPC.
 
     Prints the text as it arrives, then who served it, why it finished, the time to the
@@ -137,13 +208,21 @@ def infer(model: str, url: str, max_tokens: int, temperature: float, raw: bool,
     # lazy: tritonclient and grpc take a while to import; `trident --help` need not wait
     from builder.serve import client
 
-    result = client.stream_generate(url, model, " ".join(prompt), max_tokens,
-                                    chat=not raw, on_text=_print_chunk,
-                                    sampling={"temperature": temperature})
+    result = client.stream_generate(
+        url,
+        model,
+        " ".join(prompt),
+        max_tokens,
+        chat=not raw,
+        on_text=_print_chunk,
+        sampling={"temperature": temperature},
+    )
     click.echo()
-    click.echo(f"[served_by={result.served_by} finish_reason={result.finish_reason} "
-               f"ttft={result.ttft_s * 1000:.0f} ms tokens={result.output_tokens}]",
-               err=True)
+    click.echo(
+        f"[served_by={result.served_by} finish_reason={result.finish_reason} "
+        f"ttft={result.ttft_s * 1000:.0f} ms tokens={result.output_tokens}]",
+        err=True,
+    )
     return 0
 
 

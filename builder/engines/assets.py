@@ -6,6 +6,7 @@ random Llama (SmolLM2's tokenizer and chat template) for protocol tests and as a
 fallback backend. Both are written to a temp dir and renamed into place, so an
 interrupted conversion never leaves a half-written model behind.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -39,7 +40,7 @@ def resolve(model_ref: str) -> str:
     """A spec's `model:` → what the engine loads (a local folder for builtins)."""
     if not model_ref.startswith(BUILTIN_PREFIX):
         return model_ref
-    name = model_ref[len(BUILTIN_PREFIX):]
+    name = model_ref[len(BUILTIN_PREFIX) :]
     if name not in BUILDERS:
         raise AssetError(f"unknown builtin model {name!r} (known: {', '.join(BUILDERS)})")
     return str(ensure(name))
@@ -84,8 +85,11 @@ def build_smollm2(out: Path) -> None:
 
     # dequantize: plain dense weights, which save_pretrained can write and vLLM can load.
     model = AutoModelForCausalLM.from_pretrained(
-        str(_gguf_dir()), gguf_file=_GGUF_FILE, dtype=torch.float32,
-        quantization_config=GgufConfig(dequantize=True))
+        str(_gguf_dir()),
+        gguf_file=_GGUF_FILE,
+        dtype=torch.float32,
+        quantization_config=GgufConfig(dequantize=True),
+    )
     model.save_pretrained(out)
     _smollm2_tokenizer().save_pretrained(out)
 
@@ -97,15 +101,22 @@ def build_tiny_llama(out: Path) -> None:
 
     tokenizer = _smollm2_tokenizer()
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-        max_position_embeddings=2048, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        torch_dtype="float32")
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        torch_dtype="float32",
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
 
 
-BUILDERS: dict[str, Callable[[Path], None]] = {SMOLLM2: build_smollm2,
-                                               TINY_LLAMA: build_tiny_llama}
+BUILDERS: dict[str, Callable[[Path], None]] = {SMOLLM2: build_smollm2, TINY_LLAMA: build_tiny_llama}

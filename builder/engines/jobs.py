@@ -6,6 +6,7 @@ build argument, target SM, TRT-LLM and TensorRT versions) → engine_key →
 EngineCache.get_or_build, whose build callable runs the conversion and trtllm-build steps
 of builder.engines.trtllm_build as subprocesses.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -54,7 +55,7 @@ class EngineJob:
     profile: Profile
     inputs: EngineInputs
     key: str
-    lora: LoraBuild | None = None   # the model's adapters, when it has any
+    lora: LoraBuild | None = None  # the model's adapters, when it has any
 
     @property
     def title(self) -> str:
@@ -96,8 +97,13 @@ def selected_profiles(model: ModelSpec, profile: str | None) -> list[Profile]:
     return [p for name, p in profiles.items() if profile is None or name == profile]
 
 
-def plan_job(spec: DeploymentSpec, model: ModelSpec, profile: Profile, target: Target,
-             digest: Callable[[str], str]) -> EngineJob:
+def plan_job(
+    spec: DeploymentSpec,
+    model: ModelSpec,
+    profile: Profile,
+    target: Target,
+    digest: Callable[[str], str],
+) -> EngineJob:
 
     checkpoint, build, _ = trtllm_spec.sections(model)
     checkpoint, profile = _with_spec_paths(spec, checkpoint, profile)
@@ -105,13 +111,15 @@ def plan_job(spec: DeploymentSpec, model: ModelSpec, profile: Profile, target: T
     if profile.speculative and profile.speculative.heads_model:
         extra["speculative_heads"] = digest(profile.speculative.heads_model)
     lora = lora_mod.lora_build(spec.file, model, build.dtype)
-    args = trtllm_build.key_args(checkpoint, build, profile, extra,
-                                 lora_mod.key_args(lora, digest))
-    inputs = EngineInputs(checkpoint_digest=digest(checkpoint_source(checkpoint)), build_args=args,
-                          target_sm=target.sm, trtllm_version=target.trtllm_version,
-                          tensorrt_version=target.tensorrt_version)
-    return EngineJob(model.name, checkpoint, build, profile, inputs, engine_key(inputs),
-                     lora)
+    args = trtllm_build.key_args(checkpoint, build, profile, extra, lora_mod.key_args(lora, digest))
+    inputs = EngineInputs(
+        checkpoint_digest=digest(checkpoint_source(checkpoint)),
+        build_args=args,
+        target_sm=target.sm,
+        trtllm_version=target.trtllm_version,
+        tensorrt_version=target.tensorrt_version,
+    )
+    return EngineJob(model.name, checkpoint, build, profile, inputs, engine_key(inputs), lora)
 
 
 def checkpoint_source(checkpoint: Checkpoint) -> str:
@@ -123,31 +131,45 @@ def checkpoint_source(checkpoint: Checkpoint) -> str:
     return source
 
 
-def _with_spec_paths(spec: DeploymentSpec, checkpoint: Checkpoint,
-                     profile: Profile) -> tuple[Checkpoint, Profile]:
+def _with_spec_paths(
+    spec: DeploymentSpec, checkpoint: Checkpoint, profile: Profile
+) -> tuple[Checkpoint, Profile]:
     """Paths made absolute (relative to the spec file); keys never include paths."""
+
     def resolve(value: str | None) -> str | None:
         return spec_path(spec, value) if value else value
 
-    checkpoint = replace(checkpoint, path=resolve(checkpoint.path),
-                         hf_model=resolve(checkpoint.hf_model))
+    checkpoint = replace(
+        checkpoint, path=resolve(checkpoint.path), hf_model=resolve(checkpoint.hf_model)
+    )
     if profile.speculative and profile.speculative.heads_model:
-        profile = replace(profile, speculative=replace(
-            profile.speculative, heads_model=resolve(profile.speculative.heads_model)))
+        profile = replace(
+            profile,
+            speculative=replace(
+                profile.speculative, heads_model=resolve(profile.speculative.heads_model)
+            ),
+        )
     return checkpoint, profile
 
 
-def plan_jobs(spec: DeploymentSpec, target: Target, digest: Callable[[str], str],
-              profile: str | None = None) -> list[EngineJob]:
+def plan_jobs(
+    spec: DeploymentSpec, target: Target, digest: Callable[[str], str], profile: str | None = None
+) -> list[EngineJob]:
     models = trtllm_models(spec)
     if not models:
         raise TridentError(f"{spec.file}: no tensorrt_llm model to build", 2)
-    jobs = [plan_job(spec, model, p, target, digest)
-            for model in models for p in selected_profiles(model, profile)]
+    jobs = [
+        plan_job(spec, model, p, target, digest)
+        for model in models
+        for p in selected_profiles(model, profile)
+    ]
     if not jobs:
         known = sorted({n for m in models for n in trtllm_spec.sections(m)[2]})
-        raise TridentError(f"{spec.file}: no tensorrt_llm model has a profile {profile!r} "
-                           f"(profiles: {', '.join(known)})", 2)
+        raise TridentError(
+            f"{spec.file}: no tensorrt_llm model has a profile {profile!r} "
+            f"(profiles: {', '.join(known)})",
+            2,
+        )
     return jobs
 
 
@@ -171,8 +193,9 @@ class CheckpointDigests:
 
     def __call__(self, location: str) -> str:
         if location not in self.memo:
-            self.memo[location] = (self._s3(location) if location.startswith("s3://")
-                                   else self._local(location))
+            self.memo[location] = (
+                self._s3(location) if location.startswith("s3://") else self._local(location)
+            )
         return self.memo[location]
 
     def _local(self, location: str) -> str:
@@ -182,8 +205,10 @@ class CheckpointDigests:
     def _s3(self, uri: str) -> str:
         # S3 ETags are content hashes of each object: the listing identifies the content
         # without downloading a checkpoint that may be hundreds of GB.
-        records = [[rel, obj["Size"], obj["ETag"].strip('"')]
-                   for rel, obj in _s3_objects(self.s3_client(), uri)]
+        records = [
+            [rel, obj["Size"], obj["ETag"].strip('"')]
+            for rel, obj in _s3_objects(self.s3_client(), uri)
+        ]
         if not records:
             raise TridentError(f"checkpoint {uri}: no objects under this prefix", 2)
         return hashlib.sha256(json.dumps(records, separators=(",", ":")).encode()).hexdigest()
@@ -198,9 +223,8 @@ def _s3_objects(client, uri: str) -> list[tuple[str, dict]]:
     bucket, prefix = _split_s3(uri)
     objects = []
     try:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket,
-                                                                      Prefix=prefix):
-            objects += [(obj["Key"][len(prefix):], obj) for obj in page.get("Contents", [])]
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            objects += [(obj["Key"][len(prefix) :], obj) for obj in page.get("Contents", [])]
     except Exception as e:  # botocore raises many kinds; all mean "cannot read it"
         raise TridentError(f"checkpoint {uri}: cannot list it on S3: {e}") from e
     return sorted(objects, key=lambda item: item[0])
@@ -236,14 +260,16 @@ class CacheLocation:
     local_only: bool
 
 
-def cache_location(spec: DeploymentSpec | None, s3: str | None = None,
-                   local_dir: str | None = None) -> CacheLocation:
+def cache_location(
+    spec: DeploymentSpec | None, s3: str | None = None, local_dir: str | None = None
+) -> CacheLocation:
     """The spec's engine_cache section, overridden by --cache / --local-cache."""
 
     cfg = spec.engine_cache if spec else EngineCacheSpec()
     local = local_dir or (spec_path(spec, cfg.local_dir) if spec else cfg.local_dir)
-    return CacheLocation(Path(os.path.expanduser(local)), s3 or cfg.s3, cfg.endpoint_url,
-                         cfg.local_only)
+    return CacheLocation(
+        Path(os.path.expanduser(local)), s3 or cfg.s3, cfg.endpoint_url, cfg.local_only
+    )
 
 
 def digest_memo(location: CacheLocation) -> Path:
@@ -253,8 +279,12 @@ def digest_memo(location: CacheLocation) -> Path:
 
 def open_cache(location: CacheLocation):
 
-    return EngineCache(location.local_dir, s3_uri=location.s3,
-                       endpoint_url=location.endpoint_url, local_only=location.local_only)
+    return EngineCache(
+        location.local_dir,
+        s3_uri=location.s3,
+        endpoint_url=location.endpoint_url,
+        local_only=location.local_only,
+    )
 
 
 def describe(location: CacheLocation) -> str:
@@ -268,7 +298,7 @@ def describe(location: CacheLocation) -> str:
 @dataclass(frozen=True)
 class Outcome:
     job: EngineJob
-    status: str                 # built | fetched | skipped | failed
+    status: str  # built | fetched | skipped | failed
     seconds: float
     path: Path | None = None
     error: str | None = None
@@ -277,17 +307,25 @@ class Outcome:
 class Builder:
     """Runs jobs through the cache; the build callable converts and compiles."""
 
-    def __init__(self, spec: DeploymentSpec, cache, tools: Tools, target: Target,
-                 s3_client: Callable[[], object], env: Mapping[str, str],
-                 write: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        spec: DeploymentSpec,
+        cache,
+        tools: Tools,
+        target: Target,
+        s3_client: Callable[[], object],
+        env: Mapping[str, str],
+        write: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.spec, self.cache, self.tools, self.target = spec, cache, tools, target
         self.s3_client, self.env, self.write, self.clock = s3_client, env, write, clock
 
     def run(self, job: EngineJob) -> Outcome:
         started = self.clock()
-        path, status = self.cache.get_or_build(job.key, self.build_callable(job),
-                                               self.metadata(job))
+        path, status = self.cache.get_or_build(
+            job.key, self.build_callable(job), self.metadata(job)
+        )
         return Outcome(job, STATUS_WORDS[status], self.clock() - started, Path(path))
 
     def run_all(self, jobs: Iterable[EngineJob], keep_going: bool) -> list[Outcome]:
@@ -303,23 +341,38 @@ class Builder:
         return outcomes
 
     def metadata(self, job: EngineJob) -> dict:
-        return {"model": job.model, "profile": job.profile.name, "spec": self.spec.file,
-                "target_sm": self.target.sm, "trtllm_version": self.target.trtllm_version,
-                "tensorrt_version": self.target.tensorrt_version,
-                "build_args": dict(job.inputs.build_args)}
+        return {
+            "model": job.model,
+            "profile": job.profile.name,
+            "spec": self.spec.file,
+            "target_sm": self.target.sm,
+            "trtllm_version": self.target.trtllm_version,
+            "tensorrt_version": self.target.tensorrt_version,
+            "build_args": dict(job.inputs.build_args),
+        }
 
     def build_callable(self, job: EngineJob) -> Callable[[Path], None]:
         def build(out_dir: Path) -> None:
             out_dir = Path(out_dir)
             with tempfile.TemporaryDirectory(prefix="trident-build-") as work:
                 checkpoint_dir = self.checkpoint_dir(job, Path(work))
-                steps = trtllm_build.plan_steps(job.checkpoint, job.build, job.profile,
-                                                self.tools, checkpoint_dir, work, str(out_dir),
-                                                job.lora)
+                steps = trtllm_build.plan_steps(
+                    job.checkpoint,
+                    job.build,
+                    job.profile,
+                    self.tools,
+                    checkpoint_dir,
+                    work,
+                    str(out_dir),
+                    job.lora,
+                )
                 progress = Progress(job.title, len(steps), self.write, self.clock)
                 trtllm_build.run_steps(steps, out_dir / BUILD_LOG_FILE, progress, self.env)
-            info = {**self.metadata(job), "key": job.key,
-                    "commands": [step.shell() for step in steps]}
+            info = {
+                **self.metadata(job),
+                "key": job.key,
+                "commands": [step.shell() for step in steps],
+            }
             (out_dir / ENGINE_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True))
 
         return build
@@ -338,17 +391,19 @@ class Builder:
 # `trident repo`
 
 
-def engines_for_repository(spec: DeploymentSpec, trtllm: list[ModelSpec],
-                           env: Mapping[str, str] | None = None,
-                           probe: MachineProbe | None = None) -> dict[str, ServedEngine]:
+def engines_for_repository(
+    spec: DeploymentSpec,
+    trtllm: list[ModelSpec],
+    env: Mapping[str, str] | None = None,
+    probe: MachineProbe | None = None,
+) -> dict[str, ServedEngine]:
     """Model name → the engine of its served profile (local dir and key), fetched from
     the cache when needed. Never builds: a missing engine fails naming its key and the
     build command."""
     env = os.environ if env is None else env
     target = spec_target(spec, env, probe or MachineProbe())
     location = cache_location(spec)
-    digest = CheckpointDigests(s3_client_factory(location.endpoint_url),
-                               digest_memo(location))
+    digest = CheckpointDigests(s3_client_factory(location.endpoint_url), digest_memo(location))
     cache = open_cache(location)
     engines = {}
     for model in trtllm:
@@ -360,6 +415,7 @@ def engines_for_repository(spec: DeploymentSpec, trtllm: list[ModelSpec],
                 f"model {model.name}: no engine for profile {profile.name!r} "
                 f"(key {job.key}, SM {target.sm}, TensorRT-LLM {target.trtllm_version}) in "
                 f"the engine cache ({describe(location)}); build it with: "
-                f"{build_command(spec, profile.name)}")
+                f"{build_command(spec, profile.name)}"
+            )
         engines[model.name] = ServedEngine(str(Path(path).resolve()), job.key)
     return engines

@@ -8,6 +8,7 @@ Pure: `target_of`, `conversion_step`, `build_step`, `plan_steps`, `key_args` are
 their inputs (the environment and the machine probe are passed in). I/O: `MachineProbe`
 (package versions, nvidia-smi) and `run_steps` (subprocesses with live logs and progress).
 """
+
 from __future__ import annotations
 
 import queue
@@ -40,8 +41,11 @@ TRT_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 QFORMATS = {"fp8": "fp8", "int4-awq": "int4_awq", "w4a8-awq": "w4a8_awq", "int8-sq": "int8_sq"}
 # Weight-only quantizations made by convert_checkpoint.py.
 WEIGHT_ONLY = {"int8-wo": "int8", "int4-wo": "int4"}
-SPECULATIVE_BUILD_MODES = {"draft-model": "draft_tokens_external", "medusa": "medusa",
-                           "eagle": "eagle"}
+SPECULATIVE_BUILD_MODES = {
+    "draft-model": "draft_tokens_external",
+    "medusa": "medusa",
+    "eagle": "eagle",
+}
 
 
 class ToolchainError(TridentError):
@@ -62,7 +66,7 @@ class BuildStepFailed(TridentError):
 class Target:
     trtllm_version: str
     tensorrt_version: str
-    sm: str                   # compute capability without the dot, e.g. "90"
+    sm: str  # compute capability without the dot, e.g. "90"
 
 
 class MachineProbe:
@@ -80,7 +84,10 @@ class MachineProbe:
         try:
             result = subprocess.run(
                 ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=30)
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
         except (FileNotFoundError, subprocess.TimeoutExpired):
             return None
         if result.returncode != 0:
@@ -104,8 +111,10 @@ def _agree(what: str, sources: Sequence[tuple[str, str | None]], hint: str) -> s
         raise ToolchainError(f"cannot determine the {what}: {hint}")
     if len({value for _, value in present}) > 1:
         detail = ", ".join(f"{label} says {value}" for label, value in present)
-        raise ToolchainError(f"the {what} is ambiguous ({detail}): an engine keyed with one "
-                             "and built with another would be served on the wrong machine")
+        raise ToolchainError(
+            f"the {what} is ambiguous ({detail}): an engine keyed with one "
+            "and built with another would be served on the wrong machine"
+        )
     return present[0][1]
 
 
@@ -115,32 +124,44 @@ def _detected_sm(probe: MachineProbe) -> str | None:
         return None
     sms = sorted({normalize_sm(c) for c in caps})
     if len(sms) > 1:
-        raise ToolchainError(f"this machine mixes GPU architectures (SM {', '.join(sms)}); "
-                             f"set {ENV_TARGET_SM} and CUDA_VISIBLE_DEVICES to pick one")
+        raise ToolchainError(
+            f"this machine mixes GPU architectures (SM {', '.join(sms)}); "
+            f"set {ENV_TARGET_SM} and CUDA_VISIBLE_DEVICES to pick one"
+        )
     return sms[0]
 
 
-def target_of(env: Mapping[str, str], probe: MachineProbe,
-              spec_sm: str | None = None) -> Target:
+def target_of(env: Mapping[str, str], probe: MachineProbe, spec_sm: str | None = None) -> Target:
     """Versions and SM from the machine, the environment and the spec's hardware.
 
     Never defaulted: each must come from at least one source, and all sources that give
     one must agree."""
-    trtllm = _agree("TensorRT-LLM version", [
-        ("installed tensorrt_llm", probe.package_version("tensorrt_llm")),
-        (ENV_TRTLLM_VERSION, env.get(ENV_TRTLLM_VERSION))],
-        f"install tensorrt_llm or set {ENV_TRTLLM_VERSION} (e.g. 0.16.0)")
-    tensorrt = _agree("TensorRT version", [
-        ("installed tensorrt", probe.package_version("tensorrt")),
-        (ENV_TENSORRT_VERSION, env.get(ENV_TENSORRT_VERSION))],
-        f"install tensorrt or set {ENV_TENSORRT_VERSION} (e.g. 10.7.0)")
+    trtllm = _agree(
+        "TensorRT-LLM version",
+        [
+            ("installed tensorrt_llm", probe.package_version("tensorrt_llm")),
+            (ENV_TRTLLM_VERSION, env.get(ENV_TRTLLM_VERSION)),
+        ],
+        f"install tensorrt_llm or set {ENV_TRTLLM_VERSION} (e.g. 0.16.0)",
+    )
+    tensorrt = _agree(
+        "TensorRT version",
+        [
+            ("installed tensorrt", probe.package_version("tensorrt")),
+            (ENV_TENSORRT_VERSION, env.get(ENV_TENSORRT_VERSION)),
+        ],
+        f"install tensorrt or set {ENV_TENSORRT_VERSION} (e.g. 10.7.0)",
+    )
     env_sm = env.get(ENV_TARGET_SM)
-    sm = _agree("target GPU architecture (SM)", [
-        ("nvidia-smi", _detected_sm(probe)),
-        (ENV_TARGET_SM, normalize_sm(env_sm) if env_sm else None),
-        ("the spec's hardware.gpu", spec_sm)],
-        f"run on the target GPU, set {ENV_TARGET_SM} (e.g. 90) or name hardware.gpu "
-        "in the spec")
+    sm = _agree(
+        "target GPU architecture (SM)",
+        [
+            ("nvidia-smi", _detected_sm(probe)),
+            (ENV_TARGET_SM, normalize_sm(env_sm) if env_sm else None),
+            ("the spec's hardware.gpu", spec_sm),
+        ],
+        f"run on the target GPU, set {ENV_TARGET_SM} (e.g. 90) or name hardware.gpu in the spec",
+    )
     return Target(trtllm, tensorrt, sm)
 
 
@@ -150,10 +171,10 @@ def target_of(env: Mapping[str, str], probe: MachineProbe,
 
 @dataclass(frozen=True)
 class Tools:
-    build: tuple[str, ...]            # trtllm-build
-    convert: tuple[str, ...] | None   # one converter for every family (a stand-in), or None
+    build: tuple[str, ...]  # trtllm-build
+    convert: tuple[str, ...] | None  # one converter for every family (a stand-in), or None
     quantize: tuple[str, ...] | None
-    examples: str | None              # a TensorRT-LLM checkout's examples/ directory
+    examples: str | None  # a TensorRT-LLM checkout's examples/ directory
 
 
 def tools_from_env(env: Mapping[str, str]) -> Tools:
@@ -161,18 +182,25 @@ def tools_from_env(env: Mapping[str, str]) -> Tools:
         value = env.get(name, "").strip()
         return tuple(shlex.split(value)) if value else None
 
-    return Tools(build=command(ENV_BUILD) or ("trtllm-build",), convert=command(ENV_CONVERT),
-                 quantize=command(ENV_QUANTIZE), examples=env.get(ENV_EXAMPLES) or None)
+    return Tools(
+        build=command(ENV_BUILD) or ("trtllm-build",),
+        convert=command(ENV_CONVERT),
+        quantize=command(ENV_QUANTIZE),
+        examples=env.get(ENV_EXAMPLES) or None,
+    )
 
 
-def _script(tools: Tools, override: tuple[str, ...] | None, override_env: str,
-            relative: str) -> tuple[str, ...]:
+def _script(
+    tools: Tools, override: tuple[str, ...] | None, override_env: str, relative: str
+) -> tuple[str, ...]:
     if override:
         return override
     if tools.examples:
         return (sys.executable, str(Path(tools.examples) / relative))
-    raise ToolchainError(f"no converter for {relative}: set {ENV_EXAMPLES} to a TensorRT-LLM "
-                         f"v{TRTLLM_TARGET_VERSION} examples/ directory, or {override_env}")
+    raise ToolchainError(
+        f"no converter for {relative}: set {ENV_EXAMPLES} to a TensorRT-LLM "
+        f"v{TRTLLM_TARGET_VERSION} examples/ directory, or {override_env}"
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -181,7 +209,7 @@ def _script(tools: Tools, override: tuple[str, ...] | None, override_env: str,
 
 @dataclass(frozen=True)
 class Step:
-    label: str                 # convert | quantize | build
+    label: str  # convert | quantize | build
     argv: tuple[str, ...]
 
     def shell(self) -> str:
@@ -192,45 +220,65 @@ def uses_modelopt(build: BuildSettings) -> bool:
     return build.quantization in QFORMATS or build.kv_cache_dtype == "fp8"
 
 
-def conversion_step(checkpoint: Checkpoint, build: BuildSettings, profile: Profile,
-                    tools: Tools, out_dir: str) -> Step:
+def conversion_step(
+    checkpoint: Checkpoint, build: BuildSettings, profile: Profile, tools: Tools, out_dir: str
+) -> Step:
     """HF folder → TRT-LLM checkpoint in out_dir (one rank<N>.safetensors per rank)."""
-    if checkpoint.hf_model is None:     # plan_steps converts only a checkpoint that has one
+    if checkpoint.hf_model is None:  # plan_steps converts only a checkpoint that has one
         raise ValueError("conversion_step: the checkpoint has no hf_model to convert")
-    common = ["--model_dir", checkpoint.hf_model,       # the Hugging Face folder
-              "--output_dir", out_dir,                  # the TRT-LLM checkpoint written
-              "--dtype", TRT_DTYPES[build.dtype],       # weights / activations dtype
-              "--tp_size", str(build.tp_size),          # tensor parallel ranks
-              "--pp_size", str(build.pp_size)]          # pipeline parallel stages
+    common = [
+        "--model_dir",
+        checkpoint.hf_model,  # the Hugging Face folder
+        "--output_dir",
+        out_dir,  # the TRT-LLM checkpoint written
+        "--dtype",
+        TRT_DTYPES[build.dtype],  # weights / activations dtype
+        "--tp_size",
+        str(build.tp_size),  # tensor parallel ranks
+        "--pp_size",
+        str(build.pp_size),
+    ]  # pipeline parallel stages
     if uses_modelopt(build):
         # examples/quantization/quantize.py (NVIDIA ModelOpt, calibrates on cnn_dailymail).
-        argv = [*_script(tools, tools.quantize, ENV_QUANTIZE, "quantization/quantize.py"),
-                *common,
-                "--qformat", QFORMATS.get(build.quantization, "full_prec"),
-                "--calib_size", "512"]                  # calibration samples (its default)
+        argv = [
+            *_script(tools, tools.quantize, ENV_QUANTIZE, "quantization/quantize.py"),
+            *common,
+            "--qformat",
+            QFORMATS.get(build.quantization, "full_prec"),
+            "--calib_size",
+            "512",
+        ]  # calibration samples (its default)
         if build.kv_cache_dtype != "auto":
             argv += ["--kv_cache_dtype", build.kv_cache_dtype]
         return Step("quantize", tuple(argv))
     family = checkpoint.family
     speculative = profile.speculative
     if speculative and speculative.mode in ("medusa", "eagle"):
-        family = speculative.mode                       # its convert script merges the heads
-    argv = [*_script(tools, tools.convert, ENV_CONVERT, f"{family}/convert_checkpoint.py"),
-            *common]
+        family = speculative.mode  # its convert script merges the heads
+    argv = [*_script(tools, tools.convert, ENV_CONVERT, f"{family}/convert_checkpoint.py"), *common]
     if build.quantization in WEIGHT_ONLY:
-        argv += ["--use_weight_only",
-                 "--weight_only_precision", WEIGHT_ONLY[build.quantization]]
+        argv += ["--use_weight_only", "--weight_only_precision", WEIGHT_ONLY[build.quantization]]
     if build.kv_cache_dtype == "int8":
         argv += ["--int8_kv_cache"]
     # The spec's parser requires heads_model for medusa and eagle.
     if speculative and speculative.mode == "medusa" and speculative.heads_model:
-        argv += ["--medusa_model_dir", speculative.heads_model,
-                 "--num_medusa_heads", str(speculative.num_heads),
-                 "--max_medusa_token_len", str(speculative.max_draft_len)]
+        argv += [
+            "--medusa_model_dir",
+            speculative.heads_model,
+            "--num_medusa_heads",
+            str(speculative.num_heads),
+            "--max_medusa_token_len",
+            str(speculative.max_draft_len),
+        ]
     if speculative and speculative.mode == "eagle" and speculative.heads_model:
-        argv += ["--eagle_model_dir", speculative.heads_model,
-                 "--num_eagle_layers", str(speculative.num_heads),
-                 "--max_draft_len", str(speculative.max_draft_len)]
+        argv += [
+            "--eagle_model_dir",
+            speculative.heads_model,
+            "--num_eagle_layers",
+            str(speculative.num_heads),
+            "--max_draft_len",
+            str(speculative.max_draft_len),
+        ]
     return Step("convert", tuple(argv))
 
 
@@ -239,46 +287,81 @@ def gemm_plugin_value(profile: Profile, build: BuildSettings) -> str:
     return TRT_DTYPES[build.dtype] if value == "auto" else TRT_DTYPES.get(value, value)
 
 
-def build_step(profile: Profile, build: BuildSettings, tools: Tools, checkpoint_dir: str,
-               out_dir: str, lora: LoraBuild | None = None) -> Step:
+def build_step(
+    profile: Profile,
+    build: BuildSettings,
+    tools: Tools,
+    checkpoint_dir: str,
+    out_dir: str,
+    lora: LoraBuild | None = None,
+) -> Step:
     """trtllm-build: TRT-LLM checkpoint → rank<N>.engine + config.json in out_dir."""
     plugins = profile.plugins
 
     def switch(on: bool) -> str:
         return "enable" if on else "disable"
 
-    argv = [*tools.build,
-            "--checkpoint_dir", checkpoint_dir,
-            "--output_dir", out_dir,
-            "--max_batch_size", str(profile.max_batch_size),   # requests scheduled at once
-            "--max_input_len", str(profile.max_input_len),     # longest prompt
-            "--max_seq_len", str(profile.max_seq_len),         # prompt + output
-            "--max_num_tokens", str(profile.max_num_tokens),   # tokens per forward pass
-            "--max_beam_width", str(profile.max_beam_width),
-            "--kv_cache_type", "paged",                        # inflight batching needs it
-            "--tokens_per_block", str(plugins.tokens_per_block),
-            "--gpt_attention_plugin", TRT_DTYPES[build.dtype],
-            "--gemm_plugin", gemm_plugin_value(profile, build),
-            "--context_fmha", switch(plugins.context_fmha),
-            "--use_paged_context_fmha", switch(plugins.paged_context_fmha),
-            "--remove_input_padding", switch(plugins.remove_input_padding),
-            "--multiple_profiles", switch(plugins.multiple_profiles),
-            "--workers", "1",                                  # ranks built one at a time
-            "--log_level", "info"]
+    argv = [
+        *tools.build,
+        "--checkpoint_dir",
+        checkpoint_dir,
+        "--output_dir",
+        out_dir,
+        "--max_batch_size",
+        str(profile.max_batch_size),  # requests scheduled at once
+        "--max_input_len",
+        str(profile.max_input_len),  # longest prompt
+        "--max_seq_len",
+        str(profile.max_seq_len),  # prompt + output
+        "--max_num_tokens",
+        str(profile.max_num_tokens),  # tokens per forward pass
+        "--max_beam_width",
+        str(profile.max_beam_width),
+        "--kv_cache_type",
+        "paged",  # inflight batching needs it
+        "--tokens_per_block",
+        str(plugins.tokens_per_block),
+        "--gpt_attention_plugin",
+        TRT_DTYPES[build.dtype],
+        "--gemm_plugin",
+        gemm_plugin_value(profile, build),
+        "--context_fmha",
+        switch(plugins.context_fmha),
+        "--use_paged_context_fmha",
+        switch(plugins.paged_context_fmha),
+        "--remove_input_padding",
+        switch(plugins.remove_input_padding),
+        "--multiple_profiles",
+        switch(plugins.multiple_profiles),
+        "--workers",
+        "1",  # ranks built one at a time
+        "--log_level",
+        "info",
+    ]
     if profile.weight_streaming:
-        argv += ["--weight_streaming"]           # lets gpu_weights_percent < 1 at runtime
+        argv += ["--weight_streaming"]  # lets gpu_weights_percent < 1 at runtime
     if profile.speculative:
-        argv += ["--speculative_decoding_mode",
-                 SPECULATIVE_BUILD_MODES[profile.speculative.mode],
-                 "--max_draft_len", str(profile.speculative.max_draft_len)]
+        argv += [
+            "--speculative_decoding_mode",
+            SPECULATIVE_BUILD_MODES[profile.speculative.mode],
+            "--max_draft_len",
+            str(profile.speculative.max_draft_len),
+        ]
     if lora:
-        argv += lora_mod.build_flags(lora)      # LoRA plugin, adapters, rank, modules
+        argv += lora_mod.build_flags(lora)  # LoRA plugin, adapters, rank, modules
     return Step("build", tuple(argv))
 
 
-def plan_steps(checkpoint: Checkpoint, build: BuildSettings, profile: Profile, tools: Tools,
-               checkpoint_dir: str, work_dir: str, out_dir: str,
-               lora: LoraBuild | None = None) -> list[Step]:
+def plan_steps(
+    checkpoint: Checkpoint,
+    build: BuildSettings,
+    profile: Profile,
+    tools: Tools,
+    checkpoint_dir: str,
+    work_dir: str,
+    out_dir: str,
+    lora: LoraBuild | None = None,
+) -> list[Step]:
     """All steps of one engine. checkpoint_dir: the converted checkpoint when the spec gives
     one (a local copy of checkpoint.path); else the conversion writes into work_dir."""
     steps = []
@@ -289,21 +372,30 @@ def plan_steps(checkpoint: Checkpoint, build: BuildSettings, profile: Profile, t
     return steps
 
 
-def key_args(checkpoint: Checkpoint, build: BuildSettings, profile: Profile,
-             extra_digests: Mapping[str, str], lora: dict | None = None) -> dict:
+def key_args(
+    checkpoint: Checkpoint,
+    build: BuildSettings,
+    profile: Profile,
+    extra_digests: Mapping[str, str],
+    lora: dict | None = None,
+) -> dict:
     """Every build argument of one engine, for its cache key. Paths are left out: the
     checkpoint (and heads/draft weights, adapters) enter the key through content digests.
     `lora` (lora.key_args) only when the model has adapters: other keys stay as they were."""
     profile_args = asdict(profile)
-    profile_args.pop("name")        # a profile renamed in the spec is the same engine
-    profile_args.pop("serve")       # which engine is served is a runtime choice
+    profile_args.pop("name")  # a profile renamed in the spec is the same engine
+    profile_args.pop("serve")  # which engine is served is a runtime choice
     if profile.speculative:
         profile_args["speculative"].pop("heads_model")
-    args = {"format": f"trtllm-{TRTLLM_TARGET_VERSION}-cli",
-            "conversion": {"family": checkpoint.family, "modelopt": uses_modelopt(build)}
-            if checkpoint.needs_conversion else None,
-            "build": asdict(build), "profile": profile_args,
-            "inputs": dict(sorted(extra_digests.items()))}
+    args = {
+        "format": f"trtllm-{TRTLLM_TARGET_VERSION}-cli",
+        "conversion": {"family": checkpoint.family, "modelopt": uses_modelopt(build)}
+        if checkpoint.needs_conversion
+        else None,
+        "build": asdict(build),
+        "profile": profile_args,
+        "inputs": dict(sorted(extra_digests.items())),
+    }
     if lora is not None:
         args["lora"] = lora
     return args
@@ -317,8 +409,13 @@ class Progress:
     """Live display of a build: step headers, every tool line prefixed, a heartbeat when a
     tool is quiet, and elapsed times. `write` is where lines go (stderr by default)."""
 
-    def __init__(self, title: str, total: int, write: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        title: str,
+        total: int,
+        write: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.title, self.total, self.clock = title, total, clock
         self.write = write or (lambda line: print(line, file=sys.stderr, flush=True))
         self.started = clock()
@@ -332,8 +429,7 @@ class Progress:
     def begin(self, step: Step) -> None:
         self.index += 1
         self.step_started = self.clock()
-        self.write(f"==> {self.title} [{self.index}/{self.total}] {step.label}: "
-                   f"{step.shell()}")
+        self.write(f"==> {self.title} [{self.index}/{self.total}] {step.label}: {step.shell()}")
 
     def line(self, step: Step, text: str) -> None:
         self.write(f"    {step.label} {self.elapsed(self.step_started)} | {text}")
@@ -342,12 +438,19 @@ class Progress:
         self.write(f"    {step.label} {self.elapsed(self.step_started)} | ... still running")
 
     def end(self, step: Step) -> None:
-        self.write(f"<== {self.title} [{self.index}/{self.total}] {step.label} done in "
-                   f"{self.elapsed(self.step_started)} (total {self.elapsed(self.started)})")
+        self.write(
+            f"<== {self.title} [{self.index}/{self.total}] {step.label} done in "
+            f"{self.elapsed(self.step_started)} (total {self.elapsed(self.started)})"
+        )
 
 
-def run_steps(steps: Sequence[Step], log_path: Path, progress: Progress,
-              env: Mapping[str, str] | None = None, heartbeat_s: float = 30.0) -> None:
+def run_steps(
+    steps: Sequence[Step],
+    log_path: Path,
+    progress: Progress,
+    env: Mapping[str, str] | None = None,
+    heartbeat_s: float = 30.0,
+) -> None:
     """Run each step as a subprocess; its output goes to log_path and to the display.
     A failing step raises BuildStepFailed naming the step, its exit status and the log."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -358,21 +461,32 @@ def run_steps(steps: Sequence[Step], log_path: Path, progress: Progress,
             log.flush()
             code = _run_one(step, log, progress, env, heartbeat_s)
             if code != 0:
-                raise BuildStepFailed(f"{progress.title}: {step.label} exited with status "
-                                      f"{code}: {step.shell()} (log: {log_path})")
+                raise BuildStepFailed(
+                    f"{progress.title}: {step.label} exited with status "
+                    f"{code}: {step.shell()} (log: {log_path})"
+                )
             progress.end(step)
 
 
-def _run_one(step: Step, log, progress: Progress, env: Mapping[str, str] | None,
-             heartbeat_s: float) -> int:
+def _run_one(
+    step: Step, log, progress: Progress, env: Mapping[str, str] | None, heartbeat_s: float
+) -> int:
     try:
-        process = subprocess.Popen(step.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, text=True, errors="replace",
-                                   env=dict(env) if env is not None else None)
+        process = subprocess.Popen(
+            step.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            env=dict(env) if env is not None else None,
+        )
     except (FileNotFoundError, PermissionError) as e:
         variable = {"build": ENV_BUILD, "quantize": ENV_QUANTIZE}.get(step.label, ENV_CONVERT)
-        raise BuildStepFailed(f"{progress.title}: cannot run {step.argv[0]!r} "
-                              f"({e.strerror}); install TensorRT-LLM or set {variable}") from None
+        raise BuildStepFailed(
+            f"{progress.title}: cannot run {step.argv[0]!r} "
+            f"({e.strerror}); install TensorRT-LLM or set {variable}"
+        ) from None
     lines: queue.Queue = queue.Queue()
     reader = threading.Thread(target=_pump, args=(process.stdout, lines), daemon=True)
     reader.start()

@@ -13,6 +13,7 @@ Secrets are only ever referenced: the API keys file and the Redis password come 
 Secrets the operator creates (names below, documented in docs/kubernetes.md); no value
 is rendered. Pure: spec + options → fragments of pod specs.
 """
+
 from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
@@ -25,8 +26,8 @@ from builder.spec.adapters import adapters_of
 LOOPBACK = "127.0.0.1"
 EVERYWHERE = "0.0.0.0"
 KEYS_DIR = "/etc/trident-keys"
-KEYS_KEY = "api-keys"                # the key of the API keys Secret: `KEY TENANT` lines
-REDIS_KEY = "password"               # the key of the Redis password Secret
+KEYS_KEY = "api-keys"  # the key of the API keys Secret: `KEY TENANT` lines
+REDIS_KEY = "password"  # the key of the Redis password Secret
 
 
 def redis_secret_name(app: str) -> str:
@@ -41,26 +42,33 @@ def keyed(options) -> bool:
 def check(spec: DeploymentSpec, options) -> None:
     """What cannot work in a pod, refused in one line before anything is written."""
     if keyed(options) and spec.server.openai_port is None:
-        raise K8sError(f"{spec.file}: --api-keys-secret needs server.openai_port in the "
-                       "spec (the OpenAI frontend is what checks the keys)")
+        raise K8sError(
+            f"{spec.file}: --api-keys-secret needs server.openai_port in the "
+            "spec (the OpenAI frontend is what checks the keys)"
+        )
     tenants = spec.tenants
-    if tenants and tenants.password_file and not PurePosixPath(
-            tenants.password_file).is_absolute():
-        raise K8sError(f"{spec.file}: tenants.password_file: "
-                       f"{printable(tenants.password_file)} is relative; in a pod the "
-                       "Secret is mounted at an absolute path: give one")
+    if tenants and tenants.password_file and not PurePosixPath(tenants.password_file).is_absolute():
+        raise K8sError(
+            f"{spec.file}: tenants.password_file: "
+            f"{printable(tenants.password_file)} is relative; in a pod the "
+            "Secret is mounted at an absolute path: give one"
+        )
     for i, model in enumerate(spec.models):
         if model.model and _relative_path(model.model, spec.file):
-            raise K8sError(f"{spec.file}: models[{i}].model: {printable(model.model)} is "
-                           "a relative path, which does not exist in the pod; give an "
-                           "absolute path on a volume mounted in the pod, or a Hugging Face "
-                           "model id")
-        for name, path in adapters_of(model).items():   # always folders
+            raise K8sError(
+                f"{spec.file}: models[{i}].model: {printable(model.model)} is "
+                "a relative path, which does not exist in the pod; give an "
+                "absolute path on a volume mounted in the pod, or a Hugging Face "
+                "model id"
+            )
+        for name, path in adapters_of(model).items():  # always folders
             if not PurePosixPath(path).is_absolute():
-                raise K8sError(f"{spec.file}: models[{i}].adapters.{printable(name)}: "
-                               f"{printable(path)} is a relative path, which does not "
-                               "exist in the pod; give an absolute path on a volume "
-                               "mounted in the pod")
+                raise K8sError(
+                    f"{spec.file}: models[{i}].adapters.{printable(name)}: "
+                    f"{printable(path)} is a relative path, which does not "
+                    "exist in the pod; give an absolute path on a volume "
+                    "mounted in the pod"
+                )
 
 
 def _relative_path(value: str, spec_file: str) -> bool:
@@ -69,8 +77,12 @@ def _relative_path(value: str, spec_file: str) -> bool:
     (beside the spec or in the current directory), which the pod will not have."""
     if value.startswith(("builtin:", "s3://", "/")):
         return False
-    return (value.startswith((".", "~")) or value.count("/") > 1
-            or Path(value).exists() or (Path(spec_file).parent / value).exists())
+    return (
+        value.startswith((".", "~"))
+        or value.count("/") > 1
+        or Path(value).exists()
+        or (Path(spec_file).parent / value).exists()
+    )
 
 
 def serve_args(spec: DeploymentSpec, options, expose: tuple[str, ...]) -> list[str]:
@@ -78,8 +90,15 @@ def serve_args(spec: DeploymentSpec, options, expose: tuple[str, ...]) -> list[s
     args = ["--metrics-host", EVERYWHERE]
     if spec.server.openai_port is None:
         return ["--triton-host", EVERYWHERE, *args]
-    args = ["--triton-host", LOOPBACK if keyed(options) else EVERYWHERE, *args,
-            "--openai-port", str(spec.server.openai_port), "--openai-host", EVERYWHERE]
+    args = [
+        "--triton-host",
+        LOOPBACK if keyed(options) else EVERYWHERE,
+        *args,
+        "--openai-port",
+        str(spec.server.openai_port),
+        "--openai-host",
+        EVERYWHERE,
+    ]
     for model in expose:
         args += ["--expose", model]
     if keyed(options):
@@ -109,8 +128,12 @@ def server_env(spec: DeploymentSpec, app: str) -> list[dict]:
     tenants = spec.tenants
     if not tenants or not tenants.password_env:
         return []
-    return [{"name": tenants.password_env, "valueFrom": {"secretKeyRef": {
-        "name": redis_secret_name(app), "key": REDIS_KEY}}}]
+    return [
+        {
+            "name": tenants.password_env,
+            "valueFrom": {"secretKeyRef": {"name": redis_secret_name(app), "key": REDIS_KEY}},
+        }
+    ]
 
 
 def secret_volumes(spec: DeploymentSpec, app: str, options) -> tuple[list[dict], list[dict]]:
@@ -118,15 +141,33 @@ def secret_volumes(spec: DeploymentSpec, app: str, options) -> tuple[list[dict],
     file at tenants.password_file (one key of the Secret, mounted as that file)."""
     volumes, mounts = [], []
     if keyed(options):
-        volumes.append({"name": "api-keys", "secret": {
-            "secretName": options.api_keys_secret,
-            "items": [{"key": KEYS_KEY, "path": KEYS_KEY}]}})
+        volumes.append(
+            {
+                "name": "api-keys",
+                "secret": {
+                    "secretName": options.api_keys_secret,
+                    "items": [{"key": KEYS_KEY, "path": KEYS_KEY}],
+                },
+            }
+        )
         mounts.append({"name": "api-keys", "mountPath": KEYS_DIR, "readOnly": True})
     tenants = spec.tenants
     if tenants and tenants.password_file:
-        volumes.append({"name": "redis-password", "secret": {
-            "secretName": redis_secret_name(app),
-            "items": [{"key": REDIS_KEY, "path": REDIS_KEY}]}})
-        mounts.append({"name": "redis-password", "mountPath": tenants.password_file,
-                       "subPath": REDIS_KEY, "readOnly": True})
+        volumes.append(
+            {
+                "name": "redis-password",
+                "secret": {
+                    "secretName": redis_secret_name(app),
+                    "items": [{"key": REDIS_KEY, "path": REDIS_KEY}],
+                },
+            }
+        )
+        mounts.append(
+            {
+                "name": "redis-password",
+                "mountPath": tenants.password_file,
+                "subPath": REDIS_KEY,
+                "readOnly": True,
+            }
+        )
     return volumes, mounts

@@ -2,6 +2,7 @@
 alerts of templates/alerts.yaml.j2, and a Grafana dashboard (templates/dashboard.yaml)
 in a ConfigMap labelled for Grafana's dashboard sidecar. `trident monitoring` writes the
 rules and the dashboard as plain files for Prometheus and Grafana without Kubernetes."""
+
 from __future__ import annotations
 
 import json
@@ -27,18 +28,26 @@ def _threshold(value: float, what: str) -> float:
 
 
 def alert_rules(spec: DeploymentSpec, ttft_p99_s: float) -> list[dict]:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
     error_rate = spec.router.breaker.error_rate if spec.router else 0.05
     text = env.get_template("alerts.yaml.j2").render(
         error_rate=_threshold(error_rate, "router.breaker.error_rate"),
-        ttft_p99_s=_threshold(ttft_p99_s, "--ttft-p99-seconds"))
+        ttft_p99_s=_threshold(ttft_p99_s, "--ttft-p99-seconds"),
+    )
     return yaml.safe_load(text)
 
 
 def rule_groups(spec: DeploymentSpec, ttft_p99_s: float) -> list[dict]:
-    return [{"name": f"trident-{names.dns_label(spec.name, 'name')}",
-             "rules": alert_rules(spec, ttft_p99_s)}]
+    return [
+        {
+            "name": f"trident-{names.dns_label(spec.name, 'name')}",
+            "rules": alert_rules(spec, ttft_p99_s),
+        }
+    ]
 
 
 def dashboard(spec: DeploymentSpec) -> dict:
@@ -47,23 +56,44 @@ def dashboard(spec: DeploymentSpec) -> dict:
     panels = []
     entries = yaml.safe_load((TEMPLATES / "dashboard.yaml").read_text())
     for i, entry in enumerate(entries):
-        panels.append({
-            "id": i + 1, "type": "timeseries", "title": entry["title"],
-            "datasource": {"type": "prometheus", "uid": "${datasource}"},
-            "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
-            "fieldConfig": {"defaults": {"unit": entry["unit"]}, "overrides": []},
-            "targets": [{"refId": chr(ord("A") + k), "expr": q["expr"],
-                         "legendFormat": q["legend"],
-                         "datasource": {"type": "prometheus", "uid": "${datasource}"}}
-                        for k, q in enumerate(entry["queries"])],
-        })
+        panels.append(
+            {
+                "id": i + 1,
+                "type": "timeseries",
+                "title": entry["title"],
+                "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
+                "fieldConfig": {"defaults": {"unit": entry["unit"]}, "overrides": []},
+                "targets": [
+                    {
+                        "refId": chr(ord("A") + k),
+                        "expr": q["expr"],
+                        "legendFormat": q["legend"],
+                        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                    }
+                    for k, q in enumerate(entry["queries"])
+                ],
+            }
+        )
     title = f"trident: {spec.name}"
     return {
-        "title": title, "uid": names.dns_label(f"trident-{spec.name}", "name", limit=40),
-        "tags": ["trident", "triton", "llm"], "timezone": "browser", "schemaVersion": 39,
-        "refresh": "30s", "time": {"from": "now-1h", "to": "now"},
-        "templating": {"list": [{"name": "datasource", "type": "datasource",
-                                 "query": "prometheus", "label": "Data source"}]},
+        "title": title,
+        "uid": names.dns_label(f"trident-{spec.name}", "name", limit=40),
+        "tags": ["trident", "triton", "llm"],
+        "timezone": "browser",
+        "schemaVersion": 39,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "label": "Data source",
+                }
+            ]
+        },
         "panels": panels,
     }
 
@@ -74,31 +104,47 @@ def dashboard_json(spec: DeploymentSpec) -> str:
 
 def pod_monitor(app: str, namespace: str | None) -> dict:
     """Scrape Triton's metrics port of every trident pod of this deployment."""
-    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
-            "metadata": names.metadata(app, namespace, names.labels(app, "monitoring")),
-            "spec": {"selector": {"matchLabels": {"app.kubernetes.io/instance": app}},
-                     "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics",
-                                              "interval": SCRAPE_INTERVAL}]}}
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": names.metadata(app, namespace, names.labels(app, "monitoring")),
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/instance": app}},
+            "podMetricsEndpoints": [
+                {"port": "metrics", "path": "/metrics", "interval": SCRAPE_INTERVAL}
+            ],
+        },
+    }
 
 
-def prometheus_rule(spec: DeploymentSpec, app: str, namespace: str | None,
-                    ttft_p99_s: float) -> dict:
-    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-            "metadata": names.metadata(app, namespace, names.labels(app, "monitoring")),
-            "spec": {"groups": rule_groups(spec, ttft_p99_s)}}
+def prometheus_rule(
+    spec: DeploymentSpec, app: str, namespace: str | None, ttft_p99_s: float
+) -> dict:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": names.metadata(app, namespace, names.labels(app, "monitoring")),
+        "spec": {"groups": rule_groups(spec, ttft_p99_s)},
+    }
 
 
 def dashboard_configmap(spec: DeploymentSpec, app: str, namespace: str | None) -> dict:
     """Grafana's sidecar loads every ConfigMap labelled grafana_dashboard: "1"."""
     labels = {**names.labels(app, "monitoring"), "grafana_dashboard": "1"}
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": names.metadata(f"{app}-dashboard", namespace, labels),
-            "data": {DASHBOARD_FILE: dashboard_json(spec)}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": names.metadata(f"{app}-dashboard", namespace, labels),
+        "data": {DASHBOARD_FILE: dashboard_json(spec)},
+    }
 
 
 def monitoring_files(spec: DeploymentSpec, ttft_p99_s: float) -> dict[str, str]:
     """`trident monitoring`: Prometheus rule file + Grafana dashboard, no Kubernetes."""
     rules = {"groups": rule_groups(spec, ttft_p99_s)}
-    return {"trident-alerts.yaml": yaml.safe_dump(rules, sort_keys=False, width=100,
-                                                  allow_unicode=False),
-            DASHBOARD_FILE: dashboard_json(spec)}
+    return {
+        "trident-alerts.yaml": yaml.safe_dump(
+            rules, sort_keys=False, width=100, allow_unicode=False
+        ),
+        DASHBOARD_FILE: dashboard_json(spec),
+    }

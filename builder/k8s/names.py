@@ -1,5 +1,6 @@
 """Names and labels of the rendered Kubernetes objects, and the checks on the values a
 user passes on the command line (namespace, image, Secret name)."""
+
 from __future__ import annotations
 
 import re
@@ -11,8 +12,10 @@ DEFAULT_IMAGE = "trident:0.1.0"
 PART_OF = "trident"
 
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_SUBDOMAIN = re.compile(r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-                        r"(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_SUBDOMAIN = re.compile(
+    r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+    r"(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
 # registry/path:tag@digest: no whitespace, no control or quote characters.
 _IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}")
 
@@ -27,22 +30,27 @@ def dns_label(text: str, what: str, limit: int = 63) -> str:
     """text as an RFC 1123 label: lower case, runs of other characters as '-'."""
     label = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:limit].strip("-")
     if not label:
-        raise K8sError(f"{what}: {printable(text)} has no letters or digits to name a "
-                       "Kubernetes object with")
+        raise K8sError(
+            f"{what}: {printable(text)} has no letters or digits to name a Kubernetes object with"
+        )
     return label
 
 
 def check_namespace(value: str) -> str:
     if len(value) > 63 or not _LABEL.fullmatch(value):
-        raise K8sError(f"--namespace: {printable(value)} is not a namespace name (lower-case "
-                       "letters, digits and '-', at most 63 characters)")
+        raise K8sError(
+            f"--namespace: {printable(value)} is not a namespace name (lower-case "
+            "letters, digits and '-', at most 63 characters)"
+        )
     return value
 
 
 def check_secret(value: str, where: str) -> str:
     if not _SUBDOMAIN.fullmatch(value):
-        raise K8sError(f"{where}: {printable(value)} is not a Secret name (lower-case "
-                       "letters, digits, '-' and '.')")
+        raise K8sError(
+            f"{where}: {printable(value)} is not a Secret name (lower-case "
+            "letters, digits, '-' and '.')"
+        )
     return value
 
 
@@ -58,17 +66,19 @@ def app_name(spec_name: str) -> str:
 
 
 def labels(app: str, component: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "trident", "app.kubernetes.io/instance": app,
-            "app.kubernetes.io/component": component,
-            "app.kubernetes.io/managed-by": PART_OF}
+    return {
+        "app.kubernetes.io/name": "trident",
+        "app.kubernetes.io/instance": app,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": PART_OF,
+    }
 
 
 def selector(app: str, component: str) -> dict[str, str]:
     return {"app.kubernetes.io/instance": app, "app.kubernetes.io/component": component}
 
 
-def metadata(name: str, namespace: str | None, object_labels: dict[str, str],
-             **extra) -> dict:
+def metadata(name: str, namespace: str | None, object_labels: dict[str, str], **extra) -> dict:
     meta: dict = {"name": name}
     if namespace:
         meta["namespace"] = namespace

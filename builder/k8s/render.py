@@ -5,6 +5,7 @@ directory trident wrote: builder.render.write and builder.render.output_dir).
 Deterministic: objects are built in a fixed order and dumped without sorting or
 timestamps, so rendering the same spec twice gives byte-identical files.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,8 +34,14 @@ _Dumper.add_representer(str, _str)
 
 
 def dump(objects: list[dict]) -> bytes:
-    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=100,
-                         allow_unicode=False, explicit_start=True).encode()
+    return yaml.dump_all(
+        objects,
+        Dumper=_Dumper,
+        sort_keys=False,
+        width=100,
+        allow_unicode=False,
+        explicit_start=True,
+    ).encode()
 
 
 def manifests(spec: DeploymentSpec, plan: Plan, options: Options) -> dict[str, list[dict]]:
@@ -43,18 +50,20 @@ def manifests(spec: DeploymentSpec, plan: Plan, options: Options) -> dict[str, l
     lay = workloads.layout(spec, plan)
     ns = options.namespace
     files: dict[str, list[dict]] = {
-        "configmap-spec.yaml": [workloads.spec_configmap(spec, lay.app, options)]}
+        "configmap-spec.yaml": [workloads.spec_configmap(spec, lay.app, options)]
+    }
     if lay.single:
-        files["statefulset-server.yaml"] = [
-            workloads.server_statefulset(spec, plan, lay, options)]
+        files["statefulset-server.yaml"] = [workloads.server_statefulset(spec, plan, lay, options)]
     for model in lay.spanning:
         files[f"leaderworkerset-{lay.component[model]}.yaml"] = [
-            workloads.model_leaderworkerset(spec, plan, lay, model, options)]
+            workloads.model_leaderworkerset(spec, plan, lay, model, options)
+        ]
     files["services.yaml"] = workloads.services(spec, lay, options)
     files["poddisruptionbudgets.yaml"] = workloads.disruption_budgets(lay, options)
     files["podmonitor.yaml"] = [monitoring.pod_monitor(lay.app, ns)]
     files["prometheusrule.yaml"] = [
-        monitoring.prometheus_rule(spec, lay.app, ns, options.ttft_p99_s)]
+        monitoring.prometheus_rule(spec, lay.app, ns, options.ttft_p99_s)
+    ]
     files["configmap-dashboard.yaml"] = [monitoring.dashboard_configmap(spec, lay.app, ns)]
     return files
 
@@ -69,8 +78,9 @@ def kustomization(resources: list[str], namespace: str | None) -> dict:
 
 def render_files(spec: DeploymentSpec, plan: Plan, options: Options) -> dict[str, bytes]:
     files = {name: dump(objects) for name, objects in manifests(spec, plan, options).items()}
-    files[KUSTOMIZATION] = yaml.dump(kustomization(list(files), options.namespace),
-                                     Dumper=_Dumper, sort_keys=False).encode()
+    files[KUSTOMIZATION] = yaml.dump(
+        kustomization(list(files), options.namespace), Dumper=_Dumper, sort_keys=False
+    ).encode()
     return files
 
 
@@ -105,20 +115,27 @@ def write_manifests(spec: DeploymentSpec, plan: Plan, options: Options, out: Pat
 
 
 def write_monitoring(spec: DeploymentSpec, ttft_p99_s: float, out: Path) -> int:
-    files = {name: text.encode()
-             for name, text in monitoring.monitoring_files(spec, ttft_p99_s).items()}
+    files = {
+        name: text.encode() for name, text in monitoring.monitoring_files(spec, ttft_p99_s).items()
+    }
     write_repository(files, out, check_directory, spec_file=spec.file)
     return len(files)
 
 
-def options(namespace: str | None, image: str | None, cache_secret: str | None,
-            ttft_p99_s: float, api_keys_secret: str | None = None) -> Options:
+def options(
+    namespace: str | None,
+    image: str | None,
+    cache_secret: str | None,
+    ttft_p99_s: float,
+    api_keys_secret: str | None = None,
+) -> Options:
     """Options from the command line, each checked (one-line errors, exit 2)."""
     return Options(
         namespace=names.check_namespace(namespace) if namespace else None,
         image=names.check_image(image) if image else names.DEFAULT_IMAGE,
-        cache_secret=names.check_secret(cache_secret, "--cache-secret") if cache_secret
-        else None,
+        cache_secret=names.check_secret(cache_secret, "--cache-secret") if cache_secret else None,
         api_keys_secret=names.check_secret(api_keys_secret, "--api-keys-secret")
-        if api_keys_secret else None,
-        ttft_p99_s=ttft_p99_s)
+        if api_keys_secret
+        else None,
+        ttft_p99_s=ttft_p99_s,
+    )

@@ -7,6 +7,7 @@ from the ConfigMap (fetching TensorRT-LLM engines from the S3 engine cache, with
 credentials only as a reference to a Secret), then the server container runs
 `trident serve` on it. Pure: spec + plan + options → objects (plain dicts).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from builder.spec import DeploymentSpec
 SPEC_DIR = "/etc/trident"
 SPEC_KEY = "spec.yaml"
 TOPOLOGY_KEY = "topology.txt"
-WORK_DIR = "/var/lib/trident"        # HOME of both containers: repository + engine cache
+WORK_DIR = "/var/lib/trident"  # HOME of both containers: repository + engine cache
 REPO_DIR = f"{WORK_DIR}/model_repository"
 RAY_PORT = 6379
 # `trident serve` runs tritonserver with --exit-timeout-secs=5 and SIGKILLs its process
@@ -39,9 +40,9 @@ STARTUP_PERIOD_S = 10
 class Options:
     namespace: str | None = None
     image: str = names.DEFAULT_IMAGE
-    cache_secret: str | None = None     # --cache-secret, else engine_cache.credentials_secret
+    cache_secret: str | None = None  # --cache-secret, else engine_cache.credentials_secret
     api_keys_secret: str | None = None  # --api-keys-secret: the OpenAI frontend requires keys
-    ttft_p99_s: float = 2.0             # the TTFT alert's threshold
+    ttft_p99_s: float = 2.0  # the TTFT alert's threshold
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class Layout:
     app: str
     single: tuple[str, ...]
     spanning: tuple[str, ...]
-    component: dict              # model name (or "server") → object name suffix
+    component: dict  # model name (or "server") → object name suffix
 
 
 def layout(spec: DeploymentSpec, plan: Plan) -> Layout:
@@ -62,8 +63,10 @@ def layout(spec: DeploymentSpec, plan: Plan) -> Layout:
     for i, name in enumerate(spanning):
         label = names.dns_label(name, f"models[{i}].name", limit=20)
         if label in component.values():
-            raise K8sError(f"{spec.file}: model {name!r}: its Kubernetes name {label!r} "
-                           "is already taken by another model")
+            raise K8sError(
+                f"{spec.file}: model {name!r}: its Kubernetes name {label!r} "
+                "is already taken by another model"
+            )
         component[name] = label
     _check_spanning(spec, plan, spanning)
     return Layout(app, single, spanning, component)
@@ -72,11 +75,12 @@ def layout(spec: DeploymentSpec, plan: Plan) -> Layout:
 def _check_spanning(spec: DeploymentSpec, plan: Plan, spanning: tuple[str, ...]) -> None:
     for name in spanning:
         model = spec.model(name)
-        if (model.engine != "vllm"
-                or model.engine_args.get("distributed_executor_backend") != "ray"):
-            raise K8sError(f"{spec.file}: model {name!r} spans {plan.model(name).nodes} "
-                           "nodes; trident renders multi-node workloads only for vllm "
-                           "with engine_args.distributed_executor_backend: ray")
+        if model.engine != "vllm" or model.engine_args.get("distributed_executor_backend") != "ray":
+            raise K8sError(
+                f"{spec.file}: model {name!r} spans {plan.model(name).nodes} "
+                "nodes; trident renders multi-node workloads only for vllm "
+                "with engine_args.distributed_executor_backend: ray"
+            )
     router = spec.router
     if router is None:
         return
@@ -84,9 +88,11 @@ def _check_spanning(spec: DeploymentSpec, plan: Plan, spanning: tuple[str, ...])
     used |= set(router.fallback) | {b for bs in router.fallback.values() for b in bs}
     for name in spanning:
         if name in used:
-            raise K8sError(f"{spec.file}: router: backend {name!r} spans nodes and runs "
-                           "in its own LeaderWorkerSet, but the router reaches only the "
-                           "models of its own server (BLS); route to it from outside")
+            raise K8sError(
+                f"{spec.file}: router: backend {name!r} spans nodes and runs "
+                "in its own LeaderWorkerSet, but the router reaches only the "
+                "models of its own server (BLS); route to it from outside"
+            )
 
 
 def gpu_resources(plan: Plan, models: tuple[str, ...]) -> dict[str, int]:
@@ -105,8 +111,10 @@ def mig_config_name(spec: DeploymentSpec) -> str:
     Operator's MIG manager applies from the node label nvidia.com/mig.config."""
     value = f"trident-{spec.name}"
     if len(value) > 63 or not names._LABEL.fullmatch(value.lower()) or not value.isascii():
-        raise K8sError(f"{spec.file}: name: {printable(spec.name)} cannot be a label value "
-                       "(nvidia.com/mig.config=trident-<name>)")
+        raise K8sError(
+            f"{spec.file}: name: {printable(spec.name)} cannot be a label value "
+            "(nvidia.com/mig.config=trident-<name>)"
+        )
     return value
 
 
@@ -128,8 +136,10 @@ def topology_item(spec: DeploymentSpec) -> tuple[str, Path] | None:
         return None
     relative = PurePosixPath(spec.hardware.topology)
     if relative.is_absolute() or ".." in relative.parts:
-        raise K8sError(f"{spec.file}: hardware.topology: {printable(spec.hardware.topology)} "
-                       "must be a relative path without '..' to travel in the ConfigMap")
+        raise K8sError(
+            f"{spec.file}: hardware.topology: {printable(spec.hardware.topology)} "
+            "must be a relative path without '..' to travel in the ConfigMap"
+        )
     here = Path(spec.hardware.topology)
     if not here.is_file():
         here = Path(spec.file).parent / relative
@@ -141,10 +151,12 @@ def spec_configmap(spec: DeploymentSpec, app: str, options: Options) -> dict:
     item = topology_item(spec)
     if item is not None:
         data[TOPOLOGY_KEY] = item[1].read_text()
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": names.metadata(f"{app}-spec", options.namespace,
-                                       names.labels(app, "spec")),
-            "data": data}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": names.metadata(f"{app}-spec", options.namespace, names.labels(app, "spec")),
+        "data": data,
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -153,52 +165,85 @@ def spec_configmap(spec: DeploymentSpec, app: str, options: Options) -> dict:
 
 def _ports(spec: DeploymentSpec, options: Options) -> list[dict]:
     """The ports reachable from outside the pod (access.public_ports)."""
-    numbers = {"http": spec.server.http_port, "grpc": spec.server.grpc_port,
-               "metrics": spec.server.metrics_port, "openai": spec.server.openai_port}
-    return [{"name": name, "containerPort": numbers[name], "protocol": "TCP"}
-            for name in access.public_ports(spec, options)]
+    numbers = {
+        "http": spec.server.http_port,
+        "grpc": spec.server.grpc_port,
+        "metrics": spec.server.metrics_port,
+        "openai": spec.server.openai_port,
+    }
+    return [
+        {"name": name, "containerPort": numbers[name], "protocol": "TCP"}
+        for name in access.public_ports(spec, options)
+    ]
 
 
 def _probe(path: str, port: str, period: int, failures: int) -> dict:
-    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period,
-            "timeoutSeconds": 5, "failureThreshold": failures}
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
 
 
 def _init_container(spec: DeploymentSpec, options: Options) -> dict:
     container = {
-        "name": "render-repository", "image": options.image,
+        "name": "render-repository",
+        "image": options.image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["trident", "repo", "--spec", f"{SPEC_DIR}/{SPEC_KEY}", "--out", REPO_DIR],
         "workingDir": SPEC_DIR,
         "env": [{"name": "HOME", "value": WORK_DIR}],
-        "volumeMounts": [{"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
-                         {"name": "work", "mountPath": WORK_DIR}],
+        "volumeMounts": [
+            {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+            {"name": "work", "mountPath": WORK_DIR},
+        ],
     }
     secret = options.cache_secret or spec.engine_cache.credentials_secret
-    if secret:   # a reference only: the values stay in the Secret
+    if secret:  # a reference only: the values stay in the Secret
         container["envFrom"] = [{"secretRef": {"name": secret}}]
     return container
 
 
-def _serve_command(spec: DeploymentSpec, options: Options, load: tuple[str, ...] | None,
-                   expose: tuple[str, ...]) -> list[str]:
-    command = ["trident", "serve", "--repo", REPO_DIR,
-               "--http-port", str(spec.server.http_port),
-               "--grpc-port", str(spec.server.grpc_port),
-               "--metrics-port", str(spec.server.metrics_port),
-               *access.serve_args(spec, options, expose),
-               "--timeout", str(STARTUP_BUDGET_S)]
+def _serve_command(
+    spec: DeploymentSpec, options: Options, load: tuple[str, ...] | None, expose: tuple[str, ...]
+) -> list[str]:
+    command = [
+        "trident",
+        "serve",
+        "--repo",
+        REPO_DIR,
+        "--http-port",
+        str(spec.server.http_port),
+        "--grpc-port",
+        str(spec.server.grpc_port),
+        "--metrics-port",
+        str(spec.server.metrics_port),
+        *access.serve_args(spec, options, expose),
+        "--timeout",
+        str(STARTUP_BUDGET_S),
+    ]
     for model in load or ():
         command += ["--load-model", model]
     return command
 
 
-def _server_container(spec: DeploymentSpec, options: Options, command: list[str],
-                      resources: dict[str, int], serving: bool = True,
-                      env: list[dict] = (), mounts: list[dict] = ()) -> dict:
-    container: dict = {"name": "triton" if serving else "ray-worker", "image": options.image,
-                       "imagePullPolicy": "IfNotPresent", "command": command,
-                       "env": [{"name": "HOME", "value": WORK_DIR}, *env]}
+def _server_container(
+    spec: DeploymentSpec,
+    options: Options,
+    command: list[str],
+    resources: dict[str, int],
+    serving: bool = True,
+    env: list[dict] = (),
+    mounts: list[dict] = (),
+) -> dict:
+    container: dict = {
+        "name": "triton" if serving else "ray-worker",
+        "image": options.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command,
+        "env": [{"name": "HOME", "value": WORK_DIR}, *env],
+    }
     if serving:
         container["ports"] = _ports(spec, options)
     quantities = {k: str(v) for k, v in resources.items()}
@@ -206,28 +251,42 @@ def _server_container(spec: DeploymentSpec, options: Options, command: list[str]
         container["resources"] = {"requests": dict(quantities), "limits": dict(quantities)}
     if serving:
         ready, port, live = access.health_check(options)
-        container["startupProbe"] = _probe(ready, port, STARTUP_PERIOD_S,
-                                           STARTUP_BUDGET_S // STARTUP_PERIOD_S)
+        container["startupProbe"] = _probe(
+            ready, port, STARTUP_PERIOD_S, STARTUP_BUDGET_S // STARTUP_PERIOD_S
+        )
         container["readinessProbe"] = _probe(ready, port, 5, 3)
         container["livenessProbe"] = _probe(live, port, 10, 3)
-    container["volumeMounts"] = [{"name": "work", "mountPath": WORK_DIR},
-                                 {"name": "dshm", "mountPath": "/dev/shm"}, *mounts]
+    container["volumeMounts"] = [
+        {"name": "work", "mountPath": WORK_DIR},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        *mounts,
+    ]
     return container
 
 
-def _pod_spec(spec: DeploymentSpec, app: str, containers: list[dict], init: bool,
-              shm: str, mig: bool, secrets: list[dict] = ()) -> dict:
+def _pod_spec(
+    spec: DeploymentSpec,
+    app: str,
+    containers: list[dict],
+    init: bool,
+    shm: str,
+    mig: bool,
+    secrets: list[dict] = (),
+) -> dict:
     pod: dict = {"terminationGracePeriodSeconds": GRACE_PERIOD_S}
     if mig:
         pod["nodeSelector"] = {"nvidia.com/mig.config": mig_config_name(spec)}
     if spec.hardware.gpu != "cpu":
-        pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists",
-                               "effect": "NoSchedule"}]
+        pod["tolerations"] = [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
     if init:
         pod["initContainers"] = [containers.pop(0)]
     pod["containers"] = containers
-    volumes = [{"name": "work", "emptyDir": {}},
-               {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}]
+    volumes = [
+        {"name": "work", "emptyDir": {}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+    ]
     if init:
         volumes.append({"name": "spec", "configMap": _spec_volume(spec, app)})
     pod["volumes"] = [*volumes, *secrets]
@@ -250,34 +309,54 @@ def _uses_mig(plan: Plan, models: tuple[str, ...]) -> bool:
 # Workloads
 
 
-def server_statefulset(spec: DeploymentSpec, plan: Plan, lay: Layout,
-                       options: Options) -> dict:
+def server_statefulset(spec: DeploymentSpec, plan: Plan, lay: Layout, options: Options) -> dict:
     """The tritonserver of every single-node model (and the router)."""
     resources = gpu_resources(plan, lay.single)
     gpus = sum(resources.values())
-    load = (_with_replicas(spec, plan, lay.single) + ((spec.router.name,) if spec.router
-                                                       else ())
-            if lay.spanning else None)
+    load = (
+        _with_replicas(spec, plan, lay.single) + ((spec.router.name,) if spec.router else ())
+        if lay.spanning
+        else None
+    )
     # The frontend serves the router, or every model of this server when there is none.
     expose = (spec.router.name,) if spec.router else lay.single
     volumes, mounts = access.secret_volumes(spec, lay.app, options)
-    containers = [_init_container(spec, options),
-                  _server_container(spec, options, _serve_command(spec, options, load, expose),
-                                    resources, env=access.server_env(spec, lay.app),
-                                    mounts=mounts)]
+    containers = [
+        _init_container(spec, options),
+        _server_container(
+            spec,
+            options,
+            _serve_command(spec, options, load, expose),
+            resources,
+            env=access.server_env(spec, lay.app),
+            mounts=mounts,
+        ),
+    ]
     labels = names.labels(lay.app, "server")
-    pod = _pod_spec(spec, lay.app, containers, True,
-                    shm_size(plan, lay.single, gpus), _uses_mig(plan, lay.single), volumes)
-    return {"apiVersion": "apps/v1", "kind": "StatefulSet",
-            "metadata": names.metadata(f"{lay.app}-server", options.namespace, labels),
-            "spec": {"serviceName": f"{lay.app}-server-headless", "replicas": 1,
-                     "podManagementPolicy": "Parallel",
-                     "selector": {"matchLabels": names.selector(lay.app, "server")},
-                     "template": {"metadata": {"labels": labels}, "spec": pod}}}
+    pod = _pod_spec(
+        spec,
+        lay.app,
+        containers,
+        True,
+        shm_size(plan, lay.single, gpus),
+        _uses_mig(plan, lay.single),
+        volumes,
+    )
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": names.metadata(f"{lay.app}-server", options.namespace, labels),
+        "spec": {
+            "serviceName": f"{lay.app}-server-headless",
+            "replicas": 1,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": names.selector(lay.app, "server")},
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    }
 
 
-def _with_replicas(spec: DeploymentSpec, plan: Plan, models: tuple[str, ...]
-                   ) -> tuple[str, ...]:
+def _with_replicas(spec: DeploymentSpec, plan: Plan, models: tuple[str, ...]) -> tuple[str, ...]:
     """The Triton models serving `models`: a model with replicas is its replicas and
     its forwarder (builder/plan/replicas.py), all in this pod beside the router, the
     only server whose models its BLS calls reach. GPUs are summed over the model's
@@ -286,8 +365,9 @@ def _with_replicas(spec: DeploymentSpec, plan: Plan, models: tuple[str, ...]
     return tuple(name for model in models for name in (*routed.get(model, ()), model))
 
 
-def model_leaderworkerset(spec: DeploymentSpec, plan: Plan, lay: Layout, model: str,
-                          options: Options) -> dict:
+def model_leaderworkerset(
+    spec: DeploymentSpec, plan: Plan, lay: Layout, model: str, options: Options
+) -> dict:
     """One model over several nodes: the leader renders the repository, starts the Ray
     head and serves the model; each worker joins the leader's Ray cluster with its GPUs."""
     placed: ModelPlan = plan.model(model)
@@ -297,47 +377,79 @@ def model_leaderworkerset(spec: DeploymentSpec, plan: Plan, lay: Layout, model: 
     shm = shm_size(plan, (model,), gpus)
     serve = " ".join(_serve_command(spec, options, (model,), (model,)))
     leader_command = ["sh", "-c", f"ray start --head --port={RAY_PORT} && exec {serve}"]
-    worker_command = ["sh", "-c", f'exec ray start --address="$LWS_LEADER_ADDRESS:{RAY_PORT}" '
-                      "--block"]
+    worker_command = [
+        "sh",
+        "-c",
+        f'exec ray start --address="$LWS_LEADER_ADDRESS:{RAY_PORT}" --block',
+    ]
     labels = names.labels(lay.app, component)
     # The leader serves its model through its own frontend (with the keys, when given):
     # the router cannot reach a model of another pod.
     volumes, mounts = access.secret_volumes(spec, lay.app, options)
     keys = [m for m in mounts if m["name"] == "api-keys"]
-    leader = _pod_spec(spec, lay.app, [_init_container(spec, options), _server_container(
-        spec, options, leader_command, resources, mounts=keys)], True, shm, False,
-        [v for v in volumes if v["name"] == "api-keys"])
-    worker = _pod_spec(spec, lay.app, [_server_container(
-        spec, options, worker_command, resources, serving=False)], False, shm, False)
-    return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
-            "metadata": names.metadata(f"{lay.app}-{component}", options.namespace, labels),
-            "spec": {"replicas": len(placed.instances), "startupPolicy": "LeaderCreated",
-                     "leaderWorkerTemplate": {
-                         "size": placed.nodes,
-                         "restartPolicy": "RecreateGroupOnPodRestart",
-                         "leaderTemplate": {"metadata": {"labels": labels}, "spec": leader},
-                         "workerTemplate": {"metadata": {"labels": labels}, "spec": worker},
-                     }}}
+    leader = _pod_spec(
+        spec,
+        lay.app,
+        [
+            _init_container(spec, options),
+            _server_container(spec, options, leader_command, resources, mounts=keys),
+        ],
+        True,
+        shm,
+        False,
+        [v for v in volumes if v["name"] == "api-keys"],
+    )
+    worker = _pod_spec(
+        spec,
+        lay.app,
+        [_server_container(spec, options, worker_command, resources, serving=False)],
+        False,
+        shm,
+        False,
+    )
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": names.metadata(f"{lay.app}-{component}", options.namespace, labels),
+        "spec": {
+            "replicas": len(placed.instances),
+            "startupPolicy": "LeaderCreated",
+            "leaderWorkerTemplate": {
+                "size": placed.nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": {"metadata": {"labels": labels}, "spec": leader},
+                "workerTemplate": {"metadata": {"labels": labels}, "spec": worker},
+            },
+        },
+    }
 
 
 def services(spec: DeploymentSpec, lay: Layout, options: Options) -> list[dict]:
     """Per workload a ClusterIP Service (http, grpc, metrics, openai if configured); the
     StatefulSet also gets its headless governing Service."""
-    ports = [{"name": p["name"], "port": p["containerPort"], "targetPort": p["name"],
-              "protocol": "TCP"} for p in _ports(spec, options)]
+    ports = [
+        {"name": p["name"], "port": p["containerPort"], "targetPort": p["name"], "protocol": "TCP"}
+        for p in _ports(spec, options)
+    ]
     out = []
     if lay.single:
         labels = names.labels(lay.app, "server")
         select = names.selector(lay.app, "server")
         out.append(_service(f"{lay.app}-server", labels, select, ports, options))
-        out.append(_service(f"{lay.app}-server-headless", labels, select, ports, options,
-                            headless=True))
+        out.append(
+            _service(f"{lay.app}-server-headless", labels, select, ports, options, headless=True)
+        )
     for model in lay.spanning:
         component = lay.component[model]
-        select = {**names.selector(lay.app, component),
-                  "leaderworkerset.sigs.k8s.io/worker-index": "0"}   # leaders serve
-        out.append(_service(f"{lay.app}-{component}", names.labels(lay.app, component),
-                            select, ports, options))
+        select = {
+            **names.selector(lay.app, component),
+            "leaderworkerset.sigs.k8s.io/worker-index": "0",
+        }  # leaders serve
+        out.append(
+            _service(
+                f"{lay.app}-{component}", names.labels(lay.app, component), select, ports, options
+            )
+        )
     return out
 
 
@@ -346,18 +458,30 @@ def _service(name, labels, select, ports, options, headless=False) -> dict:
     if headless:
         spec["clusterIP"] = "None"
         spec["publishNotReadyAddresses"] = True
-    return {"apiVersion": "v1", "kind": "Service",
-            "metadata": names.metadata(name, options.namespace, labels), "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": names.metadata(name, options.namespace, labels),
+        "spec": spec,
+    }
 
 
 def disruption_budgets(lay: Layout, options: Options) -> list[dict]:
     """At most one pod of a workload down for voluntary disruptions (drains); pods still
     starting (not ready) may always be evicted."""
     components = (["server"] if lay.single else []) + [lay.component[m] for m in lay.spanning]
-    return [{"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-             "metadata": names.metadata(f"{lay.app}-{c}", options.namespace,
-                                        names.labels(lay.app, c)),
-             "spec": {"maxUnavailable": 1,
-                      "unhealthyPodEvictionPolicy": "AlwaysAllow",
-                      "selector": {"matchLabels": names.selector(lay.app, c)}}}
-            for c in components]
+    return [
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": names.metadata(
+                f"{lay.app}-{c}", options.namespace, names.labels(lay.app, c)
+            ),
+            "spec": {
+                "maxUnavailable": 1,
+                "unhealthyPodEvictionPolicy": "AlwaysAllow",
+                "selector": {"matchLabels": names.selector(lay.app, c)},
+            },
+        }
+        for c in components
+    ]

@@ -7,6 +7,7 @@ A profile occupies `memory_slices` consecutive memory slices starting at one of 
 legal `starts` (what `nvidia-smi mig -lgipp` prints as `{0,2,4}:2`), and at most
 `max_count` instances of it fit on one GPU.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,12 +15,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class MigProfile:
-    name: str                  # e.g. "3g.40gb"
-    compute_slices: int        # the "3g"
-    memory_slices: int         # consecutive memory slices it occupies
-    starts: tuple[int, ...]    # legal first memory slice of a placement
-    max_count: int             # instances of this profile one GPU can hold
-    memory_gib: float          # its share of the GPU's memory
+    name: str  # e.g. "3g.40gb"
+    compute_slices: int  # the "3g"
+    memory_slices: int  # consecutive memory slices it occupies
+    starts: tuple[int, ...]  # legal first memory slice of a placement
+    max_count: int  # instances of this profile one GPU can hold
+    memory_gib: float  # its share of the GPU's memory
 
     @property
     def kubernetes_resource(self) -> str:
@@ -31,10 +32,10 @@ class MigProfile:
 class GpuType:
     name: str
     memory_gib: float
-    sm: str            # compute capability as TensorRT names it, e.g. "90"
-    nvlink: str        # interconnect generation ("" for none)
-    memory_slices: int = 0     # MIG memory slices (0: no MIG)
-    compute_slices: int = 0    # MIG compute slices
+    sm: str  # compute capability as TensorRT names it, e.g. "90"
+    nvlink: str  # interconnect generation ("" for none)
+    memory_slices: int = 0  # MIG memory slices (0: no MIG)
+    compute_slices: int = 0  # MIG compute slices
     mig_profiles: tuple[MigProfile, ...] = ()
 
     def mig_profile(self, name: str) -> MigProfile | None:
@@ -55,9 +56,12 @@ def _seven_slice_profiles(memory_gib: float, gb: tuple[int, ...]) -> tuple[MigPr
         ("4g", 4, (0,), 1, gb[4], ""),
         ("7g", 8, (0,), 1, gb[5], ""),
     )
-    return tuple(MigProfile(f"{c}.{name_gb}gb{suffix}", int(c[0]), mem, starts, count,
-                            round(mem * slice_gib, 2))
-                 for c, mem, starts, count, name_gb, suffix in rows)
+    return tuple(
+        MigProfile(
+            f"{c}.{name_gb}gb{suffix}", int(c[0]), mem, starts, count, round(mem * slice_gib, 2)
+        )
+        for c, mem, starts, count, name_gb, suffix in rows
+    )
 
 
 def _a30_profiles() -> tuple[MigProfile, ...]:
@@ -71,20 +75,22 @@ def _a30_profiles() -> tuple[MigProfile, ...]:
     )
 
 
-def _gpu(name: str, memory_gib: float, sm: str, nvlink: str,
-         mig_gb: tuple[int, ...]) -> GpuType:
+def _gpu(name: str, memory_gib: float, sm: str, nvlink: str, mig_gb: tuple[int, ...]) -> GpuType:
     return GpuType(name, memory_gib, sm, nvlink, 8, 7, _seven_slice_profiles(memory_gib, mig_gb))
 
 
-GPU_TYPES: dict[str, GpuType] = {g.name: g for g in (
-    GpuType("A30-24GB", 24, "80", "NVLink3", 4, 4, _a30_profiles()),
-    _gpu("A100-40GB", 40, "80", "NVLink3", (5, 10, 10, 20, 20, 40)),
-    _gpu("A100-80GB", 80, "80", "NVLink3", (10, 20, 20, 40, 40, 80)),
-    _gpu("H100-80GB", 80, "90", "NVLink4", (10, 20, 20, 40, 40, 80)),
-    _gpu("H100-PCIE-80GB", 80, "90", "NVLink4", (10, 20, 20, 40, 40, 80)),
-    _gpu("H100-94GB", 94, "90", "NVLink4", (12, 24, 24, 47, 47, 94)),
-    _gpu("H200-141GB", 141, "90", "NVLink4", (18, 35, 35, 71, 71, 141)),
-)}
+GPU_TYPES: dict[str, GpuType] = {
+    g.name: g
+    for g in (
+        GpuType("A30-24GB", 24, "80", "NVLink3", 4, 4, _a30_profiles()),
+        _gpu("A100-40GB", 40, "80", "NVLink3", (5, 10, 10, 20, 20, 40)),
+        _gpu("A100-80GB", 80, "80", "NVLink3", (10, 20, 20, 40, 40, 80)),
+        _gpu("H100-80GB", 80, "90", "NVLink4", (10, 20, 20, 40, 40, 80)),
+        _gpu("H100-PCIE-80GB", 80, "90", "NVLink4", (10, 20, 20, 40, 40, 80)),
+        _gpu("H100-94GB", 94, "90", "NVLink4", (12, 24, 24, 47, 47, 94)),
+        _gpu("H200-141GB", 141, "90", "NVLink4", (18, 35, 35, 71, 71, 141)),
+    )
+}
 
 
 def gpu_type_for(product_name: str, memory_mib: float) -> GpuType | None:

@@ -8,6 +8,7 @@ the attention projections (q, k, v, o), a gated MLP (gate, up, down) per expert 
 norms; embeddings and the LM head are counted separately because quantization leaves
 them in 16 bit. Small terms (biases, q/k norms) are left out: < 0.1% on these models.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,14 +18,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 # Bytes per weight or cache element. "auto" means the checkpoint's own 16-bit dtype.
 DTYPE_BYTES: dict[str, float] = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2, "bf16": 2, "auto": 2,
-    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1, "w8a8": 1, "int8_wo": 1,
-    "int4": 0.5, "int4_awq": 0.5, "awq": 0.5, "gptq": 0.5, "w4a16": 0.5, "nvfp4": 0.5,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "bf16": 2,
+    "auto": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "int8": 1,
+    "w8a8": 1,
+    "int8_wo": 1,
+    "int4": 0.5,
+    "int4_awq": 0.5,
+    "awq": 0.5,
+    "gptq": 0.5,
+    "w4a16": 0.5,
+    "nvfp4": 0.5,
     "fp4": 0.5,
 }
 
@@ -36,10 +54,16 @@ PREFILL_CHUNK_TOKENS = 8192
 
 
 def _llama(layers, hidden, heads, kv_heads, intermediate, vocab, max_pos, **extra):
-    return {"num_hidden_layers": layers, "hidden_size": hidden,
-            "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-            "intermediate_size": intermediate, "vocab_size": vocab,
-            "max_position_embeddings": max_pos, **extra}
+    return {
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "intermediate_size": intermediate,
+        "vocab_size": vocab,
+        "max_position_embeddings": max_pos,
+        **extra,
+    }
 
 
 _LLAMA3_8B = _llama(32, 4096, 32, 8, 14336, 128256, 8192)
@@ -58,10 +82,21 @@ KNOWN_MODELS: dict[str, dict[str, Any]] = {
     "mistralai/Mixtral-8x7B-Instruct-v0.1": _MIXTRAL_8X7B,
     "mistralai/Mixtral-8x7B-v0.1": _MIXTRAL_8X7B,
     "Qwen/Qwen2.5-7B-Instruct": _llama(28, 3584, 28, 4, 18944, 152064, 32768),
-    "Qwen/Qwen3-30B-A3B": _llama(48, 2048, 32, 4, 6144, 151936, 40960, head_dim=128,
-                                 num_experts=128, moe_intermediate_size=768),
-    "HuggingFaceTB/SmolLM2-135M-Instruct": _llama(30, 576, 9, 3, 1536, 49152, 8192,
-                                                  tie_word_embeddings=True),
+    "Qwen/Qwen3-30B-A3B": _llama(
+        48,
+        2048,
+        32,
+        4,
+        6144,
+        151936,
+        40960,
+        head_dim=128,
+        num_experts=128,
+        moe_intermediate_size=768,
+    ),
+    "HuggingFaceTB/SmolLM2-135M-Instruct": _llama(
+        30, 576, 9, 3, 1536, 49152, 8192, tie_word_embeddings=True
+    ),
 }
 # builtin: assets trident ships (builder.engines.assets) and the public model each one is.
 BUILTIN_MODELS = {"builtin:smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
@@ -78,12 +113,12 @@ class ModelShape:
     heads: int
     kv_heads: int
     head_dim: int
-    intermediate: int          # per expert for MoE models
+    intermediate: int  # per expert for MoE models
     vocab: int
     experts: int = 1
     tied_embeddings: bool = False
     max_context: int = 4096
-    max_context_known: bool = True   # False: config.json does not say (4096 is a guess)
+    max_context_known: bool = True  # False: config.json does not say (4096 is a guess)
 
     @property
     def layer_linear_params(self) -> int:
@@ -110,7 +145,7 @@ class BadModelConfig(UnknownModelSize):
     """A config.json that exists but holds an unusable number: `FILE: KEY: reason`."""
 
 
-_CONFIG_LIMIT = 2 ** 40   # larger than any real layer count, width or vocabulary
+_CONFIG_LIMIT = 2**40  # larger than any real layer count, width or vocabulary
 
 
 def _count(config: Mapping[str, Any], key: str) -> int:
@@ -139,14 +174,18 @@ def shape_from_config(config: Mapping[str, Any]) -> ModelShape:
     experts = _optional(config, "num_local_experts", _optional(config, "num_experts", 1))
     moe = experts > 1 and config.get("moe_intermediate_size")
     return ModelShape(
-        layers=_count(config, "num_hidden_layers"), hidden=hidden, heads=heads,
+        layers=_count(config, "num_hidden_layers"),
+        hidden=hidden,
+        heads=heads,
         kv_heads=_optional(config, "num_key_value_heads", heads),
         head_dim=_optional(config, "head_dim", max(1, hidden // heads)),
         intermediate=_count(config, "moe_intermediate_size" if moe else "intermediate_size"),
-        vocab=_count(config, "vocab_size"), experts=experts,
+        vocab=_count(config, "vocab_size"),
+        experts=experts,
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
         max_context=_optional(config, "max_position_embeddings", 4096),
-        max_context_known=bool(config.get("max_position_embeddings")))
+        max_context_known=bool(config.get("max_position_embeddings")),
+    )
 
 
 def load_shape(model: str) -> ModelShape:
@@ -161,13 +200,14 @@ def load_shape(model: str) -> ModelShape:
             raise BadModelConfig(f"{config_path}: {e}") from None
         except KeyError as e:
             raise BadModelConfig(f"{config_path}: {e.args[0]}: missing") from None
-        except (TypeError, ValueError) as e:   # not JSON, not UTF-8
+        except (TypeError, ValueError) as e:  # not JSON, not UTF-8
             raise BadModelConfig(f"{config_path}: not a usable config.json ({e})") from None
     known = KNOWN_MODELS.get(BUILTIN_MODELS.get(model, model))
     if known is None:
         raise UnknownModelSize(
             f"size of {model!r} unknown: give a local folder holding config.json, or one "
-            f"of {', '.join(sorted(KNOWN_MODELS))}")
+            f"of {', '.join(sorted(KNOWN_MODELS))}"
+        )
     return shape_from_config(known)
 
 
@@ -175,16 +215,19 @@ def dtype_bytes(dtype: str, field: str) -> float:
     try:
         return DTYPE_BYTES[dtype.lower()]
     except KeyError:
-        raise ValueError(f"{field}: unknown precision {dtype!r} "
-                         f"(known: {', '.join(sorted(DTYPE_BYTES))})") from None
+        raise ValueError(
+            f"{field}: unknown precision {dtype!r} (known: {', '.join(sorted(DTYPE_BYTES))})"
+        ) from None
 
 
 def weight_bytes(shape: ModelShape, weight_dtype_bytes: float) -> float:
     """Quantization applies to the decoder layers; embeddings and LM head stay 16 bit
     (or 32 bit for an fp32 model)."""
     embedding_bytes = max(weight_dtype_bytes, 2)
-    return (shape.layers * shape.layer_linear_params * weight_dtype_bytes
-            + shape.embedding_params * embedding_bytes)
+    return (
+        shape.layers * shape.layer_linear_params * weight_dtype_bytes
+        + shape.embedding_params * embedding_bytes
+    )
 
 
 def kv_bytes_per_token(shape: ModelShape, kv_dtype_bytes: float) -> float:
@@ -223,8 +266,9 @@ def per_gpu_need(shape: ModelShape, load: Workload, tp: int, pp: int) -> MemoryN
     one head, so TP beyond the KV head count replicates heads)."""
     weights = weight_bytes(shape, load.weight_dtype_bytes) / (tp * pp)
     kv_heads_per_rank = max(1, math.ceil(shape.kv_heads / tp))
-    kv_per_token = (math.ceil(shape.layers / pp) * kv_heads_per_rank * shape.head_dim * 2
-                    * load.kv_dtype_bytes)
+    kv_per_token = (
+        math.ceil(shape.layers / pp) * kv_heads_per_rank * shape.head_dim * 2 * load.kv_dtype_bytes
+    )
     kv = kv_per_token * load.max_batch * load.max_context
     chunk = min(PREFILL_CHUNK_TOKENS, load.max_batch * load.max_context)
     activations = chunk * (4 * shape.hidden + 2 * shape.intermediate / tp) * 2

@@ -7,6 +7,7 @@ MIG user guide's: each profile at one of its listed start slices, no two placeme
 sharing a memory slice, no more instances of a profile than the GPU allows, and no more
 compute slices than the GPU has.
 """
+
 from __future__ import annotations
 
 import re
@@ -45,8 +46,10 @@ def profile_named(gpu: GpuType, name: str) -> MigProfile:
         raise MigError(f"{gpu.name} does not support MIG")
     profile = gpu.mig_profile(name)
     if profile is None:
-        raise MigError(f"{gpu.name} has no MIG profile {name!r} (profiles: "
-                       f"{', '.join(p.name for p in gpu.mig_profiles)})")
+        raise MigError(
+            f"{gpu.name} has no MIG profile {name!r} (profiles: "
+            f"{', '.join(p.name for p in gpu.mig_profiles)})"
+        )
     return profile
 
 
@@ -57,8 +60,10 @@ def parse_profile_counts(text: str) -> list[tuple[str, int]]:
         name, _, count = item.partition("=")
         count = count.strip() or "1"
         if not _COUNT.fullmatch(count) or int(count) < 1:
-            raise MigError(f"{printable(item)[:60]!r}: expected PROFILE=COUNT with COUNT "
-                           f"from 1 to {MAX_COUNT} (no GPU holds more than 7 MIG slices)")
+            raise MigError(
+                f"{printable(item)[:60]!r}: expected PROFILE=COUNT with COUNT "
+                f"from 1 to {MAX_COUNT} (no GPU holds more than 7 MIG slices)"
+            )
         counts.append((name.strip(), int(count)))
     if not counts:
         raise MigError("no profiles given (expected e.g. 3g.40gb=2,1g.10gb=1)")
@@ -73,12 +78,16 @@ def check_limits(gpu: GpuType, profiles: Sequence[MigProfile]) -> None:
             raise MigError(f"{count} × {name} is more than the {limit} one {gpu.name} can hold")
     compute = sum(p.compute_slices for p in profiles)
     if compute > gpu.compute_slices:
-        raise MigError(f"{_describe(profiles)} needs {compute} compute slices but "
-                       f"one {gpu.name} has {gpu.compute_slices}")
+        raise MigError(
+            f"{_describe(profiles)} needs {compute} compute slices but "
+            f"one {gpu.name} has {gpu.compute_slices}"
+        )
     memory = sum(p.memory_slices for p in profiles)
     if memory > gpu.memory_slices:
-        raise MigError(f"{_describe(profiles)} needs {memory} memory slices but "
-                       f"one {gpu.name} has {gpu.memory_slices}")
+        raise MigError(
+            f"{_describe(profiles)} needs {memory} memory slices but "
+            f"one {gpu.name} has {gpu.memory_slices}"
+        )
 
 
 def place_on_gpu(gpu: GpuType, profiles: Sequence[MigProfile]) -> tuple[Slice, ...]:
@@ -88,10 +97,13 @@ def place_on_gpu(gpu: GpuType, profiles: Sequence[MigProfile]) -> tuple[Slice, .
     ordered = sorted(profiles, key=lambda p: (-p.memory_slices, -p.compute_slices, p.name))
     placed = _search(ordered, frozenset())
     if placed is None:
-        raise MigError(f"no legal placement of {_describe(profiles)} on one {gpu.name}: "
-                       + "; ".join(f"{p.name} can only start at memory slice "
-                                   f"{'/'.join(map(str, p.starts))}"
-                                   for p in sorted(set(ordered), key=ordered.index)))
+        raise MigError(
+            f"no legal placement of {_describe(profiles)} on one {gpu.name}: "
+            + "; ".join(
+                f"{p.name} can only start at memory slice {'/'.join(map(str, p.starts))}"
+                for p in sorted(set(ordered), key=ordered.index)
+            )
+        )
     return tuple(sorted(placed, key=lambda s: s.start))
 
 
@@ -113,12 +125,11 @@ def check_layout(gpu: GpuType, counts: Iterable[tuple[str, int]]) -> tuple[Slice
     totals: Counter[str] = Counter()
     for name, count in counts:
         totals[name] += count
-    for name, count in totals.items():   # before expanding counts into slices
+    for name, count in totals.items():  # before expanding counts into slices
         limit = profile_named(gpu, name).max_count
         if count > limit:
             raise MigError(f"{count} × {name} is more than the {limit} one {gpu.name} can hold")
-    profiles = [profile_named(gpu, name) for name, count in totals.items()
-                for _ in range(count)]
+    profiles = [profile_named(gpu, name) for name, count in totals.items() for _ in range(count)]
     return place_on_gpu(gpu, profiles)
 
 
@@ -126,7 +137,7 @@ def check_layout(gpu: GpuType, counts: Iterable[tuple[str, int]]) -> tuple[Slice
 class SliceRequest:
     """One model instance that wants one slice of a profile."""
 
-    owner: str          # model name
+    owner: str  # model name
     instance: int
     profile: MigProfile
 
@@ -136,7 +147,7 @@ class Assignment:
     request: SliceRequest
     gpu: int
     slice: Slice
-    index: int          # among this GPU's slices of the same profile, by placement
+    index: int  # among this GPU's slices of the same profile, by placement
 
     @property
     def device(self) -> str:
@@ -146,15 +157,15 @@ class Assignment:
         return f"mig:{self.gpu}:{self.slice.profile.name}:{self.index}"
 
 
-def pack(gpu: GpuType, requests: Sequence[SliceRequest],
-         gpus: Sequence[int]) -> tuple[dict[int, tuple[Slice, ...]], list[Assignment]]:
+def pack(
+    gpu: GpuType, requests: Sequence[SliceRequest], gpus: Sequence[int]
+) -> tuple[dict[int, tuple[Slice, ...]], list[Assignment]]:
     """Place every request on one of `gpus`, first fit, biggest slices first.
 
     Returns each used GPU's slices and each request's slice. MigError names the first
     request that fits nowhere."""
     per_gpu: dict[int, list[SliceRequest]] = {}
-    ordered = sorted(requests, key=lambda r: (-r.profile.memory_slices,
-                                              -r.profile.compute_slices))
+    ordered = sorted(requests, key=lambda r: (-r.profile.memory_slices, -r.profile.compute_slices))
     for request in ordered:
         for ordinal in gpus:
             trial = per_gpu.get(ordinal, []) + [request]
@@ -169,7 +180,8 @@ def pack(gpu: GpuType, requests: Sequence[SliceRequest],
                 f"{request.owner} instance {request.instance}: no room for a "
                 f"{request.profile.name} slice on the {len(gpus)} GPU(s) left for MIG "
                 f"({', '.join(map(str, gpus)) or 'none'}) after {len(requests)} slice "
-                "request(s) were packed biggest first")
+                "request(s) were packed biggest first"
+            )
     return _assign(gpu, per_gpu)
 
 
@@ -190,8 +202,9 @@ def _assign(gpu: GpuType, per_gpu: dict[int, list[SliceRequest]]):
     return layouts, assignments
 
 
-def mig_parted_config(config_name: str, gpu_count: int,
-                      layouts: dict[int, tuple[Slice, ...]]) -> dict:
+def mig_parted_config(
+    config_name: str, gpu_count: int, layouts: dict[int, tuple[Slice, ...]]
+) -> dict:
     """NVIDIA mig-parted config (`version: v1`): GPUs with equal layouts share an entry,
     GPUs without slices have MIG disabled."""
     entries: list[dict] = []
@@ -204,10 +217,13 @@ def mig_parted_config(config_name: str, gpu_count: int,
         if layout:
             entry["mig-devices"] = dict(layout)
         entries.append(entry)
-    return {"version": "v1", "mig-configs": {
-        config_name: entries,
-        "all-disabled": [{"devices": "all", "mig-enabled": False}],
-    }}
+    return {
+        "version": "v1",
+        "mig-configs": {
+            config_name: entries,
+            "all-disabled": [{"devices": "all", "mig-enabled": False}],
+        },
+    }
 
 
 def _describe(profiles: Sequence[MigProfile]) -> str:

@@ -1,6 +1,7 @@
 """The plan: where each model's instances run (GPUs or MIG slices), with which TP × PP,
 and how much memory that takes; what the renderer, `trident plan` and the Kubernetes
 resources read. Made by builder.plan.planner."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -13,8 +14,8 @@ from builder.plan.gpus import GpuType, MigProfile
 
 @dataclass(frozen=True)
 class InstancePlacement:
-    devices: tuple[int, ...] = ()              # GPU ordinals, pipeline stage by stage
-    slice: mig.Assignment | None = None        # its MIG slice, if on MIG
+    devices: tuple[int, ...] = ()  # GPU ordinals, pipeline stage by stage
+    slice: mig.Assignment | None = None  # its MIG slice, if on MIG
 
     @property
     def visible_devices(self) -> str:
@@ -26,15 +27,15 @@ class InstancePlacement:
 class ModelPlan:
     name: str
     engine: str
-    kind: str                                   # cpu | gpu | model (Triton instance kind)
+    kind: str  # cpu | gpu | model (Triton instance kind)
     tp: int = 1
     pp: int = 1
     instances: tuple[InstancePlacement, ...] = ()
     mig_profile: MigProfile | None = None
-    need: memory.MemoryNeed | None = None       # per GPU or slice; None: size unknown
-    usable_gib: float | None = None             # per GPU or slice
-    link: str = "-"                             # slowest link inside an instance
-    nodes: int = 1                              # nodes one instance spans (devices: per node)
+    need: memory.MemoryNeed | None = None  # per GPU or slice; None: size unknown
+    usable_gib: float | None = None  # per GPU or slice
+    link: str = "-"  # slowest link inside an instance
+    nodes: int = 1  # nodes one instance spans (devices: per node)
 
     @property
     def free_gib(self) -> float | None:
@@ -55,7 +56,7 @@ class ModelPlan:
 
 @dataclass(frozen=True)
 class Plan:
-    gpu: GpuType | None                          # None on the CPU
+    gpu: GpuType | None  # None on the CPU
     count: int
     topology: topo.Topology | None
     models: Mapping[str, ModelPlan]
@@ -68,6 +69,7 @@ class Plan:
     def used_gpus(self) -> set[int]:
         """GPUs taken on the node the single-node models share (a model spanning nodes
         takes nodes of its own)."""
-        used = {d for m in self.models.values() if m.nodes == 1
-                for i in m.instances for d in i.devices}
+        used = {
+            d for m in self.models.values() if m.nodes == 1 for i in m.instances for d in i.devices
+        }
         return used | set(self.mig_layouts)

@@ -6,6 +6,7 @@ for the same GPUs. Without GPUs every instance is KIND_CPU; with GPUs, a model s
 several devices (TP×PP > 1), on a MIG slice, or served by TensorRT-LLM is KIND_MODEL (the
 engine owns its devices, as vLLM and SGLang require), else KIND_GPU.
 """
+
 from __future__ import annotations
 
 from builder.plan.model import Plan

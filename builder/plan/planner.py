@@ -11,6 +11,7 @@ how much memory is missing, or SpecError for a field that makes no sense.
 `plan_for_spec` is the I/O around it (reads the topology file or nvidia-smi, and
 config.json of local models).
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,9 +27,9 @@ from builder.plan.model import InstancePlacement, ModelPlan, Plan
 from builder.spec import DeploymentSpec, ModelSpec, SpecError
 from builder.spec.trtllm import BuildSettings, serving_profile
 
-DEFAULT_UTILIZATION = 0.9      # share of a GPU's memory an engine may take
+DEFAULT_UTILIZATION = 0.9  # share of a GPU's memory an engine may take
 DEFAULT_MAX_BATCH = 8
-DEFAULT_MAX_CONTEXT = 4096     # capped by the model's own max_position_embeddings
+DEFAULT_MAX_CONTEXT = 4096  # capped by the model's own max_position_embeddings
 
 ShapeLoader = Callable[[str], memory.ModelShape]
 
@@ -42,8 +43,14 @@ class PlacementError(TridentError):
 
 
 # TensorRT-LLM quantization (builder.spec.trtllm) → the weight precision it stores.
-_TRTLLM_WEIGHTS = {"fp8": "fp8", "int8-sq": "int8", "int8-wo": "int8", "int4-wo": "int4",
-                   "int4-awq": "int4", "w4a8-awq": "int4"}
+_TRTLLM_WEIGHTS = {
+    "fp8": "fp8",
+    "int8-sq": "int8",
+    "int8-wo": "int8",
+    "int4-wo": "int4",
+    "int4-awq": "int4",
+    "w4a8-awq": "int4",
+}
 
 
 def _trtllm_build(model: ModelSpec):
@@ -100,8 +107,7 @@ def _targets(model: ModelSpec) -> tuple[int | None, int | None]:
 def workload(model: ModelSpec, shape: memory.ModelShape, where: str) -> memory.Workload:
     batch, context = _targets(model)
     batch = model.placement.max_batch or batch or DEFAULT_MAX_BATCH
-    context = (model.placement.max_context or context
-               or min(DEFAULT_MAX_CONTEXT, shape.max_context))
+    context = model.placement.max_context or context or min(DEFAULT_MAX_CONTEXT, shape.max_context)
     try:
         weight = memory.dtype_bytes(_weight_dtype(model), f"{where}.placement.dtype")
     except ValueError as e:
@@ -111,8 +117,9 @@ def workload(model: ModelSpec, shape: memory.ModelShape, where: str) -> memory.W
 
 def utilization(model: ModelSpec) -> float:
     args = model.engine_args
-    return float(args.get("gpu_memory_utilization", args.get("mem_fraction_static",
-                                                             DEFAULT_UTILIZATION)))
+    return float(
+        args.get("gpu_memory_utilization", args.get("mem_fraction_static", DEFAULT_UTILIZATION))
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -128,8 +135,9 @@ class _State:
     free: list[int]
 
 
-def plan_deployment(spec: DeploymentSpec, topology: topo.Topology | None,
-                    load_shape: ShapeLoader) -> Plan:
+def plan_deployment(
+    spec: DeploymentSpec, topology: topo.Topology | None, load_shape: ShapeLoader
+) -> Plan:
     hardware = spec.hardware
     if hardware.gpu == "cpu":
         return Plan(None, 0, None, {m.name: _without_gpus(m) for m in spec.models})
@@ -144,8 +152,10 @@ def plan_deployment(spec: DeploymentSpec, topology: topo.Topology | None,
             plans[model.name] = _plan_multi_node(spec, i, model, gpu, load_shape)
     whole = sum(plans[name].nodes * spec.model(name).instances for name in spanning)
     if whole + (len(spanning) < len(spec.models)) > hardware.nodes:
-        raise PlacementError(f"models spanning nodes take {whole} whole node(s), the others "
-                             f"one more; hardware.nodes is {hardware.nodes}")
+        raise PlacementError(
+            f"models spanning nodes take {whole} whole node(s), the others "
+            f"one more; hardware.nodes is {hardware.nodes}"
+        )
     for i, model in indexed:
         if not model.placement.mig and model.name not in spanning:
             plans[model.name] = _plan_whole_gpus(spec, i, model, state, load_shape)
@@ -156,12 +166,13 @@ def plan_deployment(spec: DeploymentSpec, topology: topo.Topology | None,
 
 
 def _spans_nodes(model: ModelSpec, per_node: int) -> bool:
-    tp, pp = explicit_parallelism(model)   # explicit TP×PP over one node's GPUs
+    tp, pp = explicit_parallelism(model)  # explicit TP×PP over one node's GPUs
     return (tp or 1) * (pp or 1) > per_node
 
 
-def _plan_multi_node(spec: DeploymentSpec, i: int, model: ModelSpec, gpu: GpuType,
-                     load_shape: ShapeLoader) -> ModelPlan:
+def _plan_multi_node(
+    spec: DeploymentSpec, i: int, model: ModelSpec, gpu: GpuType, load_shape: ShapeLoader
+) -> ModelPlan:
     """Each instance takes whole nodes, a TP group inside one node, pipeline stages
     filling the nodes in order; devices: the GPUs of each node (0..count-1)."""
     where = f"models[{i}]"
@@ -170,35 +181,59 @@ def _plan_multi_node(spec: DeploymentSpec, i: int, model: ModelSpec, gpu: GpuTyp
     tp, pp = tp or 1, pp or 1
     per_node = hardware.count
     if hardware.nodes == 1:
-        raise PlacementError(f"{model.name}: TP×PP {tp}×{pp} needs {tp * pp} GPUs, the node "
-                             f"has {per_node} (set hardware.nodes to span nodes)")
+        raise PlacementError(
+            f"{model.name}: TP×PP {tp}×{pp} needs {tp * pp} GPUs, the node "
+            f"has {per_node} (set hardware.nodes to span nodes)"
+        )
     placement = model.placement
     if placement.mig or placement.devices or placement.kind in ("cpu", "gpu"):
-        raise SpecError(spec.file, f"{where}.placement", "a model spanning nodes takes "
-                        "whole nodes as KIND_MODEL: no mig, devices, kind cpu or gpu")
+        raise SpecError(
+            spec.file,
+            f"{where}.placement",
+            "a model spanning nodes takes "
+            "whole nodes as KIND_MODEL: no mig, devices, kind cpu or gpu",
+        )
     if per_node % tp or (tp * pp) % per_node:
-        raise SpecError(spec.file, where, f"TP×PP {tp}×{pp} does not fill whole nodes of "
-                        f"{per_node} GPUs with each TP group inside one node")
+        raise SpecError(
+            spec.file,
+            where,
+            f"TP×PP {tp}×{pp} does not fill whole nodes of "
+            f"{per_node} GPUs with each TP group inside one node",
+        )
     nodes = tp * pp // per_node
     if nodes * model.instances > hardware.nodes:
-        raise PlacementError(f"{model.name}: {model.instances} instance(s) × {nodes} nodes "
-                             f"= {nodes * model.instances} nodes; hardware.nodes is "
-                             f"{hardware.nodes}")
+        raise PlacementError(
+            f"{model.name}: {model.instances} instance(s) × {nodes} nodes "
+            f"= {nodes * model.instances} nodes; hardware.nodes is "
+            f"{hardware.nodes}"
+        )
     shape = _shape(spec, i, model, load_shape, required=True)
     usable = gpu.memory_gib * utilization(model)
     need = memory.per_gpu_need(shape, workload(model, shape, where), tp, pp)
     if need.total_gib > usable:
         raise PlacementError(_missing(model, tp, pp, need, usable, gpu.name))
-    return ModelPlan(model.name, model.engine, "model", tp, pp, (InstancePlacement(
-        tuple(range(per_node))),) * model.instances, None, need, usable, "-", nodes)
+    return ModelPlan(
+        model.name,
+        model.engine,
+        "model",
+        tp,
+        pp,
+        (InstancePlacement(tuple(range(per_node))),) * model.instances,
+        None,
+        need,
+        usable,
+        "-",
+        nodes,
+    )
 
 
 def _without_gpus(model: ModelSpec) -> ModelPlan:
     """hardware.gpu: cpu. An explicit placement kind is kept as written (the devices,
     if any, are the user's to vouch for); auto means the CPU."""
     kind = "cpu" if model.placement.kind == "auto" else model.placement.kind
-    instances = (tuple(InstancePlacement((d,)) for d in model.placement.devices)
-                 if kind == "gpu" else ())
+    instances = (
+        tuple(InstancePlacement((d,)) for d in model.placement.devices) if kind == "gpu" else ()
+    )
     return ModelPlan(model.name, model.engine, kind, instances=instances)
 
 
@@ -210,19 +245,24 @@ def _model_ref(model: ModelSpec) -> str:
     return model.model
 
 
-def _shape(spec: DeploymentSpec, i: int, model: ModelSpec, load_shape: ShapeLoader,
-           required: bool) -> memory.ModelShape | None:
+def _shape(
+    spec: DeploymentSpec, i: int, model: ModelSpec, load_shape: ShapeLoader, required: bool
+) -> memory.ModelShape | None:
     try:
         return load_shape(_model_ref(model))
     except memory.UnknownModelSize as e:
         if not required and not isinstance(e, memory.BadModelConfig):
             return None
-        raise SpecError(spec.file, f"models[{i}].model", f"{e} (or pin it with "
-                        "placement.devices and an explicit tensor parallel size)") from None
+        raise SpecError(
+            spec.file,
+            f"models[{i}].model",
+            f"{e} (or pin it with placement.devices and an explicit tensor parallel size)",
+        ) from None
 
 
-def _plan_whole_gpus(spec: DeploymentSpec, i: int, model: ModelSpec, state: _State,
-                     load_shape: ShapeLoader) -> ModelPlan:
+def _plan_whole_gpus(
+    spec: DeploymentSpec, i: int, model: ModelSpec, state: _State, load_shape: ShapeLoader
+) -> ModelPlan:
     if model.placement.kind == "cpu":
         return ModelPlan(model.name, model.engine, "cpu")
     where = f"models[{i}]"
@@ -239,17 +279,29 @@ def _plan_whole_gpus(spec: DeploymentSpec, i: int, model: ModelSpec, state: _Sta
         raise PlacementError(_missing(model, tp, pp, need, usable, state.gpu.name))
     kind = model.placement.kind
     if kind == "gpu" and tp * pp > 1:
-        raise SpecError(spec.file, f"{where}.placement.kind", f"KIND_GPU gives an instance "
-                        f"one GPU but TP×PP is {tp}×{pp}: use kind model (or auto)")
+        raise SpecError(
+            spec.file,
+            f"{where}.placement.kind",
+            f"KIND_GPU gives an instance one GPU but TP×PP is {tp}×{pp}: use kind model (or auto)",
+        )
     if kind == "auto":
         # vLLM and SGLang own all GPUs of a multi-GPU instance (KIND_MODEL); TRT-LLM
         # instances always get their devices through gpu_device_ids (KIND_MODEL too).
         kind = "model" if tp * pp > 1 or model.engine == "tensorrt_llm" else "gpu"
     links = [state.topology.slowest_link(g) for g in groups if len(g) > 1]
     link = min(links, key=topo.link_score) if links else "-"
-    return ModelPlan(model.name, model.engine, kind, tp, pp,
-                     tuple(InstancePlacement(tuple(g)) for g in groups),
-                     None, need, usable, link)
+    return ModelPlan(
+        model.name,
+        model.engine,
+        kind,
+        tp,
+        pp,
+        tuple(InstancePlacement(tuple(g)) for g in groups),
+        None,
+        need,
+        usable,
+        link,
+    )
 
 
 def _pinned_groups(spec, where, model, state, tp, pp):
@@ -257,32 +309,40 @@ def _pinned_groups(spec, where, model, state, tp, pp):
     devices = list(model.placement.devices)
     field_path = f"{where}.placement.devices"
     if len(devices) % model.instances:
-        raise SpecError(spec.file, field_path, f"{len(devices)} devices do not split evenly "
-                        f"over {model.instances} instances")
+        raise SpecError(
+            spec.file,
+            field_path,
+            f"{len(devices)} devices do not split evenly over {model.instances} instances",
+        )
     world = len(devices) // model.instances
     tp = tp or world // (pp or 1)
     pp = pp or world // tp
     if tp * pp != world:
-        raise SpecError(spec.file, field_path, f"each instance gets {world} devices but "
-                        f"TP × PP is {tp} × {pp}")
+        raise SpecError(
+            spec.file, field_path, f"each instance gets {world} devices but TP × PP is {tp} × {pp}"
+        )
     for device in devices:
         if device >= state.topology.count:
-            raise SpecError(spec.file, field_path, f"GPU {device} does not exist "
-                            f"(hardware.count is {state.topology.count})")
+            raise SpecError(
+                spec.file,
+                field_path,
+                f"GPU {device} does not exist (hardware.count is {state.topology.count})",
+            )
         if device not in state.free:
-            raise SpecError(spec.file, field_path, f"GPU {device} is already used by "
-                            "another model")
+            raise SpecError(spec.file, field_path, f"GPU {device} is already used by another model")
         state.free.remove(device)
-    return [devices[k * world:(k + 1) * world] for k in range(model.instances)], tp, pp
+    return [devices[k * world : (k + 1) * world] for k in range(model.instances)], tp, pp
 
 
-def candidate_layouts(shape: memory.ModelShape, gpus: int,
-                      tp: int | None, pp: int | None) -> list[tuple[int, int]]:
+def candidate_layouts(
+    shape: memory.ModelShape, gpus: int, tp: int | None, pp: int | None
+) -> list[tuple[int, int]]:
     """(tp, pp) pairs to try: tensor parallelism alone first (smallest TP first), then
     pipelines of ever more stages. TP must divide the attention heads; PP cannot exceed
     the layers; an explicit TP or PP is the only one tried."""
-    tps = [tp] if tp else [t for t in (1, 2, 4, 8, 16, 32, 64)
-                           if t <= gpus and shape.heads % t == 0]
+    tps = (
+        [tp] if tp else [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= gpus and shape.heads % t == 0]
+    )
     layouts = []
     for t in tps:
         pps = [pp] if pp else range(1, gpus // t + 1)
@@ -294,14 +354,16 @@ def _choose_groups(model, shape, state, usable, tp, pp, where):
     """The first candidate layout that fits in memory and can be allocated; else the
     error for the layout that came closest (or for the free GPUs lacking)."""
     load = workload(model, shape, where)
-    needs = {(t, p): memory.per_gpu_need(shape, load, t, p)
-             for t, p in candidate_layouts(shape, state.topology.count, tp, pp)
-             or [(tp or 1, pp or 1)]}
+    needs = {
+        (t, p): memory.per_gpu_need(shape, load, t, p)
+        for t, p in candidate_layouts(shape, state.topology.count, tp, pp) or [(tp or 1, pp or 1)]
+    }
     fitting = [layout for layout, need in needs.items() if need.total_gib <= usable]
     if not fitting:
         (t, p), need = min(needs.items(), key=lambda item: item[1].total_gib)
-        raise PlacementError(_missing(model, t, p, need, usable, state.gpu.name,
-                                      explicit=bool(tp or pp)))
+        raise PlacementError(
+            _missing(model, t, p, need, usable, state.gpu.name, explicit=bool(tp or pp))
+        )
     for t, p in fitting:
         groups = _allocate(state, t, p, model.instances)
         if groups is not None:
@@ -311,7 +373,8 @@ def _choose_groups(model, shape, state, usable, tp, pp, where):
         f"{model.name}: needs {model.instances} instance(s) × TP×PP {t}×{p} = "
         f"{model.instances * t * p} GPUs with TP groups inside one fast-link domain; "
         f"free GPUs: {', '.join(map(str, state.free)) or 'none'} "
-        f"(of {state.topology.count}, topology {state.topology.source})")
+        f"(of {state.topology.count}, topology {state.topology.source})"
+    )
 
 
 def _allocate(state: _State, tp: int, pp: int, instances: int) -> list[list[int]] | None:
@@ -333,17 +396,26 @@ def _allocate(state: _State, tp: int, pp: int, instances: int) -> list[list[int]
     return groups
 
 
-def _missing(model: ModelSpec, tp: int, pp: int, need: memory.MemoryNeed, usable: float,
-             where_name: str, explicit: bool = True) -> str:
+def _missing(
+    model: ModelSpec,
+    tp: int,
+    pp: int,
+    need: memory.MemoryNeed,
+    usable: float,
+    where_name: str,
+    explicit: bool = True,
+) -> str:
     hint = ""
     if explicit and model.engine == "tensorrt_llm":
         hint = "; raise build.tp_size / build.pp_size, or lower the batch or context"
     elif explicit:
         hint = "; raise the tensor/pipeline parallel size, or lower the batch or context"
-    return (f"{model.name}: does not fit: with TP×PP {tp}×{pp} each {where_name} needs "
-            f"{need.total_gib:.1f} GiB (weights {need.weights_gib:.1f} + KV cache "
-            f"{need.kv_cache_gib:.1f} + workspace {need.workspace_gib:.1f}) but "
-            f"{usable:.1f} GiB are usable: {need.total_gib - usable:.1f} GiB missing{hint}")
+    return (
+        f"{model.name}: does not fit: with TP×PP {tp}×{pp} each {where_name} needs "
+        f"{need.total_gib:.1f} GiB (weights {need.weights_gib:.1f} + KV cache "
+        f"{need.kv_cache_gib:.1f} + workspace {need.workspace_gib:.1f}) but "
+        f"{usable:.1f} GiB are usable: {need.total_gib - usable:.1f} GiB missing{hint}"
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -363,11 +435,22 @@ def _plan_mig(spec, mig_models, state, load_shape, plans):
     state.free[:] = [g for g in state.free if g not in layouts]
     for _, model in mig_models:
         profile, need, usable = chosen[model.name]
-        mine = sorted((a for a in assignments if a.request.owner == model.name),
-                      key=lambda a: a.request.instance)
+        mine = sorted(
+            (a for a in assignments if a.request.owner == model.name),
+            key=lambda a: a.request.instance,
+        )
         plans[model.name] = ModelPlan(
-            model.name, model.engine, "model", 1, 1,
-            tuple(InstancePlacement((a.gpu,), a) for a in mine), profile, need, usable, "-")
+            model.name,
+            model.engine,
+            "model",
+            1,
+            1,
+            tuple(InstancePlacement((a.gpu,), a) for a in mine),
+            profile,
+            need,
+            usable,
+            "-",
+        )
     return layouts
 
 
@@ -375,8 +458,12 @@ def _mig_profile(spec, i, model, gpu, load_shape):
     where = f"models[{i}].placement.mig"
     tp, pp = explicit_parallelism(model)
     if (tp or 1) * (pp or 1) > 1:
-        raise SpecError(spec.file, where, "a MIG slice is one CUDA device: tensor or "
-                        "pipeline parallelism > 1 cannot run on slices")
+        raise SpecError(
+            spec.file,
+            where,
+            "a MIG slice is one CUDA device: tensor or "
+            "pipeline parallelism > 1 cannot run on slices",
+        )
     if model.placement.devices:
         raise SpecError(spec.file, where, "give either placement.mig or placement.devices")
     if not gpu.mig_profiles:
@@ -400,8 +487,10 @@ def _mig_profile(spec, i, model, gpu, load_shape):
 def _smallest_fitting(gpu: GpuType, need: memory.MemoryNeed, share: float) -> MigProfile:
     """`mig: auto`: the smallest slice (memory, then compute) that holds the model; the
     largest one if none does (the caller then reports what is missing)."""
-    plain = sorted((p for p in gpu.mig_profiles if "+" not in p.name),
-                   key=lambda p: (p.memory_gib, p.compute_slices))
+    plain = sorted(
+        (p for p in gpu.mig_profiles if "+" not in p.name),
+        key=lambda p: (p.memory_gib, p.compute_slices),
+    )
     return next((p for p in plain if p.memory_gib * share >= need.total_gib), plain[-1])
 
 
@@ -412,9 +501,11 @@ def _smallest_fitting(gpu: GpuType, need: memory.MemoryNeed, share: float) -> Mi
 def plan_for_spec(spec: DeploymentSpec, live=topo.read_live) -> Plan:
     """Plan a spec as written: its topology file (or the live one) and model sizes from
     local config.json files or the table of well-known models."""
-    load_shape = functools.cache(memory.load_shape)   # each config.json is read once
+    load_shape = functools.cache(memory.load_shape)  # each config.json is read once
     check_context_lengths(spec, load_shape, _model_ref)
-    topology = None if spec.hardware.gpu == "cpu" else topo.load_topology(
-        spec.hardware.topology, spec.hardware.count, spec.file, live)
+    topology = (
+        None
+        if spec.hardware.gpu == "cpu"
+        else topo.load_topology(spec.hardware.topology, spec.hardware.count, spec.file, live)
+    )
     return plan_deployment(spec, topology, load_shape)
-

@@ -16,6 +16,7 @@ Left as they are:
 
 Pure: spec + plan in, names and per-replica plans out.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,14 +34,21 @@ def replica_name(model: str, index: int) -> str:
 
 
 def has_replicas(spec: DeploymentSpec, model: ModelSpec, plan: Plan) -> bool:
-    return (spec.router is not None and model.engine in REPLICA_ENGINES
-            and model.instances > 1 and plan.model(model.name).nodes == 1)
+    return (
+        spec.router is not None
+        and model.engine in REPLICA_ENGINES
+        and model.instances > 1
+        and plan.model(model.name).nodes == 1
+    )
 
 
 def routed_replicas(spec: DeploymentSpec, plan: Plan) -> dict[str, tuple[str, ...]]:
     """model name → its replicas' model names, for the models rendered as replicas."""
-    return {m.name: tuple(replica_name(m.name, i) for i in range(m.instances))
-            for m in spec.models if has_replicas(spec, m, plan)}
+    return {
+        m.name: tuple(replica_name(m.name, i) for i in range(m.instances))
+        for m in spec.models
+        if has_replicas(spec, m, plan)
+    }
 
 
 def replica(model: ModelSpec, plan: Plan, index: int) -> tuple[ModelSpec, Plan]:
@@ -49,8 +57,9 @@ def replica(model: ModelSpec, plan: Plan, index: int) -> tuple[ModelSpec, Plan]:
     every other model as it was, so the memory arithmetic is the model's own."""
     name = replica_name(model.name, index)
     placed: ModelPlan = plan.model(model.name)
-    instances = placed.instances[index:index + 1]   # () on the CPU: no devices to take
-    models = {**plan.models,
-              name: dataclasses.replace(placed, name=name, instances=instances)}
-    return (dataclasses.replace(model, name=name, instances=1),
-            dataclasses.replace(plan, models=models))
+    instances = placed.instances[index : index + 1]  # () on the CPU: no devices to take
+    models = {**plan.models, name: dataclasses.replace(placed, name=name, instances=instances)}
+    return (
+        dataclasses.replace(model, name=name, instances=1),
+        dataclasses.replace(plan, models=models),
+    )

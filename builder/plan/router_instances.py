@@ -23,6 +23,7 @@ default goes by GPUs:
   counters, so a limit would hold per instance (the parser refuses an explicit count
   above 1 there).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ MAX_DEFAULT = 8
 @dataclass(frozen=True)
 class RouterInstances:
     count: int
-    why: str      # for `trident plan`: where the count came from
+    why: str  # for `trident plan`: where the count came from
 
 
 def router_instances(spec: DeploymentSpec) -> RouterInstances | None:
@@ -47,11 +48,12 @@ def router_instances(spec: DeploymentSpec) -> RouterInstances | None:
     if router.instances is not None:
         return RouterInstances(router.instances, "router.instances")
     if spec.tenants is not None and spec.tenants.redis is None:
-        return RouterInstances(1, "default: tenants without tenants.redis count per "
-                                  "instance")
+        return RouterInstances(1, "default: tenants without tenants.redis count per instance")
     hardware = spec.hardware
     if hardware.gpu == "cpu":
         return RouterInstances(1, "default on the CPU: the engines share its cores")
     count = min(PER_GPU * hardware.count, MAX_DEFAULT)
-    return RouterInstances(count, f"default: {PER_GPU} per GPU of {hardware.count}x "
-                                  f"{hardware.gpu}, at most {MAX_DEFAULT}")
+    return RouterInstances(
+        count,
+        f"default: {PER_GPU} per GPU of {hardware.count}x {hardware.gpu}, at most {MAX_DEFAULT}",
+    )

@@ -6,6 +6,7 @@ by the spec's `hardware.topology`, else the live `nvidia-smi topo -m` when nvidi
 exists, else a topology that knows nothing (every link "?"), which the planner treats as
 uniform. `best_group` picks tensor-parallel groups: the fastest slowest-link first.
 """
+
 from __future__ import annotations
 
 import re
@@ -22,7 +23,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _GPU_NAME = re.compile(r"^GPU(\d+)$")
 _LINK = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS)$")
 UNKNOWN_LINK = "?"
-MAX_TOPOLOGY_BYTES = 1 << 20   # `nvidia-smi topo -m` of 8 GPUs is about 2 KiB
+MAX_TOPOLOGY_BYTES = 1 << 20  # `nvidia-smi topo -m` of 8 GPUs is about 2 KiB
 
 # Link quality, higher is faster: NVLink (more bonded links is faster) beats any PCIe
 # path; among PCIe paths, fewer bridges is faster; SYS crosses the CPU interconnect.
@@ -44,9 +45,9 @@ def link_score(link: str) -> int:
 
 @dataclass(frozen=True)
 class Topology:
-    links: tuple[tuple[str, ...], ...]    # links[i][j], "X" on the diagonal
-    numa: tuple[int | None, ...]          # NUMA node of each GPU (None: not reported)
-    source: str                           # where it came from, for messages
+    links: tuple[tuple[str, ...], ...]  # links[i][j], "X" on the diagonal
+    numa: tuple[int | None, ...]  # NUMA node of each GPU (None: not reported)
+    source: str  # where it came from, for messages
 
     @property
     def count(self) -> int:
@@ -62,20 +63,24 @@ class Topology:
     def group_score(self, group: Iterable[int]) -> tuple[int, int]:
         """(slowest link inside the group, sum of all its links): bigger is better."""
         members = sorted(group)
-        pairs = [self.score(a, b) for i, a in enumerate(members) for b in members[i + 1:]]
+        pairs = [self.score(a, b) for i, a in enumerate(members) for b in members[i + 1 :]]
         return (min(pairs), sum(pairs)) if pairs else (1000, 0)
 
     def slowest_link(self, group: Iterable[int]) -> str:
         members = sorted(group)
-        pairs = [(self.score(a, b), self.links[a][b])
-                 for i, a in enumerate(members) for b in members[i + 1:]]
+        pairs = [
+            (self.score(a, b), self.links[a][b])
+            for i, a in enumerate(members)
+            for b in members[i + 1 :]
+        ]
         return min(pairs)[1] if pairs else "-"
 
 
 def uniform_topology(count: int) -> Topology:
     """Nothing known about the links: every pair "?" (the planner then goes by ordinal)."""
-    links = tuple(tuple("X" if i == j else UNKNOWN_LINK for j in range(count))
-                  for i in range(count))
+    links = tuple(
+        tuple("X" if i == j else UNKNOWN_LINK for j in range(count)) for i in range(count)
+    )
     return Topology(links, (None,) * count, "unknown (no topology given, no nvidia-smi)")
 
 
@@ -88,7 +93,7 @@ def parse_topology(text: str, source: str = "<topology>") -> Topology:
         raise TopologyError(f"{source}: GPU columns are not GPU0..GPUn: {gpu_columns}")
     numa_column = header.index("NUMA Affinity") if "NUMA Affinity" in header else None
     links, numa = [], []
-    for number, line in enumerate(lines[header_index + 1:], header_index + 2):
+    for number, line in enumerate(lines[header_index + 1 :], header_index + 2):
         cells = _cells(line)
         if not cells or not _GPU_NAME.match(cells[0]):
             continue
@@ -96,13 +101,16 @@ def parse_topology(text: str, source: str = "<topology>") -> Topology:
         if int(_GPU_NAME.match(cells[0]).group(1)) != len(links):
             raise TopologyError(f"{source}:{number}: expected row GPU{len(links)}")
         if len(row) < len(gpu_columns):
-            raise TopologyError(f"{source}:{number}: {len(row)} cells, expected at least "
-                                f"{len(gpu_columns)}")
-        for cell in row[:len(gpu_columns)]:
+            raise TopologyError(
+                f"{source}:{number}: {len(row)} cells, expected at least {len(gpu_columns)}"
+            )
+        for cell in row[: len(gpu_columns)]:
             if not _LINK.match(cell):
-                raise TopologyError(f"{source}:{number}: unknown link {cell!r} (expected X, "
-                                    "NV#, PIX, PXB, PHB, NODE or SYS)")
-        links.append(tuple(row[:len(gpu_columns)]))
+                raise TopologyError(
+                    f"{source}:{number}: unknown link {cell!r} (expected X, "
+                    "NV#, PIX, PXB, PHB, NODE or SYS)"
+                )
+        links.append(tuple(row[: len(gpu_columns)]))
         numa.append(_numa(row, numa_column))
     _check_matrix(links, len(gpu_columns), source)
     return Topology(tuple(links), tuple(numa), source)
@@ -118,11 +126,12 @@ def _find_header(lines: list[str], source: str) -> tuple[int, list[str]]:
     for index, line in enumerate(lines):
         cells = _cells(line)
         if cells and not cells[0]:
-            cells = cells[1:]           # the empty corner cell above the row names
+            cells = cells[1:]  # the empty corner cell above the row names
         if cells and cells[0] == "GPU0":
             return index, cells
-    raise TopologyError(f"{source}: no `nvidia-smi topo -m` header (a line starting "
-                        "with GPU0 columns)")
+    raise TopologyError(
+        f"{source}: no `nvidia-smi topo -m` header (a line starting with GPU0 columns)"
+    )
 
 
 def _numa(row: list[str], numa_column: int | None) -> int | None:
@@ -140,12 +149,14 @@ def _check_matrix(links: list[tuple[str, ...]], count: int, source: str) -> None
             raise TopologyError(f"{source}: GPU{i} row does not have X on the diagonal")
         for j in range(count):
             if links[i][j] != links[j][i]:
-                raise TopologyError(f"{source}: GPU{i}-GPU{j} is {links[i][j]} but "
-                                    f"GPU{j}-GPU{i} is {links[j][i]}")
+                raise TopologyError(
+                    f"{source}: GPU{i}-GPU{j} is {links[i][j]} but GPU{j}-GPU{i} is {links[j][i]}"
+                )
 
 
-def best_group(topology: Topology, free: Iterable[int], size: int,
-               min_score: int | None = None) -> tuple[int, ...] | None:
+def best_group(
+    topology: Topology, free: Iterable[int], size: int, min_score: int | None = None
+) -> tuple[int, ...] | None:
     """The `size` free GPUs with the fastest slowest link (then the most total bandwidth,
     then one NUMA node, then the lowest ordinals); None if no such group exists. With
     `min_score`, groups whose slowest link is below it do not count (e.g. TP must not
@@ -162,10 +173,17 @@ def best_group(topology: Topology, free: Iterable[int], size: int,
         group = [seed]
         while len(group) < size:
             candidates = [g for g in free if g not in group]
-            group.append(max(candidates, key=lambda g: (
-                min(topology.score(g, m) for m in group),
-                sum(topology.score(g, m) for m in group),
-                topology.numa[g] == topology.numa[seed], -g)))
+            group.append(
+                max(
+                    candidates,
+                    key=lambda g: (
+                        min(topology.score(g, m) for m in group),
+                        sum(topology.score(g, m) for m in group),
+                        topology.numa[g] == topology.numa[seed],
+                        -g,
+                    ),
+                )
+            )
         same_numa = len({topology.numa[g] for g in group}) == 1
         ranked = (topology.group_score(group), same_numa, [-g for g in sorted(group)])
         if best is None or ranked > best[0]:
@@ -175,20 +193,25 @@ def best_group(topology: Topology, free: Iterable[int], size: int,
     return best[1]
 
 
-def read_live(run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
-              which: Callable[[str], str | None] = shutil.which) -> Topology | None:
+def read_live(
+    run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+    which: Callable[[str], str | None] = shutil.which,
+) -> Topology | None:
     """`nvidia-smi topo -m` on this machine, or None without nvidia-smi."""
     if which("nvidia-smi") is None:
         return None
     result = run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
-        raise TopologyError(f"nvidia-smi topo -m failed ({result.returncode}): "
-                            f"{result.stderr.strip() or result.stdout.strip()}")
+        raise TopologyError(
+            f"nvidia-smi topo -m failed ({result.returncode}): "
+            f"{result.stderr.strip() or result.stdout.strip()}"
+        )
     return parse_topology(result.stdout, "nvidia-smi topo -m")
 
 
-def load_topology(path: str | None, count: int, spec_file: str,
-                  live: Callable[[], Topology | None] = read_live) -> Topology:
+def load_topology(
+    path: str | None, count: int, spec_file: str, live: Callable[[], Topology | None] = read_live
+) -> Topology:
     """The topology for a spec: its `hardware.topology` file (relative paths are tried
     against the current directory, then the spec's directory), else the live one, else
     uniform. Its GPU count must match `hardware.count`."""
@@ -197,8 +220,10 @@ def load_topology(path: str | None, count: int, spec_file: str,
     else:
         topology = live() or uniform_topology(count)
     if topology.count != count:
-        raise TopologyError(f"{spec_file}: hardware.count is {count} but the topology "
-                            f"({topology.source}) has {topology.count} GPUs")
+        raise TopologyError(
+            f"{spec_file}: hardware.count is {count} but the topology "
+            f"({topology.source}) has {topology.count} GPUs"
+        )
     return topology
 
 
@@ -222,7 +247,8 @@ def _read(path: str, spec_file: str) -> str:
                 return textfile.read_text(candidate, MAX_TOPOLOGY_BYTES)
             except (textfile.NotText, OSError) as e:
                 reason = e.strerror if isinstance(e, OSError) and e.strerror else e
-                raise TopologyError(f"{spec_file}: hardware.topology: {printable(candidate)}: "
-                                    f"{reason}") from None
+                raise TopologyError(
+                    f"{spec_file}: hardware.topology: {printable(candidate)}: {reason}"
+                ) from None
     tried = " or ".join(printable(c) for c in candidates)
     raise TopologyError(f"{spec_file}: hardware.topology: no such file ({tried})")

@@ -1,6 +1,7 @@
 """What every renderer shares: where templates and backend sources live, the jinja
 environment with the per-format escaping filters, and the RenderContext a renderer gets
 (the spec, the plan, resolved model paths and engine directories)."""
+
 from __future__ import annotations
 
 import functools
@@ -39,9 +40,9 @@ class RenderError(TridentError):
 @dataclass(frozen=True)
 class RenderContext:
     spec: DeploymentSpec
-    resolved_models: Mapping[str, str]      # model name → local path or id for the engine
-    engines: Mapping[str, Any]              # TRT-LLM model name → engines.jobs.ServedEngine
-    plan: Plan                              # where each model runs (the renderer never plans)
+    resolved_models: Mapping[str, str]  # model name → local path or id for the engine
+    engines: Mapping[str, Any]  # TRT-LLM model name → engines.jobs.ServedEngine
+    plan: Plan  # where each model runs (the renderer never plans)
 
 
 def load_interface(path: Path = INTERFACE_FILE):
@@ -59,13 +60,13 @@ def load_interface(path: Path = INTERFACE_FILE):
 INTERFACE = load_interface()
 
 
-@functools.cache   # one environment per (templates, interface): each template compiles once
+@functools.cache  # one environment per (templates, interface): each template compiles once
 def _environment(templates: Path, interface) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
-        autoescape=False,   # each value is escaped for its own format (builder.render.escape)
+        autoescape=False,  # each value is escaped for its own format (builder.render.escape)
     )
     env.filters.update(escape.FILTERS)
     env.globals["interface"] = interface
@@ -82,9 +83,10 @@ def render_template(name: str, **values: Any) -> bytes:
 
 def copy_tree(source: Path, target: str) -> dict[str, bytes]:
     """Python sources of a backend directory, keyed by their path in the repository."""
-    if not source.is_dir():   # else a model would be rendered without its model.py
-        raise RenderError(f"{source}: backend sources are missing (an install without "
-                          "trident's package data?)")
+    if not source.is_dir():  # else a model would be rendered without its model.py
+        raise RenderError(
+            f"{source}: backend sources are missing (an install without trident's package data?)"
+        )
     files = {}
     for path in sorted(source.rglob("*.py")):
         if "__pycache__" in path.parts:

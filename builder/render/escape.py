@@ -5,6 +5,7 @@ data: a spec path holding a newline and `parameters { ... }` stays inside its co
 rule name with quotes stays inside its JSON string. They also keep `${`, `{{` and `{%`
 out of the output, which `trident validate` would report as template leftovers.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,5 +68,10 @@ def json_text(value: Any, indent: int | None = None) -> str:
     return _PLACEHOLDER_START.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-FILTERS = {"pbtxt_string": pbtxt_string, "pbtxt_comment": pbtxt_comment,
-           "pbtxt_ident": pbtxt_ident, "pbtxt_int": pbtxt_int, "json": json_text}
+FILTERS = {
+    "pbtxt_string": pbtxt_string,
+    "pbtxt_comment": pbtxt_comment,
+    "pbtxt_ident": pbtxt_ident,
+    "pbtxt_int": pbtxt_int,
+    "json": json_text,
+}

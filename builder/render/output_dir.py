@@ -9,6 +9,7 @@ Temporary siblings carry the writing process's PID in their names
 (`.NAME.rendering-PID-xxxx`, `.NAME.old-PID`), so a later run can tell the leftovers of
 a killed process from the work of a live one and remove them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,12 +35,14 @@ class OutputDirError(TridentError):
 def marker_text(spec_file: str) -> bytes:
     """The marker's content: what wrote the directory, and from which spec bytes."""
     try:
-        with open(spec_file, "rb") as f:   # capped: the spec was read with the same cap
+        with open(spec_file, "rb") as f:  # capped: the spec was read with the same cap
             digest = hashlib.sha256(f.read(MAX_BYTES)).hexdigest()
     except OSError:
-        digest = "none"   # a spec given as data (tests, the API): no file to digest
-    return (f"trident model repository; `trident repo` may replace this directory.\n"
-            f"spec-sha256: {digest}\n").encode()
+        digest = "none"  # a spec given as data (tests, the API): no file to digest
+    return (
+        f"trident model repository; `trident repo` may replace this directory.\n"
+        f"spec-sha256: {digest}\n"
+    ).encode()
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -59,16 +62,18 @@ def check_target(out: Path, protect: Iterable[str | Path] = ()) -> Path:
         kept = Path(path).expanduser().absolute().resolve()
         if _inside(kept, resolved):
             what = "is" if kept == resolved else "holds"
-            raise OutputDirError(f"{shown}: {what} the spec {printable(path)}; choose "
-                                 "another output directory")
+            raise OutputDirError(
+                f"{shown}: {what} the spec {printable(path)}; choose another output directory"
+            )
     if target.is_symlink():
         raise OutputDirError(f"{shown}: is a symbolic link; give the real directory")
     if target.exists() and not target.is_dir():
-        raise OutputDirError(f"{shown}: exists and is not a directory; trident will not "
-                             "replace it")
+        raise OutputDirError(f"{shown}: exists and is not a directory; trident will not replace it")
     if target.is_dir() and not is_ours(target) and _has_entries(target):
-        raise OutputDirError(f"{shown}: exists and was not written by trident (no {MARKER}); "
-                             "refusing to replace it (remove it or choose another --out)")
+        raise OutputDirError(
+            f"{shown}: exists and was not written by trident (no {MARKER}); "
+            "refusing to replace it (remove it or choose another --out)"
+        )
     return target
 
 
@@ -80,16 +85,19 @@ def check_file_target(out: Path, protect: Iterable[str | Path], header: str) -> 
     target = Path(out).expanduser().absolute()
     for path in protect:
         if Path(path).expanduser().absolute().resolve() == target.resolve():
-            raise OutputDirError(f"{shown}: is the spec's file {printable(path)}; choose "
-                                 "another output file")
+            raise OutputDirError(
+                f"{shown}: is the spec's file {printable(path)}; choose another output file"
+            )
     if target.is_symlink():
         raise OutputDirError(f"{shown}: is a symbolic link; give the real file")
     if target.is_dir():
         raise OutputDirError(f"{shown}: is a directory; give a file name")
     if target.exists():
         if not target.is_file() or not _starts_with(target, header.encode()):
-            raise OutputDirError(f"{shown}: exists and was not written by trident; "
-                                 "refusing to replace it (remove it or choose another --out)")
+            raise OutputDirError(
+                f"{shown}: exists and was not written by trident; "
+                "refusing to replace it (remove it or choose another --out)"
+            )
     return target
 
 
@@ -120,7 +128,7 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True   # it exists, it is just not ours to signal
+        return True  # it exists, it is just not ours to signal
     return True
 
 
@@ -131,11 +139,10 @@ def clean_stale(target: Path) -> list[Path]:
     try:
         siblings = list(target.parent.iterdir())
     except OSError:
-        return removed   # no parent yet, or unreadable: nothing of ours can be there
+        return removed  # no parent yet, or unreadable: nothing of ours can be there
     for sibling in siblings:
         match = pattern.match(sibling.name)
-        if match and int(match.group(1)) != os.getpid() and not _pid_alive(
-                int(match.group(1))):
+        if match and int(match.group(1)) != os.getpid() and not _pid_alive(int(match.group(1))):
             shutil.rmtree(sibling, ignore_errors=True)
             removed.append(sibling)
     return removed
@@ -155,4 +162,4 @@ def remove_created(folders: list[Path]) -> None:
         try:
             folder.rmdir()
         except OSError:
-            pass   # not empty any more (someone else wrote there): theirs to keep
+            pass  # not empty any more (someone else wrote there): theirs to keep

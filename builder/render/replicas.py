@@ -15,6 +15,7 @@ and `capacity` (sequences one of its Triton models runs at once, from its engine
 arguments; null when the spec leaves it to the engine), and a backend with replicas its
 `replicas`; each rule its own `policy` (null: the backend's).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -53,7 +54,7 @@ def router_json(ctx: RenderContext) -> dict:
     for model in spec.models:
         entry = config["backends"][model.name]
         entry["policy"] = backend_policy(router, model.name)
-        if model.name in routed:   # each replica has one instance
+        if model.name in routed:  # each replica has one instance
             entry["capacity"] = capacity(model, 1)
             entry["replicas"] = list(routed[model.name])
         else:
@@ -70,12 +71,20 @@ def forwarder_json(router: dict, model: str) -> dict:
     """`<model>`'s router.json: the router's, narrowed to the one backend, no rules and
     no fallback (a direct call names the model: another model must never answer it),
     one instance."""
-    return {**router, "name": model, "backends": {model: router["backends"][model]},
-            "default": [model], "rules": [], "fallback": {}, "instances": 1}
+    return {
+        **router,
+        "name": model,
+        "backends": {model: router["backends"][model]},
+        "default": [model],
+        "rules": [],
+        "fallback": {},
+        "instances": 1,
+    }
 
 
-def render(ctx: RenderContext, model: ModelSpec, engine_files: EngineRenderer,
-           common: CommonPackage) -> dict[str, bytes]:
+def render(
+    ctx: RenderContext, model: ModelSpec, engine_files: EngineRenderer, common: CommonPackage
+) -> dict[str, bytes]:
     """Every file of a model with replicas: its replicas and its forwarder."""
     files: dict[str, bytes] = {}
     for index in range(model.instances):
@@ -83,12 +92,16 @@ def render(ctx: RenderContext, model: ModelSpec, engine_files: EngineRenderer,
         files.update(engine_files(ctx, served, model, plan))
     config = forwarder_json(router_json(ctx), model.name)
     files[f"{model.name}/config.pbtxt"] = render_template(
-        "router/config.pbtxt.j2", router={"name": model.name}, instances=1,
+        "router/config.pbtxt.j2",
+        router={"name": model.name},
+        instances=1,
         spec_file=ctx.spec.file,
         purpose=f"Answers direct calls to {model.name}: the router's code, choosing among "
-                f"its {model.instances} replicas ({model.name}__r0 ...).")
+        f"its {model.instances} replicas ({model.name}__r0 ...).",
+    )
     files[f"{model.name}/{VERSION}/router.json"] = render_template(
-        "router/router.json.j2", router_config=config)
+        "router/router.json.j2", router_config=config
+    )
     files.update(copy_tree(BLS_DIR, f"{model.name}/{VERSION}"))
     files.update(common(model.name))
     return files

@@ -4,6 +4,7 @@ Pure: `render_files` reads the templates and backend sources, never the machine;
 plan comes in with the context (builder.pipeline plans first). Writing the files is
 builder.render.write's job.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -42,23 +43,33 @@ def _render_python_llm(ctx: RenderContext, model: ModelSpec) -> dict[str, bytes]
     return _engine_model(ctx, model, model, ctx.plan)
 
 
-def _engine_model(ctx: RenderContext, served: ModelSpec, model: ModelSpec,
-                  plan: Plan) -> dict[str, bytes]:
+def _engine_model(
+    ctx: RenderContext, served: ModelSpec, model: ModelSpec, plan: Plan
+) -> dict[str, bytes]:
     """The engine model `served` (the spec's `model`, or one replica of it, named and
     placed by `plan`); the engine arguments are the spec's model's."""
-    engine_args = {**thaw(model.engine_args),
-                   **placement_mod.parallel_engine_args(served, plan),
-                   **_model_path_arg(model, ctx),
-                   **tenants_spec.engine_args(ctx.spec.tenants, model.engine, model.engine_args),
-                   **adapters_spec.engine_args(ctx.spec.file, model)}
-    view = {"name": served.name, "instance_groups": placement_mod.instance_groups(served, plan),
-            "parameters": placement_mod.instance_parameters(served, plan)}
+    engine_args = {
+        **thaw(model.engine_args),
+        **placement_mod.parallel_engine_args(served, plan),
+        **_model_path_arg(model, ctx),
+        **tenants_spec.engine_args(ctx.spec.tenants, model.engine, model.engine_args),
+        **adapters_spec.engine_args(ctx.spec.file, model),
+    }
+    view = {
+        "name": served.name,
+        "instance_groups": placement_mod.instance_groups(served, plan),
+        "parameters": placement_mod.instance_parameters(served, plan),
+    }
     files = {
         f"{served.name}/config.pbtxt": render_template(
-            "python_llm/config.pbtxt.j2", model=view, spec_file=ctx.spec.file,
-            engine_title=ENGINE_TITLES[model.engine]),
+            "python_llm/config.pbtxt.j2",
+            model=view,
+            spec_file=ctx.spec.file,
+            engine_title=ENGINE_TITLES[model.engine],
+        ),
         f"{served.name}/{VERSION}/model.json": render_template(
-            "python_llm/model.json.j2", engine_args=engine_args),
+            "python_llm/model.json.j2", engine_args=engine_args
+        ),
     }
     files.update(copy_tree(BACKENDS_DIR / model.engine, f"{served.name}/{VERSION}"))
     files.update(_common_package(served.name))
@@ -76,10 +87,11 @@ def _render_router(ctx: RenderContext) -> dict[str, bytes]:
     config = replicas_repo.router_json(ctx)
     files = {
         f"{router.name}/config.pbtxt": render_template(
-            "router/config.pbtxt.j2", router=router, instances=instances,
-            spec_file=ctx.spec.file),
+            "router/config.pbtxt.j2", router=router, instances=instances, spec_file=ctx.spec.file
+        ),
         f"{router.name}/{VERSION}/router.json": render_template(
-            "router/router.json.j2", router_config=config),
+            "router/router.json.j2", router_config=config
+        ),
     }
     files.update(copy_tree(BLS_DIR, f"{router.name}/{VERSION}"))
     files.update(_common_package(router.name))

@@ -7,6 +7,7 @@ have its code where the backend looks for it. No file may carry a template lefto
 The router's router.json must be a JSON object with every key the router reads from it:
 the router would otherwise fail to load, after tritonserver had started.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,14 +25,23 @@ _LEFTOVER = re.compile(r"\$\{[^}\n]*\}|\{\{.*?\}\}|\{%.*?%\}")
 _TEXT_SUFFIXES = {".pbtxt", ".py", ".json", ".yaml", ".yml", ".txt", ".j2", ".cfg"}
 
 
-MAX_CONFIG_BYTES = 4 << 20   # a rendered config.pbtxt or router.json is a few KiB
-ROUTER_FILE = "router.json"   # beside the router's model.py (bls/model.py opens it)
+MAX_CONFIG_BYTES = 4 << 20  # a rendered config.pbtxt or router.json is a few KiB
+ROUTER_FILE = "router.json"  # beside the router's model.py (bls/model.py opens it)
 # What the router reads from router.json without a default (bls/model.py's initialize and
 # bls/policy.Policy); bls/policy.router_config writes them. tests/render/test_validate.py
 # reads both bls modules to keep this list in step with them.
-ROUTER_KEYS = ("name", "backends", "default", "rules", "fallback", "breaker",
-               "short_prompt_tokens", "deadline_s", "first_token_timeout_s",
-               "max_inflight_per_backend")
+ROUTER_KEYS = (
+    "name",
+    "backends",
+    "default",
+    "rules",
+    "fallback",
+    "breaker",
+    "short_prompt_tokens",
+    "deadline_s",
+    "first_token_timeout_s",
+    "max_inflight_per_backend",
+)
 
 
 def parse_config(path: Path) -> model_config_pb2.ModelConfig:
@@ -84,8 +94,10 @@ def validate_model(model_dir: Path) -> list[str]:
             problems.append(f"{where}: tensor {tensor.name!r} has no data_type")
     streams = any(t.name == "stream" for t in config.input)
     if streams and not config.model_transaction_policy.decoupled and not is_ensemble:
-        problems.append(f"{where}: has a 'stream' input but is not decoupled "
-                        "(model_transaction_policy {{ decoupled: true }})")
+        problems.append(
+            f"{where}: has a 'stream' input but is not decoupled "
+            "(model_transaction_policy {{ decoupled: true }})"
+        )
     if config.backend == "python":
         versions = [p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
         if not versions:
@@ -108,7 +120,7 @@ def _is_router(version: Path) -> bool:
     try:
         return ROUTER_FILE.encode() in textfile.read_regular(version / "model.py", 1 << 20)
     except (OSError, textfile.NotText):
-        return False   # the server's own load will say what is wrong with model.py
+        return False  # the server's own load will say what is wrong with model.py
 
 
 def _check_router(version: Path, repo: Path) -> list[str]:
@@ -136,11 +148,14 @@ def _check_router(version: Path, repo: Path) -> list[str]:
     if not isinstance(backends, dict):
         return [f"{where}: backends is not a JSON object"]
     called = set(backends)
-    for entry in backends.values():   # a backend with replicas is called through them
+    for entry in backends.values():  # a backend with replicas is called through them
         replicas = entry.get("replicas", []) if isinstance(entry, dict) else []
         called.update(r for r in replicas if isinstance(r, str))
-    return [f"{where}: backend {b!r} is not a model of this repository"
-            for b in sorted(called) if not (repo / b / "config.pbtxt").is_file()]
+    return [
+        f"{where}: backend {b!r} is not a model of this repository"
+        for b in sorted(called)
+        if not (repo / b / "config.pbtxt").is_file()
+    ]
 
 
 def _check_ensemble(where: str, config: model_config_pb2.ModelConfig) -> list[str]:
@@ -150,10 +165,15 @@ def _check_ensemble(where: str, config: model_config_pb2.ModelConfig) -> list[st
     for step in config.ensemble_scheduling.step:
         produced.update(step.output_map.values())
         consumed.update(step.input_map.values())
-    problems = [f"{where}: ensemble tensor {t!r} is consumed but never produced"
-                for t in sorted(consumed - produced)]
-    problems += [f"{where}: ensemble output {t.name!r} is never produced"
-                 for t in config.output if t.name not in produced]
+    problems = [
+        f"{where}: ensemble tensor {t!r} is consumed but never produced"
+        for t in sorted(consumed - produced)
+    ]
+    problems += [
+        f"{where}: ensemble output {t.name!r} is never produced"
+        for t in config.output
+        if t.name not in produced
+    ]
     return problems
 
 
@@ -166,7 +186,8 @@ def _leftovers(repo: Path) -> list[str]:
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             match = _LEFTOVER.search(line)
             if match:
-                problems.append(f"{path.relative_to(repo)}:{number}: unfilled placeholder "
-                                f"{match.group(0)!r}")
+                problems.append(
+                    f"{path.relative_to(repo)}:{number}: unfilled placeholder {match.group(0)!r}"
+                )
                 break
     return problems

@@ -4,6 +4,7 @@ The files go into a temporary sibling directory, are validated, and only then sw
 place, so a failed render never leaves a half-written repository behind; the output
 guard (builder.render.output_dir) makes sure only a directory trident wrote is replaced.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,9 +19,12 @@ from builder.render import output_dir
 from builder.render.context import RenderError
 
 
-def write_repository(files: Mapping[str, bytes], out_dir: Path,
-                     validate: Callable[[Path], list[str]],
-                     spec_file: str | None = None) -> None:
+def write_repository(
+    files: Mapping[str, bytes],
+    out_dir: Path,
+    validate: Callable[[Path], list[str]],
+    spec_file: str | None = None,
+) -> None:
     """Write into a temp dir beside out_dir, validate, then swap it in.
 
     out_dir must pass output_dir.check_target (absent, empty, or written by trident; not
@@ -37,8 +41,11 @@ def write_repository(files: Mapping[str, bytes], out_dir: Path,
     tmp = None
     try:
         created = output_dir.make_parents(out_dir)
-        tmp = Path(tempfile.mkdtemp(prefix=output_dir.temp_prefix(out_dir, "rendering"),
-                                    dir=out_dir.parent))
+        tmp = Path(
+            tempfile.mkdtemp(
+                prefix=output_dir.temp_prefix(out_dir, "rendering"), dir=out_dir.parent
+            )
+        )
         _write_files(tmp, files)
         problems = validate(tmp)
         if problems:
@@ -49,8 +56,9 @@ def write_repository(files: Mapping[str, bytes], out_dir: Path,
             shutil.rmtree(tmp, ignore_errors=True)
         output_dir.remove_created(created)
         if isinstance(e, OSError):
-            raise RenderError(f"{printable(out_dir)}: cannot write the repository: "
-                              f"{e.strerror or e}") from None
+            raise RenderError(
+                f"{printable(out_dir)}: cannot write the repository: {e.strerror or e}"
+            ) from None
         raise
 
 

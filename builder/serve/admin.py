@@ -17,6 +17,7 @@ to control models by hand or to point a separate `trident openai` at the server.
 
 Pure: the caller hands in the environment.
 """
+
 from __future__ import annotations
 
 import re
@@ -52,8 +53,10 @@ def key_from(environ: Mapping[str, str]) -> str:
     if not given:
         return new_key()
     if len(given) < MIN_KEY_CHARS or not _KEY_CHARS.fullmatch(given):
-        raise AdminKeyError(f"{KEY_ENV}: must be at least {MIN_KEY_CHARS} characters of "
-                            "letters, digits, '_', '.', '~' or '-' (it is not shown)")
+        raise AdminKeyError(
+            f"{KEY_ENV}: must be at least {MIN_KEY_CHARS} characters of "
+            "letters, digits, '_', '.', '~' or '-' (it is not shown)"
+        )
     return given
 
 

@@ -1,4 +1,5 @@
 """A small streaming client on tritonclient's gRPC API (`trident infer`, tests, bench)."""
+
 from __future__ import annotations
 
 import json
@@ -42,10 +43,15 @@ def _scalar(name: str, value, dtype: str, np_dtype) -> grpcclient.InferInput:
     return tensor
 
 
-def build_inputs(prompt: str | None = None, messages: list | None = None,
-                 max_tokens: int | None = None, stream: bool = True,
-                 sampling: dict | None = None, hints: dict | None = None,
-                 exclude_input_in_output: bool | None = None) -> list:
+def build_inputs(
+    prompt: str | None = None,
+    messages: list | None = None,
+    max_tokens: int | None = None,
+    stream: bool = True,
+    sampling: dict | None = None,
+    hints: dict | None = None,
+    exclude_input_in_output: bool | None = None,
+) -> list:
     inputs = []
     if prompt is not None:
         inputs.append(_string("text_input", prompt))
@@ -72,11 +78,18 @@ def first_output(result, name: str):
     return value.decode() if isinstance(value, bytes) else value
 
 
-def stream_generate(url: str, model: str, prompt: str, max_tokens: int = 64, chat: bool = True,
-                    on_text: Callable[[str], None] | None = None,
-                    sampling: dict | None = None, hints: dict | None = None,
-                    timeout_s: float = 300.0,
-                    client: grpcclient.InferenceServerClient | None = None) -> GenerateResult:
+def stream_generate(
+    url: str,
+    model: str,
+    prompt: str,
+    max_tokens: int = 64,
+    chat: bool = True,
+    on_text: Callable[[str], None] | None = None,
+    sampling: dict | None = None,
+    hints: dict | None = None,
+    timeout_s: float = 300.0,
+    client: grpcclient.InferenceServerClient | None = None,
+) -> GenerateResult:
     """Stream one generation over gRPC; raises InferError on an error response."""
     own_client = client is None
     if client is None:
@@ -87,10 +100,12 @@ def stream_generate(url: str, model: str, prompt: str, max_tokens: int = 64, cha
     result = GenerateResult()
     start = time.perf_counter()
     try:
-        client.start_stream(callback=lambda result, error: responses.put(
-            (result, error, time.perf_counter())))
-        client.async_stream_infer(model, inputs, request_id=uuid.uuid4().hex,
-                                  enable_empty_final_response=True)
+        client.start_stream(
+            callback=lambda result, error: responses.put((result, error, time.perf_counter()))
+        )
+        client.async_stream_infer(
+            model, inputs, request_id=uuid.uuid4().hex, enable_empty_final_response=True
+        )
         while True:
             try:
                 response, error, at = responses.get(timeout=timeout_s)
@@ -115,7 +130,7 @@ def _absorb(result: GenerateResult, response, at: float, on_text) -> bool:
     final = response.get_response().parameters.get("triton_final_response")
     text = first_output(response, "text_output")
     if text is not None and not result.ttft_s:
-        result.ttft_s = at   # the first token, even one that decodes to no text yet
+        result.ttft_s = at  # the first token, even one that decodes to no text yet
     if text:
         result.chunks += 1
         result.chunk_times.append(at)

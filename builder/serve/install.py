@@ -1,6 +1,7 @@
 """Which tritonserver to run and the environment it needs: the one on PATH (NVIDIA's
 container), else the one bundled in the nvidia-pytriton wheel, whose Python-backend stub
 must be put in place and whose stub needs libpython on the library path."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,7 +22,7 @@ class ServeError(TridentError):
 @dataclass(frozen=True)
 class TritonInstall:
     binary: Path
-    backend_dir: Path | None   # None: the server's own default (NVIDIA's container)
+    backend_dir: Path | None  # None: the server's own default (NVIDIA's container)
     bundled: bool
 
 
@@ -41,8 +42,10 @@ def find_tritonserver() -> TritonInstall:
         return TritonInstall(Path(on_path), None, bundled=False)
     root = _bundled_root()
     if root is None:
-        raise ServeError("no tritonserver on PATH and the nvidia-pytriton wheel is not "
-                         "installed (run `make install`)")
+        raise ServeError(
+            "no tritonserver on PATH and the nvidia-pytriton wheel is not "
+            "installed (run `make install`)"
+        )
     prepare_python_stub(root)
     return TritonInstall(root / "bin" / "tritonserver", root / "backends", bundled=True)
 
@@ -66,13 +69,13 @@ def server_environment() -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
     libdir = sysconfig.get_config_var("LIBDIR") or ""
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH"))
-                                             if p)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH")) if p)
     return env
 
 
 def needs_trtllm_orchestrator(repository: Path) -> bool:
     """TRT-LLM's orchestrator mode (several TRT-LLM models or multi-GPU engines in one
     server) is rendered as an executor_worker_path parameter and needs this variable."""
-    return any("executor_worker_path" in config.read_text()
-               for config in repository.glob("*/config.pbtxt"))
+    return any(
+        "executor_worker_path" in config.read_text() for config in repository.glob("*/config.pbtxt")
+    )

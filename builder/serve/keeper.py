@@ -11,6 +11,7 @@ to its other backends while one reloads.
 Restarts (the policy) is pure; keep_serving is the loop, on a server object that
 server.py's TritonServer provides (this module does not import it).
 """
+
 from __future__ import annotations
 
 import queue
@@ -24,12 +25,12 @@ from typing import Protocol
 from builder.serve import loading
 from builder.serve.watch import HEALTH_GAUGE, StubWatch, stub_processes, unhealthy_engines
 
-RESTART_LIMIT = 5           # restarts in a row, then the model is given up
-FIRST_DELAY_S = 1.0         # before the first reload; doubled for each further one
+RESTART_LIMIT = 5  # restarts in a row, then the model is given up
+FIRST_DELAY_S = 1.0  # before the first reload; doubled for each further one
 MAX_DELAY_S = 30.0
-STABLE_S = 120.0            # a model that served this long after a reload starts afresh
+STABLE_S = 120.0  # a model that served this long after a reload starts afresh
 UNLOAD_TIMEOUT_S = 60.0
-RELOAD_TIMEOUT_S = 600.0    # a vLLM model takes 20-60 s to load on a loaded 2-core machine
+RELOAD_TIMEOUT_S = 600.0  # a vLLM model takes 20-60 s to load on a loaded 2-core machine
 # The engine health gauge of a reloaded model may still read the old instance's 0 for a
 # moment after the load: a gauge-only death is not believed this soon after a reload.
 GAUGE_GRACE_S = 10.0
@@ -44,7 +45,7 @@ class Restarts:
     max_delay_s: float = MAX_DELAY_S
     stable_s: float = STABLE_S
     counts: dict[str, int] = field(default_factory=dict)
-    back_at: dict[str, float] = field(default_factory=dict)   # when each came back last
+    back_at: dict[str, float] = field(default_factory=dict)  # when each came back last
 
     def after_death(self, model: str, now: float) -> float | None:
         """Seconds to wait before reloading `model`, or None: it died `limit` times in a
@@ -66,7 +67,7 @@ class Server(Protocol):
     def http_url(self) -> str: ...
 
     @property
-    def admin_headers(self) -> Mapping[str, str]: ...   # model control needs them
+    def admin_headers(self) -> Mapping[str, str]: ...  # model control needs them
 
     @property
     def process(self) -> subprocess.Popen | None: ...
@@ -78,8 +79,9 @@ class Server(Protocol):
     def metrics_text(self) -> str: ...
 
 
-def reload(http_url: str, model: str, headers: Mapping[str, str],
-           timeout_s: float = RELOAD_TIMEOUT_S) -> None:
+def reload(
+    http_url: str, model: str, headers: Mapping[str, str], timeout_s: float = RELOAD_TIMEOUT_S
+) -> None:
     """Unload then load one model; raises loading.LoadFailed or OSError when the load
     does not succeed. The unload may fail (a vLLM model whose engine died unloads itself):
     the load is what counts."""
@@ -90,40 +92,51 @@ def reload(http_url: str, model: str, headers: Mapping[str, str],
     loading.request(http_url, model, "load", timeout_s, headers)
 
 
-def keep_serving(server: Server, report: Callable[[str], None], interval_s: float = 1.0,
-                 restarts: Restarts | None = None,
-                 reload_model: Callable[[str, str, Mapping[str, str]], None] = reload) -> int:
+def keep_serving(
+    server: Server,
+    report: Callable[[str], None],
+    interval_s: float = 1.0,
+    restarts: Restarts | None = None,
+    reload_model: Callable[[str, str, Mapping[str, str]], None] = reload,
+) -> int:
     """Watch the server's models until tritonserver exits; returns its exit status.
     `report` gets one line per event (a death, a reload, a model given up)."""
     restarts = restarts or Restarts()
     process = server.process
     assert process is not None, "keep_serving needs a started server"
     watch = StubWatch(stub_processes(process.pid))
-    due: dict[str, float] = {}          # model → when to reload it
-    reloading: dict[str, float] = {}    # model → when its reload began (one at a time)
+    due: dict[str, float] = {}  # model → when to reload it
+    reloading: dict[str, float] = {}  # model → when its reload began (one at a time)
     results: queue.Queue = queue.Queue()
     given_up: set[str] = set()
-    grace: dict[str, float] = {}        # model → until when a gauge-only death is ignored
+    grace: dict[str, float] = {}  # model → until when a gauge-only death is ignored
 
     def died(model: str, reason: str, now: float) -> None:
         delay = restarts.after_death(model, now)
         if delay is None:
             given_up.add(model)
-            report(f"trident serve: {reason}; giving up on model '{model}' after "
-                   f"{restarts.limit} restarts: it is unloaded, the other models keep "
-                   "serving")
-            threading.Thread(target=_unload_quietly, daemon=True,
-                             args=(server.http_url, model, server.admin_headers)).start()
+            report(
+                f"trident serve: {reason}; giving up on model '{model}' after "
+                f"{restarts.limit} restarts: it is unloaded, the other models keep "
+                "serving"
+            )
+            threading.Thread(
+                target=_unload_quietly,
+                daemon=True,
+                args=(server.http_url, model, server.admin_headers),
+            ).start()
             return
         due[model] = now + delay
-        report(f"trident serve: {reason}; reloading it in {delay:.0f} s (restart "
-               f"{restarts.counts[model]} of {restarts.limit})")
+        report(
+            f"trident serve: {reason}; reloading it in {delay:.0f} s (restart "
+            f"{restarts.counts[model]} of {restarts.limit})"
+        )
 
     while True:
         try:
             return process.wait(interval_s)
         except subprocess.TimeoutExpired:
-            pass   # still running
+            pass  # still running
         now = time.monotonic()
         while not results.empty():
             model, error = results.get()
@@ -131,17 +144,19 @@ def keep_serving(server: Server, report: Callable[[str], None], interval_s: floa
             if error is None:
                 restarts.came_back(model, now)
                 grace[model] = now + GAUGE_GRACE_S
-                report(f"trident serve: model '{model}' is back (reloaded in "
-                       f"{now - started:.1f} s)")
+                report(
+                    f"trident serve: model '{model}' is back (reloaded in {now - started:.1f} s)"
+                )
             else:
                 died(model, f"reloading model '{model}' failed: {error}", now)
         alive = stub_processes(process.pid)
         ready = server.ready_models()
         if ready is None:
-            continue   # busy or shutting down: look again next time
+            continue  # busy or shutting down: look again next time
         busy = set(due) | set(reloading) | given_up
-        for death in watch.check(alive, (ready & server.stub_models()) - busy,
-                                 unhealthy_engines(server.metrics_text())):
+        for death in watch.check(
+            alive, (ready & server.stub_models()) - busy, unhealthy_engines(server.metrics_text())
+        ):
             gauge_only = HEALTH_GAUGE in death.reason
             if death.model in busy or (gauge_only and now < grace.get(death.model, 0)):
                 continue
@@ -152,8 +167,12 @@ def keep_serving(server: Server, report: Callable[[str], None], interval_s: floa
                 model = ready_now[0][1]
                 del due[model]
                 reloading[model] = now
-                threading.Thread(target=_reload_into, daemon=True, name=f"reload-{model}",
-                                 args=(reload_model, server, model, results)).start()
+                threading.Thread(
+                    target=_reload_into,
+                    daemon=True,
+                    name=f"reload-{model}",
+                    args=(reload_model, server, model, results),
+                ).start()
 
 
 def _reload_into(reload_model, server: Server, model: str, results: queue.Queue) -> None:
@@ -169,4 +188,4 @@ def _unload_quietly(http_url: str, model: str, headers: Mapping[str, str]) -> No
     try:
         loading.request(http_url, model, "unload", UNLOAD_TIMEOUT_S, headers)
     except (loading.LoadFailed, OSError):
-        pass   # the server is going away, or the model already is
+        pass  # the server is going away, or the model already is

@@ -9,6 +9,7 @@ from the server's log and its stub processes.
 
 The order and the stage are pure (tested without a server); `request` is the one HTTP call.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-ROUTER_FILE = "router.json"   # rendered beside the router's model.py: its backends
+ROUTER_FILE = "router.json"  # rendered beside the router's model.py: its backends
 # How a replica's name ends (builder/spec/router_policy.py; not imported: `trident serve`
 # reads files, not specs).
 REPLICA = "__r"
@@ -50,7 +51,7 @@ def dependencies(repository: Path) -> dict[str, set[str]]:
                 for entry in backends.values():
                     calls.update(entry.get("replicas", ()))
         except (OSError, ValueError, AttributeError):
-            pass   # unreadable: the server's own load will say what is wrong with it
+            pass  # unreadable: the server's own load will say what is wrong with it
         found[model] = calls - {model}
     return found
 
@@ -65,8 +66,7 @@ def load_order(wanted: Iterable[str], depends_on: Mapping[str, set[str]]) -> lis
     remaining = sorted(with_replicas(wanted, depends_on))
     order: list[str] = []
     while remaining:
-        free = [m for m in remaining
-                if not (depends_on.get(m, set()) & set(remaining)) - {m}]
+        free = [m for m in remaining if not (depends_on.get(m, set()) & set(remaining)) - {m}]
         step = free or remaining
         order += step
         remaining = [m for m in remaining if m not in step]
@@ -77,18 +77,31 @@ def with_replicas(wanted: Iterable[str], depends_on: Mapping[str, set[str]]) -> 
     """`wanted` and the replicas of each (`<model>__rN` that `<model>` calls: the
     forwarder builder/render/replicas.py renders in the model's name)."""
     models = set(wanted)
-    return models | {called for model in models for called in depends_on.get(model, ())
-                     if _REPLICA.fullmatch(called) and called.rsplit(REPLICA, 1)[0] == model}
+    return models | {
+        called
+        for model in models
+        for called in depends_on.get(model, ())
+        if _REPLICA.fullmatch(called) and called.rsplit(REPLICA, 1)[0] == model
+    }
 
 
-def request(http_url: str, model: str, action: str, timeout_s: float | None,
-            headers: Mapping[str, str] | None = None) -> None:
+def request(
+    http_url: str,
+    model: str,
+    action: str,
+    timeout_s: float | None,
+    headers: Mapping[str, str] | None = None,
+) -> None:
     """POST /v2/repository/models/MODEL/{load,unload}; returns once the server answered
     (a load answers when the model is READY). `headers`: the server's admin header
     (admin.py), without which trident's servers refuse the call. Raises LoadFailed with
     the server's reason, or OSError (a timeout among them) when it does not answer."""
-    call = urllib.request.Request(f"{http_url}/v2/repository/models/{model}/{action}",
-                                  data=b"{}", headers=dict(headers or {}), method="POST")
+    call = urllib.request.Request(
+        f"{http_url}/v2/repository/models/{model}/{action}",
+        data=b"{}",
+        headers=dict(headers or {}),
+        method="POST",
+    )
     try:
         with urllib.request.urlopen(call, timeout=timeout_s):
             return
@@ -115,22 +128,35 @@ def load_stage(model: str, log_lines: list[str], stub_pids: Iterable[int]) -> st
             start = index
             break
     stubs = sorted(stub_pids)
-    running = (f"its stub process{'es' if len(stubs) > 1 else ''} "
-               f"{', '.join(map(str, stubs))} running" if stubs else "no stub process running")
+    running = (
+        f"its stub process{'es' if len(stubs) > 1 else ''} {', '.join(map(str, stubs))} running"
+        if stubs
+        else "no stub process running"
+    )
     if start is None:
         return f"tritonserver has not begun loading it ({running})"
-    since = [_message(line) for line in log_lines[start + 1:]]
-    instances = [m for m in since if m.startswith("TRITONBACKEND_ModelInstanceInitialize: "
-                                                  f"{model}_")]
+    since = [_message(line) for line in log_lines[start + 1 :]]
+    instances = [
+        m for m in since if m.startswith(f"TRITONBACKEND_ModelInstanceInitialize: {model}_")
+    ]
     if not instances:
         return f"tritonserver is preparing it, no instance created yet ({running})"
-    said = [m for m in since if not m.startswith("TRITONBACKEND_") and
-            re.search(rf"\b{re.escape(model)}\b", m)]
-    last = f"; the model's last log line: {said[-1][:200]!r}" if said else (
-        "; the model has logged nothing")
+    said = [
+        m
+        for m in since
+        if not m.startswith("TRITONBACKEND_") and re.search(rf"\b{re.escape(model)}\b", m)
+    ]
+    last = (
+        f"; the model's last log line: {said[-1][:200]!r}"
+        if said
+        else ("; the model has logged nothing")
+    )
     # Not "in initialize()": in the hang seen on a busy machine initialize() had returned
     # and tritonserver never marked the model loaded; the last log line tells which.
     names = ", ".join(dict.fromkeys(m.split(": ", 1)[1].split(" ")[0] for m in instances))
-    where = (f"instance {names} created, not yet loaded" if stubs else
-             f"instance {names} created, but its stub exited or never started")
+    where = (
+        f"instance {names} created, not yet loaded"
+        if stubs
+        else f"instance {names} created, but its stub exited or never started"
+    )
     return f"{where} ({running}){last}"

@@ -9,6 +9,7 @@ READY. Nothing at start-up shows that; one echo does, in about a second.
 This module does not import server.py (which calls it): the caller hands in how to start
 a server, so the import graph stays acyclic.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,7 @@ MODEL_SOURCE = Path(__file__).with_name("selftest_model") / "model.py"
 MODEL_ENV = "TRIDENT_SELFTEST_MODEL"
 # Multi-byte UTF-8 as well as ASCII: a stub that mangles either fails.
 PROBE = "trident self-test: go \u2713 \u00e9\u6f22"
-TIMEOUT_S = 60.0   # to be ready; it takes ~0.3-1 s, more on a loaded 2-core machine
+TIMEOUT_S = 60.0  # to be ready; it takes ~0.3-1 s, more on a loaded 2-core machine
 REQUEST_TIMEOUT_S = 30.0
 
 CONFIG = f"""name: "{MODEL_NAME}"
@@ -66,8 +67,7 @@ def model_source() -> Path:
     return Path(os.environ.get(MODEL_ENV) or MODEL_SOURCE)
 
 
-def ensure(binary: Path, bundled: bool,
-           start: Callable[[Path, Path], Server]) -> None:
+def ensure(binary: Path, bundled: bool, start: Callable[[Path, Path], Server]) -> None:
     """Run the self-test once per process for this binary and Python; raise
     SelfTestFailed with a one-line reason when the echo does not come back intact.
     start(repository, log_path) returns a ready server on free ports (or raises)."""
@@ -75,8 +75,11 @@ def ensure(binary: Path, bundled: bool,
     if key not in _verdicts:
         started = time.monotonic()
         _verdicts[key] = run(start)
-        log.debug("self-test %s in %.2f s", "failed" if _verdicts[key] else "passed",
-                  time.monotonic() - started)
+        log.debug(
+            "self-test %s in %.2f s",
+            "failed" if _verdicts[key] else "passed",
+            time.monotonic() - started,
+        )
     problem = _verdicts[key]
     if problem:
         raise SelfTestFailed(reason(problem, bundled))
@@ -119,11 +122,13 @@ def write_repository(repository: Path, source: Path) -> Path:
 def round_trip(http_url: str) -> str | None:
     """Send PROBE to the echo model over HTTP (no tritonclient import: it is slow);
     what went wrong, or None."""
-    body = {"inputs": [{"name": "INPUT", "shape": [1], "datatype": "BYTES",
-                        "data": [PROBE]}]}
-    request = urllib.request.Request(f"{http_url}/v2/models/{MODEL_NAME}/infer",
-                                     data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+    body = {"inputs": [{"name": "INPUT", "shape": [1], "datatype": "BYTES", "data": [PROBE]}]}
+    request = urllib.request.Request(
+        f"{http_url}/v2/models/{MODEL_NAME}/infer",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
             answer = json.loads(response.read())
@@ -156,5 +161,7 @@ def reason(problem: str, bundled: bool) -> str:
         hint = "reinstall with `make install` (the lock pins numpy < 2, which the stub needs)"
     else:
         hint = "trident's models pass strings, so this server cannot serve them"
-    return (f"{whose} Python {version} stub corrupts string inputs: {hint} "
-            f"(start-up self-test: {printable(problem)})")
+    return (
+        f"{whose} Python {version} stub corrupts string inputs: {hint} "
+        f"(start-up self-test: {printable(problem)})"
+    )

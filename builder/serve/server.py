@@ -8,6 +8,7 @@ explicit model-control mode: the models are loaded one by one (loading.py), and 
 dies is reloaded alone (keeper.py). Model control, shared memory and the log and trace
 settings answer only requests carrying this start's admin key (admin.py).
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -44,13 +45,13 @@ SHM_PREFIX = "triton_python_backend_shm_region_"
 # backend's regions, and vLLM's (multiprocessing.shared_memory names them psm_*, ~240 MiB
 # each on CPU, left after SIGTERM).
 LEAKED_SHM_PREFIXES = (SHM_PREFIX, "psm_")
-WATCH_INTERVAL_S = 1.0       # how often `trident serve` looks at its server's stubs
+WATCH_INTERVAL_S = 1.0  # how often `trident serve` looks at its server's stubs
 LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
 class Ports:
-    http: int = ServerSpec.http_port      # the defaults are the spec's (one place)
+    http: int = ServerSpec.http_port  # the defaults are the spec's (one place)
     grpc: int = ServerSpec.grpc_port
     metrics: int = ServerSpec.metrics_port
 
@@ -62,7 +63,7 @@ def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        return False   # a host name: it may resolve to anything
+        return False  # a host name: it may resolve to anything
 
 
 def connect_host(bind: str) -> str:
@@ -96,10 +97,10 @@ class TritonServer:
 
     repository: Path
     ports: Ports = field(default_factory=Ports)
-    load_models: tuple[str, ...] | None = None   # only these; None: every model
+    load_models: tuple[str, ...] | None = None  # only these; None: every model
     log_path: Path | None = None
-    host: str = LOOPBACK            # HTTP and gRPC bind address
-    metrics_host: str = LOOPBACK    # Prometheus scrapes this one, maybe from elsewhere
+    host: str = LOOPBACK  # HTTP and gRPC bind address
+    metrics_host: str = LOOPBACK  # Prometheus scrapes this one, maybe from elsewhere
     extra_args: tuple[str, ...] = ()
     # One string round trip through a throwaway echo model before the first start in
     # this process (selftest.py): a stub that corrupts strings fails here, not later.
@@ -127,15 +128,22 @@ class TritonServer:
         return f"http://{connect_host(self.metrics_host)}:{self.ports.metrics}/metrics"
 
     def command(self, install: TritonInstall) -> list[str]:
-        cmd = [str(install.binary), f"--model-repository={Path(self.repository).absolute()}",
-               f"--http-port={self.ports.http}", f"--grpc-port={self.ports.grpc}",
-               f"--metrics-port={self.ports.metrics}",
-               f"--http-address={self.host}", f"--grpc-address={self.host}",
-               f"--metrics-address={self.metrics_host}",
-               # Models are loaded by wait_ready(), one at a time: see loading.py.
-               "--model-control-mode=explicit",
-               "--disable-auto-complete-config", "--exit-timeout-secs=5",
-               "--log-verbose=0", *admin.server_args(self.admin_key)]
+        cmd = [
+            str(install.binary),
+            f"--model-repository={Path(self.repository).absolute()}",
+            f"--http-port={self.ports.http}",
+            f"--grpc-port={self.ports.grpc}",
+            f"--metrics-port={self.ports.metrics}",
+            f"--http-address={self.host}",
+            f"--grpc-address={self.host}",
+            f"--metrics-address={self.metrics_host}",
+            # Models are loaded by wait_ready(), one at a time: see loading.py.
+            "--model-control-mode=explicit",
+            "--disable-auto-complete-config",
+            "--exit-timeout-secs=5",
+            "--log-verbose=0",
+            *admin.server_args(self.admin_key),
+        ]
         if install.backend_dir is not None:
             cmd.append(f"--backend-directory={install.backend_dir}")
         if install.bundled:
@@ -150,27 +158,39 @@ class TritonServer:
         env = server_environment()
         if not env.get(INTERFACE.ROUTER_SECRET_ENV):
             env[INTERFACE.ROUTER_SECRET_ENV] = secrets.token_urlsafe(32)
-        env.pop(admin.KEY_ENV, None)   # Triton takes it on its command line; stubs need none
+        env.pop(admin.KEY_ENV, None)  # Triton takes it on its command line; stubs need none
         if needs_trtllm_orchestrator(Path(self.repository)):
             env["TRTLLM_ORCHESTRATOR"] = "1"
         return env
 
     def start(self) -> None:
-        taken = [f"{name} port {port}" for name, port, host in
-                 (("HTTP", self.ports.http, self.host), ("gRPC", self.ports.grpc, self.host),
-                  ("metrics", self.ports.metrics, self.metrics_host))
-                 if port_in_use(port, host)]
+        taken = [
+            f"{name} port {port}"
+            for name, port, host in (
+                ("HTTP", self.ports.http, self.host),
+                ("gRPC", self.ports.grpc, self.host),
+                ("metrics", self.ports.metrics, self.metrics_host),
+            )
+            if port_in_use(port, host)
+        ]
         if taken:
-            raise ServeError(f"{', '.join(taken)} already in use; choose others with "
-                             "--http-port/--grpc-port/--metrics-port")
+            raise ServeError(
+                f"{', '.join(taken)} already in use; choose others with "
+                "--http-port/--grpc-port/--metrics-port"
+            )
         install = find_tritonserver()
         self.process = subprocess.Popen(
-            self.command(install), env=self.environment(), process_group=0,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.command(install),
+            env=self.environment(),
+            process_group=0,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         # Its output goes where it always went (the log file, else our stderr), and the
         # last lines stay at hand to say where a model's load is stuck.
         pipe = self.process.stdout
-        assert pipe is not None   # stdout=PIPE
+        assert pipe is not None  # stdout=PIPE
         if self.log_path:
             self.output = OutputTail(pipe, open(self.log_path, "ab"), close_sink=True)
         else:
@@ -191,17 +211,21 @@ class TritonServer:
         while self.http_get("/v2/health/ready") != 200:
             self._check_running()
             if time.monotonic() >= deadline:
-                raise ServeError(f"tritonserver did not answer on {self.http_url} within "
-                                 f"{timeout_s:.0f} s{self._log_hint()}")
+                raise ServeError(
+                    f"tritonserver did not answer on {self.http_url} within "
+                    f"{timeout_s:.0f} s{self._log_hint()}"
+                )
             time.sleep(0.2)
         wanted: list[str] | tuple[str, ...] | None = self.load_models
-        while wanted is None:   # every model the server finds in its repository
+        while wanted is None:  # every model the server finds in its repository
             index = self._repository_index()
             if index is not None:
                 wanted = [m["name"] for m in index]
             elif time.monotonic() >= deadline:
-                raise ServeError(f"tritonserver did not list its repository within "
-                                 f"{timeout_s:.0f} s{self._log_hint()}")
+                raise ServeError(
+                    f"tritonserver did not list its repository within "
+                    f"{timeout_s:.0f} s{self._log_hint()}"
+                )
             else:
                 self._check_running()
                 time.sleep(0.2)
@@ -213,44 +237,57 @@ class TritonServer:
         assert self.process is not None, "start() first"
         done: list[BaseException | None] = []
         started = time.monotonic()
-        worker = threading.Thread(target=_load_into, name=f"load-{model}", daemon=True,
-                                  args=(self.http_url, model, self.admin_headers, done))
+        worker = threading.Thread(
+            target=_load_into,
+            name=f"load-{model}",
+            daemon=True,
+            args=(self.http_url, model, self.admin_headers, done),
+        )
         worker.start()
         while worker.is_alive():
             worker.join(0.2)
             if worker.is_alive():
                 self._check_running()
             if worker.is_alive() and time.monotonic() >= deadline:
-                stubs = [s.pid for s in stub_processes(self.process.pid).values()
-                         if s.model == model]
+                stubs = [
+                    s.pid for s in stub_processes(self.process.pid).values() if s.model == model
+                ]
                 lines = self.output.lines() if self.output else []
-                raise ServeError(f"model '{model}' did not load within the "
-                                 f"{timeout_s:.0f} s start-up timeout (its own load took "
-                                 f"{time.monotonic() - started:.0f} s of it): "
-                                 f"{loading.load_stage(model, lines, stubs)}"
-                                 f"{self._log_hint()}")
+                raise ServeError(
+                    f"model '{model}' did not load within the "
+                    f"{timeout_s:.0f} s start-up timeout (its own load took "
+                    f"{time.monotonic() - started:.0f} s of it): "
+                    f"{loading.load_stage(model, lines, stubs)}"
+                    f"{self._log_hint()}"
+                )
         if done and done[0] is not None:
             self._check_running()
-            raise ServeError(f"model '{model}' failed to load: {done[0]}"
-                             f"{self._log_hint()}")
+            raise ServeError(f"model '{model}' failed to load: {done[0]}{self._log_hint()}")
 
     def _check_running(self) -> None:
         assert self.process is not None, "start() first"
         code = self.process.poll()
         if code is not None:
-            raise ServeError(f"tritonserver exited with status {code} before it was "
-                             f"ready{self._load_failures()}{self._log_hint()}")
+            raise ServeError(
+                f"tritonserver exited with status {code} before it was "
+                f"ready{self._load_failures()}{self._log_hint()}"
+            )
 
     def _load_failures(self) -> str:
         """The server's own account of models that failed to load, from its output."""
         if self.output is None:
             return ""
-        self.output.join(2.0)   # it exited: its last lines are on their way
-        lines = [line.split("] ", 1)[-1].strip().strip('"')[:300]
-                 for line in self.output.lines()
-                 if line.startswith("E") and ("failed to load" in line
-                                              or "Failed to create instance" in line
-                                              or "already in use" in line)]
+        self.output.join(2.0)  # it exited: its last lines are on their way
+        lines = [
+            line.split("] ", 1)[-1].strip().strip('"')[:300]
+            for line in self.output.lines()
+            if line.startswith("E")
+            and (
+                "failed to load" in line
+                or "Failed to create instance" in line
+                or "already in use" in line
+            )
+        ]
         return (": " + "; ".join(dict.fromkeys(lines))) if lines else ""
 
     def _log_hint(self) -> str:
@@ -268,8 +305,12 @@ class TritonServer:
     def _repository_index(self) -> list[dict] | None:
         """The repository index (every model and its state), or None when the server does
         not answer."""
-        request = urllib.request.Request(self.http_url + "/v2/repository/index", data=b"{}",
-                                         headers=self.admin_headers, method="POST")
+        request = urllib.request.Request(
+            self.http_url + "/v2/repository/index",
+            data=b"{}",
+            headers=self.admin_headers,
+            method="POST",
+        )
         try:
             with urllib.request.urlopen(request, timeout=2) as r:
                 return json.loads(r.read())
@@ -305,7 +346,7 @@ class TritonServer:
                 if runs_in_stub(config.read_text(errors="replace")):
                     models.add(config.parent.name)
             except OSError:
-                continue   # being replaced (a re-render): the next check sees it
+                continue  # being replaced (a re-render): the next check sees it
         return models
 
     def monitor(self, report, interval_s: float = WATCH_INTERVAL_S) -> None:
@@ -332,7 +373,7 @@ class TritonServer:
         # Stubs may outlive the server by a moment; the group is ours, so finish it.
         _signal_group(self.process.pid, signal.SIGKILL)
         if self.output is not None:
-            self.output.join(5.0)   # the rest of its output, up to the last line
+            self.output.join(5.0)  # the rest of its output, up to the last line
         for name in regions:
             try:
                 (SHM_DIR / name).unlink()
@@ -353,14 +394,24 @@ class TritonServer:
         self.stop()
 
 
-def start_on_free_ports(repository: Path, log_path: Path | None = None,
-                        load_models: tuple[str, ...] | None = None, timeout_s: float = 300.0,
-                        attempts: int = 3, **kwargs) -> TritonServer:
+def start_on_free_ports(
+    repository: Path,
+    log_path: Path | None = None,
+    load_models: tuple[str, ...] | None = None,
+    timeout_s: float = 300.0,
+    attempts: int = 3,
+    **kwargs,
+) -> TritonServer:
     """A ready server on free loopback ports. A free port can be taken by another process
     before the server binds it; then it starts again on new ports."""
     for attempt in range(attempts):
-        server = TritonServer(Path(repository), Ports(free_port(), free_port(), free_port()),
-                              load_models=load_models, log_path=log_path, **kwargs)
+        server = TritonServer(
+            Path(repository),
+            Ports(free_port(), free_port(), free_port()),
+            load_models=load_models,
+            log_path=log_path,
+            **kwargs,
+        )
         try:
             server.start()
             server.wait_ready(timeout_s)
@@ -373,8 +424,7 @@ def start_on_free_ports(repository: Path, log_path: Path | None = None,
 
 
 def _self_test_server(repository: Path, log_path: Path) -> TritonServer:
-    return start_on_free_ports(repository, log_path, timeout_s=selftest.TIMEOUT_S,
-                               self_test=False)
+    return start_on_free_ports(repository, log_path, timeout_s=selftest.TIMEOUT_S, self_test=False)
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -404,7 +454,7 @@ def shm_regions_of_group(pgid: int) -> set[str]:
         try:
             maps = (proc / "maps").read_text()
         except OSError:
-            continue   # it exited while we looked
+            continue  # it exited while we looked
         for line in maps.splitlines():
             for marker in markers:
                 at = line.find(marker)

@@ -4,6 +4,7 @@ decision whether one died (StubWatch, pure: unit-tested without a server).
 Triton 2.51 never restarts a crashed stub and keeps its model READY, so `trident serve`
 watches the stubs itself and reloads the model whose stub or engine died (keeper.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 STUB_BINARY = "triton_python_backend_stub"
-HEALTH_GAUGE = "trident_engine_healthy"   # 0: the engine died while its stub lives on
+HEALTH_GAUGE = "trident_engine_healthy"  # 0: the engine died while its stub lives on
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class Stub:
     pid: int
     model: str
     instance: str
-    started: int    # start time, clock ticks since boot
+    started: int  # start time, clock ticks since boot
 
 
 def parse_stub(pid: int, cmdline: bytes, stat: str) -> Stub | None:
@@ -51,7 +52,7 @@ def group_processes(pgid: int):
             if os.getpgid(int(proc.name)) == pgid:
                 yield proc
         except OSError:
-            continue   # it exited while we looked
+            continue  # it exited while we looked
 
 
 def stub_processes(pgid: int) -> dict[int, Stub]:
@@ -59,10 +60,11 @@ def stub_processes(pgid: int) -> dict[int, Stub]:
     stubs = {}
     for proc in group_processes(pgid):
         try:
-            stub = parse_stub(int(proc.name), (proc / "cmdline").read_bytes(),
-                              (proc / "stat").read_text())
+            stub = parse_stub(
+                int(proc.name), (proc / "cmdline").read_bytes(), (proc / "stat").read_text()
+            )
         except (OSError, ValueError, IndexError):
-            continue   # it exited while we looked
+            continue  # it exited while we looked
         if stub is not None:
             stubs[stub.pid] = stub
     return stubs
@@ -111,28 +113,33 @@ class StubWatch:
     at one instant."""
 
     def __init__(self, alive: dict[int, Stub]):
-        self.known = dict(alive)       # the live stubs of the last check
-        self.replaced: set[int] = set()   # stubs whose model is being reloaded
+        self.known = dict(alive)  # the live stubs of the last check
+        self.replaced: set[int] = set()  # stubs whose model is being reloaded
         self.suspects: dict[int, Stub] = {}
         self.orphans: set[str] = set()
         self.sick: set[str] = set()
         self.ready: set[str] = set()
 
-    def check(self, alive: dict[int, Stub], ready: set[str],
-              unhealthy: set[str] | frozenset[str] = frozenset()) -> list[Death]:
+    def check(
+        self,
+        alive: dict[int, Stub],
+        ready: set[str],
+        unhealthy: set[str] | frozenset[str] = frozenset(),
+    ) -> list[Death]:
         """The models found dead on this check, one Death each (empty when all is well).
         `ready`: the READY models that run in stubs and are to be watched (a caller leaves
         out a model it is reloading itself)."""
         for stub in alive.values():
             if stub.pid not in self.known:
                 self._note_new(stub)
-        gone = {pid: stub for pid, stub in {**self.suspects, **self.known}.items()
-                if pid not in alive}
-        suspects = {pid: stub for pid, stub in gone.items()
-                    if self._died(stub, alive, ready)}
+        gone = {
+            pid: stub for pid, stub in {**self.suspects, **self.known}.items() if pid not in alive
+        }
+        suspects = {pid: stub for pid, stub in gone.items() if self._died(stub, alive, ready)}
         dead = [stub for pid, stub in suspects.items() if pid in self.suspects]
-        orphans = {model for model in ready
-                   if not any(stub.model == model for stub in alive.values())}
+        orphans = {
+            model for model in ready if not any(stub.model == model for stub in alive.values())
+        }
         sick = {model for model in unhealthy if model in ready}
         confirmed_orphans, confirmed_sick = orphans & self.orphans, sick & self.sick
         # Gone from READY with a dead engine: it unloaded itself (the gauge keeps its value).
@@ -142,27 +149,39 @@ class StubWatch:
         self.replaced &= set(alive)
         deaths: dict[str, str] = {}
         for stub in sorted(dead, key=lambda s: (s.model, s.instance)):
-            deaths.setdefault(stub.model, f"the stub of model '{stub.model}' (instance "
-                                          f"{stub.instance}) died")
+            deaths.setdefault(
+                stub.model, f"the stub of model '{stub.model}' (instance {stub.instance}) died"
+            )
         for model in sorted(confirmed_orphans):
             deaths.setdefault(model, f"the stub of model '{model}' died")
         for model in sorted(confirmed_sick):
-            deaths.setdefault(model, f"the engine of model '{model}' died "
-                                     f"({HEALTH_GAUGE} is 0)")
+            deaths.setdefault(model, f"the engine of model '{model}' died ({HEALTH_GAUGE} is 0)")
         for model in sorted(unloaded):
-            deaths.setdefault(model, f"the engine of model '{model}' died "
-                                     f"({HEALTH_GAUGE} is 0) and the model unloaded itself")
+            deaths.setdefault(
+                model,
+                f"the engine of model '{model}' died "
+                f"({HEALTH_GAUGE} is 0) and the model unloaded itself",
+            )
         return [Death(model, reason) for model, reason in sorted(deaths.items())]
 
     def _note_new(self, new: Stub) -> None:
         """A second stub for one instance: its model is being reloaded, and every older
         stub of that model will exit."""
-        if any(old.model == new.model and old.instance == new.instance
-               for old in self.known.values()):
-            self.replaced.update(pid for pid, old in self.known.items()
-                                 if old.model == new.model and old.started <= new.started)
+        if any(
+            old.model == new.model and old.instance == new.instance for old in self.known.values()
+        ):
+            self.replaced.update(
+                pid
+                for pid, old in self.known.items()
+                if old.model == new.model and old.started <= new.started
+            )
 
     def _died(self, stub: Stub, alive: dict[int, Stub], ready: set[str]) -> bool:
-        return (stub.model in ready and stub.pid not in self.replaced
-                and not any(other.model == stub.model and other.instance == stub.instance
-                            for other in alive.values()))
+        return (
+            stub.model in ready
+            and stub.pid not in self.replaced
+            and not any(
+                other.model == stub.model and other.instance == stub.instance
+                for other in alive.values()
+            )
+        )

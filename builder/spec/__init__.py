@@ -4,25 +4,41 @@
 `engine_args` and `trtllm` the engine-specific sections; `yaml_loader` the one reader
 with limits; `schema` the JSON Schema generated from the typed spec.
 """
+
 from builder.spec.deployment import (
-                                     ENGINES,
-                                     INSTANCE_KINDS,
-                                     BreakerSpec,
-                                     DeploymentSpec,
-                                     EngineCacheSpec,
-                                     HardwareSpec,
-                                     MatchSpec,
-                                     ModelSpec,
-                                     PlacementSpec,
-                                     RouterSpec,
-                                     RuleSpec,
-                                     ServerSpec,
-                                     load_spec,
-                                     parse_spec,
+    ENGINES,
+    INSTANCE_KINDS,
+    BreakerSpec,
+    DeploymentSpec,
+    EngineCacheSpec,
+    HardwareSpec,
+    MatchSpec,
+    ModelSpec,
+    PlacementSpec,
+    RouterSpec,
+    RuleSpec,
+    ServerSpec,
+    load_spec,
+    parse_spec,
 )
 from builder.spec.node import SpecError, frozen_mapping, thaw
 
-__all__ = ["ENGINES", "INSTANCE_KINDS", "BreakerSpec", "DeploymentSpec", "EngineCacheSpec",
-           "HardwareSpec", "MatchSpec", "ModelSpec", "PlacementSpec", "RouterSpec",
-           "RuleSpec", "ServerSpec", "SpecError", "frozen_mapping", "load_spec",
-           "parse_spec", "thaw"]
+__all__ = [
+    "ENGINES",
+    "INSTANCE_KINDS",
+    "BreakerSpec",
+    "DeploymentSpec",
+    "EngineCacheSpec",
+    "HardwareSpec",
+    "MatchSpec",
+    "ModelSpec",
+    "PlacementSpec",
+    "RouterSpec",
+    "RuleSpec",
+    "ServerSpec",
+    "SpecError",
+    "frozen_mapping",
+    "load_spec",
+    "parse_spec",
+    "thaw",
+]

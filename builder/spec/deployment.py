@@ -4,6 +4,7 @@ Every error is a SpecError that names the file, the field path and the reason, s
 CLI can print one line and exit 2. Parsing goes through `_Node`, which tracks the path
 of the value it wraps and rejects keys nobody asked for (unknown keys are errors).
 """
+
 from __future__ import annotations
 
 import re
@@ -33,7 +34,7 @@ from builder.spec.tenants import TenantsSpec, parse_tenants
 
 ENGINES = ("tensorrt_llm", "vllm", "sglang")
 INSTANCE_KINDS = ("auto", "cpu", "gpu", "model")
-NEEDS_MODEL = ("vllm", "sglang")   # engines that load `model:` (TRT-LLM has checkpoint:)
+NEEDS_MODEL = ("vllm", "sglang")  # engines that load `model:` (TRT-LLM has checkpoint:)
 MAX_GPUS = MAX_NODES = 64
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 
@@ -53,33 +54,33 @@ class ServerSpec:
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    gpu: str = "cpu"              # a GPU type name (builder.plan.gpus) or "cpu"
-    count: int = 0                # GPUs on the node (on each node when nodes > 1)
-    topology: str | None = None   # path to saved `nvidia-smi topo -m` output, or None
-    nodes: int = 1                # identical nodes; a model may span them (LeaderWorkerSet)
+    gpu: str = "cpu"  # a GPU type name (builder.plan.gpus) or "cpu"
+    count: int = 0  # GPUs on the node (on each node when nodes > 1)
+    topology: str | None = None  # path to saved `nvidia-smi topo -m` output, or None
+    nodes: int = 1  # identical nodes; a model may span them (LeaderWorkerSet)
 
 
 @dataclass(frozen=True)
 class PlacementSpec:
-    kind: str = "auto"                 # auto | cpu | gpu | model
-    devices: tuple[int, ...] = ()      # explicit GPU ordinals (else the planner chooses)
-    mig: str | None = None             # a MIG profile such as "3g.40gb", or "auto"
+    kind: str = "auto"  # auto | cpu | gpu | model
+    devices: tuple[int, ...] = ()  # explicit GPU ordinals (else the planner chooses)
+    mig: str | None = None  # a MIG profile such as "3g.40gb", or "auto"
     # Memory-math inputs for the planner (builder.plan.planner); None: from the engine args.
-    dtype: str | None = None           # weight precision, e.g. "fp8" (builder.plan.memory)
-    max_batch: int | None = None       # sequences one instance serves at once
-    max_context: int | None = None     # tokens per sequence (prompt + output)
+    dtype: str | None = None  # weight precision, e.g. "fp8" (builder.plan.memory)
+    max_batch: int | None = None  # sequences one instance serves at once
+    max_context: int | None = None  # tokens per sequence (prompt + output)
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
     engine: str
-    model: str = ""                                    # builtin:NAME, a path, or an HF id
+    model: str = ""  # builtin:NAME, a path, or an HF id
     instances: int = 1
     engine_args: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     placement: PlacementSpec = field(default_factory=PlacementSpec)
-    family: str = ""                                   # e.g. "llama"; used by routing rules
-    tasks: tuple[str, ...] = ()                        # e.g. ("chat", "rag")
+    family: str = ""  # e.g. "llama"; used by routing rules
+    tasks: tuple[str, ...] = ()  # e.g. ("chat", "rag")
     extra: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
@@ -114,10 +115,10 @@ class RuleSpec:
     name: str
     match: MatchSpec
     backends: tuple[str, ...]
-    policy: str | None = None        # replica policy for this rule's requests (router_policy)
+    policy: str | None = None  # replica policy for this rule's requests (router_policy)
 
 
-_BREAKER = BreakerConfig()   # the router's own defaults (bls/breaker.py, pure Python)
+_BREAKER = BreakerConfig()  # the router's own defaults (bls/breaker.py, pure Python)
 
 
 @dataclass(frozen=True)
@@ -134,8 +135,7 @@ class RouterSpec:
     name: str = "router"
     default: tuple[str, ...] = ()
     rules: tuple[RuleSpec, ...] = ()
-    fallback: Mapping[str, tuple[str, ...]] = field(
-        default_factory=lambda: MappingProxyType({}))
+    fallback: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
     breaker: BreakerSpec = field(default_factory=BreakerSpec)
     short_prompt_tokens: int = 256
     deadline_s: float = 300.0
@@ -149,7 +149,7 @@ class RouterSpec:
     backend_policies: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
-MAX_ROUTER_INSTANCES = 64   # as a model's instances: a stub process each
+MAX_ROUTER_INSTANCES = 64  # as a model's instances: a stub process each
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ class DeploymentSpec:
     engine_cache: EngineCacheSpec
     models: tuple[ModelSpec, ...]
     router: RouterSpec | None
-    tenants: TenantsSpec | None = None   # builder/spec/tenants.py
+    tenants: TenantsSpec | None = None  # builder/spec/tenants.py
 
     def model(self, name: str) -> ModelSpec:
         return next(m for m in self.models if m.name == name)
@@ -214,16 +214,23 @@ def parse_spec(data: Any, file: str = "<spec>") -> DeploymentSpec:
     if router and (router.instances or 1) > 1 and tenants and tenants.redis is None:
         # Without Redis each router instance keeps its own tenant counters: a limit
         # would hold per instance, N times over for the deployment.
-        raise SpecError(file, "router.instances", f"{router.instances} router instances "
-                        "would each count tenants on their own (tenants.redis is not "
-                        "set): set tenants.redis or router.instances: 1")
+        raise SpecError(
+            file,
+            "router.instances",
+            f"{router.instances} router instances "
+            "would each count tenants on their own (tenants.redis is not "
+            "set): set tenants.redis or router.instances: 1",
+        )
     return DeploymentSpec(file, name, server, hardware, cache, models, router, tenants)
 
 
 def _parse_server(node: _Node) -> ServerSpec:
-    ports = {key: node.int(key, default, minimum=1, maximum=65535)
-             for key, default in ((k, getattr(ServerSpec, k)) for k in
-                                  ("http_port", "grpc_port", "metrics_port"))}
+    ports = {
+        key: node.int(key, default, minimum=1, maximum=65535)
+        for key, default in (
+            (k, getattr(ServerSpec, k)) for k in ("http_port", "grpc_port", "metrics_port")
+        )
+    }
     openai_port = node.int("openai_port", None, minimum=1, maximum=65535)
     node.done()
     used = [*ports.values(), *([openai_port] if openai_port is not None else [])]
@@ -249,9 +256,12 @@ def _parse_hardware(node: _Node) -> HardwareSpec:
 
 
 def _check_name(node: _Node, key: str, value: str) -> str:
-    if not _NAME_RE.fullmatch(value):   # fullmatch: `$` would accept "name\n"
-        raise node.error(f"{value!r} is not a safe model name (letters, digits, '_' and '-', "
-                         "starting with a letter, at most 64 characters)", key)
+    if not _NAME_RE.fullmatch(value):  # fullmatch: `$` would accept "name\n"
+        raise node.error(
+            f"{value!r} is not a safe model name (letters, digits, '_' and '-', "
+            "starting with a letter, at most 64 characters)",
+            key,
+        )
     return value
 
 
@@ -279,10 +289,20 @@ def _parse_model(node: _Node) -> ModelSpec:
     tp = args.get("tensor_parallel_size", args.get("tp_size", 1))
     pp = args.get("pipeline_parallel_size", args.get("pp_size", 1))
     if placement.kind == "cpu" and tp * pp > 1:
-        raise node.error("a model with tensor or pipeline parallelism > 1 cannot run on cpu",
-                         "placement.kind")
-    return ModelSpec(name, engine, model, instances, frozen_mapping(args), placement,
-                     family, tasks, frozen_mapping(extra))
+        raise node.error(
+            "a model with tensor or pipeline parallelism > 1 cannot run on cpu", "placement.kind"
+        )
+    return ModelSpec(
+        name,
+        engine,
+        model,
+        instances,
+        frozen_mapping(args),
+        placement,
+        family,
+        tasks,
+        frozen_mapping(extra),
+    )
 
 
 def _parse_placement(node: _Node) -> PlacementSpec:
@@ -309,15 +329,16 @@ def _check_unique_names(models: tuple[ModelSpec, ...], file: str) -> None:
     seen: dict[str, int] = {}
     for i, m in enumerate(models):
         if m.name in seen:
-            raise SpecError(file, f"models[{i}].name",
-                            f"{m.name!r} is already used by models[{seen[m.name]}]")
+            raise SpecError(
+                file, f"models[{i}].name", f"{m.name!r} is already used by models[{seen[m.name]}]"
+            )
         seen[m.name] = i
 
 
 def _parse_router(node: _Node, models: tuple[ModelSpec, ...]) -> RouterSpec:
     names = tuple(m.name for m in models)
     name = _check_name(node, "name", node.get("name", str, "router"))
-    check_model_name(node, name)   # a replica of a model could take the router's name
+    check_model_name(node, name)  # a replica of a model could take the router's name
 
     def backends(n: _Node, key: str, default: Any = _REQUIRED) -> tuple[str, ...]:
         if default is not _REQUIRED and key not in n.data:
@@ -326,8 +347,11 @@ def _parse_router(node: _Node, models: tuple[ModelSpec, ...]) -> RouterSpec:
         values = n.str_list(key)
         for i, value in enumerate(values):
             if value not in names:
-                raise SpecError(n.file, f"{n.child_path(key)}[{i}]",
-                                f"{value!r} is not a model (models: {', '.join(names)})")
+                raise SpecError(
+                    n.file,
+                    f"{n.child_path(key)}[{i}]",
+                    f"{value!r} is not a model (models: {', '.join(names)})",
+                )
         if not values:
             raise n.error("must name at least one model", key)
         return values
@@ -338,8 +362,11 @@ def _parse_router(node: _Node, models: tuple[ModelSpec, ...]) -> RouterSpec:
         rule = _Node(item, path, node.file)
         rule_name = rule.get("name", str, f"rule{len(rules)}")
         match = _parse_match(rule.child("match"))
-        rules.append(RuleSpec(rule_name, match, backends(rule, "backends"),
-                              rule.choice("policy", POLICIES, None)))
+        rules.append(
+            RuleSpec(
+                rule_name, match, backends(rule, "backends"), rule.choice("policy", POLICIES, None)
+            )
+        )
         rule.done()
     if len({r.name for r in rules}) != len(rules):
         raise node.error("rule names must be unique", "rules")
@@ -352,8 +379,11 @@ def _parse_router(node: _Node, models: tuple[ModelSpec, ...]) -> RouterSpec:
     fb_node.done()
     breaker = _parse_breaker(node.child("breaker"))
     router = RouterSpec(
-        name=name, default=default, rules=tuple(rules),
-        fallback=MappingProxyType(fallback), breaker=breaker,
+        name=name,
+        default=default,
+        rules=tuple(rules),
+        fallback=MappingProxyType(fallback),
+        breaker=breaker,
         short_prompt_tokens=node.int("short_prompt_tokens", 256, minimum=0),
         deadline_s=_positive(node, "deadline_s", 300.0),
         first_token_timeout_s=_positive(node, "first_token_timeout_s", 60.0),
@@ -366,7 +396,7 @@ def _parse_router(node: _Node, models: tuple[ModelSpec, ...]) -> RouterSpec:
     return router
 
 
-MAX_SECONDS = 86400.0   # a day: no timeout, window or cooldown of the router is longer
+MAX_SECONDS = 86400.0  # a day: no timeout, window or cooldown of the router is longer
 
 
 def _positive(node: _Node, key: str, default: float) -> float:
@@ -385,11 +415,15 @@ def _parse_match(node: _Node) -> MatchSpec:
         return node.int(key, None, minimum=0)
 
     match = MatchSpec(
-        hint=get_str("hint"), family=get_str("family"), task=get_str("task"),
-        min_turns=get_int("min_turns"), max_turns=get_int("max_turns"),
+        hint=get_str("hint"),
+        family=get_str("family"),
+        task=get_str("task"),
+        min_turns=get_int("min_turns"),
+        max_turns=get_int("max_turns"),
         min_prompt_tokens=get_int("min_prompt_tokens"),
         max_prompt_tokens=get_int("max_prompt_tokens"),
-        tenant=get_str("tenant"), tier=get_str("tier"),
+        tenant=get_str("tenant"),
+        tier=get_str("tier"),
         shared_prefix=node.get("shared_prefix", bool, None),
     )
     node.done()
@@ -405,10 +439,12 @@ def _parse_breaker(node: _Node) -> BreakerSpec:
     if not 0 < rate <= 1:
         raise node.error(f"must be in (0, 1], got {rate}", "error_rate")
     breaker = BreakerSpec(
-        error_rate=rate, window_s=_positive(node, "window_s", _BREAKER.window_s),
+        error_rate=rate,
+        window_s=_positive(node, "window_s", _BREAKER.window_s),
         min_requests=node.int("min_requests", _BREAKER.min_requests, minimum=1),
-        consecutive_failures=node.int("consecutive_failures",
-                                      _BREAKER.consecutive_failures, minimum=1),
+        consecutive_failures=node.int(
+            "consecutive_failures", _BREAKER.consecutive_failures, minimum=1
+        ),
         cooldown_s=_positive(node, "cooldown_s", _BREAKER.cooldown_s),
     )
     node.done()

@@ -4,6 +4,7 @@ An unknown or mistyped argument fails the render with the field path, instead of
 minutes later when the engine starts inside Triton. The tables list the arguments
 trident supports and passes through verbatim to the engine.
 """
+
 from __future__ import annotations
 
 import math
@@ -76,8 +77,8 @@ SGLANG_ARGS: dict[str, tuple] = {
     "attention_backend": (str,),
     "enable_metrics": (bool,),
     "log_level": (str,),
-    "incremental_streaming_output": (bool,),   # trident's model handles both stream forms
-    "tool_call_parser": (str,),   # SGLang's FunctionCallParser name (qwen25, llama3, ...)
+    "incremental_streaming_output": (bool,),  # trident's model handles both stream forms
+    "tool_call_parser": (str,),  # SGLang's FunctionCallParser name (qwen25, llama3, ...)
 }
 
 # Runtime knobs of the tensorrtllm backend (config.pbtxt parameters); build-time knobs live
@@ -108,51 +109,157 @@ EXTRA_SECTIONS: dict[str, tuple[str, ...]] = {
 }
 
 _CHOICES = {
-    ("sglang", "schedule_policy"): ("lpm", "random", "fcfs", "dfs-weight", "lof", "priority",
-                                    "routing-key", "hrrn", "shortest-prefill-first"),
+    ("sglang", "schedule_policy"): (
+        "lpm",
+        "random",
+        "fcfs",
+        "dfs-weight",
+        "lof",
+        "priority",
+        "routing-key",
+        "hrrn",
+        "shortest-prefill-first",
+    ),
     ("tensorrt_llm", "batch_scheduler_policy"): ("max_utilization", "guaranteed_no_evict"),
     ("vllm", "kv_cache_dtype"): ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"),
     # vLLM 0.32's registered tool parsers (vllm/tool_parsers/__init__.py); a test checks
     # this list against the installed vLLM. SGLang's names are its own to check at start.
     ("vllm", "tool_call_parser"): (
-        "apertus", "cohere_command3", "cohere_command4", "deepseek_v3", "deepseek_v31",
-        "deepseek_v32", "deepseek_v4", "deepseek_v41", "dots", "ernie45", "functiongemma",
-        "gemma4", "gigachat3", "glm45", "glm47", "granite", "granite-20b-fc", "granite4",
-        "hermes", "hf", "hunyuan_a13b", "hy_v3", "hy_v4", "inkling", "internlm", "jamba",
-        "k2_horizon", "kimi_k2", "kimi_k3", "lfm2", "ling3", "llama3_json", "llama4_json",
-        "llama4_pythonic", "longcat", "mimo", "minicpm5", "minimax_m2", "minimax_m3",
-        "mistral", "muse_glimmer", "olmo3", "openai", "phi4_mini_json", "plamo3",
-        "poolside_v1", "pythonic", "qwen3_coder", "qwen3_json", "qwen3_xml", "seed_oss",
-        "step3", "step3p5", "xlam"),
+        "apertus",
+        "cohere_command3",
+        "cohere_command4",
+        "deepseek_v3",
+        "deepseek_v31",
+        "deepseek_v32",
+        "deepseek_v4",
+        "deepseek_v41",
+        "dots",
+        "ernie45",
+        "functiongemma",
+        "gemma4",
+        "gigachat3",
+        "glm45",
+        "glm47",
+        "granite",
+        "granite-20b-fc",
+        "granite4",
+        "hermes",
+        "hf",
+        "hunyuan_a13b",
+        "hy_v3",
+        "hy_v4",
+        "inkling",
+        "internlm",
+        "jamba",
+        "k2_horizon",
+        "kimi_k2",
+        "kimi_k3",
+        "lfm2",
+        "ling3",
+        "llama3_json",
+        "llama4_json",
+        "llama4_pythonic",
+        "longcat",
+        "mimo",
+        "minicpm5",
+        "minimax_m2",
+        "minimax_m3",
+        "mistral",
+        "muse_glimmer",
+        "olmo3",
+        "openai",
+        "phi4_mini_json",
+        "plamo3",
+        "poolside_v1",
+        "pythonic",
+        "qwen3_coder",
+        "qwen3_json",
+        "qwen3_xml",
+        "seed_oss",
+        "step3",
+        "step3p5",
+        "xlam",
+    ),
 }
 
-POSITIVE_INTS = {"tensor_parallel_size", "pipeline_parallel_size", "tp_size", "pp_size",
-                  "dp_size", "block_size", "max_num_seqs", "max_num_batched_tokens",
-                  "max_model_len", "context_length", "max_batch_size"}
-NON_NEGATIVE = {"swap_space", "cpu_offload_gb", "max_logprobs", "seed", "max_loras",
-                 "max_lora_rank", "random_seed", "max_running_requests", "max_prefill_tokens",
-                 "chunked_prefill_size", "speculative_num_steps", "speculative_eagle_topk",
-                 "speculative_num_draft_tokens", "max_tokens_in_paged_kv_cache",
-                 "max_attention_window_size", "max_queue_delay_microseconds", "max_beam_width"}
-MAX_INT = 2 ** 63 - 1   # what the engines' C++ sides can hold
+POSITIVE_INTS = {
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "tp_size",
+    "pp_size",
+    "dp_size",
+    "block_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "context_length",
+    "max_batch_size",
+}
+NON_NEGATIVE = {
+    "swap_space",
+    "cpu_offload_gb",
+    "max_logprobs",
+    "seed",
+    "max_loras",
+    "max_lora_rank",
+    "random_seed",
+    "max_running_requests",
+    "max_prefill_tokens",
+    "chunked_prefill_size",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "max_tokens_in_paged_kv_cache",
+    "max_attention_window_size",
+    "max_queue_delay_microseconds",
+    "max_beam_width",
+}
+MAX_INT = 2**63 - 1  # what the engines' C++ sides can hold
 
 # vLLM's SpeculativeConfig fields a spec may set (vllm/config/speculative.py, vllm 0.32;
 # the *_config fields vLLM fills in itself are left out).
-VLLM_SPECULATIVE_KEYS = frozenset({
-    "enforce_eager", "num_speculative_tokens", "model", "method",
-    "draft_tensor_parallel_size", "tensor_parallel_size", "quantization", "moe_backend",
-    "attention_backend", "kv_cache_dtype", "max_model_len", "revision", "code_revision",
-    "index_share_for_mtp_iteration", "disable_padded_drafter_batch",
-    "disable_eagle_block_drop", "use_local_argmax_reduction", "use_heterogeneous_vocab",
-    "prompt_lookup_max", "prompt_lookup_min", "parallel_drafting",
-    "num_speculative_tokens_per_batch_size", "suffix_decoding_max_tree_depth",
-    "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
-    "suffix_decoding_min_token_prob", "rejection_sample_method",
-    "synthetic_acceptance_rates", "synthetic_acceptance_length",
-    "enable_adaptive_verification", "draft_sample_method", "dspark_draft_topk",
-})
-FRACTIONS = {"gpu_memory_utilization", "mem_fraction_static",
-              "kv_cache_free_gpu_mem_fraction", "gpu_weights_percent"}
+VLLM_SPECULATIVE_KEYS = frozenset(
+    {
+        "enforce_eager",
+        "num_speculative_tokens",
+        "model",
+        "method",
+        "draft_tensor_parallel_size",
+        "tensor_parallel_size",
+        "quantization",
+        "moe_backend",
+        "attention_backend",
+        "kv_cache_dtype",
+        "max_model_len",
+        "revision",
+        "code_revision",
+        "index_share_for_mtp_iteration",
+        "disable_padded_drafter_batch",
+        "disable_eagle_block_drop",
+        "use_local_argmax_reduction",
+        "use_heterogeneous_vocab",
+        "prompt_lookup_max",
+        "prompt_lookup_min",
+        "parallel_drafting",
+        "num_speculative_tokens_per_batch_size",
+        "suffix_decoding_max_tree_depth",
+        "suffix_decoding_max_cached_requests",
+        "suffix_decoding_max_spec_factor",
+        "suffix_decoding_min_token_prob",
+        "rejection_sample_method",
+        "synthetic_acceptance_rates",
+        "synthetic_acceptance_length",
+        "enable_adaptive_verification",
+        "draft_sample_method",
+        "dspark_draft_topk",
+    }
+)
+FRACTIONS = {
+    "gpu_memory_utilization",
+    "mem_fraction_static",
+    "kv_cache_free_gpu_mem_fraction",
+    "gpu_weights_percent",
+}
 
 
 def validate(engine: str, args: Any, path: str, file: str) -> dict[str, Any]:
@@ -165,8 +272,9 @@ def validate(engine: str, args: Any, path: str, file: str) -> dict[str, Any]:
     for key, value in args.items():
         where = f"{path}.{key}"
         if key not in table:
-            raise SpecError(file, where, f"unknown {engine} engine argument "
-                                         f"(known: {', '.join(sorted(table))})")
+            raise SpecError(
+                file, where, f"unknown {engine} engine argument (known: {', '.join(sorted(table))})"
+            )
         kinds = table[key]
         if isinstance(value, bool) and bool not in kinds:
             raise SpecError(file, where, "expected a number or string, got a boolean")
@@ -207,8 +315,12 @@ def _check_speculative(file: str, where: str, config: dict) -> None:
     """Unknown keys fail here, not minutes later when vLLM builds its SpeculativeConfig."""
     for key in config:
         if key not in VLLM_SPECULATIVE_KEYS:
-            raise SpecError(file, f"{where}.{key}", "unknown vLLM speculative_config field "
-                            f"(known: {', '.join(sorted(VLLM_SPECULATIVE_KEYS))})")
+            raise SpecError(
+                file,
+                f"{where}.{key}",
+                "unknown vLLM speculative_config field "
+                f"(known: {', '.join(sorted(VLLM_SPECULATIVE_KEYS))})",
+            )
 
 
 def validate_extra(engine: str, key: str, node) -> Any:
@@ -224,5 +336,4 @@ def check_model(engine: str, args: dict[str, Any], extra: dict[str, Any], node) 
     """Rules across a model's sections, e.g. runtime switches that need build support."""
     adapters_spec.check_model(engine, args, extra, node)
     if engine == "tensorrt_llm":
-
         trtllm_spec.check_model(args, extra, node)

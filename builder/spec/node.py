@@ -4,6 +4,7 @@ its path, checks types and finite numbers, and rejects keys nobody asked for.
 Split from builder.spec so modules that parse sections of a spec (engine arguments,
 TRT-LLM sections) use it without importing builder.spec (no import cycle).
 """
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,7 @@ from typing import Any
 from builder.errors import TridentError, printable
 
 _REQUIRED = object()
-MAX_INT = 2 ** 31 - 1   # every count, port and token limit in a spec fits Triton's INT32
+MAX_INT = 2**31 - 1  # every count, port and token limit in a spec fits Triton's INT32
 
 
 def anchored(pattern: str) -> str:
@@ -91,8 +92,13 @@ class _Node:
             raise self.error(f"expected {_kind_names(kinds)}, got {_type_name(value)}", key)
         return value
 
-    def int(self, key: str, default: Any = _REQUIRED, minimum: int | None = None,
-            maximum: int | None = MAX_INT) -> int:
+    def int(
+        self,
+        key: str,
+        default: Any = _REQUIRED,
+        minimum: int | None = None,
+        maximum: int | None = MAX_INT,
+    ) -> int:
         value = self.get(key, int, default)
         if value is not None and minimum is not None and value < minimum:
             raise self.error(f"must be >= {minimum}, got {_short(value)}", key)
@@ -128,22 +134,38 @@ class _Node:
     def done(self) -> None:
         unknown = sorted(set(self.data) - self._seen)
         if unknown:
-            raise self.error(f"unknown key (allowed: {', '.join(sorted(self._seen))})",
-                             str(unknown[0]))
+            raise self.error(
+                f"unknown key (allowed: {', '.join(sorted(self._seen))})", str(unknown[0])
+            )
 
 
 def _short(value: Any) -> str:
     """A number as the message shows it: a 10**5000 literal is not worth 5000 digits."""
-    text = str(value) if not isinstance(value, int) or abs(value) < 10 ** 30 else "a huge number"
+    text = str(value) if not isinstance(value, int) or abs(value) < 10**30 else "a huge number"
     return text
 
 
 def _type_name(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
-            int: "an integer", float: "a number", type(None): "nothing"}.get(
-        type(value), type(value).__name__)
+    return {
+        dict: "a mapping",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        type(None): "nothing",
+    }.get(type(value), type(value).__name__)
 
 
 def _kind_names(kinds: tuple) -> str:
-    return " or ".join({dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
-                        int: "an integer", float: "a number"}.get(k, k.__name__) for k in kinds)
+    return " or ".join(
+        {
+            dict: "a mapping",
+            list: "a list",
+            str: "a string",
+            bool: "a boolean",
+            int: "an integer",
+            float: "a number",
+        }.get(k, k.__name__)
+        for k in kinds
+    )

@@ -8,6 +8,7 @@ names are repeated here because bls/ is imported by file location inside the stu
 A model with replicas renders `<model>__r0` ... (builder/plan/replicas.py): a model
 named like a replica could collide with one, so such names are refused.
 """
+
 from __future__ import annotations
 
 import re
@@ -26,8 +27,11 @@ REPLICA_NAME = re.compile(rf".*{re.escape(REPLICA_SEPARATOR)}[0-9]+")
 
 def check_model_name(node: _Node, name: str) -> None:
     if REPLICA_NAME.fullmatch(name):
-        raise node.error(f"{name!r} ends in {REPLICA_SEPARATOR}<digits>, the names of a "
-                         "model's replicas (<model>__r0, ...): choose another name", "name")
+        raise node.error(
+            f"{name!r} ends in {REPLICA_SEPARATOR}<digits>, the names of a "
+            "model's replicas (<model>__r0, ...): choose another name",
+            "name",
+        )
 
 
 def parse_backend_policies(node: _Node, names: tuple[str, ...]) -> Mapping[str, str]:
@@ -36,8 +40,11 @@ def parse_backend_policies(node: _Node, names: tuple[str, ...]) -> Mapping[str, 
     policies = {}
     for key in list(policies_node.data):
         if key not in names:
-            raise SpecError(node.file, policies_node.child_path(str(key)),
-                            f"{key!r} is not a model (models: {', '.join(names)})")
+            raise SpecError(
+                node.file,
+                policies_node.child_path(str(key)),
+                f"{key!r} is not a model (models: {', '.join(names)})",
+            )
         policies[key] = policies_node.choice(key, POLICIES)
     policies_node.done()
     return MappingProxyType(policies)

@@ -6,6 +6,7 @@ default). Counters are shared through Redis when `redis` is given; its password 
 from an environment variable or a file, never from the spec, so nothing secret is ever
 rendered into the repository.
 """
+
 from __future__ import annotations
 
 import re
@@ -37,21 +38,21 @@ _NUMERIC_PORT = re.compile(r".*:(?P<port>[0-9]+)")
 @dataclass(frozen=True)
 class TenantLimits:
     tier: str = "standard"
-    requests_per_minute: int | None = None    # None: unlimited
-    tokens_per_minute: int | None = None      # prompt + completion tokens
-    max_concurrent: int | None = None         # streams open at once
+    requests_per_minute: int | None = None  # None: unlimited
+    tokens_per_minute: int | None = None  # prompt + completion tokens
+    max_concurrent: int | None = None  # streams open at once
 
 
 @dataclass(frozen=True)
 class TenantsSpec:
-    redis: str | None = None          # redis://host[:port][/db]; None: counters per router
-    username: str | None = None       # a Redis ACL user (not secret); None: the default user
-    password_env: str | None = None   # the name of an environment variable
+    redis: str | None = None  # redis://host[:port][/db]; None: counters per router
+    username: str | None = None  # a Redis ACL user (not secret); None: the default user
+    password_env: str | None = None  # the name of an environment variable
     password_file: str | None = None  # a path read by the router at start
-    on_redis_error: str = "allow"     # allow | deny, when Redis is down or slow
+    on_redis_error: str = "allow"  # allow | deny, when Redis is down or slow
     default: TenantLimits = field(default_factory=TenantLimits)
     limits: Mapping[str, TenantLimits] = field(default_factory=lambda: MappingProxyType({}))
-    unknown: str = "default"          # default | reject: a tenant not under `limits`
+    unknown: str = "default"  # default | reject: a tenant not under `limits`
     share_prefix_cache: tuple[str, ...] = ()
 
     def tiers(self) -> set[str]:
@@ -60,16 +61,22 @@ class TenantsSpec:
     def router_config(self, namespace: str) -> dict:
         """The router's `tenants` config (router.json): no secret, only where to find
         one; `namespace` (the deployment's name) prefixes its Redis keys."""
+
         def limits(entry: TenantLimits) -> dict:
             values = {f.name: getattr(entry, f.name) for f in fields(entry)}
             return {**values, "priority": TIERS[entry.tier]}
 
         return {
-            "namespace": namespace, "redis": self.redis, "username": self.username,
-            "password_env": self.password_env, "password_file": self.password_file,
-            "on_redis_error": self.on_redis_error, "default": limits(self.default),
+            "namespace": namespace,
+            "redis": self.redis,
+            "username": self.username,
+            "password_env": self.password_env,
+            "password_file": self.password_file,
+            "on_redis_error": self.on_redis_error,
+            "default": limits(self.default),
             "limits": {name: limits(entry) for name, entry in self.limits.items()},
-            "unknown": self.unknown, "share_prefix_cache": list(self.share_prefix_cache),
+            "unknown": self.unknown,
+            "share_prefix_cache": list(self.share_prefix_cache),
         }
 
 
@@ -83,22 +90,26 @@ SCHEMA_RULES: dict[tuple[type, str], dict[str, Any]] = {
     (TenantsSpec, "username"): {"pattern": anchored(_USER_RE.pattern)},
     (TenantsSpec, "password_env"): {"pattern": anchored(_ENV_RE.pattern)},
     (TenantsSpec, "limits"): {"propertyNames": {"pattern": anchored(TENANT_RE.pattern)}},
-    (TenantsSpec, "share_prefix_cache"): {"items": {"type": "string",
-                                                    "pattern": anchored(TENANT_RE.pattern)}},
+    (TenantsSpec, "share_prefix_cache"): {
+        "items": {"type": "string", "pattern": anchored(TENANT_RE.pattern)}
+    },
 }
 SCHEMA_CLASSES = (TenantLimits, TenantsSpec)
 # The rules across fields, as the parser applies them below.
-SCHEMA_OBJECT_RULES: dict[type, dict[str, Any]] = {TenantsSpec: {
-    "not": {"required": ["password_env", "password_file"]},
-    "dependentRequired": {key: ["redis"] for key in
-                          ("username", "password_env", "password_file")},
-}}
+SCHEMA_OBJECT_RULES: dict[type, dict[str, Any]] = {
+    TenantsSpec: {
+        "not": {"required": ["password_env", "password_file"]},
+        "dependentRequired": {
+            key: ["redis"] for key in ("username", "password_env", "password_file")
+        },
+    }
+}
 
 
 def parse_tenants(root: _Node, has_router: bool) -> TenantsSpec | None:
     """The `tenants:` section of the spec's root, or None when it is absent."""
     if "tenants" not in root.data:
-        root.child("tenants")   # mark as seen
+        root.child("tenants")  # mark as seen
         return None
     node = root.child("tenants")
     if not has_router:
@@ -106,16 +117,20 @@ def parse_tenants(root: _Node, has_router: bool) -> TenantsSpec | None:
     redis = _redis_url(node)
     username = node.get("username", str, None)
     if username is not None and not _USER_RE.fullmatch(username):
-        raise node.error("is not a Redis ACL user name (1 to 128 printable characters, "
-                         "no spaces)", "username")
+        raise node.error(
+            "is not a Redis ACL user name (1 to 128 printable characters, no spaces)", "username"
+        )
     if username is not None and redis is None:
         raise node.error("a Redis username needs a redis URL", "redis")
     password_env = node.get("password_env", str, None)
     if password_env is not None and not _ENV_RE.fullmatch(password_env):
         # Not echoed: what is pasted here instead of a name is usually the password.
-        raise node.error("must be an environment variable name (letters, digits and "
-                         "'_', not starting with a digit) that holds the password, not "
-                         "the password itself", "password_env")
+        raise node.error(
+            "must be an environment variable name (letters, digits and "
+            "'_', not starting with a digit) that holds the password, not "
+            "the password itself",
+            "password_env",
+        )
     password_file = node.get("password_file", str, None)
     if password_env and password_file:
         raise node.error("give password_env or password_file, not both", "password_file")
@@ -127,8 +142,10 @@ def parse_tenants(root: _Node, has_router: bool) -> TenantsSpec | None:
     limits = {}
     for name in list(limits_node.data):
         if not isinstance(name, str) or not TENANT_RE.fullmatch(name):
-            raise limits_node.error("a tenant name is letters, digits, '_', '.', '@' and "
-                                    "'-' (at most 128 characters)", str(name))
+            raise limits_node.error(
+                "a tenant name is letters, digits, '_', '.', '@' and '-' (at most 128 characters)",
+                str(name),
+            )
         limits[name] = _parse_limits(limits_node.child(name), default)
     limits_node.done()
     unknown = node.choice("unknown", UNKNOWN, "default")
@@ -136,10 +153,22 @@ def parse_tenants(root: _Node, has_router: bool) -> TenantsSpec | None:
     node.done()
     for i, name in enumerate(shared):
         if not TENANT_RE.fullmatch(name):
-            raise SpecError(node.file, f"{node.child_path('share_prefix_cache')}[{i}]",
-                            f"{name!r} is not a tenant name")
-    return TenantsSpec(redis, username, password_env, password_file, on_error, default,
-                       MappingProxyType(limits), unknown, shared)
+            raise SpecError(
+                node.file,
+                f"{node.child_path('share_prefix_cache')}[{i}]",
+                f"{name!r} is not a tenant name",
+            )
+    return TenantsSpec(
+        redis,
+        username,
+        password_env,
+        password_file,
+        on_error,
+        default,
+        MappingProxyType(limits),
+        unknown,
+        shared,
+    )
 
 
 def _redis_url(node: _Node) -> str | None:
@@ -151,8 +180,7 @@ def _redis_url(node: _Node) -> str | None:
     problem = url_credentials(url)
     if problem:
         problem = "must not hold a password (user:secret@)" if "@" in url else problem
-        raise node.error(f"{problem}; give the password in password_env or "
-                         "password_file", "redis")
+        raise node.error(f"{problem}; give the password in password_env or password_file", "redis")
     if re.fullmatch(REDIS_URL, url) is None:
         raise node.error(_redis_url_problem(url), "redis")
     return url
@@ -168,8 +196,11 @@ def _redis_url_problem(url: str) -> str:
         port = _NUMERIC_PORT.fullmatch(authority)
         if port is not None and re.fullmatch(_PORT, port["port"]) is None:
             number = port["port"]
-            return (f"port {number} is not in 1..65535" if len(number) < 7
-                    else "the port is not in 1..65535")
+            return (
+                f"port {number} is not in 1..65535"
+                if len(number) < 7
+                else "the port is not in 1..65535"
+            )
         if slash and re.fullmatch(r"[0-9]{0,2}", db) is None:
             return f"the db (after the host's '/') is not a number from 0 to 99; {password}"
     return f"is not a redis://host[:port][/db] URL (db: a number from 0 to 99; {password})"
@@ -188,7 +219,11 @@ def _parse_limits(node: _Node, base: TenantLimits) -> TenantLimits:
 def engine_args(tenants: TenantsSpec | None, engine: str, args: Mapping) -> dict:
     """Engine arguments the tenants section implies: vLLM schedules by priority when the
     tenants' tiers differ (unless the spec chose a policy itself)."""
-    if (tenants is None or engine != "vllm" or len(tenants.tiers()) < 2
-            or "scheduling_policy" in args):
+    if (
+        tenants is None
+        or engine != "vllm"
+        or len(tenants.tiers()) < 2
+        or "scheduling_policy" in args
+    ):
         return {}
     return {"scheduling_policy": "priority"}

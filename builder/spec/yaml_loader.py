@@ -9,6 +9,7 @@ instead of being expanded, overwritten or recursed into:
 - mapping keys must be strings; nesting is capped (deep flow lists would otherwise end
   in a RecursionError inside the composer).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,8 +19,8 @@ import yaml
 
 from builder import textfile
 
-MAX_BYTES = 1 << 20        # a spec is a few KiB; 1 MiB leaves generous room
-MAX_DEPTH = 64             # real specs nest about 6 deep
+MAX_BYTES = 1 << 20  # a spec is a few KiB; 1 MiB leaves generous room
+MAX_DEPTH = 64  # real specs nest about 6 deep
 
 
 class YamlLimitError(ValueError):
@@ -33,7 +34,7 @@ def read_text(path: str | Path) -> str:
         if len(data) > MAX_BYTES:
             raise YamlLimitError(f"larger than {MAX_BYTES // 1024} KiB; a spec is a small file")
         return textfile.utf8(data)
-    except textfile.NotText as e:   # a pipe or device, or not UTF-8
+    except textfile.NotText as e:  # a pipe or device, or not UTF-8
         raise YamlLimitError(str(e)) from None
 
 
@@ -51,31 +52,39 @@ class _Loader(yaml.SafeLoader):
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
-            raise YamlLimitError(f"{_where(self.peek_event())}: aliases (*name) are not "
-                                 "allowed in a spec; write the value out")
+            raise YamlLimitError(
+                f"{_where(self.peek_event())}: aliases (*name) are not "
+                "allowed in a spec; write the value out"
+            )
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                raise YamlLimitError(f"{_where(self.peek_event())}: nested more than "
-                                     f"{MAX_DEPTH} levels deep")
+                raise YamlLimitError(
+                    f"{_where(self.peek_event())}: nested more than {MAX_DEPTH} levels deep"
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
-            self.flatten_mapping(node)   # merge keys (<<) need aliases, refused above
+            self.flatten_mapping(node)  # merge keys (<<) need aliases, refused above
         seen: dict[Any, yaml.Node] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, str):
-                shown = (repr(key_node.value)[:40] if isinstance(key_node, yaml.ScalarNode)
-                         else "that is a list or mapping")
-                raise YamlLimitError(f"{_where(key_node)}: mapping key {shown} must be a "
-                                     "string (quote it)")
+                shown = (
+                    repr(key_node.value)[:40]
+                    if isinstance(key_node, yaml.ScalarNode)
+                    else "that is a list or mapping"
+                )
+                raise YamlLimitError(
+                    f"{_where(key_node)}: mapping key {shown} must be a string (quote it)"
+                )
             if key in seen:
-                raise YamlLimitError(f"{_where(key_node)}: duplicate key {key!r} (first at "
-                                     f"{_where(seen[key])})")
+                raise YamlLimitError(
+                    f"{_where(key_node)}: duplicate key {key!r} (first at {_where(seen[key])})"
+                )
             seen[key] = key_node
         return super().construct_mapping(node, deep)
 
@@ -89,7 +98,8 @@ def load(text: str) -> Any:
         if isinstance(e, YamlLimitError):
             raise
         # e.g. an integer literal past Python's 4300-digit conversion limit
-        raise YamlLimitError(f"a value YAML cannot convert ({type(e).__name__}); "
-                             "numbers in a spec are small") from None
+        raise YamlLimitError(
+            f"a value YAML cannot convert ({type(e).__name__}); numbers in a spec are small"
+        ) from None
     finally:
         loader.dispose()

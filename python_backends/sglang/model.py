@@ -6,6 +6,7 @@ with the vLLM model (trident_common.engine_model); this file only speaks SGLang:
 sampling names, its stream chunks (dicts with `text` and `meta_info`), abort by `rid`,
 and the prefix (radix) cache's cached-token counts as a metric.
 """
+
 import json
 
 from trident_common.deltas import Delta
@@ -21,7 +22,7 @@ from trident_common.tool_calls import call, collect, forced_calls
 SAMPLING_NAMES = {
     "temperature": "temperature",
     "top_p": "top_p",
-    "top_k": "top_k",                      # -1 means the whole vocabulary in both
+    "top_k": "top_k",  # -1 means the whole vocabulary in both
     "min_p": "min_p",
     "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty",
@@ -53,7 +54,7 @@ _CLIENT_ERROR = range(400, 500)
 def map_sampling(params: dict, max_tokens: int) -> dict:
     """trident's sampling parameters → SGLang's sampling_params dict; raises BadRequest."""
     params = dict(params)
-    structured = params.pop("structured_outputs", None)   # vLLM's name, trident's interface
+    structured = params.pop("structured_outputs", None)  # vLLM's name, trident's interface
     if structured is not None:
         params.update(to_sglang(structured))
     logprobs = params.pop(LOGPROBS, None)
@@ -61,7 +62,7 @@ def map_sampling(params: dict, max_tokens: int) -> dict:
     mapped = {SAMPLING_NAMES[key]: value for key, value in params.items()}
     if logprobs is not None:
         mapped[LOGPROBS] = logprobs
-    if isinstance(mapped.get("json_schema"), dict):   # SGLang takes the schema as text
+    if isinstance(mapped.get("json_schema"), dict):  # SGLang takes the schema as text
         mapped["json_schema"] = json.dumps(mapped["json_schema"])
     mapped["max_new_tokens"] = max_tokens
     return mapped
@@ -79,7 +80,7 @@ class TextDeltas:
         text = text or ""
         if self.incremental:
             return text
-        delta = text[self._sent:]
+        delta = text[self._sent :]
         self._sent = max(self._sent, len(text))
         return delta
 
@@ -104,9 +105,12 @@ def finish_reason(meta_info: dict) -> str | None:
 
 def delta_from_chunk(chunk: dict, texts: TextDeltas) -> Delta:
     meta = chunk.get("meta_info") or {}
-    return Delta(text=texts.next(chunk.get("text")), finish_reason=finish_reason(meta),
-                 input_tokens=int(meta.get("prompt_tokens") or 0),
-                 output_tokens=int(meta.get("completion_tokens") or 0))
+    return Delta(
+        text=texts.next(chunk.get("text")),
+        finish_reason=finish_reason(meta),
+        input_tokens=int(meta.get("prompt_tokens") or 0),
+        output_tokens=int(meta.get("completion_tokens") or 0),
+    )
 
 
 class TritonPythonModel(AsyncEngineModel):
@@ -118,9 +122,10 @@ class TritonPythonModel(AsyncEngineModel):
         # Built on the model's event loop (this coroutine runs there), so the engine's
         # tokenizer manager serves its requests on the same loop.
         self.engine = sglang.Engine(**config)
-        self.loras = set(config.get("lora_paths") or ())   # adapter names (spec order)
-        self._incremental = bool(getattr(self.engine.server_args,
-                                         "incremental_streaming_output", False))
+        self.loras = set(config.get("lora_paths") or ())  # adapter names (spec order)
+        self._incremental = bool(
+            getattr(self.engine.server_args, "incremental_streaming_output", False)
+        )
         # SGLang's own tool parser name (a ServerArgs field, from the spec's engine_args).
         self._tool_parser = getattr(self.engine.server_args, "tool_call_parser", None)
         # xgrammar's import takes seconds: at load, not in a client's first request.
@@ -142,14 +147,18 @@ class TritonPythonModel(AsyncEngineModel):
         if plan is None:
             return None
         if plan.forced:
+
             def forced(text):
                 calls = forced_calls(plan, text)
                 return (None, calls) if calls else (text, [])
+
             return forced
         if not self._tool_parser:
-            raise BadRequest(f"[tool_choice] model {self.model_name} has no tool parser "
-                             "(engine_args.tool_call_parser in the spec): tool_choice auto "
-                             "cannot be read; required or a named function can")
+            raise BadRequest(
+                f"[tool_choice] model {self.model_name} has no tool parser "
+                "(engine_args.tool_call_parser in the spec): tool_choice auto "
+                "cannot be read; required or a named function can"
+            )
         from sglang.srt.entrypoints.openai.protocol import Tool
         from sglang.srt.function_call.function_call_parser import FunctionCallParser
 
@@ -160,16 +169,20 @@ class TritonPythonModel(AsyncEngineModel):
                 return text, []
             content, items = parser.parse_non_stream(text)
             return content, [call(item.name, item.parameters) for item in items]
+
         return auto
 
     async def render_chat(self, messages: list, tools: list | None = None) -> str:
         tokenizer = self.engine.tokenizer_manager.tokenizer
         if tokenizer is None:
-            raise BadRequest("this model has no tokenizer (skip_tokenizer_init): "
-                             "send text_input instead of messages")
+            raise BadRequest(
+                "this model has no tokenizer (skip_tokenizer_init): "
+                "send text_input instead of messages"
+            )
         try:
-            return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                 add_generation_prompt=True)
+            return tokenizer.apply_chat_template(
+                messages, tools=tools, tokenize=False, add_generation_prompt=True
+            )
         except Exception as e:
             raise BadRequest(f"cannot apply the chat template: {e}") from None
 
@@ -182,9 +195,14 @@ class TritonPythonModel(AsyncEngineModel):
         params = dict(params)
         logprobs = request_args(params.pop(LOGPROBS, None))
         positions = Positions(self._incremental, self._decode)
-        chunks = await self.engine.async_generate(prompt=prompt, sampling_params=params,
-                                                  stream=True, rid=engine_id, lora_path=lora,
-                                                  **logprobs)
+        chunks = await self.engine.async_generate(
+            prompt=prompt,
+            sampling_params=params,
+            stream=True,
+            rid=engine_id,
+            lora_path=lora,
+            **logprobs,
+        )
         texts = TextDeltas(self._incremental)
         cached, counted = 0, False
         try:
@@ -219,7 +237,7 @@ class TritonPythonModel(AsyncEngineModel):
         self.engine.tokenizer_manager.abort_request(rid=engine_id)
 
     async def stop_engine(self) -> None:
-        engine = getattr(self, "engine", None)   # None when the engine failed to start
+        engine = getattr(self, "engine", None)  # None when the engine failed to start
         if engine is not None:
             engine.shutdown()
 

@@ -6,20 +6,21 @@ abort can reach nothing but a request the router itself sent. The first request 
 id: a duplicate cannot take over (or be aborted in place of) the one already running.
 Touched on the engine model's event loop only.
 """
+
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 
-EARLY_ABORT_TTL_S = 30.0   # how long a router's abort for an unseen request id is remembered
+EARLY_ABORT_TTL_S = 30.0  # how long a router's abort for an unseen request id is remembered
 EARLY_ABORT_MAX = 1024
 
 
 class Aborts:
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
-        self._running: dict[str, object] = {}   # request id → its generation
-        self._early: dict[str, float] = {}      # request id → forget-after time
+        self._running: dict[str, object] = {}  # request id → its generation
+        self._early: dict[str, float] = {}  # request id → forget-after time
 
     def overtaken(self, request_id: str) -> bool:
         """Was this request aborted before it arrived? (Then it is never started.)"""

@@ -4,6 +4,7 @@ When a stream has more than one delta ready by the time its response can go out,
 leave as one response: the texts joined, the counts of the last (they are running
 totals), the logprobs of every token. Pure Python: the sender thread (outbox.py) uses it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -18,9 +19,9 @@ class Delta:
     finish_reason: str | None
     input_tokens: int
     output_tokens: int
-    logprobs: list | None = None          # this delta's (returns.logprobs_json)
+    logprobs: list | None = None  # this delta's (returns.logprobs_json)
     cumulative_logprob: float | None = None
-    tool_calls: str | None = None          # JSON list in OpenAI's shape (tool_calls.py)
+    tool_calls: str | None = None  # JSON list in OpenAI's shape (tool_calls.py)
 
 
 def merge(deltas: list[Delta]) -> Delta:
@@ -31,8 +32,15 @@ def merge(deltas: list[Delta]) -> Delta:
     logprobs = None
     if any(d.logprobs is not None for d in deltas):
         logprobs = [p for d in deltas if d.logprobs is not None for p in d.logprobs]
-    return Delta("".join(d.text for d in deltas), last.finish_reason, last.input_tokens,
-                 last.output_tokens, logprobs, last.cumulative_logprob, last.tool_calls)
+    return Delta(
+        "".join(d.text for d in deltas),
+        last.finish_reason,
+        last.input_tokens,
+        last.output_tokens,
+        logprobs,
+        last.cumulative_logprob,
+        last.tool_calls,
+    )
 
 
 def batches(items: Iterable[Delta | Callable]) -> list[Delta | Callable]:

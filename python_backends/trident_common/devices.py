@@ -5,6 +5,7 @@ GPU ordinals ("0", "0,1") pass through unchanged. A MIG slice is rendered as
 applied on the box (mig-parted): it names the n-th slice of that profile on that GPU, in
 the order `nvidia-smi -L` lists them, and resolves here to that slice's `MIG-<uuid>`.
 """
+
 from __future__ import annotations
 
 import re
@@ -45,11 +46,14 @@ def resolve(entry: str, list_gpus: Callable[[], str]) -> str:
         raise DeviceError(f"{entry!r}: expected mig:<gpu>:<profile>:<n>") from None
     uuids = mig_devices(list_gpus()).get(key, [])
     if n >= len(uuids):
-        raise DeviceError(f"{entry!r}: GPU {key[0]} has {len(uuids)} {profile} MIG slice(s); "
-                          "apply the layout from `trident mig plan` first")
+        raise DeviceError(
+            f"{entry!r}: GPU {key[0]} has {len(uuids)} {profile} MIG slice(s); "
+            "apply the layout from `trident mig plan` first"
+        )
     return uuids[n]
 
 
 def nvidia_smi_list() -> str:
-    return subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
-                          check=True, timeout=60).stdout
+    return subprocess.run(
+        ["nvidia-smi", "-L"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout

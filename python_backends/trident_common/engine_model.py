@@ -5,6 +5,7 @@ request and schedules a coroutine on that loop, so Triton's thread never waits f
 engine. Subclasses say how to start the engine, map sampling parameters, stream deltas
 and abort; everything else (interface, cancellation, errors, metrics) is here once.
 """
+
 from __future__ import annotations
 
 import abc
@@ -44,30 +45,30 @@ from trident_common.triton_io import (
 )
 
 ENGINE_CONFIG_FILE = "model.json"
-CANCEL_CHECK_S = 0.05   # how stale a client's cancellation may be before we notice it
-HEALTH_CHECK_S = 2.0    # how often the engine's health is checked (and the gauge set)
-ABORT_TIMEOUT_S = 5.0   # an engine abort that takes longer is given up (the request ends)
-OUTBOX_CLOSE_S = 5.0    # at unload, how long what is queued may take to go out
+CANCEL_CHECK_S = 0.05  # how stale a client's cancellation may be before we notice it
+HEALTH_CHECK_S = 2.0  # how often the engine's health is checked (and the gauge set)
+ABORT_TIMEOUT_S = 5.0  # an engine abort that takes longer is given up (the request ends)
+OUTBOX_CLOSE_S = 5.0  # at unload, how long what is queued may take to go out
 
 
 class EngineDead(Exception):
     """The engine cannot serve any request any more (e.g. vLLM's engine core died)."""
 
 
-@dataclass(eq=False)   # hashed by identity: kept in a set
+@dataclass(eq=False)  # hashed by identity: kept in a set
 class _Active:
     """One generation. All fields are touched on the model's event loop only."""
 
     engine_id: str
-    client_id: str            # the router's request_id ("" for a direct client's request)
+    client_id: str  # the router's request_id ("" for a direct client's request)
     sender: object
-    outlet: Outlet | None = None   # its responses' way out (outbox.py)
+    outlet: Outlet | None = None  # its responses' way out (outbox.py)
     task: asyncio.Task | None = None
-    submitted: bool = False   # handed to the engine: abort it there if it ends early
-    started: bool = False     # a data response has been sent
-    closed: bool = False      # the final flag has been sent (or tried: the client left)
-    dead: str | None = None   # why the engine died under this request
-    send_error: Exception | None = None   # sending one of its responses raised
+    submitted: bool = False  # handed to the engine: abort it there if it ends early
+    started: bool = False  # a data response has been sent
+    closed: bool = False  # the final flag has been sent (or tried: the client left)
+    dead: str | None = None  # why the engine died under this request
+    send_error: Exception | None = None  # sending one of its responses raised
 
 
 class AsyncEngineModel(abc.ABC):
@@ -114,26 +115,30 @@ class AsyncEngineModel(abc.ABC):
         # Only the router's requests may set priority, cache_salt and abort ids (trust.py).
         self._proof_key = trust.proof_key(os.environ)
         if self._proof_key is None:
-            self.log.info(f"no {trust.ROUTER_SECRET_ENV}: no caller may set priority, "
-                          "cache_salt or abort_request_id")
+            self.log.info(
+                f"no {trust.ROUTER_SECRET_ENV}: no caller may set priority, "
+                "cache_salt or abort_request_id"
+            )
         self.responses = ResponseFactory(self.model_name)
-        self._adapter_responses: dict[str, ResponseFactory] = {}   # served_by model:adapter
+        self._adapter_responses: dict[str, ResponseFactory] = {}  # served_by model:adapter
         self.metrics = LlmMetrics(self.model_name)
-        self.outbox = Outbox(f"{self.engine_name}-send", lambda active, error:
-                             self.loop.call_soon_threadsafe(self._client_left, active, error))
+        self.outbox = Outbox(
+            f"{self.engine_name}-send",
+            lambda active, error: self.loop.call_soon_threadsafe(self._client_left, active, error),
+        )
         self._ids = itertools.count()
         self._running: set[_Active] = set()
-        self._aborts = Aborts()   # the router's request ids, and its early aborts
+        self._aborts = Aborts()  # the router's request ids, and its early aborts
         self.loop = asyncio.new_event_loop()
-        self._loop_thread = threading.Thread(target=self.loop.run_forever,
-                                             name=f"{self.engine_name}-loop", daemon=True)
+        self._loop_thread = threading.Thread(
+            target=self.loop.run_forever, name=f"{self.engine_name}-loop", daemon=True
+        )
         self._loop_thread.start()
         self.log.info(f"Starting the engine of model {self.model_name}")
         try:
             self._run(self.start_engine(config))
         except BaseException as e:
-            self.log.error(f"The engine of model {self.model_name} failed to start: "
-                           f"{describe(e)}")
+            self.log.error(f"The engine of model {self.model_name} failed to start: {describe(e)}")
             # Triton calls no finalize after a failed load: stop the loop thread and close
             # the metrics (later writes are dropped; the series stay, see metrics.py) here.
             self._stop_loop()
@@ -148,8 +153,9 @@ class AsyncEngineModel(abc.ABC):
             sender = request.get_response_sender()
             arrival = time.monotonic()
             try:
-                parsed = parse_generate(input_getter(request), request_parameters(request),
-                                        self._proof_key)
+                parsed = parse_generate(
+                    input_getter(request), request_parameters(request), self._proof_key
+                )
             except BadRequest as e:
                 self._count(None, self.metrics.errors)
                 quietly(send_error, sender, self.responses, str(e), False, True)
@@ -157,9 +163,15 @@ class AsyncEngineModel(abc.ABC):
             except Exception as e:  # a defect of ours: still answer, and keep serving
                 self.log.error(f"Could not read a request: {type(e).__name__}: {describe(e)}")
                 self._count(None, self.metrics.errors)
-                quietly(send_error, sender, self.responses,
-                                   f"{self.engine_name} could not read the request: "
-                                   f"{type(e).__name__}: {describe(e)}", False, False)
+                quietly(
+                    send_error,
+                    sender,
+                    self.responses,
+                    f"{self.engine_name} could not read the request: "
+                    f"{type(e).__name__}: {describe(e)}",
+                    False,
+                    False,
+                )
                 continue
             if isinstance(parsed, AbortRequest):
                 self.loop.call_soon_threadsafe(self._abort_by_client_id, parsed, sender)
@@ -176,9 +188,9 @@ class AsyncEngineModel(abc.ABC):
             self._run(self.stop_engine(), timeout=30)
         finally:
             self._stop_loop()
-            self.outbox.close(OUTBOX_CLOSE_S)   # the final flags of the cancelled ones
+            self.outbox.close(OUTBOX_CLOSE_S)  # the final flags of the cancelled ones
             self.metrics.finalize()
-            gc.collect()   # any sender left in cyclic garbage: freed while the stub lives
+            gc.collect()  # any sender left in cyclic garbage: freed while the stub lives
 
     def _stop_loop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -194,7 +206,7 @@ class AsyncEngineModel(abc.ABC):
         """A request's outcome. Metric writes are round trips to the server: a request's
         go out on its outlet, in order with its responses (a client that got the last
         one finds it counted), so the loop never waits for them."""
-        for metric in {outcome, self.metrics.requests}:   # a set: requests counts once
+        for metric in {outcome, self.metrics.requests}:  # a set: requests counts once
             if active is None:
                 metric.increment(1)
             else:
@@ -221,12 +233,13 @@ class AsyncEngineModel(abc.ABC):
         registered by id: a direct client stops its own by cancelling its stream."""
         client_id = request.request_id if request.proven else ""
         if client_id and self._aborts.overtaken(client_id):
-            self._count(None, self.metrics.aborted)   # aborted before it arrived: never start
+            self._count(None, self.metrics.aborted)  # aborted before it arrived: never start
             quietly(sender.send, None, FINAL)
             return
         active = _Active(f"{self.model_name}-{next(self._ids)}", client_id, sender)
-        active.outlet = Outlet(sender, None, FINAL, arrival + CANCEL_CHECK_S, CANCEL_CHECK_S,
-                               owner=active)
+        active.outlet = Outlet(
+            sender, None, FINAL, arrival + CANCEL_CHECK_S, CANCEL_CHECK_S, owner=active
+        )
         if active.client_id:
             self._aborts.register(active.client_id, active)
         self._running.add(active)
@@ -250,13 +263,12 @@ class AsyncEngineModel(abc.ABC):
         streams that request (which aborts it in the engine), then close the control
         request. Only the router's ids are registered: the engine's own ids cannot be
         aborted from outside."""
-        active = self._aborts.take(abort.request_id)   # or remembered for its request
+        active = self._aborts.take(abort.request_id)  # or remembered for its request
         if active is not None:
             active.task.cancel()
         quietly(sender.send, None, FINAL)
 
-    async def _generate(self, request: GenerateRequest, active: _Active,
-                        arrival: float) -> None:
+    async def _generate(self, request: GenerateRequest, active: _Active, arrival: float) -> None:
         try:
             dead = self.engine_dead()
             if dead is not None:
@@ -270,29 +282,28 @@ class AsyncEngineModel(abc.ABC):
             self._later(active, self._count_relayed, active.outlet)
             return
         except asyncio.CancelledError:
-            if active.dead is not None:   # cancelled by the health check: not an abort
+            if active.dead is not None:  # cancelled by the health check: not an abort
                 self._fail(active, f"{self.engine_name} engine is dead: {active.dead}")
             elif active.send_error is not None:
                 self._failed(active, active.send_error)
             else:
                 self.log.info(f"Cancelling the request {active.client_id or active.engine_id}")
                 self._count(active, self.metrics.aborted)
-                self._close(active)   # now: the engine's abort below may be slow
+                self._close(active)  # now: the engine's abort below may be slow
         except BadRequest as e:
             self._fail(active, str(e), client_fault=True)
         except Exception as e:
             self._failed(active, e)
-        if active.submitted:   # it may still be generating: stop it
+        if active.submitted:  # it may still be generating: stop it
             await self._abort_quietly(active.engine_id)
 
     def _failed(self, active: _Active, error: Exception) -> None:
         """Classify a failure: the client left, the engine died, or the engine failed."""
         dead = self.engine_dead()
         if dead is not None or isinstance(error, EngineDead):
-            self._fail(active, f"{self.engine_name} engine is dead: "
-                               f"{dead or describe(error)}")
+            self._fail(active, f"{self.engine_name} engine is dead: {dead or describe(error)}")
         elif self._client_gone(active):
-            self._count(active, self.metrics.aborted)   # e.g. a send to a cancelled client raised
+            self._count(active, self.metrics.aborted)  # e.g. a send to a cancelled client raised
             active.closed = True
         else:
             self._fail(active, f"{self.engine_name} error: {describe(error)}")
@@ -302,7 +313,7 @@ class AsyncEngineModel(abc.ABC):
         try:
             return bool(active.sender.is_cancelled())
         except Exception:
-            return True   # the sender itself is unusable: nobody can be told anything
+            return True  # the sender itself is unusable: nobody can be told anything
 
     async def _abort_quietly(self, engine_id: str) -> None:
         try:
@@ -329,8 +340,9 @@ class AsyncEngineModel(abc.ABC):
                         active.task.cancel()
             await asyncio.sleep(HEALTH_CHECK_S)
 
-    async def _relay(self, request: GenerateRequest, prompt: str, sampling, active: _Active,
-                     arrival: float) -> None:
+    async def _relay(
+        self, request: GenerateRequest, prompt: str, sampling, active: _Active, arrival: float
+    ) -> None:
         """Hand the engine's deltas to the stream's outlet (or collect them for one
         response). The loop never waits for the server: responses, metric writes and a
         streaming client's cancellation checks are the outbox thread's (outbox.py)."""
@@ -341,21 +353,22 @@ class AsyncEngineModel(abc.ABC):
         responses = self.responses_for(request)
         outputs, usual = Outputs(request.returns, request.stream), request.returns is None
 
-        def build(delta: Delta):   # on the outbox thread, for one response
-            if delta.finish_reason:   # counted before the final flag lets the client go
+        def build(delta: Delta):  # on the outbox thread, for one response
+            if delta.finish_reason:  # counted before the final flag lets the client go
                 self._record_tokens(delta, first_at)
             return responses.chunk(outputs.values(delta, delta.text), usual)
 
         active.outlet.build = build
         async for delta in self.stream(prompt, sampling, active.engine_id):
             if first_at is None and delta.output_tokens:
-                first_at = time.monotonic()   # written after this token's send (defer)
-                self.outbox.defer(active.outlet, functools.partial(
-                    self.metrics.ttft.observe, first_at - arrival))
+                first_at = time.monotonic()  # written after this token's send (defer)
+                self.outbox.defer(
+                    active.outlet, functools.partial(self.metrics.ttft.observe, first_at - arrival)
+                )
             if delta.finish_reason:
                 final = delta
             if request.stream:
-                active.closed = final is not None   # the outlet sends its final flag
+                active.closed = final is not None  # the outlet sends its final flag
                 self.outbox.push(active.outlet, delta)
                 active.started = True
             else:
@@ -400,7 +413,7 @@ class AsyncEngineModel(abc.ABC):
         """The final flag (flags only), unless the request already had it."""
         if not active.closed:
             active.closed = True
-            self._later(active, active.sender.send, None, FINAL)   # run quietly there
+            self._later(active, active.sender.send, None, FINAL)  # run quietly there
 
     def _later(self, active: _Active, function, *args) -> None:
         """function(*args) on the outbox thread, after what the request queued before."""
@@ -414,5 +427,12 @@ class AsyncEngineModel(abc.ABC):
         if active.closed:
             return
         active.closed = True
-        self._later(active, send_error, active.sender, self.responses,
-                    message or "unknown error", active.started, client_fault)
+        self._later(
+            active,
+            send_error,
+            active.sender,
+            self.responses,
+            message or "unknown error",
+            active.started,
+            client_fault,
+        )

@@ -13,6 +13,7 @@ A message of a class starts with the class's marker, then, for a client error th
 names the parameter, `[param] `: `invalid request: [route] unknown route 'x' ...`.
 Only the start of a message is read; a message without a marker is internal.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,12 +22,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ErrorClass:
-    name: str             # also the metrics word
-    marker: str           # an error message of this class starts with it ("" for none)
-    status: int           # the HTTP status an OpenAI client gets
-    openai_type: str      # OpenAI's error.type
-    openai_code: str      # OpenAI's error.code
-    triton_code: str      # the pb_utils.TritonError code's name (python_backend r24.10)
+    name: str  # also the metrics word
+    marker: str  # an error message of this class starts with it ("" for none)
+    status: int  # the HTTP status an OpenAI client gets
+    openai_type: str  # OpenAI's error.type
+    openai_code: str  # OpenAI's error.code
+    triton_code: str  # the pb_utils.TritonError code's name (python_backend r24.10)
 
     def mark(self, message: str, param: str | None = None) -> str:
         """The message as this class sends it (a marker already there is kept)."""
@@ -39,21 +40,30 @@ class ErrorClass:
 
 # The request is wrong: answering it elsewhere would fail the same way, and it is not
 # the backend's failure (the router neither retries it nor counts it in a breaker).
-CLIENT = ErrorClass("client_error", "invalid request: ", 400, "invalid_request_error",
-                    "invalid_value", "INVALID_ARG")
+CLIENT = ErrorClass(
+    "client_error",
+    "invalid request: ",
+    400,
+    "invalid_request_error",
+    "invalid_value",
+    "INVALID_ARG",
+)
 # The tenant is over a limit the spec sets (bls/tenants.py). python_backend r24.10's
 # TritonError has no RESOURCE_EXHAUSTED; UNAVAILABLE is what Triton's own queue limit
 # answers with, and its HTTP endpoint turns it into 503.
-RATE_LIMIT = ErrorClass("rate_limit", "rate limit: ", 429, "requests",
-                        "rate_limit_exceeded", "UNAVAILABLE")
+RATE_LIMIT = ErrorClass(
+    "rate_limit", "rate limit: ", 429, "requests", "rate_limit_exceeded", "UNAVAILABLE"
+)
 # Every backend that could answer is at its in-flight limit: retry later. 503, as
 # OpenAI's "engine is currently overloaded" (429 is for a caller's own limits: this is
 # the server's capacity, not something the client did).
-OVERLOADED = ErrorClass("overloaded", "overloaded: ", 503, "server_error", "overloaded",
-                        "UNAVAILABLE")
+OVERLOADED = ErrorClass(
+    "overloaded", "overloaded: ", 503, "server_error", "overloaded", "UNAVAILABLE"
+)
 # No backend can take it at all (breakers open, not loaded, engine dead).
-UNAVAILABLE = ErrorClass("unavailable", "unavailable: ", 503, "server_error",
-                         "unavailable", "UNAVAILABLE")
+UNAVAILABLE = ErrorClass(
+    "unavailable", "unavailable: ", 503, "server_error", "unavailable", "UNAVAILABLE"
+)
 # Anything else: an engine failed or crashed, a defect. The default of an unmarked
 # message, so an unforeseen error is never blamed on the client.
 INTERNAL = ErrorClass("internal", "", 500, "server_error", "backend_error", "INTERNAL")
@@ -71,7 +81,7 @@ _PARAM = re.compile(r"\[([A-Za-z_][\w.]*(?:\[\d+\][\w.]*)*)\] ")
 class Parsed:
     error_class: ErrorClass
     param: str | None
-    reason: str           # the message without its marker and tag
+    reason: str  # the message without its marker and tag
 
 
 def parse(message: str) -> Parsed:
@@ -79,10 +89,10 @@ def parse(message: str) -> Parsed:
     text = message or ""
     for error_class in MARKED:
         if text.startswith(error_class.marker):
-            rest = text[len(error_class.marker):]
+            rest = text[len(error_class.marker) :]
             tag = _PARAM.match(rest) if error_class is CLIENT else None
             if tag:
-                return Parsed(error_class, tag.group(1), rest[tag.end():])
+                return Parsed(error_class, tag.group(1), rest[tag.end() :])
             return Parsed(error_class, None, rest)
     return Parsed(INTERNAL, None, text)
 
@@ -91,8 +101,9 @@ def classify(message: str) -> ErrorClass:
     return parse(message).error_class
 
 
-def triton_error(pb_utils, message: str, error_class: ErrorClass | None = None,
-                 param: str | None = None):
+def triton_error(
+    pb_utils, message: str, error_class: ErrorClass | None = None, param: str | None = None
+):
     """A pb_utils.TritonError for `message`: marked with `error_class` (or the class its
     marker says) and carrying that class's Triton code. pb_utils is passed in: this
     module must import outside the stub."""

@@ -2,6 +2,7 @@
 engine models send with CLIENT_FAULT_PREFIX) or an engine's (describe), and values shown
 cut short. Shared by the request and sampling checks, the engine models and the router.
 The classes of errors and how each travels are in error_classes.py."""
+
 from __future__ import annotations
 
 from typing import Any

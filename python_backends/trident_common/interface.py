@@ -9,6 +9,7 @@ a new hint, input or output is added here and nowhere else.
 Pure Python with no imports from trident, so the builder can load it by path and every
 rendered model directory carries it inside its copy of trident_common.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -16,9 +17,9 @@ from typing import NamedTuple
 
 class Tensor(NamedTuple):
     name: str
-    dtype: str                 # Triton's data_type
-    dims: tuple                # as in config.pbtxt (-1: any length)
-    optional: bool = False     # inputs only
+    dtype: str  # Triton's data_type
+    dims: tuple  # as in config.pbtxt (-1: any length)
+    optional: bool = False  # inputs only
 
 
 def _text(name: str) -> Tensor:
@@ -28,23 +29,32 @@ def _text(name: str) -> Tensor:
 # vllm_backend's `return_<output>` flags: a client that sends any of them gets text_output
 # and the outputs it asked for (trident_common/returns.py); one that sends none gets the
 # usual outputs (LLM_OUTPUTS less the two logprob ones).
-RETURNABLE = ("finish_reason", "cumulative_logprob", "logprobs", "num_input_tokens",
-              "num_output_tokens")
+RETURNABLE = (
+    "finish_reason",
+    "cumulative_logprob",
+    "logprobs",
+    "num_input_tokens",
+    "num_output_tokens",
+)
 
 # What a client sends to the router, and the router to a vLLM or SGLang model.
 REQUEST_INPUTS = (
-    _text("text_input"),
-    _text("messages"),                 # chat: JSON list of {role, content} (request.py)
-    Tensor("stream", "TYPE_BOOL", (1,), True),
-    _text("sampling_parameters"),      # JSON object of vLLM-style sampling values
-    Tensor("max_tokens", "TYPE_INT32", (1,), True),
-    Tensor("exclude_input_in_output", "TYPE_BOOL", (1,), True),
-) + tuple(Tensor(f"return_{name}", "TYPE_BOOL", (1,), True) for name in RETURNABLE) + (
-    # Tool calling (chat only; trident_common/tool_calls.py): OpenAI's `tools` as a JSON
-    # list, and `tool_choice` as none / auto / required / a function's name (or OpenAI's
-    # {"type": "function", "function": {"name": ...}} object as JSON).
-    _text("tools"),
-    _text("tool_choice"),
+    (
+        _text("text_input"),
+        _text("messages"),  # chat: JSON list of {role, content} (request.py)
+        Tensor("stream", "TYPE_BOOL", (1,), True),
+        _text("sampling_parameters"),  # JSON object of vLLM-style sampling values
+        Tensor("max_tokens", "TYPE_INT32", (1,), True),
+        Tensor("exclude_input_in_output", "TYPE_BOOL", (1,), True),
+    )
+    + tuple(Tensor(f"return_{name}", "TYPE_BOOL", (1,), True) for name in RETURNABLE)
+    + (
+        # Tool calling (chat only; trident_common/tool_calls.py): OpenAI's `tools` as a JSON
+        # list, and `tool_choice` as none / auto / required / a function's name (or OpenAI's
+        # {"type": "function", "function": {"name": ...}} object as JSON).
+        _text("tools"),
+        _text("tool_choice"),
+    )
 )
 # Control inputs: the router names each request it forwards, and aborts it by that name
 # (a BLS response iterator cannot cancel).
@@ -52,8 +62,7 @@ REQUEST_ID, ABORT_REQUEST_ID = "request_id", "abort_request_id"
 CONTROL_INPUTS = (_text(REQUEST_ID), _text(ABORT_REQUEST_ID))
 # Routing hints: the router reads them (as inputs or request parameters) and never
 # forwards them; bls/policy.py gives each its meaning.
-HINT_NAMES = ("route", "task", "family", "tenant", "tier", "conversation_id",
-              "shared_prefix")
+HINT_NAMES = ("route", "task", "family", "tenant", "tier", "conversation_id", "shared_prefix")
 
 # Set by the router from the spec's `tenants:` (bls/tenants.py), never by a client: the
 # tenant's tier as vLLM's request priority, and its prefix-cache salt.
@@ -87,8 +96,8 @@ LLM_OUTPUTS = (
     Tensor("num_output_tokens", "TYPE_UINT32", (1,)),
     Tensor("served_by", "TYPE_STRING", (1,)),
     Tensor("error", "TYPE_STRING", (1,)),
-    Tensor("cumulative_logprob", "TYPE_FP32", (1,)),   # only when asked (return_*)
-    Tensor("logprobs", "TYPE_STRING", (1,)),           # JSON, only when asked
+    Tensor("cumulative_logprob", "TYPE_FP32", (1,)),  # only when asked (return_*)
+    Tensor("logprobs", "TYPE_STRING", (1,)),  # JSON, only when asked
     # JSON list of calls in OpenAI's shape, on the last response of an answer that
     # called tools (its finish_reason is then "tool_calls").
     Tensor("tool_calls", "TYPE_STRING", (1,)),
@@ -99,9 +108,9 @@ OUTPUT_DTYPES = {tensor.name: tensor.dtype for tensor in LLM_OUTPUTS}
 
 # -- TensorRT-LLM's ensemble ----------------------------------------------------------------
 class TrtllmInput(NamedTuple):
-    ensemble: str                  # the ensemble's input (what the router sends)
+    ensemble: str  # the ensemble's input (what the router sends)
     dtype: str
-    engine: str                    # the tensorrtllm backend's input it is mapped to
+    engine: str  # the tensorrtllm backend's input it is mapped to
     sampling: str | None = None  # the vLLM-style sampling name it carries, if any
 
 
@@ -112,8 +121,7 @@ TRTLLM_INPUTS = (
     TrtllmInput("temperature", "TYPE_FP32", "temperature", "temperature"),
     TrtllmInput("top_p", "TYPE_FP32", "runtime_top_p", "top_p"),
     TrtllmInput("top_k", "TYPE_INT32", "runtime_top_k", "top_k"),
-    TrtllmInput("repetition_penalty", "TYPE_FP32", "repetition_penalty",
-                "repetition_penalty"),
+    TrtllmInput("repetition_penalty", "TYPE_FP32", "repetition_penalty", "repetition_penalty"),
     TrtllmInput("presence_penalty", "TYPE_FP32", "presence_penalty", "presence_penalty"),
     TrtllmInput("frequency_penalty", "TYPE_FP32", "frequency_penalty", "frequency_penalty"),
     TrtllmInput("random_seed", "TYPE_UINT64", "random_seed", "seed"),
@@ -129,5 +137,11 @@ TRTLLM_ENSEMBLE_INPUTS = (
 TRTLLM_ENSEMBLE_OUTPUTS = (Tensor("text_output", "TYPE_STRING", (-1,)),)
 
 # numpy's name for each Triton dtype used above (numpy itself is the stub's to import).
-NUMPY_DTYPES = {"TYPE_STRING": "object", "TYPE_BOOL": "bool", "TYPE_INT32": "int32",
-                "TYPE_UINT32": "uint32", "TYPE_UINT64": "uint64", "TYPE_FP32": "float32"}
+NUMPY_DTYPES = {
+    "TYPE_STRING": "object",
+    "TYPE_BOOL": "bool",
+    "TYPE_INT32": "int32",
+    "TYPE_UINT32": "uint32",
+    "TYPE_UINT64": "uint64",
+    "TYPE_FP32": "float32",
+}

@@ -4,19 +4,28 @@ Inside a Triton stub, `pb_utils.Logger` writes into tritonserver's own log (a st
 stdout and stderr are not always kept); elsewhere (unit tests, tools) the `logging`
 module does. Lines start with the model's tag: `[vllm] Cancelling the request ...`.
 """
+
 from __future__ import annotations
 
 import logging
 
 try:
     import triton_python_backend_utils as pb_utils
-except ImportError:   # not inside a stub: the logging module is the log
+except ImportError:  # not inside a stub: the logging module is the log
     pb_utils = None
 
-_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
-           "verbose": logging.DEBUG}
-_TRITON_METHODS = {"info": "log_info", "warning": "log_warn", "error": "log_error",
-                   "verbose": "log_verbose"}
+_LEVELS = {
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "verbose": logging.DEBUG,
+}
+_TRITON_METHODS = {
+    "info": "log_info",
+    "warning": "log_warn",
+    "error": "log_error",
+    "verbose": "log_verbose",
+}
 
 
 class Log:
@@ -47,7 +56,7 @@ class Log:
                 getattr(self._triton, _TRITON_METHODS[level])(line)
                 return
             except Exception:  # logging must never fail a request: e.g. the stub's
-                pass           # IPC is closing at shutdown; the line goes below instead
+                pass  # IPC is closing at shutdown; the line goes below instead
         self._fallback.log(_LEVELS[level], line)
 
 

@@ -20,6 +20,7 @@ carries on counting where the last one stopped, so counters stay monotonic over 
 An instance closes its MetricSet in finalize(): from then on its writes are dropped, since
 the series belong to its successor.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -49,7 +50,8 @@ def _family(name: str, description: str, kind: str) -> pb_utils.MetricFamily:
         family = _families.get(name)
         if family is None:
             family = _families[name] = pb_utils.MetricFamily(
-                name, description, getattr(pb_utils.MetricFamily, kind))
+                name, description, getattr(pb_utils.MetricFamily, kind)
+            )
             _PINNED.append(family)
         return family
 
@@ -81,8 +83,9 @@ class MetricSet:
     def __init__(self):
         self.open = True
 
-    def metric(self, name: str, description: str, kind: str, labels: dict,
-               buckets: list | None = None) -> Metric:
+    def metric(
+        self, name: str, description: str, kind: str, labels: dict, buckets: list | None = None
+    ) -> Metric:
         family = _family(name, description, kind)
         raw = family.Metric(labels=labels, buckets=buckets)
         _PINNED.append(raw)
@@ -101,8 +104,9 @@ class Writer:
     batches of items here. `apply(item)` makes one write; `merge(items)`, if given, may
     turn the items waiting at once into fewer writes with the same result."""
 
-    def __init__(self, name: str, apply: Callable[[Any], None],
-                 merge: Callable[[list], list] | None = None):
+    def __init__(
+        self, name: str, apply: Callable[[Any], None], merge: Callable[[list], list] | None = None
+    ):
         self._apply, self._merge = apply, merge
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -144,4 +148,4 @@ class Writer:
             try:
                 self._apply(item)
             except Exception:
-                pass   # one lost sample: the writer must outlive it to keep counting
+                pass  # one lost sample: the writer must outlive it to keep counting

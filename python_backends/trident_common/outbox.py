@@ -17,6 +17,7 @@ stream's next data response unless that one is its last, before its next callabl
 the first token of a stream that is not also its last leaves before the request's
 time-to-first-token write (a round trip), not behind it.
 """
+
 from __future__ import annotations
 
 import queue
@@ -35,15 +36,22 @@ class Outlet:
     a delta with a finish_reason is sent with the final flag. Fields other than `items`
     and `queued` are the sender thread's."""
 
-    def __init__(self, sender, build: Callable[[Delta], object], final_flag: int,
-                 first_check: float, check_every_s: float, owner=None):
+    def __init__(
+        self,
+        sender,
+        build: Callable[[Delta], object],
+        final_flag: int,
+        first_check: float,
+        check_every_s: float,
+        owner=None,
+    ):
         self.sender, self.build, self.final_flag = sender, build, final_flag
-        self.owner = owner                      # what the callbacks are told about
-        self.items: deque = deque()             # appended by the loop, taken by the thread
+        self.owner = owner  # what the callbacks are told about
+        self.items: deque = deque()  # appended by the loop, taken by the thread
         self.queued = False
-        self.held: list = []                    # deferred callables the thread holds
+        self.held: list = []  # deferred callables the thread holds
         self.next_check, self.check_every_s = first_check, check_every_s
-        self.stopped = False                    # the client left, or a send failed
+        self.stopped = False  # the client left, or a send failed
 
 
 class Outbox:
@@ -52,8 +60,12 @@ class Outbox:
     raised `error`. Nothing more of that stream's data is sent; its callables still run,
     and a final delta still ends the request with the final flag (flags only)."""
 
-    def __init__(self, name: str, on_stopped: Callable[[object, Exception | None], None],
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        name: str,
+        on_stopped: Callable[[object, Exception | None], None],
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._on_stopped, self._clock = on_stopped, clock
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -114,9 +126,9 @@ class Outbox:
                 self._run_held(outlet)
             if not outlet.stopped:
                 self._send(outlet, item)
-            if outlet.stopped and item.finish_reason:   # no more data: still end it, once
+            if outlet.stopped and item.finish_reason:  # no more data: still end it, once
                 quietly(outlet.sender.send, None, outlet.final_flag)
-            self._run_held(outlet)   # after a data response: off its path
+            self._run_held(outlet)  # after a data response: off its path
 
     @staticmethod
     def _run_held(outlet: Outlet) -> None:
@@ -159,4 +171,4 @@ def quietly(function: Callable, *args) -> None:
     try:
         function(*args)
     except Exception:
-        pass   # a send to a client that is gone, a metric of a closed set: nothing to do
+        pass  # a send to a client that is gone, a metric of a closed set: nothing to do

@@ -1,4 +1,5 @@
 """Which devices an engine model's instance (its own stub process) may use."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,9 @@ def apply_device_placement(args: dict) -> None:
     if per_instance:
         entries = per_instance.split(";")
         index = int(args.get("model_instance_name", "x_0").rsplit("_", 1)[-1])
-        os.environ["CUDA_VISIBLE_DEVICES"] = devices.resolve(entries[index % len(entries)],
-                                                             devices.nvidia_smi_list)
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices.resolve(
+            entries[index % len(entries)], devices.nvidia_smi_list
+        )
     elif params.get("GPU_DEVICE_IDS"):
         os.environ["CUDA_VISIBLE_DEVICES"] = params["GPU_DEVICE_IDS"]
     elif args.get("model_instance_kind") == "GPU":

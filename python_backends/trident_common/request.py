@@ -4,6 +4,7 @@ A backend hands `parse_generate` a function that returns an input tensor's value
 None when absent); it gets back a GenerateRequest or a BadRequest naming the problem.
 No Triton, no engine: the same code serves vLLM and SGLang and is unit-tested alone.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,22 +31,22 @@ DEFAULT_MAX_TOKENS = 128
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    prompt: str | None              # text_input, or None when messages are given
-    messages: list | None           # chat messages (the backend applies the template)
+    prompt: str | None  # text_input, or None when messages are given
+    messages: list | None  # chat messages (the backend applies the template)
     stream: bool
-    sampling: dict = field(default_factory=dict)   # engine-neutral names (vLLM's)
+    sampling: dict = field(default_factory=dict)  # engine-neutral names (vLLM's)
     max_tokens: int = DEFAULT_MAX_TOKENS
     exclude_input_in_output: bool = False
     request_id: str = ""
     priority: int = UNPROVEN_PRIORITY  # the tenant's tier (bls/tenants.py), if the router's
-    cache_salt: str | None = None   # the tenant's prefix-cache salt
-    lora_name: str | None = None    # a LoRA adapter of the model (None: the base model)
+    cache_salt: str | None = None  # the tenant's prefix-cache salt
+    lora_name: str | None = None  # a LoRA adapter of the model (None: the base model)
     # The outputs named by the client's return_* flags (None: it sent none of them).
     returns: frozenset | None = None
     # Sent by the router (trust.py): only then is request_id registered for its aborts.
     proven: bool = False
-    tools: list | None = None       # for the chat template (tool_calls.py)
-    tool_plan: ToolPlan | None = None   # which calls to enforce or parse (None: none)
+    tools: list | None = None  # for the chat template (tool_calls.py)
+    tool_plan: ToolPlan | None = None  # which calls to enforce or parse (None: none)
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,9 @@ def first_scalar(value: Any) -> Any:
     return value
 
 
-def parse_generate(get: Callable[[str], Any], parameters: dict | None = None,
-                   proof_key: bytes | None = None):
+def parse_generate(
+    get: Callable[[str], Any], parameters: dict | None = None, proof_key: bytes | None = None
+):
     """Inputs → GenerateRequest | AbortRequest; raises BadRequest.
 
     `parameters` are the request's Triton parameters: vllm_backend clients may send
@@ -85,8 +87,10 @@ def parse_generate(get: Callable[[str], Any], parameters: dict | None = None,
         if not proves_abort(proof_key, parameters, str(abort_id)):
             # Anyone could end anyone's stream by its id: only the router may, for the
             # ids it sent. A client stops its own request by cancelling its stream.
-            raise BadRequest("abort_request_id is the router's own input (no valid router "
-                             "proof): cancel your stream to stop your request")
+            raise BadRequest(
+                "abort_request_id is the router's own input (no valid router "
+                "proof): cancel your stream to stop your request"
+            )
         return AbortRequest(str(abort_id))
     prompt = _text_input(get, "text_input")
     messages_value = get("messages")
@@ -98,8 +102,9 @@ def parse_generate(get: Callable[[str], Any], parameters: dict | None = None,
     if prompt == "":
         raise BadRequest("text_input is empty")
     messages = parse_messages(messages_value)[0] if has_messages else None
-    tools, tool_plan = read_tools(first_scalar(get("tools")),
-                                  first_scalar(get("tool_choice")), has_messages)
+    tools, tool_plan = read_tools(
+        first_scalar(get("tools")), first_scalar(get("tool_choice")), has_messages
+    )
     sampling_json = first_scalar(get("sampling_parameters"))
     if sampling_json is None:
         sampling = coerce_sampling(_sampling_from_parameters(parameters))
@@ -118,22 +123,33 @@ def parse_generate(get: Callable[[str], Any], parameters: dict | None = None,
     exclude = first_scalar(get("exclude_input_in_output"))
     if stream and exclude is not None and not exclude:
         # as vllm_backend: a streamed response carries new text only, never the prompt
-        raise BadRequest("streaming with exclude_input_in_output=false is not supported: "
-                         "streamed responses carry only the new text")
+        raise BadRequest(
+            "streaming with exclude_input_in_output=false is not supported: "
+            "streamed responses carry only the new text"
+        )
     request_id = str(first_scalar(get("request_id")) or "")
     priority, cache_salt, proven = _router_values(get, parameters, proof_key, request_id)
     return GenerateRequest(
-        prompt=prompt, messages=messages, stream=stream,
-        sampling=sampling, max_tokens=max_tokens,
+        prompt=prompt,
+        messages=messages,
+        stream=stream,
+        sampling=sampling,
+        max_tokens=max_tokens,
         exclude_input_in_output=bool(exclude or False),
-        request_id=request_id, priority=priority, cache_salt=cache_salt,
-        lora_name=lora_name, returns=_returns(get), proven=proven,
-        tools=tools, tool_plan=tool_plan,
+        request_id=request_id,
+        priority=priority,
+        cache_salt=cache_salt,
+        lora_name=lora_name,
+        returns=_returns(get),
+        proven=proven,
+        tools=tools,
+        tool_plan=tool_plan,
     )
 
 
-def _router_values(get: Callable[[str], Any], parameters: dict | None,
-                   proof_key: bytes | None, request_id: str):
+def _router_values(
+    get: Callable[[str], Any], parameters: dict | None, proof_key: bytes | None, request_id: str
+):
     """(priority, cache_salt, proven): the tenant values only the router may set. A
     request without the router's proof for exactly these values may not set them (a
     salt would read another tenant's prefix cache, a priority jump every tier's queue)
@@ -145,8 +161,10 @@ def _router_values(get: Callable[[str], Any], parameters: dict | None,
         return (0 if priority is None else int(priority)), cache_salt, True
     for name, value in (("cache_salt", cache_salt), ("priority", priority)):
         if value is not None:
-            raise BadRequest(f"{name} is set by the router only (no valid router proof): "
-                             f"send the request to the router, or leave {name} out")
+            raise BadRequest(
+                f"{name} is set by the router only (no valid router proof): "
+                f"send the request to the router, or leave {name} out"
+            )
     return UNPROVEN_PRIORITY, None, False
 
 
@@ -163,8 +181,10 @@ def check_adapter(name: str | None, held, model: str) -> str | None:
     """The adapter a request named, if this model holds it; BadRequest listing the
     model's adapters otherwise (None: the base model)."""
     if name is not None and name not in held:
-        raise BadRequest(f"unknown adapter {name!r} (sampling_parameters.lora_name): "
-                         f"model {model} has adapters: {', '.join(sorted(held)) or 'none'}")
+        raise BadRequest(
+            f"unknown adapter {name!r} (sampling_parameters.lora_name): "
+            f"model {model} has adapters: {', '.join(sorted(held)) or 'none'}"
+        )
     return name
 
 
@@ -209,10 +229,12 @@ def parse_messages(value: Any) -> tuple[list, str | None]:
     if not messages:
         raise BadRequest(f"messages must be {MESSAGES_SHAPE}")
     for i, message in enumerate(messages):
-        if (not isinstance(message, dict) or not isinstance(message.get("role"), str)
-                or not isinstance(message.get("content"), str)):
-            raise BadRequest(f"messages[{i}] must be an object with string 'role' and "
-                             "'content'")
+        if (
+            not isinstance(message, dict)
+            or not isinstance(message.get("role"), str)
+            or not isinstance(message.get("content"), str)
+        ):
+            raise BadRequest(f"messages[{i}] must be an object with string 'role' and 'content'")
     return messages, rewritten
 
 

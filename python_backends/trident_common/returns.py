@@ -8,6 +8,7 @@ logprobs (its sampling values asked for them: `logprobs`), so a client of the us
 outputs (the router, the OpenAI frontend) keeps served_by and the error output. Pure
 Python: the Triton side (triton_io) only turns the values into tensors.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,17 @@ def wants_logprobs(returns: frozenset | None) -> bool:
 
 def logprobs_json(positions) -> list:
     """vLLM's per-position {token id: Logprob} as vllm_backend writes them."""
-    return [{str(token_id): {"logprob": lp.logprob, "rank": lp.rank,
-                             "decoded_token": lp.decoded_token}
-             for token_id, lp in position.items()} for position in positions]
+    return [
+        {
+            str(token_id): {
+                "logprob": lp.logprob,
+                "rank": lp.rank,
+                "decoded_token": lp.decoded_token,
+            }
+            for token_id, lp in position.items()
+        }
+        for position in positions
+    ]
 
 
 class Outputs:
@@ -33,31 +42,34 @@ class Outputs:
 
     def __init__(self, returns: frozenset | None, stream: bool):
         self.returns, self.stream = returns, stream
-        self._counted = 0          # output tokens reported so far (per-response counts)
-        self._logprobs: list | None = None   # the whole answer's, when not streaming
+        self._counted = 0  # output tokens reported so far (per-response counts)
+        self._logprobs: list | None = None  # the whole answer's, when not streaming
 
     def take(self, delta) -> None:
         if not self.stream and delta.logprobs is not None:
             if self._logprobs is None:
                 self._logprobs = []
-            self._logprobs.extend(delta.logprobs)   # in place: not a copy per delta
+            self._logprobs.extend(delta.logprobs)  # in place: not a copy per delta
 
     def values(self, delta, text: str) -> dict:
         """Output name → value for the response that ends with `delta`."""
         if self.returns is None:
-            out = {"text_output": text, "finish_reason": delta.finish_reason or "",
-                   "num_input_tokens": delta.input_tokens,
-                   "num_output_tokens": delta.output_tokens}
+            out = {
+                "text_output": text,
+                "finish_reason": delta.finish_reason or "",
+                "num_input_tokens": delta.input_tokens,
+                "num_output_tokens": delta.output_tokens,
+            }
             logprobs = delta.logprobs if self.stream else self._logprobs
-            if logprobs is not None:   # only there when the sampling values asked
+            if logprobs is not None:  # only there when the sampling values asked
                 out["logprobs"] = json.dumps(logprobs)
             if delta.tool_calls is not None:
                 out["tool_calls"] = delta.tool_calls
             return out
         asked, out = self.returns, {"text_output": text}
-        if delta.tool_calls is not None:   # no return_* flag: always with the answer
+        if delta.tool_calls is not None:  # no return_* flag: always with the answer
             out["tool_calls"] = delta.tool_calls
-        if "finish_reason" in asked:   # vllm_backend writes vLLM's None as "None"
+        if "finish_reason" in asked:  # vllm_backend writes vLLM's None as "None"
             out["finish_reason"] = delta.finish_reason or "None"
         if "num_input_tokens" in asked:
             out["num_input_tokens"] = delta.input_tokens

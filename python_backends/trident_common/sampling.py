@@ -1,6 +1,7 @@
 """The sampling values a client may send: their types (vLLM's SamplingParams), the
 conversion of vllm_backend's strings dialect, integer ranges, and the check of an
 engine's names. Pure Python, shared by the vLLM and SGLang models (via request.py)."""
+
 from __future__ import annotations
 
 import json
@@ -42,25 +43,41 @@ TEXT = "a string"
 TEXT_OR_OBJECT = "a string or a JSON object"
 
 SAMPLING_TYPES = {
-    "n": INT, "max_tokens": INT, "min_tokens": INT, "top_k": INT, "seed": INT,
-    "logprobs": INT, "prompt_logprobs": INT,
-    "temperature": FLOAT, "top_p": FLOAT, "min_p": FLOAT, "presence_penalty": FLOAT,
-    "frequency_penalty": FLOAT, "repetition_penalty": FLOAT,
-    "ignore_eos": BOOL, "skip_special_tokens": BOOL, "spaces_between_special_tokens": BOOL,
+    "n": INT,
+    "max_tokens": INT,
+    "min_tokens": INT,
+    "top_k": INT,
+    "seed": INT,
+    "logprobs": INT,
+    "prompt_logprobs": INT,
+    "temperature": FLOAT,
+    "top_p": FLOAT,
+    "min_p": FLOAT,
+    "presence_penalty": FLOAT,
+    "frequency_penalty": FLOAT,
+    "repetition_penalty": FLOAT,
+    "ignore_eos": BOOL,
+    "skip_special_tokens": BOOL,
+    "spaces_between_special_tokens": BOOL,
     "include_stop_str_in_output": BOOL,
-    "stop": TEXTS, "bad_words": TEXT_LIST,
-    "stop_token_ids": INT_LIST, "allowed_token_ids": INT_LIST,
+    "stop": TEXTS,
+    "bad_words": TEXT_LIST,
+    "stop_token_ids": INT_LIST,
+    "allowed_token_ids": INT_LIST,
     "logit_bias": BIAS,
-    "structured_outputs": OBJECT, "extra_args": OBJECT,
-    "json_schema": TEXT_OR_OBJECT, "regex": TEXT, "ebnf": TEXT,   # SGLang's names
-    "lora_name": TEXT,   # not a SamplingParams field: parse_generate takes it out
+    "structured_outputs": OBJECT,
+    "extra_args": OBJECT,
+    "json_schema": TEXT_OR_OBJECT,
+    "regex": TEXT,
+    "ebnf": TEXT,  # SGLang's names
+    "lora_name": TEXT,  # not a SamplingParams field: parse_generate takes it out
 }
 
 
 # Every integer becomes an INT32 tensor (TRT-LLM's ensemble) or a C int in an engine: out
 # of range, it would wrap (2**32 + 5 tokens → 5) or fail deep in the engine. The seed is
 # 64 bits wide (vLLM's own bound; TRT-LLM's random_seed tensor is UINT64).
-INT32, INT64 = (-2**31, 2**31 - 1), (-2**63, 2**63 - 1)
+INT32, INT64 = (-(2**31), 2**31 - 1), (-(2**63), 2**63 - 1)
 
 
 def check_range(name: str, value: Any, bounds: tuple = INT32) -> None:
@@ -69,8 +86,9 @@ def check_range(name: str, value: Any, bounds: tuple = INT32) -> None:
     items = value if isinstance(value, (list, dict)) else (value,)
     for item in items:
         if isinstance(item, int) and not bounds[0] <= item <= bounds[1]:
-            raise BadRequest(f"{name} is out of range: {_show(item)} "
-                             f"(from {bounds[0]} to {bounds[1]})")
+            raise BadRequest(
+                f"{name} is out of range: {_show(item)} (from {bounds[0]} to {bounds[1]})"
+            )
 
 
 def coerce_sampling(params: dict) -> dict:
@@ -85,14 +103,15 @@ def coerce_sampling(params: dict) -> dict:
             try:
                 out[key] = _CONVERT[kind](value)
             except (TypeError, ValueError, OverflowError):
-                raise BadRequest(f"sampling_parameters.{key}: expected {kind}, "
-                                 f"got {_show(value)}") from None
-            check_range(f"sampling_parameters.{key}", out[key],
-                        INT64 if key == "seed" else INT32)
+                raise BadRequest(
+                    f"sampling_parameters.{key}: expected {kind}, got {_show(value)}"
+                ) from None
+            check_range(f"sampling_parameters.{key}", out[key], INT64 if key == "seed" else INT32)
     n = out.pop("n", 1)
     if n != 1:
-        raise BadRequest(f"sampling_parameters.n: only n=1 is supported (one completion "
-                         f"per request), got {n}")
+        raise BadRequest(
+            f"sampling_parameters.n: only n=1 is supported (one completion per request), got {n}"
+        )
     return out
 
 
@@ -172,10 +191,18 @@ def _to_text_or_object(value: Any):
     return value
 
 
-_CONVERT = {INT: _to_int, FLOAT: _to_float, BOOL: _to_bool, TEXTS: _to_texts,
-            TEXT_LIST: _to_text_list, INT_LIST: _to_int_list, BIAS: _to_bias,
-            OBJECT: lambda v: _container(v, dict), TEXT: _to_text,
-            TEXT_OR_OBJECT: _to_text_or_object}
+_CONVERT = {
+    INT: _to_int,
+    FLOAT: _to_float,
+    BOOL: _to_bool,
+    TEXTS: _to_texts,
+    TEXT_LIST: _to_text_list,
+    INT_LIST: _to_int_list,
+    BIAS: _to_bias,
+    OBJECT: lambda v: _container(v, dict),
+    TEXT: _to_text,
+    TEXT_OR_OBJECT: _to_text_or_object,
+}
 
 
 def check_sampling_keys(params: dict, allowed, engine: str) -> None:

@@ -8,6 +8,7 @@ runs with incremental_streaming_output (as with the text), so the new positions 
 ones past those already taken. The text of a token is None unless SGLang was asked for
 it; the engine model's tokenizer decodes it then. Pure Python.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -5,6 +5,7 @@ and the constraint a forced tool choice adds (tool_calls.py).
 The OpenAI frontend maps `response_format` onto `structured_outputs`; a Triton client may
 send it itself, or SGLang's own `json_schema` / `regex` / `ebnf` to an SGLang model.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,12 @@ FIELD = "sampling_parameters.structured_outputs"
 RESPONSE_FORMAT, TOOLS = "[response_format] ", "[tools] "
 # Options of vLLM's that only tune how a backend writes JSON: SGLang has no equivalent,
 # and leaving them out changes which valid answers come, never their validity.
-_VLLM_TUNING = {"disable_fallback", "disable_any_whitespace",
-                "disable_additional_properties", "whitespace_pattern"}
+_VLLM_TUNING = {
+    "disable_fallback",
+    "disable_any_whitespace",
+    "disable_additional_properties",
+    "whitespace_pattern",
+}
 _ANY_OBJECT = '{"type": "object"}'
 # xgrammar's messages start with the time and its source line: not the client's business.
 _XGRAMMAR_WHERE = re.compile(r"^\[[\d:]+\] \S+: ")
@@ -34,9 +39,11 @@ def with_tools(values: dict, plan: ToolPlan | None) -> tuple[dict, str]:
     if plan is None or not plan.forced:
         return values, (RESPONSE_FORMAT if existing else "")
     if existing or any(values.get(name) for name in ("json_schema", "regex", "ebnf")):
-        raise BadRequest("[tool_choice] a request may hold one constraint: "
-                         "response_format (structured outputs) and a forced tool_choice "
-                         "cannot go together")
+        raise BadRequest(
+            "[tool_choice] a request may hold one constraint: "
+            "response_format (structured outputs) and a forced tool_choice "
+            "cannot go together"
+        )
     return {**values, "structured_outputs": {"json": forced_schema(plan)}}, TOOLS
 
 
@@ -51,10 +58,11 @@ def check_json_schema(text: str, tag: str) -> None:
         return
     try:
         xgrammar.Grammar.from_json_schema(text)
-    except Exception as e:   # xgrammar raises RuntimeError or ValueError, by version
+    except Exception as e:  # xgrammar raises RuntimeError or ValueError, by version
         why = _XGRAMMAR_WHERE.sub("", str(e).strip())[:300] or type(e).__name__
-        raise BadRequest(f"{tag}sampling_parameters.json_schema cannot be compiled: "
-                         f"{why}") from None
+        raise BadRequest(
+            f"{tag}sampling_parameters.json_schema cannot be compiled: {why}"
+        ) from None
 
 
 def to_sglang(structured: dict) -> dict:
@@ -62,25 +70,33 @@ def to_sglang(structured: dict) -> dict:
     ebnf, structural_tag); raises BadRequest for what SGLang cannot take."""
     if not isinstance(structured, dict):
         raise BadRequest(f"{RESPONSE_FORMAT}{FIELD} must be a JSON object")
-    kinds = {k: v for k, v in structured.items()
-             if k not in _VLLM_TUNING and v not in (None, False)}
+    kinds = {
+        k: v for k, v in structured.items() if k not in _VLLM_TUNING and v not in (None, False)
+    }
     if len(kinds) != 1:
-        raise BadRequest(f"{RESPONSE_FORMAT}{FIELD} must hold exactly one of json, "
-                         "json_object, regex, choice, grammar, structural_tag; got "
-                         f"{sorted(kinds) or 'none'}")
-    (kind, value), = kinds.items()
+        raise BadRequest(
+            f"{RESPONSE_FORMAT}{FIELD} must hold exactly one of json, "
+            "json_object, regex, choice, grammar, structural_tag; got "
+            f"{sorted(kinds) or 'none'}"
+        )
+    ((kind, value),) = kinds.items()
     if kind == "json":
         return {"json_schema": value if isinstance(value, str) else json.dumps(value)}
     if kind == "json_object":
         return {"json_schema": _ANY_OBJECT}
     if kind == "regex" and isinstance(value, str):
         return {"regex": value}
-    if kind == "choice" and isinstance(value, list) and value \
-            and all(isinstance(v, str) for v in value):
+    if (
+        kind == "choice"
+        and isinstance(value, list)
+        and value
+        and all(isinstance(v, str) for v in value)
+    ):
         return {"regex": "(" + "|".join(re.escape(v) for v in value) + ")"}
     if kind == "grammar" and isinstance(value, str):
         return {"ebnf": value}
     if kind == "structural_tag":
         return {"structural_tag": value if isinstance(value, str) else json.dumps(value)}
-    raise BadRequest(f"{RESPONSE_FORMAT}{FIELD}.{kind}: not a value SGLang's structured "
-                     "outputs take")
+    raise BadRequest(
+        f"{RESPONSE_FORMAT}{FIELD}.{kind}: not a value SGLang's structured outputs take"
+    )

@@ -5,6 +5,7 @@ Errors that happen after the first streamed response are also written into the `
 output: Triton 2.51's BLS drops an error response that follows a data response, and the
 router must still see it.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,6 +29,7 @@ def input_getter(request) -> Callable[[str], Any]:
     def get(name: str):
         tensor = pb_utils.get_input_tensor_by_name(request, name)
         return None if tensor is None else tensor.as_numpy()
+
     return get
 
 
@@ -40,13 +42,14 @@ def request_parameters(request) -> dict:
     try:
         value = json.loads(parameters() or "{}")
     except (TypeError, ValueError):
-        return {}   # Triton writes this JSON itself; nothing a client could fix
+        return {}  # Triton writes this JSON itself; nothing a client could fix
     return value if isinstance(value, dict) else {}
 
 
 # Each output's numpy dtype, from its Triton dtype in the interface.
-_OUTPUT_DTYPES = {name: np.dtype(interface.NUMPY_DTYPES[dtype])
-                  for name, dtype in interface.OUTPUT_DTYPES.items()}
+_OUTPUT_DTYPES = {
+    name: np.dtype(interface.NUMPY_DTYPES[dtype]) for name, dtype in interface.OUTPUT_DTYPES.items()
+}
 
 
 def model_parameters(args: dict) -> dict:
@@ -83,9 +86,14 @@ class ResponseFactory:
 
     def error_output(self, message: str) -> pb_utils.InferenceResponse:
         """A data response that carries the error in the `error` output (mid-stream)."""
-        return pb_utils.InferenceResponse(output_tensors=[
-            _output("text_output", ""), _output("finish_reason", "error"),
-            _output("served_by", self._served_by), _output("error", message)])
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                _output("text_output", ""),
+                _output("finish_reason", "error"),
+                _output("served_by", self._served_by),
+                _output("error", message),
+            ]
+        )
 
     @staticmethod
     def error(message: str, client_fault: bool = False) -> pb_utils.InferenceResponse:
@@ -93,12 +101,16 @@ class ResponseFactory:
         not to count it against this backend's health nor to retry elsewhere."""
         if not client_fault:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(
-            CLIENT_FAULT_PREFIX + message, pb_utils.TritonError.INVALID_ARG))
+        return pb_utils.InferenceResponse(
+            error=pb_utils.TritonError(
+                CLIENT_FAULT_PREFIX + message, pb_utils.TritonError.INVALID_ARG
+            )
+        )
 
 
-def send_error(sender, factory: ResponseFactory, message: str, started: bool,
-               client_fault: bool = False) -> None:
+def send_error(
+    sender, factory: ResponseFactory, message: str, started: bool, client_fault: bool = False
+) -> None:
     """Finish a request with an error: an error response before any data, else the
     error output; then a flags-only final response. Triton drops the final flag of an
     error response: a gRPC stream client waiting for it would wait forever."""
@@ -111,26 +123,50 @@ def send_error(sender, factory: ResponseFactory, message: str, started: bool,
 
 # LlmMetrics' series: (attribute, name, help, kind, histogram buckets).
 _LLM_METRICS = [
-    ("ttft", "trident_time_to_first_token_seconds",
-     "Time from request arrival to its first generated token", HISTOGRAM, TTFT_BUCKETS),
-    ("itl", "trident_inter_token_latency_seconds",
-     "Mean time between generated tokens after the first, one observation per request",
-     HISTOGRAM, ITL_BUCKETS),
+    (
+        "ttft",
+        "trident_time_to_first_token_seconds",
+        "Time from request arrival to its first generated token",
+        HISTOGRAM,
+        TTFT_BUCKETS,
+    ),
+    (
+        "itl",
+        "trident_inter_token_latency_seconds",
+        "Mean time between generated tokens after the first, one observation per request",
+        HISTOGRAM,
+        ITL_BUCKETS,
+    ),
     ("prompt_tokens", "trident_prompt_tokens_total", "Prompt tokens processed", COUNTER, None),
     ("generation_tokens", "trident_generation_tokens_total", "Tokens generated", COUNTER, None),
     ("in_flight", "trident_requests_in_flight", "Requests being generated", GAUGE, None),
-    ("aborted", "trident_requests_aborted_total",
-     "Requests aborted in the engine (client cancel or router abort)", COUNTER, None),
+    (
+        "aborted",
+        "trident_requests_aborted_total",
+        "Requests aborted in the engine (client cancel or router abort)",
+        COUNTER,
+        None,
+    ),
     ("errors", "trident_request_errors_total", "Requests that ended in an error", COUNTER, None),
     ("requests", "trident_requests_total", "Requests finished (any outcome)", COUNTER, None),
     # Prompt tokens the engine's prefix cache served instead of computing them (vLLM:
     # RequestOutput.num_cached_tokens; SGLang: meta_info.cached_tokens), counted once
     # per request even when it ends early. With prompt_tokens it gives the hit rate.
-    ("prefix_cached_tokens", "trident_prefix_cached_tokens_total",
-     "Prompt tokens served from the engine's prefix cache", COUNTER, None),
+    (
+        "prefix_cached_tokens",
+        "trident_prefix_cached_tokens_total",
+        "Prompt tokens served from the engine's prefix cache",
+        COUNTER,
+        None,
+    ),
     # Set by the engine model's periodic health check; `trident serve` watches it.
-    ("engine_healthy", "trident_engine_healthy",
-     "1 while the engine passes its health check, 0 once it died", GAUGE, None),
+    (
+        "engine_healthy",
+        "trident_engine_healthy",
+        "1 while the engine passes its health check, 0 once it died",
+        GAUGE,
+        None,
+    ),
 ]
 
 
@@ -142,15 +178,19 @@ class LlmMetrics:
         self._set = metrics = MetricSet()
         self._model, self._adapters = model, {}
         for attribute, name, description, kind, buckets in _LLM_METRICS:
-            setattr(self, attribute,
-                    metrics.metric(name, description, kind, {"model": model}, buckets))
+            setattr(
+                self, attribute, metrics.metric(name, description, kind, {"model": model}, buckets)
+            )
 
     def adapter_requests(self, adapter: str) -> Metric:
         """Requests served with a LoRA adapter, per adapter (a series on first use)."""
         if adapter not in self._adapters:
             self._adapters[adapter] = self._set.metric(
-                "trident_adapter_requests_total", "Requests served with a LoRA adapter",
-                COUNTER, {"model": self._model, "adapter": adapter})
+                "trident_adapter_requests_total",
+                "Requests served with a LoRA adapter",
+                COUNTER,
+                {"model": self._model, "adapter": adapter},
+            )
         return self._adapters[adapter]
 
     def finalize(self) -> None:

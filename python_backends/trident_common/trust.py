@@ -15,6 +15,7 @@ cache salt, which an engine may log) tells nothing about another (the proofs).
 
 Pure Python with no Triton: the secret is read from the mapping it is given.
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,7 +30,7 @@ from trident_common.interface import ROUTER_PROOF, ROUTER_SECRET_ENV
 # `trident serve` generates 64 hex characters; a hand-set secret shorter than this is
 # guessable enough to refuse.
 MIN_SECRET_CHARS = 32
-PROOF, SALT = "router-proof", "cache-salt"   # the purposes keys are derived for
+PROOF, SALT = "router-proof", "cache-salt"  # the purposes keys are derived for
 SALT_CHARS = 32
 
 
@@ -43,9 +44,11 @@ def read_secret(environ: Mapping[str, str]) -> bytes | None:
     if not value:
         return None
     if len(value) < MIN_SECRET_CHARS:
-        raise SecretError(f"{ROUTER_SECRET_ENV} is too short ({len(value)} characters, at "
-                          f"least {MIN_SECRET_CHARS}): unset it to have `trident serve` "
-                          "generate one, or set a long random value")
+        raise SecretError(
+            f"{ROUTER_SECRET_ENV} is too short ({len(value)} characters, at "
+            f"least {MIN_SECRET_CHARS}): unset it to have `trident serve` "
+            "generate one, or set a long random value"
+        )
     return value.encode("utf-8")
 
 
@@ -78,8 +81,9 @@ def sign(key: bytes, *fields: Any) -> str:
     return hmac.new(key, _message(fields), hashlib.sha256).hexdigest()
 
 
-def generate_proof(key: bytes, request_id: str, priority: int | None,
-                   cache_salt: str | None) -> str:
+def generate_proof(
+    key: bytes, request_id: str, priority: int | None, cache_salt: str | None
+) -> str:
     """The router's proof for a generate request with these router-set values."""
     return sign(key, "generate", request_id, priority, cache_salt)
 
@@ -99,11 +103,15 @@ def _proves(key: bytes | None, parameters: Mapping | None, expected) -> bool:
     return hmac.compare_digest(expected(key), proof)
 
 
-def proves_generate(key: bytes | None, parameters: Mapping | None, request_id: str,
-                    priority: int | None, cache_salt: str | None) -> bool:
+def proves_generate(
+    key: bytes | None,
+    parameters: Mapping | None,
+    request_id: str,
+    priority: int | None,
+    cache_salt: str | None,
+) -> bool:
     """Did the router send this generate request with exactly these values?"""
-    return _proves(key, parameters,
-                   lambda k: generate_proof(k, request_id, priority, cache_salt))
+    return _proves(key, parameters, lambda k: generate_proof(k, request_id, priority, cache_salt))
 
 
 def proves_abort(key: bytes | None, parameters: Mapping | None, request_id: str) -> bool:

@@ -4,6 +4,7 @@ Engine arguments come from model.json (rendered from the spec's engine_args). Th
 interface, cancellation, errors and metrics are shared with the SGLang model
 (trident_common.engine_model); this file only speaks vLLM.
 """
+
 import locale
 import os
 import tempfile
@@ -32,9 +33,9 @@ from trident_common.tool_calls import call as tool_call  # noqa: E402
 from trident_common.triton_io import FINAL, model_parameters  # noqa: E402
 
 # vllm_backend's model parameters (config.pbtxt `parameters`), with its meanings.
-REPORT_CUSTOM_METRICS = "REPORT_CUSTOM_METRICS"        # "true": vllm:* families (rendered on)
+REPORT_CUSTOM_METRICS = "REPORT_CUSTOM_METRICS"  # "true": vllm:* families (rendered on)
 ENABLE_VLLM_HEALTH_CHECK = "ENABLE_VLLM_HEALTH_CHECK"  # "true": a dead engine unloads the model
-UNHEALTHY = "Model is unavailable due to unhealthy vLLM engine"   # vllm_backend's words
+UNHEALTHY = "Model is unavailable due to unhealthy vLLM engine"  # vllm_backend's words
 
 
 def _cpu_defaults() -> None:
@@ -61,12 +62,12 @@ class TritonPythonModel(AsyncEngineModel):
         self._labels = {"model": args["model_name"], "version": args["model_version"]}
         self._report_stats = params.get(REPORT_CUSTOM_METRICS, "").lower() == "true"
         self._health_check = params.get(ENABLE_VLLM_HEALTH_CHECK, "").lower() == "true"
-        self._unloading = threading.Lock()   # taken once, by the first to see the engine dead
+        self._unloading = threading.Lock()  # taken once, by the first to see the engine dead
         self._stats = None
         try:
             super().initialize(args)
         except BaseException:
-            self._close_stats()   # no finalize() follows a failed load
+            self._close_stats()  # no finalize() follows a failed load
             raise
 
     def execute(self, requests):
@@ -113,8 +114,9 @@ class TritonPythonModel(AsyncEngineModel):
         self._tool_parser = tool_parser_class(config.pop("tool_call_parser", None))
         # vLLM's host cache of adapters (its LRU, max_cpu_loras, else max_loras): while
         # every adapter fits, one vLLM loaded stays loaded and is never read again.
-        self._loras_stay = len(self.loras) <= (config.get("max_cpu_loras")
-                                               or config.get("max_loras") or 1)
+        self._loras_stay = len(self.loras) <= (
+            config.get("max_cpu_loras") or config.get("max_loras") or 1
+        )
         self._loaded_loras: set = set()
         engine_args = AsyncEngineArgs(**config)
         # Structured outputs write compact JSON: where the grammar allows whitespace, a
@@ -152,16 +154,17 @@ class TritonPythonModel(AsyncEngineModel):
         that the health watcher (a caller of engine_dead) runs on."""
         if not self._unloading.acquire(blocking=False):
             return
-        self.log.error(f"Engine is not healthy and model {self.model_name} "
-                       f"will be unloaded")
+        self.log.error(f"Engine is not healthy and model {self.model_name} will be unloaded")
         threading.Thread(target=self._unload, name="vllm-unload", daemon=True).start()
 
     def _unload(self) -> None:
         try:
             pb_utils.unload_model(self.model_name)
-        except Exception as e:   # e.g. not in explicit model-control mode
-            self.log.error(f"Cannot unload model {self.model_name} ({describe(e)}): it "
-                           f"stays loaded and refuses every request")
+        except Exception as e:  # e.g. not in explicit model-control mode
+            self.log.error(
+                f"Cannot unload model {self.model_name} ({describe(e)}): it "
+                f"stays loaded and refuses every request"
+            )
 
     def make_sampling(self, request):
         check_sampling_keys(request.sampling, self._sampling_fields, "vllm")
@@ -169,30 +172,38 @@ class TritonPythonModel(AsyncEngineModel):
         plan = request.tool_plan
         if plan is not None and not plan.forced:
             if self._tool_parser is None:
-                raise BadRequest(f"[tool_choice] model {self.model_name} has no tool parser "
-                                 "(engine_args.tool_call_parser in the spec): tool_choice "
-                                 "auto cannot be read; required or a named function can")
+                raise BadRequest(
+                    f"[tool_choice] model {self.model_name} has no tool parser "
+                    "(engine_args.tool_call_parser in the spec): tool_choice "
+                    "auto cannot be read; required or a named function can"
+                )
             # Tool-call markers are special tokens in many models: keep them in the text
             # for the parser (vLLM's hermes parser asks the same).
             values.setdefault("skip_special_tokens", False)
         if wants_logprobs(request.returns) and values.get("logprobs") is None:
-            values["logprobs"] = 0   # the sampled token's own logprob only
+            values["logprobs"] = 0  # the sampled token's own logprob only
         if "structured_outputs" in values:
             try:
                 values["structured_outputs"] = self._structured_class(
-                    **values["structured_outputs"])
+                    **values["structured_outputs"]
+                )
             except self._client_errors as e:
-                raise BadRequest(f"sampling_parameters.structured_outputs: {describe(e)}") \
-                    from None
+                raise BadRequest(f"sampling_parameters.structured_outputs: {describe(e)}") from None
         try:
-            params = self._sampling_class(**values, max_tokens=request.max_tokens,
-                                          output_kind=self._delta)
-        except self._client_errors as e:   # vLLM's checks of the values (ranges, ...)
+            params = self._sampling_class(
+                **values, max_tokens=request.max_tokens, output_kind=self._delta
+            )
+        except self._client_errors as e:  # vLLM's checks of the values (ranges, ...)
             raise BadRequest(f"invalid sampling_parameters: {describe(e)}") from None
         if params.structured_outputs is not None:
             self._check_constraint(params, constraint)
-        return _Call(params, request.priority if self._by_priority else 0, request.cache_salt,
-                     self.lora_for(request.lora_name), self._extractor(request))
+        return _Call(
+            params,
+            request.priority if self._by_priority else 0,
+            request.cache_salt,
+            self.lora_for(request.lora_name),
+            self._extractor(request),
+        )
 
     def _check_constraint(self, params, tag: str) -> None:
         """A schema, regex or grammar no structured-output backend of this vLLM can
@@ -201,11 +212,14 @@ class TritonPythonModel(AsyncEngineModel):
         refusal can name the parameter the constraint came from."""
         try:
             params._validate_structured_outputs(
-                self.engine.model_config, self.engine.vllm_config.structured_outputs_config,
-                self.tokenizer)
+                self.engine.model_config,
+                self.engine.vllm_config.structured_outputs_config,
+                self.tokenizer,
+            )
         except self._client_errors as e:
-            raise BadRequest(f"{tag}sampling_parameters.structured_outputs cannot be "
-                             f"compiled: {describe(e)}") from None
+            raise BadRequest(
+                f"{tag}sampling_parameters.structured_outputs cannot be compiled: {describe(e)}"
+            ) from None
 
     def _extractor(self, request):
         """How the calls are read out of this request's answer (None: no tools)."""
@@ -213,22 +227,27 @@ class TritonPythonModel(AsyncEngineModel):
         if plan is None:
             return None
         if plan.forced:
+
             def forced(text):
                 calls = forced_calls(plan, text)
                 return (None, calls) if calls else (text, [])
+
             return forced
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-        chat = ChatCompletionRequest(model=self.model_name, messages=request.messages,
-                                     tools=plan.tools, tool_choice="auto")
+        chat = ChatCompletionRequest(
+            model=self.model_name, messages=request.messages, tools=plan.tools, tool_choice="auto"
+        )
         parser = self._tool_parser(self.tokenizer, chat.tools)
 
         def auto(text):
             found = parser.extract_tool_calls(text, chat)
             if not found.tools_called:
                 return text, []
-            return found.content, [tool_call(c.function.name, c.function.arguments)
-                                   for c in found.tool_calls]
+            return found.content, [
+                tool_call(c.function.name, c.function.arguments) for c in found.tool_calls
+            ]
+
         return auto
 
     def lora_for(self, name):
@@ -238,8 +257,9 @@ class TritonPythonModel(AsyncEngineModel):
 
     async def render_chat(self, messages: list, tools: list | None = None) -> str:
         try:
-            return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                      add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools, tokenize=False, add_generation_prompt=True
+            )
         except Exception as e:
             raise BadRequest(f"cannot apply the chat template: {e}") from None
 
@@ -251,11 +271,17 @@ class TritonPythonModel(AsyncEngineModel):
         input_tokens = output_tokens = 0
         if sampling.lora is not None:
             await self._load_adapter(sampling.lora)
-        if sampling.cache_salt:   # the tenant's own prefix cache (bls/tenants.py)
+        if sampling.cache_salt:  # the tenant's own prefix cache (bls/tenants.py)
             prompt = {"prompt": prompt, "cache_salt": sampling.cache_salt}
-        outputs = self._count_cached(self.engine.generate(
-            prompt, sampling.params, engine_id, priority=sampling.priority,
-            lora_request=sampling.lora))
+        outputs = self._count_cached(
+            self.engine.generate(
+                prompt,
+                sampling.params,
+                engine_id,
+                priority=sampling.priority,
+                lora_request=sampling.lora,
+            )
+        )
         try:
             first = await outputs.__anext__()
         except self._client_errors as e:  # vLLM's request checks, e.g. prompt too long
@@ -274,9 +300,14 @@ class TritonPythonModel(AsyncEngineModel):
                 input_tokens = len(output.prompt_token_ids)
             completion = output.outputs[0]
             output_tokens += len(completion.token_ids)
-            yield Delta(completion.text, completion.finish_reason, input_tokens,
-                        output_tokens, None if completion.logprobs is None else
-                        logprobs_json(completion.logprobs), completion.cumulative_logprob)
+            yield Delta(
+                completion.text,
+                completion.finish_reason,
+                input_tokens,
+                output_tokens,
+                None if completion.logprobs is None else logprobs_json(completion.logprobs),
+                completion.cumulative_logprob,
+            )
 
     async def _load_adapter(self, lora) -> None:
         """Have vLLM load the adapter before a request uses it. Left to generate(), vLLM
@@ -293,8 +324,9 @@ class TritonPythonModel(AsyncEngineModel):
         except Exception as e:
             if self.engine.errored:
                 raise
-            raise BadRequest(f"adapter {lora.lora_name!r} cannot be loaded: "
-                             f"{describe(e)}") from None
+            raise BadRequest(
+                f"adapter {lora.lora_name!r} cannot be loaded: {describe(e)}"
+            ) from None
         self._loaded_loras.add(lora.lora_int_id)
 
     async def _count_cached(self, outputs):
@@ -328,17 +360,20 @@ class _Call(NamedTuple):
     params: object
     priority: int
     cache_salt: str | None
-    lora: object = None     # vLLM's LoRARequest, or None for the base model
-    tools: object = None    # text -> (content, calls): the tool calls' reader, if any
+    lora: object = None  # vLLM's LoRARequest, or None for the base model
+    tools: object = None  # text -> (content, calls): the tool calls' reader, if any
 
 
 def _refuse_unhealthy(sender) -> None:
     try:
-        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-            UNHEALTHY, pb_utils.TritonError.UNAVAILABLE)))
-        sender.send(flags=FINAL)   # Triton drops the final flag of an error response
+        sender.send(
+            pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(UNHEALTHY, pb_utils.TritonError.UNAVAILABLE)
+            )
+        )
+        sender.send(flags=FINAL)  # Triton drops the final flag of an error response
     except Exception:
-        pass   # the client is gone: nobody is left to tell
+        pass  # the client is gone: nobody is left to tell
 
 
 def tool_parser_class(name: str | None):
@@ -356,8 +391,10 @@ def lora_requests(adapters: dict) -> dict:
     ids are fixed here, in name order, and never reused for another folder."""
     from vllm.lora.request import LoRARequest
 
-    return {name: LoRARequest(name, index, adapters[name])
-            for index, name in enumerate(sorted(adapters), start=1)}
+    return {
+        name: LoRARequest(name, index, adapters[name])
+        for index, name in enumerate(sorted(adapters), start=1)
+    }
 
 
 async def _chain(first, rest):

@@ -9,6 +9,7 @@ them; one writer thread applies them, summing counters and keeping the last gaug
 of whatever has queued up meanwhile. The series are trident_common.metrics' (never
 deleted: the next instance of a reloaded model carries on counting).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -17,36 +18,96 @@ from typing import NamedTuple
 from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, MetricSet, Writer
 
 # Bucket edges: vllm_backend's (which took them from vLLM's own examples).
-TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                2.5, 5.0, 7.5, 10.0]
+TTFT_BUCKETS = [
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+]
 TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
 E2E_BUCKETS = [1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0]
 N_BUCKETS = [1, 2, 5, 10, 20]
-TOKENS = "tokens"   # marks the token-count histograms: 1-2-5 edges up to max_model_len
+TOKENS = "tokens"  # marks the token-count histograms: 1-2-5 edges up to max_model_len
 
 # (key, name, help, kind, buckets). request_success_total gets one series per finish
 # reason, made on first use (key "success:<reason>").
 FAMILIES = [
-    ("prompt_tokens", "vllm:prompt_tokens_total", "Number of prefill tokens processed.",
-     COUNTER, None),
-    ("generation_tokens", "vllm:generation_tokens_total",
-     "Number of generation tokens processed.", COUNTER, None),
-    ("running", "vllm:num_requests_running", "Number of requests in model execution batches.",
-     GAUGE, None),
-    ("waiting", "vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-     GAUGE, None),
-    ("ttft", "vllm:time_to_first_token_seconds",
-     "Histogram of time to first token in seconds.", HISTOGRAM, TTFT_BUCKETS),
-    ("tpot", "vllm:time_per_output_token_seconds",
-     "Histogram of time per output token in seconds.", HISTOGRAM, TPOT_BUCKETS),
-    ("e2e", "vllm:e2e_request_latency_seconds",
-     "Histogram of end to end request latency in seconds.", HISTOGRAM, E2E_BUCKETS),
-    ("request_prompt_tokens", "vllm:request_prompt_tokens",
-     "Number of prefill tokens processed, per request.", HISTOGRAM, TOKENS),
-    ("request_generation_tokens", "vllm:request_generation_tokens",
-     "Number of generation tokens processed, per request.", HISTOGRAM, TOKENS),
-    ("n", "vllm:request_params_n", "Histogram of the n request parameter.", HISTOGRAM,
-     N_BUCKETS),
+    (
+        "prompt_tokens",
+        "vllm:prompt_tokens_total",
+        "Number of prefill tokens processed.",
+        COUNTER,
+        None,
+    ),
+    (
+        "generation_tokens",
+        "vllm:generation_tokens_total",
+        "Number of generation tokens processed.",
+        COUNTER,
+        None,
+    ),
+    (
+        "running",
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        GAUGE,
+        None,
+    ),
+    (
+        "waiting",
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        GAUGE,
+        None,
+    ),
+    (
+        "ttft",
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        HISTOGRAM,
+        TTFT_BUCKETS,
+    ),
+    (
+        "tpot",
+        "vllm:time_per_output_token_seconds",
+        "Histogram of time per output token in seconds.",
+        HISTOGRAM,
+        TPOT_BUCKETS,
+    ),
+    (
+        "e2e",
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of end to end request latency in seconds.",
+        HISTOGRAM,
+        E2E_BUCKETS,
+    ),
+    (
+        "request_prompt_tokens",
+        "vllm:request_prompt_tokens",
+        "Number of prefill tokens processed, per request.",
+        HISTOGRAM,
+        TOKENS,
+    ),
+    (
+        "request_generation_tokens",
+        "vllm:request_generation_tokens",
+        "Number of generation tokens processed, per request.",
+        HISTOGRAM,
+        TOKENS,
+    ),
+    ("n", "vllm:request_params_n", "Histogram of the n request parameter.", HISTOGRAM, N_BUCKETS),
 ]
 SUCCESS = ("vllm:request_success_total", "Count of successfully processed requests.")
 SUCCESS_PREFIX = "success:"
@@ -54,7 +115,7 @@ SUCCESS_PREFIX = "success:"
 
 class Update(NamedTuple):
     key: str
-    op: str       # "increment", "set" or "observe"
+    op: str  # "increment", "set" or "observe"
     value: float
 
 
@@ -64,12 +125,20 @@ def updates(scheduler_stats, iteration_stats) -> list[Update]:
     out: list[Update] = []
     if scheduler_stats is not None:
         out.append(Update("running", "set", scheduler_stats.num_running_reqs))
-        out.append(Update("waiting", "set", scheduler_stats.num_waiting_reqs
-                          + getattr(scheduler_stats, "num_skipped_waiting_reqs", 0)))
+        out.append(
+            Update(
+                "waiting",
+                "set",
+                scheduler_stats.num_waiting_reqs
+                + getattr(scheduler_stats, "num_skipped_waiting_reqs", 0),
+            )
+        )
     if iteration_stats is None:
         return out
-    for key, count in (("prompt_tokens", iteration_stats.num_prompt_tokens),
-                       ("generation_tokens", iteration_stats.num_generation_tokens)):
+    for key, count in (
+        ("prompt_tokens", iteration_stats.num_prompt_tokens),
+        ("generation_tokens", iteration_stats.num_generation_tokens),
+    ):
         if count:
             out.append(Update(key, "increment", count))
     out += _observe("ttft", iteration_stats.time_to_first_tokens_iter)
@@ -79,8 +148,7 @@ def updates(scheduler_stats, iteration_stats) -> list[Update]:
         out.append(Update(SUCCESS_PREFIX + str(finished.finish_reason), "increment", 1))
         out.append(Update("e2e", "observe", finished.e2e_latency))
         out.append(Update("request_prompt_tokens", "observe", finished.num_prompt_tokens))
-        out.append(Update("request_generation_tokens", "observe",
-                          finished.num_generation_tokens))
+        out.append(Update("request_generation_tokens", "observe", finished.num_generation_tokens))
     return out
 
 
@@ -101,8 +169,11 @@ def coalesce(batch: Iterable[Update]) -> list[Update]:
             last[update.key] = update.value
         else:
             observed.append(update)
-    return ([Update(k, "increment", v) for k, v in sums.items()]
-            + [Update(k, "set", v) for k, v in last.items()] + observed)
+    return (
+        [Update(k, "increment", v) for k, v in sums.items()]
+        + [Update(k, "set", v) for k, v in last.items()]
+        + observed
+    )
 
 
 def token_buckets(max_value: int) -> list[int]:
@@ -123,10 +194,16 @@ class VllmStats:
 
     def __init__(self, labels: dict, max_model_len: int):
         self._set, self._labels = MetricSet(), dict(labels)
-        self.series = {key: self._set.metric(name, description, kind, self._labels,
-                                             token_buckets(max_model_len)
-                                             if buckets is TOKENS else buckets)
-                       for key, name, description, kind, buckets in FAMILIES}
+        self.series = {
+            key: self._set.metric(
+                name,
+                description,
+                kind,
+                self._labels,
+                token_buckets(max_model_len) if buckets is TOKENS else buckets,
+            )
+            for key, name, description, kind, buckets in FAMILIES
+        }
         self._writer = Writer("vllm-stats", self._apply, merge=coalesce)
 
     def logger_factory(self, vllm_config, engine_index: int = 0) -> StatLogger:
@@ -146,10 +223,11 @@ class VllmStats:
         getattr(self._metric(update.key), update.op)(update.value)
 
     def _metric(self, key: str):
-        if key not in self.series:   # request_success_total, per finish reason
-            reason = key[len(SUCCESS_PREFIX):]
-            self.series[key] = self._set.metric(*SUCCESS, COUNTER,
-                                                {**self._labels, "finished_reason": reason})
+        if key not in self.series:  # request_success_total, per finish reason
+            reason = key[len(SUCCESS_PREFIX) :]
+            self.series[key] = self._set.metric(
+                *SUCCESS, COUNTER, {**self._labels, "finished_reason": reason}
+            )
         return self.series[key]
 
 
@@ -160,8 +238,9 @@ class StatLogger:
     def __init__(self, stats: VllmStats):
         self._stats = stats
 
-    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None,
-               engine_idx: int = 0) -> None:
+    def record(
+        self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0
+    ) -> None:
         self._stats.record(scheduler_stats, iteration_stats)
 
     def log_engine_initialized(self) -> None:

@@ -2,6 +2,7 @@
 merged when the reader lags, the batch-wide limit, abort, and the AsyncLLM double's
 surface as trident's vLLM model calls it (in a subprocess: the real vllm is installed
 here, the double must be what `import vllm` finds)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +21,7 @@ def test_step_interval_is_the_slower_of_stream_and_batch():
     rate = Rate(ttft_s=0.05, tokens_per_s=100, batch_tokens_per_s=1000)
     assert step_interval(rate, 1) == pytest.approx(0.01)
     assert step_interval(rate, 10) == pytest.approx(0.01)
-    assert step_interval(rate, 40) == pytest.approx(0.04)   # 40 streams share 1000/s
+    assert step_interval(rate, 40) == pytest.approx(0.04)  # 40 streams share 1000/s
     assert step_interval(Rate(tokens_per_s=20), 500) == pytest.approx(0.05)
 
 
@@ -34,7 +35,7 @@ def test_rate_refuses_unknown_fields_and_bad_values():
 def test_rate_source_reads_the_control_file_again_when_it_changes(tmp_path):
     control = tmp_path / "rate.json"
     source = RateSource(Rate(tokens_per_s=7), str(control))
-    assert source.current().tokens_per_s == 7            # no file yet: the given rate
+    assert source.current().tokens_per_s == 7  # no file yet: the given rate
     write_rate(control, Rate(ttft_s=0.1, tokens_per_s=50))
     assert source.current() == Rate(ttft_s=0.1, tokens_per_s=50)
     write_rate(control, Rate(tokens_per_s=100, batch_tokens_per_s=900))
@@ -52,10 +53,10 @@ def test_tokens_come_at_the_pace_and_merge_when_the_reader_lags():
         start = time.monotonic()
         assert await stream.take() == 1
         ttft = time.monotonic() - start
-        await asyncio.sleep(0.06)                   # ~12 steps while we were away
+        await asyncio.sleep(0.06)  # ~12 steps while we were away
         merged = await stream.take()
         total = 1 + merged
-        while (new := await stream.take()):
+        while new := await stream.take():
             total += new
         batch.close()
         return ttft, merged, total, time.monotonic() - start
@@ -64,15 +65,14 @@ def test_tokens_come_at_the_pace_and_merge_when_the_reader_lags():
     # Lower bounds only: the double is never faster than its rate; a busy machine may
     # make it later (upper bounds would be flaky there).
     assert ttft >= 0.045
-    assert merged >= 8                 # tokens made while away came in one read
+    assert merged >= 8  # tokens made while away came in one read
     assert total == 40
     assert elapsed >= 0.05 + 39 / 200
 
 
 def test_the_batch_limit_slows_every_stream():
     async def main(streams):
-        batch = PacedBatch(RateSource(Rate(ttft_s=0.0, tokens_per_s=200,
-                                           batch_tokens_per_s=800)))
+        batch = PacedBatch(RateSource(Rate(ttft_s=0.0, tokens_per_s=200, batch_tokens_per_s=800)))
 
         async def one():
             stream = batch.add(20)
@@ -148,18 +148,25 @@ asyncio.run(main())
 
 
 def test_the_asyncllm_double_answers_as_trident_reads_vllm():
-    result = subprocess.run([sys.executable, "-c", DOUBLE_CHECK.format(
-        doubles=str(DOUBLES), root=str(ROOT))], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", DOUBLE_CHECK.format(doubles=str(DOUBLES), root=str(ROOT))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["double"].endswith("rate-double")
     # DELTA: each output only the new tokens; CUMULATIVE: all so far
     assert out["DELTA"] == [out["DELTA"][0], 6, True, "length", 3]
     assert out["CUMULATIVE"][0] == " w0 w1 w2 w3 w4 w5" and out["CUMULATIVE"][2:] == [
-        True, "length", 3]
+        True,
+        "length",
+        3,
+    ]
     assert "temperatur" in out["typo"]
     assert out["chat"].endswith("assistant")
-    assert out["generated"] == 12 and out["finished"] == 2     # the stat loggers' view
+    assert out["generated"] == 12 and out["finished"] == 2  # the stat loggers' view
 
 
 def test_the_sglang_double_paces_itself_when_told(monkeypatch):
@@ -171,13 +178,14 @@ def test_the_sglang_double_paces_itself_when_told(monkeypatch):
     async def main():
         engine = fake_sglang.Engine(model_path="m", incremental_streaming_output=True)
         start, first, sizes = time.monotonic(), None, []
-        chunks = await engine.async_generate(prompt="hi", sampling_params={
-            "max_new_tokens": 30}, stream=True, rid="r1")
+        chunks = await engine.async_generate(
+            prompt="hi", sampling_params={"max_new_tokens": 30}, stream=True, rid="r1"
+        )
         async for chunk in chunks:
             first = first or time.monotonic() - start
             sizes.append(len(chunk["text"].split()))
             if len(sizes) == 2:
-                await asyncio.sleep(0.04)         # a slow reader: tokens merge
+                await asyncio.sleep(0.04)  # a slow reader: tokens merge
         return first, sizes, time.monotonic() - start, chunk["meta_info"]
 
     first, sizes, elapsed, meta = _run(main())

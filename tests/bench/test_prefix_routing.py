@@ -1,6 +1,7 @@
 """prefix_routing's pure parts (bench/prefix_workload.py) and its client-side choices
 (bench/prefix_routing.py): the workload the issue asks for, the hit-rate arithmetic on the
 engines' counters as Triton prints them, and the rows against issue 23's targets."""
+
 from __future__ import annotations
 
 import sys
@@ -43,9 +44,9 @@ def test_each_turn_resends_the_history_with_the_answers_it_got():
 
 def test_conversations_share_the_system_prompt_of_their_phase_only():
     a, b, other = Conversation("p", 0), Conversation("p", 1), Conversation("q", 0)
-    assert a.messages == b.messages                     # ~1,000 tokens shared
-    assert 6_000 <= len(a.messages[0]["content"]) <= 9_000   # ~1,000 SmolLM2 tokens
-    assert a.ask()[1] != b.ask()[1]                     # their questions are their own
+    assert a.messages == b.messages  # ~1,000 tokens shared
+    assert 6_000 <= len(a.messages[0]["content"]) <= 9_000  # ~1,000 SmolLM2 tokens
+    assert a.ask()[1] != b.ask()[1]  # their questions are their own
     # another phase shares no block with this one: no phase warms another's cache
     index = PrefixIndex()
     blocks = index.block_hashes(prompt_key(None, a.ask()))
@@ -74,19 +75,21 @@ nv_inference_count{{model="m__r0",version="1"}} 7
 def test_counters_read_each_replicas_own_series_and_nothing_else():
     values = counters(METRICS, ["m__r0", "m__r1", "m__r2"])
     assert values["m__r0"] == {PROMPT_TOKENS: 1000.0, CACHED_TOKENS: 900.0}
-    assert values["m__r1"] == {PROMPT_TOKENS: 3000.0, CACHED_TOKENS: 1500.0}   # no adapter
+    assert values["m__r1"] == {PROMPT_TOKENS: 3000.0, CACHED_TOKENS: 1500.0}  # no adapter
     assert values["m__r2"] == {PROMPT_TOKENS: 0.0, CACHED_TOKENS: 0.0}
 
 
 def test_the_hit_rate_is_cached_over_prompt_tokens_between_two_scrapes():
     before = counters(METRICS, ["m__r0", "m__r1"])
-    after = {"m__r0": {PROMPT_TOKENS: 2000.0, CACHED_TOKENS: 1800.0},   # +1000, +900
-             "m__r1": {PROMPT_TOKENS: 6000.0, CACHED_TOKENS: 1500.0}}   # +3000, +0
+    after = {
+        "m__r0": {PROMPT_TOKENS: 2000.0, CACHED_TOKENS: 1800.0},  # +1000, +900
+        "m__r1": {PROMPT_TOKENS: 6000.0, CACHED_TOKENS: 1500.0},
+    }  # +3000, +0
     rates = hit_rate(before, after)
     assert rates["hit_rate"] == 900 / 4000
     assert rates["replicas"]["m__r0"]["hit_rate"] == 0.9
     assert rates["replicas"]["m__r1"]["hit_rate"] == 0.0
-    assert hit_rate(after, after)["hit_rate"] is None   # nothing processed: no rate
+    assert hit_rate(after, after)["hit_rate"] is None  # nothing processed: no rate
 
 
 def test_ttft_p50_counts_turns_two_and_later_only():
@@ -96,23 +99,32 @@ def test_ttft_p50_counts_turns_two_and_later_only():
 
 
 def _phase(rate, ttft, computed=1000.0, wall=60.0):
-    return {"hit_rate": rate, "ttft": {"p50_turns_2_on": ttft},
-            "computed_tokens": computed, "wall_s": wall}
+    return {
+        "hit_rate": rate,
+        "ttft": {"p50_turns_2_on": ttft},
+        "computed_tokens": computed,
+        "wall_s": wall,
+    }
 
 
 def test_rows_hold_prefix_aware_to_the_issues_targets():
-    phases = {"round_robin": _phase(0.60, 1.0), "oracle": _phase(0.90, 0.5),
-              "prefix_aware": _phase(0.86, 0.55)}
+    phases = {
+        "round_robin": _phase(0.60, 1.0),
+        "oracle": _phase(0.90, 0.5),
+        "prefix_aware": _phase(0.86, 0.55),
+    }
     control = {"round_robin": {"tokens_per_s": 100.0}, "prefix_aware": {"tokens_per_s": 96.0}}
-    table = {r["metric"].split(":")[0] + ":" + r["metric"].split(":")[1]: r
-             for r in rows(phases, control)}
+    table = {
+        r["metric"].split(":")[0] + ":" + r["metric"].split(":")[1]: r
+        for r in rows(phases, control)
+    }
     assert [r["met"] for r in table.values()] == [True, True, True, None, None, True]
     assert table["hit rate: prefix_aware vs oracle"]["points"] == -4.0
-    phases["prefix_aware"] = _phase(0.74, 0.61, 500.0)   # 6 below oracle, 14 above, 0.61x
+    phases["prefix_aware"] = _phase(0.74, 0.61, 500.0)  # 6 below oracle, 14 above, 0.61x
     control["prefix_aware"]["tokens_per_s"] = 94.0
     table = rows(phases, control)
     assert [r["met"] for r in table] == [False, False, False, None, None, False]
-    assert table[3]["ratio"] == 0.5   # half the prompt tokens prefilled
+    assert table[3]["ratio"] == 0.5  # half the prompt tokens prefilled
 
 
 def test_without_prefix_aware_the_oracle_is_reported_against_round_robin():
@@ -124,8 +136,11 @@ def test_without_prefix_aware_the_oracle_is_reported_against_round_robin():
 def test_the_client_side_policies_of_the_two_model_mode():
     mode = TwoModels(None, Path("."))
     mode.use("round_robin", "p")
-    assert [mode.hints(0, sent)["route"] for sent in range(3)] == \
-        ["smollm2_r0", "smollm2_r1", "smollm2_r0"]
+    assert [mode.hints(0, sent)["route"] for sent in range(3)] == [
+        "smollm2_r0",
+        "smollm2_r1",
+        "smollm2_r0",
+    ]
     mode.use("oracle", "p")
     assert {mode.hints(5, sent)["route"] for sent in range(4)} == {"smollm2_r1"}
 
@@ -147,19 +162,23 @@ def test_the_two_model_deployment_routes_to_both_copies():
 
 def _histogram(counts, backend="m"):
     bounds = ["1e-05", "2.5e-05", "5e-05", "0.0001", "+Inf"]
-    return "".join(f'{DECISION}_bucket{{backend="{backend}",le="{le}"}} {c}\n'
-                   for le, c in zip(bounds, counts, strict=True)) + \
-        f'{DECISION}_count{{backend="{backend}"}} {counts[-1]}\n'
+    return (
+        "".join(
+            f'{DECISION}_bucket{{backend="{backend}",le="{le}"}} {c}\n'
+            for le, c in zip(bounds, counts, strict=True)
+        )
+        + f'{DECISION}_count{{backend="{backend}"}} {counts[-1]}\n'
+    )
 
 
 def test_the_decisions_p99_is_read_from_the_routers_histogram_between_two_scrapes():
     before = buckets(_histogram([5, 5, 5, 5, 5]), DECISION)
     # 200 decisions since: 150 within 25 us, 198 within 50 us, 200 within 100 us
-    after = buckets(_histogram([105, 155, 203, 205, 205]) + _histogram([0, 0, 0, 0, 0], "x"),
-                    DECISION)
+    after = buckets(
+        _histogram([105, 155, 203, 205, 205]) + _histogram([0, 0, 0, 0, 0], "x"), DECISION
+    )
     figures = decision_figures(before, after)
-    assert figures == {"decisions": 200, "share_within_target": 0.99,
-                       "p99_at_most_s": 5e-05}
-    after = buckets(_histogram([105, 155, 202, 205, 205]), DECISION)    # 197 of 200
+    assert figures == {"decisions": 200, "share_within_target": 0.99, "p99_at_most_s": 5e-05}
+    after = buckets(_histogram([105, 155, 202, 205, 205]), DECISION)  # 197 of 200
     assert decision_figures(before, after)["p99_at_most_s"] == 0.0001
     assert decision_figures(before, before)["decisions"] == 0

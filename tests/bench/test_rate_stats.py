@@ -1,4 +1,5 @@
 """bench/rate_stats.py: the figures and the ceiling of the gpu_rate benchmark."""
+
 from __future__ import annotations
 
 import pytest
@@ -71,17 +72,25 @@ def test_a_lagging_path_delivers_less_than_offered():
 
 
 def _point(offered, rate, delivered_fraction=1.0, gap_p99=0.01, ttft_p99=0.1, errors=0):
-    return {"offered_tokens_per_s": offered, "tokens_per_stream_s": rate,
-            "delivered_tokens_per_s": offered * delivered_fraction, "gap_p99_s": gap_p99,
-            "ttft_p99_s": ttft_p99, "errors": errors}
+    return {
+        "offered_tokens_per_s": offered,
+        "tokens_per_stream_s": rate,
+        "delivered_tokens_per_s": offered * delivered_fraction,
+        "gap_p99_s": gap_p99,
+        "ttft_p99_s": ttft_p99,
+        "errors": errors,
+    }
 
 
 def test_ceiling_is_the_highest_offered_load_that_met_every_limit():
-    points = [_point(1600, 100), _point(3200, 50),
-              _point(6400, 100, delivered_fraction=0.98),      # fell behind
-              _point(5120, 20, ttft_p99=0.9),                  # TTFT too long
-              _point(4000, 50, gap_p99=0.051),                 # gap over 30 + 20 ms
-              _point(4800, 100, errors=1)]                     # a request failed
+    points = [
+        _point(1600, 100),
+        _point(3200, 50),
+        _point(6400, 100, delivered_fraction=0.98),  # fell behind
+        _point(5120, 20, ttft_p99=0.9),  # TTFT too long
+        _point(4000, 50, gap_p99=0.051),  # gap over 30 + 20 ms
+        _point(4800, 100, errors=1),
+    ]  # a request failed
     assert ceiling(points) == 3200
     assert ceiling([_point(100, 100, delivered_fraction=0.5)]) is None
 
@@ -95,8 +104,11 @@ def test_the_engines_own_gap_is_allowed_unless_literal():
 
 
 def test_cpu_per_1000_tokens():
-    before, after = {"tritonserver": 1.0, "stub:router": 2.0}, {"tritonserver": 1.5,
-                                                                  "stub:router": 2.25}
+    before, after = (
+        {"tritonserver": 1.0, "stub:router": 2.0},
+        {"tritonserver": 1.5, "stub:router": 2.25},
+    )
     assert cpu_ms_per_1000_tokens(before, after, 10_000) == pytest.approx(
-        {"tritonserver": 50.0, "stub:router": 25.0})
+        {"tritonserver": 50.0, "stub:router": 25.0}
+    )
     assert cpu_ms_per_1000_tokens(before, after, 0) == {}

@@ -1,16 +1,23 @@
 """bench/zero_cost.py's rows from measured figures (pure: no server)."""
+
 from bench import zero_cost
 
 
 def measured(router_rps: float, direct_rps: float) -> dict:
     both = {zero_cost.ROUTER: [0.004], zero_cost.DIRECT: [0.003]}
     point = {"requests_per_s": 100.0, "ttft_p50_s": 0.01}
-    return {"sequential_ttft_s": both,
-            "concurrent": {"16": {zero_cost.ROUTER: point, zero_cost.DIRECT: point},
-                           "64": {zero_cost.ROUTER: point, zero_cost.DIRECT: point}},
-            "long_answers": {zero_cost.ROUTER: {"requests_per_s": router_rps},
-                             zero_cost.DIRECT: {"requests_per_s": direct_rps}},
-            "per_chunk_s": {zero_cost.ROUTER: 0.0001, zero_cost.DIRECT: 0.0001}}
+    return {
+        "sequential_ttft_s": both,
+        "concurrent": {
+            "16": {zero_cost.ROUTER: point, zero_cost.DIRECT: point},
+            "64": {zero_cost.ROUTER: point, zero_cost.DIRECT: point},
+        },
+        "long_answers": {
+            zero_cost.ROUTER: {"requests_per_s": router_rps},
+            zero_cost.DIRECT: {"requests_per_s": direct_rps},
+        },
+        "per_chunk_s": {zero_cost.ROUTER: 0.0001, zero_cost.DIRECT: 0.0001},
+    }
 
 
 def long_row(rows: list[dict]) -> dict:
@@ -20,5 +27,9 @@ def long_row(rows: list[dict]) -> dict:
 def test_issue_22s_point_is_a_row_judged_at_0_8x_direct():
     row = long_row(zero_cost.rows_from(measured(81.0, 100.0)))
     assert (row["ours"], row["direct"], row["target"], row["met"]) == (
-        81.0, 100.0, ">= 0.8x direct", True)
+        81.0,
+        100.0,
+        ">= 0.8x direct",
+        True,
+    )
     assert long_row(zero_cost.rows_from(measured(79.0, 100.0)))["met"] is False

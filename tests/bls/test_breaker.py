@@ -1,4 +1,5 @@
 """The circuit breaker as a pure state machine, driven by a fake clock."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,15 +19,28 @@ class Clock:
 
 def make(**overrides):
     clock = Clock()
-    config = BreakerConfig(**{"error_rate": 0.5, "window_s": 10.0, "min_requests": 4,
-                              "consecutive_failures": 3, "cooldown_s": 5.0, **overrides})
+    config = BreakerConfig(
+        **{
+            "error_rate": 0.5,
+            "window_s": 10.0,
+            "min_requests": 4,
+            "consecutive_failures": 3,
+            "cooldown_s": 5.0,
+            **overrides,
+        }
+    )
     return CircuitBreaker(config, clock), clock
 
 
 def test_defaults_match_the_spec():
     config = BreakerConfig()
-    assert (config.error_rate, config.window_s, config.min_requests,
-            config.consecutive_failures, config.cooldown_s) == (0.05, 30.0, 20, 5, 10.0)
+    assert (
+        config.error_rate,
+        config.window_s,
+        config.min_requests,
+        config.consecutive_failures,
+        config.cooldown_s,
+    ) == (0.05, 30.0, 20, 5, 10.0)
 
 
 def test_the_spec_takes_its_breaker_defaults_from_the_router():
@@ -34,8 +48,13 @@ def test_the_spec_takes_its_breaker_defaults_from_the_router():
 
     from builder.spec import BreakerSpec, parse_spec
 
-    spec = parse_spec({"models": [{"name": "a", "engine": "vllm", "model": "/m"}],
-                       "router": {"default": ["a"], "breaker": {}}}, "t.yaml")
+    spec = parse_spec(
+        {
+            "models": [{"name": "a", "engine": "vllm", "model": "/m"}],
+            "router": {"default": ["a"], "breaker": {}},
+        },
+        "t.yaml",
+    )
     assert asdict(spec.router.breaker) == asdict(BreakerSpec()) == asdict(BreakerConfig())
     assert BreakerConfig.from_dict(asdict(spec.router.breaker)) == BreakerConfig()
 
@@ -79,11 +98,11 @@ def test_error_rate_needs_min_requests():
     breaker.record_failure()
     breaker.record_success()
     breaker.record_failure()
-    assert breaker.state == CLOSED          # 2/3 failed, but only 3 requests
+    assert breaker.state == CLOSED  # 2/3 failed, but only 3 requests
     breaker.record_success()
-    assert breaker.state == CLOSED          # 2/4 = 0.5: the last record was a success
+    assert breaker.state == CLOSED  # 2/4 = 0.5: the last record was a success
     breaker.record_failure()
-    assert breaker.state == OPEN            # 3/5 >= 0.5
+    assert breaker.state == OPEN  # 3/5 >= 0.5
 
 
 def test_error_rate_below_threshold_stays_closed():
@@ -91,30 +110,28 @@ def test_error_rate_below_threshold_stays_closed():
     for _ in range(20):
         breaker.record_success()
         breaker.record_success()
-        breaker.record_failure()            # 1/3 < 0.5
+        breaker.record_failure()  # 1/3 < 0.5
     assert breaker.state == CLOSED
 
 
 def test_old_outcomes_leave_the_window():
-    breaker, clock = make(error_rate=0.5, min_requests=4, consecutive_failures=100,
-                          window_s=10.0)
+    breaker, clock = make(error_rate=0.5, min_requests=4, consecutive_failures=100, window_s=10.0)
     for _ in range(2):
         breaker.record_success()
         breaker.record_success()
-        breaker.record_failure()           # 1/3 then 2/6: below the rate
+        breaker.record_failure()  # 1/3 then 2/6: below the rate
     assert breaker.state == CLOSED
-    clock.now += 10.5                      # all six are now older than the window
+    clock.now += 10.5  # all six are now older than the window
     breaker.record_failure()
     breaker.record_success()
     breaker.record_failure()
-    assert breaker.state == CLOSED         # only 3 in the window: below min_requests
+    assert breaker.state == CLOSED  # only 3 in the window: below min_requests
     breaker.record_failure()
     assert breaker.state == OPEN
 
 
 def test_an_outcome_exactly_window_s_old_still_counts():
-    breaker, clock = make(error_rate=0.5, min_requests=2, consecutive_failures=100,
-                          window_s=10.0)
+    breaker, clock = make(error_rate=0.5, min_requests=2, consecutive_failures=100, window_s=10.0)
     breaker.record_failure()
     clock.now += 10.0
     breaker.record_failure()
@@ -129,9 +146,9 @@ def test_cooldown_then_half_open_single_probe():
     assert not breaker.available() and not breaker.allow()
     clock.now += 0.1
     assert breaker.available()
-    assert breaker.allow()                 # the probe
+    assert breaker.allow()  # the probe
     assert breaker.state == HALF_OPEN
-    assert not breaker.available() and not breaker.allow()   # one probe at a time
+    assert not breaker.available() and not breaker.allow()  # one probe at a time
 
 
 def test_probe_success_closes_and_forgets_the_window():
@@ -142,7 +159,7 @@ def test_probe_success_closes_and_forgets_the_window():
     breaker.record_success()
     assert breaker.state == CLOSED
     assert breaker.allow() and breaker.allow()
-    breaker.record_success()               # the old failure is forgotten: 0/1 failed
+    breaker.record_success()  # the old failure is forgotten: 0/1 failed
     assert breaker.state == CLOSED
 
 
@@ -166,7 +183,7 @@ def test_released_probe_lets_the_next_one_through():
     clock.now += 1
     assert breaker.allow()
     assert not breaker.allow()
-    breaker.release_probe()                # e.g. the client cancelled the probe
+    breaker.release_probe()  # e.g. the client cancelled the probe
     assert breaker.state == HALF_OPEN
     assert breaker.available() and breaker.allow()
 
@@ -182,6 +199,7 @@ def test_available_claims_nothing():
 
 
 # -- property test against a reference model ----------------------------------------------
+
 
 class Reference:
     """The breaker's contract written out naively: keep every outcome, recount each time."""
@@ -212,10 +230,11 @@ class Reference:
         recent = [f for t, f in self.outcomes if t >= now - self.c.window_s]
         self.streak = self.streak + 1 if failed else 0
         if failed:
-            too_many = (len(recent) >= self.c.min_requests
-                        and sum(recent) / len(recent) >= self.c.error_rate)
-            if self.state == HALF_OPEN or self.streak >= self.c.consecutive_failures \
-                    or too_many:
+            too_many = (
+                len(recent) >= self.c.min_requests
+                and sum(recent) / len(recent) >= self.c.error_rate
+            )
+            if self.state == HALF_OPEN or self.streak >= self.c.consecutive_failures or too_many:
                 self.state, self.opened_at, self.probe = OPEN, now, False
         elif self.state == HALF_OPEN:
             self.state, self.probe, self.streak, self.outcomes = CLOSED, False, 0, []
@@ -224,16 +243,21 @@ class Reference:
         self.probe = False
 
 
-ACTIONS = st.lists(st.tuples(
-    st.sampled_from(["allow", "available", "ok", "fail", "release"]),
-    st.floats(min_value=0, max_value=4, allow_nan=False)), max_size=80)
+ACTIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["allow", "available", "ok", "fail", "release"]),
+        st.floats(min_value=0, max_value=4, allow_nan=False),
+    ),
+    max_size=80,
+)
 CONFIGS = st.builds(
     BreakerConfig,
     error_rate=st.sampled_from([0.05, 0.25, 0.5, 1.0]),
     window_s=st.sampled_from([1.0, 5.0, 30.0]),
     min_requests=st.integers(min_value=1, max_value=6),
     consecutive_failures=st.integers(min_value=1, max_value=6),
-    cooldown_s=st.sampled_from([0.5, 2.0, 10.0]))
+    cooldown_s=st.sampled_from([0.5, 2.0, 10.0]),
+)
 
 
 @settings(max_examples=400, deadline=None)
@@ -266,8 +290,11 @@ def test_half_open_never_grants_two_probes(config, actions):
     for action, dt in actions:
         clock.now += dt
         if action in ("ok", "fail", "release"):
-            {"ok": breaker.record_success, "fail": breaker.record_failure,
-             "release": breaker.release_probe}[action]()
+            {
+                "ok": breaker.record_success,
+                "fail": breaker.record_failure,
+                "release": breaker.release_probe,
+            }[action]()
             granted_in_half_open = 0
         elif breaker.allow() and breaker.state == HALF_OPEN:
             granted_in_half_open += 1

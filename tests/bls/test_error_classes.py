@@ -2,6 +2,7 @@
 use of it: each of its own refusals carries its class's marker, the parameter at fault
 and the Triton code, so the frontend and Triton clients classify it without guessing.
 The router runs against the stub doubles of tests/bls/test_model.py."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,16 +13,18 @@ from tests.fakes import fake_pb_utils as pb
 from trident_common import error_classes as table
 from trident_common.faults import CLIENT_FAULT_PREFIX, BadRequest
 
-router = test_model.router     # the fixture: the real router with the stub's doubles
+router = test_model.router  # the fixture: the real router with the stub's doubles
 
 
 def test_each_class_maps_once_to_openai_and_triton():
     mapping = {c.name: (c.status, c.triton_code) for c in table.CLASSES}
-    assert mapping == {"client_error": (400, "INVALID_ARG"),
-                       "rate_limit": (429, "UNAVAILABLE"),
-                       "overloaded": (503, "UNAVAILABLE"),
-                       "unavailable": (503, "UNAVAILABLE"),
-                       "internal": (500, "INTERNAL")}
+    assert mapping == {
+        "client_error": (400, "INVALID_ARG"),
+        "rate_limit": (429, "UNAVAILABLE"),
+        "overloaded": (503, "UNAVAILABLE"),
+        "unavailable": (503, "UNAVAILABLE"),
+        "internal": (500, "INTERNAL"),
+    }
     # Every code names one python_backend r24.10 carries (it has no RESOURCE_EXHAUSTED).
     assert all(hasattr(pb.TritonError, c.triton_code) for c in table.CLASSES)
     assert len({c.marker for c in table.MARKED}) == len(table.MARKED)
@@ -32,18 +35,20 @@ def test_each_class_maps_once_to_openai_and_triton():
 def test_a_marked_message_parses_back_to_its_class_and_param(error_class):
     param = "messages[0].content" if error_class is table.CLIENT else None
     parsed = table.parse(error_class.mark("the words", param))
-    assert (parsed.error_class, parsed.param, parsed.reason) == (error_class, param,
-                                                                 "the words")
+    assert (parsed.error_class, parsed.param, parsed.reason) == (error_class, param, "the words")
     once = error_class.mark("x", param)
-    assert error_class.mark(once, param) == once       # marking twice changes nothing
+    assert error_class.mark(once, param) == once  # marking twice changes nothing
 
 
-@pytest.mark.parametrize("message", [
-    "smollm2 failed mid-stream: invalid request: x",
-    "every backend failed before its first token: a: overloaded: b",
-    "Stub process 'smollm2_0_0' is not healthy.",
-    "",
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        "smollm2 failed mid-stream: invalid request: x",
+        "every backend failed before its first token: a: overloaded: b",
+        "Stub process 'smollm2_0_0' is not healthy.",
+        "",
+    ],
+)
 def test_only_a_messages_start_names_its_class(message):
     assert table.classify(message) is table.INTERNAL
 
@@ -58,8 +63,10 @@ def test_triton_error_sets_the_code_of_the_marked_class():
     error = table.triton_error(pb, "rate limit: tenant 'a' is over 3 requests per minute")
     assert error.code() == pb.TritonError.UNAVAILABLE
     error = table.triton_error(pb, "boom", table.CLIENT, "route")
-    assert (error.message(), error.code()) == ("invalid request: [route] boom",
-                                               pb.TritonError.INVALID_ARG)
+    assert (error.message(), error.code()) == (
+        "invalid request: [route] boom",
+        pb.TritonError.INVALID_ARG,
+    )
     assert table.triton_error(pb, "boom").code() == pb.TritonError.INTERNAL
 
 
@@ -102,8 +109,7 @@ def test_malformed_messages_are_a_client_error_naming_messages(router):
 def test_all_backends_full_is_overloaded_and_unavailable(router):
     backend = FakeBackend("solo", chunks=["x"] * 5, delay_s=0.05)
     model = router(backends=[backend], max_inflight_per_backend=1)
-    busy, shed = ClientRequest(hints={"route": "alone"}), ClientRequest(
-        hints={"route": "alone"})
+    busy, shed = ClientRequest(hints={"route": "alone"}), ClientRequest(hints={"route": "alone"})
     run_with_one_more(model, busy, shed)
     error = only_error(shed)
     assert table.classify(error.message()) is table.OVERLOADED
@@ -113,10 +119,11 @@ def test_all_backends_full_is_overloaded_and_unavailable(router):
 def test_an_open_breaker_is_unavailable_and_a_failed_engine_internal(router):
     # Before: "no backend available ..." carried no class (the frontend answered 500).
     primary = FakeBackend("primary", first_error="CUDA error")
-    model = router(backends=[primary], breaker={"consecutive_failures": 1,
-                                                "cooldown_s": 600})
-    failed, refused = ClientRequest(hints={"route": "primary"}), ClientRequest(
-        hints={"route": "primary"})
+    model = router(backends=[primary], breaker={"consecutive_failures": 1, "cooldown_s": 600})
+    failed, refused = (
+        ClientRequest(hints={"route": "primary"}),
+        ClientRequest(hints={"route": "primary"}),
+    )
     run(model, failed)
     run(model, refused)
     error = only_error(failed)

@@ -6,6 +6,7 @@ also checks "final flag exactly once, nothing after it". Backends are scripted: 
 with a delay, an error before the first token, an error mid-stream, a stub that dies
 (its BLS iterator never ends and control requests fail), INVALID_ARG rejections.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,14 +37,20 @@ FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 # -- test doubles: the backends behind the router -----------------------------------------
 
+
 def string_tensor(name, value):
     return pb.Tensor(name, np.array([value.encode()], dtype=np.object_))
 
 
 def chunk(text, backend, error="", finish_reason=""):
-    return pb.InferenceResponse(output_tensors=[
-        string_tensor("text_output", text), string_tensor("finish_reason", finish_reason),
-        string_tensor("served_by", backend), string_tensor("error", error)])
+    return pb.InferenceResponse(
+        output_tensors=[
+            string_tensor("text_output", text),
+            string_tensor("finish_reason", finish_reason),
+            string_tensor("served_by", backend),
+            string_tensor("error", error),
+        ]
+    )
 
 
 class FakeBackend:
@@ -57,15 +64,24 @@ class FakeBackend:
     models do, the last chunk carries the final flag, and stream=false gets one response.
     seen_inputs: every request's inputs, in order (aborts and probes too)."""
 
-    def __init__(self, name, chunks=("a", "b", "c"), delay_s=0.0, first_error=None,
-                 first_error_code=pb.TritonError.INTERNAL, fail_after=None, die_after=None,
-                 fail_message="engine exploded", control_delay_s=0.0):
+    def __init__(
+        self,
+        name,
+        chunks=("a", "b", "c"),
+        delay_s=0.0,
+        first_error=None,
+        first_error_code=pb.TritonError.INTERNAL,
+        fail_after=None,
+        die_after=None,
+        fail_message="engine exploded",
+        control_delay_s=0.0,
+    ):
         self.name, self.chunks, self.delay_s = name, list(chunks), delay_s
         self.first_error, self.first_error_code = first_error, first_error_code
         self.fail_after, self.die_after = fail_after, die_after
         self.fail_message, self.control_delay_s = fail_message, control_delay_s
         self.request_ids, self.seen_inputs = [], []
-        self.parameters = []                      # each request's parameters (BLS calls)
+        self.parameters = []  # each request's parameters (BLS calls)
         self.dead, self.buried = threading.Event(), threading.Event()
         self.calls, self.aborted, self.controls = 0, [], 0
         self._aborts: dict[str, threading.Event] = {}
@@ -89,7 +105,7 @@ class FakeBackend:
     def _control(self, request_id):
         with self.lock:
             self.controls += 1
-        time.sleep(self.control_delay_s)          # off the loop: BLS runs it in a thread
+        time.sleep(self.control_delay_s)  # off the loop: BLS runs it in a thread
         with self.lock:
             if request_id in self._aborts:
                 self.aborted.append(request_id)
@@ -99,14 +115,16 @@ class FakeBackend:
     def _stream(self, stop):
         """(response, whether it is the final one), like Triton's final flag."""
         if self.first_error is not None:
-            yield pb.InferenceResponse(error=pb.TritonError(self.first_error,
-                                                            self.first_error_code)), True
+            yield (
+                pb.InferenceResponse(error=pb.TritonError(self.first_error, self.first_error_code)),
+                True,
+            )
             return
         for i, text in enumerate(self.chunks):
             if self.die_after is not None and i == self.die_after:
                 self.dead.set()
-                self.buried.wait()                # a dead stub: the iterator never ends
-                return                            # (until the test is over)
+                self.buried.wait()  # a dead stub: the iterator never ends
+                return  # (until the test is over)
             if stop.wait(self.delay_s):
                 break
             error = self.fail_message if self.fail_after == i else ""
@@ -114,7 +132,7 @@ class FakeBackend:
             yield chunk(text, self.name, error), last and not error
             if error or last:
                 break
-        yield pb.InferenceResponse(), True        # flags-only final: no tensors
+        yield pb.InferenceResponse(), True  # flags-only final: no tensors
 
     def _single(self, stop):
         if stop.wait(self.delay_s * len(self.chunks)):
@@ -129,7 +147,7 @@ class BlsIterator:
     iter() rewinds it, so a `for` loop started then yields every response again."""
 
     def __init__(self, responses):
-        self._responses = responses              # (response, final) pairs
+        self._responses = responses  # (response, final) pairs
         self._seen, self._index, self._finished = [], 0, False
 
     def __iter__(self):
@@ -159,8 +177,9 @@ class BlsRequest:
     backends: dict[str, FakeBackend] = {}
 
     def __init__(self, model_name, inputs, requested_output_names, parameters=None):
-        assert parameters is None or all(isinstance(v, (bool, int, str))
-                                         for v in parameters.values()), parameters
+        assert parameters is None or all(
+            isinstance(v, (bool, int, str)) for v in parameters.values()
+        ), parameters
         self.parameters = parameters
         self.model_name = model_name
         self.inputs = {t.name(): first(t.as_numpy()) for t in inputs}
@@ -171,13 +190,13 @@ class BlsRequest:
         assert decoupled
         backend = self.backends.get(self.model_name)
         if backend is None:
-            raise pb.TritonModelException(f"Failed for execute the inference request. "
-                                          f"Model '{self.model_name}' is not ready.")
+            raise pb.TritonModelException(
+                f"Failed for execute the inference request. Model '{self.model_name}' is not ready."
+            )
         backend.parameters.append(self.parameters)
         responses = backend.open(self.inputs)
-        first_response = next(responses, None)   # a dead backend's never returns
-        return BlsIterator(itertools.chain([first_response] if first_response else [],
-                                           responses))
+        first_response = next(responses, None)  # a dead backend's never returns
+        return BlsIterator(itertools.chain([first_response] if first_response else [], responses))
 
     async def async_exec(self, decoupled=False):
         """Like Triton's: resolves once the first response is in (or raises); the
@@ -185,22 +204,23 @@ class BlsRequest:
         assert decoupled
         backend = self.backends.get(self.model_name)
         if backend is None:
-            raise pb.TritonModelException(f"Failed for execute the inference request. "
-                                          f"Model '{self.model_name}' is not ready.")
+            raise pb.TritonModelException(
+                f"Failed for execute the inference request. Model '{self.model_name}' is not ready."
+            )
         responses = backend.open(self.inputs)
         loop = asyncio.get_running_loop()
         arrived = loop.create_future()
 
-        def fetch():   # a daemon thread: a dead backend's never returns
+        def fetch():  # a daemon thread: a dead backend's never returns
             first_response = next(responses, None)
-            with contextlib.suppress(RuntimeError):   # the test's loop may be gone
+            with contextlib.suppress(RuntimeError):  # the test's loop may be gone
                 loop.call_soon_threadsafe(
-                    lambda: arrived.done() or arrived.set_result(first_response))
+                    lambda: arrived.done() or arrived.set_result(first_response)
+                )
 
         threading.Thread(target=fetch, daemon=True).start()
         first_response = await arrived
-        return BlsIterator(itertools.chain([first_response] if first_response else [],
-                                           responses))
+        return BlsIterator(itertools.chain([first_response] if first_response else [], responses))
 
 
 class ClientInputs(dict):
@@ -213,8 +233,7 @@ class ClientInputs(dict):
 class ClientRequest:
     """A request Triton hands the router's execute()."""
 
-    def __init__(self, prompt="Hello", hints=None, parameters=None, messages=None,
-                 stream=True):
+    def __init__(self, prompt="Hello", hints=None, parameters=None, messages=None, stream=True):
         inputs = ClientInputs()
         if prompt is not None:
             inputs["text_input"] = string_tensor("text_input", prompt)
@@ -259,13 +278,20 @@ def get_output_tensor_by_name(response, name):
 # -- loading the router with the doubles --------------------------------------------------
 
 SPEC = {
-    "models": [{"name": "primary", "engine": "vllm", "model": "/m/primary"},
-               {"name": "backup", "engine": "vllm", "model": "/m/backup"},
-               {"name": "solo", "engine": "vllm", "model": "/m/solo"}],
-    "router": {"default": ["primary"], "fallback": {"primary": ["backup"]},
-               "rules": [{"name": "alone", "match": {"hint": "alone"}, "backends": ["solo"]}],
-               "breaker": {"consecutive_failures": 2, "min_requests": 100, "cooldown_s": 60},
-               "first_token_timeout_s": 5, "deadline_s": 10, "max_inflight_per_backend": 4},
+    "models": [
+        {"name": "primary", "engine": "vllm", "model": "/m/primary"},
+        {"name": "backup", "engine": "vllm", "model": "/m/backup"},
+        {"name": "solo", "engine": "vllm", "model": "/m/solo"},
+    ],
+    "router": {
+        "default": ["primary"],
+        "fallback": {"primary": ["backup"]},
+        "rules": [{"name": "alone", "match": {"hint": "alone"}, "backends": ["solo"]}],
+        "breaker": {"consecutive_failures": 2, "min_requests": 100, "cooldown_s": 60},
+        "first_token_timeout_s": 5,
+        "deadline_s": 10,
+        "max_inflight_per_backend": 4,
+    },
 }
 
 
@@ -276,18 +302,34 @@ def router_modules():
     stub.__dict__.update({k: v for k, v in vars(pb).items() if not k.startswith("__")})
     stub.InferenceRequest = BlsRequest
     stub.get_output_tensor_by_name = get_output_tensor_by_name
-    bound = ("adapters", "breaker", "control", "inbound", "policy", "relay", "router_metrics",
-             "tenants", "replicas", "replica_policy", "prefix_index", "targets",
-             "tenant_store",
-             "trident_common.metrics", "trident_common.request", "trident_common.interface",
-             "trident_common.log",
-             "trident_common", "triton_python_backend_utils")
+    bound = (
+        "adapters",
+        "breaker",
+        "control",
+        "inbound",
+        "policy",
+        "relay",
+        "router_metrics",
+        "tenants",
+        "replicas",
+        "replica_policy",
+        "prefix_index",
+        "targets",
+        "tenant_store",
+        "trident_common.metrics",
+        "trident_common.request",
+        "trident_common.interface",
+        "trident_common.log",
+        "trident_common",
+        "triton_python_backend_utils",
+    )
     saved = {name: sys.modules.pop(name, None) for name in bound}
     sys.modules["triton_python_backend_utils"] = stub
     sys.path[:0] = [str(ROOT / "bls"), str(ROOT / "python_backends")]
     try:
-        spec = importlib.util.spec_from_file_location("trident_router_model",
-                                                      ROOT / "bls" / "model.py")
+        spec = importlib.util.spec_from_file_location(
+            "trident_router_model", ROOT / "bls" / "model.py"
+        )
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         yield module
@@ -313,8 +355,16 @@ def router(tmp_path):
                 backend.buried.set()
 
 
-def make_router(module, tmp_path, models, backends=(), replicas=None, policies=None,
-                tenants=None, **router_overrides):
+def make_router(
+    module,
+    tmp_path,
+    models,
+    backends=(),
+    replicas=None,
+    policies=None,
+    tenants=None,
+    **router_overrides,
+):
     """`replicas`: backend → its replicas' model names, and `policies`: backend → its
     replica policy, written into router.json as the renderer writes them; `tenants`: the
     spec's tenants section."""
@@ -340,6 +390,7 @@ def make_router(module, tmp_path, models, backends=(), replicas=None, policies=N
 def run(model, *requests, during=None):
     """execute() each request concurrently on one loop (as the stub does); `during`
     (a coroutine function) runs alongside, e.g. to cancel a request."""
+
     async def main():
         tasks = [model.execute([r]) for r in requests]
         if during is not None:
@@ -347,15 +398,18 @@ def run(model, *requests, during=None):
         await asyncio.gather(*tasks)
         # let the relay threads finish their sends, and control requests (aborts) land
         await asyncio.get_running_loop().run_in_executor(
-            None, lambda: [r.sender.wait_closed(5) for r in requests])
+            None, lambda: [r.sender.wait_closed(5) for r in requests]
+        )
         while model.controls.background:
             await asyncio.gather(*model.controls.background)
+
     asyncio.run(main())
-    model.metrics.writes.flush()      # the router writes its metrics from a thread
+    model.metrics.writes.flush()  # the router writes its metrics from a thread
 
 
 def run_with_one_more(model, busy, other):
     """run(busy); once it has streamed a text, execute `other` alongside it."""
+
     async def after_first_text():
         while not busy.texts():
             await asyncio.sleep(0.002)
@@ -370,6 +424,7 @@ def gauge(model, backend):
 
 # -- the happy path -----------------------------------------------------------------------
 
+
 def test_relays_every_chunk_in_order_then_one_final(router):
     model = router(backends=[FakeBackend("primary", chunks=list("abcdef"))])
     request = ClientRequest()
@@ -377,9 +432,13 @@ def test_relays_every_chunk_in_order_then_one_final(router):
     assert request.texts() == list("abcdef")
     assert request.served_by() == {"primary"}
     assert request.sender.final_flags() == 1
-    assert request.sender.sent[-1] == (None, FINAL)      # flags-only final
-    assert pb.metric("trident_router_requests_total", router="router", route="default",
-                     served_by="primary").value() >= 1
+    assert request.sender.sent[-1] == (None, FINAL)  # flags-only final
+    assert (
+        pb.metric(
+            "trident_router_requests_total", router="router", route="default", served_by="primary"
+        ).value()
+        >= 1
+    )
 
 
 def test_router_only_inputs_are_not_forwarded(router):
@@ -389,7 +448,7 @@ def test_router_only_inputs_are_not_forwarded(router):
     hints = {name: "x" for name in interface.HINT_NAMES}
     run(model, ClientRequest(hints={**hints, "route": "primary", "request_id": "mine"}))
     assert not set(seen[0]) & set(interface.HINT_NAMES)
-    assert seen[0]["request_id"].startswith("router-")   # the router's id, not the client's
+    assert seen[0]["request_id"].startswith("router-")  # the router's id, not the client's
 
 
 def test_the_router_reads_its_names_from_the_interface(router):
@@ -399,7 +458,8 @@ def test_the_router_reads_its_names_from_the_interface(router):
     assert adapters.ROUTER_ONLY_INPUTS == interface.ROUTER_ONLY_INPUTS
     assert model.adapters["primary"].outputs == list(interface.OUTPUT_NAMES)
     assert {key: name for key, (name, _) in adapters.TRTLLM_SAMPLING.items()} == {
-        key: t.ensemble for key, t in interface.TRTLLM_SAMPLING.items()}
+        key: t.ensemble for key, t in interface.TRTLLM_SAMPLING.items()
+    }
 
 
 def test_sixteen_streams_are_relayed_in_parallel(router):
@@ -409,7 +469,7 @@ def test_sixteen_streams_are_relayed_in_parallel(router):
     started = time.monotonic()
     run(model, *requests)
     elapsed = time.monotonic() - started
-    serial = 16 * 5 * 0.05          # 4 s one after another; 0.25 s in parallel
+    serial = 16 * 5 * 0.05  # 4 s one after another; 0.25 s in parallel
     assert elapsed < serial / 3, f"{elapsed:.2f} s: streams were serialised"
     for request in requests:
         assert request.texts() == list("abcde") and request.sender.final_flags() == 1
@@ -417,14 +477,16 @@ def test_sixteen_streams_are_relayed_in_parallel(router):
 
 # -- fallback before the first token ------------------------------------------------------
 
+
 def test_error_before_first_token_falls_back(router):
     primary = FakeBackend("primary", first_error="engine not ready")
     model = router(backends=[primary, FakeBackend("backup")])
     request = ClientRequest()
     run(model, request)
     assert request.served_by() == {"backup"} and not request.errors()
-    assert pb.metric("trident_router_fallbacks_total", router="router",
-                     backend="primary").value() == 1
+    assert (
+        pb.metric("trident_router_fallbacks_total", router="router", backend="primary").value() == 1
+    )
 
 
 def test_unhealthy_or_missing_backend_falls_back(router):
@@ -434,7 +496,7 @@ def test_unhealthy_or_missing_backend_falls_back(router):
     request = ClientRequest()
     run(model, request)
     assert request.served_by() == {"backup"}
-    model = router(backends=[FakeBackend("backup")])          # primary not loaded
+    model = router(backends=[FakeBackend("backup")])  # primary not loaded
     request = ClientRequest()
     run(model, request)
     assert request.served_by() == {"backup"}
@@ -447,13 +509,17 @@ def test_consecutive_failures_open_the_breaker_and_traffic_skips_the_backend(rou
     for request in requests:
         run(model, request)
     assert all(r.served_by() == {"backup"} for r in requests)
-    assert primary.calls == 2                    # opened after 2: later ones skip it
+    assert primary.calls == 2  # opened after 2: later ones skip it
     assert gauge(model, "primary") == 2
 
 
 def test_all_candidates_failing_names_each_failure(router):
-    model = router(backends=[FakeBackend("primary", first_error="p broke"),
-                             FakeBackend("backup", first_error="b broke")])
+    model = router(
+        backends=[
+            FakeBackend("primary", first_error="p broke"),
+            FakeBackend("backup", first_error="b broke"),
+        ]
+    )
     request = ClientRequest()
     run(model, request)
     (error,) = request.errors()
@@ -464,8 +530,9 @@ def test_all_candidates_failing_names_each_failure(router):
 def test_client_fault_goes_to_the_client_without_fallback(router):
     # as trident's backends report a client's mistake (trident_common.triton_io)
     message = CLIENT_FAULT_PREFIX + "sampling_parameters is not valid JSON"
-    primary = FakeBackend("primary", first_error=message,
-                          first_error_code=pb.TritonError.INVALID_ARG)
+    primary = FakeBackend(
+        "primary", first_error=message, first_error_code=pb.TritonError.INVALID_ARG
+    )
     backup = FakeBackend("backup")
     model = router(backends=[primary, backup])
     request = ClientRequest()
@@ -494,12 +561,14 @@ def test_backend_dying_before_first_token_falls_back(router):
 
 # -- failures after the first token -------------------------------------------------------
 
+
 def test_mid_stream_error_is_an_error_response_then_the_final_flag(router):
-    model = router(backends=[FakeBackend("primary", chunks=list("abcd"), fail_after=2),
-                             FakeBackend("backup")])
+    model = router(
+        backends=[FakeBackend("primary", chunks=list("abcd"), fail_after=2), FakeBackend("backup")]
+    )
     request = ClientRequest()
     run(model, request)
-    assert request.texts() == ["a", "b"]                  # no fallback: text was sent
+    assert request.texts() == ["a", "b"]  # no fallback: text was sent
     (error,) = request.errors()
     assert "primary failed mid-stream" in error and "engine exploded" in error
     assert request.sender.final_flags() == 1
@@ -527,10 +596,11 @@ def test_deadline_mid_stream_aborts_with_a_clear_error(router):
     assert request.errors() == ["deadline of 0.5 s exceeded"]
     assert request.sender.final_flags() == 1
     assert len(backend.aborted) == 1
-    assert gauge(model, "primary") == 0          # a deadline is not the backend's fault
+    assert gauge(model, "primary") == 0  # a deadline is not the backend's fault
 
 
 # -- cancellation -------------------------------------------------------------------------
+
 
 def cancel_after_first_text(request, backend):
     async def cancel():
@@ -539,6 +609,7 @@ def cancel_after_first_text(request, backend):
         request.sender.cancelled = True
         while not backend.aborted:
             await asyncio.sleep(0.002)
+
     return cancel
 
 
@@ -550,8 +621,7 @@ def test_cancel_mid_stream_aborts_the_backend_request(router):
     assert len(request.texts()) < 200
     assert backend.aborted and backend.aborted[0].startswith("router-")
     assert request.sender.final_flags() == 1
-    assert pb.metric("trident_router_aborts_total", router="router",
-                     backend="primary").value() == 1
+    assert pb.metric("trident_router_aborts_total", router="router", backend="primary").value() == 1
 
 
 def test_cancel_before_first_token_closes_the_stream_and_frees_the_probe(router):
@@ -559,8 +629,8 @@ def test_cancel_before_first_token_closes_the_stream_and_frees_the_probe(router)
     model = router(backends=[backend])
     breaker = model.breakers["primary"]
     breaker.record_failure()
-    breaker.record_failure()                      # open
-    breaker._opened_at -= 60                      # cooldown over: the next one is the probe
+    breaker.record_failure()  # open
+    breaker._opened_at -= 60  # cooldown over: the next one is the probe
     request = ClientRequest()
 
     async def cancel():
@@ -571,16 +641,19 @@ def test_cancel_before_first_token_closes_the_stream_and_frees_the_probe(router)
     run(model, request, during=cancel)
     assert request.sender.final_flags() == 1 and not request.texts()
     assert backend.aborted
-    assert breaker.available()                    # the probe slot is free again
+    assert breaker.available()  # the probe slot is free again
 
 
 # -- limits and bad requests --------------------------------------------------------------
 
+
 def test_max_inflight_per_backend_rejects_with_a_clear_error(router):
     backend = FakeBackend("solo", chunks=["x"] * 10, delay_s=0.1)
     model = router(backends=[backend], max_inflight_per_backend=1)
-    busy, rejected = ClientRequest(hints={"route": "alone"}), ClientRequest(
-        hints={"route": "alone"})
+    busy, rejected = (
+        ClientRequest(hints={"route": "alone"}),
+        ClientRequest(hints={"route": "alone"}),
+    )
     run_with_one_more(model, busy, rejected)
     assert busy.texts() == ["x"] * 10
     (error,) = rejected.errors()
@@ -604,12 +677,15 @@ def test_hints_from_request_parameters(router):
     assert request.served_by() == {"solo"}
 
 
-@pytest.mark.parametrize("messages, expected", [
-    ("not json", "messages is not valid JSON"),
-    ('"hi"', "messages must be a JSON list"),
-    ('{"role": "user"}', "messages[0] must be an object with string 'role' and 'content'"),
-    ("[]", "not empty"),
-])
+@pytest.mark.parametrize(
+    "messages, expected",
+    [
+        ("not json", "messages is not valid JSON"),
+        ('"hi"', "messages must be a JSON list"),
+        ('{"role": "user"}', "messages[0] must be an object with string 'role' and 'content'"),
+        ("[]", "not empty"),
+    ],
+)
 def test_malformed_messages_are_bad_requests(router, messages, expected):
     model = router(backends=[FakeBackend("primary")])
     request = ClientRequest(prompt=None, messages=messages)
@@ -619,8 +695,7 @@ def test_malformed_messages_are_bad_requests(router, messages, expected):
 
 
 def test_fallbacks_and_breaker_transitions_are_logged(router, caplog):
-    model = router(backends=[FakeBackend("primary", first_error="boom"),
-                             FakeBackend("backup")])
+    model = router(backends=[FakeBackend("primary", first_error="boom"), FakeBackend("backup")])
     with caplog.at_level(logging.INFO, logger="trident"):
         for _ in range(2):
             run(model, ClientRequest())
@@ -633,10 +708,14 @@ def test_breaker_state_gauges_start_closed(router):
     model = router(backends=[])
     model.metrics.writes.flush()
     assert {b: gauge(model, b) for b in ("primary", "backup", "solo")} == {
-        "primary": 0, "backup": 0, "solo": 0}
+        "primary": 0,
+        "backup": 0,
+        "solo": 0,
+    }
 
 
 # -- single responses, ids, load -----------------------------------------------------------
+
 
 def test_a_non_streaming_request_gets_exactly_one_response_with_the_final_flag(router):
     # HTTP generate rejects anything else; the 2.51 iterator's rewind once sent it twice.
@@ -677,14 +756,14 @@ def test_a_slow_health_probe_means_busy_not_dead(router):
     for request in requests:
         assert request.texts() == ["late"] and not request.errors()
     assert backup.calls == 0 and gauge(model, "primary") == 0
-    assert primary.controls == 1          # one shared probe, not one per silent stream
+    assert primary.controls == 1  # one shared probe, not one per silent stream
 
 
 def test_a_client_fault_mid_stream_never_counts_against_the_backend(router):
     message = CLIENT_FAULT_PREFIX + "temperature must be >= 0"
     primary = FakeBackend("primary", fail_after=1, fail_message=message)
     model = router(backends=[primary, FakeBackend("backup")])
-    requests = [ClientRequest() for _ in range(3)]   # the breaker opens after 2 failures
+    requests = [ClientRequest() for _ in range(3)]  # the breaker opens after 2 failures
     for request in requests:
         run(model, request)
         assert request.errors() == [message] and request.sender.final_flags() == 1
@@ -694,23 +773,24 @@ def test_a_client_fault_mid_stream_never_counts_against_the_backend(router):
 def test_all_backends_full_is_an_overloaded_error(router):
     backend = FakeBackend("solo", chunks=["x"] * 5, delay_s=0.05)
     model = router(backends=[backend], max_inflight_per_backend=1)
-    busy, shed = ClientRequest(hints={"route": "alone"}), ClientRequest(
-        hints={"route": "alone"})
+    busy, shed = ClientRequest(hints={"route": "alone"}), ClientRequest(hints={"route": "alone"})
     run_with_one_more(model, busy, shed)
     (error,) = shed.errors()
     assert error.startswith("overloaded: ") and "solo" in error
-    assert pb.metric("trident_router_errors_total", router="router",
-                     reason="overloaded").value() >= 1
+    assert (
+        pb.metric("trident_router_errors_total", router="router", reason="overloaded").value() >= 1
+    )
 
 
 def test_a_pinned_backend_is_never_answered_by_its_fallback(router):
     """route: primary (a backend) under overload or failure: primary's answer or an error
     (overloaded / failed), never backup's, though backup is primary's fallback."""
-    primary, backup = FakeBackend("primary", chunks=["x"] * 5, delay_s=0.05), FakeBackend(
-        "backup")
+    primary, backup = FakeBackend("primary", chunks=["x"] * 5, delay_s=0.05), FakeBackend("backup")
     model = router(backends=[primary, backup], max_inflight_per_backend=1)
-    busy, pinned = (ClientRequest(hints={"route": "primary"}),
-                    ClientRequest(hints={"route": "primary"}))
+    busy, pinned = (
+        ClientRequest(hints={"route": "primary"}),
+        ClientRequest(hints={"route": "primary"}),
+    )
     run_with_one_more(model, busy, pinned)
     assert busy.served_by() == {"primary"}
     (error,) = pinned.errors()
@@ -720,7 +800,7 @@ def test_a_pinned_backend_is_never_answered_by_its_fallback(router):
     run(broken, failed)
     assert failed.errors() == ["every backend failed before its first token: primary: boom"]
     assert backup.calls == 0
-    unpinned = ClientRequest()   # the default route still falls back
+    unpinned = ClientRequest()  # the default route still falls back
     run(broken, unpinned)
     assert unpinned.served_by() == {"backup"}
 
@@ -759,7 +839,7 @@ def test_requests_waiting_for_a_first_response_are_bounded(router):
     requests = [ClientRequest() for _ in range(4)]
     started = time.monotonic()
     run(model, *requests)
-    assert time.monotonic() - started >= 0.55      # two waves of two
+    assert time.monotonic() - started >= 0.55  # two waves of two
     assert all(r.texts() == ["x"] for r in requests)
 
 
@@ -768,6 +848,7 @@ def test_finished_bls_iterators_outlive_the_stubs_own_cleanup(router, monkeypatc
     # the GIL: if that is the last one, the responses' numpy arrays are freed unlocked.
     import gc
     import weakref
+
     made = []
 
     class Tracked(BlsIterator):
@@ -780,7 +861,7 @@ def test_finished_bls_iterators_outlive_the_stubs_own_cleanup(router, monkeypatc
     run(model, ClientRequest(), ClientRequest(stream=False))
     gc.collect()
     assert len(made) == 2 and all(ref() is not None for ref in made)
-    sys.modules["relay"].RETIRE_S = 0     # Retired lives in the router's relay module
+    sys.modules["relay"].RETIRE_S = 0  # Retired lives in the router's relay module
     model.retired.next_prune = 0.0
     model.retired.prune()
     gc.collect()
@@ -792,13 +873,15 @@ def test_request_parameters_travel_to_the_backend(router):
     # takes bool/int/str parameter values only, so a float goes as its text.
     backend = FakeBackend("primary")
     model = router(backends=[backend])
-    request = ClientRequest(parameters={"temperature": 0.5, "max_tokens": 5,
-                                        "ignore_eos": True, "tenant": "t1"})
+    request = ClientRequest(
+        parameters={"temperature": 0.5, "max_tokens": 5, "ignore_eos": True, "tenant": "t1"}
+    )
     run(model, request)
     assert request.errors() == []
-    backend.parameters[0].pop(interface.ROUTER_PROOF)   # the router's (trust.py)
-    assert backend.parameters == [{"temperature": "0.5", "max_tokens": 5,
-                                   "ignore_eos": True, "tenant": "t1"}]
+    backend.parameters[0].pop(interface.ROUTER_PROOF)  # the router's (trust.py)
+    assert backend.parameters == [
+        {"temperature": "0.5", "max_tokens": 5, "ignore_eos": True, "tenant": "t1"}
+    ]
     run(model, ClientRequest())
     assert list(backend.parameters[-1]) == [interface.ROUTER_PROOF]
 

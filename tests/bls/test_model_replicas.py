@@ -3,6 +3,7 @@ bls/model.py): its real code against the doubles of tests/bls/test_model.py. Eac
 fails on a router that calls the backend by its own name (no such model here) or that
 orders replicas blindly; tests/server/test_replica_routing.py runs the same choices
 through a real tritonserver."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,20 +28,27 @@ def chat(conversation, turns):
     """A conversation's messages up to its `turns`-th user turn, history resent."""
     messages = [{"role": "system", "content": SYSTEM}]
     for t in range(turns):
-        messages.append({"role": "user", "content": f"Conversation {conversation} asks "
-                                                    f"question {t} about its order. " * 3})
+        messages.append(
+            {
+                "role": "user",
+                "content": f"Conversation {conversation} asks question {t} about its order. " * 3,
+            }
+        )
         if t < turns - 1:
             messages.append({"role": "assistant", "content": f"Answer {t}. " * 20})
     return json.dumps(messages)
 
 
 def replicas(**kwargs):
-    return [FakeBackend("primary__r0", **kwargs), FakeBackend("primary__r1", **kwargs),
-            FakeBackend("backup")]
+    return [
+        FakeBackend("primary__r0", **kwargs),
+        FakeBackend("primary__r1", **kwargs),
+        FakeBackend("backup"),
+    ]
 
 
 @pytest.fixture
-def replicated(router):   # noqa: F811  (test_model's fixture: a router and its doubles)
+def replicated(router):  # noqa: F811  (test_model's fixture: a router and its doubles)
     return router
 
 
@@ -59,9 +67,12 @@ def served(request):
 
 def routed(model, replica, policy, reason):
     """Requests this router counted under these labels."""
-    series = model.metrics.metrics.get(("replica_requests", (
-        ("backend", "primary"), ("replica", replica), ("policy", policy),
-        ("reason", reason))))
+    series = model.metrics.metrics.get(
+        (
+            "replica_requests",
+            (("backend", "primary"), ("replica", replica), ("policy", policy), ("reason", reason)),
+        )
+    )
     return 0 if series is None or series.metric is None else series.metric._metric.value()
 
 
@@ -75,17 +86,16 @@ def test_each_conversation_stays_on_one_replica_across_turns(replicated):
     for turn in range(1, 5):
         if turn == 2:
             before = by_prefix(model)
-        for conversation in range(6):   # interleaved, as concurrent users send them
+        for conversation in range(6):  # interleaved, as concurrent users send them
             request = ClientRequest(prompt=None, messages=chat(conversation, turn))
             run(model, request)
             homes.setdefault(conversation, set()).add(served(request))
     assert all(len(seen) == 1 for seen in homes.values()), homes
-    assert by_prefix(model) - before == 6 * 3   # turns 2-4 each matched their own history
+    assert by_prefix(model) - before == 6 * 3  # turns 2-4 each matched their own history
 
 
 def test_a_conversation_id_pins_its_replica_under_round_robin(replicated):
-    model = replicated(backends=replicas(), replicas=REPLICAS,
-                   policies={"primary": "round_robin"})
+    model = replicated(backends=replicas(), replicas=REPLICAS, policies={"primary": "round_robin"})
     seen = Counter()
     before = {r: routed(model, r, "round_robin", "affinity") for r in REPLICAS["primary"]}
     for _ in range(4):
@@ -98,11 +108,10 @@ def test_a_conversation_id_pins_its_replica_under_round_robin(replicated):
 
 
 def test_round_robin_alternates(replicated):
-    model = replicated(backends=replicas(), replicas=REPLICAS,
-                   policies={"primary": "round_robin"})
+    model = replicated(backends=replicas(), replicas=REPLICAS, policies={"primary": "round_robin"})
     order = []
     for _ in range(6):
-        request = ClientRequest(prompt=SYSTEM)   # the same prompt: no prefix steering
+        request = ClientRequest(prompt=SYSTEM)  # the same prompt: no prefix steering
         run(model, request)
         order.append(served(request))
     assert order[0::2] == [order[0]] * 3 and order[1::2] == [order[1]] * 3
@@ -112,17 +121,21 @@ def test_round_robin_alternates(replicated):
 def test_a_hot_prefix_spills_past_the_balance_bound(replicated):
     """Streams of one prompt held open: the replica holding its prefix takes them until
     its load passes the least loaded one's by more than 4 (and 1.5x), then one spills."""
-    model = replicated(backends=replicas(chunks=["x"] * 40, delay_s=0.03), replicas=REPLICAS,
-                   max_inflight_per_backend=16)
+    model = replicated(
+        backends=replicas(chunks=["x"] * 40, delay_s=0.03),
+        replicas=REPLICAS,
+        max_inflight_per_backend=16,
+    )
     streams = [ClientRequest(prompt=SYSTEM) for _ in range(7)]
     spills = sum(routed(model, r, "prefix_aware", "spill") for r in REPLICAS["primary"])
 
-    async def one_by_one():   # each starts once the one before has its first token
+    async def one_by_one():  # each starts once the one before has its first token
         tasks = []
         for request in streams:
             tasks.append(asyncio.ensure_future(model.execute([request])))
             await until(lambda request=request: request.texts() or request.errors())
         await asyncio.gather(*tasks)
+
     asyncio.run(one_by_one())
     for request in streams:
         request.sender.wait_closed(5)
@@ -139,34 +152,45 @@ def test_a_dead_replicas_conversations_move_and_succeed(replicated):
     dead = FakeBackend("primary__r0", first_error="Stub process is not healthy")
     live, backup = FakeBackend("primary__r1"), FakeBackend("backup")
     model = replicated(backends=[dead, live, backup], replicas=REPLICAS)
-    requests = [ClientRequest(prompt=None, messages=chat(n, 2),
-                              hints={"conversation_id": f"c{n}"}) for n in range(8)]
+    requests = [
+        ClientRequest(prompt=None, messages=chat(n, 2), hints={"conversation_id": f"c{n}"})
+        for n in range(8)
+    ]
     for request in requests:
         run(model, request)
     assert all(served(r) == "primary__r1" and not r.errors() for r in requests)
-    assert backup.calls == 0   # a sibling replica comes before the fallback chain
+    assert backup.calls == 0  # a sibling replica comes before the fallback chain
     # two failures open r0's breaker (consecutive_failures: 2): never called again, and
     # forgotten by the index
     assert dead.calls == 2 and model.breakers["primary__r0"].state == "open"
     index = model.replicas.choosers["primary"].index
     assert "primary__r0" not in index.sizes() and index.sizes()["primary__r1"] > 0
-    assert pb.metric("trident_router_breaker_state", router="router",
-                     backend="primary__r0").value() == 2
+    assert (
+        pb.metric("trident_router_breaker_state", router="router", backend="primary__r0").value()
+        == 2
+    )
 
 
 def test_every_replica_failing_falls_back_to_the_backends_chain(replicated):
-    failing = [FakeBackend("primary__r0", first_error="boom"),
-               FakeBackend("primary__r1", first_error="boom")]
+    failing = [
+        FakeBackend("primary__r0", first_error="boom"),
+        FakeBackend("primary__r1", first_error="boom"),
+    ]
     model = replicated(backends=[*failing, FakeBackend("backup")], replicas=REPLICAS)
     request = ClientRequest()
     run(model, request)
     assert served(request) == "backup" and not request.errors()
-    assert [b.calls for b in failing] == [1, 1]   # each replica first, then the chain
+    assert [b.calls for b in failing] == [1, 1]  # each replica first, then the chain
 
 
 def test_full_replicas_are_overloaded_per_replica(replicated):
-    model = replicated(backends=replicas(chunks=["x"] * 5, delay_s=0.05), replicas=REPLICAS,
-                   max_inflight_per_backend=1, rules=[], fallback={})
+    model = replicated(
+        backends=replicas(chunks=["x"] * 5, delay_s=0.05),
+        replicas=REPLICAS,
+        max_inflight_per_backend=1,
+        rules=[],
+        fallback={},
+    )
     streams = [ClientRequest() for _ in range(3)]
 
     async def together():
@@ -174,6 +198,7 @@ def test_full_replicas_are_overloaded_per_replica(replicated):
         await until(lambda: all(r.texts() or r.errors() for r in streams[:2]))
         await model.execute([streams[2]])
         await asyncio.gather(*tasks)
+
     asyncio.run(together())
     assert {served(r) for r in streams[:2]} == set(REPLICAS["primary"])
     (error,) = streams[2].errors()
@@ -181,9 +206,11 @@ def test_full_replicas_are_overloaded_per_replica(replicated):
 
 
 def test_salted_tenants_never_match_each_others_prefixes(replicated):
-    tenants = {"default": {"requests_per_minute": 1000},
-               "limits": {"alice": {}, "bob": {}, "carol": {}, "dave": {}},
-               "share_prefix_cache": ["carol", "dave"]}
+    tenants = {
+        "default": {"requests_per_minute": 1000},
+        "limits": {"alice": {}, "bob": {}, "carol": {}, "dave": {}},
+        "share_prefix_cache": ["carol", "dave"],
+    }
     model = replicated(backends=replicas(), replicas=REPLICAS, tenants=tenants)
     index = model.replicas.choosers["primary"].index
 
@@ -195,10 +222,10 @@ def test_salted_tenants_never_match_each_others_prefixes(replicated):
     matched = by_prefix(model)
     send("alice")
     before = dict(index.sizes())
-    send("bob")    # the same prompt, another salt: new blocks, no prefix reason
+    send("bob")  # the same prompt, another salt: new blocks, no prefix reason
     assert sum(index.sizes().values()) == 2 * sum(before.values())
     assert by_prefix(model) == matched
-    home = send("carol")   # carol and dave share the unsalted cache: dave follows carol
+    home = send("carol")  # carol and dave share the unsalted cache: dave follows carol
     assert send("dave") == home
     assert by_prefix(model) == matched + 1
 
@@ -207,13 +234,19 @@ def test_the_decision_is_measured(replicated):
     model = replicated(backends=replicas(), replicas=REPLICAS)
     for n in range(3):
         run(model, ClientRequest(prompt=SYSTEM + str(n)))
-    decisions = pb.metric("trident_router_replica_decision_seconds", router="router",
-                          backend="primary").observations
-    matched = pb.metric("trident_router_replica_matched_blocks", router="router",
-                        backend="primary").observations
+    decisions = pb.metric(
+        "trident_router_replica_decision_seconds", router="router", backend="primary"
+    ).observations
+    matched = pb.metric(
+        "trident_router_replica_matched_blocks", router="router", backend="primary"
+    ).observations
     assert len(decisions) == 3 and all(0 < s < 0.1 for s in decisions)
     blocks = len(SYSTEM) // 128
     assert matched[0] == 0 and blocks in matched[1:]
-    sizes = [pb.metric("trident_router_replica_index_blocks", router="router",
-                       backend="primary", replica=r) for r in REPLICAS["primary"]]
+    sizes = [
+        pb.metric(
+            "trident_router_replica_index_blocks", router="router", backend="primary", replica=r
+        )
+        for r in REPLICAS["primary"]
+    ]
     assert max(m.value() for m in sizes if m is not None) >= blocks

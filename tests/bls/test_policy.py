@@ -1,4 +1,5 @@
 """The routing policy, without Triton: features, rules, hints, fallback, health, affinity."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,17 +27,21 @@ def backend(family="llama", speculative=False, engine="vllm"):
 
 
 def make_policy(rules=(), default=("a",), fallback=None, backends=None, short=256):
-    return Policy({
-        "backends": backends or {name: backend() for name in "abcd"},
-        "default": list(default),
-        "rules": [{"name": name, "match": match, "backends": list(bs)}
-                  for name, match, bs in rules],
-        "fallback": fallback or {},
-        "short_prompt_tokens": short,
-    })
+    return Policy(
+        {
+            "backends": backends or {name: backend() for name in "abcd"},
+            "default": list(default),
+            "rules": [
+                {"name": name, "match": match, "backends": list(bs)} for name, match, bs in rules
+            ],
+            "fallback": fallback or {},
+            "short_prompt_tokens": short,
+        }
+    )
 
 
 # -- features_from ------------------------------------------------------------------------
+
 
 def test_plain_text_features():
     f = features_from("x" * 9, None, {})
@@ -44,39 +49,62 @@ def test_plain_text_features():
 
 
 def test_chat_features_count_user_turns_and_all_content():
-    messages = [{"role": "system", "content": "s" * 4},
-                {"role": "user", "content": "u" * 8},
-                {"role": "assistant", "content": "a" * 4},
-                {"role": "user", "content": "v" * 4}]
+    messages = [
+        {"role": "system", "content": "s" * 4},
+        {"role": "user", "content": "u" * 8},
+        {"role": "assistant", "content": "a" * 4},
+        {"role": "user", "content": "v" * 4},
+    ]
     f = features_from(None, messages, {})
     assert f.turns == 2
     assert f.prompt_tokens == estimate_tokens(20)
-    assert f.shared_prefix   # a system prompt is a prefix shared across requests
+    assert f.shared_prefix  # a system prompt is a prefix shared across requests
 
 
-@pytest.mark.parametrize("messages, hints, expected", [
-    ([{"role": "user", "content": "hi"}], {}, False),
-    ([{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}], {}, True),
-    ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], {}, True),
-    ([{"role": "user", "content": "hi"}], {"conversation_id": "c1"}, True),
-    ([{"role": "system", "content": "s"}], {"shared_prefix": "false"}, False),
-    ([{"role": "user", "content": "hi"}], {"shared_prefix": "yes"}, True),
-    ([{"role": "user", "content": "hi"}], {"shared_prefix": True}, True),
-    ([{"role": "user", "content": "hi"}], {"shared_prefix": "0"}, False),
-])
+@pytest.mark.parametrize(
+    "messages, hints, expected",
+    [
+        ([{"role": "user", "content": "hi"}], {}, False),
+        ([{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}], {}, True),
+        ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], {}, True),
+        ([{"role": "user", "content": "hi"}], {"conversation_id": "c1"}, True),
+        ([{"role": "system", "content": "s"}], {"shared_prefix": "false"}, False),
+        ([{"role": "user", "content": "hi"}], {"shared_prefix": "yes"}, True),
+        ([{"role": "user", "content": "hi"}], {"shared_prefix": True}, True),
+        ([{"role": "user", "content": "hi"}], {"shared_prefix": "0"}, False),
+    ],
+)
 def test_shared_prefix_inferred_unless_given(messages, hints, expected):
     assert features_from(None, messages, hints).shared_prefix is expected
 
 
 def test_hints_are_copied_and_empty_strings_mean_absent():
-    hints = {"route": "r", "family": "f", "task": "t", "tenant": "acme", "tier": "gold",
-             "conversation_id": "c"}
+    hints = {
+        "route": "r",
+        "family": "f",
+        "task": "t",
+        "tenant": "acme",
+        "tier": "gold",
+        "conversation_id": "c",
+    }
     f = features_from("p", None, hints)
     assert (f.hint, f.family, f.task, f.tenant, f.tier, f.conversation_id) == (
-        "r", "f", "t", "acme", "gold", "c")
+        "r",
+        "f",
+        "t",
+        "acme",
+        "gold",
+        "c",
+    )
     empty = features_from("p", None, {k: "" for k in hints})
-    assert (empty.hint, empty.family, empty.task, empty.tenant, empty.tier,
-            empty.conversation_id) == (None,) * 6
+    assert (
+        empty.hint,
+        empty.family,
+        empty.task,
+        empty.tenant,
+        empty.tier,
+        empty.conversation_id,
+    ) == (None,) * 6
 
 
 @given(st.integers(min_value=0, max_value=10**6))
@@ -88,13 +116,25 @@ def test_token_estimate_rounds_up(length):
 # -- rules and hints ----------------------------------------------------------------------
 
 # Each match field with a value that matches FEATURES and one that does not.
-FEATURES = RequestFeatures(hint=None, family="llama", task="chat", turns=3, prompt_tokens=100,
-                           tenant="acme", tier="gold", shared_prefix=True)
+FEATURES = RequestFeatures(
+    hint=None,
+    family="llama",
+    task="chat",
+    turns=3,
+    prompt_tokens=100,
+    tenant="acme",
+    tier="gold",
+    shared_prefix=True,
+)
 MATCH_CASES = [
-    ("family", "llama", "qwen"), ("task", "chat", "rag"),
-    ("min_turns", 3, 4), ("max_turns", 3, 2),
-    ("min_prompt_tokens", 100, 101), ("max_prompt_tokens", 100, 99),
-    ("tenant", "acme", "other"), ("tier", "gold", "free"),
+    ("family", "llama", "qwen"),
+    ("task", "chat", "rag"),
+    ("min_turns", 3, 4),
+    ("max_turns", 3, 2),
+    ("min_prompt_tokens", 100, 101),
+    ("max_prompt_tokens", 100, 99),
+    ("tenant", "acme", "other"),
+    ("tier", "gold", "free"),
     ("shared_prefix", True, False),
 ]
 
@@ -117,11 +157,13 @@ def test_empty_match_matches_everything():
 
 
 def test_first_matching_rule_wins():
-    policy = make_policy(rules=[("first", {"tier": "gold"}, ["b"]),
-                                ("second", {"tenant": "acme"}, ["c"])])
+    policy = make_policy(
+        rules=[("first", {"tier": "gold"}, ["b"]), ("second", {"tenant": "acme"}, ["c"])]
+    )
     assert policy.primary(FEATURES) == ("first", ["b"])
-    policy = make_policy(rules=[("second", {"tenant": "acme"}, ["c"]),
-                                ("first", {"tier": "gold"}, ["b"])])
+    policy = make_policy(
+        rules=[("second", {"tenant": "acme"}, ["c"]), ("first", {"tier": "gold"}, ["b"])]
+    )
     assert policy.primary(FEATURES) == ("second", ["c"])
 
 
@@ -162,6 +204,7 @@ def test_default_route_when_nothing_matches():
 
 
 # -- fallback chains and health -----------------------------------------------------------
+
 
 def test_fallback_chain_follows_each_primary():
     policy = make_policy(default=["a", "c"], fallback={"a": ["b"], "c": ["d"]})
@@ -204,10 +247,13 @@ def test_a_rule_named_like_a_backend_is_a_rule():
 
 
 @settings(max_examples=200)
-@given(fallback=st.dictionaries(st.sampled_from("abcd"),
-                                st.lists(st.sampled_from("abcd"), min_size=1, max_size=4)),
-       default=st.lists(st.sampled_from("abcd"), min_size=1, max_size=3),
-       down=st.sets(st.sampled_from("abcd")))
+@given(
+    fallback=st.dictionaries(
+        st.sampled_from("abcd"), st.lists(st.sampled_from("abcd"), min_size=1, max_size=4)
+    ),
+    default=st.lists(st.sampled_from("abcd"), min_size=1, max_size=3),
+    down=st.sets(st.sampled_from("abcd")),
+)
 def test_candidates_properties(fallback, default, down):
     """Any fallback graph: no duplicates, only healthy backends, exactly the healthy
     backends reachable from the primaries, in the unfiltered order."""
@@ -230,9 +276,14 @@ def test_candidates_properties(fallback, default, down):
 
 # -- speculative decoding and short prompts ------------------------------------------------
 
-SPEC_BACKENDS = {"spec": backend("llama", speculative=True), "plain": backend("llama"),
-                 "other": backend("qwen"), "spec_qwen": backend("qwen", speculative=True),
-                 "nofamily_spec": backend("", speculative=True), "nofamily": backend("")}
+SPEC_BACKENDS = {
+    "spec": backend("llama", speculative=True),
+    "plain": backend("llama"),
+    "other": backend("qwen"),
+    "spec_qwen": backend("qwen", speculative=True),
+    "nofamily_spec": backend("", speculative=True),
+    "nofamily": backend(""),
+}
 
 
 def spec_policy(default, fallback=None, short=256):
@@ -250,17 +301,21 @@ def test_long_prompt_keeps_speculative():
 
 
 def test_short_prompt_keeps_speculative_without_a_plain_equivalent():
-    assert spec_policy(["spec", "other"]).candidates(
-        RequestFeatures(prompt_tokens=1))[1] == ["spec", "other"]
+    assert spec_policy(["spec", "other"]).candidates(RequestFeatures(prompt_tokens=1))[1] == [
+        "spec",
+        "other",
+    ]
     # no family: nothing counts as equivalent
-    assert spec_policy(["nofamily_spec", "nofamily"]).candidates(
-        RequestFeatures(prompt_tokens=1))[1] == ["nofamily_spec", "nofamily"]
+    assert spec_policy(["nofamily_spec", "nofamily"]).candidates(RequestFeatures(prompt_tokens=1))[
+        1
+    ] == ["nofamily_spec", "nofamily"]
 
 
 def test_short_prompt_keeps_speculative_when_its_plain_twin_is_down():
     policy = spec_policy(["spec"], fallback={"spec": ["plain"]})
-    assert policy.candidates(RequestFeatures(prompt_tokens=1),
-                             lambda n: n != "plain")[1] == ["spec"]
+    assert policy.candidates(RequestFeatures(prompt_tokens=1), lambda n: n != "plain")[1] == [
+        "spec"
+    ]
 
 
 def test_short_prompt_threshold_is_configurable():
@@ -269,6 +324,7 @@ def test_short_prompt_threshold_is_configurable():
 
 
 # -- conversation affinity ----------------------------------------------------------------
+
 
 def test_affinity_is_stable_per_conversation():
     policy = make_policy(default=["a", "b", "c", "d"])
@@ -282,8 +338,7 @@ def test_affinity_is_stable_per_conversation():
 
 def test_affinity_spreads_conversations():
     policy = make_policy(default=["a", "b", "c", "d"])
-    starts = {policy.candidates(RequestFeatures(conversation_id=f"c{i}"))[1][0]
-              for i in range(200)}
+    starts = {policy.candidates(RequestFeatures(conversation_id=f"c{i}"))[1][0] for i in range(200)}
     assert starts == {"a", "b", "c", "d"}
 
 
@@ -295,82 +350,126 @@ def test_affinity_is_a_rotation_of_the_group():
 
 
 def test_no_affinity_keeps_configured_order():
-    assert make_policy(default=["c", "a", "b"]).candidates(RequestFeatures())[1] == [
-        "c", "a", "b"]
+    assert make_policy(default=["c", "a", "b"]).candidates(RequestFeatures())[1] == ["c", "a", "b"]
 
 
 def policy_config_copy(policy: Policy) -> dict:
-    return {"backends": dict(policy.backends), "default": list(policy.default),
-            "rules": list(policy.rules), "fallback": dict(policy.fallback),
-            "short_prompt_tokens": policy.short_prompt_tokens}
+    return {
+        "backends": dict(policy.backends),
+        "default": list(policy.default),
+        "rules": list(policy.rules),
+        "fallback": dict(policy.fallback),
+        "short_prompt_tokens": policy.short_prompt_tokens,
+    }
 
 
 # -- router_config from a parsed spec -----------------------------------------------------
+
 
 def test_router_config_of_the_cpu_fallback_example():
     spec = load_spec(ROOT / "deploy" / "examples" / "cpu-fallback.yaml")
     config = router_config(spec)
     assert config["name"] == "router"
     assert set(config["backends"]) == {"primary", "backup"}
-    assert config["backends"]["primary"] == {"engine": "vllm", "family": "llama",
-                                             "tasks": ["chat"], "speculative": False,
-                                             "adapters": []}
+    assert config["backends"]["primary"] == {
+        "engine": "vllm",
+        "family": "llama",
+        "tasks": ["chat"],
+        "speculative": False,
+        "adapters": [],
+    }
     assert config["default"] == ["primary"]
     assert config["fallback"] == {"primary": ["backup"]}
     assert [r["name"] for r in config["rules"]] == ["fast", "free-tier", "long-prompt", "chat"]
-    assert config["rules"][0] == {"name": "fast", "match": {"hint": "fast"},
-                                  "backends": ["backup"]}
+    assert config["rules"][0] == {"name": "fast", "match": {"hint": "fast"}, "backends": ["backup"]}
     assert config["breaker"]["consecutive_failures"] == 2
     policy = Policy(config)
-    assert policy.candidates(features_from("hi", None, {"route": "fast"})) == (
-        "fast", ["backup"])
+    assert policy.candidates(features_from("hi", None, {"route": "fast"})) == ("fast", ["backup"])
     assert policy.candidates(features_from("hi", None, {"tier": "free"})) == (
-        "free-tier", ["backup"])
-    assert policy.candidates(features_from("w " * 400, None, {})) == (
-        "long-prompt", ["backup"])
-    chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-            {"role": "user", "content": "c"}]
+        "free-tier",
+        ["backup"],
+    )
+    assert policy.candidates(features_from("w " * 400, None, {})) == ("long-prompt", ["backup"])
+    chat = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+    ]
     assert policy.candidates(features_from(None, chat, {})) == ("chat", ["primary", "backup"])
-    assert policy.candidates(features_from("hi", None, {})) == (
-        "default", ["primary", "backup"])
+    assert policy.candidates(features_from("hi", None, {})) == ("default", ["primary", "backup"])
 
 
 def test_router_config_carries_every_spec_field():
-    spec = parse_spec({
-        "models": [{"name": "m1", "engine": "vllm", "model": "x", "family": "llama",
-                    "engine_args": {"speculative_config": {"method": "ngram"}}},
-                   {"name": "m2", "engine": "vllm", "model": "y", "tasks": ["rag"]}],
-        "router": {"name": "front", "default": ["m2"],
-                   "rules": [{"match": {"min_turns": 2, "shared_prefix": True},
-                              "backends": ["m1"]}],
-                   "breaker": {"error_rate": 0.2, "window_s": 5, "min_requests": 3,
-                               "consecutive_failures": 7, "cooldown_s": 1.5},
-                   "short_prompt_tokens": 64, "deadline_s": 9, "first_token_timeout_s": 2,
-                   "max_inflight_per_backend": 4}}, "<test>")
+    spec = parse_spec(
+        {
+            "models": [
+                {
+                    "name": "m1",
+                    "engine": "vllm",
+                    "model": "x",
+                    "family": "llama",
+                    "engine_args": {"speculative_config": {"method": "ngram"}},
+                },
+                {"name": "m2", "engine": "vllm", "model": "y", "tasks": ["rag"]},
+            ],
+            "router": {
+                "name": "front",
+                "default": ["m2"],
+                "rules": [{"match": {"min_turns": 2, "shared_prefix": True}, "backends": ["m1"]}],
+                "breaker": {
+                    "error_rate": 0.2,
+                    "window_s": 5,
+                    "min_requests": 3,
+                    "consecutive_failures": 7,
+                    "cooldown_s": 1.5,
+                },
+                "short_prompt_tokens": 64,
+                "deadline_s": 9,
+                "first_token_timeout_s": 2,
+                "max_inflight_per_backend": 4,
+            },
+        },
+        "<test>",
+    )
     config = router_config(spec)
     assert config["name"] == "front"
     assert config["backends"]["m1"]["speculative"] is True
-    assert config["backends"]["m2"] == {"engine": "vllm", "family": "", "tasks": ["rag"],
-                                        "speculative": False, "adapters": []}
+    assert config["backends"]["m2"] == {
+        "engine": "vllm",
+        "family": "",
+        "tasks": ["rag"],
+        "speculative": False,
+        "adapters": [],
+    }
     # unnamed rules get positional names; unset match fields are left out
-    assert config["rules"] == [{"name": "rule0", "match": {"min_turns": 2,
-                                                           "shared_prefix": True},
-                                "backends": ["m1"]}]
-    assert config["breaker"] == {"error_rate": 0.2, "window_s": 5.0, "min_requests": 3,
-                                 "consecutive_failures": 7, "cooldown_s": 1.5}
-    assert (config["short_prompt_tokens"], config["deadline_s"],
-            config["first_token_timeout_s"], config["max_inflight_per_backend"]) == (
-        64, 9.0, 2.0, 4)
+    assert config["rules"] == [
+        {"name": "rule0", "match": {"min_turns": 2, "shared_prefix": True}, "backends": ["m1"]}
+    ]
+    assert config["breaker"] == {
+        "error_rate": 0.2,
+        "window_s": 5.0,
+        "min_requests": 3,
+        "consecutive_failures": 7,
+        "cooldown_s": 1.5,
+    }
+    assert (
+        config["short_prompt_tokens"],
+        config["deadline_s"],
+        config["first_token_timeout_s"],
+        config["max_inflight_per_backend"],
+    ) == (64, 9.0, 2.0, 4)
     assert config["fallback"] == {}
 
 
 def test_router_config_is_json_serialisable():
     import json
+
     spec = load_spec(ROOT / "deploy" / "default.yaml")
     assert json.loads(json.dumps(router_config(spec))) == router_config(spec)
 
 
 def test_malformed_messages_do_not_crash_routing():
-    f = features_from(None, ["hi", {"role": "user", "content": ["x"]},
-                             {"role": "user", "content": "abcd"}], {})
+    f = features_from(
+        None, ["hi", {"role": "user", "content": ["x"]}, {"role": "user", "content": "abcd"}], {}
+    )
     assert (f.turns, f.prompt_tokens) == (2, 1)

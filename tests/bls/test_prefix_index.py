@@ -1,5 +1,6 @@
 """The router's prefix index (bls/prefix_index.py): chained block hashes per replica,
 salted per tenant, bounded with LRU eviction that keeps what remains a prefix."""
+
 from __future__ import annotations
 
 import sys
@@ -32,8 +33,10 @@ def text(*blocks: str, size: int = 8) -> str:
 def conversation(n: int, turns: int) -> list[dict]:
     messages = [{"role": "system", "content": SYSTEM}]
     for t in range(turns):
-        messages += [{"role": "user", "content": f"conversation {n} question {t}"},
-                     {"role": "assistant", "content": f"answer {t} for {n} " * 3}]
+        messages += [
+            {"role": "user", "content": f"conversation {n} question {t}"},
+            {"role": "assistant", "content": f"answer {t} for {n} " * 3},
+        ]
     return messages
 
 
@@ -68,7 +71,7 @@ def test_tenants_with_different_salts_never_match_each_other():
     index.insert("r0", index.block_hashes(prompt, "salt-of-acme"))
     assert index.match(index.block_hashes(prompt, "salt-of-acme")) == {"r0": 4}
     assert index.match(index.block_hashes(prompt, "salt-of-globex")) == {"r0": 0}
-    assert index.match(index.block_hashes(prompt, None)) == {"r0": 0}   # unsalted: shared
+    assert index.match(index.block_hashes(prompt, None)) == {"r0": 0}  # unsalted: shared
 
 
 def test_eviction_is_least_recently_routed_first():
@@ -76,7 +79,7 @@ def test_eviction_is_least_recently_routed_first():
     a, b, c = (index.block_hashes(text(f"{n}1", f"{n}2")) for n in "abc")
     for prompt in (a, b, c):
         index.insert("r0", prompt)
-    index.insert("r0", a)                  # a routed again: b is now the oldest
+    index.insert("r0", a)  # a routed again: b is now the oldest
     index.insert("r0", index.block_hashes(text("d1", "d2")))
     assert index.match(a)["r0"] == 2 and index.match(c)["r0"] == 2
     assert index.match(b)["r0"] == 0
@@ -87,7 +90,7 @@ def test_eviction_takes_a_prompt_from_its_tail_so_what_remains_still_matches():
     index = PrefixIndex(block_chars=8, max_blocks_per_replica=5)
     long = index.block_hashes(text(*(f"b{i}" for i in range(8))))
     index.insert("r0", long)
-    assert index.match(long) == {"r0": 5}     # the first five blocks, not the last five
+    assert index.match(long) == {"r0": 5}  # the first five blocks, not the last five
 
 
 def test_a_dropped_replica_is_forgotten():
@@ -111,19 +114,21 @@ def test_the_memory_bound_holds_after_ten_thousand_conversations():
         before = tracemalloc.get_traced_memory()[0]
         for n in range(10_000):
             replica = f"r{n % 2}"
-            index.insert(replica, index.block_hashes(prompt_key(
-                None, conversation(n, 3)), f"tenant-{n % 3}"))
+            index.insert(
+                replica, index.block_hashes(prompt_key(None, conversation(n, 3)), f"tenant-{n % 3}")
+            )
             assert index.sizes()[replica] <= 4_096
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert index.blocks() == index.bound_blocks(2)    # full, so eviction ran
+    assert index.blocks() == index.bound_blocks(2)  # full, so eviction ran
     assert index.evicted > 10_000
     assert held <= index.bound_bytes(2), (held, index.bound_bytes(2))
 
 
-@pytest.mark.parametrize("bad", [{"block_chars": 0}, {"max_blocks_per_replica": 0},
-                                 {"max_prompt_blocks": 0}])
+@pytest.mark.parametrize(
+    "bad", [{"block_chars": 0}, {"max_blocks_per_replica": 0}, {"max_prompt_blocks": 0}]
+)
 def test_sizes_below_one_are_refused(bad):
     with pytest.raises(ValueError, match="at least 1"):
         PrefixIndex(**bad)
@@ -142,7 +147,7 @@ class Reference:
             if block in record:
                 record.remove(block)
             record.append(block)
-        del record[:max(0, len(record) - self.bound)]
+        del record[: max(0, len(record) - self.bound)]
 
     def match(self, hashes, replica):
         count = 0
@@ -154,15 +159,20 @@ class Reference:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["r0", "r1"]),
-                          st.lists(st.sampled_from("abc"), min_size=1, max_size=6)),
-                min_size=1, max_size=40),
-       st.integers(min_value=1, max_value=12))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["r0", "r1"]), st.lists(st.sampled_from("abc"), min_size=1, max_size=6)
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(min_value=1, max_value=12),
+)
 def test_the_binary_search_match_agrees_with_a_walk_under_any_history(routes, bound):
     """Prompts are short words over 3 letters, so they share prefixes often; whatever was
     routed and evicted, the index's match equals the walk of the reference."""
-    index, reference = PrefixIndex(block_chars=1, max_blocks_per_replica=bound), \
-        Reference(bound)
+    index, reference = PrefixIndex(block_chars=1, max_blocks_per_replica=bound), Reference(bound)
     for replica, word in routes:
         hashes = index.block_hashes("".join(word))
         index.insert(replica, hashes)
@@ -173,32 +183,46 @@ def test_the_binary_search_match_agrees_with_a_walk_under_any_history(routes, bo
             assert matched == {r: reference.match(probe_hashes, r) for r in ("r0", "r1")}
 
 
-_content = st.one_of(st.text(alphabet="ab\u00e9\u4e2d ", max_size=40),
-                     st.lists(st.dictionaries(st.sampled_from(["type", "text"]),
-                                              st.text(alphabet="xy", max_size=5)),
-                              max_size=2))
+_content = st.one_of(
+    st.text(alphabet="ab\u00e9\u4e2d ", max_size=40),
+    st.lists(
+        st.dictionaries(st.sampled_from(["type", "text"]), st.text(alphabet="xy", max_size=5)),
+        max_size=2,
+    ),
+)
 _message = st.one_of(
-    st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", 7]),
-                           "content": _content}),
-    st.fixed_dictionaries({"content": _content}),   # no role at all
-    st.just("not a message"))
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant", 7]), "content": _content}
+    ),
+    st.fixed_dictionaries({"content": _content}),  # no role at all
+    st.just("not a message"),
+)
 
 
 def plain_chain(key, scope, size, cap):
     """The chain as the design writes it, with no memo: hash((previous, block text))."""
     running, out = hash(("trident-prefix", scope)), []
     for start in range(0, min(len(key) // size, cap) * size, size):
-        running = hash((running, key[start:start + size]))
+        running = hash((running, key[start : start + size]))
         out.append(running)
     return out
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.one_of(st.lists(_message, max_size=5),
-                                    st.text(alphabet="ab\x1e\x1f\u00e9", max_size=60)),
-                          st.sampled_from([None, "salt-a", "salt-b"])),
-                min_size=1, max_size=8),
-       st.integers(min_value=1, max_value=9), st.integers(min_value=1, max_value=12))
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(
+                st.lists(_message, max_size=5), st.text(alphabet="ab\x1e\x1f\u00e9", max_size=60)
+            ),
+            st.sampled_from([None, "salt-a", "salt-b"]),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.integers(min_value=1, max_value=9),
+    st.integers(min_value=1, max_value=12),
+)
 def test_the_memo_never_changes_a_chain(prompts, size, cap):
     """Whatever the prompt (chat messages with odd roles, non-text content and entries
     that are no message; or plain text with separators anywhere), the salt and the sizes,
@@ -206,20 +230,19 @@ def test_the_memo_never_changes_a_chain(prompts, size, cap):
     followed by other text), the hashes are the plain chain's: the memo saves work,
     never changes an answer."""
     index = PrefixIndex(block_chars=size, max_prompt_blocks=cap)
-    for prompt, scope in prompts + prompts:        # the second pass hits the memo
+    for prompt, scope in prompts + prompts:  # the second pass hits the memo
         if isinstance(prompt, str):
             assert index.block_hashes(prompt, scope) == plain_chain(prompt, scope, size, cap)
             continue
         key = prompt_key(None, prompt)
-        assert index.prompt_hashes(None, prompt, scope) == \
-            plain_chain(key, scope, size, cap)
+        assert index.prompt_hashes(None, prompt, scope) == plain_chain(key, scope, size, cap)
 
 
 def test_a_tenant_never_gets_another_tenants_memoized_system_prompt():
     index = PrefixIndex(block_chars=8)
     messages = conversation(1, 2)
     acme = index.prompt_hashes(None, messages, "salt-of-acme")
-    assert index._memo                                   # the system prompt is memoized
+    assert index._memo  # the system prompt is memoized
     globex = index.prompt_hashes(None, messages, "salt-of-globex")
     assert globex != acme
     assert globex == plain_chain(prompt_key(None, messages), "salt-of-globex", 8, 512)

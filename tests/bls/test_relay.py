@@ -1,5 +1,6 @@
 """The router's relay (bls/relay.py) alone: when a BLS call slot is handed back and the
 loop told the first response's outcome, against the stub's fake pb_utils."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,9 @@ def relay():
     sys.modules["triton_python_backend_utils"] = stub
     sys.path[:0] = [str(ROOT / "python_backends")]
     try:
-        spec = importlib.util.spec_from_file_location("trident_router_relay",
-                                                      ROOT / "bls" / "relay.py")
+        spec = importlib.util.spec_from_file_location(
+            "trident_router_relay", ROOT / "bls" / "relay.py"
+        )
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         yield module
@@ -90,8 +92,8 @@ def test_the_call_slot_is_handed_back_after_the_first_response_went_out(relay):
     sender = GatedSender()
     loop, pool, slots, attempt = start(relay, sender, Child())
     try:
-        assert sender.entered.wait(5)                   # the first send is under way
-        loop.run_until_complete(asyncio.sleep(0.05))    # whatever the thread posted runs
+        assert sender.entered.wait(5)  # the first send is under way
+        loop.run_until_complete(asyncio.sleep(0.05))  # whatever the thread posted runs
         assert slots.free == 0 and not attempt.first.done()
         sender.gate.set()
         assert loop.run_until_complete(asyncio.wait_for(attempt.first, 5)) is None
@@ -110,7 +112,7 @@ def test_a_failed_call_hands_its_slot_back_with_the_failure(relay):
     try:
         outcome = loop.run_until_complete(asyncio.wait_for(attempt.first, 5))
         assert outcome == "Stub process is not healthy" and slots.free == 1
-        assert sender.sent == []                        # the router falls back, not this
+        assert sender.sent == []  # the router falls back, not this
     finally:
         pool.shutdown(wait=True)
         loop.close()

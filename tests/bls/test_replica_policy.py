@@ -1,6 +1,7 @@
 """Choosing a replica (bls/replica_policy.py): conversations stay with their cache, a hot
 prefix spills past the balance bound, a dropped replica's conversations move, tenants
 never route by each other's prefixes, and the three policies do what they say."""
+
 from __future__ import annotations
 
 import sys
@@ -27,8 +28,12 @@ SYSTEM = "You are the support assistant of a hardware shop. Be brief and exact. 
 def history(n: int, turns: int) -> list[dict]:
     messages = [{"role": "system", "content": SYSTEM}]
     for t in range(turns):
-        messages.append({"role": "user", "content": f"Customer {n} asks question {t} "
-                                                    f"about order {n * 7919 % 1000}. " * 4})
+        messages.append(
+            {
+                "role": "user",
+                "content": f"Customer {n} asks question {t} about order {n * 7919 % 1000}. " * 4,
+            }
+        )
         if t < turns - 1:
             messages.append({"role": "assistant", "content": f"Reply {t} to {n}. " * 24})
     return messages
@@ -80,8 +85,7 @@ def test_round_robin_scatters_the_same_conversations():
 def test_a_conversation_id_keeps_its_replica_under_every_policy():
     for policy in ("round_robin", "least_loaded", "prefix_aware"):
         router = Router(ReplicaChooser(policy))
-        decisions = [router.route(history(3, t), conversation_id="conv-3")
-                     for t in range(1, 6)]
+        decisions = [router.route(history(3, t), conversation_id="conv-3") for t in range(1, 6)]
         assert {d.replica for d in decisions} == {affinity_replica("conv-3", REPLICAS)}
         assert {d.reason for d in decisions} == {"affinity"}
 
@@ -90,9 +94,12 @@ def test_a_hot_prefix_spills_to_the_other_replica_past_the_balance_bound():
     """Every request shares one long prefix and none finishes: the replica holding the
     prefix takes requests until it leads by more than 3 and by more than 2x, then the
     other replica takes the next one, marked as a spill."""
-    chooser = ReplicaChooser("prefix_aware", PrefixIndex(),
-                             balance=Balance(abs_threshold=3, rel_threshold=2.0),
-                             load_weight=0.0)
+    chooser = ReplicaChooser(
+        "prefix_aware",
+        PrefixIndex(),
+        balance=Balance(abs_threshold=3, rel_threshold=2.0),
+        load_weight=0.0,
+    )
     router = Router(chooser)
     hot = history(0, 1)
     first = router.route(hot, finish=False)
@@ -105,8 +112,9 @@ def test_a_hot_prefix_spills_to_the_other_replica_past_the_balance_bound():
 
 def test_without_the_bound_the_hot_prefix_would_pile_on_one_replica():
     """The control for the test above: an unreachable bound never spills."""
-    chooser = ReplicaChooser("prefix_aware", PrefixIndex(),
-                             balance=Balance(abs_threshold=10**6), load_weight=0.0)
+    chooser = ReplicaChooser(
+        "prefix_aware", PrefixIndex(), balance=Balance(abs_threshold=10**6), load_weight=0.0
+    )
     router = Router(chooser)
     decisions = [router.route(history(0, 1), finish=False) for _ in range(12)]
     assert len({d.replica for d in decisions}) == 1
@@ -115,8 +123,9 @@ def test_without_the_bound_the_hot_prefix_would_pile_on_one_replica():
 def test_a_dropped_replica_loses_its_conversations_and_only_those():
     replicas = ("m__r0", "m__r1", "m__r2")
     router = Router(ReplicaChooser("prefix_aware", PrefixIndex()), replicas)
-    placed = {n: next(iter(r)) for n, r in
-              run_conversations(router, conversations=9, turns=2).items()}
+    placed = {
+        n: next(iter(r)) for n, r in run_conversations(router, conversations=9, turns=2).items()
+    }
     dead, _ = Counter(placed.values()).most_common(1)[0]
     assert len(set(placed.values())) > 1
     router.replicas.remove(dead)
@@ -126,10 +135,10 @@ def test_a_dropped_replica_loses_its_conversations_and_only_those():
         after = router.route(history(n, 3)).replica
         assert after != dead
         if before != dead:
-            assert after == before      # a survivor's conversations keep their cache
+            assert after == before  # a survivor's conversations keep their cache
     ids = [f"conv-{n}" for n in range(50)]
     homes = {c: affinity_replica(c, replicas) for c in ids}
-    for c in ids:                       # by conversation_id: the same holds
+    for c in ids:  # by conversation_id: the same holds
         now = affinity_replica(c, [r for r in replicas if r != dead])
         assert now == homes[c] or homes[c] == dead
 
@@ -174,9 +183,8 @@ def test_a_rules_policy_overrides_the_backends_for_its_requests():
     chooser = ReplicaChooser("prefix_aware", PrefixIndex())
     hashes = chooser.index.block_hashes(prompt_key(None, history(1, 1)))
     chooser.routed("a", hashes)
-    rotated = [chooser.choose(["a", "b"], {}, hashes, policy="round_robin")
-               for _ in range(4)]
+    rotated = [chooser.choose(["a", "b"], {}, hashes, policy="round_robin") for _ in range(4)]
     assert [d.replica for d in rotated] == ["a", "b", "a", "b"]
     assert {d.reason for d in rotated} == {"round_robin"}
-    decision = chooser.choose(["a", "b"], {}, hashes)    # the backend's own: prefix_aware
+    decision = chooser.choose(["a", "b"], {}, hashes)  # the backend's own: prefix_aware
     assert decision.replica == "a" and decision.reason == "prefix"

@@ -1,5 +1,6 @@
 """The router's metric writes (bls/router_metrics.py): each is an IPC round trip from the
 stub, made by a writer thread; increments that wait at once are added into one write."""
+
 from __future__ import annotations
 
 import sys
@@ -28,12 +29,14 @@ def test_increments_waiting_at_once_are_one_write():
         metrics = module.RouterMetrics("router")
         try:
             gate = threading.Event()
-            blocker, requests = metrics.metric("errors", (("reason", "x"),)), \
-                metrics.metric("requests", (("route", "r"), ("served_by", "b")))
+            blocker, requests = (
+                metrics.metric("errors", (("reason", "x"),)),
+                metrics.metric("requests", (("route", "r"), ("served_by", "b"))),
+            )
             blocker.metric, requests.metric = Recorded(gate), Recorded()
-            metrics.writes.put([(blocker, "hold", None)])   # the writer is busy...
+            metrics.writes.put([(blocker, "hold", None)])  # the writer is busy...
             for _ in range(50):
-                requests.increment(1)                       # ...while 50 requests end
+                requests.increment(1)  # ...while 50 requests end
             gate.set()
             assert metrics.writes.flush()
             assert (requests.metric.value, requests.metric.writes) == (50, 1)
@@ -45,8 +48,18 @@ def test_the_merge_keeps_sets_and_observations_in_order():
     with router_modules():
         merge = sys.modules["router_metrics"]._merge
         a, b, c = object(), object(), object()
-        writes = [(a, "increment", 1), (b, "set", 2), (a, "increment", 2),
-                  (c, "observe", 0.1), (b, "set", 0), (c, "observe", 0.2)]
+        writes = [
+            (a, "increment", 1),
+            (b, "set", 2),
+            (a, "increment", 2),
+            (c, "observe", 0.1),
+            (b, "set", 0),
+            (c, "observe", 0.2),
+        ]
         assert [tuple(w) for w in merge(writes)] == [
-            (a, "increment", 3), (b, "set", 2), (c, "observe", 0.1), (b, "set", 0),
-            (c, "observe", 0.2)]
+            (a, "increment", 3),
+            (b, "set", 2),
+            (c, "observe", 0.1),
+            (b, "set", 0),
+            (c, "observe", 0.2),
+        ]

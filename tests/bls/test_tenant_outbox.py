@@ -2,6 +2,7 @@
 path, retried with backoff until the store takes them, bounded, every drop counted.
 A store double stands in for Redis here; tests/bls/test_tenant_redis.py runs the same
 path against a real redis-server."""
+
 from __future__ import annotations
 
 import asyncio
@@ -62,6 +63,7 @@ def test_every_write_lands_once_a_burst_in_parallel_batches():
         for i in range(40):
             box.put("t", None, f"lease{i}", i)
         assert await box.drained(5)
+
     asyncio.run(go())
     assert sorted(lease for _, lease, _ in store.written) == sorted(f"lease{i}" for i in range(40))
     assert 1 < store.most_at_once <= tenant_outbox.BATCH
@@ -76,10 +78,11 @@ def test_a_store_outage_delays_writes_and_loses_none(monkeypatch):
     async def go():
         for i in range(5):
             box.put("t", None, f"lease{i}", 10)
-        await asyncio.sleep(0.3)                 # the outage
+        await asyncio.sleep(0.3)  # the outage
         assert store.written == [] and box.pending() == 5
         store.failing = False
         assert await box.drained(5)
+
     asyncio.run(go())
     assert [lease for _, lease, _ in store.written] == [f"lease{i}" for i in range(5)]
     assert counts.retries >= 5 and counts.lost == 0
@@ -94,6 +97,7 @@ def test_past_its_capacity_the_oldest_write_is_dropped_and_counted():
             box.put("t", None, f"lease{i}", 1)
         await asyncio.sleep(0.02)
         return [write.lease_id for write in box.queue]
+
     assert asyncio.run(go()) == ["lease2", "lease3", "lease4"]
     assert counts.lost == 2
 
@@ -110,9 +114,10 @@ def test_a_write_failing_past_give_up_s_is_dropped_and_counted(monkeypatch):
         box.put("t", None, "young", 1)
         await asyncio.sleep(0.05)
         assert box.pending() == 2 and counts.lost == 0
-        now[0] = 61.0                            # "old" has failed for a minute
+        now[0] = 61.0  # "old" has failed for a minute
         await asyncio.sleep(0.05)
         return [write.lease_id for write in box.queue]
+
     assert asyncio.run(go()) == ["young"]
     assert counts.lost == 1
 
@@ -123,17 +128,19 @@ def test_a_write_cut_off_by_its_loop_closing_is_written_by_the_next_loop_once():
     box = outbox(store, counts)
 
     async def cut_off():
-        store.gate = asyncio.Event()             # never set: the write hangs
+        store.gate = asyncio.Event()  # never set: the write hangs
         box.put("t", None, "a", 7)
         await asyncio.sleep(0.02)
-        assert box.pending() == 1                # taken, in flight
-    asyncio.run(cut_off())                       # cancels the writer mid-write
+        assert box.pending() == 1  # taken, in flight
+
+    asyncio.run(cut_off())  # cancels the writer mid-write
     assert box.pending() == 1 and store.written == []
 
     async def next_loop():
         store.gate = None
         box.put("t", None, "b", 1)
         assert await box.drained(5)
+
     asyncio.run(next_loop())
     assert sorted(store.written) == [("t", "a", 7), ("t", "b", 1)]
 
@@ -148,6 +155,7 @@ def test_the_backoff_doubles_and_resets_after_a_success(monkeypatch, failures):
             sleeps.append(delay)
             delay = 0
         await real_sleep(delay, *args)
+
     store, counts = Store(), Counts()
     calls = [0]
     finish = store.finish
@@ -157,6 +165,7 @@ def test_the_backoff_doubles_and_resets_after_a_success(monkeypatch, failures):
         if calls[0] <= failures:
             raise RuntimeError("down")
         await finish(*args)
+
     store.finish = flaky
     box = outbox(store, counts)
     monkeypatch.setattr(tenant_outbox.asyncio, "sleep", recorded)
@@ -165,9 +174,10 @@ def test_the_backoff_doubles_and_resets_after_a_success(monkeypatch, failures):
         box.put("t", None, "a", 1)
         assert await box.drained(5)
         assert box.backoff_s == 0.0
+
     asyncio.run(go())
     first = tenant_outbox.FIRST_BACKOFF_S
-    assert sleeps == [first * 2 ** i for i in range(failures)]
+    assert sleeps == [first * 2**i for i in range(failures)]
 
 
 def _loop_in_a_thread():
@@ -184,6 +194,7 @@ def _put_from_outside(loop, box, count):
     async def put():
         for i in range(count):
             box.put("alice", None, f"lease-{i}", 10)
+
     asyncio.run_coroutine_threadsafe(put(), loop).result(5)
 
 
@@ -191,16 +202,16 @@ def test_a_stopping_router_writes_what_is_queued_before_it_goes():
     # Before: finalize left the queue to die with the process ("Task was destroyed but
     # it is pending! ... Outbox._write_all()"), releases and charges with it.
     store, counts = Store(), Counts()
-    store.gate = asyncio.Event()        # every write waits until the store opens
+    store.gate = asyncio.Event()  # every write waits until the store opens
     box = outbox(store, counts)
     loop, thread = _loop_in_a_thread()
     try:
         _put_from_outside(loop, box, 40)
         assert box.pending() == 40 and store.written == []
-        loop.call_later(0.2, store.gate.set)   # the store answers while flush waits
+        loop.call_later(0.2, store.gate.set)  # the store answers while flush waits
         assert box.flush(loop, 5.0) is True
         assert len(store.written) == 40 and counts.lost == 0
-        assert box.task.done()                 # the idle writer is stopped, not left pending
+        assert box.task.done()  # the idle writer is stopped, not left pending
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
@@ -222,7 +233,7 @@ def test_writes_the_store_never_takes_by_the_deadline_are_counted_lost():
 def test_with_no_running_loop_the_queue_is_counted_lost_at_once():
     store, counts = Store(), Counts()
     box = outbox(store, counts)
-    for i in range(2):   # queued, as put() leaves them, on a loop that no longer runs
+    for i in range(2):  # queued, as put() leaves them, on a loop that no longer runs
         box.queue.append(tenant_outbox.Write("bob", None, f"lease-{i}", 1, 0.0))
     loop = asyncio.new_event_loop()
     loop.close()

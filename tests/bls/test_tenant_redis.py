@@ -2,6 +2,7 @@
 two routers' stores sharing one limit, passwords and ACL users, Redis down, stalled
 and back, the time budget on a CPU-loaded machine, releases that survive a stall
 (bls/tenant_outbox.py) and leases that expire with the router's deadline."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,10 @@ from tests.bls.test_model import SPEC, router_modules
 
 LEASE_MS = 60_000
 # What the router needs and nothing more (docs/router.md, "Tenants").
-ACL_RULE = ("trident on >acl-s3cret ~trident:* +evalsha +eval +get +set +zadd "
-            "+zrem +zremrangebyscore +zcard +pexpire +time")
+ACL_RULE = (
+    "trident on >acl-s3cret ~trident:* +evalsha +eval +get +set +zadd "
+    "+zrem +zremrangebyscore +zcard +pexpire +time"
+)
 
 
 FIVE_PER_MINUTE = Limits(rpm=5)
@@ -53,9 +56,10 @@ def test_two_routers_share_one_limit(redis):
             results.append(await store.admit("alice", limits, f"l{i}", LEASE_MS))
         results.append(await one.admit("bob", limits, "b", LEASE_MS))
         return results
+
     results = asyncio.run(go())
     assert results[:6].count("") == 3 and results[3:6] == ["requests_per_minute"] * 3
-    assert results[6] == ""                                # another tenant untouched
+    assert results[6] == ""  # another tenant untouched
     # Keys expire by themselves: a full bucket leaves nothing behind.
     assert 0 < pttl(redis, "trident:share:{alice}:rpm") <= 60_001
 
@@ -66,11 +70,15 @@ def test_concurrency_and_tokens(redis):
 
     async def go():
         assert [await store.admit("t", limits, i, LEASE_MS) for i in "abc"] == [
-            "", "", "max_concurrent"]
+            "",
+            "",
+            "max_concurrent",
+        ]
         await store.finish("t", limits, "a", 40)
-        await store.finish("t", limits, "b", 70)          # 110 of 100: over
+        await store.finish("t", limits, "b", 70)  # 110 of 100: over
         assert await store.admit("t", limits, "c", LEASE_MS) == "tokens_per_minute"
         assert await store.admit("u", limits, "c", LEASE_MS) == ""
+
     asyncio.run(go())
 
 
@@ -81,8 +89,9 @@ def test_leases_of_a_dead_router_expire(redis):
     async def go():
         assert await store.admit("t", limits, "a", 200) == ""
         assert await store.admit("t", limits, "b", 200) == "max_concurrent"
-        await asyncio.sleep(0.3)                           # never released
+        await asyncio.sleep(0.3)  # never released
         assert await store.admit("t", limits, "c", 200) == ""
+
     asyncio.run(go())
 
 
@@ -111,6 +120,7 @@ def test_an_acl_user_with_only_what_the_router_needs():
             return first, await store.admit("t", limits, "b", LEASE_MS)
         except StoreUnavailable as e:
             return e
+
     try:
         assert asyncio.run(as_user("trident", "acl-s3cret")) == ("", "tokens_per_minute")
         for user, password in (("trident", "wrong"), ("nobody", "acl-s3cret")):
@@ -123,8 +133,11 @@ def test_an_acl_user_with_only_what_the_router_needs():
 
 def test_the_spec_names_the_acl_user_and_the_router_uses_it():
     data = json.loads(json.dumps(SPEC))
-    data["tenants"] = {"redis": "redis://cache:6379/0", "username": "trident",
-                       "password_env": "TRIDENT_REDIS_PASSWORD"}
+    data["tenants"] = {
+        "redis": "redis://cache:6379/0",
+        "username": "trident",
+        "password_env": "TRIDENT_REDIS_PASSWORD",
+    }
     config = router_config(parse_spec(data, "t.yaml"))["tenants"]
     assert (config["username"], config["password_env"]) == ("trident", "TRIDENT_REDIS_PASSWORD")
     data["tenants"]["username"] = "has space"
@@ -144,8 +157,9 @@ def test_down_stalled_and_back_one_probe_at_a_time():
 
     async def timed(n=1):
         started = time.monotonic()
-        results = await asyncio.gather(*(attempt(store, limits=limits, lease=f"x{i}")
-                                         for i in range(n)))
+        results = await asyncio.gather(
+            *(attempt(store, limits=limits, lease=f"x{i}") for i in range(n))
+        )
         return results, time.monotonic() - started
 
     def took_each(n):
@@ -154,7 +168,9 @@ def test_down_stalled_and_back_one_probe_at_a_time():
                 started = time.monotonic()
                 result = await attempt(store, limits=limits, lease=f"p{i}")
                 return result, time.monotonic() - started
+
             return await asyncio.gather(*(one(i) for i in range(n)))
+
         return asyncio.run(go())
 
     try:
@@ -163,10 +179,10 @@ def test_down_stalled_and_back_one_probe_at_a_time():
         (result,), took = asyncio.run(timed())
         assert isinstance(result, StoreUnavailable) and "no answer within 300 ms" in str(result)
         assert 0.25 < took < 1.0
-        (result,), took = asyncio.run(timed())             # within retry_s
+        (result,), took = asyncio.run(timed())  # within retry_s
         assert isinstance(result, StoreUnavailable) and took < 0.05
         time.sleep(0.25)
-        answers = took_each(4)                             # one probe, three at once
+        answers = took_each(4)  # one probe, three at once
         assert all(isinstance(r, StoreUnavailable) for r, _ in answers)
         assert sorted(t > 0.25 for _, t in answers) == [False, False, False, True]
         server.resume()
@@ -177,8 +193,7 @@ def test_down_stalled_and_back_one_probe_at_a_time():
         server.start()
         time.sleep(0.25)
         # A fresh Redis: the limit counts from zero again, and is enforced.
-        assert [asyncio.run(timed())[0][0] for _ in range(3)] == [
-            "", "", "requests_per_minute"]
+        assert [asyncio.run(timed())[0][0] for _ in range(3)] == ["", "", "requests_per_minute"]
     finally:
         server.stop()
 
@@ -188,13 +203,15 @@ def busy(processes, threads):
     """A busy machine and a busy router: processes spinning on the CPU, and Python
     threads spinning in this process (the router's relay threads, which take the GIL
     from its event loop while they pump streams)."""
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-               for _ in range(processes)]
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)
+    ]
     stop = threading.Event()
 
     def spin():
         while not stop.is_set():
             pass
+
     spinners = [threading.Thread(target=spin, daemon=True) for _ in range(threads)]
     try:
         for spinner in spinners:
@@ -217,8 +234,10 @@ def test_the_default_budget_answers_every_call_on_a_cpu_loaded_machine(redis):
     limits = Limits(rpm=16)
 
     async def burst():
-        return await asyncio.gather(*(attempt(stores[i % 2], "busy", limits, f"l{i}")
-                                      for i in range(48)))
+        return await asyncio.gather(
+            *(attempt(stores[i % 2], "busy", limits, f"l{i}") for i in range(48))
+        )
+
     with busy(processes=16, threads=2):
         results = asyncio.run(burst())
     unavailable = [r for r in results if isinstance(r, StoreUnavailable)]
@@ -228,20 +247,37 @@ def test_the_default_budget_answers_every_call_on_a_cpu_loaded_machine(redis):
 
 # -- the router's Tenants over a real Redis ------------------------------------------------
 
+
 @contextlib.contextmanager
 def tenants_over(redis, deadline_s=10.0, **entry):
     """bls/tenants.py's Tenants on a real Redis, as the router builds it."""
-    default = {"tier": "standard", "priority": 1, "requests_per_minute": None,
-               "tokens_per_minute": None, "max_concurrent": None, **entry}
-    config = {"namespace": f"t{time.monotonic_ns()}", "redis": redis.url,
-              "password_env": None, "password_file": None, "on_redis_error": "deny",
-              "default": default, "limits": {}, "unknown": "default",
-              "share_prefix_cache": []}
+    default = {
+        "tier": "standard",
+        "priority": 1,
+        "requests_per_minute": None,
+        "tokens_per_minute": None,
+        "max_concurrent": None,
+        **entry,
+    }
+    config = {
+        "namespace": f"t{time.monotonic_ns()}",
+        "redis": redis.url,
+        "password_env": None,
+        "password_file": None,
+        "on_redis_error": "deny",
+        "default": default,
+        "limits": {},
+        "unknown": "default",
+        "share_prefix_cache": [],
+    }
     with router_modules():
-        tenants_module, metrics_module = (sys.modules[name] for name in
-                                          ("tenants", "router_metrics"))
-        yield tenants_module, tenants_module.Tenants(
-            config, metrics_module.RouterMetrics("router"), deadline_s)
+        tenants_module, metrics_module = (
+            sys.modules[name] for name in ("tenants", "router_metrics")
+        )
+        yield (
+            tenants_module,
+            tenants_module.Tenants(config, metrics_module.RouterMetrics("router"), deadline_s),
+        )
 
 
 def test_a_release_and_charge_during_a_redis_stall_are_written_after_it(redis):
@@ -255,9 +291,9 @@ def test_a_release_and_charge_during_a_redis_stall_are_written_after_it(redis):
             ticket = await tenants.admit("carol")
             redis.pause()
             try:
-                tenants.finish(ticket, [])            # no counts: charges 0 tokens
+                tenants.finish(ticket, [])  # no counts: charges 0 tokens
                 tenants.outbox.put("carol", ticket.tenant.limits, "debt", 150)
-                await asyncio.sleep(0.5)              # writes time out and wait
+                await asyncio.sleep(0.5)  # writes time out and wait
                 assert tenants.outbox.pending() == 2
             finally:
                 redis.resume()
@@ -265,6 +301,7 @@ def test_a_release_and_charge_during_a_redis_stall_are_written_after_it(redis):
             with pytest.raises(module.Refused) as refused:
                 await tenants.admit("carol")
             return refused.value.reason
+
         # The lease is gone (else max_concurrent would refuse), the 150 tokens charged.
         assert asyncio.run(go()) == "tokens_per_minute"
 

@@ -1,6 +1,7 @@
 """The tenants' limiter: its algorithm in this process, the router refusing a tenant
 before any backend, and the tier a tenant routes as (bls/tenants.py, bls/tenant_store.py;
 the Redis store against a real redis-server: test_tenant_redis.py)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -38,21 +39,28 @@ class Clock:
 def admit_all(store, tenant, limits, n):
     async def go():
         return [await store.admit(tenant, limits, f"lease{i}", LEASE_MS) for i in range(n)]
+
     return asyncio.run(go())
 
 
 # -- the algorithm, in this process (clock injected) ------------------------------------
 
+
 def test_local_requests_per_minute_burst_then_refill():
     clock = Clock()
     store = LocalStore(clock)
     limits = Limits(rpm=3)
-    assert admit_all(store, "alice", limits, 5) == ["", "", "", "requests_per_minute",
-                                                    "requests_per_minute"]
-    assert admit_all(store, "bob", limits, 1) == [""]      # another tenant untouched
+    assert admit_all(store, "alice", limits, 5) == [
+        "",
+        "",
+        "",
+        "requests_per_minute",
+        "requests_per_minute",
+    ]
+    assert admit_all(store, "bob", limits, 1) == [""]  # another tenant untouched
     clock.now += 19.9
     assert admit_all(store, "alice", limits, 1) == ["requests_per_minute"]
-    clock.now += 0.2                                       # 60 s / 3 earns one back
+    clock.now += 0.2  # 60 s / 3 earns one back
     assert admit_all(store, "alice", limits, 2) == ["", "requests_per_minute"]
 
 
@@ -63,12 +71,13 @@ def test_local_tokens_are_charged_after_and_refuse_while_in_debt():
 
     async def go():
         assert await store.admit("t", limits, "a", LEASE_MS) == ""
-        await store.finish("t", limits, "a", 150)          # 50 tokens of debt
+        await store.finish("t", limits, "a", 150)  # 50 tokens of debt
         assert await store.admit("t", limits, "b", LEASE_MS) == "tokens_per_minute"
-        clock.now += 29.0                                  # 100 tokens/min: 48 back
+        clock.now += 29.0  # 100 tokens/min: 48 back
         assert await store.admit("t", limits, "b", LEASE_MS) == "tokens_per_minute"
         clock.now += 2.0
         assert await store.admit("t", limits, "b", LEASE_MS) == ""
+
     asyncio.run(go())
 
 
@@ -79,19 +88,26 @@ def test_local_concurrency_leases_return_on_finish_and_expire():
 
     async def go():
         assert [await store.admit("t", limits, i, 5000) for i in "abc"] == [
-            "", "", "max_concurrent"]
+            "",
+            "",
+            "max_concurrent",
+        ]
         await store.finish("t", limits, "a", 0)
         assert await store.admit("t", limits, "c", 5000) == ""
-        clock.now += 5.1                                   # a dead router's leases expire
+        clock.now += 5.1  # a dead router's leases expire
         assert await store.admit("t", limits, "d", 5000) == ""
+
     asyncio.run(go())
 
 
 # -- the router: refusals before any backend --------------------------------------------
 
-TENANTS = {"default": {"requests_per_minute": 100, "max_concurrent": 1},
-           "limits": {"alice": {"tier": "premium", "requests_per_minute": 2}, "bob": {}},
-           "unknown": "reject", "share_prefix_cache": ["bob"]}
+TENANTS = {
+    "default": {"requests_per_minute": 100, "max_concurrent": 1},
+    "limits": {"alice": {"tier": "premium", "requests_per_minute": 2}, "bob": {}},
+    "unknown": "reject",
+    "share_prefix_cache": ["bob"],
+}
 
 
 @pytest.fixture
@@ -108,12 +124,14 @@ def tenant_router(tmp_path):
                 data["router"]["rules"] = rules
             (tmp_path / "1").mkdir(exist_ok=True)
             (tmp_path / "1" / "router.json").write_text(
-                json.dumps(router_config(parse_spec(data, "<test>"))))
+                json.dumps(router_config(parse_spec(data, "<test>")))
+            )
             BlsRequest.backends = {b.name: b for b in backends}
             model = module.TritonPythonModel()
             model.initialize({"model_repository": str(tmp_path), "model_version": "1"})
             models.append(model)
             return model
+
         yield make
         for model in models:
             model.finalize()
@@ -121,8 +139,9 @@ def tenant_router(tmp_path):
 
 
 def rejected(tenant, reason):
-    metric = pb.metric("trident_tenant_rejected_total", router="router", tenant=tenant,
-                       reason=reason)
+    metric = pb.metric(
+        "trident_tenant_rejected_total", router="router", tenant=tenant, reason=reason
+    )
     return 0 if metric is None else metric.value()
 
 
@@ -135,8 +154,7 @@ def test_over_the_limit_never_reaches_a_backend(tenant_router):
     for request in requests:
         run(model, request)
     assert [r.errors() for r in requests[:2]] == [[], []]
-    assert requests[2].errors() == [
-        "rate limit: tenant 'alice' is over 2 requests per minute"]
+    assert requests[2].errors() == ["rate limit: tenant 'alice' is over 2 requests per minute"]
     assert requests[2].sender.final_flags() == 1
     assert backend.calls == 2 and model.breakers["primary"].state == "closed"
     assert rejected("alice", "requests_per_minute") == before + 1
@@ -167,7 +185,7 @@ def test_a_concurrency_slot_returns_after_a_cancel(tenant_router):
         first.sender.cancelled = True
 
     run(model, first, during=cancel_first_then_send)
-    run(model, second)                                  # the slot came back
+    run(model, second)  # the slot came back
     assert second.errors() == [] and second.texts()
 
 
@@ -179,29 +197,47 @@ class CountingBackend(FakeBackend):
     PROMPT_TOKENS = 5
 
     def _stream(self, stop):
-        flags = {name[len("return_"):]: value for name, value in self.seen_inputs[-1].items()
-                 if name.startswith("return_")}
+        flags = {
+            name[len("return_") :]: value
+            for name, value in self.seen_inputs[-1].items()
+            if name.startswith("return_")
+        }
         for i, text in enumerate(self.chunks, start=1):
-            tensors = [string_tensor("text_output", text), string_tensor("error", ""),
-                       string_tensor("served_by", self.name)]
-            counts = {"num_input_tokens": self.PROMPT_TOKENS,
-                      "num_output_tokens": 1 if flags else i}
-            tensors += [pb.Tensor(name, np.array([value], dtype=np.int32))
-                        for name, value in counts.items() if not flags or flags.get(name)]
+            tensors = [
+                string_tensor("text_output", text),
+                string_tensor("error", ""),
+                string_tensor("served_by", self.name),
+            ]
+            counts = {
+                "num_input_tokens": self.PROMPT_TOKENS,
+                "num_output_tokens": 1 if flags else i,
+            }
+            tensors += [
+                pb.Tensor(name, np.array([value], dtype=np.int32))
+                for name, value in counts.items()
+                if not flags or flags.get(name)
+            ]
             yield pb.InferenceResponse(output_tensors=tensors), i == len(self.chunks)
 
 
 def charged(tenant):
-    values = [pb.metric("trident_tenant_tokens_total", router="router", tenant=tenant,
-                        kind=kind) for kind in ("prompt", "completion")]
+    values = [
+        pb.metric("trident_tenant_tokens_total", router="router", tenant=tenant, kind=kind)
+        for kind in ("prompt", "completion")
+    ]
     return tuple(0 if metric is None else metric.value() for metric in values)
 
 
-@pytest.mark.parametrize("flags", [{}, {"return_finish_reason": True},
-                                   {"return_num_output_tokens": True},
-                                   {"return_num_input_tokens": False}])
-def test_tokens_are_charged_in_full_whatever_return_flags_the_client_sends(tenant_router,
-                                                                            flags):
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {},
+        {"return_finish_reason": True},
+        {"return_num_output_tokens": True},
+        {"return_num_input_tokens": False},
+    ],
+)
+def test_tokens_are_charged_in_full_whatever_return_flags_the_client_sends(tenant_router, flags):
     backend = CountingBackend("primary", chunks=["a", "b", "c"])
     model = tenant_router([backend])
     request = ClientRequest(hints={"tenant": "bob"})
@@ -209,7 +245,7 @@ def test_tokens_are_charged_in_full_whatever_return_flags_the_client_sends(tenan
         request.inputs[name] = pb.Tensor(name, np.array([value]))
     run(model, request)
     assert request.texts() == ["a", "b", "c"]
-    assert charged("bob") == (5, 3)      # this router's own counters
+    assert charged("bob") == (5, 3)  # this router's own counters
     # The client sees exactly the counts it asked for, as the engine would send them.
     sent = [r for r in request.sender.responses() if r.output_tensors()]
     if not flags:
@@ -228,8 +264,10 @@ def test_the_tier_a_rule_matches_is_the_tenants_not_the_clients_hint(tenant_rout
     claiming premium does not reach the premium backend; alice (premium) does without
     claiming it."""
     primary, solo = FakeBackend("primary"), FakeBackend("solo")
-    model = tenant_router([primary, solo], rules=[
-        {"name": "premium", "match": {"tier": "premium"}, "backends": ["solo"]}])
+    model = tenant_router(
+        [primary, solo],
+        rules=[{"name": "premium", "match": {"tier": "premium"}, "backends": ["solo"]}],
+    )
     bob = ClientRequest(hints={"tenant": "bob", "tier": "premium"})
     alice = ClientRequest(hints={"tenant": "alice"})
     run(model, bob, alice)

@@ -1,6 +1,7 @@
 """The router's side of trust.py (issue 21): it proves every request and abort it sends
 an engine model, a client's own "proof" never passes it, tenants need the secret, and a
 value no engine could take is the client's error. Against the doubles of test_model."""
+
 from __future__ import annotations
 
 import json
@@ -42,6 +43,7 @@ def sent(monkeypatch):
         def recording(self, decoupled=False, _original=original):
             calls.append((self.model_name, dict(self.inputs), self.parameters))
             return _original(self, decoupled)
+
         monkeypatch.setattr(BlsRequest, name, recording)
     return calls
 
@@ -69,6 +71,7 @@ def make(tmp_path):
             model.initialize({"model_repository": str(tmp_path), "model_version": "1"})
             models.append(model)
             return model
+
         yield build
         for model in models:
             model.finalize()
@@ -84,17 +87,23 @@ def test_every_backend_request_carries_the_proof_of_its_tenant_values(make, sent
         salt = trust.tenant_salt(tenant)
         assert (inputs["priority"], inputs["cache_salt"]) == (priority, salt)
         assert trust.proves_generate(KEY, parameters, inputs["request_id"], priority, salt)
-        assert not trust.proves_generate(KEY, parameters, inputs["request_id"], 0,
-                                         trust.tenant_salt("alice" if priority else "bob"))
+        assert not trust.proves_generate(
+            KEY,
+            parameters,
+            inputs["request_id"],
+            0,
+            trust.tenant_salt("alice" if priority else "bob"),
+        )
 
 
 def test_a_clients_proof_parameter_never_reaches_a_backend(make, sent, monkeypatch):
     request = ClientRequest(parameters={ROUTER_PROOF: "f" * 64, "temperature": 0})
     run(make([FakeBackend("primary")]), request)
     proof = sent[-1][2][ROUTER_PROOF]
-    assert proof != "f" * 64 and trust.proves_generate(KEY, sent[-1][2],
-                                                       sent[-1][1]["request_id"], None, None)
-    monkeypatch.delenv(ROUTER_SECRET_ENV)       # a router with no proof to give drops it too
+    assert proof != "f" * 64 and trust.proves_generate(
+        KEY, sent[-1][2], sent[-1][1]["request_id"], None, None
+    )
+    monkeypatch.delenv(ROUTER_SECRET_ENV)  # a router with no proof to give drops it too
     run(make([FakeBackend("primary")]), ClientRequest(parameters={ROUTER_PROOF: "f" * 64}))
     assert not sent[-1][2]
 
@@ -104,8 +113,9 @@ def test_aborts_carry_the_proof_for_the_id_they_abort(make, sent):
     request = ClientRequest()
     run(make([backend]), request, during=cancel_after_first_text(request, backend))
     assert backend.aborted
-    aborts = [(inputs, parameters) for _, inputs, parameters in sent
-              if "abort_request_id" in inputs]
+    aborts = [
+        (inputs, parameters) for _, inputs, parameters in sent if "abort_request_id" in inputs
+    ]
     assert [inputs["abort_request_id"] for inputs, _ in aborts] == backend.aborted
     inputs, parameters = aborts[0]
     assert trust.proves_abort(KEY, parameters, inputs["abort_request_id"])
@@ -120,15 +130,19 @@ def test_tenants_without_a_secret_fail_the_load_in_one_line(make, monkeypatch):
     assert message.startswith(f"tenants need {ROUTER_SECRET_ENV}") and "\n" not in message
 
 
-def test_without_tenants_the_router_needs_no_secret_and_says_what_it_costs(make, monkeypatch,
-                                                                          caplog, sent):
+def test_without_tenants_the_router_needs_no_secret_and_says_what_it_costs(
+    make, monkeypatch, caplog, sent
+):
     monkeypatch.delenv(ROUTER_SECRET_ENV)
     caplog.set_level(logging.WARNING, logger="trident")
     request = ClientRequest()
     run(make([FakeBackend("primary")]), request)
     assert request.errors() == [] and sent[-1][2] is None
-    assert any(f"no {ROUTER_SECRET_ENV}: the engine models will refuse this router's aborts"
-               in record.getMessage() for record in caplog.records)
+    assert any(
+        f"no {ROUTER_SECRET_ENV}: the engine models will refuse this router's aborts"
+        in record.getMessage()
+        for record in caplog.records
+    )
 
 
 class RefusingControls(FakeBackend):
@@ -138,31 +152,48 @@ class RefusingControls(FakeBackend):
     def _control(self, request_id):
         with self.lock:
             self.controls += 1
-        return iter([(pb.InferenceResponse(error=pb.TritonError(
-            CLIENT_FAULT_PREFIX + "abort_request_id is the router's own input",
-            pb.TritonError.INVALID_ARG)), True)])
+        return iter(
+            [
+                (
+                    pb.InferenceResponse(
+                        error=pb.TritonError(
+                            CLIENT_FAULT_PREFIX + "abort_request_id is the router's own input",
+                            pb.TritonError.INVALID_ARG,
+                        )
+                    ),
+                    True,
+                )
+            ]
+        )
 
 
 def test_a_probe_refused_as_the_clients_fault_means_the_backend_is_alive(make, monkeypatch):
     monkeypatch.delenv(ROUTER_SECRET_ENV)
     backend = RefusingControls("primary", chunks=["a", "b", "c"], delay_s=0.25)
     request = ClientRequest()
-    run(make([backend]), request)                # quiet > SILENCE_PROBE_S between chunks
-    assert backend.controls >= 1                 # it was probed, and answered
+    run(make([backend]), request)  # quiet > SILENCE_PROBE_S between chunks
+    assert backend.controls >= 1  # it was probed, and answered
     assert request.errors() == [] and request.texts() == ["a", "b", "c"]
 
 
-@pytest.mark.parametrize("sampling,field", [({"max_tokens": 2**32 + 5}, "max_tokens"),
-                                             ({"seed": -1}, "seed"),   # random_seed: UINT64
-                                             ({"top_k": 2**31}, "top_k")])
+@pytest.mark.parametrize(
+    "sampling,field",
+    [
+        ({"max_tokens": 2**32 + 5}, "max_tokens"),
+        ({"seed": -1}, "seed"),  # random_seed: UINT64
+        ({"top_k": 2**31}, "top_k"),
+    ],
+)
 def test_a_value_the_trtllm_ensemble_cannot_take_is_the_clients_error(make, sampling, field):
     backend = FakeBackend("primary")
     model = make([backend], engines={"primary": "tensorrt_llm"})
     request = ClientRequest()
-    request.inputs["sampling_parameters"] = string_tensor("sampling_parameters",
-                                                          json.dumps(sampling))
+    request.inputs["sampling_parameters"] = string_tensor(
+        "sampling_parameters", json.dumps(sampling)
+    )
     run(model, request)
     assert len(request.errors()) == 1 and request.errors()[0].startswith(
-        f"{CLIENT_FAULT_PREFIX}sampling_parameters.{field} is out of range")
+        f"{CLIENT_FAULT_PREFIX}sampling_parameters.{field} is out of range"
+    )
     assert backend.calls == 0 and model.breakers["primary"].state == "closed"
     assert request.sender.final_flags() == 1

@@ -1,5 +1,6 @@
 """The CLI's logging: trident's own loggers reach stderr (INFO by default, DEBUG with -v),
 one line each, and nothing that looks like a secret is written."""
+
 from __future__ import annotations
 
 import logging
@@ -30,9 +31,10 @@ def _default_body() -> None:
 
 def test_info_and_warnings_reach_stderr_by_default(monkeypatch, capsys):
     lines = _run_logging(monkeypatch, capsys)
-    assert lines == ["engine cache: abc is being built by host-1; waiting",
-                     "warning: engine cache: S3 is unreachable; carrying on with the "
-                     "local tier only"]
+    assert lines == [
+        "engine cache: abc is being built by host-1; waiting",
+        "warning: engine cache: S3 is unreachable; carrying on with the local tier only",
+    ]
 
 
 def test_verbose_adds_debug_with_the_logger_name(monkeypatch, capsys):
@@ -46,8 +48,7 @@ def test_verbose_adds_debug_with_the_logger_name(monkeypatch, capsys):
 def test_one_handler_however_often_main_runs(monkeypatch, capsys):
     for _ in range(3):
         _run_logging(monkeypatch, capsys)
-    handlers = [h for h in logging.getLogger("trident").handlers
-                if h.get_name() == "trident-cli"]
+    handlers = [h for h in logging.getLogger("trident").handlers if h.get_name() == "trident-cli"]
     assert len(handlers) == 1
 
 
@@ -58,8 +59,7 @@ def test_tracebacks_only_with_verbose(monkeypatch, capsys):
         except ValueError:
             LOG.exception("engine cache: upload failed")
 
-    assert _run_logging(monkeypatch, capsys, body=body) == [
-        "error: engine cache: upload failed"]
+    assert _run_logging(monkeypatch, capsys, body=body) == ["error: engine cache: upload failed"]
     assert "Traceback" in "\n".join(_run_logging(monkeypatch, capsys, "-v", body=body))
 
 
@@ -73,17 +73,25 @@ def test_secrets_never_reach_the_log(monkeypatch, capsys):
         LOG.info("headers: Authorization token=abc123def and hf_abcdefghijklmnop")
 
     text = "\n".join(_run_logging(monkeypatch, capsys, "-v", body=body))
-    for secret in ("wJalrXUtnFEMI/K7MDENG", "hunter22", "admin:", "abc123def",
-                   "hf_abcdefghijklmnop"):
+    for secret in (
+        "wJalrXUtnFEMI/K7MDENG",
+        "hunter22",
+        "admin:",
+        "abc123def",
+        "hf_abcdefghijklmnop",
+    ):
         assert secret not in text
     assert "http://***@s3.local:8333/engines" in text
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("password: s3cr3t!", "password: ***"),
-    ("aws_access_key_id='AKIAXXXX'", "aws_access_key_id='***'"),
-    ("s3://bucket/prefix and nothing else", "s3://bucket/prefix and nothing else"),
-    ("key=abc12345 (a cache key, not a secret)", "key=abc12345 (a cache key, not a secret)"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("password: s3cr3t!", "password: ***"),
+        ("aws_access_key_id='AKIAXXXX'", "aws_access_key_id='***'"),
+        ("s3://bucket/prefix and nothing else", "s3://bucket/prefix and nothing else"),
+        ("key=abc12345 (a cache key, not a secret)", "key=abc12345 (a cache key, not a secret)"),
+    ],
+)
 def test_redact(text, expected):
     assert logs.redact(text, environ={}) == expected

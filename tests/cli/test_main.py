@@ -1,5 +1,6 @@
 """The `trident` command line on click: help everywhere, exit codes, one-line errors,
 shell completion, and the entry points (main(), python -m builder.cli[.main])."""
+
 from __future__ import annotations
 
 import os
@@ -30,10 +31,25 @@ COMMAND_PATHS = list(_command_paths(cli))
 
 def test_every_documented_command_exists():
     paths = {" ".join(p) for p in COMMAND_PATHS}
-    for expected in ("repo", "validate", "serve", "infer", "plan", "mig check", "mig plan",
-                     "engines plan", "engines build", "engines prebuild", "cache ls",
-                     "cache stats", "cache verify", "cache gc", "assets", "schema",
-                     "completion"):
+    for expected in (
+        "repo",
+        "validate",
+        "serve",
+        "infer",
+        "plan",
+        "mig check",
+        "mig plan",
+        "engines plan",
+        "engines build",
+        "engines prebuild",
+        "cache ls",
+        "cache stats",
+        "cache verify",
+        "cache gc",
+        "assets",
+        "schema",
+        "completion",
+    ):
         assert expected in paths
 
 
@@ -59,18 +75,21 @@ def test_dash_h_is_help_too(capsys):
     assert "--keep-last" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, words", [
-    ([], "Missing command"),
-    (["bogus"], "No such command 'bogus'"),
-    (["mig"], "trident mig: Missing command"),
-    (["repo", "--out", "x"], "Missing option '--spec'"),
-    (["repo", "--spec"], "'--spec' requires an argument"),
-    (["repo", "--spec", "a", "--out", "b", "--frobnicate"], "--frobnicate"),
-    (["serve", "--http-port", "eighty"], "'eighty' is not a valid integer"),
-    (["infer"], "Missing argument 'PROMPT"),
-    (["completion", "tcsh"], "'tcsh' is not one of"),
-    (["validate", "a", "b"], "unexpected extra argument"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        ([], "Missing command"),
+        (["bogus"], "No such command 'bogus'"),
+        (["mig"], "trident mig: Missing command"),
+        (["repo", "--out", "x"], "Missing option '--spec'"),
+        (["repo", "--spec"], "'--spec' requires an argument"),
+        (["repo", "--spec", "a", "--out", "b", "--frobnicate"], "--frobnicate"),
+        (["serve", "--http-port", "eighty"], "'eighty' is not a valid integer"),
+        (["infer"], "Missing argument 'PROMPT"),
+        (["completion", "tcsh"], "'tcsh' is not one of"),
+        (["validate", "a", "b"], "unexpected extra argument"),
+    ],
+)
 def test_usage_error_exits_2_with_one_line(argv, words, capsys):
     assert main(argv) == 2
     captured = capsys.readouterr()
@@ -90,18 +109,22 @@ def test_bad_spec_exits_2_naming_the_field(tmp_path, capsys):
 
 
 def test_missing_spec_exits_2(tmp_path, capsys):
-    assert main(["repo", "--spec", str(tmp_path / "nope.yaml"), "--out",
-                 str(tmp_path / "out")]) == 2
+    assert (
+        main(["repo", "--spec", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "out")]) == 2
+    )
     assert "nope.yaml" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("error, code", [
-    (TridentError("the job failed"), 1),
-    (TridentError("bad input", 2), 2),
-    (CacheError("cache broke"), 1),
-    (PermissionError(13, "Permission denied", "/x/y"), 1),
-])
+@pytest.mark.parametrize(
+    "error, code",
+    [
+        (TridentError("the job failed"), 1),
+        (TridentError("bad input", 2), 2),
+        (CacheError("cache broke"), 1),
+        (PermissionError(13, "Permission denied", "/x/y"), 1),
+    ],
+)
 def test_errors_map_to_exit_codes_and_one_line(monkeypatch, capsys, error, code):
     def failing() -> None:
         raise error
@@ -128,8 +151,9 @@ def test_commands_return_their_exit_code(capsys):
     assert main(["schema"]) == 0
 
 
-@pytest.mark.parametrize("shell, marker", [("bash", "complete -o"), ("zsh", "compdef"),
-                                           ("fish", "complete --no-files")])
+@pytest.mark.parametrize(
+    "shell, marker", [("bash", "complete -o"), ("zsh", "compdef"), ("fish", "complete --no-files")]
+)
 def test_completion_prints_the_script(shell, marker, capsys):
     assert main(["completion", shell]) == 0
     out = capsys.readouterr().out
@@ -137,26 +161,46 @@ def test_completion_prints_the_script(shell, marker, capsys):
 
 
 def _run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
+    return subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
 
 
 def test_completion_answers_through_the_environment_variable():
-    result = _run("-m", "builder.cli.main",
-                  env={"_TRIDENT_COMPLETE": "bash_complete", "COMP_WORDS": "trident ca",
-                       "COMP_CWORD": "1"})
+    result = _run(
+        "-m",
+        "builder.cli.main",
+        env={"_TRIDENT_COMPLETE": "bash_complete", "COMP_WORDS": "trident ca", "COMP_CWORD": "1"},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["plain,cache"]
 
 
 def test_completion_of_paths_and_gpu_types():
-    result = _run("-m", "builder.cli",
-                  env={"_TRIDENT_COMPLETE": "bash_complete",
-                       "COMP_WORDS": "trident mig check --gpu H200", "COMP_CWORD": "4"})
+    result = _run(
+        "-m",
+        "builder.cli",
+        env={
+            "_TRIDENT_COMPLETE": "bash_complete",
+            "COMP_WORDS": "trident mig check --gpu H200",
+            "COMP_CWORD": "4",
+        },
+    )
     assert result.stdout.split() == ["plain,H200-141GB"]
-    result = _run("-m", "builder.cli",
-                  env={"_TRIDENT_COMPLETE": "bash_complete",
-                       "COMP_WORDS": "trident repo --spec dep", "COMP_CWORD": "3"})
+    result = _run(
+        "-m",
+        "builder.cli",
+        env={
+            "_TRIDENT_COMPLETE": "bash_complete",
+            "COMP_WORDS": "trident repo --spec dep",
+            "COMP_CWORD": "3",
+        },
+    )
     assert result.stdout.split() == ["file,dep"]
 
 
@@ -172,9 +216,11 @@ def test_python_dash_m_runs_the_cli(module):
 
 
 def test_help_does_not_import_the_heavy_clients():
-    code = ("import sys; from builder.cli.main import main; main(['--help']); "
-            "print(sorted(m for m in ('tritonclient', 'boto3', 'grpc', 'jinja2') "
-            "if m in sys.modules))")
+    code = (
+        "import sys; from builder.cli.main import main; main(['--help']); "
+        "print(sorted(m for m in ('tritonclient', 'boto3', 'grpc', 'jinja2') "
+        "if m in sys.modules))"
+    )
     result = _run("-c", code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"

@@ -1,5 +1,6 @@
 """engine_cache stands alone: nothing of builder/, no boto3 until an S3 tier is opened, its
 own error base that the trident CLI still prints as one line with the same exit code."""
+
 from __future__ import annotations
 
 import ast
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Runs in a fresh interpreter where boto3, botocore, s3transfer and builder cannot be
 # imported at all (a meta-path hook), so a stray import anywhere fails loudly.
-WITHOUT_BOTO3 = r'''
+WITHOUT_BOTO3 = r"""
 import sys, tempfile
 from pathlib import Path
 
@@ -47,7 +48,7 @@ except CacheError as e:
 else:
     raise AssertionError("an S3 tier without boto3 must be a CacheError")
 print("loaded:", sorted({m.split(".")[0] for m in sys.modules} & set(BLOCKED)))
-'''
+"""
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -61,14 +62,19 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def test_engine_cache_imports_nothing_of_builder():
-    offenders = {f"{path.name}: {name}" for path in (ROOT / "engine_cache").glob("*.py")
-                 for name in _imported_modules(path) if name.split(".")[0] == "builder"}
+    offenders = {
+        f"{path.name}: {name}"
+        for path in (ROOT / "engine_cache").glob("*.py")
+        for name in _imported_modules(path)
+        if name.split(".")[0] == "builder"
+    }
     assert not offenders
 
 
 def test_local_use_without_boto3_or_builder(tmp_path):
-    done = subprocess.run([sys.executable, "-c", WITHOUT_BOTO3], cwd=ROOT, text=True,
-                          capture_output=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_BOTO3], cwd=ROOT, text=True, capture_output=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "loaded: []"
 
@@ -83,5 +89,4 @@ def test_cli_prints_a_cache_error_as_one_line(tmp_path, capsys):
     code = cli.main(["cache", "verify", "not-a-key", "--local-cache", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.startswith("error: 'not-a-key' is not an engine cache key") and \
-        err.count("\n") == 1
+    assert err.startswith("error: 'not-a-key' is not an engine cache key") and err.count("\n") == 1

@@ -1,4 +1,5 @@
 """Cache keys and manifests: pure logic, milliseconds."""
+
 from __future__ import annotations
 
 import json
@@ -10,20 +11,31 @@ from engine_cache import CacheError, EngineInputs, checkpoint_digest, engine_key
 from engine_cache.key import CACHE_FORMAT_VERSION
 from engine_cache.manifest import manifest_for_dir, parse_manifest, problems_in_dir
 
-ARGS = {"max_batch_size": 8, "max_input_len": 1024, "gemm_plugin": "auto",
-        "plugins": {"paged_kv_cache": True}}
+ARGS = {
+    "max_batch_size": 8,
+    "max_input_len": 1024,
+    "gemm_plugin": "auto",
+    "plugins": {"paged_kv_cache": True},
+}
 
 
 def inputs(**changes) -> EngineInputs:
-    fields = dict(checkpoint_digest="a" * 64, build_args=ARGS, target_sm="90",
-                  trtllm_version="0.20.0", tensorrt_version="10.10.0")
+    fields = dict(
+        checkpoint_digest="a" * 64,
+        build_args=ARGS,
+        target_sm="90",
+        trtllm_version="0.20.0",
+        tensorrt_version="10.10.0",
+    )
     fields.update(changes)
     return EngineInputs(**fields)
 
 
 def make_checkpoint(path, files=None):
-    files = files or {"config.json": b'{"architecture": "LlamaForCausalLM"}',
-                      "rank0.safetensors": b"\x00\x01weights"}
+    files = files or {
+        "config.json": b'{"architecture": "LlamaForCausalLM"}',
+        "rank0.safetensors": b"\x00\x01weights",
+    }
     for name, data in files.items():
         (path / name).parent.mkdir(parents=True, exist_ok=True)
         (path / name).write_bytes(data)
@@ -36,15 +48,18 @@ def test_key_is_stable_and_independent_of_argument_order():
     assert len(engine_key(inputs())) == 64
 
 
-@pytest.mark.parametrize("change", [
-    {"build_args": {**ARGS, "max_batch_size": 16}},
-    {"build_args": {**ARGS, "plugins": {"paged_kv_cache": False}}},
-    {"build_args": {**ARGS, "use_paged_context_fmha": True}},
-    {"target_sm": "89"},
-    {"trtllm_version": "0.21.0"},
-    {"tensorrt_version": "10.11.0"},
-    {"checkpoint_digest": "b" * 64},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"build_args": {**ARGS, "max_batch_size": 16}},
+        {"build_args": {**ARGS, "plugins": {"paged_kv_cache": False}}},
+        {"build_args": {**ARGS, "use_paged_context_fmha": True}},
+        {"target_sm": "89"},
+        {"trtllm_version": "0.21.0"},
+        {"tensorrt_version": "10.11.0"},
+        {"checkpoint_digest": "b" * 64},
+    ],
+)
 def test_every_input_changes_the_key(change):
     assert engine_key(inputs(**change)) != engine_key(inputs())
 
@@ -55,17 +70,20 @@ def test_cache_format_version_is_part_of_the_key(monkeypatch):
     assert engine_key(inputs()) != before
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"target_sm": ""}, "target_sm"),
-    ({"target_sm": "hopper"}, "target_sm"),
-    ({"trtllm_version": ""}, "trtllm_version"),
-    ({"tensorrt_version": None}, "tensorrt_version"),
-    ({"checkpoint_digest": "abc"}, "checkpoint_digest"),
-    ({"build_args": {"x": object()}}, "build_args.x"),
-    ({"build_args": {"x": [1, float("nan")]}}, "build_args.x[1]"),
-    ({"build_args": {1: 2}}, "non-string key"),
-    ({"build_args": ["max_batch_size"]}, "mapping"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"target_sm": ""}, "target_sm"),
+        ({"target_sm": "hopper"}, "target_sm"),
+        ({"trtllm_version": ""}, "trtllm_version"),
+        ({"tensorrt_version": None}, "tensorrt_version"),
+        ({"checkpoint_digest": "abc"}, "checkpoint_digest"),
+        ({"build_args": {"x": object()}}, "build_args.x"),
+        ({"build_args": {"x": [1, float("nan")]}}, "build_args.x[1]"),
+        ({"build_args": {1: 2}}, "non-string key"),
+        ({"build_args": ["max_batch_size"]}, "mapping"),
+    ],
+)
 def test_bad_inputs_name_the_field(change, words):
     with pytest.raises(CacheError, match=words.replace("[", r"\[").replace("]", r"\]")) as e:
         inputs(**change)
@@ -108,8 +126,9 @@ def test_checkpoint_digest_refuses_symlinks(tmp_path):
 
 
 def test_manifest_round_trip_and_dir_problems(tmp_path):
-    engine = make_checkpoint(tmp_path / "engine", {"rank0.engine": b"E" * 100,
-                                                   "config.json": b"{}"})
+    engine = make_checkpoint(
+        tmp_path / "engine", {"rank0.engine": b"E" * 100, "config.json": b"{}"}
+    )
     key = "c" * 64
     manifest = manifest_for_dir(key, engine, 123.0, {"profile": "short"})
     again = parse_manifest(manifest.to_json(), key, "test")
@@ -123,20 +142,25 @@ def test_manifest_round_trip_and_dir_problems(tmp_path):
     assert "rank0.engine: size 50" in problems_in_dir(manifest, engine, deep=False)[0]
     (engine / "rank0.engine").unlink()
     (engine / "extra").write_bytes(b"")
-    assert problems_in_dir(manifest, engine) == ["rank0.engine: missing",
-                                                 "extra: not in the manifest"]
+    assert problems_in_dir(manifest, engine) == [
+        "rank0.engine: missing",
+        "extra: not in the manifest",
+    ]
 
 
-@pytest.mark.parametrize("mutate, words", [
-    (lambda d: d.update(key="d" * 64), "does not match"),
-    (lambda d: d.update(format=99), "format"),
-    (lambda d: d["files"][0].update(path="../../etc/passwd"), "unsafe"),
-    (lambda d: d["files"][0].update(path="/abs"), "unsafe"),
-    (lambda d: d["files"][0].update(size=-1), "bad size"),
-    (lambda d: d["files"][0].update(sha256="zz"), "bad sha256"),
-    (lambda d: d.update(files=[]), "no files"),
-    (lambda d: d.pop("files"), "files"),
-])
+@pytest.mark.parametrize(
+    "mutate, words",
+    [
+        (lambda d: d.update(key="d" * 64), "does not match"),
+        (lambda d: d.update(format=99), "format"),
+        (lambda d: d["files"][0].update(path="../../etc/passwd"), "unsafe"),
+        (lambda d: d["files"][0].update(path="/abs"), "unsafe"),
+        (lambda d: d["files"][0].update(size=-1), "bad size"),
+        (lambda d: d["files"][0].update(sha256="zz"), "bad sha256"),
+        (lambda d: d.update(files=[]), "no files"),
+        (lambda d: d.pop("files"), "files"),
+    ],
+)
 def test_untrusted_manifest_is_rejected(tmp_path, mutate, words):
     engine = make_checkpoint(tmp_path / "engine", {"rank0.engine": b"E"})
     data = json.loads(manifest_for_dir("c" * 64, engine, 1.0, {}).to_json())
@@ -158,10 +182,10 @@ def test_digest_memo_skips_rehashing_unchanged_files(tmp_path, monkeypatch):
 
     weights = ckpt / "rank0.safetensors"
     stat = weights.stat()
-    weights.write_bytes(b"\x00\x02weights")                # same size
+    weights.write_bytes(b"\x00\x02weights")  # same size
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # and the old mtime
     changed = checkpoint_digest(ckpt, memo_file=memo)
-    assert changed != cold and hashed == [weights]         # ctime still gave it away
+    assert changed != cold and hashed == [weights]  # ctime still gave it away
 
 
 def test_damaged_memo_is_ignored(tmp_path):

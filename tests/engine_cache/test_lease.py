@@ -1,4 +1,5 @@
 """The build lease's rules, against an in-memory store with S3's conditional semantics."""
+
 from __future__ import annotations
 
 import itertools
@@ -58,12 +59,12 @@ def test_renewal_keeps_a_lease_alive_and_a_late_holder_loses_it():
     assert holder.acquire()
     clock.now += 50
     assert holder.renew()
-    clock.now += 50                      # 100 s after start, 50 s after the renewal
+    clock.now += 50  # 100 s after start, 50 s after the renewal
     assert not waiter.acquire()
     clock.now += 11
-    assert waiter.acquire()              # expired: taken over
-    assert not holder.renew()            # the old holder notices it lost the lease
-    holder.release()                     # and must not delete the new holder's lease
+    assert waiter.acquire()  # expired: taken over
+    assert not holder.renew()  # the old holder notices it lost the lease
+    holder.release()  # and must not delete the new holder's lease
     assert parse_lease(store.objects["k"][0]).owner == waiter.owner
 
 

@@ -1,4 +1,5 @@
 """The local tier of EngineCache (no S3): build once, hits, damage, verify, gc, stats."""
+
 from __future__ import annotations
 
 import json
@@ -31,11 +32,17 @@ def test_miss_builds_then_hits_locally(tmp_path):
     stats = cache.stats()
     assert (stats["builds"], stats["hits_local"], stats["misses"]) == (1, 2, 2)
     assert stats["lookups"] == 4 and stats["local_entries"] == 1
-    assert stats["local_bytes"] == (path / "rank0.engine").stat().st_size + \
-        (path / "config.json").stat().st_size
+    assert (
+        stats["local_bytes"]
+        == (path / "rank0.engine").stat().st_size + (path / "config.json").stat().st_size
+    )
     [entry] = cache.entries()
-    assert (entry.key, entry.files, entry.tier, entry.metadata) == \
-        (KEY, 2, "local", {"profile": "short"})
+    assert (entry.key, entry.files, entry.tier, entry.metadata) == (
+        KEY,
+        2,
+        "local",
+        {"profile": "short"},
+    )
 
 
 def test_failed_build_leaves_no_entry(tmp_path):
@@ -64,7 +71,7 @@ def test_damaged_local_file_is_quarantined_and_rebuilt(tmp_path):
     engine = path / "rank0.engine"
     data = bytearray(engine.read_bytes())
     data[10] ^= 0xFF
-    engine.write_bytes(bytes(data))            # same size, new mtime: rehashed on lookup
+    engine.write_bytes(bytes(data))  # same size, new mtime: rehashed on lookup
 
     assert cache.lookup(KEY) is None
     [quarantined] = (tmp_path / "cache" / "quarantine").iterdir()
@@ -107,8 +114,7 @@ def test_verify_rehashes_what_lookups_trust(tmp_path):
     assert cache.verify() == []
     _flip_first_byte(path / "rank0.engine")
     manifest = cache.local.manifest(KEY)
-    (cache.local.entry_dir(KEY) / "stamp.json").write_text(
-        json.dumps(stat_stamp(path, manifest)))
+    (cache.local.entry_dir(KEY) / "stamp.json").write_text(json.dumps(stat_stamp(path, manifest)))
     assert cache.lookup(KEY) == path, "lookups trust an unchanged stat identity"
     problems = cache.verify()
     assert problems == [f"local {KEY}: rank0.engine: sha256 differs from the manifest"]
@@ -144,7 +150,7 @@ def test_gc_keeps_the_most_recently_used(tmp_path):
     for key in keys:
         cache.get_or_build(key, recording_build(tmp_path / "log"), {})
         clock.now += 100
-    cache.lookup(keys[0])                        # a hit makes it the most recent
+    cache.lookup(keys[0])  # a hit makes it the most recent
     clock.now += 100
     assert sorted(cache.gc(keep_last=2)) == sorted(keys[1:3])
     assert {e.key for e in cache.entries()} == {keys[0], keys[3]}
@@ -178,9 +184,12 @@ def _build_in_process(cache_dir: str, log: str, results: str) -> None:
 def test_concurrent_processes_on_one_machine_build_once(tmp_path):
     log, results = tmp_path / "builds.log", tmp_path / "results"
     context = multiprocessing.get_context("spawn")
-    workers = [context.Process(target=_build_in_process,
-                               args=(str(tmp_path / "cache"), str(log), str(results)))
-               for _ in range(8)]
+    workers = [
+        context.Process(
+            target=_build_in_process, args=(str(tmp_path / "cache"), str(log), str(results))
+        )
+        for _ in range(8)
+    ]
     for worker in workers:
         worker.start()
     for worker in workers:

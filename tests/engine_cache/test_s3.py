@@ -1,4 +1,5 @@
 """EngineCache against a real SeaweedFS S3 server: publish, fetch, damage, leases, errors."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,9 @@ pytestmark = pytest.mark.s3
 KEY = engine_key(EngineInputs("a" * 64, {"max_batch_size": 8}, "90", "0.20.0", "10.10.0"))
 OTHER = engine_key(EngineInputs("b" * 64, {"max_batch_size": 8}, "90", "0.20.0", "10.10.0"))
 # Small parts so a test file of a few MiB really goes through multipart transfers.
-SMALL_PARTS = TransferConfig(multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB,
-                             max_concurrency=4)
+SMALL_PARTS = TransferConfig(
+    multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB, max_concurrency=4
+)
 
 
 def machine(bucket, root: Path, name: str, **kwargs) -> EngineCache:
@@ -50,8 +52,11 @@ def test_miss_build_publish_then_fetch_on_a_new_machine(s3_bucket, tmp_path):
     objects = entry_objects(s3_bucket)
     assert f"engines/{KEY}/manifest.json" in objects
     assert not any(k.endswith("lease.json") for k in objects), "the lease is released"
-    manifest = json.loads(s3_bucket.client().get_object(
-        Bucket=s3_bucket.name, Key=f"engines/{KEY}/manifest.json")["Body"].read())
+    manifest = json.loads(
+        s3_bucket.client()
+        .get_object(Bucket=s3_bucket.name, Key=f"engines/{KEY}/manifest.json")["Body"]
+        .read()
+    )
     assert {f["path"] for f in manifest["files"]} == {"rank0.engine", "config.json"}
     assert manifest["metadata"] == {"profile": "short"}
 
@@ -63,8 +68,7 @@ def test_miss_build_publish_then_fetch_on_a_new_machine(s3_bucket, tmp_path):
     assert fresh.stats()["fetch_bytes"] == sum(f["size"] for f in manifest["files"])
     assert fresh.stats()["hits_s3"] == 1
     assert [(e.key, e.tier) for e in fresh.entries()] == [(KEY, "local+s3")]
-    assert [(e.key, e.tier) for e in machine(s3_bucket, tmp_path, "x").entries()] == \
-        [(KEY, "s3")]
+    assert [(e.key, e.tier) for e in machine(s3_bucket, tmp_path, "x").entries()] == [(KEY, "s3")]
 
 
 def test_changed_checkpoint_or_build_arg_builds_a_new_entry(s3_bucket, tmp_path):
@@ -74,8 +78,11 @@ def test_changed_checkpoint_or_build_arg_builds_a_new_entry(s3_bucket, tmp_path)
     log = tmp_path / "builds.log"
 
     def key_for(**args):
-        return engine_key(EngineInputs(checkpoint_digest(ckpt), {"max_batch_size": 8, **args},
-                                       "90", "0.20.0", "10.10.0"))
+        return engine_key(
+            EngineInputs(
+                checkpoint_digest(ckpt), {"max_batch_size": 8, **args}, "90", "0.20.0", "10.10.0"
+            )
+        )
 
     cache = machine(s3_bucket, tmp_path, "ci")
     original = key_for()
@@ -116,7 +123,8 @@ def test_damaged_s3_entry_is_never_used(s3_bucket, tmp_path, damage):
     path, outcome = victim.get_or_build(KEY, recording_build(log), {})
     assert outcome == "built" and builds(log) == 2
     third, outcome = machine(s3_bucket, tmp_path, "third").get_or_build(
-        KEY, recording_build(log), {})
+        KEY, recording_build(log), {}
+    )
     assert outcome == "hit-s3"
     assert (third / "rank0.engine").read_bytes() == (good / "rank0.engine").read_bytes()
 
@@ -135,8 +143,11 @@ def test_verify_finds_and_quarantines_a_truncated_s3_object(s3_bucket, tmp_path)
 
 def test_corrupt_manifest_is_quarantined(s3_bucket, tmp_path):
     machine(s3_bucket, tmp_path, "ci").get_or_build(KEY, recording_build(tmp_path / "l"), {})
-    s3_bucket.client().put_object(Bucket=s3_bucket.name, Key=f"engines/{KEY}/manifest.json",
-                                  Body=b'{"format": 1, "files": "nope"')
+    s3_bucket.client().put_object(
+        Bucket=s3_bucket.name,
+        Key=f"engines/{KEY}/manifest.json",
+        Body=b'{"format": 1, "files": "nope"',
+    )
     assert machine(s3_bucket, tmp_path, "other").lookup(KEY) is None
     assert f"engines/{KEY}/manifest.json" not in s3_bucket.keys()
 
@@ -186,20 +197,21 @@ def test_upload_interrupted_half_way_leaves_no_entry(s3_bucket, tmp_path, failur
     log = tmp_path / "builds.log"
     if failure == "process-killed":
         child = multiprocessing.get_context("spawn").Process(
-            target=_upload_then_die, args=(s3_bucket.uri, str(tmp_path / "ci"), str(log)))
+            target=_upload_then_die, args=(s3_bucket.uri, str(tmp_path / "ci"), str(log))
+        )
         child.start()
         child.join(60)
         assert child.exitcode == -signal.SIGKILL
         assert any("/files/" in k for k in s3_bucket.keys()), "bytes were uploaded..."
     else:
-        _interrupt_with_network_error(machine(s3_bucket, tmp_path, "ci",
-                                              transfer_config=SMALL_PARTS), log)
+        _interrupt_with_network_error(
+            machine(s3_bucket, tmp_path, "ci", transfer_config=SMALL_PARTS), log
+        )
     assert f"engines/{KEY}/manifest.json" not in s3_bucket.keys(), "...but no entry exists"
     assert machine(s3_bucket, tmp_path, "other").lookup(KEY) is None
     assert machine(s3_bucket, tmp_path, "other").entries() == []
 
-    path, outcome = machine(s3_bucket, tmp_path, "ci").get_or_build(
-        KEY, recording_build(log), {})
+    path, outcome = machine(s3_bucket, tmp_path, "ci").get_or_build(KEY, recording_build(log), {})
     assert outcome == "hit-local" and builds(log) == 1
     fetched = machine(s3_bucket, tmp_path, "third").lookup(KEY)
     assert (fetched / "rank0.engine").read_bytes() == (path / "rank0.engine").read_bytes()
@@ -226,7 +238,8 @@ def _machine_process(uri: str, root: str, name: str, log: str, results: str) -> 
     def slow_build(out: Path) -> None:
         build(out)
         import time
-        time.sleep(1.0)             # a compile long enough for every process to contend
+
+        time.sleep(1.0)  # a compile long enough for every process to contend
 
     path, outcome = cache.get_or_build(KEY, slow_build, {})
     with open(results, "a") as handle:
@@ -237,9 +250,19 @@ def _machine_process(uri: str, root: str, name: str, log: str, results: str) -> 
 def test_eight_concurrent_builders_compile_once(s3_bucket, tmp_path, shared_local_dir):
     log, results = tmp_path / "builds.log", tmp_path / "results"
     context = multiprocessing.get_context("spawn")
-    workers = [context.Process(target=_machine_process, args=(
-        s3_bucket.uri, str(tmp_path), "shared" if shared_local_dir else f"m{i}", str(log),
-        str(results))) for i in range(8)]
+    workers = [
+        context.Process(
+            target=_machine_process,
+            args=(
+                s3_bucket.uri,
+                str(tmp_path),
+                "shared" if shared_local_dir else f"m{i}",
+                str(log),
+                str(results),
+            ),
+        )
+        for i in range(8)
+    ]
     for worker in workers:
         worker.start()
     for worker in workers:
@@ -253,15 +276,19 @@ def test_eight_concurrent_builders_compile_once(s3_bucket, tmp_path, shared_loca
 
 
 def _plant_lease(bucket, owner: str, expires_at: float) -> None:
-    bucket.client().put_object(Bucket=bucket.name, Key=f"engines/{KEY}/lease.json",
-                               Body=LeaseRecord(owner, expires_at).to_json())
+    bucket.client().put_object(
+        Bucket=bucket.name,
+        Key=f"engines/{KEY}/lease.json",
+        Body=LeaseRecord(owner, expires_at).to_json(),
+    )
 
 
 def test_expired_lease_of_a_dead_builder_is_taken_over(s3_bucket, tmp_path):
     clock = FakeClock()
     _plant_lease(s3_bucket, "dead-host:123:abc", clock.now - 1)
     path, outcome = machine(s3_bucket, tmp_path, "ci", clock=clock).get_or_build(
-        KEY, recording_build(tmp_path / "log"), {})
+        KEY, recording_build(tmp_path / "log"), {}
+    )
     assert outcome == "built"
     assert f"engines/{KEY}/lease.json" not in s3_bucket.keys()
 
@@ -273,8 +300,9 @@ def test_waiter_gives_up_on_a_live_lease_after_its_timeout(s3_bucket, tmp_path):
     def sleep(seconds):
         clock.now += seconds
 
-    cache = machine(s3_bucket, tmp_path, "ci", clock=clock, sleep=sleep, poll_s=30,
-                    wait_timeout_s=120)
+    cache = machine(
+        s3_bucket, tmp_path, "ci", clock=clock, sleep=sleep, poll_s=30, wait_timeout_s=120
+    )
     with pytest.raises(CacheError, match="busy-host:9:xyz"):
         cache.get_or_build(KEY, recording_build(tmp_path / "log"), {})
     assert builds(tmp_path / "log") == 0 and cache.stats()["lease_waits"] == 1
@@ -287,7 +315,7 @@ def test_waiter_reuses_what_the_lease_holder_publishes(s3_bucket, tmp_path):
     holder.local.publish_copy(KEY, _engine_dir(tmp_path), {})
     polls = []
 
-    def sleep(seconds):            # the holder finishes while the waiter sleeps
+    def sleep(seconds):  # the holder finishes while the waiter sleeps
         polls.append(seconds)
         holder._publish_pending(KEY)
 
@@ -312,8 +340,7 @@ def test_unreachable_s3_is_a_clear_error_or_local_only(tmp_path, monkeypatch):
         cache.get_or_build(KEY, recording_build(tmp_path / "log"), {})
     assert builds(tmp_path / "log") == 0
 
-    offline = EngineCache(tmp_path / "c", "s3://bucket/engines", endpoint_url=dead,
-                          local_only=True)
+    offline = EngineCache(tmp_path / "c", "s3://bucket/engines", endpoint_url=dead, local_only=True)
     assert offline.get_or_build(KEY, recording_build(tmp_path / "log"), {})[1] == "built"
     assert offline.get_or_build(KEY, recording_build(tmp_path / "log"), {})[1] == "hit-local"
     assert [e.tier for e in offline.entries()] == ["local"]
@@ -329,10 +356,12 @@ def test_local_only_still_uses_a_reachable_s3(s3_bucket, tmp_path):
 def test_s3_going_away_after_the_build_keeps_the_engine(s3_bucket, tmp_path):
     """local_only: an endpoint lost between build and upload costs the upload, not the
     build; without local_only it is an error, and the next run publishes."""
+
     def build_then_lose_s3(cache):
         def build(out: Path):
             recording_build(tmp_path / "log")(out)
             cache.s3.client.meta.events.register("before-send.s3", _refuse_connection)
+
         return build
 
     tolerant = machine(s3_bucket, tmp_path, "tolerant", local_only=True)
@@ -341,8 +370,12 @@ def test_s3_going_away_after_the_build_keeps_the_engine(s3_bucket, tmp_path):
     strict = machine(s3_bucket, tmp_path, "strict")
     with pytest.raises(CacheError, match="publishing it failed.*unreachable"):
         strict.get_or_build(OTHER, build_then_lose_s3(strict), {})
-    assert machine(s3_bucket, tmp_path, "strict").get_or_build(
-        OTHER, recording_build(tmp_path / "log"), {})[1] == "hit-local"
+    assert (
+        machine(s3_bucket, tmp_path, "strict").get_or_build(
+            OTHER, recording_build(tmp_path / "log"), {}
+        )[1]
+        == "hit-local"
+    )
     assert machine(s3_bucket, tmp_path, "third").lookup(OTHER) is not None
     assert builds(tmp_path / "log") == 2
 
@@ -357,8 +390,7 @@ def test_endpoint_from_argument_and_wrong_credentials(s3_bucket, tmp_path, monke
     assert explicit.get_or_build(KEY, recording_build(tmp_path / "log"), {})[1] == "built"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-value")
     wrong = EngineCache(tmp_path / "b", s3_bucket.uri, endpoint_url=s3_bucket.endpoint)
-    with pytest.raises(CacheError, match="refused .*SignatureDoesNotMatch|refused .*Access") \
-            as e:
+    with pytest.raises(CacheError, match="refused .*SignatureDoesNotMatch|refused .*Access") as e:
         wrong.lookup(KEY)
     assert "wrong-secret-value" not in str(e.value)
 
@@ -387,8 +419,11 @@ def test_empty_files_and_subfolders_round_trip(s3_bucket, tmp_path):
     (engine / "tokenizer" / "vocab.json").write_text('{"a": 1}')
     machine(s3_bucket, tmp_path, "ci").publish(KEY, engine, {"note": "hand-built"})
     fetched = machine(s3_bucket, tmp_path, "new").lookup(KEY)
-    assert sorted(p.relative_to(fetched).as_posix() for p in fetched.rglob("*")
-                  if p.is_file()) == ["empty.bin", "rank0.engine", "tokenizer/vocab.json"]
+    assert sorted(p.relative_to(fetched).as_posix() for p in fetched.rglob("*") if p.is_file()) == [
+        "empty.bin",
+        "rank0.engine",
+        "tokenizer/vocab.json",
+    ]
     assert (fetched / "empty.bin").read_bytes() == b""
     assert (fetched / "tokenizer" / "vocab.json").read_text() == '{"a": 1}'
 
@@ -416,14 +451,16 @@ def test_gc_of_the_bucket_removes_old_entries_and_abandoned_uploads(s3_bucket, t
     client = s3_bucket.client()
     for age_days, upload_id in ((2, "abandoned"), (0, "in-progress")):
         started = int(clock.now - age_days * 86400)
-        client.put_object(Bucket=s3_bucket.name, Body=b"half",
-                          Key=f"engines/{KEY}/files/{started}-{upload_id}/rank0.engine")
+        client.put_object(
+            Bucket=s3_bucket.name,
+            Body=b"half",
+            Key=f"engines/{KEY}/files/{started}-{upload_id}/rank0.engine",
+        )
 
     assert cache.gc(older_than_s=10 * 86400, include_s3=True) == []
-    uploads = {k.split("/")[3].split("-", 1)[1] for k in entry_objects(s3_bucket)
-               if "/files/" in k}
+    uploads = {k.split("/")[3].split("-", 1)[1] for k in entry_objects(s3_bucket) if "/files/" in k}
     assert "abandoned" not in uploads and "in-progress" in uploads
-    assert len(uploads) == 2                    # the live one and the one in progress
+    assert len(uploads) == 2  # the live one and the one in progress
 
     assert cache.gc(older_than_s=86400) == [OTHER]
     assert [e.tier for e in cache.entries() if e.key == OTHER] == ["s3"], "local only"

@@ -1,6 +1,7 @@
 """engine_cache/urls.py, the one check of each URL a user gives trident: what it accepts,
 the reason it gives for what it refuses, that the reason never repeats a credential, and
 that each pattern (the JSON Schema's) accepts exactly what its check accepts."""
+
 from __future__ import annotations
 
 import re

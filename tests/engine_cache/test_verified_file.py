@@ -1,4 +1,5 @@
 """VerifyingFile: the sha256 of a file written out of order, computed while it is written."""
+
 from __future__ import annotations
 
 import hashlib
@@ -10,19 +11,19 @@ from engine_cache.verified_file import VerifyingFile, WrittenPrefix
 
 def test_prefix_grows_only_without_gaps():
     prefix = WrittenPrefix()
-    assert prefix.add(10, 5) == 0            # beyond a gap: not yet part of the prefix
+    assert prefix.add(10, 5) == 0  # beyond a gap: not yet part of the prefix
     assert prefix.add(20, 5) == 0
-    assert prefix.add(0, 10) == 15           # fills the gap, absorbs 10..15
-    assert prefix.add(15, 3) == 18           # 20..25 still waits for 18..20
-    assert prefix.add(16, 10) == 26          # overlapping rewrite (a retried part)
-    assert prefix.add(0, 4) == 26            # rewrites behind the prefix change nothing
+    assert prefix.add(0, 10) == 15  # fills the gap, absorbs 10..15
+    assert prefix.add(15, 3) == 18  # 20..25 still waits for 18..20
+    assert prefix.add(16, 10) == 26  # overlapping rewrite (a retried part)
+    assert prefix.add(0, 4) == 26  # rewrites behind the prefix change nothing
 
 
 def _write_parts(path, data: bytes, part: int, order):
     target = VerifyingFile(path)
     for index in order:
         target.seek(index * part)
-        target.write(data[index * part:(index + 1) * part])
+        target.write(data[index * part : (index + 1) * part])
     target.close()
     return target
 
@@ -41,5 +42,5 @@ def test_out_of_order_parts_give_the_file_hash(tmp_path):
 def test_a_missing_part_leaves_the_hash_short(tmp_path):
     data = os.urandom(10 * 1000)
     target = _write_parts(tmp_path / "f", data, 1000, [0, 1, 2, 4, 5, 6, 7, 8, 9])
-    assert target.size() == 3000             # everything after the gap is unverified
+    assert target.size() == 3000  # everything after the gap is unverified
     assert target.digest.hexdigest() == hashlib.sha256(data[:3000]).hexdigest()

@@ -5,6 +5,7 @@ examples/quantization/quantize.py (v0.16 flags): reads a Hugging Face-style fold
 and quantization, one rank<N>.safetensors per rank), deterministically.
 $FAKE_TRTLLM_CALLS counts invocations as for the fake trtllm-build.
 """
+
 import argparse
 import hashlib
 import json
@@ -52,16 +53,18 @@ def main(argv):
     digest = hashlib.sha256()
     for path in sorted(p for p in source.rglob("*") if p.is_file()):
         digest.update(path.relative_to(source).as_posix().encode() + path.read_bytes())
-    digest.update(json.dumps(vars(args) | {"model_dir": None, "output_dir": None},
-                             sort_keys=True).encode())
+    digest.update(
+        json.dumps(vars(args) | {"model_dir": None, "output_dir": None}, sort_keys=True).encode()
+    )
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     hf = json.loads((source / "config.json").read_text())
-    config = {"architecture": (hf.get("architectures") or ["LlamaForCausalLM"])[0],
-              "dtype": args.dtype,
-              "mapping": {"tp_size": args.tp_size, "pp_size": args.pp_size},
-              "quantization": {"qformat": args.qformat,
-                               "weight_only": args.weight_only_precision}}
+    config = {
+        "architecture": (hf.get("architectures") or ["LlamaForCausalLM"])[0],
+        "dtype": args.dtype,
+        "mapping": {"tp_size": args.tp_size, "pp_size": args.pp_size},
+        "quantization": {"qformat": args.qformat, "weight_only": args.weight_only_precision},
+    }
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     for rank in range(args.tp_size * args.pp_size):
         (out / f"rank{rank}.safetensors").write_bytes(digest.digest() + bytes([rank]) * 32)

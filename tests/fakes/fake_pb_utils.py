@@ -7,6 +7,7 @@ response may hold an error or tensors but not both, and a MetricFamily that dies
 one of its metrics is alive is recorded in `metric_violations` (the real stub
 segfaults at shutdown then).
 """
+
 from __future__ import annotations
 
 import threading
@@ -18,7 +19,7 @@ TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 
 metric_violations: list[str] = []
 _metrics_lock = threading.Lock()
-_metric_values: dict[tuple, weakref.ref] = {}   # (family name, sorted labels) → Metric
+_metric_values: dict[tuple, weakref.ref] = {}  # (family name, sorted labels) → Metric
 
 
 class TritonError(Exception):

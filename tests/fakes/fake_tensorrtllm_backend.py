@@ -7,6 +7,7 @@ config is stored; one without them must already be stored, else the request fail
 the backend's kind of error), appends what each request carried to the file named by the
 `record_path` parameter, and echoes the prompt's ids as output_ids.
 """
+
 import json
 
 import numpy as np
@@ -36,21 +37,29 @@ class TritonPythonModel:
 
     def _one(self, request):
         ids = _input(request, "input_ids")
-        task, weights, config = (_input(request, n)
-                                 for n in ("lora_task_id", "lora_weights", "lora_config"))
-        record = {"task": None if task is None else int(task.reshape(-1)[0]),
-                  "weights": None if weights is None else list(weights.shape),
-                  "weights_dtype": None if weights is None else str(weights.dtype),
-                  "config": None if config is None else config.reshape(-1, 3).tolist()}
+        task, weights, config = (
+            _input(request, n) for n in ("lora_task_id", "lora_weights", "lora_config")
+        )
+        record = {
+            "task": None if task is None else int(task.reshape(-1)[0]),
+            "weights": None if weights is None else list(weights.shape),
+            "weights_dtype": None if weights is None else str(weights.dtype),
+            "config": None if config is None else config.reshape(-1, 3).tolist(),
+        }
         with open(self.record_path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if task is not None:
             if weights is not None:
                 self.cache[record["task"]] = record["weights"]
             elif record["task"] not in self.cache:
-                raise ValueError(f"LoRA task {record['task']} not found in cache. Please "
-                                 "send LoRA weights with request")
+                raise ValueError(
+                    f"LoRA task {record['task']} not found in cache. Please "
+                    "send LoRA weights with request"
+                )
         out = ids.reshape(1, 1, -1).astype(np.int32)
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("output_ids", out),
-            pb_utils.Tensor("sequence_length", np.array([[out.shape[-1]]], dtype=np.int32))])
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor("output_ids", out),
+                pb_utils.Tensor("sequence_length", np.array([[out.shape[-1]]], dtype=np.int32)),
+            ]
+        )

@@ -8,6 +8,7 @@ the flags). Each run appends a line to $FAKE_TRTLLM_CALLS (if set) so tests can 
 compiler invocations; $FAKE_TRTLLM_SLEEP makes a build take that many seconds;
 $FAKE_TRTLLM_FAIL makes it fail.
 """
+
 import argparse
 import hashlib
 import json
@@ -18,27 +19,54 @@ from pathlib import Path
 
 SWITCH = ["enable", "disable"]
 PLUGIN_DTYPES = ["float16", "float32", "bfloat16", "fp8", "disable"]
-LORA_MODULES = ["attn_qkv", "attn_q", "attn_k", "attn_v", "attn_dense", "mlp_h_to_4h",
-                "mlp_4h_to_h", "mlp_gate"]
+LORA_MODULES = [
+    "attn_qkv",
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_dense",
+    "mlp_h_to_4h",
+    "mlp_4h_to_h",
+    "mlp_gate",
+]
 
 
 def parse(argv):
     p = argparse.ArgumentParser(prog="trtllm-build")
     p.add_argument("--checkpoint_dir", required=True)
     p.add_argument("--output_dir", required=True)
-    for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
-                 "max_beam_width", "tokens_per_block", "workers", "max_draft_len"):
+    for name in (
+        "max_batch_size",
+        "max_input_len",
+        "max_seq_len",
+        "max_num_tokens",
+        "max_beam_width",
+        "tokens_per_block",
+        "workers",
+        "max_draft_len",
+    ):
         p.add_argument(f"--{name}", type=int)
     p.add_argument("--kv_cache_type", choices=["continuous", "paged", "disabled"])
     p.add_argument("--gpt_attention_plugin", choices=PLUGIN_DTYPES)
     p.add_argument("--gemm_plugin", choices=PLUGIN_DTYPES + ["auto"])
-    for name in ("context_fmha", "use_paged_context_fmha", "remove_input_padding",
-                 "multiple_profiles"):
+    for name in (
+        "context_fmha",
+        "use_paged_context_fmha",
+        "remove_input_padding",
+        "multiple_profiles",
+    ):
         p.add_argument(f"--{name}", choices=SWITCH)
     p.add_argument("--weight_streaming", action="store_true")
-    p.add_argument("--speculative_decoding_mode",
-                   choices=["draft_tokens_external", "lookahead_decoding", "medusa",
-                            "explicit_draft_tokens", "eagle"])
+    p.add_argument(
+        "--speculative_decoding_mode",
+        choices=[
+            "draft_tokens_external",
+            "lookahead_decoding",
+            "medusa",
+            "explicit_draft_tokens",
+            "eagle",
+        ],
+    )
     p.add_argument("--log_level", choices=["verbose", "info", "warning", "error"])
     # LoRA arguments (build.py's "LoRA arguments" group; lora_plugin from plugin.py).
     p.add_argument("--lora_plugin", choices=["auto", "float16", "float32", "bfloat16"])
@@ -89,13 +117,18 @@ def main(argv):
     mapping = pretrained.get("mapping", {})
     world = int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1))
     print(f"[TRT-LLM] [I] Set dtype to {pretrained.get('dtype')}.", flush=True)
-    print(f"[TRT-LLM] [I] Building {world} rank(s) for max_batch_size={args.max_batch_size}",
-          flush=True)
+    print(
+        f"[TRT-LLM] [I] Building {world} rank(s) for max_batch_size={args.max_batch_size}",
+        flush=True,
+    )
     time.sleep(float(os.environ.get("FAKE_TRTLLM_SLEEP", "0")))
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    build_config = {k: v for k, v in vars(args).items()
-                    if k not in ("checkpoint_dir", "output_dir", "log_level", "workers")}
+    build_config = {
+        k: v
+        for k, v in vars(args).items()
+        if k not in ("checkpoint_dir", "output_dir", "log_level", "workers")
+    }
     for rank in range(world):
         weights = checkpoint / f"rank{rank}.safetensors"
         if not weights.is_file():
@@ -104,8 +137,11 @@ def main(argv):
         digest.update(json.dumps(build_config, sort_keys=True).encode())
         (out / f"rank{rank}.engine").write_bytes(b"FAKE-TRT-ENGINE\n" + digest.digest() * 64)
         print(f"[TRT-LLM] [I] Engine for rank {rank} written", flush=True)
-    config = {"version": "0.16.0-fake", "pretrained_config": pretrained,
-              "build_config": build_config}
+    config = {
+        "version": "0.16.0-fake",
+        "pretrained_config": pretrained,
+        "build_config": build_config,
+    }
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     print("[TRT-LLM] [I] Total time of building all engines: 00:00:00", flush=True)
 

@@ -6,6 +6,7 @@ fetch it on a clean local cache (no build), render the repository with `trident 
 serve it with tritonserver and stream an answer through the router. Prints each phase's
 time; exits non-zero on the first failure.
 """
+
 import json
 import os
 import subprocess
@@ -33,8 +34,7 @@ def trident(*args, env):
     result = subprocess.run(command, env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE)
     print(result.stdout, end="", flush=True)
     if result.returncode != 0:
-        sys.exit(f"[check_trtllm] FAILED: trident {args[0]} {args[1]} exited "
-                 f"{result.returncode}")
+        sys.exit(f"[check_trtllm] FAILED: trident {args[0]} {args[1]} exited {result.returncode}")
     return result.stdout
 
 
@@ -42,20 +42,34 @@ def write_spec(work: Path, model_dir: Path, s3_uri: str, local: str) -> Path:
     spec = {
         # No GPU type: the target SM comes from nvidia-smi, and without a placement the
         # tensorrtllm backend runs its single rank on GPU 0.
-        "name": "gpu-check", "hardware": {"gpu": "cpu"},
+        "name": "gpu-check",
+        "hardware": {"gpu": "cpu"},
         "engine_cache": {"local_dir": local, "s3": s3_uri},
-        "models": [{
-            "name": "tiny", "engine": "tensorrt_llm", "family": "llama",
-            "checkpoint": {"hf_model": str(model_dir), "family": "llama"},
-            "build": {"dtype": "fp16"},
-            "profiles": {"check": {"max_batch_size": 4, "max_input_len": 128,
-                                   "max_seq_len": 256, "max_num_tokens": 512,
-                                   "plugins": {"paged_context_fmha": True}}},
-            "engine_args": {"kv_cache_free_gpu_mem_fraction": 0.2,
-                            "enable_kv_cache_reuse": True}}],
+        "models": [
+            {
+                "name": "tiny",
+                "engine": "tensorrt_llm",
+                "family": "llama",
+                "checkpoint": {"hf_model": str(model_dir), "family": "llama"},
+                "build": {"dtype": "fp16"},
+                "profiles": {
+                    "check": {
+                        "max_batch_size": 4,
+                        "max_input_len": 128,
+                        "max_seq_len": 256,
+                        "max_num_tokens": 512,
+                        "plugins": {"paged_context_fmha": True},
+                    }
+                },
+                "engine_args": {
+                    "kv_cache_free_gpu_mem_fraction": 0.2,
+                    "enable_kv_cache_reuse": True,
+                },
+            }
+        ],
         "router": {"default": ["tiny"]},
     }
-    path = work / f"spec-{local}.json"       # JSON is YAML
+    path = work / f"spec-{local}.json"  # JSON is YAML
     path.write_text(json.dumps(spec, indent=2))
     return path
 
@@ -82,16 +96,23 @@ def main() -> None:
         trident("repo", "--spec", spec_c, "--out", work / "repo", env=env)
         trident("validate", work / "repo", env=env)
         phase("repository rendered", started)
-    server = TritonServer(work / "repo", Ports(free_port(), free_port(), free_port()),
-                          log_path=work / "tritonserver.log")
+    server = TritonServer(
+        work / "repo",
+        Ports(free_port(), free_port(), free_port()),
+        log_path=work / "tritonserver.log",
+    )
     server.start()
     try:
         server.wait_ready(300)
         phase("tritonserver ready", started)
-        result = stream_generate(server.grpc_url, "router", "The capital of France is",
-                                 max_tokens=16, chat=False)
-        print(f"[check_trtllm] answer: {result.text!r} ({result.chunks} chunks, "
-              f"served_by={result.served_by})", flush=True)
+        result = stream_generate(
+            server.grpc_url, "router", "The capital of France is", max_tokens=16, chat=False
+        )
+        print(
+            f"[check_trtllm] answer: {result.text!r} ({result.chunks} chunks, "
+            f"served_by={result.served_by})",
+            flush=True,
+        )
         if not result.text or result.served_by != "tiny":
             sys.exit("[check_trtllm] FAILED: no streamed answer from the TRT-LLM model")
     finally:

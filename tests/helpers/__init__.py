@@ -1,4 +1,5 @@
 """Small client-side helpers shared by the server tests."""
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,11 @@ def wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.1):
 
 def http_json(url: str, body: dict | None = None, timeout: float = 120.0):
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method="POST" if data else "GET",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url,
+        data=data,
+        method="POST" if data else "GET",
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=timeout) as r:
         return r.status, r.read().decode()

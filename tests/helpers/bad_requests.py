@@ -9,6 +9,7 @@ exception text, a client fault reported as an engine error, or an error where a 
 answer was due. The server tests send every case to a model directly, then check it
 still answers.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,19 +25,20 @@ import tritonclient.grpc as grpcclient
 from builder.serve.client import first_output
 from tests.helpers import http_json
 
-CLIENT = "client"    # must be refused as the client's fault ("invalid request: ...")
-ERROR = "error"      # must be refused; Triton itself may (then no final flag follows)
-ANSWER = "answer"    # must be answered normally
-EITHER = "either"    # an answer or an error in words
+CLIENT = "client"  # must be refused as the client's fault ("invalid request: ...")
+ERROR = "error"  # must be refused; Triton itself may (then no final flag follows)
+ANSWER = "answer"  # must be answered normally
+EITHER = "either"  # an answer or an error in words
 
 # Text that means a Python exception leaked to the client instead of a reason.
 PYTHON_LEAKS = re.compile(
     r"not supported between|object has no attribute|Traceback|unexpected keyword|"
     r"NoneType|object is not (subscriptable|iterable|callable)|invalid literal for|"
     r"list index out of range|KeyError|can't multiply|must be real number|"
-    r"Expected `?\w+`?, got|got an unexpected")
+    r"Expected `?\w+`?, got|got an unexpected"
+)
 ANSWER_TIMEOUT_S = 120.0
-FINAL_AFTER_ERROR_S = 10.0   # how long the final flag may trail an error response
+FINAL_AFTER_ERROR_S = 10.0  # how long the final flag may trail an error response
 
 
 def text(name: str, value) -> grpcclient.InferInput:
@@ -49,8 +51,7 @@ def text(name: str, value) -> grpcclient.InferInput:
 
 
 def number(name: str, value, dtype: str = "INT32") -> grpcclient.InferInput:
-    np_dtype = {"INT32": np.int32, "INT64": np.int64, "FP32": np.float32,
-                "BOOL": bool}[dtype]
+    np_dtype = {"INT32": np.int32, "INT64": np.int64, "FP32": np.float32, "BOOL": bool}[dtype]
     tensor = grpcclient.InferInput(name, [1], dtype)
     tensor.set_data_from_numpy(np.array([value], dtype=np_dtype))
     return tensor
@@ -59,15 +60,22 @@ def number(name: str, value, dtype: str = "INT32") -> grpcclient.InferInput:
 @dataclass
 class Case:
     name: str
-    inputs: list                      # InferInput builders' results
+    inputs: list  # InferInput builders' results
     expect: str = CLIENT
     parameters: dict | None = None
 
 
-def _prompt(sampling: dict | None = None, max_tokens: int = 4, raw: str | None = None,
-            prompt: str = "Say hi.") -> list:
-    inputs = [text("text_input", prompt), number("stream", True, "BOOL"),
-              number("max_tokens", max_tokens)]
+def _prompt(
+    sampling: dict | None = None,
+    max_tokens: int = 4,
+    raw: str | None = None,
+    prompt: str = "Say hi.",
+) -> list:
+    inputs = [
+        text("text_input", prompt),
+        number("stream", True, "BOOL"),
+        number("max_tokens", max_tokens),
+    ]
     if raw is not None:
         inputs.append(text("sampling_parameters", raw))
     elif sampling is not None:
@@ -91,31 +99,37 @@ def cases() -> list[Case]:
         # -- inputs ---------------------------------------------------------------------
         Case("no inputs at all", [stream]),
         Case("only max_tokens", [stream, number("max_tokens", 4)]),
-        Case("text_input and messages", _prompt() + [
-            text("messages", json.dumps([{"role": "user", "content": "hi"}]))]),
+        Case(
+            "text_input and messages",
+            _prompt() + [text("messages", json.dumps([{"role": "user", "content": "hi"}]))],
+        ),
         Case("empty text_input", _prompt(prompt="")),
         Case("invalid UTF-8 text_input", [text("text_input", b"\xff\xfe\xfa"), stream]),
         Case("text_input as INT32", [number("text_input", 5), stream], ERROR),
-        Case("text_input with two elements", [text("text_input", ["a", "b"]), stream],
-             ERROR),   # Triton refuses the shape
+        Case(
+            "text_input with two elements", [text("text_input", ["a", "b"]), stream], ERROR
+        ),  # Triton refuses the shape
         Case("text_input of zero elements", [text("text_input", []), stream], ERROR),
         Case("100 KB prompt", _prompt(prompt="hello " * 17000)),
         Case("prompt of NUL bytes", _prompt(prompt="\x00" * 64), EITHER),
         Case("stream as INT32", [text("text_input", "hi"), number("stream", 1)], ERROR),
-        Case("max_tokens as FP32", [text("text_input", "hi"), stream,
-                                    number("max_tokens", 4.0, "FP32")], ERROR),
+        Case(
+            "max_tokens as FP32",
+            [text("text_input", "hi"), stream, number("max_tokens", 4.0, "FP32")],
+            ERROR,
+        ),
         Case("max_tokens zero", _prompt(max_tokens=0)),
         Case("max_tokens negative", _prompt(max_tokens=-5)),
         # -- messages -------------------------------------------------------------------
         Case("messages not JSON", _messages("[{role: user")),
-        Case("messages an object", _messages(json.dumps({"role": "user", "content": "hi"})),
-             ANSWER),   # one message on its own is an accepted shape (parse_messages)
+        Case(
+            "messages an object", _messages(json.dumps({"role": "user", "content": "hi"})), ANSWER
+        ),  # one message on its own is an accepted shape (parse_messages)
         Case("messages an empty list", _messages("[]")),
         Case("messages null", _messages("null")),
         Case("messages a list of strings", _messages(json.dumps(["hi"]))),
         Case("message without content", _messages(json.dumps([{"role": "user"}]))),
-        Case("message content a number", _messages(json.dumps([{"role": "user",
-                                                                "content": 5}]))),
+        Case("message content a number", _messages(json.dumps([{"role": "user", "content": 5}]))),
         Case("message without role", _messages(json.dumps([{"content": "hi"}]))),
         Case("messages nested deep", _messages("[" * 5000 + "]" * 5000)),
         Case("empty messages string", _messages("")),
@@ -128,8 +142,7 @@ def cases() -> list[Case]:
         _sampling("unknown sampling key", {"temprature": 0}),
         _sampling("nested value", {"temperature": {"x": 1}}),
         # -- sampling values: the strings dialect (answered) ----------------------------
-        _sampling("string numbers", {"temperature": "0", "top_p": "1", "max_tokens": "4"},
-                  ANSWER),
+        _sampling("string numbers", {"temperature": "0", "top_p": "1", "max_tokens": "4"}, ANSWER),
         _sampling("string seed", {"seed": "5"}, ANSWER),
         _sampling("string n of one", {"n": "1"}, ANSWER),
         _sampling("string bool", {"ignore_eos": "false"}, ANSWER),
@@ -159,10 +172,18 @@ def cases() -> list[Case]:
         _sampling("structured_outputs not JSON", {"structured_outputs": "{{"}),
         _sampling("structured_outputs empty", {"structured_outputs": {}}),
         # -- request parameters (the vllm_backend dialect) ------------------------------
-        Case("parameters as sampling", [text("text_input", "Say hi."), stream],
-             ANSWER, {"temperature": 0, "max_tokens": 4}),
-        Case("parameters with a bad value", [text("text_input", "Say hi."), stream],
-             CLIENT, {"temperature": "hot"}),
+        Case(
+            "parameters as sampling",
+            [text("text_input", "Say hi."), stream],
+            ANSWER,
+            {"temperature": 0, "max_tokens": 4},
+        ),
+        Case(
+            "parameters with a bad value",
+            [text("text_input", "Say hi."), stream],
+            CLIENT,
+            {"temperature": "hot"},
+        ),
         # -- control --------------------------------------------------------------------
         Case("abort of an unknown id", [text("abort_request_id", "nobody-42")], EITHER),
     ]
@@ -184,8 +205,9 @@ def run_grpc(url: str, model: str, case: Case) -> Outcome:
     client = grpcclient.InferenceServerClient(url)
     try:
         client.start_stream(callback=lambda result, error: events.put((result, error)))
-        client.async_stream_infer(model, case.inputs, enable_empty_final_response=True,
-                                  parameters=case.parameters)
+        client.async_stream_infer(
+            model, case.inputs, enable_empty_final_response=True, parameters=case.parameters
+        )
         deadline = time.monotonic() + ANSWER_TIMEOUT_S
         while not outcome.finals:
             try:
@@ -249,23 +271,36 @@ def message_problems(message: str, expect: str) -> list[str]:
 
 HTTP_CASES = [
     ("http bad sampling JSON", {"text_input": "hi", "sampling_parameters": "{x"}, CLIENT),
-    ("http string seed", {"text_input": "Say hi.", "max_tokens": 4,
-                          "sampling_parameters": json.dumps({"seed": "5",
-                                                             "temperature": "0"})}, ANSWER),
+    (
+        "http string seed",
+        {
+            "text_input": "Say hi.",
+            "max_tokens": 4,
+            "sampling_parameters": json.dumps({"seed": "5", "temperature": "0"}),
+        },
+        ANSWER,
+    ),
     ("http missing text_input", {"max_tokens": 4}, CLIENT),
     ("http text_input a number", {"text_input": 5, "max_tokens": 4}, EITHER),
     ("http max_tokens a string", {"text_input": "hi", "max_tokens": "x"}, ERROR),
-    ("http temperature negative", {"text_input": "hi", "max_tokens": 4,
-                                   "sampling_parameters": json.dumps({"temperature": -1})},
-     CLIENT),
+    (
+        "http temperature negative",
+        {
+            "text_input": "hi",
+            "max_tokens": 4,
+            "sampling_parameters": json.dumps({"temperature": -1}),
+        },
+        CLIENT,
+    ),
 ]
 
 
 def run_http(http_url: str, model: str, body: dict, expect: str) -> list[str]:
     """POST one body to /generate; the problems with the answer (empty when clean)."""
     try:
-        status, answer = http_json(f"{http_url}/v2/models/{model}/generate", body,
-                                   timeout=ANSWER_TIMEOUT_S)
+        status, answer = http_json(
+            f"{http_url}/v2/models/{model}/generate", body, timeout=ANSWER_TIMEOUT_S
+        )
     except urllib.error.HTTPError as e:
         message = json.loads(e.read() or b"{}").get("error", "")
         found = message_problems(message, expect)

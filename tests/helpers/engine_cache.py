@@ -1,4 +1,5 @@
 """Stand-ins for the engine cache tests: a settable clock and a recording compiler."""
+
 from __future__ import annotations
 
 import os
@@ -15,11 +16,13 @@ class FakeClock:
 
 def recording_build(log: Path, payload: bytes = b"ENGINE" * 100):
     """A stand-in compiler: writes rank0.engine + config.json and logs each call."""
+
     def build(out: Path) -> None:
         with open(log, "a") as handle:
             handle.write(f"{os.getpid()}\n")
         (out / "rank0.engine").write_bytes(payload)
         (out / "config.json").write_text('{"builder_config": {"max_batch_size": 8}}')
+
     return build
 
 

@@ -6,6 +6,7 @@ or refuse with one line naming `field`. `run_case` drives the real CLI entry
 counts (tried, clean errors, tracebacks, silent accepts, data lost, messy errors), and
 runs against whatever `builder` is first on PYTHONPATH, e.g. an older worktree.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,16 +30,36 @@ MODEL_TOKEN = "@MODEL@"
 CASE_TIMEOUT_S = 20
 # A llama-shaped config.json: the specs point at this folder instead of builtins, so a
 # render needs no model conversion.
-MODEL_CONFIG = {"architectures": ["LlamaForCausalLM"], "num_attention_heads": 9,
-                "num_key_value_heads": 3, "hidden_size": 576, "intermediate_size": 1536,
-                "num_hidden_layers": 30, "vocab_size": 49152,
-                "max_position_embeddings": 8192}
-ODD_STRINGS = ('quote " and \\ backslash', "brace {{ x }} {% y %} ${z}",
-               "new\nline } parameters { key: \"EXECUTION_ENV_PATH\" }",
-               "rtl \u202e bidi \u200b zero-width", "emoji \U0001F600 and ümlaut",
-               "tab\tand\rreturn")
-BAD_NAMES = ("1starts-with-digit", "has space", "trailing-newline\n", "../escape", "a/b",
-             "", "x" * 65, "ümlaut", "semi;colon", 'quo"te')
+MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "vocab_size": 49152,
+    "max_position_embeddings": 8192,
+}
+ODD_STRINGS = (
+    'quote " and \\ backslash',
+    "brace {{ x }} {% y %} ${z}",
+    'new\nline } parameters { key: "EXECUTION_ENV_PATH" }',
+    "rtl \u202e bidi \u200b zero-width",
+    "emoji \U0001f600 and ümlaut",
+    "tab\tand\rreturn",
+)
+BAD_NAMES = (
+    "1starts-with-digit",
+    "has space",
+    "trailing-newline\n",
+    "../escape",
+    "a/b",
+    "",
+    "x" * 65,
+    "ümlaut",
+    "semi;colon",
+    'quo"te',
+)
 
 
 @dataclass(frozen=True)
@@ -46,8 +67,8 @@ class Case:
     name: str
     text: bytes
     valid: bool = False
-    field: str | None = None      # a word the one error line must contain
-    out: str = "out"              # --out, relative to the case folder ("@SPEC@": the spec)
+    field: str | None = None  # a word the one error line must contain
+    out: str = "out"  # --out, relative to the case folder ("@SPEC@": the spec)
 
 
 # ---------------------------------------------------------------------------------------
@@ -119,42 +140,68 @@ def _typed_cases(base: str, data: dict, rng: random.Random) -> list[Case]:
     leaves = [p for p in _leaves(data) if _get(data, p) != MODEL_TOKEN and p]
     for path in rng.sample(leaves, min(8, len(leaves))):
         value = _get(data, path)
-        cases.append(Case(f"{base}: wrong type at {_label(path)}",
-                          _dump(_set(data, path, _wrong_type(value))),
-                          field=_key(path)))
-    numbers = [p for p in leaves if isinstance(_get(data, p), int)
-               and not isinstance(_get(data, p), bool)]
+        cases.append(
+            Case(
+                f"{base}: wrong type at {_label(path)}",
+                _dump(_set(data, path, _wrong_type(value))),
+                field=_key(path),
+            )
+        )
+    numbers = [
+        p for p in leaves if isinstance(_get(data, p), int) and not isinstance(_get(data, p), bool)
+    ]
     for path in rng.sample(numbers, min(5, len(numbers))):
-        for label, value in (("huge", 10 ** 30), ("negative", -5)):
-            cases.append(Case(f"{base}: {label} number at {_label(path)}",
-                              _dump(_set(data, path, value)), field=_key(path)))
+        for label, value in (("huge", 10**30), ("negative", -5)):
+            cases.append(
+                Case(
+                    f"{base}: {label} number at {_label(path)}",
+                    _dump(_set(data, path, value)),
+                    field=_key(path),
+                )
+            )
     return cases
 
 
 def _float_cases(base: str, data: dict) -> list[Case]:
     cases = []
-    targets = [("router", "deadline_s"), ("router", "first_token_timeout_s"),
-               ("router", "breaker", "window_s"), ("router", "breaker", "cooldown_s"),
-               ("models", 0, "engine_args", "swap_space")]
-    for path, value in zip(targets, (float("nan"), float("inf"), float("nan"),
-                                     float("-inf"), float("nan")), strict=True):
+    targets = [
+        ("router", "deadline_s"),
+        ("router", "first_token_timeout_s"),
+        ("router", "breaker", "window_s"),
+        ("router", "breaker", "cooldown_s"),
+        ("models", 0, "engine_args", "swap_space"),
+    ]
+    for path, value in zip(
+        targets,
+        (float("nan"), float("inf"), float("nan"), float("-inf"), float("nan")),
+        strict=True,
+    ):
         mutated = copy.deepcopy(data)
         parent = mutated
         for part in path[:-1]:
             parent = parent.setdefault(part, {}) if isinstance(part, str) else parent[part]
         parent[path[-1]] = value
-        cases.append(Case(f"{base}: {value} at {_label(path)}", _dump(mutated),
-                          field=path[-1]))
+        cases.append(Case(f"{base}: {value} at {_label(path)}", _dump(mutated), field=path[-1]))
     return cases
 
 
 def _name_cases(base: str, data: dict, rng: random.Random) -> list[Case]:
     cases = []
     for name in rng.sample(BAD_NAMES, 5):
-        cases.append(Case(f"{base}: model name {name!r}",
-                          _dump(_set(data, ("models", 0, "name"), name)), field="name"))
-    cases.append(Case(f"{base}: router name {BAD_NAMES[2]!r}",
-                      _dump(_set(data, ("router", "name"), BAD_NAMES[2])), field="name"))
+        cases.append(
+            Case(
+                f"{base}: model name {name!r}",
+                _dump(_set(data, ("models", 0, "name"), name)),
+                field="name",
+            )
+        )
+    cases.append(
+        Case(
+            f"{base}: router name {BAD_NAMES[2]!r}",
+            _dump(_set(data, ("router", "name"), BAD_NAMES[2])),
+            field="name",
+        )
+    )
     return cases
 
 
@@ -163,8 +210,13 @@ def _unknown_key_cases(base: str, data: dict, rng: random.Random) -> list[Case]:
     for path in rng.sample(_mappings(data), min(5, len(_mappings(data)))):
         mutated = copy.deepcopy(data)
         _get(mutated, path)["surprise_key"] = 1
-        cases.append(Case(f"{base}: unknown key under {_label(path) or 'top'}",
-                          _dump(mutated), field="surprise_key"))
+        cases.append(
+            Case(
+                f"{base}: unknown key under {_label(path) or 'top'}",
+                _dump(mutated),
+                field="surprise_key",
+            )
+        )
     return cases
 
 
@@ -175,8 +227,13 @@ def _odd_unicode_cases(base: str, data: dict) -> list[Case]:
         mutated = _set(data, ("models", 0, "family"), text)
         mutated["models"][0]["engine_args"]["served_model_name"] = text
         if i % 2 and mutated.get("router"):
-            mutated["router"]["rules"] = [{"name": text, "match": {"family": text},
-                                           "backends": [mutated["models"][0]["name"]]}]
+            mutated["router"]["rules"] = [
+                {
+                    "name": text,
+                    "match": {"family": text},
+                    "backends": [mutated["models"][0]["name"]],
+                }
+            ]
         cases.append(Case(f"{base}: odd string #{i}", _dump(mutated), valid=True))
     return cases
 
@@ -184,56 +241,86 @@ def _odd_unicode_cases(base: str, data: dict) -> list[Case]:
 def _text_cases(base: str, data: dict) -> list[Case]:
     text = _dump(data)
     nest = b"[" * 50000 + b"]" * 50000
-    bomb = b"".join(b"l%d: &l%d [" % (i, i) + b", ".join([b"*l%d" % (i - 1)] * 9) + b"]\n"
-                    for i in range(1, 12))
+    bomb = b"".join(
+        b"l%d: &l%d [" % (i, i) + b", ".join([b"*l%d" % (i - 1)] * 9) + b"]\n" for i in range(1, 12)
+    )
     return [
         Case(f"{base}: duplicate key", text + b"name: again\n", field="name"),
-        Case(f"{base}: latin-1 byte", text.replace(b"models:", b"# caf\xe9\nmodels:", 1),
-             field="UTF-8"),
+        Case(
+            f"{base}: latin-1 byte",
+            text.replace(b"models:", b"# caf\xe9\nmodels:", 1),
+            field="UTF-8",
+        ),
         Case(f"{base}: UTF-16 with BOM", text.decode().encode("utf-16"), field="UTF-16"),
         Case(f"{base}: random bytes", random.Random(1).randbytes(300), field=None),
         Case(f"{base}: non-string key", text + b"1: one\nzz: two\n", field="key"),
-        Case(f"{base}: 50000 nested lists",
-             text.replace(b"seed: 0", b"seed: " + nest, 1), field=None),
-        Case(f"{base}: alias bomb in speculative_config",
-             b"l0: &l0 [x]\n" + bomb + text.replace(
-                 b"  engine_args:\n", b"  engine_args:\n    speculative_config: {method: *l11}\n",
-                 1), field="alias"),
+        Case(
+            f"{base}: 50000 nested lists", text.replace(b"seed: 0", b"seed: " + nest, 1), field=None
+        ),
+        Case(
+            f"{base}: alias bomb in speculative_config",
+            b"l0: &l0 [x]\n"
+            + bomb
+            + text.replace(
+                b"  engine_args:\n", b"  engine_args:\n    speculative_config: {method: *l11}\n", 1
+            ),
+            field="alias",
+        ),
     ]
 
 
 def _valid_cases(base: str, data: dict) -> list[Case]:
     smaller = copy.deepcopy(data)
     smaller["models"][0]["engine_args"]["max_model_len"] = 512
-    return [Case(f"{base}: as written", _dump(data), valid=True),
-            Case(f"{base}: max_model_len 512", _dump(smaller), valid=True)]
+    return [
+        Case(f"{base}: as written", _dump(data), valid=True),
+        Case(f"{base}: max_model_len 512", _dump(smaller), valid=True),
+    ]
 
 
 def _semantic_cases(base: str, data: dict) -> list[Case]:
     args = ("models", 0, "engine_args")
     cases = [
-        Case(f"{base}: max_model_len 10**12",
-             _dump(_set(data, args + ("max_model_len",), 10 ** 12)), field="max_model_len"),
-        Case(f"{base}: speculative_config foo",
-             _dump(_set(data, args + ("speculative_config",), {"foo": "bar"})), field="foo"),
-        Case(f"{base}: credentials in endpoint_url",
-             _dump({**data, "engine_cache": {"endpoint_url": "http://AKIAKEY:s3cr3t@h:1"}}),
-             field="endpoint_url"),
+        Case(
+            f"{base}: max_model_len 10**12",
+            _dump(_set(data, args + ("max_model_len",), 10**12)),
+            field="max_model_len",
+        ),
+        Case(
+            f"{base}: speculative_config foo",
+            _dump(_set(data, args + ("speculative_config",), {"foo": "bar"})),
+            field="foo",
+        ),
+        Case(
+            f"{base}: credentials in endpoint_url",
+            _dump({**data, "engine_cache": {"endpoint_url": "http://AKIAKEY:s3cr3t@h:1"}}),
+            field="endpoint_url",
+        ),
     ]
     if data.get("router"):
-        rule = {"name": "never", "match": {"min_turns": 5, "max_turns": 1},
-                "backends": [data["models"][0]["name"]]}
-        cases.append(Case(f"{base}: rule that never matches",
-                          _dump(_set(data, ("router", "rules"), [rule])), field="min_turns"))
+        rule = {
+            "name": "never",
+            "match": {"min_turns": 5, "max_turns": 1},
+            "backends": [data["models"][0]["name"]],
+        }
+        cases.append(
+            Case(
+                f"{base}: rule that never matches",
+                _dump(_set(data, ("router", "rules"), [rule])),
+                field="min_turns",
+            )
+        )
     return cases
 
 
 def _out_cases(data: dict) -> list[Case]:
     text = _dump(data)
-    return [Case("out is the spec", text, field="spec", out="@SPEC@"),
-            Case("out holds the spec", text, field="spec", out="."),
-            Case("out is a user folder", text, field="trident", out="data"),
-            Case("out is a file", text, field="directory", out="data/notes.txt")]
+    return [
+        Case("out is the spec", text, field="spec", out="@SPEC@"),
+        Case("out holds the spec", text, field="spec", out="."),
+        Case("out is a user folder", text, field="trident", out="data"),
+        Case("out is a file", text, field="directory", out="data/notes.txt"),
+    ]
 
 
 def generate(seed: int = 0) -> list[Case]:
@@ -244,8 +331,7 @@ def generate(seed: int = 0) -> list[Case]:
         name = Path(base).stem
         for make in (_typed_cases, _name_cases, _unknown_key_cases):
             cases += make(name, data, rng)
-        for make in (_float_cases, _odd_unicode_cases, _text_cases, _valid_cases,
-                     _semantic_cases):
+        for make in (_float_cases, _odd_unicode_cases, _text_cases, _valid_cases, _semantic_cases):
             cases += make(name, data)
     return cases + _out_cases(_base_data(BASES[0]))
 
@@ -259,7 +345,7 @@ class Outcome:
     case: Case
     code: int | None
     stderr: str
-    kind: str          # clean | traceback | silent-accept | data-lost | messy | rejected-valid
+    kind: str  # clean | traceback | silent-accept | data-lost | messy | rejected-valid
 
 
 def prepare(folder: Path, case: Case) -> tuple[Path, Path]:
@@ -277,9 +363,11 @@ def prepare(folder: Path, case: Case) -> tuple[Path, Path]:
 
 
 def snapshot(folder: Path, skip: Path | None = None) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*"))
-            if p.is_file() and (skip is None or skip not in p.parents)}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and (skip is None or skip not in p.parents)
+    }
 
 
 class _Timeout(BaseException):
@@ -302,7 +390,7 @@ def call_cli(argv: list[str]) -> tuple[int | None, str]:
             code = cli.main(argv)
     except _Timeout:
         return None, err.getvalue() + f"Traceback: still running after {CASE_TIMEOUT_S} s"
-    except BaseException:   # the point is to count them: any escape is a traceback
+    except BaseException:  # the point is to count them: any escape is a traceback
         return None, err.getvalue() + traceback.format_exc()
     finally:
         signal.alarm(0)
@@ -337,8 +425,7 @@ def _classify(case, code, stderr, before, after, leftovers) -> str:
 
 def counts(outcomes: list[Outcome]) -> dict[str, int]:
     result = {"tried": len(outcomes)}
-    for kind in ("clean", "traceback", "silent-accept", "data-lost", "messy",
-                 "rejected-valid"):
+    for kind in ("clean", "traceback", "silent-accept", "data-lost", "messy", "rejected-valid"):
         result[kind] = sum(o.kind == kind for o in outcomes)
     return result
 

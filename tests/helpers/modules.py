@@ -1,4 +1,5 @@
 """Loading a model's Python files as the stub would, under the pb_utils test double."""
+
 from __future__ import annotations
 
 import contextlib

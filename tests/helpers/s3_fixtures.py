@@ -1,5 +1,6 @@
 """pytest fixtures around a real SeaweedFS S3 server (`s3_server`, `s3_bucket`),
 registered for every test module by tests/conftest.py."""
+
 from __future__ import annotations
 
 import itertools

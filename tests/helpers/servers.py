@@ -1,4 +1,5 @@
 """Rendering specs and starting real tritonservers for the server tests."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -25,12 +26,17 @@ def render(spec_path_or_data, out: Path) -> Path:
     return out
 
 
-def start_server(repo: Path, log_dir: Path, load_models=None, timeout_s=240.0,
-                 extra_args=()) -> TritonServer:
+def start_server(
+    repo: Path, log_dir: Path, load_models=None, timeout_s=240.0, extra_args=()
+) -> TritonServer:
     """A started and ready tritonserver on free ports; the caller stops it."""
-    return start_on_free_ports(Path(repo), Path(log_dir) / "tritonserver.log",
-                               load_models=load_models, timeout_s=timeout_s,
-                               extra_args=tuple(extra_args))
+    return start_on_free_ports(
+        Path(repo),
+        Path(log_dir) / "tritonserver.log",
+        load_models=load_models,
+        timeout_s=timeout_s,
+        extra_args=tuple(extra_args),
+    )
 
 
 def listening_addresses(pid: int) -> set[tuple[str, int]]:
@@ -49,12 +55,12 @@ def listening_addresses(pid: int) -> set[tuple[str, int]]:
         for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
             fields = line.split()
             local, state, inode = fields[1], fields[3], fields[9]
-            if state != "0A" or inode not in inodes:      # 0A: LISTEN
+            if state != "0A" or inode not in inodes:  # 0A: LISTEN
                 continue
             address, port = local.split(":")
             raw = bytes.fromhex(address)
             # /proc writes each 32-bit word of the address in host (little-endian) order.
-            words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
             ip = ipaddress.ip_address(words)
             # gRPC listens on an IPv6 socket with an IPv4-mapped address (::ffff:127.0.0.1)
             found.add((str(getattr(ip, "ipv4_mapped", None) or ip), int(port, 16)))

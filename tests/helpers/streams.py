@@ -1,5 +1,6 @@
 """A recording gRPC stream client for the server tests: every response, error and final
 flag, with arrival times."""
+
 from __future__ import annotations
 
 import queue
@@ -11,36 +12,51 @@ import tritonclient.grpc as grpcclient
 from builder.serve.client import build_inputs, first_output
 
 GREEDY = {"temperature": 0}
-ENDLESS = {"temperature": 0, "ignore_eos": True}   # streams that run until stopped
+ENDLESS = {"temperature": 0, "ignore_eos": True}  # streams that run until stopped
 
 
 class Stream:
     """One gRPC stream to a model, recording every response (text, error, final flag)."""
 
-    def __init__(self, server, model="router", prompt="Hello", chat=True, max_tokens=8,
-                 sampling=GREEDY, hints=None, parameters=None, raw_inputs=None):
+    def __init__(
+        self,
+        server,
+        model="router",
+        prompt="Hello",
+        chat=True,
+        max_tokens=8,
+        sampling=GREEDY,
+        hints=None,
+        parameters=None,
+        raw_inputs=None,
+    ):
         self.events: queue.Queue = queue.Queue()
         self.texts, self.errors, self.finals, self.served_by = [], [], 0, set()
-        self.responses = 0      # data responses, the final flag on one of them or alone
+        self.responses = 0  # data responses, the final flag on one of them or alone
         self.chunk_times: list[float] = []
         self.client = grpcclient.InferenceServerClient(server.grpc_url)
-        self.client.start_stream(callback=lambda result, error: self.events.put(
-            (result, error, time.monotonic())))
+        self.client.start_stream(
+            callback=lambda result, error: self.events.put((result, error, time.monotonic()))
+        )
         messages = [{"role": "user", "content": prompt}] if chat else None
-        inputs = raw_inputs or build_inputs(None if chat else prompt, messages, max_tokens,
-                                            True, sampling, hints)
+        inputs = raw_inputs or build_inputs(
+            None if chat else prompt, messages, max_tokens, True, sampling, hints
+        )
         self.started = time.monotonic()
-        self.client.async_stream_infer(model, inputs, request_id=uuid.uuid4().hex,
-                                       enable_empty_final_response=True,
-                                       parameters=parameters)
+        self.client.async_stream_infer(
+            model,
+            inputs,
+            request_id=uuid.uuid4().hex,
+            enable_empty_final_response=True,
+            parameters=parameters,
+        )
 
     def pump(self, timeout_s: float) -> bool:
         """Absorb responses until the final flag or timeout_s without one; True if final."""
         deadline = time.monotonic() + timeout_s
         while self.finals == 0:
             try:
-                result, error, at = self.events.get(timeout=max(0.0, deadline -
-                                                                time.monotonic()))
+                result, error, at = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 return False
             self._absorb(result, error, at)
@@ -49,8 +65,7 @@ class Stream:
     def wait_first_text(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while not self.texts:
-            result, error, at = self.events.get(timeout=max(0.01, deadline -
-                                                             time.monotonic()))
+            result, error, at = self.events.get(timeout=max(0.01, deadline - time.monotonic()))
             self._absorb(result, error, at)
             assert not self.errors, self.errors
 

@@ -2,6 +2,7 @@
 stay inside the pod), the Redis password as a Secret reference, and paths that cannot
 exist in a pod refused. Every object validates against Kubernetes' own schemas, and
 every rendered `trident serve` command parses with the real command line."""
+
 from __future__ import annotations
 
 import shlex
@@ -38,8 +39,12 @@ def write_spec(folder: Path, source: Path, **changes) -> Path:
 def render(spec: Path, out: Path, *extra: str) -> list[dict]:
     code, stderr = hs.call_cli(["k8s", "--spec", str(spec), "--out", str(out), *extra])
     assert code == 0, stderr
-    return [d for p in sorted(out.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text())
-            if d is not None]
+    return [
+        d
+        for p in sorted(out.glob("*.yaml"))
+        for d in yaml.safe_load_all(p.read_text())
+        if d is not None
+    ]
 
 
 def refused(spec: Path, out: Path, *extra: str) -> str:
@@ -72,8 +77,12 @@ def validate(objects: list[dict]) -> None:
     for doc in objects:
         if doc["kind"] == "LeaderWorkerSet":
             for role in ("leaderTemplate", "workerTemplate"):
-                pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"},
-                       "spec": doc["spec"]["leaderWorkerTemplate"][role]["spec"]}
+                pod = {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "x"},
+                    "spec": doc["spec"]["leaderWorkerTemplate"][role]["spec"],
+                }
                 kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
         elif doc["apiVersion"] in ("v1", "apps/v1", "policy/v1"):
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
@@ -90,8 +99,7 @@ def test_the_openai_frontend_is_deployed_when_the_spec_names_its_port(tmp_path):
     # No keys: Triton's own ports stay reachable, as without the frontend.
     assert params["triton_host"] == "0.0.0.0" and params["metrics_host"] == "0.0.0.0"
     service = kind(objects, "Service")
-    assert [p["name"] for p in service["spec"]["ports"]] == ["http", "grpc", "metrics",
-                                                             "openai"]
+    assert [p["name"] for p in service["spec"]["ports"]] == ["http", "grpc", "metrics", "openai"]
 
 
 def test_with_keys_only_the_frontend_and_metrics_leave_the_pod(tmp_path):
@@ -107,11 +115,12 @@ def test_with_keys_only_the_frontend_and_metrics_leave_the_pod(tmp_path):
         assert [p["name"] for p in service["spec"]["ports"]] == ["openai", "metrics"]
     assert [p["name"] for p in triton["ports"]] == ["openai", "metrics"]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert triton[probe]["httpGet"]["port"] == "openai"   # Triton is on loopback
+        assert triton[probe]["httpGet"]["port"] == "openai"  # Triton is on loopback
     keys = next(v for v in pod["volumes"] if v["name"] == "api-keys")
     assert keys["secret"]["secretName"] == "openai-keys"
-    assert {"name": "api-keys", "mountPath": "/etc/trident-keys", "readOnly": True} in \
-        triton["volumeMounts"]
+    assert {"name": "api-keys", "mountPath": "/etc/trident-keys", "readOnly": True} in triton[
+        "volumeMounts"
+    ]
 
 
 def test_with_keys_a_multinode_leader_serves_its_model_through_its_own_frontend(tmp_path):
@@ -136,7 +145,8 @@ def test_every_rendered_serve_command_parses(tmp_path):
         objects = render(write_spec(folder, source), folder / "out")
         for doc in objects:
             template = doc.get("spec", {}).get("template") or doc.get("spec", {}).get(
-                "leaderWorkerTemplate", {}).get("leaderTemplate")
+                "leaderWorkerTemplate", {}
+            ).get("leaderTemplate")
             if template:
                 parses(serve_args(template["spec"]["containers"][0]["command"]))
 
@@ -147,8 +157,7 @@ def test_api_keys_need_the_frontend(tmp_path):
 
 
 def tenants(**password) -> dict:
-    return {"redis": "redis://redis.llm:6379/0", "default": {"requests_per_minute": 60},
-            **password}
+    return {"redis": "redis://redis.llm:6379/0", "default": {"requests_per_minute": 60}, **password}
 
 
 def test_password_env_is_a_secret_key_ref_never_a_value(tmp_path, monkeypatch):
@@ -157,23 +166,32 @@ def test_password_env_is_a_secret_key_ref_never_a_value(tmp_path, monkeypatch):
     objects = render(spec, tmp_path / "out")
     validate(objects)
     triton = kind(objects, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
-    assert {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {
-        "name": "trident-h100x8-redis", "key": "password"}}} in triton["env"]
+    assert {
+        "name": "REDIS_PASSWORD",
+        "valueFrom": {"secretKeyRef": {"name": "trident-h100x8-redis", "key": "password"}},
+    } in triton["env"]
     for path in (tmp_path / "out").iterdir():
         assert PASSWORD not in path.read_text()
 
 
 def test_password_file_is_the_secret_mounted_at_that_path(tmp_path):
-    spec = write_spec(tmp_path, H100X8,
-                      tenants=tenants(password_file="/run/secrets/redis-password"))
+    spec = write_spec(
+        tmp_path, H100X8, tenants=tenants(password_file="/run/secrets/redis-password")
+    )
     objects = render(spec, tmp_path / "out")
     validate(objects)
     pod = kind(objects, "StatefulSet")["spec"]["template"]["spec"]
     volume = next(v for v in pod["volumes"] if v["name"] == "redis-password")
-    assert volume["secret"] == {"secretName": "trident-h100x8-redis",
-                                "items": [{"key": "password", "path": "password"}]}
-    assert {"name": "redis-password", "mountPath": "/run/secrets/redis-password",
-            "subPath": "password", "readOnly": True} in pod["containers"][0]["volumeMounts"]
+    assert volume["secret"] == {
+        "secretName": "trident-h100x8-redis",
+        "items": [{"key": "password", "path": "password"}],
+    }
+    assert {
+        "name": "redis-password",
+        "mountPath": "/run/secrets/redis-password",
+        "subPath": "password",
+        "readOnly": True,
+    } in pod["containers"][0]["volumeMounts"]
 
 
 def test_a_relative_password_file_is_refused(tmp_path):
@@ -181,8 +199,9 @@ def test_a_relative_password_file_is_refused(tmp_path):
     assert "tenants.password_file" in refused(spec, tmp_path / "out")
 
 
-@pytest.mark.parametrize("model", ["./models/llama", "../llama", "~/llama",
-                                   "models/meta/llama", "local-folder"])
+@pytest.mark.parametrize(
+    "model", ["./models/llama", "../llama", "~/llama", "models/meta/llama", "local-folder"]
+)
 def test_a_relative_model_path_is_refused(tmp_path, model):
     (tmp_path / "local-folder").mkdir()
     data = yaml.safe_load(MULTINODE.read_text())
@@ -201,8 +220,9 @@ def test_a_hugging_face_id_is_accepted(tmp_path):
     render(spec, tmp_path / "out")
 
 
-@pytest.mark.parametrize("path, is_refused", [("./adapters/support", True),
-                                              ("/srv/lora/support", False)])
+@pytest.mark.parametrize(
+    "path, is_refused", [("./adapters/support", True), ("/srv/lora/support", False)]
+)
 def test_a_relative_adapter_path_is_refused(tmp_path, path, is_refused):
     data = yaml.safe_load(MULTINODE.read_text())
     data["models"][0]["adapters"] = {"support": path}

@@ -1,5 +1,6 @@
 """trident k8s / trident monitoring: schema-valid objects, resources equal to the plan,
 no secret values, determinism, multi-node LeaderWorkerSet, known metric names only."""
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 H100X8 = ROOT / "deploy/examples/h100x8.yaml"
 MULTINODE = ROOT / "deploy/examples/multinode.yaml"
 K8S_VERSION = "1.30.0"
-CRDS = {"PodMonitor": "monitoring.coreos.com/v1", "PrometheusRule": "monitoring.coreos.com/v1",
-        "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1",
-        "Kustomization": "kustomize.config.k8s.io/v1beta1"}
+CRDS = {
+    "PodMonitor": "monitoring.coreos.com/v1",
+    "PrometheusRule": "monitoring.coreos.com/v1",
+    "LeaderWorkerSet": "leaderworkerset.x-k8s.io/v1",
+    "Kustomization": "kustomize.config.k8s.io/v1beta1",
+}
 
 
 def _render(spec_file: Path, tmp_path: Path, *extra: str, name: str = "out") -> Path:
@@ -40,8 +44,9 @@ def _objects(out: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def h100(tmp_path_factory) -> Path:
-    return _render(H100X8, tmp_path_factory.mktemp("k8s"), "--namespace", "llm",
-                   "--cache-secret", "s3-creds")
+    return _render(
+        H100X8, tmp_path_factory.mktemp("k8s"), "--namespace", "llm", "--cache-secret", "s3-creds"
+    )
 
 
 def test_builtin_objects_validate_strictly_against_kubernetes_1_30(h100, tmp_path):
@@ -57,11 +62,14 @@ def test_builtin_objects_validate_strictly_against_kubernetes_1_30(h100, tmp_pat
 
 
 def test_leaderworkerset_pod_templates_validate(tmp_path):
-    lws = next(d for d in _objects(_render(MULTINODE, tmp_path))
-               if d["kind"] == "LeaderWorkerSet")
+    lws = next(d for d in _objects(_render(MULTINODE, tmp_path)) if d["kind"] == "LeaderWorkerSet")
     for role in ("leaderTemplate", "workerTemplate"):
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"},
-               "spec": lws["spec"]["leaderWorkerTemplate"][role]["spec"]}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "x"},
+            "spec": lws["spec"]["leaderWorkerTemplate"][role]["spec"],
+        }
         kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
 
 
@@ -94,31 +102,39 @@ def test_pod_shape(h100):
     assert triton["command"][:2] == ["trident", "serve"]
     assert pod["initContainers"][0]["command"][:2] == ["trident", "repo"]
     assert pod["initContainers"][0]["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
-    assert "envFrom" not in triton          # only the init container talks to S3
+    assert "envFrom" not in triton  # only the init container talks to S3
     assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     startup = triton["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
-    assert pod["terminationGracePeriodSeconds"] > 5      # Triton's --exit-timeout-secs
+    assert pod["terminationGracePeriodSeconds"] > 5  # Triton's --exit-timeout-secs
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]
     assert shm["medium"] == "Memory"
     service = next(d for d in objects if d["kind"] == "Service")
     assert [p["name"] for p in service["spec"]["ports"]] == ["http", "grpc", "metrics"]
-    assert {d["kind"] for d in objects} >= {"PodDisruptionBudget", "PodMonitor",
-                                             "PrometheusRule", "ConfigMap"}
-    assert all(d["metadata"].get("namespace") == "llm" for d in objects
-               if d["kind"] != "Kustomization")
+    assert {d["kind"] for d in objects} >= {
+        "PodDisruptionBudget",
+        "PodMonitor",
+        "PrometheusRule",
+        "ConfigMap",
+    }
+    assert all(
+        d["metadata"].get("namespace") == "llm" for d in objects if d["kind"] != "Kustomization"
+    )
     dashboard = next(d for d in objects if d["metadata"]["name"].endswith("-dashboard"))
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     kustomization = yaml.safe_load((h100 / "kustomization.yaml").read_text())
     assert sorted(kustomization["resources"]) == sorted(
-        p.name for p in h100.glob("*.yaml") if p.name != "kustomization.yaml")
+        p.name for p in h100.glob("*.yaml") if p.name != "kustomization.yaml"
+    )
 
 
 def test_no_secret_value_in_any_file(tmp_path, monkeypatch):
-    secrets = {"AWS_ACCESS_KEY_ID": "AKIAK8STESTKEY0000001",
-               "AWS_SECRET_ACCESS_KEY": "k8s-test-secret/value+0123456789abcdef",
-               "AWS_SESSION_TOKEN": "k8s-test-session-token-0123456789"}
+    secrets = {
+        "AWS_ACCESS_KEY_ID": "AKIAK8STESTKEY0000001",
+        "AWS_SECRET_ACCESS_KEY": "k8s-test-secret/value+0123456789abcdef",
+        "AWS_SESSION_TOKEN": "k8s-test-session-token-0123456789",
+    }
     for key, value in secrets.items():
         monkeypatch.setenv(key, value)
     for spec in (H100X8, MULTINODE):
@@ -134,6 +150,7 @@ def test_rerender_is_byte_identical(tmp_path):
     first = _render(H100X8, tmp_path, name="a")
     second = _render(H100X8, tmp_path, name="b")
     again = _render(H100X8, tmp_path, name="a")
+
     def files(d):
         return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
 
@@ -199,10 +216,16 @@ def test_panels_and_alerts_use_only_exported_metrics(tmp_path):
     alerts = [r for g in rules["groups"] for r in g["rules"]]
     used = _used_metrics(exprs + [r["expr"] for r in alerts])
     assert used and used <= _exported_metrics(), used - _exported_metrics()
-    for needed in ("trident_router_breaker_state", "trident_router_errors_total",
-                   "trident_time_to_first_token_seconds", "trident_generation_tokens_total",
-                   "trident_router_requests_total", "trident_router_fallbacks_total",
-                   "trident_requests_in_flight", "trident_inter_token_latency_seconds"):
+    for needed in (
+        "trident_router_breaker_state",
+        "trident_router_errors_total",
+        "trident_time_to_first_token_seconds",
+        "trident_generation_tokens_total",
+        "trident_router_requests_total",
+        "trident_router_fallbacks_total",
+        "trident_requests_in_flight",
+        "trident_inter_token_latency_seconds",
+    ):
         assert needed in used
     assert any("== 2" in r["expr"] for r in alerts)
 
@@ -213,6 +236,7 @@ def test_unknown_metric_name_is_caught():
 
 def test_render_files_in_memory_match_the_directory(h100):
     spec = load_spec(H100X8)
-    files = render.render_files(spec, plan_for_spec(spec), render.options(
-        "llm", None, "s3-creds", 2.0))
+    files = render.render_files(
+        spec, plan_for_spec(spec), render.options("llm", None, "s3-creds", 2.0)
+    )
     assert files == {name: (h100 / name).read_bytes() for name in files}

@@ -1,4 +1,5 @@
 """The planner's minimal multi-node support (hardware.nodes) that trident k8s renders."""
+
 from __future__ import annotations
 
 from pathlib import Path

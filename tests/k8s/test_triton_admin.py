@@ -3,6 +3,7 @@ key. The pods run `trident serve`, which makes a fresh random key at each start 
 it on tritonserver's command line only: here each rendered serve command is run through
 the real CLI up to the point where it would start tritonserver, and that command line is
 checked. No key is rendered into any manifest."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,7 +26,7 @@ def triton_command(args: list[str], repo: Path, monkeypatch) -> list[str]:
 
     def start(server: TritonServer) -> None:
         started.append(server.command(INSTALL))
-        raise KeyboardInterrupt   # `trident serve` stops quietly, exit 0
+        raise KeyboardInterrupt  # `trident serve` stops quietly, exit 0
 
     monkeypatch.setattr(TritonServer, "start", start)
     monkeypatch.delenv(admin.KEY_ENV, raising=False)
@@ -36,8 +37,11 @@ def triton_command(args: list[str], repo: Path, monkeypatch) -> list[str]:
 
 
 def restricted_key(command: list[str]) -> str:
-    spec = {arg.split("=", 1)[0]: arg.split("=", 1)[1] for arg in command
-            if arg.startswith(("--http-restricted-api=", "--grpc-restricted-protocol="))}
+    spec = {
+        arg.split("=", 1)[0]: arg.split("=", 1)[1]
+        for arg in command
+        if arg.startswith(("--http-restricted-api=", "--grpc-restricted-protocol="))
+    }
     assert set(spec) == {"--http-restricted-api", "--grpc-restricted-protocol"}, command
     (only,) = set(spec.values())
     apis, header = only.split(":", 1)
@@ -47,12 +51,16 @@ def restricted_key(command: list[str]) -> str:
     return key
 
 
-@pytest.mark.parametrize("source, path", [
-    (H100X8, ("StatefulSet", "template")),
-    (MULTINODE, ("LeaderWorkerSet", "leaderTemplate")),
-])
-def test_each_pod_start_restricts_model_control_with_its_own_key(tmp_path, monkeypatch,
-                                                                  source, path):
+@pytest.mark.parametrize(
+    "source, path",
+    [
+        (H100X8, ("StatefulSet", "template")),
+        (MULTINODE, ("LeaderWorkerSet", "leaderTemplate")),
+    ],
+)
+def test_each_pod_start_restricts_model_control_with_its_own_key(
+    tmp_path, monkeypatch, source, path
+):
     # Without API keys Triton's ports are on the pod network: the case this closes.
     out = tmp_path / "out"
     objects = render(write_spec(tmp_path, source), out)
@@ -63,6 +71,6 @@ def test_each_pod_start_restricts_model_control_with_its_own_key(tmp_path, monke
     (tmp_path / "repo").mkdir()
     first = restricted_key(triton_command(args, tmp_path / "repo", monkeypatch))
     again = restricted_key(triton_command(args, tmp_path / "repo", monkeypatch))
-    assert len(first) >= 32 and first != again          # per start, not per manifest
+    assert len(first) >= 32 and first != again  # per start, not per manifest
     rendered = "".join(p.read_text() for p in out.iterdir())
     assert first not in rendered and admin.KEY_ENV not in rendered

@@ -9,6 +9,7 @@ file for that version that this interpreter can install). A network failure prov
 nothing about the pins, so it only warns (exit 0). Each pin is one request for its
 project's simple page (PEP 503), eight at a time, within DEADLINE_S.
 """
+
 from __future__ import annotations
 
 import html
@@ -116,8 +117,10 @@ def check_pin(name: str, version: str, indexes: list[str], tags: frozenset) -> s
         except Unreachable as e:
             unreachable.append(str(e))
     if unreachable:
-        return f"unreachable: {name}=={version} is not on the indexes that answered " \
-               f"({'; '.join(unreachable)})"
+        return (
+            f"unreachable: {name}=={version} is not on the indexes that answered "
+            f"({'; '.join(unreachable)})"
+        )
     return f"missing: {name}=={version} is on none of {', '.join(indexes)}"
 
 
@@ -127,24 +130,32 @@ def main(argv: list[str]) -> int:
     tags = frozenset(sys_tags())
     started = time.monotonic()
     pool = ThreadPoolExecutor(WORKERS)
-    futures = {pool.submit(check_pin, name, version, lock.indexes, tags): (name, version)
-               for name, version in lock.pins}
+    futures = {
+        pool.submit(check_pin, name, version, lock.indexes, tags): (name, version)
+        for name, version in lock.pins
+    }
     done, late = wait(futures, timeout=DEADLINE_S)
     verdicts = [f.result() for f in done]
-    missing = [v[len("missing: "):] for v in verdicts if v and v.startswith("missing")]
-    unknown = [v[len("unreachable: "):] for v in verdicts if v and v.startswith("unreach")]
-    unknown += [f"{n}=={v}: no answer within {DEADLINE_S:.0f} s" for n, v in
-                (futures[f] for f in late)]
+    missing = [v[len("missing: ") :] for v in verdicts if v and v.startswith("missing")]
+    unknown = [v[len("unreachable: ") :] for v in verdicts if v and v.startswith("unreach")]
+    unknown += [
+        f"{n}=={v}: no answer within {DEADLINE_S:.0f} s" for n, v in (futures[f] for f in late)
+    ]
     for line in missing:
         print(f"{path}: {line}", file=sys.stderr)
     if unknown and len(unknown) == len(lock.pins):
         print(f"lock check skipped: no index answered ({unknown[0]})", file=sys.stderr)
     elif unknown:
-        print(f"warning: lock check: {len(unknown)} pin(s) unchecked, the network failed: "
-              f"{unknown[0]}" + (" ..." if len(unknown) > 1 else ""), file=sys.stderr)
-    print(f"lock check: {len(lock.pins) - len(missing) - len(unknown)} of "
-          f"{len(lock.pins)} pins resolve from {', '.join(lock.indexes)} "
-          f"({time.monotonic() - started:.1f} s)")
+        print(
+            f"warning: lock check: {len(unknown)} pin(s) unchecked, the network failed: "
+            f"{unknown[0]}" + (" ..." if len(unknown) > 1 else ""),
+            file=sys.stderr,
+        )
+    print(
+        f"lock check: {len(lock.pins) - len(missing) - len(unknown)} of "
+        f"{len(lock.pins)} pins resolve from {', '.join(lock.indexes)} "
+        f"({time.monotonic() - started:.1f} s)"
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     # Requests still running past the deadline are abandoned, not waited for.

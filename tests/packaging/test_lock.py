@@ -1,6 +1,7 @@
 """requirements.lock's public path: the lock names the index of its +cpu pins, and the
 checker `.ci/run` runs (tests/packaging/lock_check.py) tells a missing pin (failure) from
 an index that does not answer (warning), against real HTTP indexes on loopback."""
+
 from __future__ import annotations
 
 import functools
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_lock_names_an_index_for_its_local_builds():
     lock = read_lock(ROOT / "requirements.lock")
     local = [f"{n}=={v}" for n, v in lock.pins if "+" in v]
-    assert local == ["torch==2.13.0+cpu"]   # PyPI never carries local version labels
+    assert local == ["torch==2.13.0+cpu"]  # PyPI never carries local version labels
     assert len(lock.indexes) == 2 and lock.indexes[1].endswith("/whl/cpu")
 
 
@@ -52,8 +53,13 @@ def serve_dir():
 def _check(tmp_path: Path, lock_text: str) -> subprocess.CompletedProcess:
     lock = tmp_path / "requirements.lock"
     lock.write_text(lock_text)
-    return subprocess.run([sys.executable, "-m", "tests.packaging.lock_check", str(lock)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "tests.packaging.lock_check", str(lock)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _closed_port() -> int:
@@ -65,25 +71,36 @@ def _closed_port() -> int:
 def test_pins_resolve_across_the_declared_indexes(tmp_path, serve_dir):
     main = serve_dir(tmp_path / "main")
     extra = serve_dir(tmp_path / "extra")
-    _index(tmp_path / "main", {"click": ["click-8.1.8-py3-none-any.whl"],
-                               "pyyaml": ["PyYAML-6.0.2.tar.gz"],
-                               "torch": ["torch-2.13.0-cp39-abi3-win_amd64.whl"]})
+    _index(
+        tmp_path / "main",
+        {
+            "click": ["click-8.1.8-py3-none-any.whl"],
+            "pyyaml": ["PyYAML-6.0.2.tar.gz"],
+            "torch": ["torch-2.13.0-cp39-abi3-win_amd64.whl"],
+        },
+    )
     _index(tmp_path / "extra", {"torch": ["torch-2.13.0+cpu-py3-none-any.whl"]})
-    result = _check(tmp_path, f"--index-url {main}\n--extra-index-url {extra}\n"
-                              "# a comment\nclick==8.1.8\nPyYAML==6.0.2\ntorch==2.13.0+cpu\n")
+    result = _check(
+        tmp_path,
+        f"--index-url {main}\n--extra-index-url {extra}\n"
+        "# a comment\nclick==8.1.8\nPyYAML==6.0.2\ntorch==2.13.0+cpu\n",
+    )
     assert result.returncode == 0, result.stderr
     assert "3 of 3 pins resolve" in result.stdout and result.stderr == ""
 
 
 def test_a_pin_no_index_has_fails(tmp_path, serve_dir):
     main = serve_dir(tmp_path / "main")
-    _index(tmp_path / "main", {"click": ["click-8.1.8-py3-none-any.whl",
-                                         "click-8.1.7-py3-none-win32.whl"]})
-    result = _check(tmp_path, f"--index-url {main}\nclick==8.1.8\nclick==8.1.7\n"
-                              "no-such-project==1.0\n")
+    _index(
+        tmp_path / "main",
+        {"click": ["click-8.1.8-py3-none-any.whl", "click-8.1.7-py3-none-win32.whl"]},
+    )
+    result = _check(
+        tmp_path, f"--index-url {main}\nclick==8.1.8\nclick==8.1.7\nno-such-project==1.0\n"
+    )
     assert result.returncode == 1
     missing = result.stderr.splitlines()
-    assert len(missing) == 2   # 8.1.7 has no wheel for this interpreter; the other is absent
+    assert len(missing) == 2  # 8.1.7 has no wheel for this interpreter; the other is absent
     assert any("click==8.1.7 is on none of" in line for line in missing)
     assert any("no-such-project==1.0 is on none of" in line for line in missing)
 
@@ -92,8 +109,9 @@ def test_an_index_that_does_not_answer_only_warns(tmp_path, serve_dir):
     main = serve_dir(tmp_path / "main")
     _index(tmp_path / "main", {"click": ["click-8.1.8-py3-none-any.whl"]})
     gone = f"http://127.0.0.1:{_closed_port()}/simple"
-    result = _check(tmp_path, f"--index-url {main}\n--extra-index-url {gone}\n"
-                              "click==8.1.8\ntorch==2.13.0+cpu\n")
+    result = _check(
+        tmp_path, f"--index-url {main}\n--extra-index-url {gone}\nclick==8.1.8\ntorch==2.13.0+cpu\n"
+    )
     assert result.returncode == 0, result.stderr
     (line,) = result.stderr.splitlines()
     assert line.startswith("warning: lock check: 1 pin(s) unchecked") and "torch" in line

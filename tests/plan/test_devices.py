@@ -1,4 +1,5 @@
 """Device names on the live box: GPU product → table entry, MIG entry → slice UUID."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,15 +18,18 @@ GPU 7: NVIDIA H100 80GB HBM3 (UUID: GPU-7b2e)
 """
 
 
-@pytest.mark.parametrize("name, mib, expected", [
-    ("NVIDIA H100 80GB HBM3", 81559, "H100-80GB"),
-    ("NVIDIA H100 PCIe", 81559, "H100-PCIE-80GB"),
-    ("NVIDIA H100 NVL", 95830, "H100-94GB"),
-    ("NVIDIA H200", 143771, "H200-141GB"),
-    ("NVIDIA A100-SXM4-40GB", 40960, "A100-40GB"),
-    ("NVIDIA A100 80GB PCIe", 81920, "A100-80GB"),
-    ("NVIDIA A30", 24576, "A30-24GB"),
-])
+@pytest.mark.parametrize(
+    "name, mib, expected",
+    [
+        ("NVIDIA H100 80GB HBM3", 81559, "H100-80GB"),
+        ("NVIDIA H100 PCIe", 81559, "H100-PCIE-80GB"),
+        ("NVIDIA H100 NVL", 95830, "H100-94GB"),
+        ("NVIDIA H200", 143771, "H200-141GB"),
+        ("NVIDIA A100-SXM4-40GB", 40960, "A100-40GB"),
+        ("NVIDIA A100 80GB PCIe", 81920, "A100-80GB"),
+        ("NVIDIA A30", 24576, "A30-24GB"),
+    ],
+)
 def test_gpu_type_for_nvidia_smi_names(name, mib, expected):
     assert gpu_type_for(name, mib).name == expected
 
@@ -38,7 +42,8 @@ def test_mig_listing_and_resolution():
     assert devices.mig_devices(LISTING) == {
         (6, "3g.40gb"): ["MIG-5d1c9c0e-aaaa", "MIG-77e0b2b1-bbbb"],
         (6, "1g.10gb"): ["MIG-0b9a1f00-cccc"],
-        (7, "3g.40gb"): ["MIG-9999"]}
+        (7, "3g.40gb"): ["MIG-9999"],
+    }
     assert devices.resolve("mig:6:3g.40gb:1", lambda: LISTING) == "MIG-77e0b2b1-bbbb"
     assert devices.resolve("mig:7:3g.40gb:0", lambda: LISTING) == "MIG-9999"
     assert devices.resolve("0,1", lambda: pytest.fail("ordinals need no listing")) == "0,1"

@@ -1,4 +1,5 @@
 """MIG: profile tables, legal placements, packing over GPUs, mig-parted config, CLI."""
+
 from __future__ import annotations
 
 import itertools
@@ -30,14 +31,14 @@ def assert_legal(gpu, slices):
 
 def exists_by_brute_force(gpu, profiles) -> bool:
     """Oracle: try every combination of legal starts."""
-    if any(c > gpu.mig_profile(n).max_count
-           for n, c in Counter(p.name for p in profiles).items()):
+    if any(c > gpu.mig_profile(n).max_count for n, c in Counter(p.name for p in profiles).items()):
         return False
     if sum(p.compute_slices for p in profiles) > gpu.compute_slices:
         return False
     for starts in itertools.product(*(p.starts for p in profiles)):
-        used = [m for p, s in zip(profiles, starts, strict=True)
-                for m in range(s, s + p.memory_slices)]
+        used = [
+            m for p, s in zip(profiles, starts, strict=True) for m in range(s, s + p.memory_slices)
+        ]
         if len(used) == len(set(used)):
             return True
     return False
@@ -45,7 +46,14 @@ def exists_by_brute_force(gpu, profiles) -> bool:
 
 def test_tables_follow_the_mig_user_guide():
     assert [p.name for p in H100.mig_profiles] == [
-        "1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+        "1g.10gb",
+        "1g.10gb+me",
+        "1g.20gb",
+        "2g.20gb",
+        "3g.40gb",
+        "4g.40gb",
+        "7g.80gb",
+    ]
     assert H100.mig_profile("3g.40gb").starts == (0, 4)
     assert H100.mig_profile("1g.10gb").max_count == 7
     assert GPU_TYPES["A100-40GB"].mig_profile("1g.5gb").memory_gib == 5
@@ -57,40 +65,55 @@ def test_tables_follow_the_mig_user_guide():
     assert H100.mig_profile("3g.40gb").kubernetes_resource == "nvidia.com/mig-3g.40gb"
 
 
-@pytest.mark.parametrize("counts, starts", [
-    ([("4g.40gb", 1), ("3g.40gb", 1)], [("4g.40gb", 0), ("3g.40gb", 4)]),
-    ([("3g.40gb", 2)], [("3g.40gb", 0), ("3g.40gb", 4)]),
-    ([("1g.10gb", 7)], [("1g.10gb", s) for s in range(7)]),
-    ([("2g.20gb", 3), ("1g.10gb", 1)], [("2g.20gb", 0), ("2g.20gb", 2), ("2g.20gb", 4),
-                                        ("1g.10gb", 6)]),
-    ([("7g.80gb", 1)], [("7g.80gb", 0)]),
-])
+@pytest.mark.parametrize(
+    "counts, starts",
+    [
+        ([("4g.40gb", 1), ("3g.40gb", 1)], [("4g.40gb", 0), ("3g.40gb", 4)]),
+        ([("3g.40gb", 2)], [("3g.40gb", 0), ("3g.40gb", 4)]),
+        ([("1g.10gb", 7)], [("1g.10gb", s) for s in range(7)]),
+        (
+            [("2g.20gb", 3), ("1g.10gb", 1)],
+            [("2g.20gb", 0), ("2g.20gb", 2), ("2g.20gb", 4), ("1g.10gb", 6)],
+        ),
+        ([("7g.80gb", 1)], [("7g.80gb", 0)]),
+    ],
+)
 def test_legal_layouts(counts, starts):
     slices = mig.check_layout(H100, counts)
     assert [(s.profile.name, s.start) for s in slices] == starts
     assert_legal(H100, slices)
 
 
-@pytest.mark.parametrize("counts, reason", [
-    ([("1g.10gb", 8)], "8 × 1g.10gb is more than the 7 one H100-80GB can hold"),
-    ([("3g.40gb", 3)], "3 × 3g.40gb is more than the 2"),
-    ([("4g.40gb", 1), ("3g.40gb", 1), ("1g.10gb", 1)], "needs 8 compute slices but one "
-                                                        "H100-80GB has 7"),
-    ([("2g.10gb", 1)], "H100-80GB has no MIG profile '2g.10gb'"),
-    ([("7g.80gb", 1), ("1g.10gb", 1)], "needs 8 compute slices"),
-    ([("4g.40gb", 1), ("1g.20gb", 2), ("1g.10gb", 1)],
-     "needs 9 memory slices but one H100-80GB has 8"),
-])
+@pytest.mark.parametrize(
+    "counts, reason",
+    [
+        ([("1g.10gb", 8)], "8 × 1g.10gb is more than the 7 one H100-80GB can hold"),
+        ([("3g.40gb", 3)], "3 × 3g.40gb is more than the 2"),
+        (
+            [("4g.40gb", 1), ("3g.40gb", 1), ("1g.10gb", 1)],
+            "needs 8 compute slices but one H100-80GB has 7",
+        ),
+        ([("2g.10gb", 1)], "H100-80GB has no MIG profile '2g.10gb'"),
+        ([("7g.80gb", 1), ("1g.10gb", 1)], "needs 8 compute slices"),
+        (
+            [("4g.40gb", 1), ("1g.20gb", 2), ("1g.10gb", 1)],
+            "needs 9 memory slices but one H100-80GB has 8",
+        ),
+    ],
+)
 def test_illegal_layouts_say_why(counts, reason):
     with pytest.raises(mig.MigError, match=reason.replace("(", r"\(")):
         mig.check_layout(H100, counts)
 
 
-@pytest.mark.parametrize("text, parsed", [
-    ("4g.40gb=1,3g.40gb=1", [("4g.40gb", 1), ("3g.40gb", 1)]),
-    ("3g.40gb", [("3g.40gb", 1)]),
-    (" 1g.10gb=7 , ", [("1g.10gb", 7)]),
-])
+@pytest.mark.parametrize(
+    "text, parsed",
+    [
+        ("4g.40gb=1,3g.40gb=1", [("4g.40gb", 1), ("3g.40gb", 1)]),
+        ("3g.40gb", [("3g.40gb", 1)]),
+        (" 1g.10gb=7 , ", [("1g.10gb", 7)]),
+    ],
+)
 def test_parse_profile_counts(text, parsed):
     assert mig.parse_profile_counts(text) == parsed
 
@@ -132,7 +155,7 @@ def test_pack_assigns_every_request_to_a_legal_slice(gpu_name, data):
         layouts, assignments = mig.pack(gpu, requests, gpus)
     except mig.MigError as e:
         assert "no room" in str(e)
-        if len(gpus) == 1:   # on one GPU first fit is exact: it fails only if nothing fits
+        if len(gpus) == 1:  # on one GPU first fit is exact: it fails only if nothing fits
             with pytest.raises(mig.MigError):
                 mig.place_on_gpu(gpu, wanted)
         return
@@ -157,8 +180,10 @@ def test_pack_fails_when_slices_outnumber_gpus():
 
 def test_mig_parted_config_groups_equal_gpus():
     three_g = H100.mig_profile("3g.40gb")
-    layouts = {6: (mig.Slice(three_g, 0), mig.Slice(three_g, 4)),
-               7: (mig.Slice(three_g, 0), mig.Slice(three_g, 4))}
+    layouts = {
+        6: (mig.Slice(three_g, 0), mig.Slice(three_g, 4)),
+        7: (mig.Slice(three_g, 0), mig.Slice(three_g, 4)),
+    }
     config = mig.mig_parted_config("trident-x", 8, layouts)
     assert config["version"] == "v1"
     assert config["mig-configs"]["trident-x"] == [
@@ -168,8 +193,7 @@ def test_mig_parted_config_groups_equal_gpus():
 
 
 def test_cli_mig_check_exit_codes(capsys):
-    assert main(["mig", "check", "--gpu", "H100-80GB", "--profiles",
-                 "4g.40gb=1,3g.40gb=1"]) == 0
+    assert main(["mig", "check", "--gpu", "H100-80GB", "--profiles", "4g.40gb=1,3g.40gb=1"]) == 0
     assert "legal on H100-80GB: 4g.40gb@0, 3g.40gb@4" in capsys.readouterr().out
     assert main(["mig", "check", "--gpu", "H100-80GB", "--profiles", "1g.10gb=8"]) == 1
     assert "more than the 7" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """The router's instance count: the spec's `router.instances`, else the default for the
 host the spec targets (builder/plan/router_instances.py), and `trident plan` shows it."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,15 @@ from builder.cli.main import main
 from builder.plan.router_instances import MAX_DEFAULT, PER_GPU, router_instances
 from builder.spec import parse_spec
 
-MODELS = [{"name": "m", "engine": "vllm", "model": "/m", "engine_args": {"max_model_len": 512},
-           "placement": {"kind": "cpu"}}]
+MODELS = [
+    {
+        "name": "m",
+        "engine": "vllm",
+        "model": "/m",
+        "engine_args": {"max_model_len": 512},
+        "placement": {"kind": "cpu"},
+    }
+]
 
 
 def spec(hardware=None, router=None, tenants=None):
@@ -53,9 +61,16 @@ def test_tenants_without_redis_default_to_one_instance():
 
 def test_trident_plan_shows_the_count(tmp_path, capsys):
     path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump({"name": "x", "hardware": {"gpu": "H100-80GB", "count": 2},
-                                    "models": [{**MODELS[0]}],
-                                    "router": {"default": ["m"]}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "x",
+                "hardware": {"gpu": "H100-80GB", "count": 2},
+                "models": [{**MODELS[0]}],
+                "router": {"default": ["m"]},
+            }
+        )
+    )
     assert main(["plan", "--spec", str(path)]) == 0
     out = capsys.readouterr().out
     assert "router: router, 4 instance(s) KIND_CPU (default: 2 per GPU" in out

@@ -1,4 +1,5 @@
 """trident_common.log: Triton's logger inside a stub, the logging module elsewhere."""
+
 from __future__ import annotations
 
 import logging
@@ -38,9 +39,12 @@ def test_in_a_stub_lines_go_to_tritons_log_tagged():
     log.warning("w")
     log.error("e")
     log.verbose("v")
-    assert triton.lines == [("info", "[vllm] Cancelling the request r-1"),
-                            ("warn", "[vllm] w"), ("error", "[vllm] e"),
-                            ("verbose", "[vllm] v")]
+    assert triton.lines == [
+        ("info", "[vllm] Cancelling the request r-1"),
+        ("warn", "[vllm] w"),
+        ("error", "[vllm] e"),
+        ("verbose", "[vllm] v"),
+    ]
 
 
 def test_outside_a_stub_lines_go_to_the_logging_module(caplog, monkeypatch):
@@ -53,11 +57,12 @@ def test_outside_a_stub_lines_go_to_the_logging_module(caplog, monkeypatch):
     assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
         ("trident.router", logging.INFO, "[router] ready"),
         ("trident.router", logging.ERROR, "[router] broken"),
-        ("trident.router", logging.DEBUG, "[router] detail")]
+        ("trident.router", logging.DEBUG, "[router] detail"),
+    ]
 
 
 def test_a_stub_module_without_a_logger_falls_back(caplog, monkeypatch):
-    monkeypatch.setattr(log_mod, "pb_utils", object())   # e.g. a test double of pb_utils
+    monkeypatch.setattr(log_mod, "pb_utils", object())  # e.g. a test double of pb_utils
     with caplog.at_level(logging.INFO, logger="trident"):
         Log("sglang").warning("fallback")
     assert [r.getMessage() for r in caplog.records] == ["[sglang] fallback"]

@@ -1,5 +1,6 @@
 """The engine models' sender thread (trident_common/outbox.py) and delta coalescing
 (trident_common/deltas.py), with a sender that records and can block like Triton's."""
+
 from __future__ import annotations
 
 import threading
@@ -22,7 +23,7 @@ class Sender:
     def __init__(self):
         self.sent: list = []
         self.gate: threading.Event | None = None
-        self.entered = threading.Semaphore(0)   # released as each send starts
+        self.entered = threading.Semaphore(0)  # released as each send starts
         self.cancelled, self.fail, self.checks = False, None, 0
 
     def send(self, response=None, flags=0):
@@ -46,8 +47,7 @@ class Box:
 
     def __init__(self, check_every_s=1000.0):
         self.stopped: list = []
-        self.outbox = Outbox("test-send", lambda owner, error: self.stopped.append(
-            (owner, error)))
+        self.outbox = Outbox("test-send", lambda owner, error: self.stopped.append((owner, error)))
         self.check_every_s = check_every_s
 
     def outlet(self, sender, owner="stream"):
@@ -62,9 +62,13 @@ class Box:
 
 
 def test_merged_deltas_carry_every_tokens_text_and_logprobs_and_the_last_counts():
-    merged = merge([delta(" a", 1, logprobs=[{"1": 0}], cumulative=-0.5),
-                    delta(" b", 2),
-                    delta(" c", 4, "length", logprobs=[{"2": 0}, {"3": 0}], cumulative=-2.0)])
+    merged = merge(
+        [
+            delta(" a", 1, logprobs=[{"1": 0}], cumulative=-0.5),
+            delta(" b", 2),
+            delta(" c", 4, "length", logprobs=[{"2": 0}, {"3": 0}], cumulative=-2.0),
+        ]
+    )
     assert merged == Delta(" a b c", "length", 7, 4, [{"1": 0}, {"2": 0}, {"3": 0}], -2.0)
     assert merge([delta(" a", 1), delta(" b", 2)]).logprobs is None
     one = delta(" x", 1)
@@ -74,6 +78,7 @@ def test_merged_deltas_carry_every_tokens_text_and_logprobs_and_the_last_counts(
 def test_batches_merge_runs_of_deltas_but_never_across_a_callable():
     def marker():
         return None
+
     out = batches([delta(" a", 1), delta(" b", 2), marker, delta(" c", 3), delta(" d", 4)])
     assert [getattr(item, "text", item) for item in out] == [" a b", marker, " c d"]
     assert batches([]) == []
@@ -87,21 +92,23 @@ def test_deltas_pending_while_a_send_waits_leave_as_one_response():
     sender.gate = threading.Event()
     outlet = box.outlet(sender)
     box.outbox.push(outlet, delta(" w0", 1))
-    assert sender.entered.acquire(timeout=5)           # that send is waiting on the server
+    assert sender.entered.acquire(timeout=5)  # that send is waiting on the server
     for i in range(1, 5):
         box.outbox.push(outlet, delta(f" w{i}", i + 1, "length" if i == 4 else None))
     sender.gate.set()
     wait_for(lambda: sender.finals() == 1, timeout_s=5)
     box.close()
     assert [(d.text, d.output_tokens, flags) for d, flags in sender.sent] == [
-        (" w0", 1, 0), (" w1 w2 w3 w4", 5, FINAL)]
+        (" w0", 1, 0),
+        (" w1 w2 w3 w4", 5, FINAL),
+    ]
 
 
 def test_an_idle_outbox_sends_a_lone_delta_at_once():
     box, sender = Box(), Sender()
     outlet = box.outlet(sender)
     box.outbox.push(outlet, delta(" w0", 1))
-    wait_for(lambda: sender.sent, timeout_s=5)         # nothing else was pushed after it
+    wait_for(lambda: sender.sent, timeout_s=5)  # nothing else was pushed after it
     box.outbox.push(outlet, delta(" w1", 2))
     wait_for(lambda: len(sender.sent) == 2, timeout_s=5)
     box.close()
@@ -114,7 +121,7 @@ def test_callables_run_in_their_place_between_responses():
     box.outbox.push(outlet, delta(" a", 1))
     box.outbox.push(outlet, lambda: seen.append(len(sender.sent)))
     box.outbox.push(outlet, delta(" b", 2, "stop"))
-    box.close()                                        # sends what is queued first
+    box.close()  # sends what is queued first
     assert seen == [1] and [d.text for d, _ in sender.sent] == [" a", " b"]
     assert sender.finals() == 1
 
@@ -124,12 +131,12 @@ def test_a_client_found_gone_gets_no_more_data_and_one_final_flag():
     sender.gate = threading.Event()
     outlet = box.outlet(sender, owner="s1")
     box.outbox.push(outlet, delta(" a", 1))
-    assert sender.entered.acquire(timeout=5)           # checked, then sent: waiting
+    assert sender.entered.acquire(timeout=5)  # checked, then sent: waiting
     sender.cancelled = True
     box.outbox.push(outlet, delta(" b", 2))
     sender.gate.set()
-    wait_for(lambda: box.stopped, timeout_s=5)         # found gone before sending " b"
-    box.outbox.push(outlet, delta(" c", 3, "stop"))    # the loop had got there first
+    wait_for(lambda: box.stopped, timeout_s=5)  # found gone before sending " b"
+    box.outbox.push(outlet, delta(" c", 3, "stop"))  # the loop had got there first
     box.close()
     assert box.stopped == [("s1", None)]
     assert sender.sent[0][0].text == " a" and sender.sent[1:] == [(None, FINAL)]
@@ -137,7 +144,7 @@ def test_a_client_found_gone_gets_no_more_data_and_one_final_flag():
 
 def test_cancellation_is_checked_at_most_every_interval():
     box, sender = Box(check_every_s=1000.0), Sender()
-    outlet = box.outlet(sender)                        # first check due at once
+    outlet = box.outlet(sender)  # first check due at once
     for i in range(5):
         box.outbox.push(outlet, delta(" w", i + 1))
         wait_for(lambda n=i + 1: len(sender.sent) == n, timeout_s=5)
@@ -182,7 +189,7 @@ def test_a_deferred_write_runs_after_the_next_data_response_not_before_it():
     sender.gate = threading.Event()
     outlet, seen = box.outlet(sender), []
     box.outbox.push(outlet, delta(" hold", 1))
-    assert sender.entered.acquire(timeout=5)           # the thread is busy sending
+    assert sender.entered.acquire(timeout=5)  # the thread is busy sending
     box.outbox.push(outlet, delta(" a", 2))
     box.outbox.defer(outlet, lambda: seen.append(("ttft", len(sender.sent))))
     box.outbox.push(outlet, lambda: seen.append(("count", len(sender.sent))))
@@ -227,7 +234,7 @@ def test_a_deferred_write_alone_does_not_wake_the_thread():
     box, sender = Box(), Sender()
     outlet, seen = box.outlet(sender), []
     box.outbox.defer(outlet, lambda: seen.append("ttft"))
-    box.outbox.call(lambda: seen.append("other"))     # the thread ran something after it
+    box.outbox.call(lambda: seen.append("other"))  # the thread ran something after it
     wait_for(lambda: seen, timeout_s=5)
     assert seen == ["other"]
     box.outbox.push(outlet, lambda: seen.append("end"))

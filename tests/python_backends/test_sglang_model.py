@@ -6,6 +6,7 @@ tests/fakes/fake_pb_utils.py (the stub's triton_python_backend_utils). The model
 driven through initialize / execute / finalize exactly as Triton drives it; the GPU
 check (tests/gpu/check_sglang.sh) does the same against the real SGLang.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,12 +48,26 @@ _PB_BOUND = ("trident_common.triton_io", "trident_common.engine_model")
 
 
 def sglang_spec(**engine_args) -> dict:
-    return {"name": "sgl", "hardware": {"gpu": "cpu"},
-            "models": [{"name": "qwen", "engine": "sglang", "model": "/models/qwen2.5-0.5b",
-                        "family": "qwen", "tasks": ["chat"],
-                        "engine_args": {"context_length": 64, "mem_fraction_static": 0.8,
-                                        "schedule_policy": "lpm", **engine_args}}],
-            "router": {"default": ["qwen"]}}
+    return {
+        "name": "sgl",
+        "hardware": {"gpu": "cpu"},
+        "models": [
+            {
+                "name": "qwen",
+                "engine": "sglang",
+                "model": "/models/qwen2.5-0.5b",
+                "family": "qwen",
+                "tasks": ["chat"],
+                "engine_args": {
+                    "context_length": 64,
+                    "mem_fraction_static": 0.8,
+                    "schedule_policy": "lpm",
+                    **engine_args,
+                },
+            }
+        ],
+        "router": {"default": ["qwen"]},
+    }
 
 
 @contextlib.contextmanager
@@ -65,8 +80,11 @@ def fake_stub_modules():
     try:
         yield
     finally:
-        for name, module in [*saved.items(), ("triton_python_backend_utils", saved_pb),
-                             ("sglang", saved_sglang)]:
+        for name, module in [
+            *saved.items(),
+            ("triton_python_backend_utils", saved_pb),
+            ("sglang", saved_sglang),
+        ]:
             sys.modules.pop(name, None)
             if module is not None:
                 sys.modules[name] = module
@@ -135,8 +153,9 @@ def router_proof(**inputs) -> str:
     key = trust.proof_key({ROUTER_SECRET_ENV: SECRET})
     if "abort_request_id" in inputs:
         return trust.abort_proof(key, inputs["abort_request_id"])
-    return trust.generate_proof(key, inputs.get("request_id", ""), inputs.get("priority"),
-                                inputs.get("cache_salt"))
+    return trust.generate_proof(
+        key, inputs.get("request_id", ""), inputs.get("priority"), inputs.get("cache_salt")
+    )
 
 
 def _serve(repo: Path, monkeypatch, secret=SECRET):
@@ -144,13 +163,20 @@ def _serve(repo: Path, monkeypatch, secret=SECRET):
     if secret is None:
         monkeypatch.delenv(ROUTER_SECRET_ENV, raising=False)
     else:
-        monkeypatch.setenv(ROUTER_SECRET_ENV, secret)   # as `trident serve` starts servers
+        monkeypatch.setenv(ROUTER_SECRET_ENV, secret)  # as `trident serve` starts servers
     with fake_stub_modules():
         module = load_model_module()
         model = module.TritonPythonModel()
-        model.initialize({"model_name": "qwen", "model_repository": str(repo / "qwen"),
-                          "model_version": "1", "model_instance_kind": "CPU",
-                          "model_instance_name": "qwen_0_0", "model_config": "{}"})
+        model.initialize(
+            {
+                "model_name": "qwen",
+                "model_repository": str(repo / "qwen"),
+                "model_version": "1",
+                "model_instance_kind": "CPU",
+                "model_instance_name": "qwen_0_0",
+                "model_config": "{}",
+            }
+        )
         try:
             yield Served(module, model, model.engine)
         finally:
@@ -191,12 +217,28 @@ def expected_text(words) -> str:
 
 def test_sampling_names_are_mapped_to_sglang():
     module = _module_without_stub()
-    mapped = module.map_sampling({"temperature": 0.0, "seed": 7, "min_tokens": 2,
-                                  "stop": ["\n"], "include_stop_str_in_output": True,
-                                  "top_k": -1, "repetition_penalty": 1.1}, max_tokens=32)
-    assert mapped == {"temperature": 0.0, "sampling_seed": 7, "min_new_tokens": 2,
-                      "stop": ["\n"], "no_stop_trim": True, "top_k": -1,
-                      "repetition_penalty": 1.1, "max_new_tokens": 32}
+    mapped = module.map_sampling(
+        {
+            "temperature": 0.0,
+            "seed": 7,
+            "min_tokens": 2,
+            "stop": ["\n"],
+            "include_stop_str_in_output": True,
+            "top_k": -1,
+            "repetition_penalty": 1.1,
+        },
+        max_tokens=32,
+    )
+    assert mapped == {
+        "temperature": 0.0,
+        "sampling_seed": 7,
+        "min_new_tokens": 2,
+        "stop": ["\n"],
+        "no_stop_trim": True,
+        "top_k": -1,
+        "repetition_penalty": 1.1,
+        "max_new_tokens": 32,
+    }
     assert set(mapped) <= fake_sglang.SAMPLING_FIELDS
 
 
@@ -232,14 +274,26 @@ def test_finish_reasons():
     assert module.finish_reason({"finish_reason": None}) is None
     assert module.finish_reason({"finish_reason": {"type": "length", "length": 8}}) == "length"
     assert module.finish_reason({"finish_reason": {"type": "stop", "matched": 2}}) == "stop"
-    assert module.finish_reason({"finish_reason": {"type": "abort", "message": "Aborted",
-                                                   "status_code": None}}) == "abort"
+    assert (
+        module.finish_reason(
+            {"finish_reason": {"type": "abort", "message": "Aborted", "status_code": None}}
+        )
+        == "abort"
+    )
     with pytest.raises(module.BadRequest, match="longer than"):
-        module.finish_reason({"finish_reason": {"type": "abort", "status_code": 400,
-                                                "message": "input is longer than 8"}})
+        module.finish_reason(
+            {
+                "finish_reason": {
+                    "type": "abort",
+                    "status_code": 400,
+                    "message": "input is longer than 8",
+                }
+            }
+        )
     with pytest.raises(RuntimeError, match="out of memory"):
-        module.finish_reason({"finish_reason": {"type": "abort", "status_code": 503,
-                                                "message": "out of memory"}})
+        module.finish_reason(
+            {"finish_reason": {"type": "abort", "status_code": 503, "message": "out of memory"}}
+        )
 
 
 def _module_without_stub():
@@ -253,8 +307,12 @@ def _module_without_stub():
 def test_sglang_model_renders_and_validates(repo, capsys):
     assert cli.main(["validate", str(repo)]) == 0
     config = json.loads((repo / "qwen" / "1" / "model.json").read_text())
-    assert config == {"model_path": "/models/qwen2.5-0.5b", "context_length": 64,
-                      "mem_fraction_static": 0.8, "schedule_policy": "lpm"}
+    assert config == {
+        "model_path": "/models/qwen2.5-0.5b",
+        "context_length": 64,
+        "mem_fraction_static": 0.8,
+        "schedule_policy": "lpm",
+    }
     assert (repo / "qwen" / "1" / "model.py").read_bytes() == MODEL_PY.read_bytes()
     assert (repo / "qwen" / "1" / "trident_common" / "engine_model.py").is_file()
     pbtxt = (repo / "qwen" / "config.pbtxt").read_text()
@@ -271,8 +329,11 @@ SHIPPED_SPECS = sorted((ROOT / "deploy").rglob("*.yaml"))
 @pytest.mark.parametrize("spec_file", SHIPPED_SPECS, ids=lambda p: p.name)
 def test_shipped_sglang_models_start_with_their_rendered_args(spec_file):
     spec = load_spec(spec_file)
-    engines = {m.name: ServedEngine("/engines/" + "ab" * 32, "ab" * 32) for m in spec.models
-               if m.engine == "tensorrt_llm"}
+    engines = {
+        m.name: ServedEngine("/engines/" + "ab" * 32, "ab" * 32)
+        for m in spec.models
+        if m.engine == "tensorrt_llm"
+    }
     plan = plan_for_spec(spec)
     files = render_files(RenderContext(spec, {}, engines, plan))
     replicas = routed_replicas(spec, plan)
@@ -280,7 +341,7 @@ def test_shipped_sglang_models_start_with_their_rendered_args(spec_file):
         # A model behind the router with several instances runs as its replicas.
         for name in replicas.get(model.name, (model.name,)):
             config = json.loads(files[f"{name}/1/model.json"])
-            engine = fake_sglang.Engine(**config)      # TypeError on a non-ServerArgs name
+            engine = fake_sglang.Engine(**config)  # TypeError on a non-ServerArgs name
             assert engine.server_args.model_path == model.model
 
 
@@ -293,8 +354,12 @@ def test_h100x8_serves_an_sglang_model():
 
 
 def test_stream_relays_deltas_with_one_final_flag(served):
-    sender = served.run(text_input="What is the capital of France ?", stream=True,
-                        max_tokens=6, sampling_parameters={"temperature": 0})
+    sender = served.run(
+        text_input="What is the capital of France ?",
+        stream=True,
+        max_tokens=6,
+        sampling_parameters={"temperature": 0},
+    )
     assert "".join(texts(sender)) == expected_text(REPLY_WORDS[:6])
     # One response per chunk, or fewer: chunks that were ready together leave together.
     count = len(sender.responses())
@@ -313,8 +378,9 @@ def test_stream_relays_deltas_with_one_final_flag(served):
 
 
 @pytest.mark.parametrize("incremental,per_chunk", [(False, 3), (True, 1), (True, 4)])
-def test_stream_text_is_right_whatever_sglang_streams(repo, tmp_path, monkeypatch,
-                                                      incremental, per_chunk):
+def test_stream_text_is_right_whatever_sglang_streams(
+    repo, tmp_path, monkeypatch, incremental, per_chunk
+):
     args = {"incremental_streaming_output": incremental}
     for served in _serve(with_engine_args(repo, tmp_path, args), monkeypatch):
         assert served.engine.server_args.incremental_streaming_output is incremental
@@ -345,11 +411,14 @@ def test_non_streaming_sends_one_response_with_the_prompt(served):
 
 
 def test_chat_messages_use_the_engines_chat_template(served):
-    messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "Capital of France?"}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Capital of France?"},
+    ]
     sender = served.run(messages=messages, stream=True, max_tokens=3)
     expected_prompt = fake_sglang.FakeTokenizer().apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True)
+        messages, tokenize=False, add_generation_prompt=True
+    )
     assert served.engine.calls[-1]["prompt"] == expected_prompt
     assert "".join(texts(sender)) == expected_text(REPLY_WORDS[:3])
 
@@ -367,8 +436,9 @@ def test_messages_without_a_tokenizer_are_a_clear_error(repo, tmp_path, monkeypa
 
 
 def test_unknown_sampling_key_is_an_error_naming_it(served):
-    sender = served.run(text_input="hi", stream=True,
-                        sampling_parameters={"temprature": 0.5, "top_p": 0.9})
+    sender = served.run(
+        text_input="hi", stream=True, sampling_parameters={"temprature": 0.5, "top_p": 0.9}
+    )
     (response,) = sender.responses()
     assert response.has_error() and sender.final_flags() == 1
     assert "unknown sampling parameter(s) for sglang: temprature" in response.error().message()
@@ -380,8 +450,7 @@ def test_unknown_sampling_key_is_an_error_naming_it(served):
 def test_engine_validation_errors_become_bad_requests(served):
     too_long = served.run(text_input=" ".join(["word"] * 80), stream=True)
     bad_value = served.run(text_input="hi", sampling_parameters={"temperature": -1})
-    assert "longer than the model's context length (64" in \
-        too_long.responses()[0].error().message()
+    assert "longer than the model's context length (64" in too_long.responses()[0].error().message()
     assert "temperature must be non-negative" in bad_value.responses()[0].error().message()
     assert too_long.responses()[0].error().code() == pb.TritonError.INVALID_ARG
 
@@ -399,7 +468,8 @@ def paced(repo, monkeypatch):
 
 def test_client_cancel_aborts_the_sglang_request(paced, monkeypatch):
     import trident_common.engine_model as engine_model
-    monkeypatch.setattr(engine_model, "CANCEL_CHECK_S", 0.0)   # check on every chunk
+
+    monkeypatch.setattr(engine_model, "CANCEL_CHECK_S", 0.0)  # check on every chunk
     paced.engine.hold_after = 2
     sender = paced.send(text_input="long answer", stream=True)
     wait_for(lambda: sender.responses())
@@ -407,10 +477,10 @@ def test_client_cancel_aborts_the_sglang_request(paced, monkeypatch):
     paced.engine.release()
     sender.wait_closed()
     rid = paced.engine.calls[-1]["rid"]
-    wait_for(lambda: paced.engine.aborts == [rid])   # the final flag goes out first
+    wait_for(lambda: paced.engine.aborts == [rid])  # the final flag goes out first
     assert sender.sent[-1] == (None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
     assert sender.final_flags() == 1
-    assert len("".join(texts(sender)).split()) < len(REPLY_WORDS)   # cut short
+    assert len("".join(texts(sender)).split()) < len(REPLY_WORDS)  # cut short
     assert paced.metric("trident_requests_aborted_total") == 1
     paced.wait_metric("trident_requests_in_flight", 0)
 
@@ -482,13 +552,15 @@ def test_cached_tokens_of_a_second_turn_are_counted(served):
     first = served.run(messages=turn1, stream=True, max_tokens=6)
     assert served.metric("trident_prefix_cached_tokens_total") == 0
     answer = "".join(texts(first)).strip()
-    turn2 = turn1 + [{"role": "assistant", "content": answer},
-                     {"role": "user", "content": "And of Italy ?"}]
+    turn2 = turn1 + [
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "And of Italy ?"},
+    ]
     served.run(messages=turn2, stream=True, max_tokens=6)
     prompts = [c["prompt"].split() for c in served.engine.calls]
     history = prompts[0] + answer.split()
     shared = common_prefix(history, prompts[1])
-    assert shared == len(history)          # the whole first turn, answer included
+    assert shared == len(history)  # the whole first turn, answer included
     assert served.metric("trident_prefix_cached_tokens_total") == shared
 
 
@@ -509,6 +581,7 @@ def test_finalize_shuts_the_engine_down_and_keeps_the_metrics(repo, monkeypatch)
         engine = served.engine
         served.run(text_input="hi", stream=True, max_tokens=1)
     import gc
+
     gc.collect()
     assert engine.shut_down
     assert pb.metric_violations == []
@@ -524,30 +597,35 @@ def test_all_turns_of_a_conversation_go_to_the_same_sglang_backend():
 
     data = sglang_spec()
     data["models"] = [{**data["models"][0], "name": f"qwen{i}"} for i in range(3)]
-    data["router"] = {"default": ["qwen0"],
-                      "rules": [{"name": "chat", "match": {"task": "chat"},
-                                 "backends": ["qwen0", "qwen1", "qwen2"]}]}
+    data["router"] = {
+        "default": ["qwen0"],
+        "rules": [
+            {"name": "chat", "match": {"task": "chat"}, "backends": ["qwen0", "qwen1", "qwen2"]}
+        ],
+    }
     policy = Policy(router_config(parse_spec(data, "<test>")))
     firsts = {}
     for conversation in (f"conv-{i}" for i in range(12)):
         messages = []
         for turn in range(4):
             messages += [{"role": "user", "content": f"question {turn} " * 20}]
-            features = features_from(None, messages, {"task": "chat",
-                                                      "conversation_id": conversation})
+            features = features_from(
+                None, messages, {"task": "chat", "conversation_id": conversation}
+            )
             firsts.setdefault(conversation, set()).add(policy.candidates(features)[1][0])
             messages += [{"role": "assistant", "content": "answer " * 30}]
     assert all(len(backends) == 1 for backends in firsts.values())
-    assert len({b for backends in firsts.values() for b in backends}) > 1   # spread
+    assert len({b for backends in firsts.values() for b in backends}) > 1  # spread
 
 
 def test_engine_start_failure_fails_the_load_with_the_reason(repo, tmp_path, monkeypatch):
     pb.metric_violations.clear()
-    bad = with_engine_args(repo, tmp_path, {"tensor_parallel_size": 2})   # vLLM's name
+    bad = with_engine_args(repo, tmp_path, {"tensor_parallel_size": 2})  # vLLM's name
     with pytest.raises(TypeError, match="tensor_parallel_size"):
         for _ in _serve(bad, monkeypatch):
             pass
     import gc
+
     gc.collect()
     assert pb.metric_violations == []
 
@@ -597,7 +675,7 @@ def test_a_send_that_fails_on_a_cancelled_stream_still_ends_the_request(paced):
     stream = paced.send(text_input="long answer", stream=True)
     wait_for(lambda: len(stream.sent) == 1)
     stream.cancelled = True
-    stream.closed.set()          # Triton closed the stream: every send now raises
+    stream.closed.set()  # Triton closed the stream: every send now raises
     paced.engine.release()
     wait_for(lambda: paced.engine.aborts == [paced.engine.calls[-1]["rid"]])
     paced.wait_metric("trident_requests_in_flight", 0)
@@ -609,6 +687,7 @@ def test_a_client_that_left_after_its_last_token_counts_as_aborted(served, monke
     """Unpaced, the engine may be done before the outbox finds the client gone: the
     request still counts as aborted (not served), and its request still ends once."""
     import trident_common.engine_model as engine_model
+
     monkeypatch.setattr(engine_model, "CANCEL_CHECK_S", 0.0)
     served.engine.hold_after = 1
     stream = served.send(text_input="long answer", stream=True)
@@ -625,6 +704,7 @@ def test_a_client_that_left_after_its_last_token_counts_as_aborted(served, monke
 def test_a_hanging_engine_abort_does_not_hold_the_final_flag(served, monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="trident")
     import trident_common.engine_model as engine_model
+
     monkeypatch.setattr(engine_model, "ABORT_TIMEOUT_S", 0.2)
     hung = []
 
@@ -639,24 +719,26 @@ def test_a_hanging_engine_abort_does_not_hold_the_final_flag(served, monkeypatch
     served.run(True, abort_request_id="r-1")
     stream.wait_closed()
     assert stream.final_flags() == 1
-    wait_for(lambda: hung)   # the engine abort starts after the final flag went out
-    served.wait_metric("trident_requests_in_flight", 0)   # once the abort gives up
+    wait_for(lambda: hung)  # the engine abort starts after the final flag went out
+    served.wait_metric("trident_requests_in_flight", 0)  # once the abort gives up
     served.engine.release()
     lines = [r.getMessage() for r in caplog.records]
     assert "[sglang] Cancelling the request r-1" in lines
-    assert any(line.startswith(f"[sglang] Aborting {hung[0]} in the engine failed")
-               for line in lines)
+    assert any(
+        line.startswith(f"[sglang] Aborting {hung[0]} in the engine failed") for line in lines
+    )
 
 
 def test_a_dead_engine_ends_requests_in_flight_and_refuses_new_ones(served, monkeypatch):
     import trident_common.engine_model as engine_model
+
     monkeypatch.setattr(engine_model, "HEALTH_CHECK_S", 0.05)
     served.wait_metric("trident_engine_healthy", 1)
     served.engine.hold_after = 1
     stream = served.send(text_input="long answer", stream=True)
     wait_for(lambda: len(stream.sent) == 1)
     served.model.engine_dead = lambda: "the engine core exited"
-    stream.wait_closed(timeout_s=10)                 # the health check runs every 2 s
+    stream.wait_closed(timeout_s=10)  # the health check runs every 2 s
     error = stream.responses()[-1].value("error")
     assert error == "sglang engine is dead: the engine core exited"
     assert stream.sent[-1] == (None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -671,10 +753,17 @@ def test_a_dead_engine_ends_requests_in_flight_and_refuses_new_ones(served, monk
 
 
 def test_string_sampling_values_reach_sglang_typed(served):
-    served.run(text_input="hi", stream=True,
-               sampling_parameters={"temperature": "0", "seed": "5", "top_k": "-1"})
+    served.run(
+        text_input="hi",
+        stream=True,
+        sampling_parameters={"temperature": "0", "seed": "5", "top_k": "-1"},
+    )
     assert served.engine.calls[-1]["sampling_params"] == {
-        "temperature": 0.0, "sampling_seed": 5, "top_k": -1, "max_new_tokens": 128}
+        "temperature": 0.0,
+        "sampling_seed": 5,
+        "top_k": -1,
+        "max_new_tokens": 128,
+    }
 
 
 # -- who may set what: the router's proof (trust.py, issue 21) ---------------------------------
@@ -682,12 +771,15 @@ def test_string_sampling_values_reach_sglang_typed(served):
 
 def test_a_second_connection_cannot_end_a_direct_clients_stream(served):
     served.engine.hold_after = 1
-    victim = served.send(text_input="long answer", stream=True, max_tokens=6,
-                         request_id="mine")
+    victim = served.send(text_input="long answer", stream=True, max_tokens=6, request_id="mine")
     wait_for(lambda: len(victim.sent) == 1)
     attacker = served.run(abort_request_id="mine")
-    assert attacker.responses()[0].error().message().startswith(
-        "invalid request: abort_request_id is the router's own input")
+    assert (
+        attacker.responses()[0]
+        .error()
+        .message()
+        .startswith("invalid request: abort_request_id is the router's own input")
+    )
     served.engine.release()
     victim.wait_closed()
     assert served.engine.aborts == []
@@ -695,26 +787,27 @@ def test_a_second_connection_cannot_end_a_direct_clients_stream(served):
 
 
 def test_a_direct_client_cannot_pre_abort_a_request_nor_the_routers(served):
-    served.run(abort_request_id="next")                        # refused, not remembered
+    served.run(abort_request_id="next")  # refused, not remembered
     later = served.run(text_input="hi", stream=True, max_tokens=3, request_id="next")
     assert "".join(texts(later)) == expected_text(REPLY_WORDS[:3])
-    served.run(True, abort_request_id="router-9")              # the router's is remembered...
+    served.run(True, abort_request_id="router-9")  # the router's is remembered...
     direct = served.run(text_input="hi", stream=True, max_tokens=3, request_id="router-9")
-    assert "".join(texts(direct)) == expected_text(REPLY_WORDS[:3])   # ...for its own only
+    assert "".join(texts(direct)) == expected_text(REPLY_WORDS[:3])  # ...for its own only
     served.engine.hold_after = 1
     routed = served.send(True, text_input="hi", stream=True, max_tokens=4, request_id="r-7")
     wait_for(lambda: len(routed.sent) == 1)
-    served.run(abort_request_id="r-7")                         # a client guessing its id
+    served.run(abort_request_id="r-7")  # a client guessing its id
     served.engine.release()
     routed.wait_closed()
     assert "".join(texts(routed)) == expected_text(REPLY_WORDS[:4])
     assert served.metric("trident_requests_aborted_total") == 0
 
 
-@pytest.mark.parametrize("inputs,name", [({"cache_salt": "f" * 32}, "cache_salt"),
-                                         ({"priority": 0}, "priority")])
+@pytest.mark.parametrize(
+    "inputs,name", [({"cache_salt": "f" * 32}, "cache_salt"), ({"priority": 0}, "priority")]
+)
 def test_direct_salt_or_priority_is_refused_naming_it(served, inputs, name):
-    for proof in (None, "0" * 64):                             # none, or a forged one
+    for proof in (None, "0" * 64):  # none, or a forged one
         sender = served.run(proof=proof, text_input="hi", stream=True, **inputs)
         error = sender.responses()[0].error()
         assert error.message().startswith(f"invalid request: {name} is set by the router")
@@ -737,6 +830,12 @@ def test_a_short_secret_fails_the_load_in_one_line(repo, monkeypatch):
     with fake_stub_modules():
         model = load_model_module().TritonPythonModel()
         with pytest.raises(trust.SecretError) as failed:
-            model.initialize({"model_name": "qwen", "model_repository": str(repo / "qwen"),
-                              "model_version": "1", "model_config": "{}"})
+            model.initialize(
+                {
+                    "model_name": "qwen",
+                    "model_repository": str(repo / "qwen"),
+                    "model_version": "1",
+                    "model_config": "{}",
+                }
+            )
     assert "\n" not in str(failed.value) and ROUTER_SECRET_ENV in str(failed.value)

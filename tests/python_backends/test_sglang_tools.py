@@ -3,6 +3,7 @@ model.py), driven as Triton drives it, on the SGLang double (support/fake_sglang
 support/fake_sglang_tools.py): what SGLang gets (json_schema as text, the tools in the
 chat template) and what the client gets back (the tool_calls output, finish reason
 "tool_calls", refusals naming the parameter)."""
+
 from __future__ import annotations
 
 import json
@@ -18,11 +19,21 @@ from tests.python_backends.test_sglang_model import _serve, sglang_spec
 from trident_common import error_classes
 
 MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string", "minLength": 2},
-                                         "days": {"type": "integer", "minimum": 1}},
-        "required": ["city", "days"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "minLength": 2},
+                "days": {"type": "integer", "minimum": 1},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
 TIME = {"type": "function", "function": {"name": "get_time"}}
 
 
@@ -63,8 +74,9 @@ def refusal(sender) -> tuple[str, str | None]:
 
 
 def test_a_named_choice_is_a_json_schema_and_comes_back_as_one_call(served):
-    sender = served.run(messages=MESSAGES, tools=[WEATHER, TIME],
-                        tool_choice="get_weather", stream=True)
+    sender = served.run(
+        messages=MESSAGES, tools=[WEATHER, TIME], tool_choice="get_weather", stream=True
+    )
     sent = served.engine.calls[-1]["sampling_params"]
     assert json.loads(sent["json_schema"]) == WEATHER["function"]["parameters"]
     assert "Weather in Paris?" in served.engine.calls[-1]["prompt"]
@@ -72,8 +84,9 @@ def test_a_named_choice_is_a_json_schema_and_comes_back_as_one_call(served):
     assert final.value("finish_reason") == "tool_calls"
     (call,) = json.loads(final.value("tool_calls"))
     assert call["function"]["name"] == "get_weather"
-    jsonschema.validate(json.loads(call["function"]["arguments"]),
-                        WEATHER["function"]["parameters"])
+    jsonschema.validate(
+        json.loads(call["function"]["arguments"]), WEATHER["function"]["parameters"]
+    )
     # the held text never went out as content
     assert "".join(r.value("text_output") or "" for r in sender.responses()) == ""
 
@@ -87,8 +100,7 @@ def test_required_calls_parse_whole(served):
 
 
 def test_auto_reads_calls_with_sglangs_parser(served, monkeypatch):
-    reply = ('Let me look . <tool_call> {"name": "get_time", "arguments": {}} '
-             '</tool_call>')
+    reply = 'Let me look . <tool_call> {"name": "get_time", "arguments": {}} </tool_call>'
     monkeypatch.setattr(fake_sglang, "REPLY", reply)
     final = last(served.run(messages=MESSAGES, tools=[WEATHER, TIME], stream=True))
     (call,) = json.loads(final.value("tool_calls"))
@@ -102,32 +114,52 @@ def test_auto_reads_calls_with_sglangs_parser(served, monkeypatch):
 
 
 def test_response_format_reaches_sglang_as_json_schema(served):
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}},
-              "required": ["n"]}
-    final = last(served.run(messages=MESSAGES, sampling_parameters={
-        "structured_outputs": {"json": schema}}))
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    final = last(
+        served.run(messages=MESSAGES, sampling_parameters={"structured_outputs": {"json": schema}})
+    )
     assert json.loads(served.engine.calls[-1]["sampling_params"]["json_schema"]) == schema
     jsonschema.validate(json.loads(final.value("text_output")), schema)
 
 
-@pytest.mark.parametrize("inputs, param", [
-    ({"sampling_parameters": {"structured_outputs": {"json": {"type": "nonsense"}}}},
-     "response_format"),
-    ({"tools": [{"type": "function", "function": {
-        "name": "f", "parameters": {"type": "nonsense"}}}], "tool_choice": "f"}, "tools"),
-    ({"tools": [TIME], "tool_choice": "get_date"}, "tool_choice"),
-    ({"tools": [TIME], "tool_choice": "required",
-      "sampling_parameters": {"structured_outputs": {"json_object": True}}}, "tool_choice"),
-])
+@pytest.mark.parametrize(
+    "inputs, param",
+    [
+        (
+            {"sampling_parameters": {"structured_outputs": {"json": {"type": "nonsense"}}}},
+            "response_format",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "nonsense"}},
+                    }
+                ],
+                "tool_choice": "f",
+            },
+            "tools",
+        ),
+        ({"tools": [TIME], "tool_choice": "get_date"}, "tool_choice"),
+        (
+            {
+                "tools": [TIME],
+                "tool_choice": "required",
+                "sampling_parameters": {"structured_outputs": {"json_object": True}},
+            },
+            "tool_choice",
+        ),
+    ],
+)
 def test_refusals_are_client_errors_naming_the_parameter(served, inputs, param):
     calls = len(served.engine.calls)
     sender = served.run(messages=MESSAGES, **inputs)
     assert refusal(sender) == ("client_error", param)
-    assert len(served.engine.calls) == calls   # refused before generation
+    assert len(served.engine.calls) == calls  # refused before generation
 
 
 def test_auto_without_a_parser_is_refused(repo, monkeypatch):
     for served in _serve(repo, monkeypatch):
         sender = served.run(messages=MESSAGES, tools=[TIME])
         assert refusal(sender) == ("client_error", "tool_choice")
-

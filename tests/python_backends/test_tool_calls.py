@@ -4,6 +4,7 @@ the text until the answer is whole) and trident_common/structured.py (vLLM's
 structured_outputs in SGLang's words, one constraint per request). Every refusal must
 reach an OpenAI client naming its parameter, so each is read back through the error
 table as the frontend reads it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,12 +31,20 @@ from trident_common.tool_calls import (
     read_tools,
 )
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
-        "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {"name": "get_time"}}   # no parameters
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time"}}  # no parameters
 TOOLS = json.dumps([WEATHER, TIME])
 
 
@@ -60,14 +69,17 @@ def test_the_plan_reads_each_tool_choice():
     assert read_tools(TOOLS, "none", chat=True) == ([WEATHER, TIME], None)
 
 
-@pytest.mark.parametrize("tools, choice, param", [
-    (TOOLS, "get_date", "tool_choice"),
-    (None, "required", "tool_choice"),
-    ("[]", None, "tools"),
-    ("not json", None, "tools"),
-    (json.dumps([{"type": "retrieval"}]), None, "tools[0]"),
-    (json.dumps([TIME, TIME]), None, "tools[1].function.name"),
-])
+@pytest.mark.parametrize(
+    "tools, choice, param",
+    [
+        (TOOLS, "get_date", "tool_choice"),
+        (None, "required", "tool_choice"),
+        ("[]", None, "tools"),
+        ("not json", None, "tools"),
+        (json.dumps([{"type": "retrieval"}]), None, "tools[0]"),
+        (json.dumps([TIME, TIME]), None, "tools[1].function.name"),
+    ],
+)
 def test_bad_tools_are_refused_naming_the_parameter(tools, choice, param):
     assert refused(parse_plan, tools, choice) == param
 
@@ -75,8 +87,13 @@ def test_bad_tools_are_refused_naming_the_parameter(tools, choice, param):
 def test_tools_need_chat_messages():
     get = {"text_input": "hi", "tools": TOOLS}.get
     assert refused(parse_generate, get) == "tools"
-    request = parse_generate({"messages": json.dumps([{"role": "user", "content": "hi"}]),
-                              "tools": TOOLS, "tool_choice": "required"}.get)
+    request = parse_generate(
+        {
+            "messages": json.dumps([{"role": "user", "content": "hi"}]),
+            "tools": TOOLS,
+            "tool_choice": "required",
+        }.get
+    )
     assert request.tools == [WEATHER, TIME] and request.tool_plan.forced
 
 
@@ -86,31 +103,39 @@ def test_a_named_choice_is_held_to_its_arguments_and_read_as_one_call():
     assert schema == WEATHER["function"]["parameters"]
     (call,) = forced_calls(plan, '{"city": "Paris", "unit": "c"}')
     assert call["type"] == "function" and call["id"].startswith("call_")
-    assert call["function"] == {"name": "get_weather",
-                                "arguments": '{"city": "Paris", "unit": "c"}'}
+    assert call["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city": "Paris", "unit": "c"}',
+    }
 
 
 def test_required_is_a_list_of_calls_of_the_tools():
     plan = parse_plan(TOOLS, "required")
     schema = forced_schema(plan)
-    answer = [{"name": "get_time", "arguments": {}},
-              {"name": "get_weather", "arguments": {"city": "Oslo", "unit": "f"}}]
+    answer = [
+        {"name": "get_time", "arguments": {}},
+        {"name": "get_weather", "arguments": {"city": "Oslo", "unit": "f"}},
+    ]
     jsonschema.validate(answer, schema)
-    for wrong in ([], [{"name": "get_date", "arguments": {}}],
-                  [{"name": "get_weather", "arguments": {"city": "Oslo"}}]):
+    for wrong in (
+        [],
+        [{"name": "get_date", "arguments": {}}],
+        [{"name": "get_weather", "arguments": {"city": "Oslo"}}],
+    ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(wrong, schema)
     assert forced_schema(plan, parallel=False)["maxItems"] == 1
     calls = forced_calls(plan, json.dumps(answer))
     assert [c["function"]["name"] for c in calls] == ["get_time", "get_weather"]
     assert json.loads(calls[1]["function"]["arguments"]) == {"city": "Oslo", "unit": "f"}
-    assert forced_calls(plan, '[{"name": "get_ti') == []   # cut short by max_tokens
+    assert forced_calls(plan, '[{"name": "get_ti') == []  # cut short by max_tokens
 
 
 async def _collected(deltas, extract):
     async def source():
         for delta in deltas:
             yield delta
+
     return [d async for d in collect(source(), extract)]
 
 
@@ -121,13 +146,13 @@ def test_collect_holds_the_text_and_ends_with_the_calls():
     def extract(text):
         calls = forced_calls(plan, text)
         return (None, calls) if calls else (text, [])
+
     first, last = asyncio.run(_collected(deltas, extract))
     assert (first.text, first.finish_reason, first.output_tokens) == ("", None, 1)
     assert (last.text, last.finish_reason, last.output_tokens) == ("", "tool_calls", 2)
     assert json.loads(last.tool_calls)[0]["function"]["arguments"] == "{}"
     # an answer without a call keeps its text and its finish reason
-    (plain,) = asyncio.run(_collected([Delta("Hi", "length", 7, 1)],
-                                      lambda text: (text, [])))
+    (plain,) = asyncio.run(_collected([Delta("Hi", "length", 7, 1)], lambda text: (text, [])))
     assert (plain.text, plain.finish_reason, plain.tool_calls) == ("Hi", "length", None)
 
 
@@ -140,10 +165,9 @@ def test_structured_outputs_in_sglang_words():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     assert json.loads(to_sglang({"json": schema})["json_schema"]) == schema
     assert to_sglang({"json_object": True}) == {"json_schema": '{"type": "object"}'}
-    assert to_sglang({"regex": "[0-9]+", "disable_any_whitespace": True}) == \
-        {"regex": "[0-9]+"}
+    assert to_sglang({"regex": "[0-9]+", "disable_any_whitespace": True}) == {"regex": "[0-9]+"}
     assert to_sglang({"choice": ["a.b", "c"]}) == {"regex": "(a\\.b|c)"}
-    assert to_sglang({"grammar": "root ::= \"x\""}) == {"ebnf": "root ::= \"x\""}
+    assert to_sglang({"grammar": 'root ::= "x"'}) == {"ebnf": 'root ::= "x"'}
     assert refused(to_sglang, {"json": {}, "regex": "x"}) == "response_format"
 
 
@@ -151,11 +175,11 @@ def test_one_constraint_per_request():
     plan = parse_plan(TOOLS, "required")
     values, tag = with_tools({"temperature": 0}, plan)
     assert values["structured_outputs"]["json"]["type"] == "array" and tag == "[tools] "
-    assert with_tools({"structured_outputs": {"json_object": True}}, None)[1] == \
-        "[response_format] "
-    assert refused(with_tools, {"structured_outputs": {"json_object": True}}, plan) == \
-        "tool_choice"
-    auto = parse_plan(TOOLS, None)   # auto constrains nothing
+    assert (
+        with_tools({"structured_outputs": {"json_object": True}}, None)[1] == "[response_format] "
+    )
+    assert refused(with_tools, {"structured_outputs": {"json_object": True}}, plan) == "tool_choice"
+    auto = parse_plan(TOOLS, None)  # auto constrains nothing
     assert with_tools({}, auto) == ({}, "")
 
 
@@ -168,8 +192,10 @@ def test_a_schema_xgrammar_cannot_compile_is_the_clients_error():
 
 
 def test_the_routers_trtllm_adapter_refuses_tools_naming_them():
-    request = [pb.Tensor("text_input", np.array([b"hi"], dtype=object)),
-               pb.Tensor("tools", np.array([TOOLS.encode()], dtype=object))]
+    request = [
+        pb.Tensor("text_input", np.array([b"hi"], dtype=object)),
+        pb.Tensor("tools", np.array([TOOLS.encode()], dtype=object)),
+    ]
     with stub_imports(Path(__file__).resolve().parents[2] / "bls", ("adapters",)):
         adapters = importlib.import_module("adapters")
         with pytest.raises(BadRequest) as caught:

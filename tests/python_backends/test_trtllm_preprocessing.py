@@ -5,6 +5,7 @@ with the tiny-llama tokenizer and two random adapters converted at render time; 
 drives it through initialize / execute. TRT-LLM itself cannot run here: what the engine
 does with the tensors is the GPU check's business (docs/lora.md).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,10 +31,17 @@ _MODULES = ("model", "lora_adapters", "tokenizing")
 def repo(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("trt-lora")
     tokenizer = str(assets.ensure("tiny-llama"))
-    adapters = {name: str(write_adapter(tmp / name, seed=seed, rank=8))
-                for name, seed in (("support", 1), ("legal", 2))}
-    m = model(build={"dtype": "fp16"}, engine_args={}, adapters=adapters,
-              lora={"max_lora_rank": 8}, checkpoint={"hf_model": tokenizer, "family": "llama"})
+    adapters = {
+        name: str(write_adapter(tmp / name, seed=seed, rank=8))
+        for name, seed in (("support", 1), ("legal", 2))
+    }
+    m = model(
+        build={"dtype": "fp16"},
+        engine_args={},
+        adapters=adapters,
+        lora={"max_lora_rank": 8},
+        checkpoint={"hf_model": tokenizer, "family": "llama"},
+    )
     render([m], tmp)
     return tmp
 
@@ -42,8 +50,11 @@ def repo(tmp_path_factory):
 def loaded(repo, config_changes=None):
     """The rendered preprocessing model, initialized as Triton would."""
     folder = repo / "repo" / "llama_preprocessing"
-    config = json.loads(json_format.MessageToJson(parse_config(folder / "config.pbtxt"),
-                                                  preserving_proto_field_name=True))
+    config = json.loads(
+        json_format.MessageToJson(
+            parse_config(folder / "config.pbtxt"), preserving_proto_field_name=True
+        )
+    )
     config.update(config_changes or {})
     with stub_imports(folder / "1", _MODULES):
         instance = importlib.import_module("model").TritonPythonModel()
@@ -63,15 +74,16 @@ class Request(pb.InferenceRequest):
 
 
 def request(lora_name=None, parameters=None, sampling=None):
-    inputs = {"QUERY": pb.Tensor("QUERY", np.array([[b"hello there"]], dtype=object)),
-              "REQUEST_OUTPUT_LEN": pb.Tensor("REQUEST_OUTPUT_LEN",
-                                              np.array([[8]], dtype=np.int32))}
+    inputs = {
+        "QUERY": pb.Tensor("QUERY", np.array([[b"hello there"]], dtype=object)),
+        "REQUEST_OUTPUT_LEN": pb.Tensor("REQUEST_OUTPUT_LEN", np.array([[8]], dtype=np.int32)),
+    }
     if lora_name is not None:
-        inputs["LORA_NAME"] = pb.Tensor("LORA_NAME",
-                                        np.array([[lora_name.encode()]], dtype=object))
+        inputs["LORA_NAME"] = pb.Tensor("LORA_NAME", np.array([[lora_name.encode()]], dtype=object))
     if sampling is not None:
         inputs["SAMPLING_PARAMETERS"] = pb.Tensor(
-            "SAMPLING_PARAMETERS", np.array([[json.dumps(sampling).encode()]], dtype=object))
+            "SAMPLING_PARAMETERS", np.array([[json.dumps(sampling).encode()]], dtype=object)
+        )
     return Request(inputs, parameters)
 
 
@@ -92,12 +104,12 @@ def test_an_adapter_sends_its_task_and_weights_once(repo):
         first, same_batch = (outputs(r) for r in m.execute([request("support")] * 2))
         later = outputs(m.execute([request("support")])[0])
         other = outputs(m.execute([request("legal")])[0])
-    for out in (first, same_batch):      # the whole first batch carries the weights
+    for out in (first, same_batch):  # the whole first batch carries the weights
         assert out["LORA_TASK_ID"].tolist() == [[2]] and out["LORA_TASK_ID"].dtype == np.uint64
         np.testing.assert_array_equal(out["LORA_WEIGHTS"], weights)
         np.testing.assert_array_equal(out["LORA_CONFIG"], config)
         assert out["LORA_WEIGHTS"].dtype == np.float16 and out["LORA_CONFIG"].shape[-1] == 3
-    assert set(later) >= {"LORA_TASK_ID"} and "LORA_WEIGHTS" not in later   # cached now
+    assert set(later) >= {"LORA_TASK_ID"} and "LORA_WEIGHTS" not in later  # cached now
     assert later["LORA_TASK_ID"].tolist() == [[2]]
     assert other["LORA_TASK_ID"].tolist() == [[1]] and "LORA_WEIGHTS" in other
 
@@ -111,8 +123,9 @@ def test_send_always_for_several_engine_instances(repo):
             assert "LORA_WEIGHTS" in outputs(m.execute([request("legal")])[0])
 
 
-@pytest.mark.parametrize("how", [{"parameters": {"lora_name": "legal"}},
-                                 {"sampling": {"lora_name": "legal"}}])
+@pytest.mark.parametrize(
+    "how", [{"parameters": {"lora_name": "legal"}}, {"sampling": {"lora_name": "legal"}}]
+)
 def test_sampling_parameters_or_a_request_parameter_name_an_adapter_too(repo, how):
     with loaded(repo) as m:
         out = outputs(m.execute([request(**how)])[0])
@@ -122,9 +135,11 @@ def test_sampling_parameters_or_a_request_parameter_name_an_adapter_too(repo, ho
 def test_other_sampling_parameters_are_refused_not_ignored(repo):
     with loaded(repo) as m:
         response = m.execute([request(sampling={"lora_name": "legal", "top_k": 3})])[0]
-    assert response.error().message() == ("sampling_parameters of the TRT-LLM ensemble carry "
-                                          "only lora_name; send top_k as the ensemble's own "
-                                          "inputs")
+    assert response.error().message() == (
+        "sampling_parameters of the TRT-LLM ensemble carry "
+        "only lora_name; send top_k as the ensemble's own "
+        "inputs"
+    )
 
 
 def test_an_unknown_adapter_fails_alone_listing_the_adapters(repo):
@@ -132,5 +147,6 @@ def test_an_unknown_adapter_fails_alone_listing_the_adapters(repo):
         bad, good = m.execute([request("nope"), request("legal")])
     assert bad.has_error() and bad.error().message() == (
         "invalid request: unknown adapter 'nope' (lora_name): model llama has adapters: "
-        "legal, support")
+        "legal, support"
+    )
     assert outputs(good)["LORA_TASK_ID"].tolist() == [[1]]

@@ -3,6 +3,7 @@ the sampling value (bls/adapters.py TrtllmAdapter, with the fake pb_utils): logp
 logit_bias, stop strings and n have no tensor in the ensemble trident renders, so they
 are never dropped on the way. The OpenAI frontend refuses them before that for a model
 it reaches directly (tests/serve/test_openai_choices.py)."""
+
 from __future__ import annotations
 
 import importlib
@@ -20,21 +21,25 @@ BLS = Path(__file__).resolve().parents[2] / "bls"
 
 
 def send(sampling: dict):
-    request = [pb.Tensor("text_input", np.array([b"hi"], dtype=object)),
-               pb.Tensor("max_tokens", np.array([8], dtype=np.int32)),
-               pb.Tensor("sampling_parameters",
-                         np.array([json.dumps(sampling).encode()], dtype=object))]
+    request = [
+        pb.Tensor("text_input", np.array([b"hi"], dtype=object)),
+        pb.Tensor("max_tokens", np.array([8], dtype=np.int32)),
+        pb.Tensor("sampling_parameters", np.array([json.dumps(sampling).encode()], dtype=object)),
+    ]
     with stub_imports(BLS, ("adapters",)):
         adapters = importlib.import_module("adapters")
         return adapters.TrtllmAdapter("llama").inputs(request, "r1")
 
 
-@pytest.mark.parametrize("sampling, named", [
-    ({"logprobs": 2}, "logprobs"),
-    ({"logit_bias": {"5": 1.0}}, "logit_bias"),
-    ({"stop": ["."]}, "stop"),
-    ({"structured_outputs": {"json": {}}}, "structured_outputs"),
-])
+@pytest.mark.parametrize(
+    "sampling, named",
+    [
+        ({"logprobs": 2}, "logprobs"),
+        ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+        ({"stop": ["."]}, "stop"),
+        ({"structured_outputs": {"json": {}}}, "structured_outputs"),
+    ],
+)
 def test_what_the_ensemble_has_no_tensor_for_is_refused_by_name(sampling, named):
     with pytest.raises(ValueError, match=f"'{named}' is not supported by TRT-LLM"):
         send(sampling)

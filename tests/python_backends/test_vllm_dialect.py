@@ -1,4 +1,5 @@
 """Small points of vllm_backend's dialect that its clients' tests check."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -7,9 +8,15 @@ from trident_common.returns import Outputs
 
 
 def delta(text, finish_reason, output_tokens):
-    return SimpleNamespace(text=text, finish_reason=finish_reason, input_tokens=4,
-                           output_tokens=output_tokens, logprobs=None,
-                           cumulative_logprob=None, tool_calls=None)
+    return SimpleNamespace(
+        text=text,
+        finish_reason=finish_reason,
+        input_tokens=4,
+        output_tokens=output_tokens,
+        logprobs=None,
+        cumulative_logprob=None,
+        tool_calls=None,
+    )
 
 
 def test_an_unfinished_response_says_none_when_finish_reason_is_asked():

@@ -1,6 +1,7 @@
 """vllm_backend's ENABLE_VLLM_HEALTH_CHECK on trident's vLLM model (python_backends/vllm/
 model.py), without vLLM: an instance whose engine has died, against the stub's pb_utils
 double. The real server case (an EngineCore killed) is tests/server/test_vllm_metrics.py."""
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ def module(monkeypatch):
     import importlib.util
     import sys
 
-    monkeypatch.syspath_prepend(str(MODEL_PY.parent))   # stats.py, as beside model.py
+    monkeypatch.syspath_prepend(str(MODEL_PY.parent))  # stats.py, as beside model.py
     with fake_stub_modules():
         monkeypatch.delitem(sys.modules, "stats", raising=False)
         monkeypatch.delitem(sys.modules, "trident_common.metrics", raising=False)
@@ -98,5 +99,6 @@ def test_without_the_parameter_a_dead_engine_is_not_unloaded(module, monkeypatch
 def test_model_parameters_and_their_defaults(module):
     config = {"parameters": {"ENABLE_VLLM_HEALTH_CHECK": {"string_value": "true"}}}
     assert module.model_parameters({"model_config": json.dumps(config)}) == {
-        "ENABLE_VLLM_HEALTH_CHECK": "true"}
+        "ENABLE_VLLM_HEALTH_CHECK": "true"
+    }
     assert module.model_parameters({}) == {}

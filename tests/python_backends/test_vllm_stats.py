@@ -1,5 +1,6 @@
 """python_backends/vllm/stats.py: vLLM's engine-step stats turned into vllm_backend's
 vllm:* series (against the stub's pb_utils double, tests/fakes/fake_pb_utils.py)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -28,18 +29,27 @@ def stats_module(monkeypatch):
 
 
 def step(prompt=0, generated=0, ttfts=(), itls=(), finished=(), running=1, waiting=0):
-    scheduler = SimpleNamespace(num_running_reqs=running, num_waiting_reqs=waiting,
-                                num_skipped_waiting_reqs=0)
+    scheduler = SimpleNamespace(
+        num_running_reqs=running, num_waiting_reqs=waiting, num_skipped_waiting_reqs=0
+    )
     iteration = SimpleNamespace(
-        num_prompt_tokens=prompt, num_generation_tokens=generated,
-        time_to_first_tokens_iter=list(ttfts), inter_token_latencies_iter=list(itls),
-        n_params_iter=[1] * len(ttfts), finished_requests=list(finished))
+        num_prompt_tokens=prompt,
+        num_generation_tokens=generated,
+        time_to_first_tokens_iter=list(ttfts),
+        inter_token_latencies_iter=list(itls),
+        n_params_iter=[1] * len(ttfts),
+        finished_requests=list(finished),
+    )
     return scheduler, iteration
 
 
 def done(reason="length", prompt=5, generated=3, latency=0.5):
-    return SimpleNamespace(finish_reason=reason, e2e_latency=latency,
-                           num_prompt_tokens=prompt, num_generation_tokens=generated)
+    return SimpleNamespace(
+        finish_reason=reason,
+        e2e_latency=latency,
+        num_prompt_tokens=prompt,
+        num_generation_tokens=generated,
+    )
 
 
 def series(name, **extra):
@@ -54,8 +64,9 @@ def test_token_buckets_are_1_2_5_up_to_the_limit(stats_module):
 
 
 def test_one_step_becomes_counter_gauge_and_histogram_updates(stats_module):
-    updates = stats_module.updates(*step(prompt=7, generated=1, ttfts=[0.2],
-                                         finished=[done("stop")], running=2, waiting=3))
+    updates = stats_module.updates(
+        *step(prompt=7, generated=1, ttfts=[0.2], finished=[done("stop")], running=2, waiting=3)
+    )
     by_key = {}
     for u in updates:
         by_key.setdefault(u.key, []).append((u.op, u.value))
@@ -64,17 +75,25 @@ def test_one_step_becomes_counter_gauge_and_histogram_updates(stats_module):
     assert by_key["ttft"] == [("observe", 0.2)]
     assert by_key["success:stop"] == [("increment", 1)]
     assert by_key["request_generation_tokens"] == [("observe", 3)]
-    assert "tpot" not in by_key        # no inter-token latency in this step
+    assert "tpot" not in by_key  # no inter-token latency in this step
     assert stats_module.updates(None, None) == []
 
 
 def test_coalesce_sums_increments_keeps_last_gauge_and_every_sample(stats_module):
     U = stats_module.Update
-    merged = stats_module.coalesce([U("a", "increment", 2), U("g", "set", 1),
-                                    U("h", "observe", 0.1), U("a", "increment", 3),
-                                    U("g", "set", 4), U("h", "observe", 0.2)])
-    assert sorted(merged) == sorted([U("a", "increment", 5), U("g", "set", 4),
-                                     U("h", "observe", 0.1), U("h", "observe", 0.2)])
+    merged = stats_module.coalesce(
+        [
+            U("a", "increment", 2),
+            U("g", "set", 1),
+            U("h", "observe", 0.1),
+            U("a", "increment", 3),
+            U("g", "set", 4),
+            U("h", "observe", 0.2),
+        ]
+    )
+    assert sorted(merged) == sorted(
+        [U("a", "increment", 5), U("g", "set", 4), U("h", "observe", 0.1), U("h", "observe", 0.2)]
+    )
 
 
 def test_recorded_steps_reach_the_vllm_series_with_model_and_version(stats_module):
@@ -82,9 +101,8 @@ def test_recorded_steps_reach_the_vllm_series_with_model_and_version(stats_modul
     logger = stats.logger_factory(vllm_config=None, engine_index=0)
     logger.record(*step(prompt=12, generated=1, ttfts=[0.05]))
     logger.record(*step(generated=1, itls=[0.01]))
-    logger.record(*step(generated=1, itls=[0.02], finished=[done("length", 12, 3, 0.4)],
-                        running=0))
-    stats.close()      # writes what is queued, then stops
+    logger.record(*step(generated=1, itls=[0.02], finished=[done("length", 12, 3, 0.4)], running=0))
+    stats.close()  # writes what is queued, then stops
     assert series("vllm:prompt_tokens_total").value() == 12
     assert series("vllm:generation_tokens_total").value() == 3
     assert series("vllm:num_requests_running").value() == 0
@@ -112,9 +130,14 @@ def test_updates_read_the_installed_vllms_stats_classes(stats_module):
     iteration = IterationStats()
     iteration.num_generation_tokens = 4
     iteration.time_to_first_tokens_iter.append(0.1)
-    iteration.finished_requests.append(FinishedRequestStats(
-        finish_reason=FinishReason.STOP, e2e_latency=0.3, num_prompt_tokens=6,
-        num_generation_tokens=4))
+    iteration.finished_requests.append(
+        FinishedRequestStats(
+            finish_reason=FinishReason.STOP,
+            e2e_latency=0.3,
+            num_prompt_tokens=6,
+            num_generation_tokens=4,
+        )
+    )
     updates = stats_module.updates(SchedulerStats(num_running_reqs=1), iteration)
     keys = {u.key for u in updates}
     assert {"running", "waiting", "generation_tokens", "ttft", "e2e", "success:stop"} <= keys

@@ -2,6 +2,7 @@
 and SmolLM2's real tokenizer, without an engine: `auto` answers are read by the parser
 the spec names (hermes here), forced ones from the JSON the schema held the engine to.
 Importing vLLM's parsers takes seconds: one module, one import."""
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,19 @@ from builder.spec.engine_args import _CHOICES
 from tests.python_backends.test_vllm_health import module  # noqa: F401  (the fixture)
 from trident_common.tool_calls import parse_plan
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "parameters": {"type": "object", "properties": {
-        "city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
 
 
@@ -31,8 +42,7 @@ def extractor(module, tokenizer, choice):  # noqa: F811
     model = module.TritonPythonModel()
     model.model_name, model.tokenizer = "smollm2", tokenizer
     model._tool_parser = module.tool_parser_class("hermes")
-    request = SimpleNamespace(messages=MESSAGES,
-                              tool_plan=parse_plan(json.dumps(TOOLS), choice))
+    request = SimpleNamespace(messages=MESSAGES, tool_plan=parse_plan(json.dumps(TOOLS), choice))
     return model._extractor(request)
 
 
@@ -45,8 +55,10 @@ def test_the_specs_parser_names_are_vllms(module):  # noqa: F811
 
 def test_auto_reads_hermes_calls_and_keeps_plain_text(module, tokenizer):  # noqa: F811
     extract = extractor(module, tokenizer, None)
-    content, calls = extract('Checking.<tool_call>\n{"name": "get_weather", '
-                             '"arguments": {"city": "Paris"}}\n</tool_call>')
+    content, calls = extract(
+        'Checking.<tool_call>\n{"name": "get_weather", '
+        '"arguments": {"city": "Paris"}}\n</tool_call>'
+    )
     assert content == "Checking."
     (call,) = calls
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
@@ -58,7 +70,7 @@ def test_a_named_choice_reads_the_constrained_json(module, tokenizer):  # noqa: 
     extract = extractor(module, tokenizer, "get_weather")
     content, (call,) = extract('{"city": "Oslo"}')
     assert content is None and json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
-    assert extract('{"city": "Os') == ('{"city": "Os', [])   # cut short: no call
+    assert extract('{"city": "Os') == ('{"city": "Os', [])  # cut short: no call
 
 
 def test_an_unknown_parser_fails_the_load(module):  # noqa: F811

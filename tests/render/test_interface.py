@@ -1,5 +1,6 @@
 """trident_common/interface.py is the one definition of the tensor interface: the rendered
 configs list exactly its tensors, and a hint added there reaches the router's config."""
+
 from __future__ import annotations
 
 from google.protobuf import text_format
@@ -17,11 +18,21 @@ SPEC = {
     "models": [
         {"name": "chat", "engine": "vllm", "model": "/m/chat"},
         {"name": "sg", "engine": "sglang", "model": "/m/sg"},
-        {"name": "llama", "engine": "tensorrt_llm", "family": "llama",
-         "checkpoint": {"hf_model": "/m/llama", "family": "llama"},
-         "build": {"dtype": "bf16"},
-         "profiles": {"p": {"max_batch_size": 8, "max_input_len": 512, "max_seq_len": 1024,
-                            "max_num_tokens": 2048}}},
+        {
+            "name": "llama",
+            "engine": "tensorrt_llm",
+            "family": "llama",
+            "checkpoint": {"hf_model": "/m/llama", "family": "llama"},
+            "build": {"dtype": "bf16"},
+            "profiles": {
+                "p": {
+                    "max_batch_size": 8,
+                    "max_input_len": 512,
+                    "max_seq_len": 1024,
+                    "max_num_tokens": 2048,
+                }
+            },
+        },
     ],
     "router": {"default": ["chat"]},
 }
@@ -31,20 +42,25 @@ def configs() -> dict[str, model_config_pb2.ModelConfig]:
     spec = parse_spec(SPEC, "/deploy/t.yaml")
     engines = {"llama": ServedEngine("/engines/llama", "ab" * 32)}
     files = render_files(RenderContext(spec, {}, engines, plan_for_spec(spec)))
-    return {path.split("/")[0]: text_format.Parse(data.decode(),
-                                                  model_config_pb2.ModelConfig())
-            for path, data in files.items() if path.endswith("/config.pbtxt")}
+    return {
+        path.split("/")[0]: text_format.Parse(data.decode(), model_config_pb2.ModelConfig())
+        for path, data in files.items()
+        if path.endswith("/config.pbtxt")
+    }
 
 
 def as_tensors(entries, with_optional=True) -> list[tuple]:
     dtype = model_config_pb2.DataType.Name
-    return [(t.name, dtype(t.data_type), tuple(t.dims)) + ((t.optional,) if with_optional
-                                                           else ()) for t in entries]
+    return [
+        (t.name, dtype(t.data_type), tuple(t.dims)) + ((t.optional,) if with_optional else ())
+        for t in entries
+    ]
 
 
 def declared(tensors, with_optional=True) -> list[tuple]:
-    return [(t.name, t.dtype, tuple(t.dims)) + ((t.optional,) if with_optional else ())
-            for t in tensors]
+    return [
+        (t.name, t.dtype, tuple(t.dims)) + ((t.optional,) if with_optional else ()) for t in tensors
+    ]
 
 
 def test_rendered_configs_list_exactly_the_interface():
@@ -53,12 +69,10 @@ def test_rendered_configs_list_exactly_the_interface():
     for engine_model in ("chat", "sg"):
         assert as_tensors(rendered[engine_model].input) == declared(interface.ENGINE_INPUTS)
     for name in ("router", "chat", "sg"):
-        assert (as_tensors(rendered[name].output, False)
-                == declared(interface.LLM_OUTPUTS, False))
+        assert as_tensors(rendered[name].output, False) == declared(interface.LLM_OUTPUTS, False)
     ensemble = rendered["llama"]
     assert as_tensors(ensemble.input) == declared(interface.TRTLLM_ENSEMBLE_INPUTS)
-    assert (as_tensors(ensemble.output, False)
-            == declared(interface.TRTLLM_ENSEMBLE_OUTPUTS, False))
+    assert as_tensors(ensemble.output, False) == declared(interface.TRTLLM_ENSEMBLE_OUTPUTS, False)
 
 
 def test_the_ensemble_maps_each_sampling_input_to_the_engine_input_the_interface_names():
@@ -66,10 +80,13 @@ def test_the_ensemble_maps_each_sampling_input_to_the_engine_input_the_interface
     engine_step = rendered["llama"].ensemble_scheduling.step[1]
     for t in interface.TRTLLM_INPUTS:
         assert engine_step.input_map[t.engine] == t.ensemble
-    engine_inputs = {i.name: model_config_pb2.DataType.Name(i.data_type)
-                     for i in rendered["llama_tensorrt_llm"].input}
+    engine_inputs = {
+        i.name: model_config_pb2.DataType.Name(i.data_type)
+        for i in rendered["llama_tensorrt_llm"].input
+    }
     assert {t.engine: engine_inputs[t.engine] for t in interface.TRTLLM_INPUTS} == {
-        t.engine: t.dtype for t in interface.TRTLLM_INPUTS}
+        t.engine: t.dtype for t in interface.TRTLLM_INPUTS
+    }
 
 
 def test_a_hint_added_to_the_interface_reaches_the_router_config(tmp_path, monkeypatch):
@@ -82,4 +99,4 @@ def test_a_hint_added_to_the_interface_reaches_the_router_config(tmp_path, monke
     rendered = configs()
     router_inputs = {t.name: t for t in rendered["router"].input}
     assert "region" in router_inputs and router_inputs["region"].optional
-    assert "region" not in {t.name for t in rendered["chat"].input}   # hints stay in router
+    assert "region" not in {t.name for t in rendered["chat"].input}  # hints stay in router

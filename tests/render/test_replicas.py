@@ -2,6 +2,7 @@
 model per instance (`<model>__rN`, one instance each, on that instance's devices) and
 `<model>` itself as the router's code over its replicas; router.json names the replicas
 with their policy and capacity (builder/render/replicas.py)."""
+
 from __future__ import annotations
 
 import json
@@ -19,21 +20,30 @@ from builder.spec import parse_spec
 
 GROUP = model_config_pb2.ModelInstanceGroup
 # SmolLM2-135M by its hub id: the planner knows its shape, no file is read.
-CHAT = {"name": "chat", "engine": "vllm", "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
-        "instances": 2, "engine_args": {"max_model_len": 2048, "max_num_seqs": 8}}
-ONE = {"name": "one", "engine": "sglang", "model": "/models/one",
-       "engine_args": {"context_length": 1024}}
+CHAT = {
+    "name": "chat",
+    "engine": "vllm",
+    "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "instances": 2,
+    "engine_args": {"max_model_len": 2048, "max_num_seqs": 8},
+}
+ONE = {
+    "name": "one",
+    "engine": "sglang",
+    "model": "/models/one",
+    "engine_args": {"context_length": 1024},
+}
 
 
 def render(tmp_path: Path, models=(CHAT, ONE), router=None, hardware=None) -> Path:
-    data = {"name": "x", "models": list(models),
-            "router": {"default": ["chat"], **(router or {})}}
+    data = {"name": "x", "models": list(models), "router": {"default": ["chat"], **(router or {})}}
     if hardware:
         data["hardware"] = hardware
     spec = parse_spec(data, "test.yaml")
     out = tmp_path / "repo"
-    write_repository(render_files(RenderContext(spec, {}, {}, plan_for_spec(spec))), out,
-                     validate_repository)
+    write_repository(
+        render_files(RenderContext(spec, {}, {}, plan_for_spec(spec))), out, validate_repository
+    )
     return out
 
 
@@ -47,7 +57,8 @@ def test_each_replica_is_one_instance_on_its_own_gpu(tmp_path):
         config = parse_config(repo / f"chat__r{index}" / "config.pbtxt")
         assert config.name == f"chat__r{index}"
         assert [(g.count, g.kind, list(g.gpus)) for g in config.instance_group] == [
-            (1, GROUP.KIND_GPU, [index])]
+            (1, GROUP.KIND_GPU, [index])
+        ]
         args = json.loads((repo / f"chat__r{index}" / "1" / "model.json").read_text())
         assert args["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
         assert args["max_num_seqs"] == 8
@@ -64,23 +75,36 @@ def test_router_json_lists_replicas_policy_and_capacity(tmp_path):
     assert not (repo / "one__r0").exists() and (repo / "one" / "1" / "model.json").is_file()
     backends = router_json(repo)["backends"]
     assert backends["chat"]["replicas"] == ["chat__r0", "chat__r1"]
-    assert backends["chat"]["policy"] == "prefix_aware"        # the default
-    assert backends["chat"]["capacity"] == 8                   # max_num_seqs, per replica
+    assert backends["chat"]["policy"] == "prefix_aware"  # the default
+    assert backends["chat"]["capacity"] == 8  # max_num_seqs, per replica
     assert "replicas" not in backends["one"]
-    assert backends["one"]["capacity"] is None                 # the engine's own default
+    assert backends["one"]["capacity"] is None  # the engine's own default
 
 
 def test_policy_per_router_backend_and_rule(tmp_path):
-    repo = render(tmp_path, router={
-        "policy": "least_loaded", "backend_policies": {"chat": "round_robin"},
-        "rules": [{"name": "rr", "match": {"hint": "rr"}, "backends": ["chat"],
-                   "policy": "prefix_aware"},
-                  {"name": "plain", "match": {"hint": "plain"}, "backends": ["one"]}]})
+    repo = render(
+        tmp_path,
+        router={
+            "policy": "least_loaded",
+            "backend_policies": {"chat": "round_robin"},
+            "rules": [
+                {
+                    "name": "rr",
+                    "match": {"hint": "rr"},
+                    "backends": ["chat"],
+                    "policy": "prefix_aware",
+                },
+                {"name": "plain", "match": {"hint": "plain"}, "backends": ["one"]},
+            ],
+        },
+    )
     config = router_json(repo)
     assert config["backends"]["chat"]["policy"] == "round_robin"
     assert config["backends"]["one"]["policy"] == "least_loaded"
     assert [(r["name"], r["policy"]) for r in config["rules"]] == [
-        ("rr", "prefix_aware"), ("plain", None)]
+        ("rr", "prefix_aware"),
+        ("plain", None),
+    ]
 
 
 def test_the_model_itself_is_the_router_code_over_its_replicas(tmp_path, root):
@@ -88,7 +112,7 @@ def test_the_model_itself_is_the_router_code_over_its_replicas(tmp_path, root):
     assert (repo / "chat" / "1" / "model.py").read_bytes() == (root / "bls/model.py").read_bytes()
     config = parse_config(repo / "chat" / "config.pbtxt")
     assert [(g.count, g.kind) for g in config.instance_group] == [(1, GROUP.KIND_CPU)]
-    assert "route" in {t.name for t in config.input}   # the router's inputs
+    assert "route" in {t.name for t in config.input}  # the router's inputs
     forwarder = router_json(repo, "chat")
     assert forwarder["name"] == "chat" and forwarder["instances"] == 1
     assert list(forwarder["backends"]) == ["chat"]
@@ -117,8 +141,11 @@ def test_a_missing_replica_fails_validation(tmp_path):
 
 
 def test_a_tensor_parallel_replica_owns_its_group(tmp_path):
-    chat = {**CHAT, "model": "meta-llama/Llama-3.1-8B-Instruct",
-            "engine_args": {**CHAT["engine_args"], "tensor_parallel_size": 2}}
+    chat = {
+        **CHAT,
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "engine_args": {**CHAT["engine_args"], "tensor_parallel_size": 2},
+    }
     repo = render(tmp_path, models=(chat,), hardware={"gpu": "H100-80GB", "count": 4})
     for index, devices in enumerate(["0,1", "2,3"]):
         config = parse_config(repo / f"chat__r{index}" / "config.pbtxt")

@@ -1,4 +1,5 @@
 """Rendering: deterministic, explicit, validated, and atomic."""
+
 from __future__ import annotations
 
 import os
@@ -16,18 +17,28 @@ from builder.spec import parse_spec
 
 SPEC = {
     "models": [
-        {"name": "chat", "engine": "vllm", "model": "/models/chat", "instances": 2,
-         "engine_args": {"max_model_len": 1024, "enable_prefix_caching": True}},
-        {"name": "rag", "engine": "vllm", "model": "/models/rag",
-         "engine_args": {"max_model_len": 4096}},
+        {
+            "name": "chat",
+            "engine": "vllm",
+            "model": "/models/chat",
+            "instances": 2,
+            "engine_args": {"max_model_len": 1024, "enable_prefix_caching": True},
+        },
+        {
+            "name": "rag",
+            "engine": "vllm",
+            "model": "/models/rag",
+            "engine_args": {"max_model_len": 4096},
+        },
     ],
     "router": {"default": ["chat", "rag"], "fallback": {"chat": ["rag"]}},
 }
 
 
 def files_of(repo: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(repo)): p.read_bytes() for p in sorted(repo.rglob("*"))
-            if p.is_file()}
+    return {
+        str(p.relative_to(repo)): p.read_bytes() for p in sorted(repo.rglob("*")) if p.is_file()
+    }
 
 
 def render_to(out: Path, data=SPEC) -> dict[str, bytes]:
@@ -41,31 +52,45 @@ def test_render_is_byte_identical_twice(tmp_path):
     first = render_to(tmp_path / "a")
     second = render_to(tmp_path / "b")
     assert first == second
-    assert render_to(tmp_path / "a") == first   # re-render in place too
+    assert render_to(tmp_path / "a") == first  # re-render in place too
 
 
 def test_layout_and_explicit_interfaces(tmp_path):
     files = render_to(tmp_path / "repo")
     # chat has 2 instances behind the router: two replicas, and chat itself forwarding
     # to them with the router's code (builder/render/replicas.py).
-    assert {"chat__r0/config.pbtxt", "chat__r0/1/model.py", "chat__r0/1/model.json",
-            "chat__r0/1/trident_common/engine_model.py", "chat__r1/1/model.json",
-            "chat/config.pbtxt", "chat/1/router.json", "chat/1/model.py",
-            "rag/1/model.py", "router/1/model.py",
-            "router/1/router.json", "router/1/policy.py"} <= set(files)
+    assert {
+        "chat__r0/config.pbtxt",
+        "chat__r0/1/model.py",
+        "chat__r0/1/model.json",
+        "chat__r0/1/trident_common/engine_model.py",
+        "chat__r1/1/model.json",
+        "chat/config.pbtxt",
+        "chat/1/router.json",
+        "chat/1/model.py",
+        "rag/1/model.py",
+        "router/1/model.py",
+        "router/1/router.json",
+        "router/1/policy.py",
+    } <= set(files)
     assert "chat/1/model.json" not in files
     for name in ("chat", "chat__r0", "chat__r1", "rag", "router"):
         config = parse_config(tmp_path / "repo" / name / "config.pbtxt")
         assert config.name == name and config.backend == "python"
         assert config.model_transaction_policy.decoupled
-        assert {t.name for t in config.input} >= {"text_input", "messages", "stream",
-                                                  "sampling_parameters", "max_tokens"}
-        assert {t.name for t in config.output} >= {"text_output", "finish_reason",
-                                                   "served_by"}
+        assert {t.name for t in config.input} >= {
+            "text_input",
+            "messages",
+            "stream",
+            "sampling_parameters",
+            "max_tokens",
+        }
+        assert {t.name for t in config.output} >= {"text_output", "finish_reason", "served_by"}
     for name in ("chat__r0", "chat__r1"):
         replica = parse_config(tmp_path / "repo" / name / "config.pbtxt")
         assert [(g.count, g.kind) for g in replica.instance_group] == [
-            (1, replica.instance_group[0].KIND_CPU)]
+            (1, replica.instance_group[0].KIND_CPU)
+        ]
         assert b'"model": "/models/chat"' in files[f"{name}/1/model.json"]
     assert b'"max_model_len": 4096' in files["rag/1/model.json"]
 
@@ -82,10 +107,13 @@ def test_failed_validation_leaves_existing_repository_untouched(tmp_path):
     before = render_to(out)
     spec = parse_spec(SPEC, "test.yaml")
     with pytest.raises(RenderError, match="invalid"):
-        write_repository(render_files(RenderContext(spec, {}, {}, plan_for_spec(spec))), out,
-                         lambda repo: ["chat/config.pbtxt: broken on purpose"])
+        write_repository(
+            render_files(RenderContext(spec, {}, {}, plan_for_spec(spec))),
+            out,
+            lambda repo: ["chat/config.pbtxt: broken on purpose"],
+        )
     assert files_of(out) == before
-    assert sorted(os.listdir(tmp_path)) == ["repo"]   # no temp dirs left
+    assert sorted(os.listdir(tmp_path)) == ["repo"]  # no temp dirs left
 
 
 def test_failed_first_render_creates_nothing(tmp_path):
@@ -106,6 +134,7 @@ def test_strict_undefined_template_variable_fails(tmp_path, monkeypatch):
 
 def test_router_config_carries_policy(tmp_path):
     import json
+
     files = render_to(tmp_path / "repo")
     config = json.loads(files["router/1/router.json"])
     assert config["default"] == ["chat", "rag"]

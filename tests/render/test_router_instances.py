@@ -1,5 +1,6 @@
 """The router's instance count reaches its rendered config.pbtxt (instance_group count,
 KIND_CPU) and router.json (each instance's share of the in-flight limits)."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,13 @@ from builder.render.write import write_repository
 from builder.spec import parse_spec
 
 CPU = model_config_pb2.ModelInstanceGroup.KIND_CPU
-MODEL = {"name": "m", "engine": "vllm", "model": "/m", "engine_args": {"max_model_len": 512},
-         "placement": {"kind": "cpu"}}
+MODEL = {
+    "name": "m",
+    "engine": "vllm",
+    "model": "/m",
+    "engine_args": {"max_model_len": 512},
+    "placement": {"kind": "cpu"},
+}
 
 
 def rendered(tmp_path: Path, hardware=None, router=None) -> tuple:
@@ -25,8 +31,11 @@ def rendered(tmp_path: Path, hardware=None, router=None) -> tuple:
     if hardware:
         data["hardware"] = hardware
     spec = parse_spec(data, "test.yaml")
-    write_repository(render_files(RenderContext(spec, {}, {}, plan_for_spec(spec))),
-                     tmp_path / "repo", validate_repository)
+    write_repository(
+        render_files(RenderContext(spec, {}, {}, plan_for_spec(spec))),
+        tmp_path / "repo",
+        validate_repository,
+    )
     config = parse_config(tmp_path / "repo" / "router" / "config.pbtxt")
     router_json = json.loads((tmp_path / "repo" / "router" / "1" / "router.json").read_text())
     return config.instance_group, router_json

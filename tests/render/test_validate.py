@@ -1,4 +1,5 @@
 """`trident validate` catches each kind of defect in a hand-broken repository."""
+
 from __future__ import annotations
 
 import ast
@@ -16,16 +17,19 @@ from builder.render.validate import ROUTER_KEYS, validate_repository
 from builder.render.write import write_repository
 from builder.spec import parse_spec
 
-SPEC = {"models": [{"name": "m", "engine": "vllm", "model": "/models/m"}],
-        "router": {"default": ["m"]}}
+SPEC = {
+    "models": [{"name": "m", "engine": "vllm", "model": "/models/m"}],
+    "router": {"default": ["m"]},
+}
 
 
 @pytest.fixture()
 def repo(tmp_path) -> Path:
     out = tmp_path / "repo"
     spec = parse_spec(SPEC, "t.yaml")
-    write_repository(render_files(RenderContext(spec, {}, {}, plan_for_spec(spec))), out,
-                     validate_repository)
+    write_repository(
+        render_files(RenderContext(spec, {}, {}, plan_for_spec(spec))), out, validate_repository
+    )
     return out
 
 
@@ -42,39 +46,72 @@ def test_rendered_repository_is_valid(repo, capsys):
 
 
 DEFECTS = [
-    ("not a ModelConfig", lambda r: edit(r / "m/config.pbtxt", "max_batch_size: 0",
-                                         "max_batch_size: lots"), "not a valid ModelConfig"),
-    ("name mismatch", lambda r: edit(r / "m/config.pbtxt", 'name: "m"', 'name: "x"'),
-     "does not match directory"),
-    ("dollar placeholder", lambda r: edit(r / "m/config.pbtxt", "max_batch_size: 0",
-                                          "max_batch_size: 0\n# ${triton_max_batch_size}"),
-     "unfilled placeholder '${triton_max_batch_size}'"),
-    ("jinja leftover", lambda r: edit(r / "m/1/model.json", '"model"', '"{{ model }}"'),
-     "unfilled placeholder '{{ model }}'"),
-    ("stream not decoupled", lambda r: edit(r / "m/config.pbtxt",
-                                            "model_transaction_policy { decoupled: true }", ""),
-     "has a 'stream' input but is not decoupled"),
+    (
+        "not a ModelConfig",
+        lambda r: edit(r / "m/config.pbtxt", "max_batch_size: 0", "max_batch_size: lots"),
+        "not a valid ModelConfig",
+    ),
+    (
+        "name mismatch",
+        lambda r: edit(r / "m/config.pbtxt", 'name: "m"', 'name: "x"'),
+        "does not match directory",
+    ),
+    (
+        "dollar placeholder",
+        lambda r: edit(
+            r / "m/config.pbtxt",
+            "max_batch_size: 0",
+            "max_batch_size: 0\n# ${triton_max_batch_size}",
+        ),
+        "unfilled placeholder '${triton_max_batch_size}'",
+    ),
+    (
+        "jinja leftover",
+        lambda r: edit(r / "m/1/model.json", '"model"', '"{{ model }}"'),
+        "unfilled placeholder '{{ model }}'",
+    ),
+    (
+        "stream not decoupled",
+        lambda r: edit(r / "m/config.pbtxt", "model_transaction_policy { decoupled: true }", ""),
+        "has a 'stream' input but is not decoupled",
+    ),
     ("missing model.py", lambda r: (r / "m/1/model.py").unlink(), "m/1: missing model.py"),
     ("missing version dir", lambda r: shutil.rmtree(r / "m/1"), "no version directory"),
     ("missing config", lambda r: (r / "m/config.pbtxt").unlink(), "missing config.pbtxt"),
-    ("no outputs", lambda r: _drop_block(r / "m/config.pbtxt", "output ["),
-     "declares no outputs"),
+    ("no outputs", lambda r: _drop_block(r / "m/config.pbtxt", "output ["), "declares no outputs"),
     # The router cannot load without its router.json (before: each of these said OK).
-    ("router.json not JSON", lambda r: (r / "router/1/router.json").write_text("{not json"),
-     "router/1/router.json: not JSON: line 1, column 2"),
-    ("router.json a list", lambda r: (r / "router/1/router.json").write_text("[]"),
-     "router/1/router.json: not a JSON object"),
-    ("router.json missing", lambda r: (r / "router/1/router.json").unlink(),
-     "router/1/router.json: missing (the router's model.py reads it"),
-    ("router.json key gone", lambda r: edit(r / "router/1/router.json", '"deadline_s"',
-                                            '"deadline"'),
-     "router/1/router.json: missing deadline_s"),
-    ("router.json unknown backend", lambda r: edit(r / "router/1/router.json",
-                                                   '"backends": {\n    "m"',
-                                                   '"backends": {\n    "gone"'),
-     "backend 'gone' is not a model of this repository"),
-    ("router.json a pipe", lambda r: _pipe(r / "router/1/router.json"),
-     "router/1/router.json: not a regular file"),
+    (
+        "router.json not JSON",
+        lambda r: (r / "router/1/router.json").write_text("{not json"),
+        "router/1/router.json: not JSON: line 1, column 2",
+    ),
+    (
+        "router.json a list",
+        lambda r: (r / "router/1/router.json").write_text("[]"),
+        "router/1/router.json: not a JSON object",
+    ),
+    (
+        "router.json missing",
+        lambda r: (r / "router/1/router.json").unlink(),
+        "router/1/router.json: missing (the router's model.py reads it",
+    ),
+    (
+        "router.json key gone",
+        lambda r: edit(r / "router/1/router.json", '"deadline_s"', '"deadline"'),
+        "router/1/router.json: missing deadline_s",
+    ),
+    (
+        "router.json unknown backend",
+        lambda r: edit(
+            r / "router/1/router.json", '"backends": {\n    "m"', '"backends": {\n    "gone"'
+        ),
+        "backend 'gone' is not a model of this repository",
+    ),
+    (
+        "router.json a pipe",
+        lambda r: _pipe(r / "router/1/router.json"),
+        "router/1/router.json: not a regular file",
+    ),
 ]
 
 
@@ -111,7 +148,10 @@ def test_router_keys_are_what_the_router_reads():
     read = set()
     for module in ("model.py", "policy.py", "targets.py", "replicas.py"):
         for node in ast.walk(ast.parse((bls / module).read_text())):
-            if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
-                    and ast.unparse(node.value) in ("config", "self.config")):
+            if (
+                isinstance(node, ast.Subscript)
+                and isinstance(node.slice, ast.Constant)
+                and ast.unparse(node.value) in ("config", "self.config")
+            ):
                 read.add(node.slice.value)
     assert read == set(ROUTER_KEYS)

@@ -2,6 +2,7 @@
 `trident serve` gives tritonserver, the key's origin, and the header trident's own
 model-control calls carry. No server is started here: tests/server/test_restricted_api.py
 shows a real tritonserver refusing a client without the key."""
+
 from __future__ import annotations
 
 import urllib.request
@@ -20,8 +21,11 @@ INSTALL = TritonInstall(Path("/opt/tritonserver/bin/tritonserver"), None, bundle
 
 def restrictions(server: TritonServer) -> dict[str, str]:
     flags = ("--http-restricted-api=", "--grpc-restricted-protocol=")
-    return {arg.split("=", 1)[0]: arg.split("=", 1)[1]
-            for arg in server.command(INSTALL) if arg.startswith(flags)}
+    return {
+        arg.split("=", 1)[0]: arg.split("=", 1)[1]
+        for arg in server.command(INSTALL)
+        if arg.startswith(flags)
+    }
 
 
 def test_model_control_and_settings_need_the_key_over_http_and_grpc(tmp_path, monkeypatch):
@@ -31,8 +35,12 @@ def test_model_control_and_settings_need_the_key_over_http_and_grpc(tmp_path, mo
     assert set(found) == {"--http-restricted-api", "--grpc-restricted-protocol"}
     for value in found.values():
         apis, header = value.split(":", 1)
-        assert set(apis.split(",")) == {"model-repository", "shared-memory", "logging",
-                                        "trace"}   # inference, health, config stay open
+        assert set(apis.split(",")) == {
+            "model-repository",
+            "shared-memory",
+            "logging",
+            "trace",
+        }  # inference, health, config stay open
         assert header == f"trident-admin={server.admin_key}"
     assert server.admin_headers == {"trident-admin": server.admin_key}
 
@@ -50,8 +58,7 @@ def test_each_server_has_its_own_key_apart_from_the_router_secret(tmp_path, monk
     assert "admin_key" not in repr(first)
 
 
-def test_an_operator_key_is_kept_and_a_bad_one_refused_in_one_line(tmp_path, monkeypatch,
-                                                                    capsys):
+def test_an_operator_key_is_kept_and_a_bad_one_refused_in_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(admin.KEY_ENV, "o" * 40)
     assert TritonServer(tmp_path).admin_key == "o" * 40
     (tmp_path / "repo").mkdir()
@@ -81,7 +88,7 @@ def test_trident_s_own_load_and_unload_carry_the_key(monkeypatch, action):
     monkeypatch.setattr(loading.urllib.request, "urlopen", urlopen)
     loading.request("http://127.0.0.1:1", "qa", action, 5, admin.http_headers("k" * 64))
     assert sent[0].full_url.endswith(f"/v2/repository/models/qa/{action}")
-    assert sent[0].get_header("Trident-admin") == "k" * 64   # urllib capitalizes names
+    assert sent[0].get_header("Trident-admin") == "k" * 64  # urllib capitalizes names
 
 
 def test_the_grpc_header_is_the_name_triton_looks_for():

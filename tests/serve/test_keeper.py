@@ -1,13 +1,14 @@
 """The loop of `trident serve` that keeps models serving (builder.serve.keeper), on a
 server double: the stubs are read from /proc (a process group with none), the models'
 states and the reloads are the double's. The real thing: tests/server/test_blast_radius.py."""
+
 from __future__ import annotations
 
 import subprocess
 
 from builder.serve import keeper, loading
 
-NO_GROUP = 2 ** 22 + 12345   # above pid_max's default: no process has this group
+NO_GROUP = 2**22 + 12345  # above pid_max's default: no process has this group
 
 
 class Process:
@@ -44,37 +45,47 @@ class Server:
 
 def test_a_model_that_keeps_dying_is_reloaded_with_backoff_then_given_up(monkeypatch):
     unloads = []
-    monkeypatch.setattr(keeper, "_unload_quietly",
-                        lambda url, model, headers: unloads.append((model, headers)))
+    monkeypatch.setattr(
+        keeper, "_unload_quietly", lambda url, model, headers: unloads.append((model, headers))
+    )
     reloads, lines = [], []
 
     def reload_fails(url, model, headers):
-        assert headers == Server.admin_headers   # Triton refuses model control without
+        assert headers == Server.admin_headers  # Triton refuses model control without
         reloads.append(model)
         raise loading.LoadFailed("its initialize() raised")
 
     server = Server(checks=60)
     policy = keeper.Restarts(limit=2, first_delay_s=0, max_delay_s=0)
-    code = keeper.keep_serving(server, lines.append, interval_s=0.001, restarts=policy,
-                               reload_model=reload_fails)
-    assert code == 0                               # returns when tritonserver exits
+    code = keeper.keep_serving(
+        server, lines.append, interval_s=0.001, restarts=policy, reload_model=reload_fails
+    )
+    assert code == 0  # returns when tritonserver exits
     assert reloads == ["qa", "qa"] and unloads == [("qa", Server.admin_headers)]
-    assert lines[0] == ("trident serve: the stub of model 'qa' died; reloading it in 0 s "
-                        "(restart 1 of 2)")
-    assert lines[1] == ("trident serve: reloading model 'qa' failed: its initialize() "
-                        "raised; reloading it in 0 s (restart 2 of 2)")
+    assert lines[0] == (
+        "trident serve: the stub of model 'qa' died; reloading it in 0 s (restart 1 of 2)"
+    )
+    assert lines[1] == (
+        "trident serve: reloading model 'qa' failed: its initialize() "
+        "raised; reloading it in 0 s (restart 2 of 2)"
+    )
     assert lines[2].startswith("trident serve: reloading model 'qa' failed: ")
-    assert lines[2].endswith("giving up on model 'qa' after 2 restarts: it is unloaded, "
-                             "the other models keep serving")
-    assert len(lines) == 3                         # given up: not watched any more
+    assert lines[2].endswith(
+        "giving up on model 'qa' after 2 restarts: it is unloaded, the other models keep serving"
+    )
+    assert len(lines) == 3  # given up: not watched any more
 
 
 def test_a_reloaded_model_is_back_and_watched_again():
     lines, reloads = [], []
     server = Server(checks=40)
-    code = keeper.keep_serving(server, lines.append, interval_s=0.001,
-                               restarts=keeper.Restarts(first_delay_s=0),
-                               reload_model=lambda url, model, headers: reloads.append(model))
+    code = keeper.keep_serving(
+        server,
+        lines.append,
+        interval_s=0.001,
+        restarts=keeper.Restarts(first_delay_s=0),
+        reload_model=lambda url, model, headers: reloads.append(model),
+    )
     assert code == 0
     # Still without a stub after each reload (a double): it is found dead again, so the
     # watch goes on after a reload, and counts the restarts.

@@ -1,5 +1,6 @@
 """The OpenAI frontend's HTTP behaviour without a model: Triton unreachable, and a
 stand-in Triton whose stream fails before and after its first response."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,7 @@ CHAT = {"model": "router", "messages": [{"role": "user", "content": "Hi"}]}
 
 def test_an_unreachable_triton_is_503_in_openai_shape():
     with TestClient(create_app(f"127.0.0.1:{free_port()}")) as client:
-        for response in (client.get("/v1/models"),
-                         client.post("/v1/chat/completions", json=CHAT)):
+        for response in (client.get("/v1/models"), client.post("/v1/chat/completions", json=CHAT)):
             assert response.status_code == 503
             error = response.json()["error"]
             assert error["type"] == "server_error" and "does not answer" in error["message"]
@@ -59,8 +59,11 @@ class FakeTriton:
         self.script, self.calls, self.streamed = script, [], []
 
     async def models(self, fresh=False):
-        inputs = {"messages": "TYPE_STRING", "text_input": "TYPE_STRING",
-                  "sampling_parameters": "TYPE_STRING"}
+        inputs = {
+            "messages": "TYPE_STRING",
+            "text_input": "TYPE_STRING",
+            "sampling_parameters": "TYPE_STRING",
+        }
         return {name: ModelInfo(name, inputs, False) for name in ("router", "smollm2")}
 
     async def info(self, model):
@@ -84,20 +87,20 @@ def client_for(script, **options):
 
 
 def events(response) -> list:
-    return [line[len("data: "):] for line in response.text.split("\n\n") if line]
+    return [line[len("data: ") :] for line in response.text.split("\n\n") if line]
 
 
 def test_a_failure_mid_stream_is_an_error_event_then_done():
     broken = OpenAIError(500, "router: smollm2 failed mid-stream: boom", "server_error")
-    client, triton = client_for([Piece("Hel", None, 3, 1, "smollm2"), Piece("lo", None, 3, 2),
-                                 broken])
+    client, triton = client_for(
+        [Piece("Hel", None, 3, 1, "smollm2"), Piece("lo", None, 3, 2), broken]
+    )
     response = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     assert response.status_code == 200
     assert response.headers["x-trident-served-by"] == "smollm2"
     data = events(response)
     assert data[-1] == "[DONE]"
-    assert [json.loads(d)["choices"][0]["delta"].get("content") for d in data[:2]] == \
-        ["Hel", "lo"]
+    assert [json.loads(d)["choices"][0]["delta"].get("content") for d in data[:2]] == ["Hel", "lo"]
     assert json.loads(data[2])["error"]["message"].endswith("boom")
 
 
@@ -131,15 +134,22 @@ def test_a_finished_answer_hands_the_call_over_and_never_cancels_it():
 def test_a_batch_is_one_event_and_the_end_leaves_with_the_last_text():
     # Before: one event per response, and the finish reason, the usage and [DONE] each
     # in a write of their own.
-    script = [[Piece("Hel", None, 3, 1, "smollm2"), Piece("lo", None, 3, 2)],
-              Piece(",", None, 3, 3), [Piece(" wor", None, 3, 4), Piece("ld", "stop", 3, 5)]]
+    script = [
+        [Piece("Hel", None, 3, 1, "smollm2"), Piece("lo", None, 3, 2)],
+        Piece(",", None, 3, 3),
+        [Piece(" wor", None, 3, 4), Piece("ld", "stop", 3, 5)],
+    ]
     client, triton = client_for(script)
-    response = client.post("/v1/chat/completions", json={
-        **CHAT, "stream": True, "stream_options": {"include_usage": True}})
+    response = client.post(
+        "/v1/chat/completions",
+        json={**CHAT, "stream": True, "stream_options": {"include_usage": True}},
+    )
     chunks = [json.loads(d) for d in events(response)[:-1]]
     assert [c["choices"][0]["delta"] for c in chunks[:3]] == [
-        {"role": "assistant", "content": "Hello"}, {"content": ","},
-        {"content": " world"}]
+        {"role": "assistant", "content": "Hello"},
+        {"content": ","},
+        {"content": " world"},
+    ]
     assert chunks[3]["choices"][0]["finish_reason"] == "stop"
     assert chunks[4]["usage"]["completion_tokens"] == 5
 
@@ -159,8 +169,9 @@ def test_a_batch_is_one_event_and_the_end_leaves_with_the_last_text():
 def test_unknown_paths_and_bad_json_answer_in_openai_shape():
     client, _ = client_for([])
     assert client.get("/v1/nothing").json()["error"]["type"] == "invalid_request_error"
-    response = client.post("/v1/completions", content=b"[", headers={
-        "Content-Type": "application/json"})
+    response = client.post(
+        "/v1/completions", content=b"[", headers={"Content-Type": "application/json"}
+    )
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
 
 
@@ -176,13 +187,14 @@ def test_only_the_router_is_listed_and_served_by_default():
     absent = client.post("/v1/chat/completions", json={**CHAT, "model": "nope"})
     assert hidden.status_code == absent.status_code == 404
     # The same answer as for a model that does not exist: nothing tells them apart.
-    assert hidden.json()["error"]["code"] == absent.json()["error"]["code"] == \
-        "model_not_found"
+    assert hidden.json()["error"]["code"] == absent.json()["error"]["code"] == "model_not_found"
     assert hidden.text.replace("smollm2", "nope") == absent.text
     assert "router" not in hidden.text
     assert client.get("/v1/models/smollm2").status_code == 404
-    assert client.post("/v1/completions", json={"model": "smollm2:x",
-                                                "prompt": "Hi"}).status_code == 404
+    assert (
+        client.post("/v1/completions", json={"model": "smollm2:x", "prompt": "Hi"}).status_code
+        == 404
+    )
     assert client.get("/v1/models/router").json()["id"] == "router"
     assert not triton.calls
     assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
@@ -194,10 +206,8 @@ def test_an_allow_list_exposes_exactly_the_models_it_names():
     # Listed: exposed and READY; `absent` is exposed but not loaded.
     assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["smollm2"]
     assert client.post("/v1/chat/completions", json=CHAT).status_code == 404
-    assert client.post("/v1/chat/completions",
-                       json={**CHAT, "model": "smollm2"}).status_code == 200
-    assert client.post("/v1/chat/completions",
-                       json={**CHAT, "model": "absent"}).status_code == 404
+    assert client.post("/v1/chat/completions", json={**CHAT, "model": "smollm2"}).status_code == 200
+    assert client.post("/v1/chat/completions", json={**CHAT, "model": "absent"}).status_code == 404
 
 
 def test_model_colon_adapter_names_an_adapter_of_an_exposed_model():
@@ -208,8 +218,9 @@ def test_model_colon_adapter_names_an_adapter_of_an_exposed_model():
     assert (name, generation.lora_name) == ("router", "support")
     client.post("/v1/chat/completions", json={**CHAT, "lora_name": "legal"})
     assert triton.streamed[-1][1].lora_name == "legal"
-    both = client.post("/v1/chat/completions",
-                       json={**CHAT, "model": "router:support", "lora_name": "legal"})
+    both = client.post(
+        "/v1/chat/completions", json={**CHAT, "model": "router:support", "lora_name": "legal"}
+    )
     assert both.status_code == 400 and both.json()["error"]["param"] == "lora_name"
 
 
@@ -221,5 +232,4 @@ def test_max_tokens_above_the_models_context_is_400_naming_the_field():
         assert response.json()["error"]["param"] == field
         assert "2048" in response.json()["error"]["message"]
     assert not triton.calls
-    assert client.post("/v1/chat/completions",
-                       json={**CHAT, "max_tokens": 2048}).status_code == 200
+    assert client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2048}).status_code == 200

@@ -1,5 +1,6 @@
 """The frontend's ASGI and socket layer (asgi.py, coalesce.py): the generation routes
 past FastAPI, the streamed answer's writer, and writes joined per loop turn."""
+
 from __future__ import annotations
 
 import asyncio
@@ -44,16 +45,16 @@ def test_writes_within_one_loop_turn_leave_as_one_and_none_waits_longer():
         transport = CoalescingTransport(inner, asyncio.get_running_loop())
         transport.write(b"HTTP/1.1 200 OK\r\n\r\n")
         transport.write(b"data: first\n\n")
-        assert inner.writes == []            # still this turn
+        assert inner.writes == []  # still this turn
         await asyncio.sleep(0)
         assert inner.writes == [b"HTTP/1.1 200 OK\r\n\r\ndata: first\n\n"]
         transport.write(b"data: second\n\n")
-        await asyncio.sleep(0)               # alone: sent in the next turn
+        await asyncio.sleep(0)  # alone: sent in the next turn
         assert inner.writes[1:] == [b"data: second\n\n"]
-        transport.pause_reading()            # the rest is the wrapped transport's
+        transport.pause_reading()  # the rest is the wrapped transport's
         assert inner.paused
         transport.write(b"0\r\n\r\n")
-        transport.close()                    # the last bytes go before the close
+        transport.close()  # the last bytes go before the close
         assert inner.writes[2:] == [b"0\r\n\r\n"] and inner.closed
         await asyncio.sleep(0)
         assert len(inner.writes) == 3
@@ -66,7 +67,7 @@ def test_nothing_is_written_to_a_transport_already_closing():
         inner = RecordingTransport()
         transport = CoalescingTransport(inner, asyncio.get_running_loop())
         transport.write(b"data: late\n\n")
-        inner.closed = True                  # the peer went away meanwhile
+        inner.closed = True  # the peer went away meanwhile
         await asyncio.sleep(0)
         assert inner.writes == []
 
@@ -81,11 +82,11 @@ def test_the_frontend_serves_http_on_the_coalescing_protocol():
 
 def _limits():
     from builder.serve.openai.limits import Limits
+
     return Limits()
 
 
-async def _run_sse(events, sent: list[dict], leave_after: int | None = None,
-                   on_leave=None) -> None:
+async def _run_sse(events, sent: list[dict], leave_after: int | None = None, on_leave=None) -> None:
     """SSEResponse over a fake ASGI connection whose client leaves once `leave_after`
     messages were sent (never: None)."""
     queue: asyncio.Queue = asyncio.Queue()
@@ -97,7 +98,7 @@ async def _run_sse(events, sent: list[dict], leave_after: int | None = None,
         sent.append(message)
         if len(sent) == leave_after:
             queue.put_nowait({"type": "http.disconnect"})
-            await asyncio.sleep(0.01)        # the cancel lands in this send
+            await asyncio.sleep(0.01)  # the cancel lands in this send
 
     await SSEResponse(events, {"X-Test": "1"}, on_leave)({"type": "http"}, receive, send)
 
@@ -125,10 +126,10 @@ def test_a_client_that_leaves_mid_stream_closes_the_answer_quietly():
     async def events():
         try:
             yield b"data: 1\n\n"
-            await asyncio.sleep(30)          # the next token never comes
+            await asyncio.sleep(30)  # the next token never comes
             yield b"data: 2\n\n"
         finally:
-            closed.append(True)              # app.py's _events cancels the call here
+            closed.append(True)  # app.py's _events cancels the call here
 
     left = []
 
@@ -146,7 +147,7 @@ def test_a_client_that_leaves_before_the_first_chunk_still_ends_the_call():
     left = []
 
     async def events():
-        try:                                 # never started: this finally never runs
+        try:  # never started: this finally never runs
             yield b"data: 1\n\n"
         finally:
             left.append("finally")
@@ -171,7 +172,7 @@ def test_a_disconnect_after_the_last_chunk_cancels_nothing():
         async def send(message):
             sent.append(message)
             if not message.get("more_body", True):
-                queue.put_nowait({"type": "http.disconnect"})   # as uvicorn does then
+                queue.put_nowait({"type": "http.disconnect"})  # as uvicorn does then
                 await asyncio.sleep(0.01)
 
         await SSEResponse(events(), {})({"type": "http"}, receive, send)
@@ -239,8 +240,9 @@ class HangingTriton:
 def test_over_real_uvicorn_a_stream_starts_and_a_client_leaving_cancels_the_call():
     triton = HangingTriton()
     port = free_port()
-    server = uvicorn.Server(_config("unused", "127.0.0.1", port, None, ("router",),
-                                    _limits(), triton=triton))
+    server = uvicorn.Server(
+        _config("unused", "127.0.0.1", port, None, ("router",), _limits(), triton=triton)
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -248,19 +250,24 @@ def test_over_real_uvicorn_a_stream_starts_and_a_client_leaving_cancels_the_call
         while not server.started:
             assert thread.is_alive() and time.monotonic() < deadline
             time.sleep(0.02)
-        body = json.dumps({"model": "router", "stream": True,
-                           "messages": [{"role": "user", "content": "Hi"}]}).encode()
+        body = json.dumps(
+            {"model": "router", "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+        ).encode()
         with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
-            client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-                           b"content-type: application/json\r\ncontent-length: "
-                           + str(len(body)).encode() + b"\r\n\r\n" + body)
+            client.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                b"content-type: application/json\r\ncontent-length: "
+                + str(len(body)).encode()
+                + b"\r\n\r\n"
+                + body
+            )
             seen = b""
             while b'"content": "Hel"' not in seen:
                 data = client.recv(65536)
                 assert data, seen
                 seen += data
             assert seen.startswith(b"HTTP/1.1 200") and b"text/event-stream" in seen
-        deadline = time.monotonic() + 10   # the client left: the call is cancelled
+        deadline = time.monotonic() + 10  # the client left: the call is cancelled
         while not triton.calls[0].cancelled:
             assert time.monotonic() < deadline
             time.sleep(0.02)

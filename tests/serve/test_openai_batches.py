@@ -2,6 +2,7 @@
 response is handed on at once, an error keeps its place after the pieces before it, and
 cancel() stops both the reader and the gRPC call. A stand-in gRPC stream (an asyncio
 queue) replaces tritonclient's; the responses are real InferResults."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,8 +22,9 @@ def result(text: str, finish: str = "", error: str = "") -> InferResult:
     for name, value in (("text_output", text), ("finish_reason", finish), ("error", error)):
         out = response.outputs.add()
         out.name, out.datatype, out.shape[:] = name, "BYTES", [1]
-        response.raw_output_contents.append(len(value.encode()).to_bytes(4, "little")
-                                            + value.encode())
+        response.raw_output_contents.append(
+            len(value.encode()).to_bytes(4, "little") + value.encode()
+        )
     return InferResult(response)
 
 
@@ -75,7 +77,8 @@ def test_what_arrived_together_is_one_batch_and_a_lone_response_is_not_held():
         assert texts(await batches.__anext__()) == ["a", "b", "c"]
         # The reader is waiting now: the next response alone is the next batch.
         asyncio.get_running_loop().call_later(
-            0.01, triton.stream.queue.put_nowait, (result("d"), None))
+            0.01, triton.stream.queue.put_nowait, (result("d"), None)
+        )
         assert texts(await asyncio.wait_for(batches.__anext__(), 5)) == ["d"]
         triton.stream.queue.put_nowait((result("", "stop"), None))
         triton.stream.queue.put_nowait((result("never read"), None))
@@ -83,7 +86,7 @@ def test_what_arrived_together_is_one_batch_and_a_lone_response_is_not_held():
         assert [p.finish_reason for p in last] == ["stop"]
         with pytest.raises(StopAsyncIteration):
             await batches.__anext__()
-        call.finish()     # the finish reason ends our reading; the rest is drained
+        call.finish()  # the finish reason ends our reading; the rest is drained
         assert triton.drained == [call] and not triton.stream.cancelled
 
     asyncio.run(scenario())
@@ -91,8 +94,10 @@ def test_what_arrived_together_is_one_batch_and_a_lone_response_is_not_held():
 
 def test_an_error_comes_after_the_pieces_that_arrived_before_it():
     async def scenario():
-        for failure in ((result("", "error", "engine died"), None),
-                        (None, InferenceServerException(msg="unknown model 'x'"))):
+        for failure in (
+            (result("", "error", "engine died"), None),
+            (None, InferenceServerException(msg="unknown model 'x'")),
+        ):
             triton = Triton()
             call = Call(triton, "router", [])
             triton.stream.queue.put_nowait((result("Hel"), None))

@@ -1,6 +1,7 @@
 """Logprobs in OpenAI's shapes and n > 1 as a fan-out (builder/serve/openai/choices.py),
 without a model: a stand-in Triton plays the engine's pieces. Every answer is parsed with
 the openai SDK's own types."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,10 @@ CHAT = {"model": "router", "messages": [{"role": "user", "content": "Hi"}]}
 def position(sampled: tuple, *others: tuple) -> dict:
     """One token's logprobs as the engine model writes them: the sampled token first,
     each (token id, text, logprob, rank)."""
-    return {str(tid): {"logprob": lp, "rank": rank, "decoded_token": text}
-            for tid, text, lp, rank in (sampled, *others)}
+    return {
+        str(tid): {"logprob": lp, "rank": rank, "decoded_token": text}
+        for tid, text, lp, rank in (sampled, *others)
+    }
 
 
 # "Pa" was sampled at rank 3; "The" and "It" rank above it.
@@ -47,7 +50,7 @@ def test_chat_logprobs_name_the_sampled_token_and_the_best_alternatives():
 def test_an_impossible_token_gets_a_finite_floor_and_utf8_bytes():
     entry = chat_logprobs([NEVER], top=1)["content"][0]
     assert entry["logprob"] == LOGPROB_FLOOR and entry["bytes"] == [195, 169]
-    json.dumps(entry, allow_nan=False)   # Starlette writes JSON without NaN or inf
+    json.dumps(entry, allow_nan=False)  # Starlette writes JSON without NaN or inf
 
 
 def test_completion_logprobs_are_parallel_lists_with_text_offsets():
@@ -60,18 +63,18 @@ def test_completion_logprobs_are_parallel_lists_with_text_offsets():
 
 
 def test_logprobs_travel_in_sampling_parameters_and_a_tensor_model_refuses_them():
-    info = ModelInfo("router", {"messages": "TYPE_STRING",
-                                "sampling_parameters": "TYPE_STRING"}, False)
+    info = ModelInfo(
+        "router", {"messages": "TYPE_STRING", "sampling_parameters": "TYPE_STRING"}, False
+    )
     generation = parse_chat({**CHAT, "logprobs": True, "top_logprobs": 3})
-    (sampling,) = [t for t in build_inputs(generation, info)
-                   if t.name() == "sampling_parameters"]
+    (sampling,) = [t for t in build_inputs(generation, info) if t.name() == "sampling_parameters"]
     assert generation.logprobs == 3
     # TRT-LLM's ensemble takes one tensor per sampling value and none for logprobs
-    ensemble = ModelInfo("ensemble", {"text_input": "TYPE_STRING",
-                                      "max_tokens": "TYPE_INT32"}, True)
+    ensemble = ModelInfo(
+        "ensemble", {"text_input": "TYPE_STRING", "max_tokens": "TYPE_INT32"}, True
+    )
     with pytest.raises(OpenAIError) as caught:
-        build_inputs(parse_completion({"model": "e", "prompt": "a", "logprobs": 1}),
-                     ensemble)
+        build_inputs(parse_completion({"model": "e", "prompt": "a", "logprobs": 1}), ensemble)
     assert caught.value.status == 400 and caught.value.param == "logprobs"
     assert sampling is not None
 
@@ -89,7 +92,7 @@ def events(response) -> list:
     out = []
     for line in response.text.splitlines():
         if line.startswith("data: ") and line != "data: [DONE]":
-            out.append(json.loads(line[len("data: "):]))
+            out.append(json.loads(line[len("data: ") :]))
     assert response.text.rstrip().endswith("data: [DONE]")
     return out
 
@@ -97,8 +100,7 @@ def events(response) -> list:
 def test_n_whole_is_one_call_per_choice_with_the_seed_moved_on():
     client, triton = app([piece("Par", tokens_out=1), piece("is", "stop", tokens_out=2)])
     with client:
-        response = client.post("/v1/chat/completions",
-                               json={**CHAT, "n": 3, "seed": 40})
+        response = client.post("/v1/chat/completions", json={**CHAT, "n": 3, "seed": 40})
     answer = ChatCompletion.model_validate(response.json())
     assert [c.index for c in answer.choices] == [0, 1, 2]
     assert {c.message.content for c in answer.choices} == {"Paris"}
@@ -111,8 +113,10 @@ def test_n_whole_is_one_call_per_choice_with_the_seed_moved_on():
 def test_n_streamed_tags_each_choice_and_sums_usage():
     client, triton = app([[piece("Par")], [piece("is", "length", tokens_out=2)]])
     with client:
-        response = client.post("/v1/chat/completions", json={
-            **CHAT, "n": 2, "stream": True, "stream_options": {"include_usage": True}})
+        response = client.post(
+            "/v1/chat/completions",
+            json={**CHAT, "n": 2, "stream": True, "stream_options": {"include_usage": True}},
+        )
     chunks = [ChatCompletionChunk.model_validate(e) for e in events(response)]
     by_index: dict = {0: [], 1: []}
     for chunk in chunks[:-1]:
@@ -128,11 +132,12 @@ def test_n_streamed_tags_each_choice_and_sums_usage():
 def test_streamed_chat_logprobs_ride_with_their_text():
     client, _ = app([piece("Pa", logprobs=[PA]), piece("ris", "stop", 2, [RIS])])
     with client:
-        response = client.post("/v1/chat/completions", json={
-            **CHAT, "stream": True, "logprobs": True, "top_logprobs": 1})
+        response = client.post(
+            "/v1/chat/completions",
+            json={**CHAT, "stream": True, "logprobs": True, "top_logprobs": 1},
+        )
     chunks = [ChatCompletionChunk.model_validate(e) for e in events(response)]
-    tokens = [t for c in chunks for ch in c.choices if ch.logprobs
-              for t in ch.logprobs.content]
+    tokens = [t for c in chunks for ch in c.choices if ch.logprobs for t in ch.logprobs.content]
     assert [t.token for t in tokens] == ["Pa", "ris"]
     assert [len(t.top_logprobs) for t in tokens] == [1, 1]
     assert "".join(ch.delta.content or "" for c in chunks for ch in c.choices) == "Paris"
@@ -141,8 +146,9 @@ def test_streamed_chat_logprobs_ride_with_their_text():
 def test_whole_completion_logprobs_cover_every_token():
     client, _ = app([piece("Pa", logprobs=[PA]), piece("ris", "stop", 2, [RIS])])
     with client:
-        response = client.post("/v1/completions", json={
-            "model": "router", "prompt": "The capital", "logprobs": 2})
+        response = client.post(
+            "/v1/completions", json={"model": "router", "prompt": "The capital", "logprobs": 2}
+        )
     answer = Completion.model_validate(response.json())
     (choice,) = answer.choices
     assert choice.text == "Paris" and choice.logprobs.tokens == ["Pa", "ris"]
@@ -153,8 +159,7 @@ def test_a_refusal_before_any_choice_answers_keeps_its_status():
     error = OpenAIError(400, "bad", "invalid_request_error", "logit_bias")
     client, triton = app([error])
     with client:
-        response = client.post("/v1/chat/completions",
-                               json={**CHAT, "n": 2, "stream": True})
+        response = client.post("/v1/chat/completions", json={**CHAT, "n": 2, "stream": True})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "logit_bias"
     assert all(call.cancelled for call in triton.calls)
@@ -174,25 +179,28 @@ class SlowCall(FakeCall):
 def test_a_failure_after_the_start_is_an_error_event():
     error = OpenAIError(500, "engine died", "server_error")
     client, triton = app([piece("Par"), error])
-    triton.stream = lambda generation, info: triton.calls.append(
-        SlowCall(triton.script)) or triton.calls[-1]
+    triton.stream = lambda generation, info: (
+        triton.calls.append(SlowCall(triton.script)) or triton.calls[-1]
+    )
     with client:
-        response = client.post("/v1/chat/completions",
-                               json={**CHAT, "n": 2, "stream": True})
+        response = client.post("/v1/chat/completions", json={**CHAT, "n": 2, "stream": True})
     assert response.status_code == 200
     assert events(response)[-1]["error"]["message"] == "engine died"
 
 
-@pytest.mark.parametrize("body, n, logprobs", [
-    ({}, 1, None),
-    ({"n": 4}, 4, None),
-    ({"n": None}, 1, None),
-    ({"logprobs": True}, 1, 0),
-    ({"logprobs": False}, 1, None),
-    ({"logprobs": True, "top_logprobs": 5}, 1, 5),
-    ({"logprobs": True, "top_logprobs": 0, "n": 2}, 2, 0),
-    ({"user": "someone@example.com"}, 1, None),
-])
+@pytest.mark.parametrize(
+    "body, n, logprobs",
+    [
+        ({}, 1, None),
+        ({"n": 4}, 4, None),
+        ({"n": None}, 1, None),
+        ({"logprobs": True}, 1, 0),
+        ({"logprobs": False}, 1, None),
+        ({"logprobs": True, "top_logprobs": 5}, 1, 5),
+        ({"logprobs": True, "top_logprobs": 0, "n": 2}, 2, 0),
+        ({"user": "someone@example.com"}, 1, None),
+    ],
+)
 def test_chat_fields_that_were_refused_are_read(body, n, logprobs):
     generation = parse_chat({**CHAT, **body})
     assert (generation.n, generation.logprobs) == (n, logprobs)

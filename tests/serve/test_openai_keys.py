@@ -1,4 +1,5 @@
 """The OpenAI frontend's API keys (--api-keys-file): the file, 401s, the tenant a key sets."""
+
 from __future__ import annotations
 
 import os
@@ -36,13 +37,16 @@ def test_the_file_has_one_key_and_tenant_per_line(tmp_path):
     assert load_keys(path) == {SECRET: "alice", "sk-bob": "bob"}
 
 
-@pytest.mark.parametrize("text, why", [
-    (f"{SECRET}\n", "expected `KEY TENANT`"),
-    (f"{SECRET} alice extra\n", "expected `KEY TENANT`"),
-    (f"{SECRET} al/ice\n", "tenant names"),
-    (f"{SECRET} alice\n{SECRET} bob\n", "already on an earlier line"),
-    ("# nothing\n", "no `KEY TENANT` line"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        (f"{SECRET}\n", "expected `KEY TENANT`"),
+        (f"{SECRET} alice extra\n", "expected `KEY TENANT`"),
+        (f"{SECRET} al/ice\n", "tenant names"),
+        (f"{SECRET} alice\n{SECRET} bob\n", "already on an earlier line"),
+        ("# nothing\n", "no `KEY TENANT` line"),
+    ],
+)
 def test_a_bad_file_is_refused_without_showing_a_key(tmp_path, text, why):
     path = tmp_path / "keys"
     path.write_text(text)
@@ -62,12 +66,15 @@ def test_the_cli_names_the_file_and_never_the_key(tmp_path, capsys):
     assert "cannot read" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer sk-wrong"},
-                                     {"Authorization": SECRET}])
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": SECRET}]
+)
 def test_a_missing_or_unknown_key_is_401_in_openai_shape(headers):
     client, triton = app_with_keys()
-    for response in (client.post("/v1/chat/completions", json=CHAT, headers=headers),
-                     client.get("/v1/models", headers=headers)):
+    for response in (
+        client.post("/v1/chat/completions", json=CHAT, headers=headers),
+        client.get("/v1/models", headers=headers),
+    ):
         assert response.status_code == 401
         assert response.json()["error"]["code"] == "invalid_api_key"
         assert "sk-wrong" not in response.text
@@ -76,9 +83,11 @@ def test_a_missing_or_unknown_key_is_401_in_openai_shape(headers):
 
 def test_a_known_key_sets_the_tenant_over_the_clients_own():
     client, triton = app_with_keys()
-    response = client.post("/v1/chat/completions", json={**CHAT, "tenant": "bob"},
-                           headers={"Authorization": f"Bearer {SECRET}",
-                                    "X-Trident-Tenant": "carol"})
+    response = client.post(
+        "/v1/chat/completions",
+        json={**CHAT, "tenant": "bob"},
+        headers={"Authorization": f"Bearer {SECRET}", "X-Trident-Tenant": "carol"},
+    )
     assert response.status_code == 200, response.text
     assert triton.generations[0].hints["tenant"] == "alice"
 
@@ -99,22 +108,36 @@ def test_a_keyed_client_cannot_set_its_tier_or_any_tenant_input():
     client, triton = app_with_keys()
     response = client.post(
         "/v1/chat/completions",
-        json={**CHAT, "tier": "premium", "tenant": "bob", "priority": -100,
-              "cache_salt": "bobs-salt", "conversation_id": "c-1"},
-        headers={"Authorization": f"Bearer {SECRET}", "X-Trident-Tier": "premium",
-                 "X-Trident-Priority": "-100", "X-Trident-Cache-Salt": "bobs-salt"})
+        json={
+            **CHAT,
+            "tier": "premium",
+            "tenant": "bob",
+            "priority": -100,
+            "cache_salt": "bobs-salt",
+            "conversation_id": "c-1",
+        },
+        headers={
+            "Authorization": f"Bearer {SECRET}",
+            "X-Trident-Tier": "premium",
+            "X-Trident-Priority": "-100",
+            "X-Trident-Cache-Salt": "bobs-salt",
+        },
+    )
     assert response.status_code == 200, response.text
     generation = triton.generations[0]
     assert generation.hints == {"tenant": "alice", "conversation_id": "c-1"}
     # What reaches Triton, on a model that would take every one of these inputs.
-    inputs = {name: "TYPE_STRING" for name in ("messages", "tenant", "tier", "priority",
-                                               "cache_salt", "conversation_id")}
+    inputs = {
+        name: "TYPE_STRING"
+        for name in ("messages", "tenant", "tier", "priority", "cache_salt", "conversation_id")
+    }
     sent = {t.name() for t in build_inputs(generation, ModelInfo("router", inputs, False))}
     assert sent == {"messages", "tenant", "conversation_id"}
     # Without keys the network is trusted: the client's own hints pass.
     triton = RecordingTriton([Piece("Hi", "stop", 1, 1)])
     TestClient(create_app("unused", triton)).post(
-        "/v1/chat/completions", json={**CHAT, "tier": "gold", "tenant": "bob"})
+        "/v1/chat/completions", json={**CHAT, "tier": "gold", "tenant": "bob"}
+    )
     assert triton.generations[0].hints == {"tier": "gold", "tenant": "bob"}
 
 
@@ -123,12 +146,12 @@ def test_a_key_does_not_reach_an_engine_model():
     # at its limit got 7 of 7 answers that way.
     client, triton = app_with_keys()
     headers = {"Authorization": f"Bearer {SECRET}"}
-    response = client.post("/v1/chat/completions", json={**CHAT, "model": "smollm2"},
-                           headers=headers)
+    response = client.post(
+        "/v1/chat/completions", json={**CHAT, "model": "smollm2"}, headers=headers
+    )
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "model_not_found"
-    assert [m["id"] for m in client.get("/v1/models", headers=headers).json()["data"]] \
-        == ["router"]
+    assert [m["id"] for m in client.get("/v1/models", headers=headers).json()["data"]] == ["router"]
     assert not triton.calls
 
 
@@ -146,12 +169,21 @@ def test_expose_takes_model_names_and_needs_the_frontend(tmp_path, capsys):
 def test_a_named_pipe_as_the_keys_file_is_refused_at_once(tmp_path):
     # Before: Path.read_text waited for a writer, so `trident openai` never started.
     os.mkfifo(tmp_path / "keys")
-    with socket.socket() as s:   # a free port: serve checks it before reading the keys
+    with socket.socket() as s:  # a free port: serve checks it before reading the keys
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    for argv in (["openai", "--api-keys-file", str(tmp_path / "keys"), "--port", port],
-                 ["serve", "--repo", str(tmp_path), "--api-keys-file", str(tmp_path / "keys"),
-                  "--openai-port", port]):
+    for argv in (
+        ["openai", "--api-keys-file", str(tmp_path / "keys"), "--port", port],
+        [
+            "serve",
+            "--repo",
+            str(tmp_path),
+            "--api-keys-file",
+            str(tmp_path / "keys"),
+            "--openai-port",
+            port,
+        ],
+    ):
         code, stderr = hs.call_cli(argv)
         assert code == 2 and "Traceback" not in stderr, stderr
         assert stderr.count("\n") == 1 and "not a regular file" in stderr, stderr
@@ -162,7 +194,7 @@ def test_a_keys_file_past_the_bound_is_refused_before_it_is_split(tmp_path):
     # as not a regular file, and a regular file past MAX_KEYS_BYTES by its size.
     big = tmp_path / "keys"
     with open(big, "wb") as f:
-        f.truncate(MAX_KEYS_BYTES + 1)   # sparse: no disk, no time
+        f.truncate(MAX_KEYS_BYTES + 1)  # sparse: no disk, no time
     with pytest.raises(KeysFileError, match="larger than 16 MiB"):
         load_keys(big)
     with pytest.raises(KeysFileError, match="not a regular file"):
@@ -184,4 +216,4 @@ def test_bad_bytes_name_the_file_and_line_but_no_key(tmp_path):
     message = str(error.value)
     assert message.startswith(f"{path}: ") and "line 2: not UTF-8 text" in message
     assert SECRET not in message and "sk-b" not in message
-    assert "0xe9" not in message   # the bad byte is part of a key: not even that
+    assert "0xe9" not in message  # the bad byte is part of a key: not even that

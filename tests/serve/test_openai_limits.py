@@ -1,6 +1,7 @@
 """The OpenAI frontend's request limits at the ASGI level: what it reads of a body it
 refuses. The client here is a plain ASGI `receive` that counts what the app asks for,
 so "nothing read" is observed, not inferred."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,25 +27,37 @@ class Client:
 
     def __init__(self, chunks, more_after=False):
         self.chunks, self.more_after = list(chunks), more_after
-        self.received = 0          # body bytes handed to the app
-        self.calls = 0             # receive() calls that returned body
+        self.received = 0  # body bytes handed to the app
+        self.calls = 0  # receive() calls that returned body
 
     async def receive(self):
         if self.chunks:
             chunk = self.chunks.pop(0)
             self.calls += 1
             self.received += len(chunk)
-            return {"type": "http.request", "body": chunk,
-                    "more_body": bool(self.chunks) or self.more_after}
+            return {
+                "type": "http.request",
+                "body": chunk,
+                "more_body": bool(self.chunks) or self.more_after,
+            }
         await asyncio.Event().wait()
 
 
 def post(app, client: Client, headers: dict, path="/v1/chat/completions"):
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
-             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000),
-             "server": ("127.0.0.1", 9000),
-             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 9000),
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }
     sent = []
 
     async def send(message):
@@ -52,6 +65,7 @@ def post(app, client: Client, headers: dict, path="/v1/chat/completions"):
 
     async def run():
         await asyncio.wait_for(app(scope, client.receive, send), 10)
+
     asyncio.run(run())
     status = next(m["status"] for m in sent if m["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
@@ -66,11 +80,13 @@ def test_a_wrong_key_or_a_declared_length_over_the_limit_reads_no_byte_of_the_bo
     # Before: the whole body was read and parsed first (400 MB: RSS 84 -> 870 MB).
     huge = {"content-type": "application/json", "content-length": str(400 * 2**20)}
     client = Client([b"x" * CHUNK] * 4, more_after=True)
-    status, body = post(app(keys={KEY: "alice"}), client,
-                        {**huge, "authorization": "Bearer sk-wrong"})
+    status, body = post(
+        app(keys={KEY: "alice"}), client, {**huge, "authorization": "Bearer sk-wrong"}
+    )
     assert status == 401 and client.received == 0
-    status, body = post(app(keys={KEY: "alice"}), client,
-                        {**huge, "authorization": f"Bearer {KEY}"})
+    status, body = post(
+        app(keys={KEY: "alice"}), client, {**huge, "authorization": f"Bearer {KEY}"}
+    )
     assert status == 413 and body["error"]["code"] == "request_too_large"
     assert "4194304" in body["error"]["message"]
     assert client.received == 0
@@ -87,9 +103,11 @@ def test_a_chunked_body_is_read_no_further_than_the_limit():
     # A body of exactly the limit, in pieces, is served.
     raw = json.dumps(CHAT).encode()
     client = Client([raw[:10], raw[10:]])
-    status, body = post(app(Limits(max_body_bytes=len(raw))), client,
-                        {"content-type": "application/json",
-                         "content-length": str(len(raw))})
+    status, body = post(
+        app(Limits(max_body_bytes=len(raw))),
+        client,
+        {"content-type": "application/json", "content-length": str(len(raw))},
+    )
     assert status == 200 and body["choices"][0]["message"]["content"] == "Hi"
 
 
@@ -125,14 +143,15 @@ def test_context_lengths_come_from_the_repositorys_model_json(tmp_path):
     write(tmp_path / "big" / "1" / "model.json", {"model_path": "/m", "context_length": 4096})
     write(tmp_path / "unset" / "1" / "model.json", {"model": "/m"})
     write(tmp_path / "broken" / "1" / "model.json", "{not json")
-    write(tmp_path / "router" / "1" / "router.json",
-          {"backends": {"small": {}, "big": {}}})
+    write(tmp_path / "router" / "1" / "router.json", {"backends": {"small": {}, "big": {}}})
     write(tmp_path / "other" / "1" / "router.json", {"backends": {"small": {}, "unset": {}}})
     assert context_tokens(tmp_path) == {"small": 512, "big": 4096, "router": 4096}
     assert context_tokens(tmp_path / "absent") == {}
     # The frontend built on that repository refuses more than the router's context.
     limits = with_repository(Limits(), tmp_path)
-    status, body = post(create_app("unused", FakeTriton([Piece("Hi", "stop", 1, 1)]),
-                                   limits=limits),
-                        Client([json.dumps({**CHAT, "max_tokens": 4097}).encode()]), {})
+    status, body = post(
+        create_app("unused", FakeTriton([Piece("Hi", "stop", 1, 1)]), limits=limits),
+        Client([json.dumps({**CHAT, "max_tokens": 4097}).encode()]),
+        {},
+    )
     assert status == 400 and body["error"]["param"] == "max_tokens"

@@ -1,4 +1,5 @@
 """The OpenAI frontend's request and answer mapping, without a server."""
+
 from __future__ import annotations
 
 import json
@@ -24,13 +25,30 @@ def error_of(call, *args, **kwargs) -> OpenAIError:
 
 
 def test_chat_maps_sampling_to_vllm_names_and_max_tokens():
-    g = chat(temperature=0, top_p=0.5, seed=7, presence_penalty=0.1, frequency_penalty=-1,
-             stop="\n", max_completion_tokens=12, stream=True,
-             stream_options={"include_usage": True}, top_k=5, ignore_eos=True)
+    g = chat(
+        temperature=0,
+        top_p=0.5,
+        seed=7,
+        presence_penalty=0.1,
+        frequency_penalty=-1,
+        stop="\n",
+        max_completion_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+        top_k=5,
+        ignore_eos=True,
+    )
     assert g.kind == "chat" and g.model == "router" and g.messages == HELLO
-    assert g.sampling == {"temperature": 0.0, "top_p": 0.5, "seed": 7,
-                          "presence_penalty": 0.1, "frequency_penalty": -1.0,
-                          "stop": ["\n"], "top_k": 5, "ignore_eos": True}
+    assert g.sampling == {
+        "temperature": 0.0,
+        "top_p": 0.5,
+        "seed": 7,
+        "presence_penalty": 0.1,
+        "frequency_penalty": -1.0,
+        "stop": ["\n"],
+        "top_k": 5,
+        "ignore_eos": True,
+    }
     assert g.max_tokens == 12 and g.stream and g.include_usage
 
 
@@ -41,55 +59,70 @@ def test_max_completion_tokens_wins_over_max_tokens_and_defaults_stay_unset():
 
 
 def test_messages_text_parts_and_developer_role():
-    g = parse_chat({"model": "m", "messages": [
-        {"role": "developer", "content": "Be brief."},
-        {"role": "user", "content": [{"type": "text", "text": "a"},
-                                     {"type": "text", "text": "b"}], "name": "x"}]})
-    assert g.messages == [{"role": "system", "content": "Be brief."},
-                          {"role": "user", "content": "a\nb"}]
+    g = parse_chat(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "developer", "content": "Be brief."},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                    "name": "x",
+                },
+            ],
+        }
+    )
+    assert g.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "a\nb"},
+    ]
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"temperature": -0.5}, "temperature"),
-    ({"temperature": "hot"}, "temperature"),
-    ({"temperature": True}, "temperature"),
-    ({"top_p": 0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"presence_penalty": 3}, "presence_penalty"),
-    ({"frequency_penalty": float("nan")}, "frequency_penalty"),
-    ({"seed": "7"}, "seed"),
-    ({"seed": 1.5}, "seed"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"max_completion_tokens": -1}, "max_completion_tokens"),
-    ({"n": 0}, "n"),
-    ({"n": 17}, "n"),
-    ({"n": "2"}, "n"),
-    ({"user": 5}, "user"),
-    ({"stop": 5}, "stop"),
-    ({"stop": ["", "x"]}, "stop"),
-    ({"stream": "yes"}, "stream"),
-    ({"stream_options": {"include_usage": True}}, "stream_options"),
-    ({"stream": True, "stream_options": {"include_usage": 1}},
-     "stream_options.include_usage"),
-    ({"tools": [{"type": "function"}]}, "tools[0]"),
-    ({"tool_choice": "auto"}, "tool_choice"),
-    ({"response_format": {"type": "xml"}}, "response_format.type"),
-    ({"logprobs": "yes"}, "logprobs"),
-    ({"top_logprobs": 2}, "top_logprobs"),
-    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ({"logit_bias": {"abc": 1}}, "logit_bias"),
-    ({"route": 5}, "route"),
-    ({"top_k": "5"}, "top_k"),
-    ({"model": ""}, "model"),
-    ({"messages": []}, "messages"),
-    ({"messages": [{"role": "user"}]}, "messages[0].content"),
-    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
-    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
-    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-     "messages[0].content[0]"),
-    ({"messages": ["hi"]}, "messages[0]"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"temperature": True}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"presence_penalty": 3}, "presence_penalty"),
+        ({"frequency_penalty": float("nan")}, "frequency_penalty"),
+        ({"seed": "7"}, "seed"),
+        ({"seed": 1.5}, "seed"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": -1}, "max_completion_tokens"),
+        ({"n": 0}, "n"),
+        ({"n": 17}, "n"),
+        ({"n": "2"}, "n"),
+        ({"user": 5}, "user"),
+        ({"stop": 5}, "stop"),
+        ({"stop": ["", "x"]}, "stop"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+        ({"tools": [{"type": "function"}]}, "tools[0]"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"logprobs": "yes"}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"logit_bias": {"abc": 1}}, "logit_bias"),
+        ({"route": 5}, "route"),
+        ({"top_k": "5"}, "top_k"),
+        ({"model": ""}, "model"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content[0]",
+        ),
+        ({"messages": ["hi"]}, "messages[0]"),
+    ],
+)
 def test_bad_chat_requests_are_400_naming_the_parameter(body, param):
     error = error_of(chat, **body)
     assert error.status == 400 and error.param == param
@@ -107,32 +140,53 @@ def test_completion_prompt_forms():
     for prompt in (["a", "b"], [1, 2, 3], "", None):
         assert error_of(parse_completion, {"model": "m", "prompt": prompt}).param == "prompt"
     for field, value in (("best_of", 2), ("suffix", "x"), ("logprobs", 6), ("echo", "y")):
-        assert error_of(parse_completion, {"model": "m", "prompt": "a",
-                                           field: value}).param == field
+        assert (
+            error_of(parse_completion, {"model": "m", "prompt": "a", field: value}).param == field
+        )
 
 
 def test_hints_from_body_first_then_headers():
-    g = parse_chat({"model": "router", "messages": HELLO, "route": "fast",
-                    "conversation_id": "c1"},
-                   {"X-Trident-Route": "slow", "X-Trident-Tenant": "acme",
-                    "x-trident-conversation-id": "c2", "Authorization": "Bearer x"})
+    g = parse_chat(
+        {"model": "router", "messages": HELLO, "route": "fast", "conversation_id": "c1"},
+        {
+            "X-Trident-Route": "slow",
+            "X-Trident-Tenant": "acme",
+            "x-trident-conversation-id": "c2",
+            "Authorization": "Bearer x",
+        },
+    )
     assert g.hints == {"route": "fast", "tenant": "acme", "conversation_id": "c1"}
 
 
 def test_finish_reasons():
-    assert [finish_reason(r) for r in ("stop", "length", "eos", "", None, "abort")] == \
-        ["stop", "length", "stop", None, None, "stop"]
+    assert [finish_reason(r) for r in ("stop", "length", "eos", "", None, "abort")] == [
+        "stop",
+        "length",
+        "stop",
+        None,
+        None,
+        "stop",
+    ]
 
 
 def test_whole_chat_answer_shape():
     answer = Answer(chat(), id="chatcmpl-1", created=5)
     body = answer.whole("Paris.", "stop", 37, 8)
-    assert body == {"id": "chatcmpl-1", "object": "chat.completion", "created": 5,
-                    "model": "router",
-                    "choices": [{"index": 0, "logprobs": None, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": "Paris."}}],
-                    "usage": {"prompt_tokens": 37, "completion_tokens": 8,
-                              "total_tokens": 45}}
+    assert body == {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 5,
+        "model": "router",
+        "choices": [
+            {
+                "index": 0,
+                "logprobs": None,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "Paris."},
+            }
+        ],
+        "usage": {"prompt_tokens": 37, "completion_tokens": 8, "total_tokens": 45},
+    }
 
 
 def test_stream_chunks_carry_null_usage_only_when_asked():
@@ -141,8 +195,12 @@ def test_stream_chunks_carry_null_usage_only_when_asked():
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "The"}
     assert first["usage"] is None and first["object"] == "chat.completion.chunk"
     last = answer.chunk(None, "length")
-    assert last["choices"][0] == {"index": 0, "delta": {}, "logprobs": None,
-                                  "finish_reason": "length"}
+    assert last["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "length",
+    }
     assert answer.usage_chunk(3, 4)["choices"] == []
     assert answer.usage_chunk(3, 4)["usage"]["total_tokens"] == 7
     assert "usage" not in Answer(chat(stream=True)).chunk("x")
@@ -150,14 +208,16 @@ def test_stream_chunks_carry_null_usage_only_when_asked():
 
 def test_a_text_chunk_from_the_template_is_the_chunk_json():
     texts = ["Paris", ' "quoted" \\ back', "caf\u00e9 \u4e16\u754c", "\0 nul", "line\n", ""]
-    for answer in (Answer(chat(stream=True, stream_options={"include_usage": True})),
-                   Answer(chat(stream=True)),
-                   Answer(parse_completion({"model": "m", "prompt": "Say", "echo": True,
-                                            "stream": True}))):
+    for answer in (
+        Answer(chat(stream=True, stream_options={"include_usage": True})),
+        Answer(chat(stream=True)),
+        Answer(parse_completion({"model": "m", "prompt": "Say", "echo": True, "stream": True})),
+    ):
         answer.chunk("first", first=True)
         for text in texts:
-            assert answer.text_chunk_json(text) == json.dumps(answer.chunk(text),
-                                                               ensure_ascii=False)
+            assert answer.text_chunk_json(text) == json.dumps(
+                answer.chunk(text), ensure_ascii=False
+            )
 
 
 def test_completion_echo_prefixes_the_prompt_once():
@@ -169,25 +229,30 @@ def test_completion_echo_prefixes_the_prompt_once():
     assert answer.whole(" hi", "stop", 1, 1)["object"] == "text_completion"
 
 
-@pytest.mark.parametrize("message, status, param", [
-    ("invalid request: sampling_parameters.seed: expected an integer, got 'x'", 400, "seed"),
-    ("[request id: 1] invalid request: messages[0] must be an object", 400, "messages[0]"),
-    ("invalid request: max_tokens must be a positive integer", 400, "max_tokens"),
-    ("invalid request: invalid sampling_parameters: min_p must be in [0, 1]", 400, "min_p"),
-    ("invalid request: [route] unknown route 'x' (valid routes: a)", 400, "route"),
-    ("invalid request: [tenant] tenant '%' is not a tenant name", 400, "tenant"),
-    ("Request for unknown model: 'x' is not found", 404, "model"),
-    ("rate limit: tenant 'alice' is over 3 requests per minute", 429, None),
-    ("overloaded: every backend of route 'default' is at its limit", 503, None),
-    ("unavailable: no backend available for route 'default': smollm2: circuit breaker "
-     "open", 503, None),
-    # Classes are read from a message's start only: words inside are not a class.
-    ("every backend failed before its first token: smollm2: not ready, overloaded", 500,
-     None),
-    ("smollm2 failed mid-stream: invalid request: x", 500, None),
-    ("Stub process 'smollm2_0_0' is not healthy.", 500, None),    # the engine crashed
-    ("vllm error: RuntimeError (boom)", 500, None),
-])
+@pytest.mark.parametrize(
+    "message, status, param",
+    [
+        ("invalid request: sampling_parameters.seed: expected an integer, got 'x'", 400, "seed"),
+        ("[request id: 1] invalid request: messages[0] must be an object", 400, "messages[0]"),
+        ("invalid request: max_tokens must be a positive integer", 400, "max_tokens"),
+        ("invalid request: invalid sampling_parameters: min_p must be in [0, 1]", 400, "min_p"),
+        ("invalid request: [route] unknown route 'x' (valid routes: a)", 400, "route"),
+        ("invalid request: [tenant] tenant '%' is not a tenant name", 400, "tenant"),
+        ("Request for unknown model: 'x' is not found", 404, "model"),
+        ("rate limit: tenant 'alice' is over 3 requests per minute", 429, None),
+        ("overloaded: every backend of route 'default' is at its limit", 503, None),
+        (
+            "unavailable: no backend available for route 'default': smollm2: circuit breaker open",
+            503,
+            None,
+        ),
+        # Classes are read from a message's start only: words inside are not a class.
+        ("every backend failed before its first token: smollm2: not ready, overloaded", 500, None),
+        ("smollm2 failed mid-stream: invalid request: x", 500, None),
+        ("Stub process 'smollm2_0_0' is not healthy.", 500, None),  # the engine crashed
+        ("vllm error: RuntimeError (boom)", 500, None),
+    ],
+)
 def test_triton_errors_map_to_openai_errors(message, status, param):
     # Before: by loose substrings ("overloaded", "unavailable", "not healthy" anywhere:
     # 503; "bad request: ..." and "unknown route" 500); now by the class's marker.
@@ -218,13 +283,18 @@ def test_messages_count_and_size_and_the_prompt_are_bounded():
     assert (error.status, error.param) == (400, "messages") and "3" in error.message
     assert len(parse_chat({"model": "m", "messages": many[:3]}, {}, limits).messages) == 3
     long = [{"role": "user", "content": "x"}, {"role": "user", "content": "y" * 11}]
-    assert error_of(parse_chat, {"model": "m", "messages": long}, {},
-                    limits).param == "messages[1].content"
+    assert (
+        error_of(parse_chat, {"model": "m", "messages": long}, {}, limits).param
+        == "messages[1].content"
+    )
     parts = [{"role": "user", "content": [{"type": "text", "text": "y" * 6}] * 2}]
-    assert error_of(parse_chat, {"model": "m", "messages": parts}, {},
-                    limits).param == "messages[0].content"
-    assert error_of(parse_completion, {"model": "m", "prompt": "z" * 11}, {},
-                    limits).param == "prompt"
+    assert (
+        error_of(parse_chat, {"model": "m", "messages": parts}, {}, limits).param
+        == "messages[0].content"
+    )
+    assert (
+        error_of(parse_completion, {"model": "m", "prompt": "z" * 11}, {}, limits).param == "prompt"
+    )
     assert parse_completion({"model": "m", "prompt": "z" * 10}, {}, limits).prompt
 
 
@@ -243,14 +313,17 @@ def test_lora_name_is_taken_from_the_body_and_checked():
         assert error_of(chat, lora_name=bad).param == "lora_name"
 
 
-@pytest.mark.parametrize("message", [
-    "invalid request: [lora_name] unknown adapter 'nope': no backend holds it (adapters: "
-    "legal (smollm2))",
-    "invalid request: [lora_name] route 'fast' has no backend holding adapter 'nope' "
-    "(held by: smollm2)",
-    "invalid request: unknown adapter 'nope' (sampling_parameters.lora_name): model "
-    "smollm2 has adapters: legal, support",
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        "invalid request: [lora_name] unknown adapter 'nope': no backend holds it (adapters: "
+        "legal (smollm2))",
+        "invalid request: [lora_name] route 'fast' has no backend holding adapter 'nope' "
+        "(held by: smollm2)",
+        "invalid request: unknown adapter 'nope' (sampling_parameters.lora_name): model "
+        "smollm2 has adapters: legal, support",
+    ],
+)
 def test_an_unknown_adapter_is_400_naming_it_and_no_backend(message):
     # Before: the router's refusal was a 500 backend_error listing the engine models.
     error = from_triton(message, "router", {"lora_name": "nope"})

@@ -1,5 +1,6 @@
 """The OpenAI frontend's Triton side without a server: which models it lists, and the
 tensors a request becomes."""
+
 from __future__ import annotations
 
 import json
@@ -12,18 +13,35 @@ from builder.serve.openai.errors import OpenAIError
 from builder.serve.openai.protocol import parse_chat, parse_completion
 from builder.serve.openai.tensors import ModelInfo, build_inputs, read_piece
 
-LLM_INPUTS = ["text_input", "messages", "stream", "sampling_parameters", "max_tokens",
-              "exclude_input_in_output", "request_id", "abort_request_id"]
-ROUTER_INPUTS = LLM_INPUTS + ["route", "task", "family", "tenant", "tier",
-                              "conversation_id", "shared_prefix"]
-TYPES = {"stream": "TYPE_BOOL", "exclude_input_in_output": "TYPE_BOOL",
-         "max_tokens": "TYPE_INT32"}
+LLM_INPUTS = [
+    "text_input",
+    "messages",
+    "stream",
+    "sampling_parameters",
+    "max_tokens",
+    "exclude_input_in_output",
+    "request_id",
+    "abort_request_id",
+]
+ROUTER_INPUTS = LLM_INPUTS + [
+    "route",
+    "task",
+    "family",
+    "tenant",
+    "tier",
+    "conversation_id",
+    "shared_prefix",
+]
+TYPES = {"stream": "TYPE_BOOL", "exclude_input_in_output": "TYPE_BOOL", "max_tokens": "TYPE_INT32"}
 
 
 def config(name, inputs, outputs=("text_output", "finish_reason"), batch=0, types=TYPES):
-    return {"name": name, "max_batch_size": batch,
-            "input": [{"name": i, "data_type": types.get(i, "TYPE_STRING")} for i in inputs],
-            "output": [{"name": o, "data_type": "TYPE_STRING"} for o in outputs]}
+    return {
+        "name": name,
+        "max_batch_size": batch,
+        "input": [{"name": i, "data_type": types.get(i, "TYPE_STRING")} for i in inputs],
+        "output": [{"name": o, "data_type": "TYPE_STRING"} for o in outputs],
+    }
 
 
 def tensors(inputs) -> dict:
@@ -38,33 +56,56 @@ def tensors(inputs) -> dict:
 def text_of(inputs, name) -> str:
     """The one string of a BYTES input (its raw contents are length-prefixed)."""
     raw = tensors(inputs)[name][2]
-    return raw[4:4 + int.from_bytes(raw[:4], "little")].decode()
+    return raw[4 : 4 + int.from_bytes(raw[:4], "little")].decode()
 
 
 def test_text_models_are_listed_and_token_models_are_not():
     assert ModelInfo.from_config(config("router", ROUTER_INPUTS)).name == "router"
     assert ModelInfo.from_config(config("smollm2", LLM_INPUTS)) is not None
-    ensemble = ModelInfo.from_config(config("llama", ["text_input", "max_tokens",
-                                                      "temperature"], batch=8))
+    ensemble = ModelInfo.from_config(
+        config("llama", ["text_input", "max_tokens", "temperature"], batch=8)
+    )
     assert ensemble.batched
     # TRT-LLM's internal models take or give token ids, not text.
-    assert ModelInfo.from_config(config("llama_preprocessing", ["QUERY",
-                                                                "REQUEST_OUTPUT_LEN"],
-                                        outputs=["INPUT_ID"])) is None
-    assert ModelInfo.from_config(config("llama_postprocessing", ["TOKENS_BATCH"],
-                                        outputs=["OUTPUT"])) is None
-    assert ModelInfo.from_config(config("llama_tensorrt_llm", ["input_ids"],
-                                        outputs=["output_ids"])) is None
+    assert (
+        ModelInfo.from_config(
+            config("llama_preprocessing", ["QUERY", "REQUEST_OUTPUT_LEN"], outputs=["INPUT_ID"])
+        )
+        is None
+    )
+    assert (
+        ModelInfo.from_config(config("llama_postprocessing", ["TOKENS_BATCH"], outputs=["OUTPUT"]))
+        is None
+    )
+    assert (
+        ModelInfo.from_config(config("llama_tensorrt_llm", ["input_ids"], outputs=["output_ids"]))
+        is None
+    )
 
 
 def test_chat_becomes_messages_sampling_json_and_router_hints():
     info = ModelInfo.from_config(config("router", ROUTER_INPUTS))
-    g = parse_chat({"model": "router", "messages": [{"role": "user", "content": "Hi"}],
-                    "stream": True, "temperature": 0, "max_tokens": 5, "route": "fast",
-                    "tenant": "acme"})
+    g = parse_chat(
+        {
+            "model": "router",
+            "messages": [{"role": "user", "content": "Hi"}],
+            "stream": True,
+            "temperature": 0,
+            "max_tokens": 5,
+            "route": "fast",
+            "tenant": "acme",
+        }
+    )
     sent = tensors(build_inputs(g, info))
-    assert set(sent) == {"messages", "stream", "max_tokens", "exclude_input_in_output",
-                         "sampling_parameters", "route", "tenant"}
+    assert set(sent) == {
+        "messages",
+        "stream",
+        "max_tokens",
+        "exclude_input_in_output",
+        "sampling_parameters",
+        "route",
+        "tenant",
+    }
     assert sent["stream"][:2] == ("BOOL", [1])
     assert sent["max_tokens"][0] == "INT32"
     messages = build_inputs(g, info)[0]
@@ -73,23 +114,28 @@ def test_chat_becomes_messages_sampling_json_and_router_hints():
 
 def test_completion_becomes_text_input_and_hints_are_dropped_for_an_engine_model():
     info = ModelInfo.from_config(config("smollm2", LLM_INPUTS))
-    g = parse_completion({"model": "smollm2", "prompt": "Once", "route": "fast",
-                          "seed": 3})
+    g = parse_completion({"model": "smollm2", "prompt": "Once", "route": "fast", "seed": 3})
     sent = tensors(build_inputs(g, info))
-    assert set(sent) == {"text_input", "stream", "exclude_input_in_output",
-                         "sampling_parameters"}
+    assert set(sent) == {"text_input", "stream", "exclude_input_in_output", "sampling_parameters"}
 
 
 def test_a_model_without_messages_refuses_chat_and_batched_models_get_a_batch_dim():
-    info = ModelInfo.from_config(config("llama", ["text_input", "max_tokens", "stream",
-                                                  "temperature"], batch=8,
-                                        types={**TYPES, "temperature": "TYPE_FP32"}))
+    info = ModelInfo.from_config(
+        config(
+            "llama",
+            ["text_input", "max_tokens", "stream", "temperature"],
+            batch=8,
+            types={**TYPES, "temperature": "TYPE_FP32"},
+        )
+    )
     with pytest.raises(OpenAIError) as caught:
-        build_inputs(parse_chat({"model": "llama", "messages": [
-            {"role": "user", "content": "x"}]}), info)
+        build_inputs(
+            parse_chat({"model": "llama", "messages": [{"role": "user", "content": "x"}]}), info
+        )
     assert caught.value.status == 400 and caught.value.param == "model"
-    sent = tensors(build_inputs(parse_completion({"model": "llama", "prompt": "x",
-                                                  "temperature": 0.5}), info))
+    sent = tensors(
+        build_inputs(parse_completion({"model": "llama", "prompt": "x", "temperature": 0.5}), info)
+    )
     assert sent["temperature"][:2] == ("FP32", [1, 1])
     assert sent["text_input"][1] == [1, 1]
     with pytest.raises(OpenAIError) as caught:
@@ -100,17 +146,27 @@ def test_a_model_without_messages_refuses_chat_and_batched_models_get_a_batch_di
 def test_a_named_adapter_goes_out_as_lora_name_in_sampling_parameters():
     # Before: the frontend dropped `lora_name`, and the base model answered.
     router = ModelInfo.from_config(config("router", ROUTER_INPUTS))
-    g = parse_chat({"model": "router", "messages": [{"role": "user", "content": "Hi"}],
-                    "temperature": 0, "lora_name": "support"})
+    g = parse_chat(
+        {
+            "model": "router",
+            "messages": [{"role": "user", "content": "Hi"}],
+            "temperature": 0,
+            "lora_name": "support",
+        }
+    )
     assert json.loads(text_of(build_inputs(g, router), "sampling_parameters")) == {
-        "temperature": 0.0, "lora_name": "support"}
+        "temperature": 0.0,
+        "lora_name": "support",
+    }
     alone = parse_completion({"model": "router", "prompt": "x", "lora_name": "legal"})
     assert json.loads(text_of(build_inputs(alone, router), "sampling_parameters")) == {
-        "lora_name": "legal"}
+        "lora_name": "legal"
+    }
     # A TRT-LLM ensemble with adapters takes it as a tensor of its own; one without
     # any way to name an adapter refuses it rather than answer from the base model.
-    ensemble = ModelInfo.from_config(config("llama", ["text_input", "max_tokens",
-                                                      "lora_name"], batch=8))
+    ensemble = ModelInfo.from_config(
+        config("llama", ["text_input", "max_tokens", "lora_name"], batch=8)
+    )
     sent = build_inputs(alone, ensemble)
     assert text_of(sent, "lora_name") == "legal"
     assert tensors(sent)["lora_name"][1] == [1, 1]
@@ -136,15 +192,36 @@ def _result(**outputs) -> InferResult:
 
 
 def test_read_piece():
-    piece, error = read_piece(_result(text_output=" Paris", finish_reason="",
-                                      num_input_tokens=37, num_output_tokens=6,
-                                      error=""))
-    assert (piece.text, piece.finish_reason, piece.input_tokens, piece.output_tokens,
-            error) == (" Paris", None, 37, 6, None)
-    piece, error = read_piece(_result(text_output="", finish_reason="error",
-                                      error="engine died"))
+    piece, error = read_piece(
+        _result(
+            text_output=" Paris",
+            finish_reason="",
+            num_input_tokens=37,
+            num_output_tokens=6,
+            error="",
+        )
+    )
+    assert (piece.text, piece.finish_reason, piece.input_tokens, piece.output_tokens, error) == (
+        " Paris",
+        None,
+        37,
+        6,
+        None,
+    )
+    piece, error = read_piece(_result(text_output="", finish_reason="error", error="engine died"))
     assert error == "engine died"
-    piece, error = read_piece(_result(text_output="caf\u00e9", served_by="smollm2",
-                                      finish_reason="length", num_output_tokens=32))
-    assert (piece.text, piece.served_by, piece.finish_reason, piece.output_tokens,
-            error) == ("caf\u00e9", "smollm2", "length", 32, None)
+    piece, error = read_piece(
+        _result(
+            text_output="caf\u00e9",
+            served_by="smollm2",
+            finish_reason="length",
+            num_output_tokens=32,
+        )
+    )
+    assert (piece.text, piece.served_by, piece.finish_reason, piece.output_tokens, error) == (
+        "caf\u00e9",
+        "smollm2",
+        "length",
+        32,
+        None,
+    )

@@ -1,5 +1,6 @@
 """The self-test's verdicts without a server: the one-line reason, and one run per
 binary and Python in a process."""
+
 from __future__ import annotations
 
 import shutil
@@ -14,8 +15,10 @@ from builder.serve import selftest
 def test_the_reason_names_the_stub_and_the_way_out(monkeypatch):
     monkeypatch.setattr(sys, "version_info", (3, 12, 3, "final", 0))
     line = selftest.reason("sent 'go', got back '\x02\x02'\nmore", bundled=True)
-    assert line.startswith("the bundled tritonserver's Python 3.12 stub corrupts string "
-                           "inputs: use Python 3.11 (make install picks it)")
+    assert line.startswith(
+        "the bundled tritonserver's Python 3.12 stub corrupts string "
+        "inputs: use Python 3.11 (make install picks it)"
+    )
     assert "\n" not in line and "\\x02" in line
     assert "make install picks it" not in selftest.reason("x", bundled=False)
 
@@ -33,4 +36,4 @@ def test_a_verdict_is_reached_once_per_process(monkeypatch, tmp_path):
         with pytest.raises(selftest.SelfTestFailed, match="its server did not start: port"):
             selftest.ensure(tmp_path / "tritonserver", True, start)
     assert len(calls) == 1
-    shutil.rmtree(calls[0])   # kept for its log when the self-test fails
+    shutil.rmtree(calls[0])  # kept for its log when the self-test fails

@@ -2,6 +2,7 @@
 the router secret in the server's environment, and the refusal of a public Triton port
 beside API keys. No server is started here (tests/server/test_serve.py checks the sockets
 of a real one)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,23 +25,39 @@ def flags(server: TritonServer) -> dict[str, str]:
 def test_triton_ports_bind_to_loopback_by_default(tmp_path):
     found = flags(TritonServer(tmp_path, Ports(1, 2, 3)))
     assert (found["http-address"], found["grpc-address"], found["metrics-address"]) == (
-        "127.0.0.1", "127.0.0.1", "127.0.0.1")
-    assert found["model-control-mode"] == "explicit"    # models are loaded one by one
+        "127.0.0.1",
+        "127.0.0.1",
+        "127.0.0.1",
+    )
+    assert found["model-control-mode"] == "explicit"  # models are loaded one by one
 
 
 def test_bind_addresses_are_chosen_separately_and_clients_connect_where_they_can(tmp_path):
     server = TritonServer(tmp_path, Ports(1, 2, 3), host="0.0.0.0", metrics_host="10.0.0.7")
     found = flags(server)
     assert (found["http-address"], found["grpc-address"], found["metrics-address"]) == (
-        "0.0.0.0", "0.0.0.0", "10.0.0.7")
+        "0.0.0.0",
+        "0.0.0.0",
+        "10.0.0.7",
+    )
     assert server.http_url == "http://127.0.0.1:1" and server.grpc_url == "127.0.0.1:2"
     assert server.metrics_url == "http://10.0.0.7:3/metrics"
     assert connect_host("::") == "[::1]" and connect_host("fd00::5") == "[fd00::5]"
 
 
-@pytest.mark.parametrize("host, loopback", [
-    ("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("localhost", True),
-    ("0.0.0.0", False), ("::", False), ("10.1.2.3", False), ("triton.internal", False)])
+@pytest.mark.parametrize(
+    "host, loopback",
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.1.2.3", False),
+        ("triton.internal", False),
+    ],
+)
 def test_is_loopback(host, loopback):
     assert is_loopback(host) is loopback
 
@@ -61,8 +78,19 @@ def test_keys_with_a_public_triton_host_are_refused_in_one_line(tmp_path, capsys
     keys = tmp_path / "keys"
     keys.write_text("sk-test-0123456789abcdef alice\n")
     (tmp_path / "repo").mkdir()
-    code = main(["serve", "--repo", str(tmp_path / "repo"), "--openai-port", "9",
-                 "--api-keys-file", str(keys), "--triton-host", "0.0.0.0"])
+    code = main(
+        [
+            "serve",
+            "--repo",
+            str(tmp_path / "repo"),
+            "--openai-port",
+            "9",
+            "--api-keys-file",
+            str(keys),
+            "--triton-host",
+            "0.0.0.0",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and "--triton-host 0.0.0.0" in err

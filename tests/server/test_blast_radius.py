@@ -5,6 +5,7 @@ answering, the killed model is reloaded in place and answers again within 60 s, 
 tritonserver process is the same one throughout. Only tritonserver's own death ends
 `trident serve` (exit 1).
 """
+
 from __future__ import annotations
 
 import os
@@ -28,9 +29,12 @@ pytestmark = pytest.mark.server
 ADMIN_KEY = "blast-radius-operator-key-" + "0" * 16
 
 SPEC = {
-    "name": "blast-radius", "hardware": {"gpu": "cpu"},
-    "models": [{"name": "qa", "engine": "sglang", "model": "/models/test-double"},
-               {"name": "qb", "engine": "sglang", "model": "/models/test-double"}],
+    "name": "blast-radius",
+    "hardware": {"gpu": "cpu"},
+    "models": [
+        {"name": "qa", "engine": "sglang", "model": "/models/test-double"},
+        {"name": "qb", "engine": "sglang", "model": "/models/test-double"},
+    ],
     "router": {"default": ["qa"], "fallback": {"qa": ["qb"]}},
 }
 
@@ -47,13 +51,14 @@ class Asker(threading.Thread):
     def run(self) -> None:
         while not self.stopping.is_set():
             try:
-                result = client.stream_generate(self.url, self.model, "hi", max_tokens=8,
-                                                timeout_s=30)
+                result = client.stream_generate(
+                    self.url, self.model, "hi", max_tokens=8, timeout_s=30
+                )
                 if result.text and result.finish_reason:
                     self.answers += 1
                 else:
                     self.failures.append(f"empty answer: {result}")
-            except Exception as e:   # the test reports every failure, of any kind
+            except Exception as e:  # the test reports every failure, of any kind
                 self.failures.append(str(e)[:200])
 
 
@@ -65,8 +70,9 @@ def answers(url: str, model: str) -> bool:
 
 
 def server_pid(ports) -> int:
-    found = subprocess.run(["pgrep", "-f", "--", f"--http-port={ports.http}"],
-                           capture_output=True, text=True).stdout.split()
+    found = subprocess.run(
+        ["pgrep", "-f", "--", f"--http-port={ports.http}"], capture_output=True, text=True
+    ).stdout.split()
     assert len(found) == 1, found
     return int(found[0])
 
@@ -79,10 +85,25 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
     output = tmp_path / "serve.out"
     with open(output, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "builder.cli.main", "serve", "--repo", str(repo),
-             "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
-             "--metrics-port", str(ports.metrics), "--no-self-test"],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, admin.KEY_ENV: ADMIN_KEY})
+            [
+                sys.executable,
+                "-m",
+                "builder.cli.main",
+                "serve",
+                "--repo",
+                str(repo),
+                "--http-port",
+                str(ports.http),
+                "--grpc-port",
+                str(ports.grpc),
+                "--metrics-port",
+                str(ports.metrics),
+                "--no-self-test",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, admin.KEY_ENV: ADMIN_KEY},
+        )
     askers, pid = [], None
     try:
         wait_for(lambda: "ready:" in output.read_text() or proc.poll() is not None, 120)
@@ -100,14 +121,15 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
         wait_for(lambda: answers(url, "qa"), 60, interval_s=0.5)
         back_s = time.monotonic() - killed
         # The reload happened: a new stub; not merely the old one answering.
-        assert [s.pid for s in stub_processes(pid).values() if s.model == "qa"] != [
-            victim.pid]
+        assert [s.pid for s in stub_processes(pid).values() if s.model == "qa"] != [victim.pid]
         wait_for(lambda: all(a.answers >= b + 3 for a, b in zip(askers, before, strict=True)), 30)
         for asker in askers:
             asker.stopping.set()
             asker.join(30)
-        print(f"qa answered again {back_s:.1f} s after the kill; answers meanwhile: "
-              + ", ".join(f"{a.model} {a.answers}" for a in askers))
+        print(
+            f"qa answered again {back_s:.1f} s after the kill; answers meanwhile: "
+            + ", ".join(f"{a.model} {a.answers}" for a in askers)
+        )
         qb_asker, router_asker = askers
         assert qb_asker.failures == []
         # A router request streaming from qa at the kill cannot be moved mid-stream (its
@@ -119,17 +141,16 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
 
         # An operator's unload is not a death: nothing is reloaded.
         _control(ports, "qb", "unload")
-        wait_for(lambda: not [s for s in stub_processes(pid).values() if s.model == "qb"],
-                 60)
-        time.sleep(4)   # four watch intervals
+        wait_for(lambda: not [s for s in stub_processes(pid).values() if s.model == "qb"], 60)
+        time.sleep(4)  # four watch intervals
         assert "model 'qb'" not in output.read_text()
 
-        os.kill(pid, signal.SIGKILL)   # tritonserver itself: now serve exits
+        os.kill(pid, signal.SIGKILL)  # tritonserver itself: now serve exits
         code = proc.wait(timeout=30)
     finally:
         for asker in askers:
             asker.stopping.set()
-        if proc.poll() is None:   # the test failed: leave no server behind, nor its stubs
+        if proc.poll() is None:  # the test failed: leave no server behind, nor its stubs
             proc.kill()
             if pid is not None:
                 try:
@@ -147,7 +168,10 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
 
 def _control(ports, model: str, action: str) -> None:
     request = urllib.request.Request(
-        f"http://127.0.0.1:{ports.http}/v2/repository/models/{model}/{action}", data=b"{}",
-        method="POST", headers=admin.http_headers(ADMIN_KEY))
+        f"http://127.0.0.1:{ports.http}/v2/repository/models/{model}/{action}",
+        data=b"{}",
+        method="POST",
+        headers=admin.http_headers(ADMIN_KEY),
+    )
     with urllib.request.urlopen(request, timeout=120) as response:
         assert response.status == 200

@@ -4,6 +4,7 @@ deploy/examples/cpu-fallback.yaml) behind `router`, one server for the module.
 
 Tests run in file order: the engine is killed in the last two (and reloaded in the last).
 """
+
 from __future__ import annotations
 
 import queue
@@ -23,18 +24,38 @@ from tests.helpers.servers import render, start_server
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 
 GREEDY = {"temperature": 0}
-ENDLESS = {"temperature": 0, "ignore_eos": True}   # runs until stopped or max_tokens
+ENDLESS = {"temperature": 0, "ignore_eos": True}  # runs until stopped or max_tokens
 SPEC = {
-    "name": "engine-faults", "hardware": {"gpu": "cpu"},
-    "models": [{"name": "primary", "engine": "vllm", "model": "builtin:smollm2-135m-instruct",
-                "family": "llama", "tasks": ["chat"],
-                "engine_args": {"max_model_len": 1024, "max_num_seqs": 16,
-                                "max_num_batched_tokens": 1024, "block_size": 32,
-                                "dtype": "float32", "seed": 0}}],
+    "name": "engine-faults",
+    "hardware": {"gpu": "cpu"},
+    "models": [
+        {
+            "name": "primary",
+            "engine": "vllm",
+            "model": "builtin:smollm2-135m-instruct",
+            "family": "llama",
+            "tasks": ["chat"],
+            "engine_args": {
+                "max_model_len": 1024,
+                "max_num_seqs": 16,
+                "max_num_batched_tokens": 1024,
+                "block_size": 32,
+                "dtype": "float32",
+                "seed": 0,
+            },
+        }
+    ],
     # A breaker that trips fast, so a client fault wrongly counted against primary shows.
-    "router": {"default": ["primary"],
-               "breaker": {"error_rate": 0.5, "window_s": 10, "min_requests": 4,
-                           "consecutive_failures": 2, "cooldown_s": 30}},
+    "router": {
+        "default": ["primary"],
+        "breaker": {
+            "error_rate": 0.5,
+            "window_s": 10,
+            "min_requests": 4,
+            "consecutive_failures": 2,
+            "cooldown_s": 30,
+        },
+    },
 }
 
 
@@ -47,8 +68,9 @@ def server(tmp_path_factory):
 
 
 def answer(server, model="primary", max_tokens=4):
-    return stream_generate(server.grpc_url, model, "Say hi.", max_tokens=max_tokens,
-                           sampling=GREEDY, timeout_s=120)
+    return stream_generate(
+        server.grpc_url, model, "Say hi.", max_tokens=max_tokens, sampling=GREEDY, timeout_s=120
+    )
 
 
 def in_flight(server) -> float:
@@ -62,10 +84,10 @@ class Stream:
         self.events: queue.Queue = queue.Queue()
         self.texts, self.errors, self.finals = [], [], 0
         self.client = grpcclient.InferenceServerClient(server.grpc_url)
-        self.client.start_stream(
-            callback=lambda result, error: self.events.put((result, error)))
-        self.client.async_stream_infer(model, inputs, enable_empty_final_response=True,
-                                       parameters=parameters)
+        self.client.start_stream(callback=lambda result, error: self.events.put((result, error)))
+        self.client.async_stream_infer(
+            model, inputs, enable_empty_final_response=True, parameters=parameters
+        )
 
     def next(self, timeout_s=120.0) -> bool:
         """Take one event; False once the final flag came."""
@@ -95,8 +117,9 @@ class Stream:
 
 
 def long_inputs(max_tokens=200, request_id=None):
-    inputs = build_inputs("Write a very long story about a dragon.", None, max_tokens,
-                          True, ENDLESS)
+    inputs = build_inputs(
+        "Write a very long story about a dragon.", None, max_tokens, True, ENDLESS
+    )
     if request_id is not None:
         inputs.append(bad_requests.text("request_id", request_id))
     return inputs
@@ -110,12 +133,14 @@ def abort(server, request_id: str) -> None:
 
 # -- bad requests ---------------------------------------------------------------------------
 
+
 def test_string_seed_does_not_kill_the_engine(server):
-    stream = Stream(server, build_inputs("Say hi.", None, 4, True,
-                                         {"seed": "5", "temperature": "0"})).finish()
+    stream = Stream(
+        server, build_inputs("Say hi.", None, 4, True, {"seed": "5", "temperature": "0"})
+    ).finish()
     stream.close()
     assert stream.errors == [] and stream.finals == 1
-    assert answer(server).output_tokens == 4     # the engine still takes requests
+    assert answer(server).output_tokens == 4  # the engine still takes requests
 
 
 def test_error_before_the_first_token_carries_the_final_flag(server):
@@ -128,8 +153,11 @@ def test_error_before_the_first_token_carries_the_final_flag(server):
 
 
 def test_request_parameters_are_sampling_values(server):
-    stream = Stream(server, build_inputs("Say hi.", None, None, True),
-                    parameters={"temperature": 0, "max_tokens": 5})
+    stream = Stream(
+        server,
+        build_inputs("Say hi.", None, None, True),
+        parameters={"temperature": 0, "max_tokens": 5},
+    )
     stream.finish()
     stream.close()
     assert stream.errors == [] and stream.finals == 1
@@ -158,8 +186,9 @@ def test_every_bad_request_kind_gets_a_clean_answer(server):
 
 def test_client_faults_through_the_router_do_not_open_the_breaker(server):
     for _ in range(4):
-        stream = Stream(server, build_inputs("Say hi.", None, 4, True, {"top_p": 2}),
-                        model="router").finish(timeout_s=60)
+        stream = Stream(
+            server, build_inputs("Say hi.", None, 4, True, {"top_p": 2}), model="router"
+        ).finish(timeout_s=60)
         stream.close()
         assert stream.errors and stream.errors[0].startswith("invalid request: ")
     assert answer(server, model="router").output_tokens == 4
@@ -167,10 +196,11 @@ def test_client_faults_through_the_router_do_not_open_the_breaker(server):
 
 # -- aborts and cancellation ----------------------------------------------------------------
 
+
 def test_a_client_cannot_abort_a_request_by_guessing_its_engine_id(server):
     victim = Stream(server, long_inputs(max_tokens=48))
-    assert victim.next()                              # it is generating
-    for n in range(200):                              # every id the model handed out so far
+    assert victim.next()  # it is generating
+    for n in range(200):  # every id the model handed out so far
         abort(server, f"primary-{n}")
     victim.finish()
     victim.close()
@@ -186,26 +216,29 @@ def test_a_direct_client_stops_its_request_by_cancelling_its_stream(server):
     control = Stream(server, [bad_requests.text("abort_request_id", own)]).finish(30)
     control.close()
     assert control.errors and control.errors[0].startswith(
-        "invalid request: abort_request_id is the router's own input")
-    stream.close(cancel=True)                         # ends long before 500 tokens
+        "invalid request: abort_request_id is the router's own input"
+    )
+    stream.close(cancel=True)  # ends long before 500 tokens
     wait_for(lambda: in_flight(server) == 0, timeout_s=60)
 
 
 def test_cancellation_storm_leaves_nothing_in_flight(server):
-    aborted = metric_value(server.metrics_url, "trident_requests_aborted_total",
-                           model="primary")
+    aborted = metric_value(server.metrics_url, "trident_requests_aborted_total", model="primary")
     streams = [Stream(server, long_inputs(max_tokens=400)) for _ in range(16)]
     for stream in streams:
-        stream.events.get(timeout=180)                # its first chunk (or error)
+        stream.events.get(timeout=180)  # its first chunk (or error)
     for stream in streams:
         stream.close(cancel=True)
     wait_for(lambda: in_flight(server) == 0, timeout_s=90, interval_s=0.5)
-    assert metric_value(server.metrics_url, "trident_requests_aborted_total",
-                        model="primary") >= aborted + 16
+    assert (
+        metric_value(server.metrics_url, "trident_requests_aborted_total", model="primary")
+        >= aborted + 16
+    )
     assert answer(server).output_tokens == 4
 
 
 # -- a dying engine (last: it leaves primary without an engine) -----------------------------
+
 
 def _engine_cores(server):
     """vLLM's engine-core processes under this server (they rename themselves)."""
@@ -221,8 +254,11 @@ def _name(process) -> str:
 
 
 def test_a_dead_engine_fails_requests_fast_and_reports_unhealthy(server):
-    healthy = lambda: metric_value(server.metrics_url, "trident_engine_healthy",  # noqa: E731
-                                   model="primary")
+    healthy = lambda: metric_value(  # noqa: E731
+        server.metrics_url,
+        "trident_engine_healthy",
+        model="primary",
+    )
     wait_for(lambda: healthy() == 1, timeout_s=30)
     cores = _engine_cores(server)
     assert cores, "no vLLM EngineCore process found"
@@ -230,13 +266,13 @@ def test_a_dead_engine_fails_requests_fast_and_reports_unhealthy(server):
     assert in_flight_stream.next()
     for core in cores:
         core.kill()
-    in_flight_stream.finish(timeout_s=60)            # ends: error, then the final flag
+    in_flight_stream.finish(timeout_s=60)  # ends: error, then the final flag
     in_flight_stream.close()
     assert in_flight_stream.finals == 1 and in_flight_stream.errors
     assert not in_flight_stream.errors[-1].startswith("invalid request")
     wait_for(lambda: healthy() == 0, timeout_s=30)
     after = Stream(server, build_inputs("Say hi.", None, 4, True, GREEDY))
-    after.finish(timeout_s=60)                        # fails, does not hang
+    after.finish(timeout_s=60)  # fails, does not hang
     after.close()
     assert after.finals == 1 and len(after.errors) == 1
     assert after.errors[0].startswith("vllm engine is dead: "), after.errors
@@ -249,15 +285,20 @@ def test_trident_serve_reloads_the_model_whose_engine_died(server):
     reads 0): the keeper of `trident serve` reloads primary alone, and it answers again
     from a fresh engine, in the same tritonserver."""
     pid, lines = server.process.pid, []
-    keeper_thread = threading.Thread(target=keeper.keep_serving, args=(server, lines.append),
-                                     daemon=True)   # returns when the server stops
+    keeper_thread = threading.Thread(
+        target=keeper.keep_serving, args=(server, lines.append), daemon=True
+    )  # returns when the server stops
     keeper_thread.start()
     started = time.monotonic()
     wait_for(lambda: any("is back" in line for line in lines), timeout_s=240, interval_s=0.5)
-    print(f"primary reloaded {time.monotonic() - started:.1f} s after the keeper started: "
-          + " | ".join(lines))
-    assert lines[0].startswith("trident serve: the engine of model 'primary' died "
-                               "(trident_engine_healthy is 0); reloading it in ")
+    print(
+        f"primary reloaded {time.monotonic() - started:.1f} s after the keeper started: "
+        + " | ".join(lines)
+    )
+    assert lines[0].startswith(
+        "trident serve: the engine of model 'primary' died "
+        "(trident_engine_healthy is 0); reloading it in "
+    )
     assert answer(server).output_tokens == 4
     assert answer(server, model="router").output_tokens == 4
     assert server.process.pid == pid and server.process.poll() is None

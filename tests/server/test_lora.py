@@ -1,5 +1,6 @@
 """Multi-LoRA for real: two random PEFT adapters on SmolLM2 in vLLM (CPU) inside
 tritonserver, a tiny model without adapters beside it, and `router` in front."""
+
 from __future__ import annotations
 
 import json
@@ -25,15 +26,31 @@ def lora_server(tmp_path_factory):
     # (seed 1, scale 0.5 gave the base answer in the venv of 2026-12-01.)
     write_adapter(tmp / "adapters" / "paris", seed=4, scale=0.75)
     write_adapter(tmp / "adapters" / "france", seed=2, scale=1.0)
-    spec = {"name": "lora", "models": [
-        {"name": "tiny", "engine": "vllm", "model": "builtin:tiny-llama", "family": "tiny",
-         "engine_args": {"max_model_len": 512}},
-        {"name": "smollm2", "engine": "vllm", "model": "builtin:smollm2-135m-instruct",
-         "family": "llama", "engine_args": {"max_model_len": 1024},
-         "adapters": {"paris": str(tmp / "adapters" / "paris"),
-                      "france": str(tmp / "adapters" / "france")},
-         "lora": {"max_loras": 2, "max_lora_rank": 8}}],
-        "router": {"default": ["tiny"]}}
+    spec = {
+        "name": "lora",
+        "models": [
+            {
+                "name": "tiny",
+                "engine": "vllm",
+                "model": "builtin:tiny-llama",
+                "family": "tiny",
+                "engine_args": {"max_model_len": 512},
+            },
+            {
+                "name": "smollm2",
+                "engine": "vllm",
+                "model": "builtin:smollm2-135m-instruct",
+                "family": "llama",
+                "engine_args": {"max_model_len": 1024},
+                "adapters": {
+                    "paris": str(tmp / "adapters" / "paris"),
+                    "france": str(tmp / "adapters" / "france"),
+                },
+                "lora": {"max_loras": 2, "max_lora_rank": 8},
+            },
+        ],
+        "router": {"default": ["tiny"]},
+    }
     server = start_server(render(spec, tmp / "repo"), tmp)
     server.adapters = tmp / "adapters"
     yield server
@@ -44,8 +61,9 @@ def ask(server, model="smollm2", adapter=None, prompt=PROMPT, max_tokens=16):
     sampling = {"temperature": 0}
     if adapter is not None:
         sampling["lora_name"] = adapter
-    return infer.stream_generate(server.grpc_url, model, prompt, max_tokens=max_tokens,
-                                 sampling=sampling)
+    return infer.stream_generate(
+        server.grpc_url, model, prompt, max_tokens=max_tokens, sampling=sampling
+    )
 
 
 def test_an_adapter_broken_after_rendering_fails_alone(lora_server):
@@ -72,11 +90,13 @@ def test_an_adapter_changes_the_answer_and_leaves_the_base_alone(lora_server):
     base = ask(lora_server)
     paris = ask(lora_server, adapter="paris")
     france = ask(lora_server, adapter="france")
-    assert len({base.text, paris.text, france.text}) == 3, (base.text, paris.text,
-                                                            france.text)
+    assert len({base.text, paris.text, france.text}) == 3, (base.text, paris.text, france.text)
     assert (base.served_by, paris.served_by, france.served_by) == (
-        "smollm2", "smollm2:paris", "smollm2:france")
-    assert ask(lora_server).text == base.text          # the base is unchanged afterwards
+        "smollm2",
+        "smollm2:paris",
+        "smollm2:france",
+    )
+    assert ask(lora_server).text == base.text  # the base is unchanged afterwards
     assert ask(lora_server, adapter="paris").text == paris.text
 
 
@@ -92,11 +112,15 @@ def test_interleaved_concurrent_requests_each_get_their_adapter(lora_server):
         assert result.served_by == f"smollm2:{name}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "vLLM 0.32 on CPU: the torch-native punica ops (vllm/lora/ops/torch_ops/lora_ops.py, "
-    "bgmv_shrink/bgmv_expand) index the LoRA weights with -1 for tokens without an "
-    "adapter, which selects the last slot: in a batch that mixes base and adapter "
-    "requests the base ones get an adapter. The GPU kernels skip index -1."))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "vLLM 0.32 on CPU: the torch-native punica ops (vllm/lora/ops/torch_ops/lora_ops.py, "
+        "bgmv_shrink/bgmv_expand) index the LoRA weights with -1 for tokens without an "
+        "adapter, which selects the last slot: in a batch that mixes base and adapter "
+        "requests the base ones get an adapter. The GPU kernels skip index -1."
+    ),
+)
 def test_base_requests_batched_with_adapter_requests_keep_the_base_answer(lora_server):
     alone = ask(lora_server).text
     results = concurrent(lora_server, [None, "paris", "france"] * 2)
@@ -110,26 +134,33 @@ def test_an_unknown_adapter_is_a_clear_error_and_the_server_keeps_serving(lora_s
     assert "model smollm2 has adapters: france, paris" in str(direct.value)
     with pytest.raises(infer.InferError) as routed:
         ask(lora_server, model="router", adapter="nope")
-    assert "no backend holds it (adapters: france (smollm2), paris (smollm2))" in str(
-        routed.value)
+    assert "no backend holds it (adapters: france (smollm2), paris (smollm2))" in str(routed.value)
     with pytest.raises(infer.InferError, match="has adapters: none"):
         ask(lora_server, model="tiny", adapter="paris")
     assert ask(lora_server, adapter="paris").served_by == "smollm2:paris"
 
 
 def test_the_router_sends_adapter_requests_only_to_holders(lora_server):
-    assert ask(lora_server, model="router").served_by == "tiny"    # the default route
+    assert ask(lora_server, model="router").served_by == "tiny"  # the default route
     for _ in range(3):
         routed = ask(lora_server, model="router", adapter="france")
         assert routed.served_by == "smollm2:france"
     assert routed.text == ask(lora_server, adapter="france").text
-    router_json = json.loads((Path(lora_server.repository) / "router" / "1" /
-                              "router.json").read_text())
+    router_json = json.loads(
+        (Path(lora_server.repository) / "router" / "1" / "router.json").read_text()
+    )
     assert router_json["backends"]["smollm2"]["adapters"] == ["france", "paris"]
     assert router_json["backends"]["tiny"]["adapters"] == []
     # The engine counted every adapter request among its own.
-    assert metric_value(lora_server.metrics_url, "trident_adapter_requests_total",
-                        model="smollm2", adapter="france") >= 4
+    assert (
+        metric_value(
+            lora_server.metrics_url,
+            "trident_adapter_requests_total",
+            model="smollm2",
+            adapter="france",
+        )
+        >= 4
+    )
 
 
 def test_the_openai_frontend_passes_the_adapter_a_client_names(lora_server):
@@ -141,12 +172,18 @@ def test_the_openai_frontend_passes_the_adapter_a_client_names(lora_server):
 
     grpc = ask(lora_server, model="router", adapter="paris")
     with Frontend(lora_server.grpc_url, port=free_port()) as frontend:
-        client = openai.OpenAI(base_url=frontend.url + "/v1", api_key="unused",
-                               max_retries=0, timeout=120)
-        for kwargs in ({"model": "router:paris"},
-                       {"model": "router", "extra_body": {"lora_name": "paris"}}):
+        client = openai.OpenAI(
+            base_url=frontend.url + "/v1", api_key="unused", max_retries=0, timeout=120
+        )
+        for kwargs in (
+            {"model": "router:paris"},
+            {"model": "router", "extra_body": {"lora_name": "paris"}},
+        ):
             answer = client.chat.completions.with_raw_response.create(
-                messages=[{"role": "user", "content": PROMPT}], max_tokens=16,
-                temperature=0, **kwargs)
+                messages=[{"role": "user", "content": PROMPT}],
+                max_tokens=16,
+                temperature=0,
+                **kwargs,
+            )
             assert answer.headers["x-trident-served-by"] == "smollm2:paris"
             assert answer.parse().choices[0].message.content == grpc.text

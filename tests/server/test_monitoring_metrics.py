@@ -10,6 +10,7 @@ every metric name in the PrometheusRule and the Grafana dashboard that builder.k
 (for this spec and for deploy/examples/h100x8.yaml) must be a sample name there, as
 Prometheus would look it up (a histogram's samples are its _bucket, _sum and _count).
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,7 +35,9 @@ pytestmark = pytest.mark.server
 
 FAIL = "FAIL-BEFORE-FIRST-TOKEN"
 # `qwen` fails any prompt carrying FAIL before its first token; `spare` answers it.
-FAILING_SHIM = SHIM + f'''
+FAILING_SHIM = (
+    SHIM
+    + f"""
 
 _Base = Engine
 
@@ -45,11 +48,23 @@ class Engine(_Base):
             raise RuntimeError("scripted failure before the first token")
         async for chunk in super()._generate(prompt, *args):
             yield chunk
-'''
+"""
+)
 
 # PromQL words that are not metric names (functions are recognised by their '(').
-_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool",
-             "and", "or", "unless", "offset"}
+_KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+}
 
 
 def spec_data() -> dict:
@@ -68,11 +83,12 @@ def spec_data() -> dict:
 
 def metric_names(expr: str) -> set[str]:
     """The metric names a PromQL expression selects."""
-    expr = re.sub(r'"[^"]*"', "", expr)                        # label values
-    expr = re.sub(r"\{[^}]*\}", "", expr)                      # matchers
-    expr = re.sub(r"\[[^\]]*\]", "", expr)                     # range selectors
-    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)",
-                  "", expr)                                    # label lists
+    expr = re.sub(r'"[^"]*"', "", expr)  # label values
+    expr = re.sub(r"\{[^}]*\}", "", expr)  # matchers
+    expr = re.sub(r"\[[^\]]*\]", "", expr)  # range selectors
+    expr = re.sub(
+        r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr
+    )  # label lists
     names = set()
     for m in re.finditer(r"(?<![\w$.])([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\()?", expr):
         if m.group(2) is None and m.group(1) not in _KEYWORDS:
@@ -85,8 +101,9 @@ def rendered_expressions() -> dict[str, str]:
     Kubernetes objects of `trident k8s` (h100x8) and as `trident monitoring`'s files."""
     exprs = {}
     h100 = load_spec(ROOT / "deploy" / "examples" / "h100x8.yaml")
-    files = k8s_render.render_files(h100, plan_for_spec(h100),
-                                    k8s_render.options("llm", None, None, 2.0))
+    files = k8s_render.render_files(
+        h100, plan_for_spec(h100), k8s_render.options("llm", None, None, 2.0)
+    )
     docs = [d for text in files.values() for d in yaml.safe_load_all(text) if d]
     for doc in docs:
         if doc["kind"] == "PrometheusRule":
@@ -112,8 +129,11 @@ def rendered_expressions() -> dict[str, str]:
 def scraped_samples(metrics_url: str) -> set[str]:
     with urllib.request.urlopen(metrics_url, timeout=5) as r:
         text = r.read().decode()
-    return {re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0)
-            for line in text.splitlines() if line and not line.startswith("#")}
+    return {
+        re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0)
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +157,12 @@ def traffic(server) -> None:
     cancelled = Stream(server, hints={"tenant": "a"}, max_tokens=3000, sampling=ENDLESS)
     cancelled.wait_first_text(30)
     cancelled.close(cancel=True)
-    wait_for(lambda: metric_value(server.metrics_url, "trident_router_aborts_total",
-                                  router="router") >= 1, timeout_s=20)
+    wait_for(
+        lambda: (
+            metric_value(server.metrics_url, "trident_router_aborts_total", router="router") >= 1
+        ),
+        timeout_s=20,
+    )
 
     bad = Stream(server, hints={"tenant": "a"}, sampling={"temperature": -1.0})
     assert bad.pump(30) and bad.errors, "a negative temperature was accepted"
@@ -148,30 +172,51 @@ def traffic(server) -> None:
     assert fell_back.pump(30) and not fell_back.errors, fell_back.errors
     assert fell_back.served_by == {"spare"}, fell_back.served_by
     fell_back.close()
-    wait_for(lambda: metric_value(server.metrics_url, "trident_router_fallbacks_total",
-                                  backend=check_sglang.MODEL) >= 1, timeout_s=10)
+    wait_for(
+        lambda: (
+            metric_value(
+                server.metrics_url, "trident_router_fallbacks_total", backend=check_sglang.MODEL
+            )
+            >= 1
+        ),
+        timeout_s=10,
+    )
 
     replicated = Stream(server, hints={"tenant": "a", "route": "pair"}, max_tokens=4)
     assert replicated.pump(30) and not replicated.errors, replicated.errors
     replicated.close()
-    wait_for(lambda: "trident_router_replica_index_updated_timestamp_seconds"
-             in scraped_samples(server.metrics_url), timeout_s=10)
+    wait_for(
+        lambda: (
+            "trident_router_replica_index_updated_timestamp_seconds"
+            in scraped_samples(server.metrics_url)
+        ),
+        timeout_s=10,
+    )
 
 
 def test_every_alert_and_panel_metric_is_exported(server):
     traffic(server)
     exprs = rendered_expressions()
     scraped = wait_for(lambda: scraped_samples(server.metrics_url), timeout_s=10)
-    missing = {where: sorted(metric_names(expr) - scraped) for where, expr in exprs.items()
-               if metric_names(expr) - scraped}
+    missing = {
+        where: sorted(metric_names(expr) - scraped)
+        for where, expr in exprs.items()
+        if metric_names(expr) - scraped
+    }
     assert not missing, f"queried but not exported: {missing}"
     used = set().union(*(metric_names(e) for e in exprs.values()))
-    assert {"trident_router_breaker_state", "trident_router_fallbacks_total",
-            "trident_router_errors_total", "trident_engine_healthy"} <= used
+    assert {
+        "trident_router_breaker_state",
+        "trident_router_fallbacks_total",
+        "trident_router_errors_total",
+        "trident_engine_healthy",
+    } <= used
 
 
 def test_a_wrong_name_is_caught():
-    assert metric_names('sum by (model, le) (rate(trident_ttft_bucket{model="x"}[5m]))'
-                        ' / on (pod) up') == {"trident_ttft_bucket", "up"}
-    assert metric_names("histogram_quantile(0.99, sum by (le) (rate(a_bucket[$__rate_interval])))"
-                        ) == {"a_bucket"}
+    assert metric_names(
+        'sum by (model, le) (rate(trident_ttft_bucket{model="x"}[5m])) / on (pod) up'
+    ) == {"trident_ttft_bucket", "up"}
+    assert metric_names(
+        "histogram_quantile(0.99, sum by (le) (rate(a_bucket[$__rate_interval])))"
+    ) == {"a_bucket"}

@@ -6,6 +6,7 @@ Equality is checked at temperature 0 against answers from the same server (strea
 non-streamed; the OpenAI usage vs the engine's counts over gRPC). Waits poll a condition
 with a bounded deadline; no latency is asserted.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,13 +46,15 @@ def frontend(server):
 
 @pytest.fixture(scope="module")
 def client(frontend):
-    return openai.OpenAI(base_url=frontend.url + "/v1", api_key="unused", max_retries=0,
-                         timeout=120)
+    return openai.OpenAI(
+        base_url=frontend.url + "/v1", api_key="unused", max_retries=0, timeout=120
+    )
 
 
 def chat(client, stream=False, messages=QUESTION, **kwargs):
-    return client.chat.completions.create(model="router", messages=messages,
-                                          stream=stream, temperature=0, **kwargs)
+    return client.chat.completions.create(
+        model="router", messages=messages, stream=stream, temperature=0, **kwargs
+    )
 
 
 def streamed(chunks) -> tuple[str, list, object]:
@@ -75,13 +78,16 @@ def grpc_counts(server, messages) -> tuple[int, int, str]:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         client.start_stream(callback=lambda result, error: answers.put((result, error)))
-        client.async_stream_infer("router", build_inputs(None, messages, None, False,
-                                                         {"temperature": 0}))
+        client.async_stream_infer(
+            "router", build_inputs(None, messages, None, False, {"temperature": 0})
+        )
         result, error = answers.get(timeout=120)
         assert error is None, error
-        return (int(first_output(result, "num_input_tokens")),
-                int(first_output(result, "num_output_tokens")),
-                first_output(result, "text_output"))
+        return (
+            int(first_output(result, "num_input_tokens")),
+            int(first_output(result, "num_output_tokens")),
+            first_output(result, "text_output"),
+        )
     finally:
         client.stop_stream()
         client.close()
@@ -92,6 +98,7 @@ def metric(server, name) -> float:
 
 
 # -- models -------------------------------------------------------------------------------
+
 
 def test_models_lists_the_router_only_and_the_engine_model_is_not_found(client):
     assert [model.id for model in client.models.list()] == ["router"]
@@ -107,10 +114,12 @@ def test_models_lists_the_router_only_and_the_engine_model_is_not_found(client):
 
 # -- chat and completions -----------------------------------------------------------------
 
+
 def test_chat_stream_equals_non_stream_and_usage_is_the_engines(server, client):
     whole = chat(client)
-    text, reasons, usage = streamed(chat(client, stream=True,
-                                         stream_options={"include_usage": True}))
+    text, reasons, usage = streamed(
+        chat(client, stream=True, stream_options={"include_usage": True})
+    )
     assert whole.model == "router" and whole.object == "chat.completion"
     assert "Paris" in whole.choices[0].message.content
     assert text == whole.choices[0].message.content
@@ -118,8 +127,7 @@ def test_chat_stream_equals_non_stream_and_usage_is_the_engines(server, client):
     tokens_in, tokens_out, grpc_text = grpc_counts(server, QUESTION)
     assert grpc_text == text
     assert (usage.prompt_tokens, usage.completion_tokens) == (tokens_in, tokens_out)
-    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (tokens_in,
-                                                                          tokens_out)
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (tokens_in, tokens_out)
     assert usage.total_tokens == tokens_in + tokens_out
 
 
@@ -130,20 +138,30 @@ def test_chat_limits_stop_and_seed(client):
     stopped = chat(client, stop=[" Paris"])
     assert "Paris" not in stopped.choices[0].message.content
     assert stopped.choices[0].finish_reason == "stop"
-    sampled = [client.chat.completions.create(
-        model="router", messages=QUESTION, temperature=1.0, top_p=0.9, seed=11,
-        presence_penalty=0.5, frequency_penalty=0.5, max_tokens=12).choices[0].message.content
-        for _ in range(2)]
+    sampled = [
+        client.chat.completions.create(
+            model="router",
+            messages=QUESTION,
+            temperature=1.0,
+            top_p=0.9,
+            seed=11,
+            presence_penalty=0.5,
+            frequency_penalty=0.5,
+            max_tokens=12,
+        )
+        .choices[0]
+        .message.content
+        for _ in range(2)
+    ]
     assert sampled[0] == sampled[1]
 
 
 def test_completions_stream_and_non_stream(client):
-    kwargs = dict(model="router", prompt="The capital of France is", max_tokens=8,
-                  temperature=0)
+    kwargs = dict(model="router", prompt="The capital of France is", max_tokens=8, temperature=0)
     whole = client.completions.create(**kwargs)
-    chunks = list(client.completions.create(stream=True,
-                                            stream_options={"include_usage": True},
-                                            **kwargs))
+    chunks = list(
+        client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert whole.choices[0].text and text == whole.choices[0].text
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 8
@@ -154,18 +172,24 @@ def test_completions_stream_and_non_stream(client):
 
 def test_routing_hints_from_extra_body_and_headers(frontend, client):
     response = client.chat.completions.with_raw_response.create(
-        model="router", messages=QUESTION, max_tokens=2,
-        extra_body={"route": ENGINE, "task": "chat", "tenant": "acme",
-                    "conversation_id": "c-1"})
+        model="router",
+        messages=QUESTION,
+        max_tokens=2,
+        extra_body={"route": ENGINE, "task": "chat", "tenant": "acme", "conversation_id": "c-1"},
+    )
     assert response.headers["x-trident-served-by"] == ENGINE
     assert response.parse().usage.completion_tokens == 2
-    response = httpx.post(frontend.url + "/v1/chat/completions", timeout=120,
-                          headers={"X-Trident-Route": ENGINE, "X-Trident-Tenant": "acme"},
-                          json={"model": "router", "messages": QUESTION, "max_tokens": 2})
+    response = httpx.post(
+        frontend.url + "/v1/chat/completions",
+        timeout=120,
+        headers={"X-Trident-Route": ENGINE, "X-Trident-Tenant": "acme"},
+        json={"model": "router", "messages": QUESTION, "max_tokens": 2},
+    )
     assert response.status_code == 200 and response.headers["x-trident-served-by"] == ENGINE
 
 
 # -- errors -------------------------------------------------------------------------------
+
 
 def test_unknown_model_is_404(client):
     with pytest.raises(openai.NotFoundError) as caught:
@@ -173,13 +197,16 @@ def test_unknown_model_is_404(client):
     assert caught.value.body["code"] == "model_not_found"
 
 
-@pytest.mark.parametrize("kwargs, param", [
-    ({"temperature": -1}, "temperature"),
-    ({"messages": [{"role": "user"}]}, "messages[0].content"),
-    ({"n": 17}, "n"),                           # past the fan-out bound (16)
-    ({"extra_body": {"min_p": 5}}, "min_p"),     # refused by the engine, not the frontend
-    ({"extra_body": {"top_k": -7}}, "top_k"),
-])
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content"),
+        ({"n": 17}, "n"),  # past the fan-out bound (16)
+        ({"extra_body": {"min_p": 5}}, "min_p"),  # refused by the engine, not the frontend
+        ({"extra_body": {"top_k": -7}}, "top_k"),
+    ],
+)
 def test_bad_requests_are_400_naming_the_parameter(client, kwargs, param):
     body = {"model": "router", "messages": QUESTION, "max_tokens": 2, **kwargs}
     for stream in (False, True):
@@ -192,20 +219,31 @@ def test_bad_requests_are_400_naming_the_parameter(client, kwargs, param):
 
 
 def test_malformed_json_is_400(frontend):
-    response = httpx.post(frontend.url + "/v1/chat/completions", content=b"{nope",
-                          headers={"Content-Type": "application/json"})
+    response = httpx.post(
+        frontend.url + "/v1/chat/completions",
+        content=b"{nope",
+        headers={"Content-Type": "application/json"},
+    )
     assert response.status_code == 400
     assert response.json()["error"]["type"] == "invalid_request_error"
 
 
 # -- streams ------------------------------------------------------------------------------
 
+
 def test_client_disconnect_mid_stream_aborts_the_engine_request(server, frontend):
     aborted = metric(server, "trident_requests_aborted_total")
-    body = {"model": "router", "messages": QUESTION, "stream": True, "max_tokens": 1500,
-            "temperature": 0, "ignore_eos": True}
-    with httpx.stream("POST", frontend.url + "/v1/chat/completions", json=body,
-                      timeout=120) as response:
+    body = {
+        "model": "router",
+        "messages": QUESTION,
+        "stream": True,
+        "max_tokens": 1500,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    with httpx.stream(
+        "POST", frontend.url + "/v1/chat/completions", json=body, timeout=120
+    ) as response:
         assert response.status_code == 200
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data: {"))
@@ -216,14 +254,20 @@ def test_client_disconnect_mid_stream_aborts_the_engine_request(server, frontend
 
 
 def test_sixteen_concurrent_streams_each_equal_their_answer(client):
-    prompts = [[{"role": "user", "content": f"Count from {i} to {i + 5}."}]
-               for i in range(16)]
+    prompts = [[{"role": "user", "content": f"Count from {i} to {i + 5}."}] for i in range(16)]
     expected = [chat(client, messages=p, max_tokens=16) for p in prompts]
     results: dict[int, tuple] = {}
 
     def run(i):
-        chunks = list(chat(client, stream=True, messages=prompts[i], max_tokens=16,
-                           stream_options={"include_usage": True}))
+        chunks = list(
+            chat(
+                client,
+                stream=True,
+                messages=prompts[i],
+                max_tokens=16,
+                stream_options={"include_usage": True},
+            )
+        )
         results[i] = (streamed(chunks), {c.id for c in chunks})
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
@@ -236,24 +280,44 @@ def test_sixteen_concurrent_streams_each_equal_their_answer(client):
         assert text == expected[i].choices[0].message.content, i
         assert reasons == [expected[i].choices[0].finish_reason], i
         assert usage.completion_tokens == expected[i].usage.completion_tokens, i
-        assert len(ids) == 1, i     # every chunk of one stream is one completion
+        assert len(ids) == 1, i  # every chunk of one stream is one completion
 
 
 def test_curl_shows_raw_sse_ending_in_done(frontend):
     curl = shutil.which("curl")
     if curl is None:
         pytest.skip("no curl on this machine")
-    body = {"model": "router", "messages": QUESTION, "stream": True, "max_tokens": 6,
-            "temperature": 0, "stream_options": {"include_usage": True}}
-    out = subprocess.run([curl, "-sN", "-D", "-", "-H", "Content-Type: application/json",
-                          "-d", json.dumps(body), frontend.url + "/v1/chat/completions"],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
-    head, _, events = out.partition("\n\n")   # text mode: \r\n reads as \n
+    body = {
+        "model": "router",
+        "messages": QUESTION,
+        "stream": True,
+        "max_tokens": 6,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+    }
+    out = subprocess.run(
+        [
+            curl,
+            "-sN",
+            "-D",
+            "-",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            json.dumps(body),
+            frontend.url + "/v1/chat/completions",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    head, _, events = out.partition("\n\n")  # text mode: \r\n reads as \n
     assert "text/event-stream" in head.lower()
     blocks = [b for b in events.split("\n\n") if b.strip()]
     assert all(b.startswith("data: ") for b in blocks)
     assert blocks[-1] == "data: [DONE]"
-    chunks = [json.loads(b[len("data: "):]) for b in blocks[:-1]]
+    chunks = [json.loads(b[len("data: ") :]) for b in blocks[:-1]]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
     assert len({c["id"] for c in chunks}) == 1
@@ -263,15 +327,32 @@ def test_the_openai_command_serves_standalone(server, tmp_path):
     port = free_port()
     log = open(tmp_path / "openai.log", "wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "builder.cli", "openai", "--triton", server.grpc_url,
-         "--port", str(port), "--expose", "router", "--expose", ENGINE],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "builder.cli",
+            "openai",
+            "--triton",
+            server.grpc_url,
+            "--port",
+            str(port),
+            "--expose",
+            "router",
+            "--expose",
+            ENGINE,
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
+
         def models():
             try:
                 return httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).json()
             except httpx.HTTPError:
                 return None
+
         listed = wait_for(models, 60, 0.2)
         assert {m["id"] for m in listed["data"]} == {"router", ENGINE}
     finally:

@@ -11,6 +11,7 @@ choices, usage, logprobs: the double's sampled word is always its best); what ne
 model's numbers (seeds, logit_bias) is asked of vLLM. Greedy (temperature 0) unless a
 case is about sampling.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,17 +35,29 @@ pytestmark = [pytest.mark.server, pytest.mark.vllm]
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 PROMPT = "The capital of France is"
 ENGINES = ("vllm", "sglang")
-SHIM = (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-        "from support import fake_sglang\nEngine = fake_sglang.Engine\n")
+SHIM = (
+    f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+    "from support import fake_sglang\nEngine = fake_sglang.Engine\n"
+)
 
 
 def sglang_deployment() -> dict:
-    return {"name": "conformance", "hardware": {"gpu": "cpu", "count": 1},
-            "models": [{"name": "qwen", "engine": "sglang", "model": "/models/test-double",
-                        "family": "qwen", "tasks": ["chat"], "placement": {"devices": [0]},
-                        "engine_args": {"tp_size": 1, "context_length": 4096,
-                                        "mem_fraction_static": 0.4}}],
-            "router": {"default": ["qwen"]}}
+    return {
+        "name": "conformance",
+        "hardware": {"gpu": "cpu", "count": 1},
+        "models": [
+            {
+                "name": "qwen",
+                "engine": "sglang",
+                "model": "/models/test-double",
+                "family": "qwen",
+                "tasks": ["chat"],
+                "placement": {"devices": [0]},
+                "engine_args": {"tp_size": 1, "context_length": 4096, "mem_fraction_static": 0.4},
+            }
+        ],
+        "router": {"default": ["qwen"]},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +73,10 @@ def sglang_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def servers(request):
     """Started on first use: a run of the SGLang cases alone starts no vLLM."""
-    return {"vllm": lambda: request.getfixturevalue("default_server"),
-            "sglang": lambda: request.getfixturevalue("sglang_server")}
+    return {
+        "vllm": lambda: request.getfixturevalue("default_server"),
+        "sglang": lambda: request.getfixturevalue("sglang_server"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +86,16 @@ def frontends(servers):
     def get(engine):
         if engine not in started:
             server = servers[engine]()
-            frontend = Frontend(server.grpc_url, port=free_port(), repo=server.repository,
-                                admin_key=getattr(server, "admin_key", None))
+            frontend = Frontend(
+                server.grpc_url,
+                port=free_port(),
+                repo=server.repository,
+                admin_key=getattr(server, "admin_key", None),
+            )
             started[engine] = frontend.__enter__()
             stack.append(frontend)
         return started[engine]
+
     yield get
     for frontend in stack:
         frontend.__exit__(None, None, None)
@@ -107,13 +127,13 @@ def ask(url: str, kind: str, mode: str, stream: bool, **body):
         return list(answer) if stream else answer
 
     async def main():
-        client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0,
-                                    timeout=120)
+        client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
         try:
             answer = await create(client)
             return [chunk async for chunk in answer] if stream else answer
         finally:
             await client.close()
+
     return asyncio.run(main())
 
 
@@ -146,8 +166,7 @@ def usage_of(answer):
     if not isinstance(answer, list):
         return answer.usage
     with_usage = [chunk for chunk in answer if chunk.usage is not None]
-    assert len(with_usage) == 1 and with_usage[0].choices == [] \
-        and with_usage[0] is answer[-1]
+    assert len(with_usage) == 1 and with_usage[0].choices == [] and with_usage[0] is answer[-1]
     return with_usage[0].usage
 
 
@@ -156,6 +175,7 @@ KINDS = ("chat", "completion")
 
 
 # -- the basics, every engine, mode and kind --------------------------------------------
+
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("kind", KINDS)
@@ -190,7 +210,7 @@ def test_the_token_limit_ends_with_length(url, engine, kind, stream):
 @pytest.mark.parametrize("mode, stream", MODES)
 def test_a_stop_string_ends_the_answer_before_it(url, engine, stop, mode, stream):
     whole = texts(ask(url, "completion", "sync", False, max_tokens=12), "completion")[0]
-    assert "Paris" in whole   # both engines say it (SmolLM2 greedy; the double's REPLY)
+    assert "Paris" in whole  # both engines say it (SmolLM2 greedy; the double's REPLY)
     answer = ask(url, "completion", mode, stream, max_tokens=12, stop=stop)
     text = texts(answer, "completion")[0]
     assert "Paris" not in text and whole.startswith(text) and text
@@ -202,8 +222,7 @@ def test_a_stop_string_ends_the_answer_before_it(url, engine, stop, mode, stream
 @pytest.mark.parametrize("mode, stream", MODES)
 def test_n_choices_each_with_its_index_reason_and_usage(url, engine, kind, mode, stream):
     extra = {"stream_options": {"include_usage": True}} if stream else {}
-    answer = ask(url, kind, mode, stream, n=3, max_tokens=4, temperature=1.0, seed=11,
-                 **extra)
+    answer = ask(url, kind, mode, stream, n=3, max_tokens=4, temperature=1.0, seed=11, **extra)
     assert sorted(texts(answer, kind)) == [0, 1, 2]
     assert all(text for text in texts(answer, kind).values())
     assert {i: len(r) for i, r in reasons(answer).items()} == {0: 1, 1: 1, 2: 1}
@@ -212,7 +231,7 @@ def test_n_choices_each_with_its_index_reason_and_usage(url, engine, kind, mode,
     # the prompt counted once, as OpenAI bills it; every choice's tokens counted
     assert usage.prompt_tokens == single.usage.prompt_tokens
     assert 3 <= usage.completion_tokens <= 12
-    if engine == "vllm":   # choice 0 samples with the request's own seed
+    if engine == "vllm":  # choice 0 samples with the request's own seed
         assert texts(answer, kind)[0] == texts(single, kind)[0]
 
 
@@ -221,8 +240,7 @@ def test_n_choices_each_with_its_index_reason_and_usage(url, engine, kind, mode,
 def test_usage_is_the_last_chunk_only_when_asked(url, engine, kind):
     plain = ask(url, kind, "sync", True, max_tokens=5)
     assert all(chunk.usage is None for chunk in plain)
-    counted = ask(url, kind, "sync", True, max_tokens=5,
-                  stream_options={"include_usage": True})
+    counted = ask(url, kind, "sync", True, max_tokens=5, stream_options={"include_usage": True})
     whole = ask(url, kind, "sync", False, max_tokens=5)
     assert usage_of(counted) == whole.usage
     assert texts(counted, kind) == texts(whole, kind) == texts(plain, kind)
@@ -246,6 +264,7 @@ def test_echo_puts_the_prompt_before_the_answer_once(url, engine, stream):
 
 # -- sampling that needs a model's numbers (vLLM) ---------------------------------------
 
+
 @pytest.mark.parametrize("engine", ["vllm"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("mode, stream", MODES)
@@ -254,9 +273,8 @@ def test_a_seed_makes_sampling_repeatable(url, engine, kind, mode, stream):
     first = texts(ask(url, kind, mode, stream, seed=1234, **options), kind)
     again = texts(ask(url, kind, mode, stream, seed=1234, **options), kind)
     assert first == again
-    others = {texts(ask(url, kind, "sync", False, seed=s, **options), kind)[0]
-              for s in (1, 2)}
-    assert len(others | {first[0]}) > 1   # the seed is what held it, not greed
+    others = {texts(ask(url, kind, "sync", False, seed=s, **options), kind)[0] for s in (1, 2)}
+    assert len(others | {first[0]}) > 1  # the seed is what held it, not greed
 
 
 @pytest.mark.parametrize("engine", ["vllm"])
@@ -265,11 +283,17 @@ def test_a_seed_makes_sampling_repeatable(url, engine, kind, mode, stream):
 def test_logit_bias_bans_or_forces_a_token(url, engine, default_server, bias, stream):
     ids = sampled_ids(default_server, PROMPT, 4)
     plain = ask(url, "completion", "sync", False, max_tokens=4, logprobs=0)
-    banned = ids[0] if bias < 0 else ids[1]   # force the second token to come first
-    answer = ask(url, "completion", "sync", stream, max_tokens=4, logprobs=0,
-                 logit_bias={str(banned): bias})
-    tokens = [t for chunk in (answer if stream else [answer]) for c in chunk.choices
-              if c.logprobs for t in c.logprobs.tokens]
+    banned = ids[0] if bias < 0 else ids[1]  # force the second token to come first
+    answer = ask(
+        url, "completion", "sync", stream, max_tokens=4, logprobs=0, logit_bias={str(banned): bias}
+    )
+    tokens = [
+        t
+        for chunk in (answer if stream else [answer])
+        for c in chunk.choices
+        if c.logprobs
+        for t in c.logprobs.tokens
+    ]
     if bias < 0:
         assert tokens[0] != plain.choices[0].logprobs.tokens[0]
     else:
@@ -278,6 +302,7 @@ def test_logit_bias_bans_or_forces_a_token(url, engine, default_server, bias, st
 
 # -- logprobs ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("top", [None, 1, 3])
 @pytest.mark.parametrize("mode, stream", MODES)
@@ -285,8 +310,9 @@ def test_chat_logprobs_cover_every_token_in_openais_shape(url, engine, top, mode
     extra = {} if top is None else {"top_logprobs": top}
     answer = ask(url, "chat", mode, stream, max_tokens=6, logprobs=True, **extra)
     chunks = answer if stream else [answer]
-    content = [t for chunk in chunks for c in chunk.choices if c.logprobs
-               for t in c.logprobs.content]
+    content = [
+        t for chunk in chunks for c in chunk.choices if c.logprobs for t in c.logprobs.content
+    ]
     assert "".join(t.token for t in content) == texts(answer, "chat")[0]
     if not stream:
         assert len(content) == answer.usage.completion_tokens
@@ -295,10 +321,9 @@ def test_chat_logprobs_cover_every_token_in_openais_shape(url, engine, top, mode
         assert len(token.top_logprobs) == (top or 0)
         best = [t.logprob for t in token.top_logprobs]
         assert best == sorted(best, reverse=True)
-        if top:   # greedy: the sampled token is the best one
+        if top:  # greedy: the sampled token is the best one
             assert token.top_logprobs[0].token == token.token
-            assert math.isclose(token.top_logprobs[0].logprob, token.logprob,
-                                abs_tol=1e-4)
+            assert math.isclose(token.top_logprobs[0].logprob, token.logprob, abs_tol=1e-4)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -323,8 +348,18 @@ def test_completion_logprobs_are_parallel_lists(url, engine, top, mode, stream):
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("stream", [False, True])
 def test_n_with_logprobs_gives_each_choice_its_own(url, engine, stream):
-    answer = ask(url, "chat", "sync", stream, n=2, max_tokens=4, logprobs=True,
-                 top_logprobs=1, temperature=1.0, seed=5)
+    answer = ask(
+        url,
+        "chat",
+        "sync",
+        stream,
+        n=2,
+        max_tokens=4,
+        logprobs=True,
+        top_logprobs=1,
+        temperature=1.0,
+        seed=5,
+    )
     chunks = answer if stream else [answer]
     by_index: dict = {}
     for chunk in chunks:
@@ -336,14 +371,23 @@ def test_n_with_logprobs_gives_each_choice_its_own(url, engine, stream):
 
 # -- the raw wire: every chunk validates with the SDK's types ----------------------------
 
+
 @pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("path, kind", [("chat/completions", "chat"),
-                                        ("completions", "completion")])
-@pytest.mark.parametrize("extra", [{}, {"n": 2}, {"logprobs": True}],
-                         ids=["plain", "n2", "logprobs"])
+@pytest.mark.parametrize(
+    "path, kind", [("chat/completions", "chat"), ("completions", "completion")]
+)
+@pytest.mark.parametrize(
+    "extra", [{}, {"n": 2}, {"logprobs": True}], ids=["plain", "n2", "logprobs"]
+)
 def test_every_streamed_chunk_is_the_sdks_type(url, engine, path, kind, extra):
-    body = {"model": "router", "max_tokens": 4, "stream": True, "temperature": 0,
-            "stream_options": {"include_usage": True}, **extra}
+    body = {
+        "model": "router",
+        "max_tokens": 4,
+        "stream": True,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+        **extra,
+    }
     if kind == "chat":
         body["messages"] = QUESTION
     else:
@@ -356,7 +400,7 @@ def test_every_streamed_chunk_is_the_sdks_type(url, engine, path, kind, extra):
     assert lines[-1] == "data: [DONE]"
     model = ChatCompletionChunk if kind == "chat" else Completion
     for line in lines[:-1]:
-        raw = json.loads(line[len("data: "):])
+        raw = json.loads(line[len("data: ") :])
         assert "error" not in raw, raw
         if kind == "completion":
             # OpenAI's streamed completions say finish_reason null until the end, which
@@ -366,8 +410,7 @@ def test_every_streamed_chunk_is_the_sdks_type(url, engine, path, kind, extra):
                 assert choice["finish_reason"] in (None, "stop", "length")
                 choice["finish_reason"] = choice["finish_reason"] or "stop"
         model.model_validate(raw)
-        assert raw["object"] == ("chat.completion.chunk" if kind == "chat"
-                                 else "text_completion")
+        assert raw["object"] == ("chat.completion.chunk" if kind == "chat" else "text_completion")
     whole = {**body, "stream": False}
     whole.pop("stream_options")
     answer = httpx.post(f"{url}/{path}", json=whole, timeout=120).json()
@@ -396,8 +439,9 @@ REFUSED = [
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("kind, extra, param", REFUSED,
-                         ids=[f"{k}-{p}-{i}" for i, (k, _, p) in enumerate(REFUSED)])
+@pytest.mark.parametrize(
+    "kind, extra, param", REFUSED, ids=[f"{k}-{p}-{i}" for i, (k, _, p) in enumerate(REFUSED)]
+)
 def test_a_field_no_engine_can_do_is_400_naming_it(url, engine, kind, extra, param):
     body = {"messages": QUESTION} if kind == "chat" else {"prompt": PROMPT}
     client = sync_client(url)

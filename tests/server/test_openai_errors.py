@@ -10,6 +10,7 @@ open, 503 unavailable. Triton's own clients read the class from the message's ma
 a gRPC stream error is a message only, and Triton's HTTP generate endpoint answers 400
 for any error of a decoupled model (measured here).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,30 +32,48 @@ pytestmark = pytest.mark.server
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 # An engine that fails every request before its first token, as a crashed GPU would.
-FAILING = SHIM + '''
+FAILING = (
+    SHIM
+    + """
 
 class Engine(Engine):
     async def _generate(self, *args):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
         yield  # an async generator, as the real one
-'''
+"""
+)
 
 
 def deployment() -> dict:
-    engine_args = {"tp_size": 1, "context_length": 4096, "mem_fraction_static": 0.4,
-                   "max_running_requests": 16}
-    models = [{"name": name, "engine": "sglang", "model": "/models/test-double",
-               "family": "qwen", "tasks": ["chat"], "placement": {"devices": [0]},
-               "engine_args": engine_args} for name in ("qwen", "flaky")]
+    engine_args = {
+        "tp_size": 1,
+        "context_length": 4096,
+        "mem_fraction_static": 0.4,
+        "max_running_requests": 16,
+    }
+    models = [
+        {
+            "name": name,
+            "engine": "sglang",
+            "model": "/models/test-double",
+            "family": "qwen",
+            "tasks": ["chat"],
+            "placement": {"devices": [0]},
+            "engine_args": engine_args,
+        }
+        for name in ("qwen", "flaky")
+    ]
     return {
         "name": "error-classes",
         "hardware": {"gpu": "cpu", "count": 1},
         "models": models,
         # One request in flight per backend (overloaded is easy to reach); a breaker
         # that opens after two failures and stays open for the test.
-        "router": {"default": ["qwen"], "max_inflight_per_backend": 1,
-                   "breaker": {"consecutive_failures": 2, "min_requests": 100,
-                               "cooldown_s": 600}},
+        "router": {
+            "default": ["qwen"],
+            "max_inflight_per_backend": 1,
+            "breaker": {"consecutive_failures": 2, "min_requests": 100, "cooldown_s": 600},
+        },
     }
 
 
@@ -62,8 +81,11 @@ def deployment() -> dict:
 def server(redis, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("error-classes")
     spec = deployment()
-    spec["tenants"] = {"default": {"requests_per_minute": 1000},
-                       "limits": {"eve": {"requests_per_minute": 1}}, "redis": redis.url}
+    spec["tenants"] = {
+        "default": {"requests_per_minute": 1000},
+        "limits": {"eve": {"requests_per_minute": 1}},
+        "redis": redis.url,
+    }
     repo = render(spec, tmp / "repo")
     (repo / "qwen" / "1" / "sglang.py").write_text(SHIM)
     (repo / "flaky" / "1" / "sglang.py").write_text(FAILING)
@@ -74,27 +96,31 @@ def server(redis, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def frontend(server):
-    with Frontend(server.grpc_url, port=free_port(), repo=server.repository,
-                  admin_key=server.admin_key) as frontend:
+    with Frontend(
+        server.grpc_url, port=free_port(), repo=server.repository, admin_key=server.admin_key
+    ) as frontend:
         yield frontend
 
 
 @pytest.fixture(scope="module")
 def client(frontend):
-    return openai.OpenAI(base_url=frontend.url + "/v1", api_key="unused", max_retries=0,
-                         timeout=60)
+    return openai.OpenAI(base_url=frontend.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def ask(client, **extra):
-    return client.chat.completions.create(model="router", messages=QUESTION, max_tokens=2,
-                                          extra_body=extra)
+    return client.chat.completions.create(
+        model="router", messages=QUESTION, max_tokens=2, extra_body=extra
+    )
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"route": "nope"}, "route"),
-    ({"lora_name": "nope"}, "lora_name"),
-    ({"tenant": "not a name!"}, "tenant"),
-])
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"route": "nope"}, "route"),
+        ({"lora_name": "nope"}, "lora_name"),
+        ({"tenant": "not a name!"}, "tenant"),
+    ],
+)
 def test_the_routers_client_errors_are_400_naming_the_parameter(client, extra, param):
     # Before: 500 backend_error for each (the router's words matched no substring, or
     # "bad request: " for the tenant); the adapter was 400 by a regex over its words.
@@ -108,16 +134,22 @@ def test_the_routers_client_errors_are_400_naming_the_parameter(client, extra, p
 
 def test_a_router_client_error_is_400_when_streamed_too(frontend):
     async def main():
-        client = openai.AsyncOpenAI(base_url=frontend.url + "/v1", api_key="unused",
-                                    max_retries=0, timeout=60)
+        client = openai.AsyncOpenAI(
+            base_url=frontend.url + "/v1", api_key="unused", max_retries=0, timeout=60
+        )
         with pytest.raises(openai.BadRequestError) as caught:
             stream = await client.chat.completions.create(
-                model="router", messages=QUESTION, max_tokens=2, stream=True,
-                extra_body={"route": "nope"})
+                model="router",
+                messages=QUESTION,
+                max_tokens=2,
+                stream=True,
+                extra_body={"route": "nope"},
+            )
             async for _ in stream:
                 pass
         await client.close()
         return caught.value.body
+
     assert asyncio.run(main())["param"] == "route"
 
 
@@ -129,7 +161,7 @@ def test_a_tenant_over_its_limit_is_429(client):
 
 
 def test_every_backend_at_its_limit_is_503_overloaded(server, client):
-    busy = Stream(server, max_tokens=200)     # qwen's one slot, held while it streams
+    busy = Stream(server, max_tokens=200)  # qwen's one slot, held while it streams
     try:
         busy.wait_first_text(30)
         with pytest.raises(openai.APIStatusError) as caught:
@@ -141,7 +173,7 @@ def test_every_backend_at_its_limit_is_503_overloaded(server, client):
 
 
 def test_a_failing_engine_is_500_then_503_once_its_breaker_opens(client):
-    for _ in range(2):   # consecutive_failures: 2
+    for _ in range(2):  # consecutive_failures: 2
         with pytest.raises(openai.InternalServerError) as caught:
             ask(client, route="flaky")
         assert caught.value.status_code == 500 and "CUDA error" in caught.value.message
@@ -171,8 +203,11 @@ def test_triton_clients_read_the_class_from_the_stream_and_the_http_status(serve
 def generate_error(server, model: str, fields: dict) -> tuple:
     """(HTTP status, error class) of a request to Triton's generate endpoint."""
     body = json.dumps({"text_input": "Hello", "max_tokens": 2, **fields}).encode()
-    request = urllib.request.Request(f"{server.http_url}/v2/models/{model}/generate",
-                                     data=body, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{server.http_url}/v2/models/{model}/generate",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, None

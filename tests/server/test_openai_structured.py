@@ -6,6 +6,7 @@ decoding would). Every json_schema answer is validated against its schema (jsons
 50 varied schemas per engine, all of them must hold. A schema no engine can compile is a
 400 naming response_format.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,16 +37,33 @@ FIELDS = [
     ("ok", {"type": "boolean"}),
     ("color", {"enum": ["red", "green", "blue"]}),
     ("score", {"type": "number", "minimum": 0, "maximum": 1}),
-    ("tags", {"type": "array", "items": {"type": "string", "maxLength": 8},
-              "minItems": 1, "maxItems": 3}),
-    ("point", {"type": "object", "properties": {
-        "x": {"type": "integer", "minimum": -9, "maximum": 9},
-        "y": {"type": "integer", "minimum": -9, "maximum": 9}},
-        "required": ["x", "y"], "additionalProperties": False}),
+    (
+        "tags",
+        {
+            "type": "array",
+            "items": {"type": "string", "maxLength": 8},
+            "minItems": 1,
+            "maxItems": 3,
+        },
+    ),
+    (
+        "point",
+        {
+            "type": "object",
+            "properties": {
+                "x": {"type": "integer", "minimum": -9, "maximum": 9},
+                "y": {"type": "integer", "minimum": -9, "maximum": 9},
+            },
+            "required": ["x", "y"],
+            "additionalProperties": False,
+        },
+    ),
     ("kind", {"const": "item"}),
     ("note", {"type": ["string", "null"], "maxLength": 10}),
-    ("level", {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 5},
-                         {"enum": ["low", "high"]}]}),
+    (
+        "level",
+        {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 5}, {"enum": ["low", "high"]}]},
+    ),
     ("size", {"$ref": "#/$defs/size"}),
     ("city", {"type": "string", "enum": ["Paris", "Oslo", "Rome", "Lima"]}),
 ]
@@ -65,8 +83,12 @@ def schema(i: int, fields: tuple) -> dict:
     """Every field required and nothing else allowed (what OpenAI's strict mode asks of
     a schema); every tenth a list of such objects."""
     picked = dict(FIELDS[f] for f in fields)
-    out = {"type": "object", "properties": picked, "required": sorted(picked),
-           "additionalProperties": False}
+    out = {
+        "type": "object",
+        "properties": picked,
+        "required": sorted(picked),
+        "additionalProperties": False,
+    }
     if i % 10 == 9:
         out = {"type": "array", "items": out, "minItems": 1, "maxItems": 2}
     return {**out, "$defs": DEFS} if "size" in picked else out
@@ -76,8 +98,10 @@ SCHEMAS = [schema(i, fields) for i, fields in enumerate(picks())]
 
 
 def json_schema_format(i: int) -> dict:
-    return {"type": "json_schema", "json_schema": {"name": f"answer_{i}",
-                                                   "schema": SCHEMAS[i], "strict": True}}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": f"answer_{i}", "schema": SCHEMAS[i], "strict": True},
+    }
 
 
 def test_the_fifty_schemas_are_valid_and_varied():
@@ -89,17 +113,20 @@ def test_the_fifty_schemas_are_valid_and_varied():
 @pytest.mark.parametrize("engine", ENGINES)
 def test_every_json_schema_answer_validates(url, engine):  # noqa: F811
     """All 50 schemas, eight requests at a time (the async SDK): 100% must validate."""
+
     async def one(client, i, gate):
         async with gate:
             answer = await client.chat.completions.create(
-                model="router", temperature=0, max_tokens=200,
+                model="router",
+                temperature=0,
+                max_tokens=200,
                 messages=[{"role": "user", "content": "Describe a thing as JSON."}],
-                response_format=json_schema_format(i))
+                response_format=json_schema_format(i),
+            )
         return i, answer.choices[0]
 
     async def main():
-        client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0,
-                                    timeout=300)
+        client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
         gate = asyncio.Semaphore(8)
         try:
             return await asyncio.gather(*(one(client, i, gate) for i in range(50)))
@@ -127,14 +154,12 @@ def content(answer) -> str:
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("mode, stream", MODES)
 def test_json_object_and_schema_in_every_client_mode(url, engine, mode, stream):  # noqa: F811
-    answer = ask(url, "chat", mode, stream, max_tokens=200,
-                 response_format=json_schema_format(3))
+    answer = ask(url, "chat", mode, stream, max_tokens=200, response_format=json_schema_format(3))
     jsonschema.validate(json.loads(content(answer)), SCHEMAS[3])
-    whole = ask(url, "chat", mode, stream, max_tokens=60,
-                response_format={"type": "json_object"})
+    whole = ask(url, "chat", mode, stream, max_tokens=60, response_format={"type": "json_object"})
     text = content(whole)
     finish = whole[-1].choices[0].finish_reason if stream else whole.choices[0].finish_reason
-    if finish == "stop":   # a JSON object cut by max_tokens is not one
+    if finish == "stop":  # a JSON object cut by max_tokens is not one
         assert isinstance(json.loads(text), dict)
 
 
@@ -142,12 +167,16 @@ def test_json_object_and_schema_in_every_client_mode(url, engine, mode, stream):
 def test_a_schema_no_backend_compiles_is_a_400_naming_it(url, engine):  # noqa: F811
     # Valid JSON Schema (the frontend's check passes), but no value can hold it: neither
     # xgrammar nor llguidance makes a grammar of it.
-    bad = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 5,
-                                                  "maximum": 1}},
-           "required": ["a"]}
+    bad = {
+        "type": "object",
+        "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 1}},
+        "required": ["a"],
+    }
     with pytest.raises(openai.BadRequestError) as caught:
         sync_client(url).chat.completions.create(
-            model="router", messages=[{"role": "user", "content": "hi"}], max_tokens=20,
-            response_format={"type": "json_schema",
-                             "json_schema": {"name": "bad", "schema": bad}})
+            model="router",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=20,
+            response_format={"type": "json_schema", "json_schema": {"name": "bad", "schema": bad}},
+        )
     assert caught.value.body["param"] == "response_format"

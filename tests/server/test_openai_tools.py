@@ -9,6 +9,7 @@ arguments validate against the tool's schema, every time. `auto` calls parse whe
 model writes one: the double is scripted to write one; SmolLM2 answers in words.
 Triton's own clients get the same calls in the tool_calls output.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,28 +35,50 @@ from tests.server.test_openai_conformance import ask as conformance_ask
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "enum": ["Paris", "Oslo", "Rome"]},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-        "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "The time in a time zone",
-    "parameters": {"type": "object", "properties": {
-        "zone": {"type": "string", "maxLength": 20}},
-        "required": ["zone"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "enum": ["Paris", "Oslo", "Rome"]},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time in a time zone",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "maxLength": 20}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 TOOLS = [WEATHER, TIME]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 # The double's answer to every unconstrained request: a call in Qwen 2.5's format.
-AUTO_REPLY = ('Let me check . <tool_call> {"name": "get_weather", "arguments": '
-              '{"city": "Paris", "unit": "celsius"}} </tool_call>')
-SHIM = (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-        "from support import fake_sglang, fake_sglang_tools\n"
-        "fake_sglang_tools.install()\n"
-        f"fake_sglang.REPLY = {AUTO_REPLY!r}\n"
-        "Engine = fake_sglang.Engine\n")
+AUTO_REPLY = (
+    'Let me check . <tool_call> {"name": "get_weather", "arguments": '
+    '{"city": "Paris", "unit": "celsius"}} </tool_call>'
+)
+SHIM = (
+    f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+    "from support import fake_sglang, fake_sglang_tools\n"
+    "fake_sglang_tools.install()\n"
+    f"fake_sglang.REPLY = {AUTO_REPLY!r}\n"
+    "Engine = fake_sglang.Engine\n"
+)
 MODES = [("sync", False), ("sync", True), ("async", False), ("async", True)]
 
 
@@ -73,8 +96,10 @@ def sglang_tools_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def servers(request):
-    return {"vllm": lambda: request.getfixturevalue("default_server"),
-            "sglang": lambda: request.getfixturevalue("sglang_tools_server")}
+    return {
+        "vllm": lambda: request.getfixturevalue("default_server"),
+        "sglang": lambda: request.getfixturevalue("sglang_tools_server"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +109,16 @@ def frontends(servers):
     def get(engine):
         if engine not in started:
             server = servers[engine]()
-            frontend = Frontend(server.grpc_url, port=free_port(), repo=server.repository,
-                                admin_key=getattr(server, "admin_key", None))
+            frontend = Frontend(
+                server.grpc_url,
+                port=free_port(),
+                repo=server.repository,
+                admin_key=getattr(server, "admin_key", None),
+            )
             started[engine] = frontend.__enter__()
             stack.append(frontend)
         return started[engine]
+
     yield get
     for frontend in stack:
         frontend.__exit__(None, None, None)
@@ -111,8 +141,10 @@ def calls_of(answer) -> tuple[list, str, str | None]:
     id starts a call at its index; name and arguments pieces add on)."""
     if not isinstance(answer, list):
         choice = answer.choices[0]
-        calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
-                 for c in choice.message.tool_calls or []]
+        calls = [
+            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+            for c in choice.message.tool_calls or []
+        ]
         return calls, choice.finish_reason, choice.message.content
     calls: dict = {}
     finish, texts = None, []
@@ -121,8 +153,7 @@ def calls_of(answer) -> tuple[list, str, str | None]:
             texts.append(choice.delta.content or "")
             finish = choice.finish_reason or finish
             for delta in choice.delta.tool_calls or []:
-                call = calls.setdefault(delta.index, {"id": None, "name": "",
-                                                      "arguments": ""})
+                call = calls.setdefault(delta.index, {"id": None, "name": "", "arguments": ""})
                 call["id"] = delta.id or call["id"]
                 if delta.function is not None:
                     call["name"] += delta.function.name or ""
@@ -140,8 +171,9 @@ def assert_valid(calls: list, names: set) -> None:
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("mode, stream", MODES)
 def test_a_named_choice_is_one_valid_call(url, engine, mode, stream):
-    answer = ask(url, mode, stream, tool_choice={"type": "function",
-                                                 "function": {"name": "get_weather"}})
+    answer = ask(
+        url, mode, stream, tool_choice={"type": "function", "function": {"name": "get_weather"}}
+    )
     calls, finish, _ = calls_of(answer)
     assert len(calls) == 1 and finish == "tool_calls"
     assert_valid(calls, {"get_weather"})
@@ -150,8 +182,7 @@ def test_a_named_choice_is_one_valid_call(url, engine, mode, stream):
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("mode, stream", MODES)
 def test_required_gives_valid_calls_of_the_tools(url, engine, mode, stream):
-    calls, finish, _ = calls_of(ask(url, mode, stream, tool_choice="required",
-                                    max_tokens=200))
+    calls, finish, _ = calls_of(ask(url, mode, stream, tool_choice="required", max_tokens=200))
     assert finish == "tool_calls"
     assert_valid(calls, set(SCHEMAS))
 
@@ -160,7 +191,7 @@ def test_required_gives_valid_calls_of_the_tools(url, engine, mode, stream):
 @pytest.mark.parametrize("stream", [False, True])
 def test_auto_calls_parse_whenever_the_model_writes_one(url, engine, stream):
     calls, finish, content = calls_of(ask(url, "sync", stream))
-    if engine == "sglang":   # the double always writes one
+    if engine == "sglang":  # the double always writes one
         assert calls and finish == "tool_calls" and content.strip() == "Let me check ."
     if calls:
         assert_valid(calls, set(SCHEMAS))
@@ -181,13 +212,20 @@ def test_many_named_and_required_calls_all_parse(url, engine):
     client = sync_client(url)
     cities = ["Paris", "Oslo", "Rome", "Lima", "Kyoto"]
     for i in range(20):
-        choice = "required" if i % 2 else {"type": "function",
-                                           "function": {"name": ["get_weather",
-                                                                 "get_time"][i % 4 // 2]}}
+        choice = (
+            "required"
+            if i % 2
+            else {"type": "function", "function": {"name": ["get_weather", "get_time"][i % 4 // 2]}}
+        )
         answer = client.chat.completions.create(
-            model="router", temperature=0.7, seed=i, max_tokens=200, tools=TOOLS,
-            tool_choice=choice, messages=[{"role": "user", "content":
-                                           f"Weather and time in {cities[i % 5]}?"}])
+            model="router",
+            temperature=0.7,
+            seed=i,
+            max_tokens=200,
+            tools=TOOLS,
+            tool_choice=choice,
+            messages=[{"role": "user", "content": f"Weather and time in {cities[i % 5]}?"}],
+        )
         calls, finish, _ = calls_of(answer)
         assert finish == "tool_calls"
         assert_valid(calls, set(SCHEMAS))
@@ -197,18 +235,33 @@ def test_many_named_and_required_calls_all_parse(url, engine):
 def test_refusals_are_400_naming_the_parameter(url, engine):
     client = sync_client(url)
     cases = [
-        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "x"}}},
-         "tool_choice"),    # the frontend's check
-        ({"tools": [{"type": "function", "function": {
-            "name": "f", "parameters": {"type": "integer", "minimum": 3, "maximum": 1}}}],
-          "tool_choice": "required"}, "tools"),    # the engine cannot compile it
-        ({"tools": TOOLS, "tool_choice": "required",
-          "response_format": {"type": "json_object"}}, "tool_choice"),   # two constraints
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "tool_choice",
+        ),  # the frontend's check
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {"type": "integer", "minimum": 3, "maximum": 1},
+                        },
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            "tools",
+        ),  # the engine cannot compile it
+        (
+            {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "tool_choice",
+        ),  # two constraints
     ]
     for body, param in cases:
         with pytest.raises(openai.BadRequestError) as caught:
-            client.chat.completions.create(model="router", messages=QUESTION,
-                                           max_tokens=20, **body)
+            client.chat.completions.create(model="router", messages=QUESTION, max_tokens=20, **body)
         assert caught.value.body["param"] == param, body
 
 
@@ -216,8 +269,11 @@ def test_triton_clients_get_the_calls_in_the_tool_calls_output(default_server):
     """A gRPC client of the router: the tools and tool_choice inputs, the tool_calls
     output (docs/clients.md)."""
     inputs = []
-    for name, value in (("messages", json.dumps(ASK)), ("tools", json.dumps(TOOLS)),
-                        ("tool_choice", "get_weather")):
+    for name, value in (
+        ("messages", json.dumps(ASK)),
+        ("tools", json.dumps(TOOLS)),
+        ("tool_choice", "get_weather"),
+    ):
         tensor = grpcclient.InferInput(name, [1], "BYTES")
         tensor.set_data_from_numpy(np.array([value.encode()], dtype=object))
         inputs.append(tensor)

@@ -2,6 +2,7 @@
 under more streams than primary takes is answered by primary or refused (overloaded),
 never by `backup`, primary's fallback and another model. Requests without the hint still
 fall back. Two SGLang engine doubles (support/sglang_double.py), so it costs seconds."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -15,19 +16,33 @@ from tests.helpers.servers import render, start_server
 
 pytestmark = [pytest.mark.server]
 
-SPEC = {"name": "pinned", "hardware": {"gpu": "cpu"},
-        "models": [{"name": name, "engine": "sglang", "model": "/models/test-double",
-                    "engine_args": {"context_length": 4096}} for name in ("primary", "backup")],
-        "router": {"default": ["primary"], "fallback": {"primary": ["backup"]},
-                   "max_inflight_per_backend": 2}}
+SPEC = {
+    "name": "pinned",
+    "hardware": {"gpu": "cpu"},
+    "models": [
+        {
+            "name": name,
+            "engine": "sglang",
+            "model": "/models/test-double",
+            "engine_args": {"context_length": 4096},
+        }
+        for name in ("primary", "backup")
+    ],
+    "router": {
+        "default": ["primary"],
+        "fallback": {"primary": ["backup"]},
+        "max_inflight_per_backend": 2,
+    },
+}
 STREAMS = 12
 
 
 def _outcome(server, hints) -> str:
     """Who answered, or the first word of the router's refusal."""
     try:
-        return infer.stream_generate(server.grpc_url, "router", "Hello", max_tokens=40,
-                                     hints=hints, timeout_s=120).served_by
+        return infer.stream_generate(
+            server.grpc_url, "router", "Hello", max_tokens=40, hints=hints, timeout_s=120
+        ).served_by
     except infer.InferError as e:
         return str(e).removeprefix("router: ").split(":")[0]
 
@@ -39,11 +54,12 @@ def test_a_pinned_backend_answers_or_refuses_never_its_fallback(tmp_path):
     server = start_server(repo, tmp_path, load_models=["primary", "backup", "router"])
     try:
         with ThreadPoolExecutor(STREAMS) as pool:
-            pinned = Counter(pool.map(lambda _: _outcome(server, {"route": "primary"}),
-                                      range(STREAMS)))
+            pinned = Counter(
+                pool.map(lambda _: _outcome(server, {"route": "primary"}), range(STREAMS))
+            )
             unpinned = Counter(pool.map(lambda _: _outcome(server, None), range(STREAMS)))
     finally:
         server.stop()
     assert set(pinned) <= {"primary", "overloaded"}, pinned
     assert pinned["primary"] >= 1 and pinned["overloaded"] >= 1, pinned
-    assert unpinned["backup"] >= 1, unpinned    # the default route still falls back
+    assert unpinned["backup"] >= 1, unpinned  # the default route still falls back

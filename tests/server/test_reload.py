@@ -10,6 +10,7 @@ exited (so its finalize has run), and must answer correctly all along; its histo
 counting across the instances. The lifecycle's own rules are checked first, without a
 server, against the pb_utils double.
 """
+
 from __future__ import annotations
 
 import gc
@@ -37,15 +38,28 @@ SPEC = {
     "name": "reload",
     "hardware": {"gpu": "cpu"},
     "models": [
-        {"name": "qwen", "engine": "sglang", "model": "/models/test-double",
-         "engine_args": {"context_length": 4096}},
-        {"name": "tiny", "engine": "vllm", "model": "builtin:tiny-llama",
-         "engine_args": {"max_model_len": 512, "block_size": 32, "max_num_seqs": 4,
-                         "dtype": "float32", "seed": 0}},
+        {
+            "name": "qwen",
+            "engine": "sglang",
+            "model": "/models/test-double",
+            "engine_args": {"context_length": 4096},
+        },
+        {
+            "name": "tiny",
+            "engine": "vllm",
+            "model": "builtin:tiny-llama",
+            "engine_args": {
+                "max_model_len": 512,
+                "block_size": 32,
+                "max_num_seqs": 4,
+                "dtype": "float32",
+                "seed": 0,
+            },
+        },
     ],
     "router": {"default": ["qwen"]},
 }
-DOUBLE_REPLY = " w0 w1 w2 w3"     # the SGLang double's first four words (SHIM)
+DOUBLE_REPLY = " w0 w1 w2 w3"  # the SGLang double's first four words (SHIM)
 
 
 def test_metrics_outlive_their_set_and_drop_writes_once_closed(monkeypatch):
@@ -57,11 +71,11 @@ def test_metrics_outlive_their_set_and_drop_writes_once_closed(monkeypatch):
     counter = old.metric("trident_test_total", "test", metrics.COUNTER, {"model": "m"})
     counter.increment(2)
     old_series = weakref.ref(pb.metric("trident_test_total", model="m"))
-    old.close()                   # the old instance's finalize
-    counter.increment(5)          # a late write of the old instance: dropped
+    old.close()  # the old instance's finalize
+    counter.increment(5)  # a late write of the old instance: dropped
     del old, counter
     gc.collect()
-    assert old_series() is not None and old_series().value() == 2   # never deleted
+    assert old_series() is not None and old_series().value() == 2  # never deleted
     assert pb.metric_violations == []
 
 
@@ -77,29 +91,34 @@ def server(tmp_path_factory):
 
 def control(server, model: str, action: str) -> None:
     request = urllib.request.Request(
-        f"{server.http_url}/v2/repository/models/{model}/{action}", data=b"{}",
-        method="POST", headers=server.admin_headers)   # model control needs the admin key
+        f"{server.http_url}/v2/repository/models/{model}/{action}",
+        data=b"{}",
+        method="POST",
+        headers=server.admin_headers,
+    )  # model control needs the admin key
     with urllib.request.urlopen(request, timeout=240) as response:
         assert response.status == 200
 
 
 def stubs_of(server, model: str) -> set[int]:
-    return {pid for pid, stub in stub_processes(server.process.pid).items()
-            if stub.model == model}
+    return {pid for pid, stub in stub_processes(server.process.pid).items() if stub.model == model}
 
 
 def wait_for_successor(server, model: str, old: set[int]) -> None:
     """Until the old instance's stub has exited (its finalize ran) and one new one serves."""
+
     def replaced():
         assert server.process.poll() is None, "tritonserver died (see its log)"
         stubs = stubs_of(server, model)
         return len(stubs) == 1 and not stubs & old
+
     wait_for(replaced, timeout_s=120, interval_s=0.2)
 
 
 def answer(server, model: str) -> tuple[str, str, int]:
-    result = infer.stream_generate(server.grpc_url, model, "Hello", max_tokens=4,
-                                   sampling={"temperature": 0}, timeout_s=120)
+    result = infer.stream_generate(
+        server.grpc_url, model, "Hello", max_tokens=4, sampling={"temperature": 0}, timeout_s=120
+    )
     return result.text, result.served_by, result.output_tokens
 
 
@@ -107,19 +126,18 @@ def observations(server, histogram: str, **labels) -> float:
     return metric_value(server.metrics_url, histogram + "_count", **labels)
 
 
-def reload_and_check(server, model: str, histogram: str, labels: dict,
-                     expected: tuple) -> None:
+def reload_and_check(server, model: str, histogram: str, labels: dict, expected: tuple) -> None:
     """Serve, load again, serve, unload + load, serve four times; the same answer
     each time, the server alive, every request observed in the histogram."""
     assert answer(server, model) == expected
     counted = observations(server, histogram, **labels)
     old = stubs_of(server, model)
-    control(server, model, "load")            # a new instance replaces the loaded one
+    control(server, model, "load")  # a new instance replaces the loaded one
     wait_for_successor(server, model, old)
     assert answer(server, model) == expected
     old = stubs_of(server, model)
     control(server, model, "unload")
-    control(server, model, "load")            # while the old stub may still finalize
+    control(server, model, "load")  # while the old stub may still finalize
     wait_for_successor(server, model, old)
     for _ in range(4):
         assert answer(server, model) == expected
@@ -130,14 +148,24 @@ def reload_and_check(server, model: str, histogram: str, labels: dict,
 
 @server_test
 def test_sglang_model_survives_reloads(server):
-    reload_and_check(server, "qwen", "trident_time_to_first_token_seconds",
-                     {"model": "qwen"}, (DOUBLE_REPLY, "qwen", 4))
+    reload_and_check(
+        server,
+        "qwen",
+        "trident_time_to_first_token_seconds",
+        {"model": "qwen"},
+        (DOUBLE_REPLY, "qwen", 4),
+    )
 
 
 @server_test
 def test_router_survives_reloads(server):
-    reload_and_check(server, "router", "trident_router_added_latency_seconds",
-                     {"router": "router"}, (DOUBLE_REPLY, "qwen", 4))
+    reload_and_check(
+        server,
+        "router",
+        "trident_router_added_latency_seconds",
+        {"router": "router"},
+        (DOUBLE_REPLY, "qwen", 4),
+    )
 
 
 @server_test
@@ -145,8 +173,9 @@ def test_router_survives_reloads(server):
 def test_vllm_model_survives_reloads(server):
     text, served_by, tokens = answer(server, "tiny")
     assert served_by == "tiny" and tokens == 4
-    reload_and_check(server, "tiny", "trident_time_to_first_token_seconds",
-                     {"model": "tiny"}, (text, "tiny", 4))   # greedy: the same text
+    reload_and_check(
+        server, "tiny", "trident_time_to_first_token_seconds", {"model": "tiny"}, (text, "tiny", 4)
+    )  # greedy: the same text
 
 
 @server_test
@@ -156,9 +185,10 @@ def test_unload_with_a_stream_in_flight(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
     try:
-        client.async_stream_infer("qwen", infer.build_inputs("Hello", max_tokens=300),
-                                  enable_empty_final_response=True)
-        assert responses.get(timeout=60)[1] is None        # streaming has begun
+        client.async_stream_infer(
+            "qwen", infer.build_inputs("Hello", max_tokens=300), enable_empty_final_response=True
+        )
+        assert responses.get(timeout=60)[1] is None  # streaming has begun
         old = stubs_of(server, "qwen")
         control(server, "qwen", "unload")
         assert _ends(responses, 60), "the in-flight stream never ended"
@@ -168,8 +198,10 @@ def test_unload_with_a_stream_in_flight(server):
     control(server, "qwen", "load")
     wait_for_successor(server, "qwen", old)
     assert answer(server, "qwen") == (DOUBLE_REPLY, "qwen", 4)
-    wait_for(lambda: metric_value(server.metrics_url, "trident_requests_in_flight",
-                                  model="qwen") == 0, 30)
+    wait_for(
+        lambda: metric_value(server.metrics_url, "trident_requests_in_flight", model="qwen") == 0,
+        30,
+    )
 
 
 def _ends(responses: queue.Queue, timeout_s: float) -> bool:
@@ -197,4 +229,4 @@ def test_server_stops_cleanly_after_the_reloads(server):
     assert code is not None and code >= 0, f"tritonserver ended by signal {-code}"
     log = server.log_path.read_text(errors="replace")
     signals = set(re.findall(r"Signal \((\d+)\) received", log))
-    assert signals <= {"15"}, f"tritonserver got signal {signals} (see its log)"   # 15: ours
+    assert signals <= {"15"}, f"tritonserver got signal {signals} (see its log)"  # 15: ours

@@ -5,6 +5,7 @@ router's code over them. `trident serve`'s loading puts the replicas first; each
 answers a direct call as itself, `qwen` and the router answer through a replica, and a
 replica whose stub died is reloaded alone (the keeper's reload), its sibling, `qwen` and
 the router untouched."""
+
 from __future__ import annotations
 
 import os
@@ -25,12 +26,18 @@ REPLICAS = ("qwen__r0", "qwen__r1")
 SPEC = {
     "name": "replicas",
     "hardware": {"gpu": "cpu"},
-    "models": [{"name": "qwen", "engine": "sglang", "model": "/models/test-double",
-                "instances": 2, "engine_args": {"context_length": 4096,
-                                                "max_running_requests": 8}}],
+    "models": [
+        {
+            "name": "qwen",
+            "engine": "sglang",
+            "model": "/models/test-double",
+            "instances": 2,
+            "engine_args": {"context_length": 4096, "max_running_requests": 8},
+        }
+    ],
     "router": {"default": ["qwen"]},
 }
-DOUBLE_REPLY = " w0 w1 w2 w3"     # the SGLang double's first four words (SHIM)
+DOUBLE_REPLY = " w0 w1 w2 w3"  # the SGLang double's first four words (SHIM)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +52,9 @@ def server(tmp_path_factory):
 
 
 def answer(server, model: str) -> tuple[str, str]:
-    result = infer.stream_generate(server.grpc_url, model, "Hello", max_tokens=4,
-                                   sampling={"temperature": 0}, timeout_s=60)
+    result = infer.stream_generate(
+        server.grpc_url, model, "Hello", max_tokens=4, sampling={"temperature": 0}, timeout_s=60
+    )
     return result.text, result.served_by
 
 
@@ -61,7 +69,7 @@ def test_every_replica_and_the_model_itself_answer(server):
     assert server.ready_models() >= {*REPLICAS, "qwen", "router"}
     running = stubs(server)
     assert all(len(running[name]) == 1 for name in (*REPLICAS, "qwen", "router"))
-    for replica in REPLICAS:     # one engine each, answering as itself
+    for replica in REPLICAS:  # one engine each, answering as itself
         assert answer(server, replica) == (DOUBLE_REPLY, replica)
     for caller in ("qwen", "router"):
         text, served_by = answer(server, caller)

@@ -10,6 +10,7 @@ up to the balance bound, then spills; a tenant is never routed by another tenant
 prefix; round_robin alternates; a killed replica's conversations move to the live one
 and succeed. The tests run in file order: the last one kills a replica's stub.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,11 +38,15 @@ def server(tmp_path_factory):
     spec["models"][0].update(instances=2, placement={})
     spec["router"] = {
         "default": [MODEL],
-        "rules": [{"name": "rr", "match": {"hint": "rr"}, "backends": [MODEL],
-                   "policy": "round_robin"}],
-        "breaker": {"consecutive_failures": CONSECUTIVE_FAILURES, "cooldown_s": 600}}
-    spec["tenants"] = {"default": {"requests_per_minute": 100000},
-                       "limits": {"alice": {}, "bob": {}}}
+        "rules": [
+            {"name": "rr", "match": {"hint": "rr"}, "backends": [MODEL], "policy": "round_robin"}
+        ],
+        "breaker": {"consecutive_failures": CONSECUTIVE_FAILURES, "cooldown_s": 600},
+    }
+    spec["tenants"] = {
+        "default": {"requests_per_minute": 100000},
+        "limits": {"alice": {}, "bob": {}},
+    }
     repo = render(spec, tmp / "repo")
     for replica in REPLICAS:
         (repo / replica / "1" / "sglang.py").write_text(SHIM)
@@ -51,8 +56,9 @@ def server(tmp_path_factory):
 
 
 def ask(server, messages, max_tokens=8, hints=None, timeout_s=60) -> Stream:
-    stream = Stream(server, raw_inputs=build_inputs(None, messages, max_tokens, True,
-                                                    {"temperature": 0}, hints))
+    stream = Stream(
+        server, raw_inputs=build_inputs(None, messages, max_tokens, True, {"temperature": 0}, hints)
+    )
     try:
         assert stream.pump(timeout_s), "no final response"
         return stream
@@ -74,8 +80,12 @@ def chat(topic: str, conversation: int, turns: int, replies: list[str]) -> list[
     """A conversation's messages up to its `turns`-th question, its history resent."""
     messages = [{"role": "system", "content": system(topic)}]
     for t in range(turns):
-        messages.append({"role": "user", "content": f"Customer {conversation} asks "
-                                                    f"question {t} about order {t}. " * 10})
+        messages.append(
+            {
+                "role": "user",
+                "content": f"Customer {conversation} asks question {t} about order {t}. " * 10,
+            }
+        )
         if t < turns - 1:
             messages.append({"role": "assistant", "content": replies[t]})
     return messages
@@ -86,9 +96,18 @@ def replica_metric(server, name, replica, **labels) -> float:
 
 
 def routed(server, reason, policy="prefix_aware") -> float:
-    return sum(metric_value(server.metrics_url, "trident_router_replica_requests_total",
-                            router="router", backend=MODEL, replica=replica,
-                            policy=policy, reason=reason) for replica in REPLICAS)
+    return sum(
+        metric_value(
+            server.metrics_url,
+            "trident_router_replica_requests_total",
+            router="router",
+            backend=MODEL,
+            replica=replica,
+            policy=policy,
+            reason=reason,
+        )
+        for replica in REPLICAS
+    )
 
 
 def conversations(server, topic, hints, count=3, turns=3):
@@ -105,11 +124,12 @@ def conversations(server, topic, hints, count=3, turns=3):
     before = None
     for t in range(1, turns + 1):
         if t == 2:
-            before = (counted("trident_prefix_cached_tokens_total"),
-                      counted("trident_prompt_tokens_total"))
+            before = (
+                counted("trident_prefix_cached_tokens_total"),
+                counted("trident_prompt_tokens_total"),
+            )
         for n in range(count):
-            stream = ask(server, chat(topic, n, t, replies[n]), max_tokens=12,
-                         hints=hints(n))
+            stream = ask(server, chat(topic, n, t, replies[n]), max_tokens=12, hints=hints(n))
             replies[n].append("".join(stream.texts))
             homes[n].append(served(stream))
     cached = counted("trident_prefix_cached_tokens_total") - before[0]
@@ -126,10 +146,11 @@ def test_conversations_stay_with_their_cache(server):
     # replica of its first), and scattered by round_robin (the rule `rr`).
     _, pinned = conversations(server, "invoices", lambda n: {"conversation_id": f"i{n}"})
     _, blind = conversations(server, "refunds", lambda n: {"route": "rr"})
-    print(f"engine prefix-cache hit rate, turns 2-3: prefix_aware {hit_rate:.2f}, "
-          f"pinned {pinned:.2f}, round_robin {blind:.2f}")
-    assert abs(hit_rate - pinned) <= 0.05 and hit_rate - blind >= 0.15, (
-        hit_rate, pinned, blind)
+    print(
+        f"engine prefix-cache hit rate, turns 2-3: prefix_aware {hit_rate:.2f}, "
+        f"pinned {pinned:.2f}, round_robin {blind:.2f}"
+    )
+    assert abs(hit_rate - pinned) <= 0.05 and hit_rate - blind >= 0.15, (hit_rate, pinned, blind)
 
 
 def test_a_hot_prefix_spills_past_the_balance_bound(server):
@@ -141,8 +162,9 @@ def test_a_hot_prefix_spills_past_the_balance_bound(server):
     streams = []
     try:
         for _ in range(6):
-            stream = Stream(server, raw_inputs=build_inputs(None, prompt, 300, True,
-                                                            {"temperature": 0}))
+            stream = Stream(
+                server, raw_inputs=build_inputs(None, prompt, 300, True, {"temperature": 0})
+            )
             streams.append(stream)
             stream.wait_first_text(30)
         names = [served(s) for s in streams]
@@ -159,7 +181,7 @@ def test_salted_tenants_never_share_a_route_by_prefix(server):
     prompt = [{"role": "user", "content": system("billing") + "Where is my invoice?"}]
     by_prefix = routed(server, "prefix")
     home = served(ask(server, prompt, hints={"tenant": "alice"}))
-    served(ask(server, prompt, hints={"tenant": "bob"}))   # same text, bob's own salt
+    served(ask(server, prompt, hints={"tenant": "bob"}))  # same text, bob's own salt
     wait_for(lambda: sum(routed(server, r) for r in ("load", "prefix", "spill")) > 0)
     assert routed(server, "prefix") == by_prefix
     assert served(ask(server, prompt, hints={"tenant": "alice"})) == home
@@ -169,8 +191,9 @@ def test_salted_tenants_never_share_a_route_by_prefix(server):
 def test_round_robin_alternates(server):
     prompt = [{"role": "user", "content": system("delivery") + "When does it arrive?"}]
     names = [served(ask(server, prompt, hints={"route": "rr"})) for _ in range(4)]
-    assert names[0] != names[1] and names[0::2] == [names[0]] * 2 and \
-        names[1::2] == [names[1]] * 2, names
+    assert (
+        names[0] != names[1] and names[0::2] == [names[0]] * 2 and names[1::2] == [names[1]] * 2
+    ), names
 
 
 def stub_pid(server, instance: str) -> int:
@@ -182,9 +205,12 @@ def stub_pid(server, instance: str) -> int:
             args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue
-        if (len(args) > 8 and args[0].endswith(b"triton_python_backend_stub")
-                and args[1].decode(errors="replace").startswith(repo + "/")
-                and args[8].decode() == instance):
+        if (
+            len(args) > 8
+            and args[0].endswith(b"triton_python_backend_stub")
+            and args[1].decode(errors="replace").startswith(repo + "/")
+            and args[8].decode() == instance
+        ):
             return int(entry)
     raise AssertionError(f"no stub runs {instance}")
 
@@ -194,15 +220,23 @@ def test_a_killed_replicas_conversations_move_and_succeed(server):
     prompt = [{"role": "user", "content": "Hello again"}]
     homes = {c: served(ask(server, prompt, hints={"conversation_id": c})) for c in ids}
     dead, live = REPLICAS
-    assert set(homes.values()) == set(REPLICAS), homes   # rendezvous spreads them
-    for c in ids:   # every turn meets its own replica
+    assert set(homes.values()) == set(REPLICAS), homes  # rendezvous spreads them
+    for c in ids:  # every turn meets its own replica
         assert served(ask(server, prompt, hints={"conversation_id": c})) == homes[c]
     os.kill(stub_pid(server, f"{dead}_0_0"), signal.SIGKILL)
-    for _ in range(2):   # before and after the dead replica's breaker opens
+    for _ in range(2):  # before and after the dead replica's breaker opens
         for c in ids:
             assert served(ask(server, prompt, hints={"conversation_id": c})) == live
-    wait_for(lambda: metric_value(server.metrics_url, "trident_router_breaker_state",
-                                  router="router", backend=dead) == 2, timeout_s=10)
-    failed = metric_value(server.metrics_url, "trident_router_fallbacks_total",
-                          router="router", backend=dead)
-    assert failed == CONSECUTIVE_FAILURES   # then its conversations go to `live` first
+    wait_for(
+        lambda: (
+            metric_value(
+                server.metrics_url, "trident_router_breaker_state", router="router", backend=dead
+            )
+            == 2
+        ),
+        timeout_s=10,
+    )
+    failed = metric_value(
+        server.metrics_url, "trident_router_fallbacks_total", router="router", backend=dead
+    )
+    assert failed == CONSECUTIVE_FAILURES  # then its conversations go to `live` first

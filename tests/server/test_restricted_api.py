@@ -4,6 +4,7 @@ reaches Triton's ports without the admin key cannot load, unload or list models,
 change the log settings, over HTTP or gRPC, and the model stays loaded; inference,
 health and the frontend are not affected; the keeper still reloads a killed model. The
 key is on tritonserver's command line, the router secret is not."""
+
 from __future__ import annotations
 
 import json
@@ -30,15 +31,17 @@ from tests.helpers.servers import free_ports, render
 pytestmark = pytest.mark.server
 
 SPEC = {
-    "name": "restricted", "hardware": {"gpu": "cpu"},
+    "name": "restricted",
+    "hardware": {"gpu": "cpu"},
     "models": [{"name": "qa", "engine": "sglang", "model": "/models/test-double"}],
     "router": {"default": ["qa"]},
 }
 
 
 def http(url: str, path: str, headers=None, data: bytes | None = b"{}") -> tuple[int, str]:
-    call = urllib.request.Request(url + path, data=data, headers=headers or {},
-                                  method="GET" if data is None else "POST")
+    call = urllib.request.Request(
+        url + path, data=data, headers=headers or {}, method="GET" if data is None else "POST"
+    )
     try:
         with urllib.request.urlopen(call, timeout=120) as answer:
             return answer.status, answer.read().decode()
@@ -47,7 +50,7 @@ def http(url: str, path: str, headers=None, data: bytes | None = b"{}") -> tuple
 
 
 def ready(url: str, model: str) -> bool:
-    return http(url, f"/v2/models/{model}/ready", data=None)[0] == 200   # health: open
+    return http(url, f"/v2/models/{model}/ready", data=None)[0] == 200  # health: open
 
 
 def refused_over_grpc(call) -> str:
@@ -66,16 +69,34 @@ def serving(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != admin.KEY_ENV}
     with open(output, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "builder.cli.main", "serve", "--repo", str(repo),
-             "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
-             "--metrics-port", str(ports.metrics), "--openai-port", str(openai),
-             "--no-self-test"], stdout=out, stderr=subprocess.STDOUT, env=env)
+            [
+                sys.executable,
+                "-m",
+                "builder.cli.main",
+                "serve",
+                "--repo",
+                str(repo),
+                "--http-port",
+                str(ports.http),
+                "--grpc-port",
+                str(ports.grpc),
+                "--metrics-port",
+                str(ports.metrics),
+                "--openai-port",
+                str(openai),
+                "--no-self-test",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     pid = None
     try:
         wait_for(lambda: "OpenAI API:" in output.read_text() or proc.poll() is not None, 180)
         assert proc.poll() is None, output.read_text()
-        found = subprocess.run(["pgrep", "-f", "--", f"--http-port={ports.http}"],
-                               capture_output=True, text=True).stdout.split()
+        found = subprocess.run(
+            ["pgrep", "-f", "--", f"--http-port={ports.http}"], capture_output=True, text=True
+        ).stdout.split()
         assert len(found) == 1, found
         pid = int(found[0])
         yield ports, openai, pid, output
@@ -96,15 +117,21 @@ def test_model_control_without_the_key_is_refused_over_http(serving):
     ports, _, _, _ = serving
     url = f"http://127.0.0.1:{ports.http}"
     for headers in (None, {admin.HEADER: "not-the-key-" * 4}):
-        for path in ("/v2/repository/models/qa/unload", "/v2/repository/models/qa/load",
-                     "/v2/repository/index"):
+        for path in (
+            "/v2/repository/models/qa/unload",
+            "/v2/repository/models/qa/load",
+            "/v2/repository/index",
+        ):
             code, said = http(url, path, headers)
             assert code == 403 and "restricted" in said, (path, code, said)
-        code, _ = http(url, "/v2/logging", headers, json.dumps({"log_verbose_level": 1})
-                       .encode())
+        code, _ = http(url, "/v2/logging", headers, json.dumps({"log_verbose_level": 1}).encode())
         assert code == 403
-        code, _ = http(url, "/v2/systemsharedmemory/region/x/register", headers, json.dumps(
-            {"key": "/x", "offset": 0, "byte_size": 8}).encode())
+        code, _ = http(
+            url,
+            "/v2/systemsharedmemory/region/x/register",
+            headers,
+            json.dumps({"key": "/x", "offset": 0, "byte_size": 8}).encode(),
+        )
         assert code == 403
     assert ready(url, "qa") and ready(url, "router")
 
@@ -113,9 +140,13 @@ def test_model_control_without_the_key_is_refused_over_grpc(serving):
     ports, _, _, _ = serving
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
     try:
-        for call in (lambda: grpc.unload_model("qa"), lambda: grpc.load_model("qa"),
-                     grpc.get_model_repository_index, grpc.get_log_settings,
-                     lambda: grpc.unload_model("qa", headers={admin.GRPC_HEADER: "x" * 40})):
+        for call in (
+            lambda: grpc.unload_model("qa"),
+            lambda: grpc.load_model("qa"),
+            grpc.get_model_repository_index,
+            grpc.get_log_settings,
+            lambda: grpc.unload_model("qa", headers={admin.GRPC_HEADER: "x" * 40}),
+        ):
             assert "restricted" in refused_over_grpc(call)
         assert grpc.is_model_ready("qa")
     finally:
@@ -125,8 +156,9 @@ def test_model_control_without_the_key_is_refused_over_grpc(serving):
 
 def test_inference_and_the_frontend_need_no_key(serving):
     ports, openai, _, _ = serving
-    answer = client.stream_generate(f"127.0.0.1:{ports.grpc}", "router", "hi", max_tokens=4,
-                                    timeout_s=60)
+    answer = client.stream_generate(
+        f"127.0.0.1:{ports.grpc}", "router", "hi", max_tokens=4, timeout_s=60
+    )
     assert answer.text and answer.served_by == "qa"
     # The frontend lists models through the (restricted) index: it carries the key.
     code, said = http(f"http://127.0.0.1:{openai}", "/v1/models", data=None)
@@ -137,8 +169,11 @@ def test_the_key_is_on_the_command_line_the_router_secret_is_not(serving):
     ports, _, pid, _ = serving
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
     key = [a for a in argv if a.startswith("--http-restricted-api=")][0].rsplit("=", 1)[1]
-    environ = dict(line.split("=", 1) for line in Path(f"/proc/{pid}/environ").read_bytes()
-                   .decode(errors="replace").split("\0") if "=" in line)
+    environ = dict(
+        line.split("=", 1)
+        for line in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        if "=" in line
+    )
     secret = environ[INTERFACE.ROUTER_SECRET_ENV]
     assert len(key) >= 32 and key != secret and secret not in "\0".join(argv)
     assert admin.KEY_ENV not in environ
@@ -156,6 +191,7 @@ def test_the_keeper_still_reloads_a_killed_model(serving):
     wait_for(lambda: "model 'qa' is back" in output.read_text(), 90, interval_s=0.5)
     assert [s.pid for s in stub_processes(pid).values() if s.model == "qa"] != [victim.pid]
     assert client.stream_generate(url, "qa", "hi", max_tokens=4, timeout_s=60).text
-    keeper_lines = [line for line in output.read_text().splitlines()
-                    if line.startswith("trident serve:")]
+    keeper_lines = [
+        line for line in output.read_text().splitlines() if line.startswith("trident serve:")
+    ]
     assert not [line for line in keeper_lines if "failed" in line], keeper_lines

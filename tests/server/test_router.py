@@ -6,6 +6,7 @@ concurrency and cancellation, then the failure story (kill primary's stub mid-st
 error then final flag; traffic moves to backup, breaker opens; unload/load primary →
 traffic returns once the breaker closes). Waits poll a condition with a bounded deadline.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,6 +41,7 @@ def server(tmp_path_factory):
 
 # -- helpers ------------------------------------------------------------------------------
 
+
 def metric(server, name: str, **labels) -> float:
     return metric_value(server.metrics_url, name, **labels)
 
@@ -54,35 +56,47 @@ def stub_pid(server, model: str) -> int | None:
             args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if (len(args) > 1 and args[0].endswith(b"triton_python_backend_stub")
-                and args[1].decode(errors="replace").startswith(model_file)):
+        if (
+            len(args) > 1
+            and args[0].endswith(b"triton_python_backend_stub")
+            and args[1].decode(errors="replace").startswith(model_file)
+        ):
             return int(entry)
     return None
 
 
 def repository_call(server, model: str, action: str, timeout_s: float = 240) -> None:
     request = urllib.request.Request(
-        f"{server.http_url}/v2/repository/models/{model}/{action}", data=b"{}",
-        method="POST", headers=server.admin_headers)   # model control needs the admin key
+        f"{server.http_url}/v2/repository/models/{model}/{action}",
+        data=b"{}",
+        method="POST",
+        headers=server.admin_headers,
+    )  # model control needs the admin key
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
         assert response.status == 200
 
 
 # -- routing ------------------------------------------------------------------------------
 
-CHAT = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-        {"role": "user", "content": "What is the capital of France?"}]
+CHAT = [
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": "What is the capital of France?"},
+]
 
 
-@pytest.mark.parametrize("kwargs, expected", [
-    ({}, "primary"),                                                # default route
-    ({"hints": {"route": "fast"}}, "backup"),                       # rule by hint
-    ({"hints": {"route": "backup"}}, "backup"),                     # hint = backend name
-    ({"hints": {"route": "chat"}}, "primary"),                      # hint = rule name
-    ({"hints": {"tier": "free"}}, "backup"),                        # rule by tier
-    ({"parameters": {"tier": "free"}}, "backup"),                   # ... as a parameter
-    ({"prompt": "word " * 200, "chat": False}, "backup"),          # long prompt
-])
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        ({}, "primary"),  # default route
+        ({"hints": {"route": "fast"}}, "backup"),  # rule by hint
+        ({"hints": {"route": "backup"}}, "backup"),  # hint = backend name
+        ({"hints": {"route": "chat"}}, "primary"),  # hint = rule name
+        ({"hints": {"tier": "free"}}, "backup"),  # rule by tier
+        ({"parameters": {"tier": "free"}}, "backup"),  # ... as a parameter
+        ({"prompt": "word " * 200, "chat": False}, "backup"),  # long prompt
+    ],
+)
 def test_rules_pick_the_backend(server, kwargs, expected):
     stream = generate(server, **{"max_tokens": 4, **kwargs})
     assert not stream.errors
@@ -99,10 +113,12 @@ def test_multi_turn_chat_goes_to_primary(server):
 
 def test_router_output_matches_the_backend(server):
     """Relaying changes nothing: greedy text through the router equals the backend's."""
-    direct = stream_generate(server.grpc_url, "primary", "What is the capital of France?",
-                             max_tokens=12, sampling=GREEDY)
-    routed = stream_generate(server.grpc_url, "router", "What is the capital of France?",
-                             max_tokens=12, sampling=GREEDY)
+    direct = stream_generate(
+        server.grpc_url, "primary", "What is the capital of France?", max_tokens=12, sampling=GREEDY
+    )
+    routed = stream_generate(
+        server.grpc_url, "router", "What is the capital of France?", max_tokens=12, sampling=GREEDY
+    )
     assert routed.text == direct.text and routed.served_by == "primary"
 
 
@@ -112,9 +128,13 @@ def test_sampling_values_sent_as_request_parameters(server, model):
     # router forwards a float as text: BLS takes bool/int/str parameter values only).
     greedy_five = {"temperature": 0, "max_tokens": 5, "ignore_eos": True}
     expected = generate(server, model="primary", max_tokens=None, sampling=greedy_five)
-    stream = generate(server, model=model, max_tokens=None, sampling=None,
-                      parameters={"temperature": 0.0, "top_p": 1.0, "max_tokens": 5,
-                                  "ignore_eos": True})
+    stream = generate(
+        server,
+        model=model,
+        max_tokens=None,
+        sampling=None,
+        parameters={"temperature": 0.0, "top_p": 1.0, "max_tokens": 5, "ignore_eos": True},
+    )
     assert not stream.errors and stream.finals == 1
     assert stream.text == expected.text and expected.text
 
@@ -153,12 +173,16 @@ def test_malformed_messages_get_an_error(server):
 
 # -- non-streaming requests: one response ------------------------------------------------
 
-@pytest.mark.parametrize("prompt_kind, hints, exclude", [
-    ("text", None, None),
-    ("chat", None, None),
-    ("text", {"route": "backup"}, None),
-    ("text", None, True),
-])
+
+@pytest.mark.parametrize(
+    "prompt_kind, hints, exclude",
+    [
+        ("text", None, None),
+        ("chat", None, None),
+        ("text", {"route": "backup"}, None),
+        ("text", None, True),
+    ],
+)
 def test_a_non_streaming_answer_is_one_final_response(server, prompt_kind, hints, exclude):
     """Through the router exactly as from the backend: one response carrying the final
     flag (Triton 2.51's BLS iterator, rewound by a second loop, once sent it twice)."""
@@ -167,8 +191,15 @@ def test_a_non_streaming_answer_is_one_final_response(server, prompt_kind, hints
     backend = (hints or {}).get("route", "primary")
     streams = {}
     for model in (backend, "router"):
-        inputs = build_inputs(text, chat, 8, False, GREEDY, hints if model == "router"
-                              else None, exclude_input_in_output=exclude)
+        inputs = build_inputs(
+            text,
+            chat,
+            8,
+            False,
+            GREEDY,
+            hints if model == "router" else None,
+            exclude_input_in_output=exclude,
+        )
         streams[model] = generate(server, model=model, raw_inputs=inputs)
     routed, direct = streams["router"], streams[backend]
     assert not routed.errors and routed.served_by == {backend}
@@ -185,8 +216,7 @@ def test_a_one_token_stream_is_relayed_once(server):
 def test_http_generate_through_the_router(server):
     url = f"{server.http_url}/v2/models/{{}}/generate"
     greedy = json.dumps(GREEDY)
-    body = {"text_input": "Hello", "stream": False, "max_tokens": 8,
-            "sampling_parameters": greedy}
+    body = {"text_input": "Hello", "stream": False, "max_tokens": 8, "sampling_parameters": greedy}
     _, direct = http_json(url.format("primary"), body)
     status, routed = http_json(url.format("router"), body)
     assert status == 200 and "text_output" in json.loads(routed), routed
@@ -195,8 +225,10 @@ def test_http_generate_through_the_router(server):
     # messages as the JSON generate endpoint takes them: a string holding the list, or
     # one message object (a bare JSON array of objects never reaches a model).
     for messages in ([{"role": "user", "content": "Hi"}], {"role": "user", "content": "Hi"}):
-        status, routed = http_json(url.format("router"), {
-            "messages": json.dumps(messages), "max_tokens": 4, "sampling_parameters": greedy})
+        status, routed = http_json(
+            url.format("router"),
+            {"messages": json.dumps(messages), "max_tokens": 4, "sampling_parameters": greedy},
+        )
         assert status == 200 and json.loads(routed)["text_output"], routed
 
 
@@ -213,9 +245,18 @@ def test_client_errors_never_trip_a_breaker(server):
 
 # -- concurrency --------------------------------------------------------------------------
 
+
 def test_sixteen_streams_progress_in_parallel(server):
-    streams = [Stream(server, prompt=f"Count to {i}.", max_tokens=24, sampling=ENDLESS,
-                      hints={"route": "primary"}) for i in range(16)]
+    streams = [
+        Stream(
+            server,
+            prompt=f"Count to {i}.",
+            max_tokens=24,
+            sampling=ENDLESS,
+            hints={"route": "primary"},
+        )
+        for i in range(16)
+    ]
     try:
         for stream in streams:
             assert stream.pump(180), "a stream never finished"
@@ -234,14 +275,22 @@ def test_sixteen_streams_progress_in_parallel(server):
 
 # -- cancellation -------------------------------------------------------------------------
 
+
 def test_cancel_reaches_the_backend(server):
     aborted_before = metric(server, "trident_requests_aborted_total", model="primary")
-    stream = Stream(server, prompt="Tell me a long story.", max_tokens=400, sampling=ENDLESS,
-                    hints={"route": "primary"})
+    stream = Stream(
+        server,
+        prompt="Tell me a long story.",
+        max_tokens=400,
+        sampling=ENDLESS,
+        hints={"route": "primary"},
+    )
     stream.wait_first_text(60)
     stream.close(cancel=True)
-    wait_for(lambda: metric(server, "trident_requests_aborted_total", model="primary")
-             > aborted_before, 10)
+    wait_for(
+        lambda: metric(server, "trident_requests_aborted_total", model="primary") > aborted_before,
+        10,
+    )
     assert metric(server, "trident_router_aborts_total", backend="primary") >= 1
     wait_for(lambda: metric(server, "trident_requests_in_flight", model="primary") == 0, 10)
     after = generate(server, max_tokens=4)
@@ -250,9 +299,15 @@ def test_cancel_reaches_the_backend(server):
 
 # -- failures: kill primary, watch the fallback, restart it --------------------------------
 
+
 def test_backend_killed_mid_stream_gives_error_then_final(server):
-    stream = Stream(server, prompt="Tell me a long story.", max_tokens=400, sampling=ENDLESS,
-                    hints={"route": "primary"})
+    stream = Stream(
+        server,
+        prompt="Tell me a long story.",
+        max_tokens=400,
+        sampling=ENDLESS,
+        hints={"route": "primary"},
+    )
     try:
         stream.wait_first_text(60)
         pid = stub_pid(server, "primary")
@@ -285,8 +340,8 @@ def test_traffic_returns_after_primary_restarts(server):
     repository_call(server, "primary", "load")
     assert server.http_get("/v2/models/primary/ready") == 200
     # After the cooldown one probe request goes to primary; success closes the breaker.
-    wait_for(lambda: generate(server, max_tokens=2).served_by == {"primary"}, 60,
-             interval_s=0.5)
+    wait_for(lambda: generate(server, max_tokens=2).served_by == {"primary"}, 60, interval_s=0.5)
     assert metric(server, "trident_router_breaker_state", backend="primary") == 0
-    assert metric(server, "trident_router_requests_total", route="default",
-                  served_by="primary") >= 1
+    assert (
+        metric(server, "trident_router_requests_total", route="default", served_by="primary") >= 1
+    )

@@ -10,6 +10,7 @@ instance's breaker opening after its own `consecutive_failures` failures (so N x
 consecutive_failures fallbacks in all, then none). The tests run in file order: the last
 one kills the primary's stub.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,12 +38,17 @@ def server(redis, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("router-instances")
     spec = deployment("/models/test-double", "cpu")
     spec["models"].append({**spec["models"][0], "name": BACKUP})
-    spec["router"] = {"default": [MODEL], "fallback": {MODEL: [BACKUP]},
-                      "instances": INSTANCES,
-                      "breaker": {"consecutive_failures": CONSECUTIVE_FAILURES,
-                                  "cooldown_s": 600}}
-    spec["tenants"] = {"redis": redis.url, "default": {"requests_per_minute": 10000},
-                       "limits": {"alice": {"requests_per_minute": 3}}}
+    spec["router"] = {
+        "default": [MODEL],
+        "fallback": {MODEL: [BACKUP]},
+        "instances": INSTANCES,
+        "breaker": {"consecutive_failures": CONSECUTIVE_FAILURES, "cooldown_s": 600},
+    }
+    spec["tenants"] = {
+        "redis": redis.url,
+        "default": {"requests_per_minute": 10000},
+        "limits": {"alice": {"requests_per_minute": 3}},
+    }
     repo = render(spec, tmp / "repo")
     for model in (MODEL, BACKUP):
         (repo / model / "1" / "sglang.py").write_text(SHIM)
@@ -63,15 +69,18 @@ def stubs(server) -> dict[str, int]:
             args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if (len(args) > 8 and args[0].endswith(b"triton_python_backend_stub")
-                and args[1].decode(errors="replace").startswith(repo + "/")):
+        if (
+            len(args) > 8
+            and args[0].endswith(b"triton_python_backend_stub")
+            and args[1].decode(errors="replace").startswith(repo + "/")
+        ):
             found[args[8].decode()] = int(entry)
     return found
 
 
 def cpu_ticks(pid: int) -> int:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])      # utime + stime
+    return int(fields[11]) + int(fields[12])  # utime + stime
 
 
 def ask(server, tenant="bob", max_tokens=4, timeout_s=30) -> Stream:
@@ -104,14 +113,18 @@ def test_two_router_stubs_share_the_streams(server):
 def test_counters_of_both_instances_add_up(server):
     # Triton gives every stub the same series for a name and labels: each request is
     # counted once, whichever instance served it.
-    requests = lambda: metric(server, "trident_router_requests_total",  # noqa: E731
-                              route="default", served_by=MODEL)
+    requests = lambda: metric(  # noqa: E731
+        server,
+        "trident_router_requests_total",
+        route="default",
+        served_by=MODEL,
+    )
     latency = lambda: metric(server, "trident_router_added_latency_seconds_count")  # noqa: E731
     before = requests(), latency()
     for _ in range(10):
         assert not ask(server).errors
     wait_for(lambda: requests() - before[0] >= 10, timeout_s=10)
-    time.sleep(0.3)   # metric writes are queued: a late double count would show by now
+    time.sleep(0.3)  # metric writes are queued: a late double count would show by now
     assert (requests() - before[0], latency() - before[1]) == (10, 10)
 
 
@@ -124,13 +137,20 @@ def test_a_tenant_limit_holds_across_instances(server):
     assert refused == [["rate limit: tenant 'alice' is over 3 requests per minute"]] * 3
     assert all(a.finals == 1 for a in answers)
     assert metric(server, "trident_tenant_admitted_total", tenant="alice") == 3
-    assert metric(server, "trident_tenant_rejected_total", tenant="alice",
-                  reason="requests_per_minute") == 3
+    assert (
+        metric(
+            server, "trident_tenant_rejected_total", tenant="alice", reason="requests_per_minute"
+        )
+        == 3
+    )
 
 
 def test_fallback_works_and_each_instance_trips_its_own_breaker(server):
-    fallbacks = lambda: metric(server, "trident_router_fallbacks_total",  # noqa: E731
-                               backend=MODEL)
+    fallbacks = lambda: metric(  # noqa: E731
+        server,
+        "trident_router_fallbacks_total",
+        backend=MODEL,
+    )
     assert fallbacks() == 0
     os.kill(stubs(server)[f"{MODEL}_0_0"], signal.SIGKILL)
     served = []
@@ -146,7 +166,11 @@ def test_fallback_works_and_each_instance_trips_its_own_breaker(server):
     assert fallbacks() == INSTANCES * CONSECUTIVE_FAILURES
     # The breaker gauge is each instance's own series (a gauge is set, not added up).
     for instance in ("router_0_0", "router_0_1"):
-        assert metric(server, "trident_router_breaker_state", backend=MODEL,
-                      router_instance=instance) == 2
-        assert metric(server, "trident_router_breaker_state", backend=BACKUP,
-                      router_instance=instance) == 0
+        assert (
+            metric(server, "trident_router_breaker_state", backend=MODEL, router_instance=instance)
+            == 2
+        )
+        assert (
+            metric(server, "trident_router_breaker_state", backend=BACKUP, router_instance=instance)
+            == 0
+        )

@@ -7,6 +7,7 @@ A cancel storm (streams cancelled as soon as their first chunk arrives) and an o
 every stream with text or a reason, leave no request in flight, never open a breaker
 and never call a busy backend dead. Every wait polls with a bounded deadline.
 """
+
 from __future__ import annotations
 
 import threading
@@ -21,7 +22,7 @@ from tests.helpers.streams import ENDLESS, Stream, generate
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 
 BACKENDS = ("primary", "backup")
-FIRST_CHUNK_S = 90     # generous: queued streams wait for a slot on 2 busy cores
+FIRST_CHUNK_S = 90  # generous: queued streams wait for a slot on 2 busy cores
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +44,11 @@ def breaker_states(server):
 
 def settled(server):
     """Nothing in flight on either backend, both breakers closed."""
-    wait_for(lambda: all(metric(server, "trident_requests_in_flight", model=b) == 0
-                         for b in BACKENDS), 60, interval_s=0.5)
+    wait_for(
+        lambda: all(metric(server, "trident_requests_in_flight", model=b) == 0 for b in BACKENDS),
+        60,
+        interval_s=0.5,
+    )
     assert breaker_states(server) == {"primary": 0, "backup": 0}
 
 
@@ -67,8 +71,9 @@ def storm_round(server, streams: int) -> list[str]:
     lock = threading.Lock()
 
     def one(i):
-        stream = Stream(server, prompt=f"Tell me story number {i}.", max_tokens=200,
-                        sampling=ENDLESS)
+        stream = Stream(
+            server, prompt=f"Tell me story number {i}.", max_tokens=200, sampling=ENDLESS
+        )
         try:
             outcome = first_chunk_or_reason(stream, FIRST_CHUNK_S)
         except AssertionError as e:
@@ -120,8 +125,13 @@ def test_overload_queues_in_the_engine_and_never_opens_a_breaker(server):
             finally:
                 stream.close(cancel=True)
             with lock:
-                outcomes.append("hang" if not finished else
-                                f"error: {stream.errors[0]}" if stream.errors else "served")
+                outcomes.append(
+                    "hang"
+                    if not finished
+                    else f"error: {stream.errors[0]}"
+                    if stream.errors
+                    else "served"
+                )
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for thread in threads:

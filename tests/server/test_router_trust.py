@@ -8,6 +8,7 @@ abort it before it starts; the router's own requests still carry their tenant's 
 priority (the engine refuses both without the router's proof, so an answer means the
 proof held) and still abort in the engine when their client cancels.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -32,7 +33,7 @@ def server(tmp_path_factory):
     spec["tenants"] = {"limits": {"alice": {"tier": "premium"}, "bob": {"tier": "batch"}}}
     repo = render(spec, tmp / "repo")
     (repo / MODEL / "1" / "sglang.py").write_text(SHIM)
-    with pytest.MonkeyPatch.context() as env:   # as `trident serve` gives every server one
+    with pytest.MonkeyPatch.context() as env:  # as `trident serve` gives every server one
         env.setenv(ROUTER_SECRET_ENV, uuid.uuid4().hex + uuid.uuid4().hex)
         server = start_server(repo, tmp, timeout_s=60)
     yield server
@@ -66,17 +67,23 @@ def finish(stream: Stream):
         stream.close()
 
 
-@pytest.mark.parametrize("extra,name", [
-    (lambda: bad_requests.text("cache_salt", "0" * 32), "cache_salt"),   # any tenant's salt
-    (lambda: bad_requests.number("priority", 0), "priority")])           # the premium tier
+@pytest.mark.parametrize(
+    "extra,name",
+    [
+        (lambda: bad_requests.text("cache_salt", "0" * 32), "cache_salt"),  # any tenant's salt
+        (lambda: bad_requests.number("priority", 0), "priority"),
+    ],
+)  # the premium tier
 def test_a_salt_or_a_priority_is_the_routers_to_set(server, extra, name):
     result = finish(direct(server, extra()))
     assert result.errors and result.errors[0].startswith(
-        f"invalid request: {name} is set by the router only"), result
+        f"invalid request: {name} is set by the router only"
+    ), result
     assert result.chunks == 0
-    for tenant in ("alice", "bob"):    # the router sets both for them, with its proof
-        answer = generate(server.grpc_url, "router", prompt="Count.", max_tokens=4,
-                          hints={"tenant": tenant})
+    for tenant in ("alice", "bob"):  # the router sets both for them, with its proof
+        answer = generate(
+            server.grpc_url, "router", prompt="Count.", max_tokens=4, hints={"tenant": tenant}
+        )
         assert not answer.errors and answer.output_tokens == 4, answer
         assert answer.served_by == MODEL
 
@@ -84,19 +91,19 @@ def test_a_salt_or_a_priority_is_the_routers_to_set(server, extra, name):
 def test_a_second_connection_cannot_end_a_direct_clients_stream(server):
     victim_id = f"victim-{uuid.uuid4().hex}"
     victim = direct(server, request_id=victim_id)
-    assert victim.read(until_chunks=2, timeout_s=60).chunks >= 2    # it is generating
+    assert victim.read(until_chunks=2, timeout_s=60).chunks >= 2  # it is generating
     refused = abort(server, victim_id)
     assert refused and refused[0].startswith(
-        "invalid request: abort_request_id is the router's own input"), refused
+        "invalid request: abort_request_id is the router's own input"
+    ), refused
     result = finish(victim)
     assert not result.errors and result.finish_reason == "length", result
     assert result.output_tokens == 40 and result.finals == 1
-    check_sglang.check_abort(server, "router")   # a cancel through the router still aborts
+    check_sglang.check_abort(server, "router")  # a cancel through the router still aborts
 
 
 def test_a_second_connection_cannot_abort_a_request_before_it_starts(server):
     victim_id = f"early-{uuid.uuid4().hex}"
-    assert abort(server, victim_id)                                   # refused, forgotten
+    assert abort(server, victim_id)  # refused, forgotten
     result = finish(direct(server, request_id=victim_id, max_tokens=8))
     assert not result.errors and result.output_tokens == 8 and result.text, result
-

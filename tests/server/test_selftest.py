@@ -2,6 +2,7 @@
 stub, and a model that corrupts strings (chosen through the test-only TRIDENT_SELFTEST_MODEL)
 or kills its stub makes it fail; `trident serve` then exits 1 with the reason and leaves
 no server behind."""
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,7 @@ from builder.serve.server import _self_test_server
 from tests.helpers.servers import free_ports
 
 # What the bundled 3.12 stub does on the GPU box: every byte of the input becomes 0x02.
-CORRUPTING = '''
+CORRUPTING = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -28,15 +29,15 @@ class TritonPythonModel:
             bad = np.array([b"\\x02" * len(t) for t in text.flat], dtype=object)
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", bad)]))
         return out
-'''
+"""
 # ... and then its stub dies.
-DYING = '''
+DYING = """
 import os
 
 class TritonPythonModel:
     def execute(self, requests):
         os._exit(1)
-'''
+"""
 
 
 def test_the_self_test_passes_here_in_about_a_second():
@@ -46,7 +47,7 @@ def test_the_self_test_passes_here_in_about_a_second():
         assert selftest.run(_self_test_server) is None
         took.append(time.monotonic() - started)
     print(f"self-test: {', '.join(f'{t:.2f}' for t in took)} s")
-    assert min(took) < 10   # ~0.5 s on an idle 2-core machine
+    assert min(took) < 10  # ~0.5 s on an idle 2-core machine
 
 
 def test_a_dying_stub_fails_the_self_test(tmp_path, monkeypatch):
@@ -66,10 +67,25 @@ def test_trident_serve_refuses_a_stub_that_corrupts_strings(tmp_path):
     ports = free_ports()
     env = {**os.environ, selftest.MODEL_ENV: str(model)}
     proc = subprocess.run(
-        [sys.executable, "-m", "builder.cli.main", "serve", "--repo", str(repo),
-         "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
-         "--metrics-port", str(ports.metrics)],
-        capture_output=True, text=True, timeout=120, env=env)
+        [
+            sys.executable,
+            "-m",
+            "builder.cli.main",
+            "serve",
+            "--repo",
+            str(repo),
+            "--http-port",
+            str(ports.http),
+            "--grpc-port",
+            str(ports.grpc),
+            "--metrics-port",
+            str(ports.metrics),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "ready:" not in proc.stdout and "Traceback" not in proc.stderr
     (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
@@ -79,6 +95,7 @@ def test_trident_serve_refuses_a_stub_that_corrupts_strings(tmp_path):
     # Neither the real server nor the self-test's is left running.
     kept = Path(line.rsplit("log: ", 1)[1].rstrip(")")).parent
     for pattern in (f"--http-port={ports.http}", str(kept)):
-        assert subprocess.run(["pgrep", "-f", "--", pattern],
-                              capture_output=True).stdout == b"", pattern
-    shutil.rmtree(kept)   # kept for its log when the self-test fails
+        assert subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True).stdout == b"", (
+            pattern
+        )
+    shutil.rmtree(kept)  # kept for its log when the self-test fails

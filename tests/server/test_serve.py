@@ -1,5 +1,6 @@
 """`trident serve` and the renderer against a real tritonserver (models that cannot run
 on this machine are left out with explicit model control, never by editing the output)."""
+
 from __future__ import annotations
 
 import os
@@ -28,9 +29,17 @@ server_test = pytest.mark.server
 
 MIXED = {
     "models": [
-        {"name": "tiny", "engine": "vllm", "model": "builtin:tiny-llama",
-         "engine_args": {"max_model_len": 512, "block_size": 32, "max_num_seqs": 4,
-                         "dtype": "float32"}},
+        {
+            "name": "tiny",
+            "engine": "vllm",
+            "model": "builtin:tiny-llama",
+            "engine_args": {
+                "max_model_len": 512,
+                "block_size": 32,
+                "max_num_seqs": 4,
+                "dtype": "float32",
+            },
+        },
         {"name": "rag", "engine": "sglang", "model": "/models/not-on-this-machine"},
     ],
     "router": {"default": ["tiny"]},
@@ -49,13 +58,13 @@ def test_rendered_repository_loads_and_answers(mixed_repo, tmp_path):
     try:
         states = {m["name"]: m.get("state") for m in server.model_states()}
         assert states["tiny"] == "READY" and states["router"] == "READY"
-        assert states["rag"] != "READY"       # present in the repository, not loaded
-        result = infer.stream_generate(server.grpc_url, "router", "Hello", max_tokens=5,
-                                       sampling={"temperature": 0})
+        assert states["rag"] != "READY"  # present in the repository, not loaded
+        result = infer.stream_generate(
+            server.grpc_url, "router", "Hello", max_tokens=5, sampling={"temperature": 0}
+        )
         assert result.served_by == "tiny" and result.output_tokens == 5
-        vllm_regions = {r for r in shm_regions_of_group(server.process.pid)
-                        if r.startswith("psm_")}
-        assert vllm_regions   # vLLM's engine maps its own shared memory (~240 MiB each)
+        vllm_regions = {r for r in shm_regions_of_group(server.process.pid) if r.startswith("psm_")}
+        assert vllm_regions  # vLLM's engine maps its own shared memory (~240 MiB each)
     finally:
         server.stop()
     # vLLM leaves its psm_* regions behind when its process group is stopped: stop()
@@ -74,6 +83,7 @@ def test_router_alone_is_ready_fast(mixed_repo, tmp_path):
 @server_test
 def test_port_in_use_is_reported_before_starting(mixed_repo, tmp_path):
     import socket
+
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -86,9 +96,19 @@ def test_port_in_use_is_reported_before_starting(mixed_repo, tmp_path):
 
 @server_test
 def test_failed_model_load_is_explained(tmp_path):
-    broken = render({"models": [{"name": "ghost", "engine": "vllm",
-                                 "model": str(tmp_path / "no-such-model"),
-                                 "engine_args": {"block_size": 32}}]}, tmp_path / "repo")
+    broken = render(
+        {
+            "models": [
+                {
+                    "name": "ghost",
+                    "engine": "vllm",
+                    "model": str(tmp_path / "no-such-model"),
+                    "engine_args": {"block_size": 32},
+                }
+            ]
+        },
+        tmp_path / "repo",
+    )
     server = TritonServer(broken, free_ports(), log_path=tmp_path / "server.log")
     server.start()
     try:
@@ -98,7 +118,7 @@ def test_failed_model_load_is_explained(tmp_path):
         server.stop()
     message = str(failure.value)
     assert message.startswith("model 'ghost' failed to load: ")
-    assert str(tmp_path / "no-such-model") in message     # the model's own reason
+    assert str(tmp_path / "no-such-model") in message  # the model's own reason
     assert str(tmp_path / "server.log") in message
 
 
@@ -107,10 +127,27 @@ def test_trident_serve_stops_on_sigterm_and_cleans_up(mixed_repo, tmp_path):
     ports = free_ports()
     env = {k: v for k, v in os.environ.items() if k != INTERFACE.ROUTER_SECRET_ENV}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "builder.cli.main", "serve", "--repo", str(mixed_repo),
-         "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
-         "--metrics-port", str(ports.metrics), "--load-model", "router"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "builder.cli.main",
+            "serve",
+            "--repo",
+            str(mixed_repo),
+            "--http-port",
+            str(ports.http),
+            "--grpc-port",
+            str(ports.grpc),
+            "--metrics-port",
+            str(ports.metrics),
+            "--load-model",
+            "router",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     said = []
     try:
         for line in proc.stdout:
@@ -122,42 +159,49 @@ def test_trident_serve_stops_on_sigterm_and_cleans_up(mixed_repo, tmp_path):
             pytest.fail("trident serve never printed ready")
         server_pid = _server_pid(ports)
         # Triton's ports are private: bound to loopback, not to every interface.
-        assert {(address, port) for address, port in listening_addresses(server_pid)
-                if port in (ports.http, ports.grpc, ports.metrics)} == {
-            ("127.0.0.1", ports.http), ("127.0.0.1", ports.grpc),
-            ("127.0.0.1", ports.metrics)}
+        assert {
+            (address, port)
+            for address, port in listening_addresses(server_pid)
+            if port in (ports.http, ports.grpc, ports.metrics)
+        } == {("127.0.0.1", ports.http), ("127.0.0.1", ports.grpc), ("127.0.0.1", ports.metrics)}
         # The router secret is in the server's environment, made for this start.
         environ = Path(f"/proc/{server_pid}/environ").read_bytes().split(b"\0")
-        secret = [v.split(b"=", 1)[1] for v in environ
-                  if v.startswith(INTERFACE.ROUTER_SECRET_ENV.encode() + b"=")]
+        secret = [
+            v.split(b"=", 1)[1]
+            for v in environ
+            if v.startswith(INTERFACE.ROUTER_SECRET_ENV.encode() + b"=")
+        ]
         assert len(secret) == 1 and len(secret[0]) >= 32
         regions = shm_regions_of_group(server_pid)
-        assert regions   # the router's stub maps at least one region
+        assert regions  # the router's stub maps at least one region
         stopping = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
         assert time.monotonic() - stopping < 15
         said += proc.stdout.readlines()
-        assert not any(secret[0].decode() in line for line in said)   # never printed
+        assert not any(secret[0].decode() in line for line in said)  # never printed
     finally:
-        if proc.poll() is None:   # the test failed: leave no server behind
+        if proc.poll() is None:  # the test failed: leave no server behind
             proc.kill()
             subprocess.run(["pkill", "-KILL", "-f", "--", f"--http-port={ports.http}"])
-    server_procs = subprocess.run(["pgrep", "-f", "--", f"--http-port={ports.http}"],
-                                  capture_output=True, text=True).stdout.split()
+    server_procs = subprocess.run(
+        ["pgrep", "-f", "--", f"--http-port={ports.http}"], capture_output=True, text=True
+    ).stdout.split()
     assert server_procs == []
     assert not any((SHM_DIR / name).exists() for name in regions)
 
 
 def test_serve_missing_repository_exits_2(tmp_path, capsys):
     from builder.cli.main import main
+
     assert main(["serve", "--repo", str(tmp_path / "nope")]) == 2
     assert "no such model repository" in capsys.readouterr().err
 
 
 def _server_pid(ports: Ports) -> int:
-    found = subprocess.run(["pgrep", "-f", "--", f"--http-port={ports.http}"],
-                           capture_output=True, text=True).stdout.split()
+    found = subprocess.run(
+        ["pgrep", "-f", "--", f"--http-port={ports.http}"], capture_output=True, text=True
+    ).stdout.split()
     return int(found[0])
 
 
@@ -192,13 +236,14 @@ def test_a_load_that_never_finishes_is_named_with_its_stage(tmp_path):
     try:
         with pytest.raises(ServeError) as failure:
             server.wait_ready(15)
-        stubs = [s.pid for s in stub_processes(server.process.pid).values()
-                 if s.model == "stuck"]
+        stubs = [s.pid for s in stub_processes(server.process.pid).values() if s.model == "stuck"]
     finally:
         server.stop(grace_s=2)
     message = str(failure.value)
     assert message.startswith("model 'stuck' did not load within the 15 s start-up timeout")
-    assert (f"instance stuck_0_0 created, not yet loaded (its stub process {stubs[0]} "
-            "running); the model's last log line: 'stuck: waiting for an engine that never "
-            "comes'") in message
+    assert (
+        f"instance stuck_0_0 created, not yet loaded (its stub process {stubs[0]} "
+        "running); the model's last log line: 'stuck: waiting for an engine that never "
+        "comes'"
+    ) in message
     assert "HTTP port" not in message

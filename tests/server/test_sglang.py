@@ -7,6 +7,7 @@ pb_utils, decoupled streaming over gRPC, cancellation, the router with its abort
 request id and conversation hints, Prometheus metrics. The checks are the GPU check's
 own (tests/gpu/check_sglang.py), so the GPU run exercises the same assertions.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -16,6 +17,7 @@ from tests.gpu import check_sglang
 from tests.helpers.servers import render, start_server
 
 pytestmark = pytest.mark.server
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):

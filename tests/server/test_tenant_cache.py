@@ -10,6 +10,7 @@ the client has the final flag).
 alice and bob are isolated: bob's request of the prompt alice just sent hits nothing,
 while alice's own repeat hits. carol and dave share: dave hits what carol cached.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -26,8 +27,12 @@ MODEL = "smollm2"
 
 def long_prompt(topic: str) -> str:
     """About 300 tokens, different per topic."""
-    return " ".join(f"Note {i} on {topic}: item {i} is listed after item {i - 1}."
-                    for i in range(1, 25)) + f" Summarise the notes on {topic}."
+    return (
+        " ".join(
+            f"Note {i} on {topic}: item {i} is listed after item {i - 1}." for i in range(1, 25)
+        )
+        + f" Summarise the notes on {topic}."
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +40,10 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tenant-cache")
     spec = yaml.safe_load((ROOT / "deploy" / "default.yaml").read_text())
     assert spec["models"][0]["engine_args"]["enable_prefix_caching"] is True
-    spec["tenants"] = {"limits": {"alice": {}, "bob": {}, "carol": {}, "dave": {}},
-                       "share_prefix_cache": ["carol", "dave"]}
+    spec["tenants"] = {
+        "limits": {"alice": {}, "bob": {}, "carol": {}, "dave": {}},
+        "share_prefix_cache": ["carol", "dave"],
+    }
     server = start_server(render(spec, tmp / "repo"), tmp)
     yield server
     server.stop()
@@ -55,23 +62,24 @@ def ask(server, tenant: str, prompt: str) -> tuple[float, float]:
         assert stream.pump(120), "no final response within 120 s"
     finally:
         stream.close()
-    assert not stream.errors and stream.served_by == {MODEL}, (stream.errors,
-                                                                stream.served_by)
-    return (counted(server, "trident_prefix_cached_tokens_total") - cached,
-            counted(server, "trident_prompt_tokens_total") - prompt_tokens)
+    assert not stream.errors and stream.served_by == {MODEL}, (stream.errors, stream.served_by)
+    return (
+        counted(server, "trident_prefix_cached_tokens_total") - cached,
+        counted(server, "trident_prompt_tokens_total") - prompt_tokens,
+    )
 
 
 def test_isolated_tenants_do_not_hit_each_others_prefix_cache(server):
     prompt = long_prompt("rivers")
     first, tokens = ask(server, "alice", prompt)
     assert tokens >= 250 and first == 0, (first, tokens)
-    assert ask(server, "bob", prompt)[0] == 0          # alice's blocks are not bob's
-    again, tokens = ask(server, "alice", prompt)       # but they are alice's
+    assert ask(server, "bob", prompt)[0] == 0  # alice's blocks are not bob's
+    again, tokens = ask(server, "alice", prompt)  # but they are alice's
     assert again >= tokens / 2, (again, tokens)
 
 
 def test_tenants_sharing_the_prefix_cache_hit_each_others_prefixes(server):
     prompt = long_prompt("mountains")
-    assert ask(server, "carol", prompt)[0] < 64        # at most the chat template's head
+    assert ask(server, "carol", prompt)[0] < 64  # at most the chat template's head
     hit, tokens = ask(server, "dave", prompt)
     assert hit >= tokens / 2, (hit, tokens)

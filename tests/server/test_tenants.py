@@ -5,6 +5,7 @@ served twice: server `allow` as rendered, server `deny` from a copy whose router
 on_redis_error: deny. Both count in the same Redis keys, so a tenant's limit holds across
 them. Redis is killed mid-run and brought back on the same port.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,13 @@ pytestmark = pytest.mark.server
 
 TENANTS = {
     "default": {"requests_per_minute": 1000},
-    "limits": {"alice": {"tier": "premium", "requests_per_minute": 3}, "bob": {},
-               "carol": {"max_concurrent": 1}, "dave": {"tokens_per_minute": 20},
-               "eve": {"requests_per_minute": 5}},
+    "limits": {
+        "alice": {"tier": "premium", "requests_per_minute": 3},
+        "bob": {},
+        "carol": {"max_concurrent": 1},
+        "dave": {"tokens_per_minute": 20},
+        "eve": {"requests_per_minute": 5},
+    },
 }
 
 
@@ -65,8 +70,9 @@ def ask(server, tenant, max_tokens=2, timeout_s=30):
 
 
 def total(servers, name, **labels):
-    return sum(metric_value(s.metrics_url, name, router="router", **labels)
-               for s in servers.values())
+    return sum(
+        metric_value(s.metrics_url, name, router="router", **labels) for s in servers.values()
+    )
 
 
 def test_three_requests_per_minute_hold_across_two_servers(servers):
@@ -78,8 +84,12 @@ def test_three_requests_per_minute_hold_across_two_servers(servers):
     assert refused == [["rate limit: tenant 'alice' is over 3 requests per minute"]] * 3
     assert all(a.finals == 1 for a in answers)
     assert total(servers, "trident_tenant_admitted_total", tenant="alice") == 3
-    assert total(servers, "trident_tenant_rejected_total", tenant="alice",
-                 reason="requests_per_minute") == 3
+    assert (
+        total(
+            servers, "trident_tenant_rejected_total", tenant="alice", reason="requests_per_minute"
+        )
+        == 3
+    )
     # Another tenant is untouched, and no refusal counted against the backend.
     assert not ask(pair[0], "bob").errors and not ask(pair[1], "bob").errors
     assert total(servers, "trident_router_breaker_state", backend=check_sglang.MODEL) == 0
@@ -88,9 +98,19 @@ def test_three_requests_per_minute_hold_across_two_servers(servers):
 def test_tokens_are_charged_after_the_response(servers):
     first = ask(servers["allow"], "dave", max_tokens=30)
     assert not first.errors
-    wait_for(lambda: metric_value(servers["allow"].metrics_url, "trident_tenant_tokens_total",
-                                  tenant="dave", kind="completion") >= 1, timeout_s=10)
-    time.sleep(0.2)   # the charge is written to Redis off the request's path
+    wait_for(
+        lambda: (
+            metric_value(
+                servers["allow"].metrics_url,
+                "trident_tenant_tokens_total",
+                tenant="dave",
+                kind="completion",
+            )
+            >= 1
+        ),
+        timeout_s=10,
+    )
+    time.sleep(0.2)  # the charge is written to Redis off the request's path
     second = ask(servers["deny"], "dave")
     assert second.errors == ["rate limit: tenant 'dave' is over 20 tokens per minute"]
 
@@ -103,11 +123,14 @@ def test_a_concurrency_slot_returns_after_a_cancel(servers):
         assert metric_value(server.metrics_url, "trident_tenant_inflight", tenant="carol") == 1
         blocked = ask(servers["deny"], "carol")
         assert blocked.errors == [
-            "rate limit: tenant 'carol' is over 1 concurrent requests (max_concurrent)"]
+            "rate limit: tenant 'carol' is over 1 concurrent requests (max_concurrent)"
+        ]
     finally:
         long.close(cancel=True)
-    wait_for(lambda: metric_value(server.metrics_url, "trident_tenant_inflight",
-                                  tenant="carol") == 0, timeout_s=15)
+    wait_for(
+        lambda: metric_value(server.metrics_url, "trident_tenant_inflight", tenant="carol") == 0,
+        timeout_s=15,
+    )
     wait_for(lambda: not ask(servers["deny"], "carol").errors, timeout_s=15)
 
 
@@ -117,9 +140,13 @@ def test_the_limit_holds_exactly_on_a_cpu_loaded_machine_in_both_modes(servers):
     router: exactly 5 admitted, 10 refused for the rate, none decided by
     on_redis_error (with the 50 ms budget: 11 of 15 admitted by `allow`, `deny`
     refusing while Redis was up)."""
+
     def failures():
-        return {d: total(servers, "trident_tenant_redis_failures_total", decision=d)
-                for d in ("allow", "deny")}
+        return {
+            d: total(servers, "trident_tenant_redis_failures_total", decision=d)
+            for d in ("allow", "deny")
+        }
+
     pair = [servers["allow"], servers["deny"]]
     before = failures()
     stop = threading.Event()
@@ -127,23 +154,27 @@ def test_the_limit_holds_exactly_on_a_cpu_loaded_machine_in_both_modes(servers):
     def other_traffic(i):
         while not stop.is_set():
             ask(pair[i % 2], "bob", max_tokens=100, timeout_s=60)
-    with busy(processes=16, threads=0), ThreadPoolExecutor(16) as others, \
-            ThreadPoolExecutor(15) as pool:
+
+    with (
+        busy(processes=16, threads=0),
+        ThreadPoolExecutor(16) as others,
+        ThreadPoolExecutor(15) as pool,
+    ):
         streams = [others.submit(other_traffic, i) for i in range(16)]
         try:
             time.sleep(1.0)
             started = time.monotonic()
-            answers = list(pool.map(lambda i: ask(pair[i % 2], "eve", timeout_s=50),
-                                    range(15)))
+            answers = list(pool.map(lambda i: ask(pair[i % 2], "eve", timeout_s=50), range(15)))
             took = time.monotonic() - started
         finally:
             stop.set()
         for stream in streams:
             stream.result(timeout=90)
-    assert took < 12, took      # within one refill interval of the 5-per-minute bucket
+    assert took < 12, took  # within one refill interval of the 5-per-minute bucket
     refused = [a.errors for a in answers if a.errors]
     assert len(refused) == 10 and all(
-        e == ["rate limit: tenant 'eve' is over 5 requests per minute"] for e in refused)
+        e == ["rate limit: tenant 'eve' is over 5 requests per minute"] for e in refused
+    )
     assert all(a.text for a in answers if not a.errors)
     assert failures() == before
 
@@ -152,9 +183,9 @@ def test_redis_killed_allow_passes_deny_fails_fast_then_limits_resume(servers, r
     redis.kill()
     try:
         started = time.monotonic()
-        passed = ask(servers["allow"], "alice")        # over its limit, but unchecked
+        passed = ask(servers["allow"], "alice")  # over its limit, but unchecked
         assert not passed.errors
-        assert time.monotonic() - started < 10         # bounded: never a hang
+        assert time.monotonic() - started < 10  # bounded: never a hang
         started = time.monotonic()
         denied = ask(servers["deny"], "bob")
         took = time.monotonic() - started
@@ -166,7 +197,7 @@ def test_redis_killed_allow_passes_deny_fails_fast_then_limits_resume(servers, r
         redis.start()
     # Both routers reconnect by themselves; the fresh Redis counts from zero.
     wait_for(lambda: not ask(servers["deny"], "bob").errors, timeout_s=15, interval_s=0.3)
-    time.sleep(1.0)   # past the allow router's retry pause too
+    time.sleep(1.0)  # past the allow router's retry pause too
     pair = [servers["allow"], servers["deny"]]
     answers = [ask(pair[i % 2], "alice") for i in range(4)]
     assert [bool(a.errors) for a in answers].count(False) == 3

@@ -1,4 +1,5 @@
 """The embedded default for real: SmolLM2 on vLLM inside tritonserver, behind `router`."""
+
 from __future__ import annotations
 
 import json
@@ -17,31 +18,46 @@ GREEDY = {"temperature": 0}
 
 def test_streamed_chat_through_router_says_paris(default_server):
     chunks = []
-    result = infer.stream_generate(default_server.grpc_url, "router",
-                                   "What is the capital of France?", max_tokens=24,
-                                   sampling=GREEDY, on_text=chunks.append)
+    result = infer.stream_generate(
+        default_server.grpc_url,
+        "router",
+        "What is the capital of France?",
+        max_tokens=24,
+        sampling=GREEDY,
+        on_text=chunks.append,
+    )
     assert "Paris" in result.text
     assert result.served_by == "smollm2"
     assert result.finish_reason in ("stop", "length")
-    assert len(chunks) > 1 and "".join(chunks) == result.text   # streamed, deltas only
+    assert len(chunks) > 1 and "".join(chunks) == result.text  # streamed, deltas only
     assert result.output_tokens >= len(chunks)
 
 
 def test_router_output_matches_backend_byte_for_byte(default_server):
-    direct = infer.stream_generate(default_server.grpc_url, "smollm2", "Name three colours.",
-                                   max_tokens=16, sampling=GREEDY)
-    routed = infer.stream_generate(default_server.grpc_url, "router", "Name three colours.",
-                                   max_tokens=16, sampling=GREEDY)
+    direct = infer.stream_generate(
+        default_server.grpc_url, "smollm2", "Name three colours.", max_tokens=16, sampling=GREEDY
+    )
+    routed = infer.stream_generate(
+        default_server.grpc_url, "router", "Name three colours.", max_tokens=16, sampling=GREEDY
+    )
     assert routed.text == direct.text and routed.output_tokens == direct.output_tokens == 16
 
 
 def test_http_generate_stream_sse(default_server):
     request = urllib.request.Request(
         default_server.http_url + "/v2/models/router/generate_stream",
-        data=json.dumps({"text_input": "The capital of France is", "stream": True,
-                         "max_tokens": 8, "sampling_parameters": json.dumps(GREEDY),
-                         "exclude_input_in_output": True}).encode(),
-        headers={"Content-Type": "application/json"}, method="POST")
+        data=json.dumps(
+            {
+                "text_input": "The capital of France is",
+                "stream": True,
+                "max_tokens": 8,
+                "sampling_parameters": json.dumps(GREEDY),
+                "exclude_input_in_output": True,
+            }
+        ).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     events = []
     with urllib.request.urlopen(request, timeout=120) as r:
         assert r.headers["Content-Type"].startswith("text/event-stream")
@@ -55,9 +71,14 @@ def test_http_generate_stream_sse(default_server):
 
 
 def test_non_streaming_request_gets_one_whole_response(default_server):
-    status, body = http_json(default_server.http_url + "/v2/models/smollm2/generate", {
-        "text_input": "The capital of France is", "max_tokens": 8,
-        "sampling_parameters": json.dumps(GREEDY)})
+    status, body = http_json(
+        default_server.http_url + "/v2/models/smollm2/generate",
+        {
+            "text_input": "The capital of France is",
+            "max_tokens": 8,
+            "sampling_parameters": json.dumps(GREEDY),
+        },
+    )
     answer = json.loads(body)
     assert status == 200
     assert answer["text_output"].startswith("The capital of France is")  # prompt included
@@ -71,27 +92,44 @@ def test_cancelled_stream_aborts_engine_request(default_server):
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(default_server.grpc_url)
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
-    client.async_stream_infer("router", infer.build_inputs(
-        "Write a very long story about a dragon.", None, 2000, True,
-        {**GREEDY, "ignore_eos": True}))   # cannot finish on its own before the cancel
-    result, error = responses.get(timeout=120)           # the first token arrived
+    client.async_stream_infer(
+        "router",
+        infer.build_inputs(
+            "Write a very long story about a dragon.",
+            None,
+            2000,
+            True,
+            {**GREEDY, "ignore_eos": True},
+        ),
+    )  # cannot finish on its own before the cancel
+    result, error = responses.get(timeout=120)  # the first token arrived
     assert error is None
     client.stop_stream(cancel_requests=True)
     client.close()
-    wait_for(lambda: metric_value(url, "trident_requests_aborted_total", model="smollm2")
-             > aborted_before, timeout_s=30)
+    wait_for(
+        lambda: (
+            metric_value(url, "trident_requests_aborted_total", model="smollm2") > aborted_before
+        ),
+        timeout_s=30,
+    )
     wait_for(lambda: metric_value(url, "trident_requests_in_flight", model="smollm2") == 0)
-    after = infer.stream_generate(default_server.grpc_url, "router", "Say hi.", max_tokens=4,
-                                  sampling=GREEDY)
+    after = infer.stream_generate(
+        default_server.grpc_url, "router", "Say hi.", max_tokens=4, sampling=GREEDY
+    )
     assert after.output_tokens == 4
 
 
 BAD_REQUESTS = [
-    ("bad sampling JSON", {"text_input": "hi", "sampling_parameters": "{temperature: 0"},
-     "sampling_parameters is not valid JSON"),
-    ("unknown sampling key", {"text_input": "hi",
-                              "sampling_parameters": json.dumps({"temprature": 0})},
-     "unknown sampling parameter(s) for vllm: temprature"),
+    (
+        "bad sampling JSON",
+        {"text_input": "hi", "sampling_parameters": "{temperature: 0"},
+        "sampling_parameters is not valid JSON",
+    ),
+    (
+        "unknown sampling key",
+        {"text_input": "hi", "sampling_parameters": json.dumps({"temprature": 0})},
+        "unknown sampling parameter(s) for vllm: temprature",
+    ),
     ("prompt too long", {"text_input": "hello " * 3000}, "maximum context length is 2048"),
     ("missing input", {"max_tokens": 4}, "one of 'text_input' or 'messages' is required"),
     ("bad messages", {"messages": json.dumps([{"role": "user"}])}, "messages[0] must be"),
@@ -101,8 +139,9 @@ BAD_REQUESTS = [
 
 @pytest.mark.parametrize("model", ["smollm2", "router"])
 @pytest.mark.parametrize("name,body,message", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
-def test_bad_request_gets_error_and_server_keeps_serving(default_server, model, name, body,
-                                                         message):
+def test_bad_request_gets_error_and_server_keeps_serving(
+    default_server, model, name, body, message
+):
     with pytest.raises(urllib.error.HTTPError) as failure:
         http_json(f"{default_server.http_url}/v2/models/{model}/generate", body)
     error = json.loads(failure.value.read())["error"]
@@ -111,18 +150,22 @@ def test_bad_request_gets_error_and_server_keeps_serving(default_server, model, 
 
 
 def test_server_still_answers_after_bad_requests(default_server):
-    result = infer.stream_generate(default_server.grpc_url, "router", "Say hi.", max_tokens=4,
-                                   sampling=GREEDY)
+    result = infer.stream_generate(
+        default_server.grpc_url, "router", "Say hi.", max_tokens=4, sampling=GREEDY
+    )
     assert result.output_tokens == 4
 
 
 def test_metrics_are_exported(default_server):
-    infer.stream_generate(default_server.grpc_url, "smollm2", "Hello", max_tokens=4,
-                          sampling=GREEDY)
+    infer.stream_generate(
+        default_server.grpc_url, "smollm2", "Hello", max_tokens=4, sampling=GREEDY
+    )
     url = default_server.metrics_url
     assert metric_value(url, "trident_generation_tokens_total", model="smollm2") >= 4
     assert metric_value(url, "trident_prompt_tokens_total", model="smollm2") > 0
     assert metric_value(url, "trident_time_to_first_token_seconds_count", model="smollm2") >= 1
     assert metric_value(url, "trident_inter_token_latency_seconds_count", model="smollm2") >= 1
-    assert metric_value(url, "trident_router_requests_total", route="default",
-                        served_by="smollm2") >= 1
+    assert (
+        metric_value(url, "trident_router_requests_total", route="default", served_by="smollm2")
+        >= 1
+    )

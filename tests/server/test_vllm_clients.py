@@ -6,6 +6,7 @@ model; streaming with the prompt in the output refused; and the OpenAI frontend 
 keys, asked by the real openai client (401 for a bad key, a tenant over its request limit
 gets the router's refusal as a 429).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,7 @@ from tests.helpers.streams import Stream
 pytestmark = [pytest.mark.vllm]
 
 GREEDY = {"temperature": 0}
-FLAGS = ("finish_reason", "cumulative_logprob", "logprobs", "num_input_tokens",
-         "num_output_tokens")
+FLAGS = ("finish_reason", "cumulative_logprob", "logprobs", "num_input_tokens", "num_output_tokens")
 KEYS = {"sk-test-alice": "alice", "sk-test-bob": "bob"}
 
 
@@ -56,10 +56,17 @@ class Recorded(Stream):
 
 
 def ask(server, model="router", stream=True, flags=None, max_tokens=6, exclude=None):
-    inputs = build_inputs("The capital of France is", None, max_tokens, stream, GREEDY,
-                          exclude_input_in_output=exclude)
+    inputs = build_inputs(
+        "The capital of France is",
+        None,
+        max_tokens,
+        stream,
+        GREEDY,
+        exclude_input_in_output=exclude,
+    )
     for name, value in (flags or {}).items():
         from tritonclient.grpc import InferInput
+
         tensor = InferInput(f"return_{name}", [1], "BOOL")
         tensor.set_data_from_numpy(np.array([value], dtype=bool))
         inputs.append(tensor)
@@ -75,8 +82,14 @@ def ask(server, model="router", stream=True, flags=None, max_tokens=6, exclude=N
 def test_without_flags_the_usual_outputs_with_running_totals(server, model):
     answer = ask(server, model)
     assert not answer.errors and answer.outputs
-    usual = {"text_output", "finish_reason", "num_input_tokens", "num_output_tokens",
-             "served_by", "error"}
+    usual = {
+        "text_output",
+        "finish_reason",
+        "num_input_tokens",
+        "num_output_tokens",
+        "served_by",
+        "error",
+    }
     assert all(set(o) == usual for o in answer.outputs)
     counts = [o["num_output_tokens"] for o in answer.outputs]
     assert counts == sorted(counts) and counts[-1] == 6
@@ -92,15 +105,20 @@ def test_flags_select_the_outputs_and_counts_per_response(server, model):
     steps = [json.loads(o["logprobs"]) for o in answer.outputs]
     assert sum(len(step) for step in steps) == 6
     position = steps[0][0]
-    (entry,) = position.values()          # the sampled token's own logprob only
+    (entry,) = position.values()  # the sampled token's own logprob only
     assert entry["logprob"] <= 0 and entry["decoded_token"]
     assert answer.outputs[-1]["cumulative_logprob"] <= 0
     assert answer.outputs[-1]["finish_reason"] == "length"
 
 
 def test_a_whole_answer_has_text_output_and_what_was_asked(server):
-    answer = ask(server, "router", stream=False, exclude=True,
-                 flags={"num_output_tokens": True, "logprobs": False})
+    answer = ask(
+        server,
+        "router",
+        stream=False,
+        exclude=True,
+        flags={"num_output_tokens": True, "logprobs": False},
+    )
     (only,) = answer.outputs
     assert set(only) == {"text_output", "num_output_tokens"}
     assert only["num_output_tokens"] == 6
@@ -120,14 +138,17 @@ def frontend(server):
 
 
 def client(frontend, key):
-    return openai.OpenAI(base_url=frontend.url + "/v1", api_key=key, max_retries=0,
-                         timeout=120)
+    return openai.OpenAI(base_url=frontend.url + "/v1", api_key=key, max_retries=0, timeout=120)
 
 
 def chat(client):
     return client.chat.completions.create(
-        model="router", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
-        temperature=0, extra_body={"tenant": "bob"})   # the key's tenant wins
+        model="router",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=2,
+        temperature=0,
+        extra_body={"tenant": "bob"},
+    )  # the key's tenant wins
 
 
 def test_a_bad_key_is_401(frontend):
@@ -140,7 +161,7 @@ def test_a_bad_key_is_401(frontend):
 
 def test_a_tenant_over_its_limit_gets_429(frontend):
     alice, bob = client(frontend, "sk-test-alice"), client(frontend, "sk-test-bob")
-    assert [m.id for m in bob.models.list().data] == ["router"]   # engines not exposed
+    assert [m.id for m in bob.models.list().data] == ["router"]  # engines not exposed
     for _ in range(2):
         assert chat(alice).choices[0].message.content is not None
     with pytest.raises(openai.RateLimitError) as error:
@@ -148,6 +169,7 @@ def test_a_tenant_over_its_limit_gets_429(frontend):
     assert error.value.status_code == 429 and "alice" in str(error.value)
     # Naming the engine model does not get alice past her limit (it did: 7 of 7).
     with pytest.raises(openai.NotFoundError):
-        alice.chat.completions.create(model="smollm2", max_tokens=2,
-                                      messages=[{"role": "user", "content": "Hi"}])
-    assert chat(bob).choices[0].finish_reason == "length"   # bob is not alice
+        alice.chat.completions.create(
+            model="smollm2", max_tokens=2, messages=[{"role": "user", "content": "Hi"}]
+        )
+    assert chat(bob).choices[0].finish_reason == "length"  # bob is not alice

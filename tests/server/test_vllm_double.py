@@ -3,6 +3,7 @@ real tritonserver: what bench/gpu_rate.py stands on. The double must be what the
 `import vllm` gets (through EXECUTION_ENV_PATH), answer at the configured pace, direct and
 through the router, and take a new rate from its control file without a reload.
 Lower bounds on time only: a busy machine can make the double later, never sooner."""
+
 from __future__ import annotations
 
 import queue
@@ -28,8 +29,9 @@ def paced(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm-double")
     repo = render(ROOT / "deploy" / "default.yaml", tmp / "repo")
     control = tmp / "rate.json"
-    use_double(repo, MODEL, make_environment(tmp / "env"), control,
-               Rate(ttft_s=0.2, tokens_per_s=50))
+    use_double(
+        repo, MODEL, make_environment(tmp / "env"), control, Rate(ttft_s=0.2, tokens_per_s=50)
+    )
     server = start_server(repo, tmp, timeout_s=60)
     yield server, control
     server.stop()
@@ -38,11 +40,16 @@ def paced(tmp_path_factory):
 @pytest.mark.parametrize("model", [MODEL, "router"])
 def test_the_vllm_model_streams_at_the_doubles_pace(paced, model):
     server, _ = paced
-    result = generate(server.grpc_url, model, prompt="go", max_tokens=20,
-                      sampling={"temperature": 0, "ignore_eos": True})
+    result = generate(
+        server.grpc_url,
+        model,
+        prompt="go",
+        max_tokens=20,
+        sampling={"temperature": 0, "ignore_eos": True},
+    )
     assert not result.errors, result.errors
     assert result.output_tokens == 20 and result.finish_reason == "length"
-    assert result.text == "".join(f" w{i}" for i in range(20))    # the double's words
+    assert result.text == "".join(f" w{i}" for i in range(20))  # the double's words
     assert result.ttft_s >= 0.2 and result.served_by == MODEL
 
 
@@ -57,12 +64,14 @@ def test_a_new_rate_applies_to_the_next_request(paced):
 def _stream_all(url: str, model: str, count: int, max_tokens: int, per_response: bool):
     """`count` concurrent streams; each one's responses as (text, num_output_tokens,
     final), read until 0.3 s after its final flag (a second one would show)."""
+
     def one(_):
         client, got = grpcclient.InferenceServerClient(url), queue.Queue()
         client.start_stream(callback=lambda result, error: got.put((result, error)))
-        inputs = build_inputs(prompt="go", max_tokens=max_tokens,
-                              sampling={"temperature": 0, "ignore_eos": True})
-        if per_response:   # vllm_backend's dialect: counts per response
+        inputs = build_inputs(
+            prompt="go", max_tokens=max_tokens, sampling={"temperature": 0, "ignore_eos": True}
+        )
+        if per_response:  # vllm_backend's dialect: counts per response
             flag = grpcclient.InferInput("return_num_output_tokens", [1], "BOOL")
             flag.set_data_from_numpy(np.array([True]))
             inputs.append(flag)
@@ -76,14 +85,20 @@ def _stream_all(url: str, model: str, count: int, max_tokens: int, per_response:
                     break
                 assert error is None, error
                 final = result.get_response().parameters["triton_final_response"].bool_param
-                responses.append((first_output(result, "text_output") or "",
-                                  int(first_output(result, "num_output_tokens") or 0), final))
+                responses.append(
+                    (
+                        first_output(result, "text_output") or "",
+                        int(first_output(result, "num_output_tokens") or 0),
+                        final,
+                    )
+                )
                 if final and deadline is None:
                     deadline = time.monotonic() + 0.3
         finally:
             client.stop_stream()
             client.close()
         return responses
+
     with ThreadPoolExecutor(count) as pool:
         return list(pool.map(one, range(count)))
 
@@ -105,4 +120,4 @@ def test_coalesced_responses_carry_every_token_once_and_one_final_flag(paced, pe
         counts = [count for text, count, _ in responses if text]
         assert (sum(counts) if per_response else counts[-1]) == 200
     responses = sum(len([t for t, _, _ in r if t]) for r in streams)
-    assert responses < 24 * 200    # the point: tokens did share responses
+    assert responses < 24 * 200  # the point: tokens did share responses

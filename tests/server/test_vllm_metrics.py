@@ -4,6 +4,7 @@ test does, loaded in explicit model-control mode (so the model can unload itself
 
 Tests run in file order: the engine is killed in the last one.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,12 +21,25 @@ from tests.server.test_vllm_clients import Recorded
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 
 SPEC = {
-    "name": "vllm-metrics", "hardware": {"gpu": "cpu"},
-    "models": [{"name": "primary", "engine": "vllm", "model": "builtin:smollm2-135m-instruct",
-                "family": "llama", "tasks": ["chat"],
-                "engine_args": {"max_model_len": 1024, "max_num_seqs": 8,
-                                "max_num_batched_tokens": 1024, "block_size": 32,
-                                "dtype": "float32", "seed": 0}}],
+    "name": "vllm-metrics",
+    "hardware": {"gpu": "cpu"},
+    "models": [
+        {
+            "name": "primary",
+            "engine": "vllm",
+            "model": "builtin:smollm2-135m-instruct",
+            "family": "llama",
+            "tasks": ["chat"],
+            "engine_args": {
+                "max_model_len": 1024,
+                "max_num_seqs": 8,
+                "max_num_batched_tokens": 1024,
+                "block_size": 32,
+                "dtype": "float32",
+                "seed": 0,
+            },
+        }
+    ],
     "router": {"default": ["primary"]},
 }
 # vllm_backend's clients send sampling values as strings.
@@ -39,8 +53,9 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm-metrics")
     repo = render(SPEC, tmp / "repo")
     with open(repo / "primary" / "config.pbtxt", "a") as config:
-        config.write('parameters: { key: "ENABLE_VLLM_HEALTH_CHECK" '
-                     'value: { string_value: "true" } }\n')
+        config.write(
+            'parameters: { key: "ENABLE_VLLM_HEALTH_CHECK" value: { string_value: "true" } }\n'
+        )
     server = start_server(repo, tmp, load_models=["primary"])
     yield server
     server.stop()
@@ -60,17 +75,19 @@ def vllm_metric(server, name, **labels) -> float:
     return metric_value(server.metrics_url, name, model="primary", version="1", **labels)
 
 
-NAMES = {"prompt": "vllm:prompt_tokens_total", "generated": "vllm:generation_tokens_total",
-         "ttft": "vllm:time_to_first_token_seconds_count",
-         "tpot": "vllm:time_per_output_token_seconds_count",
-         "e2e": "vllm:e2e_request_latency_seconds_count",
-         "per_request": "vllm:request_generation_tokens_sum"}
+NAMES = {
+    "prompt": "vllm:prompt_tokens_total",
+    "generated": "vllm:generation_tokens_total",
+    "ttft": "vllm:time_to_first_token_seconds_count",
+    "tpot": "vllm:time_per_output_token_seconds_count",
+    "e2e": "vllm:e2e_request_latency_seconds_count",
+    "per_request": "vllm:request_generation_tokens_sum",
+}
 
 
 def snapshot(server) -> dict:
     values = {key: vllm_metric(server, name) for key, name in NAMES.items()}
-    values["length"] = vllm_metric(server, "vllm:request_success_total",
-                                   finished_reason="length")
+    values["length"] = vllm_metric(server, "vllm:request_success_total", finished_reason="length")
     return values
 
 
@@ -81,11 +98,17 @@ def test_vllm_counters_equal_the_real_token_counts(server):
     prompt_tokens = sum(a.outputs[-1]["num_input_tokens"] for a in answers)
     generated = sum(a.outputs[-1]["num_output_tokens"] for a in answers)
     assert generated == 8 * len(PROMPTS) and prompt_tokens > len(PROMPTS)
-    expected = {"prompt": prompt_tokens, "generated": generated, "ttft": len(PROMPTS),
-                "tpot": generated - len(PROMPTS), "e2e": len(PROMPTS),
-                "per_request": generated, "length": len(PROMPTS)}
+    expected = {
+        "prompt": prompt_tokens,
+        "generated": generated,
+        "ttft": len(PROMPTS),
+        "tpot": generated - len(PROMPTS),
+        "e2e": len(PROMPTS),
+        "per_request": generated,
+        "length": len(PROMPTS),
+    }
     # The writer thread applies vLLM's stats shortly after the final response.
-    grew = lambda: {k: snapshot(server)[k] - before[k] for k in expected}   # noqa: E731
+    grew = lambda: {k: snapshot(server)[k] - before[k] for k in expected}  # noqa: E731
     try:
         wait_for(lambda: grew() == expected, timeout_s=20)
     except AssertionError:
@@ -109,6 +132,7 @@ def test_structured_outputs_as_a_json_string(server):
 
 
 # -- vllm_backend's health check (last: it leaves primary without an engine) -------------
+
 
 def _kill_engine_cores(server) -> None:
     root = psutil.Process(server.process.pid)
@@ -153,7 +177,8 @@ def test_a_dead_engine_is_refused_in_vllm_backends_words_and_unloaded(server):
     while "unknown model" not in errors[-1].lower():
         assert len(errors) < 500, errors[-3:]
         errors.append(_first_error(server))
-    assert all(UNHEALTHY in e or e.startswith("vllm engine is dead: ")
-               for e in errors[:-1]), set(errors)
+    assert all(UNHEALTHY in e or e.startswith("vllm engine is dead: ") for e in errors[:-1]), set(
+        errors
+    )
     assert not _ready(server)
-    assert "unknown model" in _first_error(server).lower()   # it stays unloaded
+    assert "unknown model" in _first_error(server).lower()  # it stays unloaded

@@ -7,6 +7,7 @@ Two unload/load rounds in a row (each costs a vLLM start-up) on a real server in
 model-control mode; the server's log (the stubs' stderr goes there) must show no crash,
 and the model answers the same after each load.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,34 +22,47 @@ from tests.helpers.servers import render, start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 
-SPEC = {"name": "unload", "hardware": {"gpu": "cpu"},
-        "models": [{"name": "tiny", "engine": "vllm", "model": "builtin:tiny-llama",
-                    "engine_args": {"max_model_len": 256, "max_num_seqs": 2,
-                                    "dtype": "float32", "seed": 0}}],
-        "router": {"default": ["tiny"]}}
+SPEC = {
+    "name": "unload",
+    "hardware": {"gpu": "cpu"},
+    "models": [
+        {
+            "name": "tiny",
+            "engine": "vllm",
+            "model": "builtin:tiny-llama",
+            "engine_args": {"max_model_len": 256, "max_num_seqs": 2, "dtype": "float32", "seed": 0},
+        }
+    ],
+    "router": {"default": ["tiny"]},
+}
 # What a crash leaves in the log: the stub's own handler ("!!!!!!! Segfault encountered
 # !!!!!!!" and a backtrace), the server's ("Signal (11) received."; 15 is our stop),
 # Python's faulthandler, a shell's report, Triton's word for a dead stub.
-CRASH = re.compile(r"Segfault encountered|Segmentation fault|Signal \((?!15\))\d+\) received|"
-                   r"Fatal Python error|core dumped|Stub process .* is not healthy")
+CRASH = re.compile(
+    r"Segfault encountered|Segmentation fault|Signal \((?!15\))\d+\) received|"
+    r"Fatal Python error|core dumped|Stub process .* is not healthy"
+)
 
 
 def _control(server, action: str) -> None:
     request = urllib.request.Request(
-        f"{server.http_url}/v2/repository/models/tiny/{action}", data=b"{}", method="POST",
-        headers=server.admin_headers)   # model control needs the server's admin key
+        f"{server.http_url}/v2/repository/models/tiny/{action}",
+        data=b"{}",
+        method="POST",
+        headers=server.admin_headers,
+    )  # model control needs the server's admin key
     with urllib.request.urlopen(request, timeout=240) as response:
         assert response.status == 200
 
 
 def _stubs(server) -> set[int]:
-    return {pid for pid, stub in stub_processes(server.process.pid).items()
-            if stub.model == "tiny"}
+    return {pid for pid, stub in stub_processes(server.process.pid).items() if stub.model == "tiny"}
 
 
 def _answer(server) -> str:
-    result = infer.stream_generate(server.grpc_url, "tiny", "Hello", max_tokens=4,
-                                   sampling={"temperature": 0}, timeout_s=120)
+    result = infer.stream_generate(
+        server.grpc_url, "tiny", "Hello", max_tokens=4, sampling={"temperature": 0}, timeout_s=120
+    )
     assert result.served_by == "tiny"
     return result.text
 

@@ -1,5 +1,6 @@
 """`router.instances`: an integer >= 1 or absent; more than one instance with tenants
 needs their shared store. Bad values: one line naming the field, exit 2."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,12 @@ import yaml
 from builder.cli.main import main
 from builder.spec import SpecError, parse_spec
 
-BASE = {"name": "x", "models": [{"name": "m", "engine": "vllm", "model": "/m",
-                                 "engine_args": {"max_model_len": 512}}]}
+BASE = {
+    "name": "x",
+    "models": [
+        {"name": "m", "engine": "vllm", "model": "/m", "engine_args": {"max_model_len": 512}}
+    ],
+}
 
 
 def parsed(router, tenants=None):
@@ -29,10 +34,17 @@ def test_an_integer_is_kept():
     assert parsed({"instances": 64}).router.instances == 64
 
 
-@pytest.mark.parametrize("value, reason", [
-    (0, "must be >= 1, got 0"), (-2, "must be >= 1"), (65, "must be <= 64"),
-    ("4", "expected an integer"), (True, "expected an integer"), (2.5, "expected an integer"),
-])
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        (0, "must be >= 1, got 0"),
+        (-2, "must be >= 1"),
+        (65, "must be <= 64"),
+        ("4", "expected an integer"),
+        (True, "expected an integer"),
+        (2.5, "expected an integer"),
+    ],
+)
 def test_bad_values_name_the_field(value, reason):
     with pytest.raises(SpecError) as e:
         parsed({"instances": value})

@@ -2,6 +2,7 @@
 that accepts every spec in deploy/ and the generator's valid cases, and refuses the
 structural defects an editor can see (wrong types, unknown keys, bad names, numbers out
 of range)."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,14 @@ from builder.spec.schema import deployment_schema
 from tests.helpers import hostile_specs as hs
 from tests.helpers.servers import ROOT
 
-STRUCTURAL = ("wrong type", "unknown key", "model name", "router name", "negative number",
-              "huge number")
+STRUCTURAL = (
+    "wrong type",
+    "unknown key",
+    "model name",
+    "router name",
+    "negative number",
+    "huge number",
+)
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +43,9 @@ def _yaml(text: bytes):
         return None
 
 
-@pytest.mark.parametrize("path", sorted(p.relative_to(ROOT).as_posix()
-                                        for p in (ROOT / "deploy").rglob("*.yaml")))
+@pytest.mark.parametrize(
+    "path", sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "deploy").rglob("*.yaml"))
+)
 def test_every_deploy_spec_is_valid(validator, path):
     errors = [e.message for e in validator.iter_errors(yaml.safe_load((ROOT / path).read_text()))]
     assert errors == []
@@ -48,7 +56,7 @@ def test_schema_agrees_with_the_parser_on_generated_specs(validator):
     for case in hs.generate():
         data = _yaml(case.text)
         if not isinstance(data, dict) or _has_non_finite(data):
-            continue   # not YAML a schema sees (bytes, NaN): the loader's job
+            continue  # not YAML a schema sees (bytes, NaN): the loader's job
         valid = not list(validator.iter_errors(data))
         if case.valid and not valid:
             refused_good.append(case.name)
@@ -67,12 +75,15 @@ def _has_non_finite(data) -> bool:
 
 
 def test_engine_args_follow_the_engine(validator):
-    spec = {"models": [{"name": "m", "engine": "sglang", "model": "x",
-                        "engine_args": {"max_model_len": 10}}]}
-    assert list(validator.iter_errors(spec))          # a vLLM argument on SGLang
+    spec = {
+        "models": [
+            {"name": "m", "engine": "sglang", "model": "x", "engine_args": {"max_model_len": 10}}
+        ]
+    }
+    assert list(validator.iter_errors(spec))  # a vLLM argument on SGLang
     spec["models"][0]["engine_args"] = {"context_length": 10}
     assert not list(validator.iter_errors(spec))
-    spec["models"][0]["build"] = {"dtype": "fp16"}    # TRT-LLM sections only on TRT-LLM
+    spec["models"][0]["build"] = {"dtype": "fp16"}  # TRT-LLM sections only on TRT-LLM
     assert list(validator.iter_errors(spec))
 
 

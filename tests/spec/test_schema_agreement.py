@@ -3,6 +3,7 @@ targeted specs (one defect each) and the generated hostile specs, the schema ref
 exactly what the parser refuses, except rules across sections that JSON Schema cannot
 express (a name used twice, a backend that names no model, min above max, equal ports),
 which stay the parser's alone."""
+
 from __future__ import annotations
 
 import copy
@@ -16,13 +17,22 @@ from builder.spec import SpecError, parse_spec, yaml_loader
 from builder.spec.schema import deployment_schema
 from tests.helpers import hostile_specs as hs
 
-BASE = {"name": "x", "hardware": {"gpu": "cpu"},
-        "models": [{"name": "m", "engine": "vllm", "model": "/m",
-                    "engine_args": {"max_model_len": 512}}],
-        "router": {"default": ["m"]}}
+BASE = {
+    "name": "x",
+    "hardware": {"gpu": "cpu"},
+    "models": [
+        {"name": "m", "engine": "vllm", "model": "/m", "engine_args": {"max_model_len": 512}}
+    ],
+    "router": {"default": ["m"]},
+}
 # The parser's rules across sections: the words of their reasons.
-PARSER_ONLY = ("is not a model", "is already used", "is also a model name",
-               "can never match", "must differ")
+PARSER_ONLY = (
+    "is not a model",
+    "is already used",
+    "is also a model name",
+    "can never match",
+    "must differ",
+)
 
 
 def changed(path: tuple, value) -> dict:
@@ -62,8 +72,9 @@ CASES = {
     "redis port 99999": changed(TENANTS, {"redis": "redis://h:99999"}),
     "redis port 65535": changed(TENANTS, {"redis": "redis://h:65535/1"}),
     "password_env value": changed(TENANTS, {"redis": "redis://h", "password_env": "a b"}),
-    "both passwords": changed(TENANTS, {"redis": "redis://h", "password_env": "A",
-                                        "password_file": "/f"}),
+    "both passwords": changed(
+        TENANTS, {"redis": "redis://h", "password_env": "A", "password_file": "/f"}
+    ),
     "password without redis": changed(TENANTS, {"password_env": "A"}),
     "tenant name": changed(TENANTS, {"limits": {"a b": {}}}),
     "tenant name newline": changed(TENANTS, {"limits": {"alice\n": {}}}),
@@ -89,30 +100,44 @@ CASES = {
     "spec name": changed(("name",), "a b"),
     "max_model_len 0": changed(("models", 0, "engine_args", "max_model_len"), 0),
     "gpu_memory_utilization 1.5": changed(
-        ("models", 0, "engine_args", "gpu_memory_utilization"), 1.5),
-    "speculative_config key": changed(("models", 0, "engine_args", "speculative_config"),
-                                      {"foo": 1}),
-    "speculative_config": changed(("models", 0, "engine_args", "speculative_config"),
-                                  {"method": "ngram", "prompt_lookup_max": 3}),
+        ("models", 0, "engine_args", "gpu_memory_utilization"), 1.5
+    ),
+    "speculative_config key": changed(
+        ("models", 0, "engine_args", "speculative_config"), {"foo": 1}
+    ),
+    "speculative_config": changed(
+        ("models", 0, "engine_args", "speculative_config"),
+        {"method": "ngram", "prompt_lookup_max": 3},
+    ),
     "tp 0": changed(("models", 0, "engine_args", "tensor_parallel_size"), 0),
-    "min turns above max": changed(("router", "rules"), [
-        {"name": "r", "match": {"min_turns": 5, "max_turns": 1}, "backends": ["m"]}]),
-    "rule without backends": changed(("router", "rules"), [
-        {"name": "r", "match": {}, "backends": []}]),
-    "rule with unknown backend": changed(("router", "rules"), [
-        {"name": "r", "match": {}, "backends": ["zz"]}]),
+    "min turns above max": changed(
+        ("router", "rules"),
+        [{"name": "r", "match": {"min_turns": 5, "max_turns": 1}, "backends": ["m"]}],
+    ),
+    "rule without backends": changed(
+        ("router", "rules"), [{"name": "r", "match": {}, "backends": []}]
+    ),
+    "rule with unknown backend": changed(
+        ("router", "rules"), [{"name": "r", "match": {}, "backends": ["zz"]}]
+    ),
     "unknown fallback": changed(("router", "fallback"), {"m": ["zz"]}),
     "empty fallback": changed(("router", "fallback"), {"m": []}),
     "max_inflight 0": changed(("router", "max_inflight_per_backend"), 0),
     "router instances 0": changed(("router", "instances"), 0),
     "router instances 65": changed(("router", "instances"), 65),
     "router instances as text": changed(("router", "instances"), "2"),
-    "router instances, local tenants": {**changed(("router", "instances"), 2),
-                                        "tenants": {"default": {}}},
-    "router instances, redis null": {**changed(("router", "instances"), 2),
-                                     "tenants": {"redis": None}},
-    "router instances, shared tenants": {**changed(("router", "instances"), 2),
-                                         "tenants": {"redis": "redis://h"}},
+    "router instances, local tenants": {
+        **changed(("router", "instances"), 2),
+        "tenants": {"default": {}},
+    },
+    "router instances, redis null": {
+        **changed(("router", "instances"), 2),
+        "tenants": {"redis": None},
+    },
+    "router instances, shared tenants": {
+        **changed(("router", "instances"), 2),
+        "tenants": {"redis": "redis://h"},
+    },
 }
 
 
@@ -137,7 +162,7 @@ def _disagreements(validator, cases: dict) -> list[str]:
         if bool(schema_errors) == bool(parser_error):
             continue
         if parser_error and any(words in parser_error for words in PARSER_ONLY):
-            continue   # a rule across sections: the parser's alone
+            continue  # a rule across sections: the parser's alone
         found.append(f"{name}: schema {schema_errors[:1]}, parser {parser_error}")
     return found
 
@@ -152,7 +177,7 @@ def test_schema_and_parser_agree_on_generated_specs(validator):
         try:
             data = yaml_loader.load(case.text.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
-            continue   # not YAML a schema sees: the loader's job
+            continue  # not YAML a schema sees: the loader's job
         if isinstance(data, dict) and _finite(data):
             cases[case.name] = json.loads(json.dumps(data).replace(hs.MODEL_TOKEN, "/m"))
     assert len(cases) >= 60

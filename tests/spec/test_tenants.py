@@ -1,5 +1,6 @@
 """The spec's `tenants:` section: parsing, one-line errors naming the field, the JSON
 Schema, and what reaches the rendered repository (no secret; vLLM's priority policy)."""
+
 from __future__ import annotations
 
 import copy
@@ -19,8 +20,12 @@ BASE = {
         "redis": "redis://127.0.0.1:6379/0",
         "password_env": "TRIDENT_REDIS_PASSWORD",
         "on_redis_error": "deny",
-        "default": {"tier": "standard", "requests_per_minute": 600,
-                    "tokens_per_minute": 200000, "max_concurrent": 32},
+        "default": {
+            "tier": "standard",
+            "requests_per_minute": 600,
+            "tokens_per_minute": 200000,
+            "max_concurrent": 32,
+        },
         "limits": {"alice": {"tier": "premium", "requests_per_minute": 3}, "bob": {}},
         "unknown": "reject",
         "share_prefix_cache": ["trusted-team"],
@@ -43,29 +48,42 @@ def error_of(data):
 def test_a_tenant_overrides_the_default_field_by_field():
     tenants = parse_spec(BASE, "t.yaml").tenants
     alice, bob = tenants.limits["alice"], tenants.limits["bob"]
-    assert (alice.tier, alice.requests_per_minute, alice.tokens_per_minute,
-            alice.max_concurrent) == ("premium", 3, 200000, 32)
+    assert (
+        alice.tier,
+        alice.requests_per_minute,
+        alice.tokens_per_minute,
+        alice.max_concurrent,
+    ) == ("premium", 3, 200000, 32)
     assert bob == tenants.default
     assert tenants.on_redis_error == "deny" and tenants.unknown == "reject"
     assert parse_spec({k: v for k, v in BASE.items() if k != "tenants"}).tenants is None
 
 
-@pytest.mark.parametrize("change, field, reason", [
-    ({"colour": 1}, "tenants.colour", "unknown key"),
-    ({"on_redis_error": "maybe"}, "tenants.on_redis_error", "is not one of allow, deny"),
-    ({"unknown": "allow"}, "tenants.unknown", "is not one of default, reject"),
-    ({"default": {"requests_per_minute": 0}}, "tenants.default.requests_per_minute",
-     "must be >= 1"),
-    ({"limits": {"alice": {"tokens_per_minute": "lots"}}},
-     "tenants.limits.alice.tokens_per_minute", "expected an integer"),
-    ({"limits": {"alice": {"tier": "gold"}}}, "tenants.limits.alice.tier", "is not one of"),
-    ({"limits": {"al ice": {}}}, "tenants.limits.al ice", "tenant name"),
-    ({"redis": "http://cache:6379"}, "tenants.redis", "is not a redis://"),
-    ({"redis": "redis://cache:99999"}, "tenants.redis", "port 99999"),
-    ({"password_env": "1BAD"}, "tenants.password_env", "environment variable name"),
-    ({"password_file": "/run/secrets/redis"}, "tenants.password_file", "not both"),
-    ({"share_prefix_cache": ["ok", "no way"]}, "tenants.share_prefix_cache[1]", "tenant name"),
-])
+@pytest.mark.parametrize(
+    "change, field, reason",
+    [
+        ({"colour": 1}, "tenants.colour", "unknown key"),
+        ({"on_redis_error": "maybe"}, "tenants.on_redis_error", "is not one of allow, deny"),
+        ({"unknown": "allow"}, "tenants.unknown", "is not one of default, reject"),
+        (
+            {"default": {"requests_per_minute": 0}},
+            "tenants.default.requests_per_minute",
+            "must be >= 1",
+        ),
+        (
+            {"limits": {"alice": {"tokens_per_minute": "lots"}}},
+            "tenants.limits.alice.tokens_per_minute",
+            "expected an integer",
+        ),
+        ({"limits": {"alice": {"tier": "gold"}}}, "tenants.limits.alice.tier", "is not one of"),
+        ({"limits": {"al ice": {}}}, "tenants.limits.al ice", "tenant name"),
+        ({"redis": "http://cache:6379"}, "tenants.redis", "is not a redis://"),
+        ({"redis": "redis://cache:99999"}, "tenants.redis", "port 99999"),
+        ({"password_env": "1BAD"}, "tenants.password_env", "environment variable name"),
+        ({"password_file": "/run/secrets/redis"}, "tenants.password_file", "not both"),
+        ({"share_prefix_cache": ["ok", "no way"]}, "tenants.share_prefix_cache[1]", "tenant name"),
+    ],
+)
 def test_bad_sections_name_the_field(change, field, reason):
     message = error_of(spec_with(**change))
     assert message.startswith(f"t.yaml: {field}: ") and reason in message
@@ -78,15 +96,18 @@ def test_a_password_in_the_url_is_refused_and_never_echoed():
     assert "hunter2" not in message
 
 
-@pytest.mark.parametrize("url, reason", [
-    ("redis://cache:6379/hunter2", "the db (after the host's '/') is not a number"),
-    ("redis://cache/hunter2", "the db (after the host's '/') is not a number"),
-    ("redis://[::1]:6379/hunter2", "the db (after the host's '/') is not a number"),
-    ("redis://cache:6379/100", "the db (after the host's '/') is not a number"),
-    ("redis://[::1]:70000/0", "port 70000 is not in 1..65535"),
-    ("redis://cache:0", "port 0 is not in 1..65535"),
-    ("redis://cache:hunter2/0", "is not a redis://host[:port][/db] URL"),
-])
+@pytest.mark.parametrize(
+    "url, reason",
+    [
+        ("redis://cache:6379/hunter2", "the db (after the host's '/') is not a number"),
+        ("redis://cache/hunter2", "the db (after the host's '/') is not a number"),
+        ("redis://[::1]:6379/hunter2", "the db (after the host's '/') is not a number"),
+        ("redis://cache:6379/100", "the db (after the host's '/') is not a number"),
+        ("redis://[::1]:70000/0", "port 70000 is not in 1..65535"),
+        ("redis://cache:0", "port 0 is not in 1..65535"),
+        ("redis://cache:hunter2/0", "is not a redis://host[:port][/db] URL"),
+    ],
+)
 def test_a_bad_redis_url_gets_its_own_reason_without_echo(url, reason):
     # Before: a db that is not a number was blamed on the port ("port 6379 is not in
     # 1..65535"), and the port of a bracketed IPv6 host was never named.
@@ -106,10 +127,13 @@ def test_tenants_need_a_router():
 def test_the_schema_covers_the_section():
     schema = deployment_schema()
     jsonschema.validate(BASE, schema)
-    for bad in (spec_with(unknown="allow"), spec_with(colour=1),
-                spec_with(limits={"alice": {"requests_per_minute": 0}}),
-                spec_with(limits={"alice": {"tier": "gold"}}),
-                spec_with(redis="redis://:pw@cache:6379")):
+    for bad in (
+        spec_with(unknown="allow"),
+        spec_with(colour=1),
+        spec_with(limits={"alice": {"requests_per_minute": 0}}),
+        spec_with(limits={"alice": {"tier": "gold"}}),
+        spec_with(redis="redis://:pw@cache:6379"),
+    ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
 

@@ -1,5 +1,6 @@
 """OpenAI's answers as plain Python: a whole answer, its streamed chunks, usage, and the
 logprobs in OpenAI's shapes (chat's content list, completions' parallel lists). Pure."""
+
 from __future__ import annotations
 
 import json
@@ -9,9 +10,16 @@ from dataclasses import dataclass, field
 
 from builder.serve.openai.protocol import Generation
 
-FINISH_REASONS = {"stop": "stop", "eos": "stop", "stop_sequence": "stop", "end": "stop",
-                  "length": "length", "max_tokens": "length",
-                  "content_filter": "content_filter", "tool_calls": "tool_calls"}
+FINISH_REASONS = {
+    "stop": "stop",
+    "eos": "stop",
+    "stop_sequence": "stop",
+    "end": "stop",
+    "length": "length",
+    "max_tokens": "length",
+    "content_filter": "content_filter",
+    "tool_calls": "tool_calls",
+}
 
 
 def new_id(kind: str) -> str:
@@ -45,7 +53,8 @@ def _ranked(position: dict) -> list[tuple[str, float]]:
         return []
     rest = sorted(entries[1:], key=lambda e: (e.get("rank") or 0, -_logprob(e)))
     return [(entries[0].get("decoded_token") or "", _logprob(entries[0]))] + [
-        (e.get("decoded_token") or "", _logprob(e)) for e in rest]
+        (e.get("decoded_token") or "", _logprob(e)) for e in rest
+    ]
 
 
 def _top(position: dict, top: int) -> list[tuple[str, float]]:
@@ -63,11 +72,17 @@ def chat_logprobs(positions: list, top: int) -> dict:
         if not ranked:
             continue
         token, logprob = ranked[0]
-        content.append({"token": token, "logprob": logprob,
-                        "bytes": list(token.encode("utf-8")),
-                        "top_logprobs": [{"token": t, "logprob": lp,
-                                          "bytes": list(t.encode("utf-8"))}
-                                         for t, lp in _top(position, top)]})
+        content.append(
+            {
+                "token": token,
+                "logprob": logprob,
+                "bytes": list(token.encode("utf-8")),
+                "top_logprobs": [
+                    {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+                    for t, lp in _top(position, top)
+                ],
+            }
+        )
     return {"content": content, "refusal": None}
 
 
@@ -92,8 +107,11 @@ def completion_logprobs(positions: list, top: int, offset: int = 0) -> dict:
 
 
 def usage(input_tokens: int, output_tokens: int) -> dict:
-    return {"prompt_tokens": input_tokens, "completion_tokens": output_tokens,
-            "total_tokens": input_tokens + output_tokens}
+    return {
+        "prompt_tokens": input_tokens,
+        "completion_tokens": output_tokens,
+        "total_tokens": input_tokens + output_tokens,
+    }
 
 
 @dataclass
@@ -120,27 +138,38 @@ class Answer:
         return self._head("text_completion")
 
     def _head(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created,
-                "model": self.generation.model}
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.generation.model,
+        }
 
-    def whole(self, text: str, reason: str | None, tokens_in: int,
-              tokens_out: int) -> dict:
+    def whole(self, text: str, reason: str | None, tokens_in: int, tokens_out: int) -> dict:
         out = self._head("chat.completion" if self.chat else "text_completion")
         out["choices"] = [self.whole_choice(text, reason)]
         out["usage"] = usage(tokens_in, tokens_out)
         return out
 
-    def whole_choice(self, text: str, reason: str | None, index: int = 0,
-                     logprobs: list | None = None) -> dict:
+    def whole_choice(
+        self, text: str, reason: str | None, index: int = 0, logprobs: list | None = None
+    ) -> dict:
         """One choice of a whole answer; `logprobs` are the engine's, per token."""
         if self.chat:
-            return {"index": index, "message": {"role": "assistant", "content": text},
-                    "logprobs": self.logprobs(logprobs),
-                    "finish_reason": finish_reason(reason) or "stop"}
+            return {
+                "index": index,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": self.logprobs(logprobs),
+                "finish_reason": finish_reason(reason) or "stop",
+            }
         if self.generation.echo:
             text = self.generation.prompt + text
-        return {"index": index, "text": text, "logprobs": self.logprobs(logprobs),
-                "finish_reason": finish_reason(reason) or "stop"}
+        return {
+            "index": index,
+            "text": text,
+            "logprobs": self.logprobs(logprobs),
+            "finish_reason": finish_reason(reason) or "stop",
+        }
 
     def logprobs(self, positions: list | None, offset: int = 0) -> dict | None:
         """The engine's per-token logprobs in this answer's shape (None: not asked)."""
@@ -151,8 +180,14 @@ class Answer:
             return chat_logprobs(positions or [], top)
         return completion_logprobs(positions or [], top, offset)
 
-    def chunk(self, text: str | None, reason: str | None = None,
-              first: bool = False, index: int = 0, logprobs: dict | None = None) -> dict:
+    def chunk(
+        self,
+        text: str | None,
+        reason: str | None = None,
+        first: bool = False,
+        index: int = 0,
+        logprobs: dict | None = None,
+    ) -> dict:
         """One streamed chunk: new text, or the finish reason (then text is None);
         `logprobs` already in this answer's shape (self.logprobs)."""
         if self.chat:
@@ -161,14 +196,22 @@ class Answer:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice = {"index": index, "delta": delta, "logprobs": logprobs,
-                      "finish_reason": finish_reason(reason)}
+            choice = {
+                "index": index,
+                "delta": delta,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason(reason),
+            }
             out = self._head("chat.completion.chunk")
         else:
             if first and self.generation.echo:
                 text = self.generation.prompt + (text or "")
-            choice = {"index": index, "text": text or "", "logprobs": logprobs,
-                      "finish_reason": finish_reason(reason)}
+            choice = {
+                "index": index,
+                "text": text or "",
+                "logprobs": logprobs,
+                "finish_reason": finish_reason(reason),
+            }
             out = self._head("text_completion")
         out["choices"] = [choice]
         if self.generation.include_usage:
@@ -179,9 +222,9 @@ class Answer:
         """json.dumps(chunk(text)) from a template made once per answer: a streamed
         token then costs one string encode, not a dict tree built and encoded."""
         if self._template is None:
-            mark = json.dumps("\0")      # a request's id and model never hold a NUL
+            mark = json.dumps("\0")  # a request's id and model never hold a NUL
             whole = json.dumps(self.chunk("\0"), ensure_ascii=False)
-            self._template = tuple(whole.rsplit(mark, 1))   # the text is the last string
+            self._template = tuple(whole.rsplit(mark, 1))  # the text is the last string
         head, tail = self._template
         return head + json.dumps(text, ensure_ascii=False) + tail
 

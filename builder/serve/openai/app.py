@@ -10,6 +10,7 @@ Only exposed models are listed and served (policy.py). A request is checked in t
 that costs the least first: the API key (headers only), the declared body size, the body
 read in pieces up to the limit, the JSON's depth, then its fields (limits.py).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -45,10 +46,13 @@ OWNER = "trident"
 SERVED_BY_HEADER = "X-Trident-Served-By"
 
 
-def create_app(triton_url: str, triton: Triton | None = None,
-               api_keys: Mapping[str, str] | None = None,
-               expose: Iterable[str] = DEFAULT_EXPOSE,
-               limits: Limits = Limits()) -> FastAPI:
+def create_app(
+    triton_url: str,
+    triton: Triton | None = None,
+    api_keys: Mapping[str, str] | None = None,
+    expose: Iterable[str] = DEFAULT_EXPOSE,
+    limits: Limits = Limits(),
+) -> FastAPI:
     """The application for the Triton at triton_url (`triton`: a stand-in, for tests),
     serving the models in `expose` only. With api_keys (key → tenant,
     builder.serve.openai.keys), every /v1 request needs one of the keys, and its tenant
@@ -60,7 +64,7 @@ def create_app(triton_url: str, triton: Triton | None = None,
         return None if api_keys is None else tenant_of(api_keys, request.headers)
 
     async def generate(request: Request, parse) -> object:
-        name = tenant(request)      # a 401 before a byte of the body is read
+        name = tenant(request)  # a 401 before a byte of the body is read
         generation = parse(await _body(request, limits), request.headers, limits)
         model, generation = resolve(as_tenant(generation, name), exposed)
         return await _generate(triton, request, model, generation, limits)
@@ -70,8 +74,13 @@ def create_app(triton_url: str, triton: Triton | None = None,
         yield
         await triton.close()
 
-    app = LaneApp(title="trident OpenAI frontend", lifespan=lifespan, docs_url=None,
-                  redoc_url=None, openapi_url=None)
+    app = LaneApp(
+        title="trident OpenAI frontend",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     app.state.triton = triton
 
     @app.exception_handler(OpenAIError)
@@ -90,9 +99,13 @@ def create_app(triton_url: str, triton: Triton | None = None,
         tenant(request)
         models = await triton.models(fresh=True)
         created = int(time.time())
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": OWNER}
-            for name in sorted(exposed.intersection(models))]}
+        return {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": created, "owned_by": OWNER}
+                for name in sorted(exposed.intersection(models))
+            ],
+        }
 
     @app.get("/v1/models/{model}")
     async def get_model(model: str, request: Request):
@@ -100,8 +113,7 @@ def create_app(triton_url: str, triton: Triton | None = None,
         if model not in exposed:
             raise model_not_found(model)
         await triton.info(model)
-        return {"id": model, "object": "model", "created": int(time.time()),
-                "owned_by": OWNER}
+        return {"id": model, "object": "model", "created": int(time.time()), "owned_by": OWNER}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -114,12 +126,14 @@ def create_app(triton_url: str, triton: Triton | None = None,
     def lane(parse):
         """The same as the route above, straight from ASGI (asgi.py: every request and
         token of a generation would otherwise pass FastAPI's layers)."""
+
         async def handle(scope, receive, send) -> None:
             try:
                 response = await generate(Request(scope, receive), parse)
             except Exception as error:
                 response = error_response(error)
             await response(scope, receive, send)
+
         return handle
 
     app.lane("/v1/chat/completions", lane(parse_chat))
@@ -133,11 +147,15 @@ def error_response(error: Exception) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status)
     if isinstance(error, HTTPException):
         kind = "invalid_request_error" if error.status_code < 500 else "server_error"
-        return JSONResponse(OpenAIError(error.status_code, str(error.detail), kind).body(),
-                            status_code=error.status_code)
+        return JSONResponse(
+            OpenAIError(error.status_code, str(error.detail), kind).body(),
+            status_code=error.status_code,
+        )
     log.exception("unexpected error", exc_info=error)
-    return JSONResponse(OpenAIError(500, f"frontend error: {type(error).__name__}: "
-                                    f"{error}", "server_error").body(), status_code=500)
+    return JSONResponse(
+        OpenAIError(500, f"frontend error: {type(error).__name__}: {error}", "server_error").body(),
+        status_code=500,
+    )
 
 
 async def _body(request: Request, limits: Limits):
@@ -158,11 +176,12 @@ async def _body(request: Request, limits: Limits):
     return body
 
 
-async def _generate(triton: Triton, request: Request, model: str, generation: Generation,
-                    limits: Limits):
+async def _generate(
+    triton: Triton, request: Request, model: str, generation: Generation, limits: Limits
+):
     info = await triton.info(model)
     check_max_tokens(generation.max_tokens, generation.max_tokens_param, info.name, limits)
-    if choices.needed(generation):   # n > 1 or logprobs: choices.py's path
+    if choices.needed(generation):  # n > 1 or logprobs: choices.py's path
         return await choices.respond(triton, request, generation, info)
     call = triton.stream(generation, info)
     answer = Answer(generation)
@@ -174,16 +193,22 @@ async def _generate(triton: Triton, request: Request, model: str, generation: Ge
         batches = call.batches()
         first = await _next(batches)
     except OpenAIError:
-        call.finish()    # Triton answered with an error: let its call end
+        call.finish()  # Triton answered with an error: let its call end
         raise
     except BaseException:
         call.cancel()
         raise
     finally:
-        watcher.cancel()   # from here on Starlette watches the client (see _events)
-    return SSEResponse(_events(answer, first or [], batches, call),
-                       {"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                        **_served(first[0].served_by if first else "")}, call.cancel)
+        watcher.cancel()  # from here on Starlette watches the client (see _events)
+    return SSEResponse(
+        _events(answer, first or [], batches, call),
+        {
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+            **_served(first[0].served_by if first else ""),
+        },
+        call.cancel,
+    )
 
 
 def _served(served_by: str) -> dict:
@@ -215,11 +240,17 @@ async def _whole(answer: Answer, pieces: AsyncIterator[Piece], call: Call) -> tu
     if call.cancelled:
         raise OpenAIError(499, "the client closed the request", "invalid_request_error")
     if last is None or not last.finish_reason:
-        raise OpenAIError(502, f"{answer.generation.model}: the stream ended without a "
-                          "finish reason", "server_error", None, "backend_error")
+        raise OpenAIError(
+            502,
+            f"{answer.generation.model}: the stream ended without a finish reason",
+            "server_error",
+            None,
+            "backend_error",
+        )
     call.finish()
-    return answer.whole("".join(texts), last.finish_reason, last.input_tokens,
-                        last.output_tokens), last.served_by
+    return answer.whole(
+        "".join(texts), last.finish_reason, last.input_tokens, last.output_tokens
+    ), last.served_by
 
 
 def _sse(data) -> bytes:
@@ -229,18 +260,24 @@ def _sse(data) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-async def _events(answer: Answer, first: list[Piece], batches: AsyncIterator[list[Piece]],
-                  call: Call) -> AsyncIterator[bytes]:
+async def _events(
+    answer: Answer, first: list[Piece], batches: AsyncIterator[list[Piece]], call: Call
+) -> AsyncIterator[bytes]:
     """The SSE body, one write per batch of responses: the texts of a batch go out as
     one chunk (OpenAI's chunks carry any number of tokens), and the end (finish reason,
     usage, [DONE]) leaves with the last text. Starlette cancels this generator when the
     client disconnects; the finally then cancels the gRPC call (Triton cancels the
     request, the engine aborts)."""
-    ended = False    # the call was handed to finish()
+    ended = False  # the call was handed to finish()
     try:
         if not first:
-            raise OpenAIError(502, f"{answer.generation.model}: the stream ended without "
-                              "a response", "server_error", None, "backend_error")
+            raise OpenAIError(
+                502,
+                f"{answer.generation.model}: the stream ended without a response",
+                "server_error",
+                None,
+                "backend_error",
+            )
         last = first[-1]
         out = _sse(answer.chunk("".join(p.text for p in first), None, first=True))
         while not last.finish_reason:
@@ -248,13 +285,16 @@ async def _events(answer: Answer, first: list[Piece], batches: AsyncIterator[lis
                 yield out
             batch = await _next(batches)
             if batch is None:
-                raise OpenAIError(502, f"{answer.generation.model}: the stream ended "
-                                  "without a finish reason", "server_error", None,
-                                  "backend_error")
+                raise OpenAIError(
+                    502,
+                    f"{answer.generation.model}: the stream ended without a finish reason",
+                    "server_error",
+                    None,
+                    "backend_error",
+                )
             last = batch[-1]
             text = "".join(p.text for p in batch)
-            out = b"data: " + answer.text_chunk_json(text).encode() + b"\n\n" if text \
-                else b""
+            out = b"data: " + answer.text_chunk_json(text).encode() + b"\n\n" if text else b""
         call.finish()
         ended = True
         out += _sse(answer.chunk(None if answer.chat else "", last.finish_reason))
@@ -267,4 +307,4 @@ async def _events(answer: Answer, first: list[Piece], batches: AsyncIterator[lis
         yield _sse(error.body()) + DONE
     finally:
         if not ended:
-            call.cancel()   # the client left (Starlette cancelled us) or we broke
+            call.cancel()  # the client left (Starlette cancelled us) or we broke

@@ -7,6 +7,7 @@ Measured (docs/performance.md, "The OpenAI frontend's own cost"): FastAPI's rout
 StreamingResponse cost a few tenths of a millisecond per request and a send wrapper
 per chunk, on the path where a token waits for them.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -49,8 +50,12 @@ class SSEResponse(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[bytes], headers: Mapping[str, str],
-                 on_leave: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        events: AsyncIterator[bytes],
+        headers: Mapping[str, str],
+        on_leave: Callable[[], None] | None = None,
+    ):
         self.events, self.on_leave = events, on_leave
         self.status_code = 200
         self.background = None
@@ -69,20 +74,18 @@ class SSEResponse(Response):
 
         watcher = asyncio.ensure_future(watch())
         try:
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": self.raw_headers})
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             async for chunk in self.events:
-                await send({"type": "http.response.body", "body": chunk,
-                            "more_body": True})
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
             state["finished"] = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not state["gone"]:
                 raise
-            writer.uncancel()     # the client left: the answer ends here, quietly
+            writer.uncancel()  # the client left: the answer ends here, quietly
         finally:
             state["finished"] = True
             watcher.cancel()
-            await self.events.aclose()   # its finally cancels the gRPC call if unfinished
+            await self.events.aclose()  # its finally cancels the gRPC call if unfinished
             if state["gone"] and self.on_leave is not None:
                 self.on_leave()

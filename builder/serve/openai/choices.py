@@ -11,6 +11,7 @@ builds each chunk as a dict. Errors keep app.py's rules: one that comes before t
 stream starts is a real 4xx/5xx; a later one is an `error` event, then [DONE]; a client
 that leaves cancels every call.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,8 +37,7 @@ def needed(generation: Generation) -> bool:
     """Whether the request takes this path rather than app.py's single-choice one
     (tools too: an answer's calls come whole with its last response, so the per-token
     tuning of app.py's path has nothing to gain there)."""
-    return generation.n > 1 or generation.logprobs is not None \
-        or generation.tools is not None
+    return generation.n > 1 or generation.logprobs is not None or generation.tools is not None
 
 
 def choice_generations(generation: Generation) -> list[Generation]:
@@ -45,9 +45,10 @@ def choice_generations(generation: Generation) -> list[Generation]:
     seed = generation.sampling.get("seed")
     if generation.n == 1 or seed is None:
         return [generation] * generation.n
-    return [dataclasses.replace(generation, sampling={**generation.sampling,
-                                                      "seed": seed + i})
-            for i in range(generation.n)]
+    return [
+        dataclasses.replace(generation, sampling={**generation.sampling, "seed": seed + i})
+        for i in range(generation.n)
+    ]
 
 
 async def respond(triton, request: Request, generation: Generation, info: ModelInfo):
@@ -63,15 +64,16 @@ async def respond(triton, request: Request, generation: Generation, info: ModelI
         served_by = await feed.start()
     except BaseException:
         if feed is not None:
-            feed.close(set())    # every call cancelled, every reader stopped
+            feed.close(set())  # every call cancelled, every reader stopped
         for call in calls:
             call.cancel()
         raise
     finally:
         watcher.cancel()
-    return SSEResponse(_events(answer, feed), {"Cache-Control": "no-cache",
-                                               "X-Accel-Buffering": "no",
-                                               **_served(served_by)})
+    return SSEResponse(
+        _events(answer, feed),
+        {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **_served(served_by)},
+    )
 
 
 def _served(served_by: str) -> dict:
@@ -89,9 +91,9 @@ async def _cancel_on_disconnect(request: Request, calls: list) -> None:
 
 # -- whole answers ----------------------------------------------------------------------------
 
+
 async def _whole(answer: Answer, calls: list) -> JSONResponse:
-    results = await asyncio.gather(*(_one_whole(answer, call, i)
-                                     for i, call in enumerate(calls)))
+    results = await asyncio.gather(*(_one_whole(answer, call, i) for i, call in enumerate(calls)))
     body = answer.head(streamed=False)
     body["choices"] = [choice for choice, _ in results]
     lasts = [last for _, last in results]
@@ -108,14 +110,20 @@ async def _one_whole(answer: Answer, call, index: int) -> tuple[dict, Piece]:
     if call.cancelled:
         raise OpenAIError(499, "the client closed the request", "invalid_request_error")
     if last is None or not last.finish_reason:
-        raise OpenAIError(502, f"{answer.generation.model}: the stream ended without a "
-                          "finish reason", "server_error", None, "backend_error")
+        raise OpenAIError(
+            502,
+            f"{answer.generation.model}: the stream ended without a finish reason",
+            "server_error",
+            None,
+            "backend_error",
+        )
     call.finish()
     choice = answer.whole_choice("".join(texts), last.finish_reason, index, positions)
     return chat_tools.whole(choice, last.tool_calls), last
 
 
 # -- streamed answers -------------------------------------------------------------------------
+
 
 class _Feed:
     """Every choice's batches in the order they arrive, as (index, batch or None at its
@@ -126,8 +134,7 @@ class _Feed:
         self.calls = calls
         self._queue: asyncio.Queue = asyncio.Queue()
         self._held: list = []
-        self._pumps = [asyncio.ensure_future(self._pump(i, call))
-                       for i, call in enumerate(calls)]
+        self._pumps = [asyncio.ensure_future(self._pump(i, call)) for i, call in enumerate(calls)]
 
     async def _pump(self, index: int, call) -> None:
         try:
@@ -166,8 +173,8 @@ async def _events(answer: Answer, feed: _Feed) -> AsyncIterator[bytes]:
     finished: set = set()
     begun: set = set()
     start = len(answer.generation.prompt or "") if answer.generation.echo else 0
-    offsets = [start] * n            # completions' text_offset, per choice
-    counts: dict = {}                # index -> (input tokens, output tokens)
+    offsets = [start] * n  # completions' text_offset, per choice
+    counts: dict = {}  # index -> (input tokens, output tokens)
     try:
         while len(finished) < n:
             index, batch, error = await feed.next()
@@ -175,9 +182,13 @@ async def _events(answer: Answer, feed: _Feed) -> AsyncIterator[bytes]:
                 raise error
             if batch is None:
                 if index not in finished:
-                    raise OpenAIError(502, f"{answer.generation.model}: the stream ended "
-                                      "without a finish reason", "server_error", None,
-                                      "backend_error")
+                    raise OpenAIError(
+                        502,
+                        f"{answer.generation.model}: the stream ended without a finish reason",
+                        "server_error",
+                        None,
+                        "backend_error",
+                    )
                 continue
             yield _batch_events(answer, index, batch, index not in begun, offsets, counts)
             begun.add(index)
@@ -198,8 +209,9 @@ async def _events(answer: Answer, feed: _Feed) -> AsyncIterator[bytes]:
         feed.close(finished)
 
 
-def _batch_events(answer: Answer, index: int, batch: list[Piece], first: bool,
-                  offsets: list, counts: dict) -> bytes:
+def _batch_events(
+    answer: Answer, index: int, batch: list[Piece], first: bool, offsets: list, counts: dict
+) -> bytes:
     """One choice's batch as its chunks: the text (with its logprobs), then the finish
     reason if the batch ends the choice."""
     text = "".join(piece.text for piece in batch)
@@ -215,8 +227,7 @@ def _batch_events(answer: Answer, index: int, batch: list[Piece], first: bool,
         out += _sse(chat_tools.chunk(answer.chunk(None, None, index=index), last.tool_calls))
     if last.finish_reason:
         counts[index] = (last.input_tokens, last.output_tokens)
-        out += _sse(answer.chunk(None if answer.chat else "", last.finish_reason,
-                                 index=index))
+        out += _sse(answer.chunk(None if answer.chat else "", last.finish_reason, index=index))
     return out
 
 

@@ -10,6 +10,7 @@ the frontend then waits for a core back between the two; measured at 1 stream on
 and leave together once the current callback ends (call_soon): nothing is held past
 the loop turn that wrote it, so an idle path sends at once.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,7 +45,7 @@ class CoalescingTransport:
                 self._transport.write(data)
 
     def close(self) -> None:
-        self.flush()     # a response's last bytes, then the close
+        self.flush()  # a response's last bytes, then the close
         self._transport.close()
 
     def abort(self) -> None:

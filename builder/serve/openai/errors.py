@@ -1,6 +1,7 @@
 """Errors in OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`), and
 Triton's error messages mapped onto them by trident's table of error classes. Pure: no
 I/O (the table is read from its source file once, at import)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -12,15 +13,27 @@ from pathlib import Path
 class OpenAIError(Exception):
     """An answer in OpenAI's error shape with its HTTP status."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type = status, message, type
         self.param, self.code = param, code
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 def invalid(param: str | None, message: str, code: str = "invalid_value") -> OpenAIError:
@@ -30,24 +43,38 @@ def invalid(param: str | None, message: str, code: str = "invalid_value") -> Ope
 def model_not_found(model: str) -> OpenAIError:
     """One answer for a model that is not exposed, not loaded or not a text model: the
     message never tells a client which of these it was (nor which models exist)."""
-    return OpenAIError(404, f"The model '{model}' does not exist or is not ready",
-                       "invalid_request_error", "model", "model_not_found")
+    return OpenAIError(
+        404,
+        f"The model '{model}' does not exist or is not ready",
+        "invalid_request_error",
+        "model",
+        "model_not_found",
+    )
 
 
 def too_large(what: str, limit: int, unit: str = "bytes") -> OpenAIError:
-    return OpenAIError(413, f"{what} is larger than the limit of {limit} {unit}",
-                       "invalid_request_error", None, "request_too_large")
+    return OpenAIError(
+        413,
+        f"{what} is larger than the limit of {limit} {unit}",
+        "invalid_request_error",
+        None,
+        "request_too_large",
+    )
 
 
 def _load_table():
     """trident_common/error_classes.py, the table the router and the engine models use:
     loaded from its file, as builder.render.context loads the tensor interface
     (trident_common is copied into model folders, not installed as a package)."""
-    path = (Path(__file__).resolve().parents[3] / "python_backends" / "trident_common"
-            / "error_classes.py")
+    path = (
+        Path(__file__).resolve().parents[3]
+        / "python_backends"
+        / "trident_common"
+        / "error_classes.py"
+    )
     spec = importlib.util.spec_from_file_location("trident_error_classes", path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module     # dataclasses look their module up while made
+    sys.modules[spec.name] = module  # dataclasses look their module up while made
     spec.loader.exec_module(module)
     return module
 
@@ -61,8 +88,7 @@ _TRITON_REQUEST_ID = re.compile(r"\[request id: [^\]]*\] ")
 # (routes, backends, adapters): the frontend answers with the client's value only.
 _OWN_WORDS = {
     "lora_name": lambda value, model: unknown_adapter(value, model),
-    "route": lambda value, model: invalid("route", f"unknown route {value!r}",
-                                          "route_not_found"),
+    "route": lambda value, model: invalid("route", f"unknown route {value!r}", "route_not_found"),
 }
 
 
@@ -83,15 +109,24 @@ def from_triton(message: str, model: str, asked: dict | None = None) -> OpenAIEr
         value = (asked or {}).get(param)
         if own is not None and value is not None:
             return own(value, model)
-        return OpenAIError(400, parsed.reason or text, error_class.openai_type, param,
-                           error_class.openai_code)
-    return OpenAIError(error_class.status, f"{model}: {parsed.reason or text}",
-                       error_class.openai_type, None, error_class.openai_code)
+        return OpenAIError(
+            400, parsed.reason or text, error_class.openai_type, param, error_class.openai_code
+        )
+    return OpenAIError(
+        error_class.status,
+        f"{model}: {parsed.reason or text}",
+        error_class.openai_type,
+        None,
+        error_class.openai_code,
+    )
 
 
 def unknown_adapter(name: str, model: str) -> OpenAIError:
-    return invalid("lora_name", f"unknown adapter '{name}': model '{model}' has no adapter "
-                   "of that name", "adapter_not_found")
+    return invalid(
+        "lora_name",
+        f"unknown adapter '{name}': model '{model}' has no adapter of that name",
+        "adapter_not_found",
+    )
 
 
 def _param_of(reason: str) -> str | None:
@@ -104,7 +139,7 @@ def _param_of(reason: str) -> str | None:
     match = re.match(r"[A-Za-z_][\w.\[\]]*", reason.strip())
     word = match.group(0).rstrip(".") if match else ""
     if word.startswith("sampling_parameters."):
-        return word[len("sampling_parameters."):]
+        return word[len("sampling_parameters.") :]
     if word.startswith("messages") or word in ("max_tokens", "stop", "seed"):
         return word
     return "prompt" if word == "text_input" else None

@@ -11,6 +11,7 @@ The file must be a regular file of at most MAX_KEYS_BYTES, in UTF-8: a named pip
 block the start forever waiting for a writer, and /dev/zero would be read until memory ran
 out (builder.textfile refuses both before reading).
 """
+
 from __future__ import annotations
 
 import hmac
@@ -36,26 +37,27 @@ class KeysFileError(TridentError):
 def load_keys(path: str | Path) -> dict:
     """key → tenant from a keys file; raises KeysFileError."""
     path = Path(path)
-    name = printable(path)   # a file name cannot add lines to the message
+    name = printable(path)  # a file name cannot add lines to the message
     try:
         text = textfile.read_text(path, MAX_KEYS_BYTES, secret=True)
     except (OSError, textfile.NotText) as e:
         # NotText names the line only: the offending byte may belong to a key.
         reason = str(e) if isinstance(e, textfile.NotText) else (e.strerror or str(e))
-        raise KeysFileError(f"{name}: cannot read the API keys file: "
-                            f"{reason}") from None
+        raise KeysFileError(f"{name}: cannot read the API keys file: {reason}") from None
     keys: dict = {}
     for number, line in enumerate(text.splitlines(), start=1):
         words = line.split()
         if not words or words[0].startswith("#"):
             continue
         if len(words) != 2:
-            raise KeysFileError(f"{name}:{number}: expected `KEY TENANT` (two words), "
-                                f"got {len(words)}")
+            raise KeysFileError(
+                f"{name}:{number}: expected `KEY TENANT` (two words), got {len(words)}"
+            )
         key, tenant = words
         if not set(tenant) <= _NAME_CHARS:
-            raise KeysFileError(f"{name}:{number}: tenant names are letters, digits, "
-                                "'_', '.' and '-'")
+            raise KeysFileError(
+                f"{name}:{number}: tenant names are letters, digits, '_', '.' and '-'"
+            )
         if key in keys:
             raise KeysFileError(f"{name}:{number}: this key is already on an earlier line")
         keys[key] = tenant
@@ -75,8 +77,7 @@ def tenant_of(keys: Mapping[str, str], headers: Mapping[str, str]) -> str | None
     scheme, _, key = value.partition(" ")
     key = key.strip()
     if scheme.lower() != "bearer" or not key:
-        raise unauthorized("You didn't provide an API key: send `Authorization: Bearer "
-                           "KEY`.")
+        raise unauthorized("You didn't provide an API key: send `Authorization: Bearer KEY`.")
     found = None
     for known, tenant in keys.items():
         if hmac.compare_digest(known.encode(), key.encode()):

@@ -7,6 +7,7 @@ frontend hold more than `max_body_bytes` per request. The parsed JSON is then bo
 depth, messages, the size of one message or prompt, and `max_tokens` (an INT32 tensor,
 and no more than the model's context length where the frontend knows it).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -15,7 +16,7 @@ from typing import Any
 
 from builder.serve.openai.errors import OpenAIError, invalid, too_large
 
-INT32_MAX = 2**31 - 1       # max_tokens travels as an INT32 tensor
+INT32_MAX = 2**31 - 1  # max_tokens travels as an INT32 tensor
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,8 @@ class Limits:
     # 4 MiB holds a 128k-token prompt even as JSON \u escapes; the largest here is 2k.
     max_body_bytes: int = 4 * 2**20
     max_messages: int = 1024
-    max_message_chars: int = 2**20       # one message's content, or a completion prompt
-    max_depth: int = 16                  # JSON nesting (a chat request needs 5)
+    max_message_chars: int = 2**20  # one message's content, or a completion prompt
+    max_depth: int = 16  # JSON nesting (a chat request needs 5)
     # model -> its context length in tokens, where known: max_tokens above it is a 400
     context_tokens: Mapping[str, int] = field(default_factory=dict)
 
@@ -50,23 +51,27 @@ def check_depth(value: Any, limit: int) -> None:
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else \
-            item if isinstance(item, list) else ()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        )
         for child in children:
             if isinstance(child, (dict, list)):
                 if depth + 1 > limit:
-                    raise invalid(None, f"the request body nests deeper than {limit} "
-                                  "levels", "invalid_json")
+                    raise invalid(
+                        None, f"the request body nests deeper than {limit} levels", "invalid_json"
+                    )
                 stack.append((child, depth + 1))
 
 
-def check_max_tokens(value: int | None, param: str, model: str,
-                     limits: Limits) -> None:
+def check_max_tokens(value: int | None, param: str, model: str, limits: Limits) -> None:
     """400 naming `param` when max_tokens is more than the model's context length."""
     context = limits.context_tokens.get(model)
     if value is not None and context is not None and value > context:
-        raise invalid(param, f"'{param}' is {value}, more than the context length of "
-                      f"model '{model}' ({context} tokens)")
+        raise invalid(
+            param,
+            f"'{param}' is {value}, more than the context length of "
+            f"model '{model}' ({context} tokens)",
+        )
 
 
 def body_too_large(limits: Limits) -> OpenAIError:

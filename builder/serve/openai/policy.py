@@ -9,6 +9,7 @@ With API keys the key decides who the client is: its tenant replaces any `tenant
 and the hints that would let a client claim another tenant's treatment (`tier`) are
 dropped; the router derives them from the tenant.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -20,7 +21,7 @@ from builder.serve.openai.protocol import ADAPTER_CHARS, Generation
 DEFAULT_EXPOSE = ("router",)
 # Hints a keyed client may not set: who it is, and the treatment that follows from that.
 TENANT_HINTS = frozenset({"tenant", "tier"})
-ADAPTER_SEPARATOR = ":"     # model "router:support": the router, adapter `support`
+ADAPTER_SEPARATOR = ":"  # model "router:support": the router, adapter `support`
 
 
 def resolve(generation: Generation, exposed: Iterable[str]) -> tuple[str, Generation]:
@@ -32,12 +33,14 @@ def resolve(generation: Generation, exposed: Iterable[str]) -> tuple[str, Genera
     if name in exposed:
         return name, generation
     base, separator, adapter = name.partition(ADAPTER_SEPARATOR)
-    if not separator or base not in exposed or not adapter \
-            or not set(adapter) <= ADAPTER_CHARS:
+    if not separator or base not in exposed or not adapter or not set(adapter) <= ADAPTER_CHARS:
         raise model_not_found(name)
     if generation.lora_name not in (None, adapter):
-        raise invalid("lora_name", f"'lora_name' is {generation.lora_name!r} but 'model' "
-                      f"names adapter {adapter!r}: name one")
+        raise invalid(
+            "lora_name",
+            f"'lora_name' is {generation.lora_name!r} but 'model' "
+            f"names adapter {adapter!r}: name one",
+        )
     return base, replace(generation, lora_name=adapter)
 
 

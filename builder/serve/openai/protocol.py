@@ -5,6 +5,7 @@ OpenAI does (`{"error": {"message", "type", "param", "code"}}`), sampling goes o
 vLLM's names (what trident's engine models read from `sampling_parameters`), and
 routing hints come from the body (`extra_body`) or `X-Trident-*` headers.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,16 +22,23 @@ DEFAULT_LIMITS = Limits()
 
 # Router inputs a request may set; the body wins over the header of the same name.
 HINTS = ("route", "task", "family", "tenant", "tier", "conversation_id", "shared_prefix")
-HINT_HEADER_PREFIX = "x-trident-"          # x-trident-route, x-trident-conversation-id ...
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
-         "tool": "tool"}
+HINT_HEADER_PREFIX = "x-trident-"  # x-trident-route, x-trident-conversation-id ...
+ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
 
 # OpenAI fields with no equivalent here: refused with a 400 naming them, never ignored.
 UNSUPPORTED = {
-    "functions": "function calling (use tools)", "audio": "audio output",
-    "prediction": "predicted outputs", "web_search_options": "web search",
+    "functions": "function calling (use tools)",
+    "audio": "audio output",
+    "prediction": "predicted outputs",
+    "web_search_options": "web search",
     "suffix": "suffix (text to insert before: the engines only continue a prompt, "
-              "they do not fill in between a prefix and a suffix)",
+    "they do not fill in between a prefix and a suffix)",
 }
 # How many choices (n) one request may ask for: each is one generation in the engine
 # (fan-out, answers.py), so n multiplies the work a request costs.
@@ -38,9 +46,16 @@ MAX_N = 16
 # OpenAI's bounds: top_logprobs (chat) 0..20, logprobs (completions) 0..5.
 MAX_TOP_LOGPROBS, MAX_COMPLETION_LOGPROBS = 20, 5
 # vLLM sampling extras that vLLM's own OpenAI server also takes from the body.
-EXTRAS = {"top_k": "int", "min_p": "float", "repetition_penalty": "float",
-          "min_tokens": "int", "ignore_eos": "bool", "stop_token_ids": "ints",
-          "include_stop_str_in_output": "bool", "skip_special_tokens": "bool"}
+EXTRAS = {
+    "top_k": "int",
+    "min_p": "float",
+    "repetition_penalty": "float",
+    "min_tokens": "int",
+    "ignore_eos": "bool",
+    "stop_token_ids": "ints",
+    "include_stop_str_in_output": "bool",
+    "skip_special_tokens": "bool",
+}
 # A LoRA adapter's name (trident's spec allows letters, digits, `_`, `-`, `.`).
 ADAPTER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
@@ -49,59 +64,73 @@ ADAPTER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0
 class Generation:
     """One request, ready to become Triton inputs."""
 
-    kind: str                          # "chat" or "completion"
+    kind: str  # "chat" or "completion"
     model: str
-    prompt: str | None = None       # completions: text_input
-    messages: list | None = None    # chat: the messages tensor (the engine templates)
+    prompt: str | None = None  # completions: text_input
+    messages: list | None = None  # chat: the messages tensor (the engine templates)
     stream: bool = False
     include_usage: bool = False
-    max_tokens: int | None = None   # None: the engine's default
+    max_tokens: int | None = None  # None: the engine's default
     sampling: dict = field(default_factory=dict)
     hints: dict = field(default_factory=dict)
-    echo: bool = False                 # completions: the prompt before the answer
-    max_tokens_param: str = "max_tokens"   # the field max_tokens came from (for errors)
-    lora_name: str | None = None    # the adapter the client named (None: base model)
-    tools: list | None = None          # chat: OpenAI's tools (tools.py)
-    tool_choice: str | None = None     # none / auto / required / a function's name
-    n: int = 1                         # choices asked for (each a generation of its own)
+    echo: bool = False  # completions: the prompt before the answer
+    max_tokens_param: str = "max_tokens"  # the field max_tokens came from (for errors)
+    lora_name: str | None = None  # the adapter the client named (None: base model)
+    tools: list | None = None  # chat: OpenAI's tools (tools.py)
+    tool_choice: str | None = None  # none / auto / required / a function's name
+    n: int = 1  # choices asked for (each a generation of its own)
     # Logprobs asked for: how many alternatives per token beside the sampled one (chat's
     # top_logprobs, completions' logprobs); None: no logprobs.
     logprobs: int | None = None
 
 
-def parse_chat(body: Any, headers: Mapping[str, str] = {},
-               limits: Limits = DEFAULT_LIMITS) -> Generation:
+def parse_chat(
+    body: Any, headers: Mapping[str, str] = {}, limits: Limits = DEFAULT_LIMITS
+) -> Generation:
     body = _object(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("messages", "'messages' must be a non-empty list of messages")
     if len(messages) > limits.max_messages:
-        raise invalid("messages", f"'messages' holds {len(messages)} messages, more than "
-                      f"the limit of {limits.max_messages}", "too_many_messages")
+        raise invalid(
+            "messages",
+            f"'messages' holds {len(messages)} messages, more than "
+            f"the limit of {limits.max_messages}",
+            "too_many_messages",
+        )
     tools, tool_choice = chat_tools.parse(body)
     structured = response_format(body)
     modalities = body.get("modalities")
     if modalities is not None and modalities != ["text"]:
-        raise invalid("modalities", "only the text modality is supported",
-                      "unsupported_parameter")
+        raise invalid("modalities", "only the text modality is supported", "unsupported_parameter")
     common = _common(body, headers)
-    if structured is not None:   # response_format, under vLLM's name (structured.py)
+    if structured is not None:  # response_format, under vLLM's name (structured.py)
         common["sampling"] = {**common["sampling"], "structured_outputs": structured}
-    return Generation("chat", _model(body), messages=[
-        _message(m, i, limits.max_message_chars) for i, m in enumerate(messages)],
-        logprobs=_chat_logprobs(body), tools=tools, tool_choice=tool_choice,
-        **_max_tokens(body, ("max_completion_tokens", "max_tokens")), **common)
+    return Generation(
+        "chat",
+        _model(body),
+        messages=[_message(m, i, limits.max_message_chars) for i, m in enumerate(messages)],
+        logprobs=_chat_logprobs(body),
+        tools=tools,
+        tool_choice=tool_choice,
+        **_max_tokens(body, ("max_completion_tokens", "max_tokens")),
+        **common,
+    )
 
 
-def parse_completion(body: Any, headers: Mapping[str, str] = {},
-                     limits: Limits = DEFAULT_LIMITS) -> Generation:
+def parse_completion(
+    body: Any, headers: Mapping[str, str] = {}, limits: Limits = DEFAULT_LIMITS
+) -> Generation:
     body = _object(body)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
-        raise invalid("prompt", "'prompt' must be a string (or a list of one string); "
-                      "batches and token ids are not supported")
+        raise invalid(
+            "prompt",
+            "'prompt' must be a string (or a list of one string); "
+            "batches and token ids are not supported",
+        )
     if not prompt:
         raise invalid("prompt", "'prompt' is empty")
     if len(prompt) > limits.max_message_chars:
@@ -110,25 +139,39 @@ def parse_completion(body: Any, headers: Mapping[str, str] = {},
     if best_of not in (None, 1):
         raise invalid("best_of", "only best_of=1 is supported", "unsupported_parameter")
     logprobs = body.get("logprobs")
-    if logprobs is not None and (not _is_int(logprobs)
-                                 or not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS):
-        raise invalid("logprobs", "'logprobs' must be an integer from 0 to "
-                      f"{MAX_COMPLETION_LOGPROBS}, got {_show(logprobs)}")
+    if logprobs is not None and (
+        not _is_int(logprobs) or not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS
+    ):
+        raise invalid(
+            "logprobs",
+            "'logprobs' must be an integer from 0 to "
+            f"{MAX_COMPLETION_LOGPROBS}, got {_show(logprobs)}",
+        )
     echo = body.get("echo", False)
     if not isinstance(echo, bool):
         raise invalid("echo", "'echo' must be a boolean")
     if echo and logprobs is not None:
         # OpenAI's echo with logprobs scores the prompt's tokens too; the engine models
         # return the logprobs of generated tokens only.
-        raise invalid("echo", "'echo' with 'logprobs' is not supported: the engines "
-                      "return logprobs for generated tokens only, not for the prompt",
-                      "unsupported_parameter")
-    return Generation("completion", _model(body), prompt=prompt, echo=echo,
-                      logprobs=logprobs, **_max_tokens(body, ("max_tokens",)),
-                      **_common(body, headers))
+        raise invalid(
+            "echo",
+            "'echo' with 'logprobs' is not supported: the engines "
+            "return logprobs for generated tokens only, not for the prompt",
+            "unsupported_parameter",
+        )
+    return Generation(
+        "completion",
+        _model(body),
+        prompt=prompt,
+        echo=echo,
+        logprobs=logprobs,
+        **_max_tokens(body, ("max_tokens",)),
+        **_common(body, headers),
+    )
 
 
 # -- request parts --------------------------------------------------------------------------
+
 
 def _object(body: Any) -> dict:
     if not isinstance(body, dict):
@@ -152,26 +195,34 @@ def _message(message: Any, i: int, max_chars: int) -> dict:
         raise invalid(where, f"{where} must be an object with 'role' and 'content'")
     role = message.get("role")
     if role not in ROLES:
-        raise invalid(f"{where}.role", f"{where}.role must be one of "
-                      f"{', '.join(ROLES)}, got {_show(role)}")
-    history = chat_tools.history(message, where)   # earlier calls and their results
+        raise invalid(
+            f"{where}.role", f"{where}.role must be one of {', '.join(ROLES)}, got {_show(role)}"
+        )
+    history = chat_tools.history(message, where)  # earlier calls and their results
     content = message.get("content")
     if content is None and "tool_calls" in history:
-        content = ""    # an assistant turn that only called tools
+        content = ""  # an assistant turn that only called tools
     if content is None:
         raise invalid(f"{where}.content", f"{where} has no content")
     if isinstance(content, list):
         texts = []
         for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" \
-                    or not isinstance(part.get("text"), str):
-                raise invalid(f"{where}.content[{j}]", f"{where}.content[{j}]: only "
-                              "text parts ({\"type\": \"text\", \"text\": ...}) are supported")
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise invalid(
+                    f"{where}.content[{j}]",
+                    f"{where}.content[{j}]: only "
+                    'text parts ({"type": "text", "text": ...}) are supported',
+                )
             texts.append(part["text"])
         content = "\n".join(texts)
     if not isinstance(content, str):
-        raise invalid(f"{where}.content", f"{where}.content must be a string or a list "
-                      "of text parts")
+        raise invalid(
+            f"{where}.content", f"{where}.content must be a string or a list of text parts"
+        )
     if len(content) > max_chars:
         raise _too_long(f"{where}.content", len(content), max_chars)
     return {"role": ROLES[role], "content": content, **history}
@@ -186,8 +237,10 @@ def _chat_logprobs(body: dict) -> int | None:
     if top is None:
         return 0 if wanted else None
     if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
-        raise invalid("top_logprobs", "'top_logprobs' must be an integer from 0 to "
-                      f"{MAX_TOP_LOGPROBS}, got {_show(top)}")
+        raise invalid(
+            "top_logprobs",
+            f"'top_logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {_show(top)}",
+        )
     if not wanted:
         raise invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true")
     return top
@@ -210,19 +263,24 @@ def _common(body: dict, headers: Mapping[str, str]) -> dict:
         raise invalid("stream", "'stream' must be a boolean")
     options = body.get("stream_options")
     if options is not None and (not isinstance(options, dict) or not stream):
-        raise invalid("stream_options", "'stream_options' is an object, only with "
-                      "stream=true")
+        raise invalid("stream_options", "'stream_options' is an object, only with stream=true")
     include_usage = (options or {}).get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise invalid("stream_options.include_usage", "'include_usage' must be a boolean")
-    return {"stream": stream, "include_usage": include_usage, "n": n,
-            "sampling": sampling(body), "hints": hints(body, headers),
-            "lora_name": _lora_name(body)}
+    return {
+        "stream": stream,
+        "include_usage": include_usage,
+        "n": n,
+        "sampling": sampling(body),
+        "hints": hints(body, headers),
+        "lora_name": _lora_name(body),
+    }
 
 
 def _too_long(param: str, size: int, limit: int):
-    return invalid(param, f"{param} is {size} characters, more than the limit of {limit}",
-                   "too_long")
+    return invalid(
+        param, f"{param} is {size} characters, more than the limit of {limit}", "too_long"
+    )
 
 
 def _max_tokens(body: dict, names: tuple) -> dict:
@@ -232,8 +290,9 @@ def _max_tokens(body: dict, names: tuple) -> dict:
         value = body.get(name)
         if value is not None:
             if not _is_int(value) or not 1 <= value <= INT32_MAX:
-                raise invalid(name, f"'{name}' must be an integer from 1 to {INT32_MAX}, "
-                              f"got {_show(value)}")
+                raise invalid(
+                    name, f"'{name}' must be an integer from 1 to {INT32_MAX}, got {_show(value)}"
+                )
             return {"max_tokens": value, "max_tokens_param": name}
     return {}
 
@@ -243,31 +302,36 @@ def _lora_name(body: dict) -> str | None:
     name = body.get("lora_name")
     if name is None:
         return None
-    if not isinstance(name, str) or not name or len(name) > 128 \
-            or not set(name) <= ADAPTER_CHARS:
-        raise invalid("lora_name", "'lora_name' must name an adapter (letters, digits, "
-                      f"'_', '-', '.'), got {_show(name)}")
+    if not isinstance(name, str) or not name or len(name) > 128 or not set(name) <= ADAPTER_CHARS:
+        raise invalid(
+            "lora_name",
+            f"'lora_name' must name an adapter (letters, digits, '_', '-', '.'), got {_show(name)}",
+        )
     return name
 
 
 def sampling(body: dict) -> dict:
     """The request's sampling values under vLLM's names; raises OpenAIError naming one."""
     out = {}
-    for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0),
-                            ("presence_penalty", -2.0, 2.0),
-                            ("frequency_penalty", -2.0, 2.0)):
+    for name, low, high in (
+        ("temperature", 0.0, 2.0),
+        ("top_p", 0.0, 1.0),
+        ("presence_penalty", -2.0, 2.0),
+        ("frequency_penalty", -2.0, 2.0),
+    ):
         value = body.get(name)
         if value is None:
             continue
         if not _is_number(value) or not low <= value <= high:
-            raise invalid(name, f"'{name}' must be a number from {low:g} to {high:g}, "
-                          f"got {_show(value)}")
+            raise invalid(
+                name, f"'{name}' must be a number from {low:g} to {high:g}, got {_show(value)}"
+            )
         if name == "top_p" and value == 0:
             raise invalid(name, "'top_p' must be greater than 0")
         out[name] = float(value)
     seed = body.get("seed")
     if seed is not None:
-        if not _is_int(seed) or not -2**63 <= seed < 2**64:
+        if not _is_int(seed) or not -(2**63) <= seed < 2**64:
             raise invalid("seed", f"'seed' must be an integer, got {_show(seed)}")
         out["seed"] = seed
     stop = body.get("stop")
@@ -281,18 +345,20 @@ def sampling(body: dict) -> dict:
     bias = body.get("logit_bias")
     if bias is not None:
         if not isinstance(bias, dict) or not all(
-                str(k).isdigit() and _is_number(v) and -100 <= v <= 100
-                for k, v in bias.items()):
-            raise invalid("logit_bias", "'logit_bias' maps token ids to numbers from -100 "
-                          "to 100")
+            str(k).isdigit() and _is_number(v) and -100 <= v <= 100 for k, v in bias.items()
+        ):
+            raise invalid("logit_bias", "'logit_bias' maps token ids to numbers from -100 to 100")
         out["logit_bias"] = {int(k): float(v) for k, v in bias.items()}
     for name, kind in EXTRAS.items():
         value = body.get(name)
         if value is None:
             continue
-        ok = {"int": _is_int(value), "float": _is_number(value),
-              "bool": isinstance(value, bool),
-              "ints": isinstance(value, list) and all(_is_int(v) for v in value)}[kind]
+        ok = {
+            "int": _is_int(value),
+            "float": _is_number(value),
+            "bool": isinstance(value, bool),
+            "ints": isinstance(value, list) and all(_is_int(v) for v in value),
+        }[kind]
         if not ok:
             raise invalid(name, f"'{name}' has the wrong type: {_show(value)}")
         out[name] = value
@@ -320,8 +386,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _show(value: Any, limit: int = 40) -> str:

@@ -9,12 +9,13 @@ The router's length is the largest of its backends' (no backend can give more), 
 when every backend's is known. A file that cannot be read means no check, never a failed
 start.
 """
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-CONTEXT_KEYS = ("max_model_len", "context_length")    # vLLM, SGLang engine arguments
+CONTEXT_KEYS = ("max_model_len", "context_length")  # vLLM, SGLang engine arguments
 
 
 def context_tokens(repo: Path) -> dict[str, int]:
@@ -28,9 +29,11 @@ def context_tokens(repo: Path) -> dict[str, int]:
     for router_json in sorted(repo.glob("*/1/router.json")):
         backends = (_load(router_json) or {}).get("backends")
         # A backend with replicas (`<model>__rN`) has no model.json of its own: theirs.
-        lengths = [contexts.get(called) for name, entry in (backends or {}).items()
-                   for called in (entry.get("replicas") if isinstance(entry, dict)
-                                  else None) or [name]]
+        lengths = [
+            contexts.get(called)
+            for name, entry in (backends or {}).items()
+            for called in (entry.get("replicas") if isinstance(entry, dict) else None) or [name]
+        ]
         if lengths and None not in lengths:
             contexts[router_json.parent.parent.name] = max(lengths)
     return contexts

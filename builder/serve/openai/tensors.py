@@ -2,6 +2,7 @@
 takes (ModelInfo), one generation as inputs (build_inputs), one streamed response as a
 Piece (read_piece). Pure mapping, no I/O: the transport is triton.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,14 @@ from builder.serve.openai import tools as chat_tools
 from builder.serve.openai.errors import invalid
 from builder.serve.openai.protocol import Generation
 
-DTYPES = {"TYPE_BOOL": ("BOOL", bool), "TYPE_INT32": ("INT32", np.int32),
-          "TYPE_INT64": ("INT64", np.int64), "TYPE_UINT64": ("UINT64", np.uint64),
-          "TYPE_FP32": ("FP32", np.float32), "TYPE_STRING": ("BYTES", np.object_)}
+DTYPES = {
+    "TYPE_BOOL": ("BOOL", bool),
+    "TYPE_INT32": ("INT32", np.int32),
+    "TYPE_INT64": ("INT64", np.int64),
+    "TYPE_UINT64": ("UINT64", np.uint64),
+    "TYPE_FP32": ("FP32", np.float32),
+    "TYPE_STRING": ("BYTES", np.object_),
+}
 
 
 @dataclass(frozen=True)
@@ -25,8 +31,8 @@ class ModelInfo:
     """What the frontend needs of a model's config."""
 
     name: str
-    inputs: dict             # input name -> Triton data type (TYPE_...)
-    batched: bool            # max_batch_size > 0: tensors get a batch dimension
+    inputs: dict  # input name -> Triton data type (TYPE_...)
+    batched: bool  # max_batch_size > 0: tensors get a batch dimension
 
     @staticmethod
     def from_config(config: dict) -> ModelInfo | None:
@@ -37,8 +43,9 @@ class ModelInfo:
         outputs = {o.get("name") for o in config.get("output", [])}
         if "text_output" not in outputs or not {"text_input", "messages"} & set(inputs):
             return None
-        return ModelInfo(config.get("name", ""), inputs,
-                         int(config.get("max_batch_size", 0) or 0) > 0)
+        return ModelInfo(
+            config.get("name", ""), inputs, int(config.get("max_batch_size", 0) or 0) > 0
+        )
 
 
 @dataclass
@@ -49,11 +56,11 @@ class Piece:
     finish_reason: str | None
     input_tokens: int
     output_tokens: int
-    served_by: str = ""      # the engine model that answered (through the router)
+    served_by: str = ""  # the engine model that answered (through the router)
     # The logprobs of this response's tokens when asked for (the `logprobs` output:
     # per token, {token id: {logprob, rank, decoded_token}}, the sampled token first).
     logprobs: list | None = None
-    tool_calls: list | None = None   # the answer's calls, on its last response (tools.py)
+    tool_calls: list | None = None  # the answer's calls, on its last response (tools.py)
 
 
 def build_inputs(generation: Generation, info: ModelInfo) -> list:
@@ -72,21 +79,29 @@ def build_inputs(generation: Generation, info: ModelInfo) -> list:
 
     if generation.kind == "chat":
         if "messages" not in info.inputs:
-            raise invalid("model", f"model '{info.name}' takes no chat messages (use "
-                          "/v1/completions, or the router)", "unsupported_model")
+            raise invalid(
+                "model",
+                f"model '{info.name}' takes no chat messages (use /v1/completions, or the router)",
+                "unsupported_model",
+            )
         add("messages", json.dumps(generation.messages))
     else:
         if "text_input" not in info.inputs:
-            raise invalid("model", f"model '{info.name}' takes no text prompt (use "
-                          "/v1/chat/completions)", "unsupported_model")
+            raise invalid(
+                "model",
+                f"model '{info.name}' takes no text prompt (use /v1/chat/completions)",
+                "unsupported_model",
+            )
         add("text_input", generation.prompt)
     if generation.tools is not None:
         if "tools" not in info.inputs:
-            raise invalid("tools", f"model '{info.name}' takes no tools (tool calling "
-                          "needs a vLLM or SGLang model, or the router)",
-                          "unsupported_parameter")
-        for name, value in chat_tools.inputs(generation.tools,
-                                             generation.tool_choice).items():
+            raise invalid(
+                "tools",
+                f"model '{info.name}' takes no tools (tool calling "
+                "needs a vLLM or SGLang model, or the router)",
+                "unsupported_parameter",
+            )
+        for name, value in chat_tools.inputs(generation.tools, generation.tool_choice).items():
             add(name, value)
     if "stream" in info.inputs:
         add("stream", generation.stream)
@@ -108,31 +123,41 @@ def build_inputs(generation: Generation, info: ModelInfo) -> list:
         elif "sampling_parameters" in info.inputs:
             sampling = {**sampling, "lora_name": generation.lora_name}
         else:
-            raise invalid("lora_name", f"model '{info.name}' takes no adapters",
-                          "unsupported_parameter")
+            raise invalid(
+                "lora_name", f"model '{info.name}' takes no adapters", "unsupported_parameter"
+            )
     if sampling and "sampling_parameters" in info.inputs:
         add("sampling_parameters", json.dumps(sampling))
     elif sampling:
         # A model with one tensor per sampling value (a TRT-LLM ensemble).
         if "structured_outputs" in sampling:
-            raise invalid("response_format", f"model '{info.name}' has no structured "
-                          "outputs (a vLLM or SGLang model has, or the router)",
-                          "unsupported_parameter")
+            raise invalid(
+                "response_format",
+                f"model '{info.name}' has no structured "
+                "outputs (a vLLM or SGLang model has, or the router)",
+                "unsupported_parameter",
+            )
         for name, value in sampling.items():
             if name not in info.inputs or isinstance(value, (list, dict)):
-                raise invalid(name, f"model '{info.name}' does not take '{name}'",
-                              "unsupported_parameter")
+                raise invalid(
+                    name, f"model '{info.name}' does not take '{name}'", "unsupported_parameter"
+                )
             add(name, value)
     for name, value in generation.hints.items():
-        if name in info.inputs:   # a model without a router ignores routing hints
+        if name in info.inputs:  # a model without a router ignores routing hints
             add(name, value)
     return tensors
 
 
 # One element of a numeric output, straight from its raw bytes (little-endian).
-NUMERIC = {"BOOL": struct.Struct("<?"), "INT32": struct.Struct("<i"),
-           "INT64": struct.Struct("<q"), "UINT32": struct.Struct("<I"),
-           "UINT64": struct.Struct("<Q"), "FP32": struct.Struct("<f")}
+NUMERIC = {
+    "BOOL": struct.Struct("<?"),
+    "INT32": struct.Struct("<i"),
+    "INT64": struct.Struct("<q"),
+    "UINT32": struct.Struct("<I"),
+    "UINT64": struct.Struct("<Q"),
+    "FP32": struct.Struct("<f"),
+}
 
 
 def read_piece(result) -> tuple[Piece, str | None]:
@@ -141,12 +166,15 @@ def read_piece(result) -> tuple[Piece, str | None]:
     text = values.get("text_output") or ""
     error = values.get("error") or None
     logprobs = values.get("logprobs")
-    return Piece(text, values.get("finish_reason") or None,
-                 int(values.get("num_input_tokens") or 0),
-                 int(values.get("num_output_tokens") or 0),
-                 values.get("served_by") or "",
-                 json.loads(logprobs) if logprobs else None,
-                 chat_tools.read(values.get("tool_calls"))), error
+    return Piece(
+        text,
+        values.get("finish_reason") or None,
+        int(values.get("num_input_tokens") or 0),
+        int(values.get("num_output_tokens") or 0),
+        values.get("served_by") or "",
+        json.loads(logprobs) if logprobs else None,
+        chat_tools.read(values.get("tool_calls")),
+    ), error
 
 
 def first_values(result) -> dict:
@@ -167,12 +195,12 @@ def _first(result, output, raw: bytes | None):
         if len(raw) < 4:
             return None
         size = int.from_bytes(raw[:4], "little")
-        return raw[4:4 + size].decode("utf-8", "replace")
+        return raw[4 : 4 + size].decode("utf-8", "replace")
     if raw is not None and output.datatype in NUMERIC:
         reader = NUMERIC[output.datatype]
         return reader.unpack_from(raw)[0] if len(raw) >= reader.size else None
     try:
-        array = result.as_numpy(output.name)    # typed contents, or a rarer data type
+        array = result.as_numpy(output.name)  # typed contents, or a rarer data type
     except Exception:
         return None
     if array is None or array.size == 0:

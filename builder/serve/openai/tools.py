@@ -6,6 +6,7 @@ The engine model renders the tools into the chat template, enforces `required` a
 named choice with structured outputs, and parses `auto` answers with the model's tool
 parser (python_backends/trident_common/tool_calls.py; docs/clients.md says why there).
 """
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ from typing import Any
 from builder.serve.openai.errors import invalid
 from builder.serve.openai.structured import check_schema
 
-NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")   # OpenAI's rule for a function's name
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 CHOICES = ("none", "auto", "required")
 
 
@@ -35,22 +36,33 @@ def parse(body: dict) -> tuple[list | None, str | None]:
     names = [_tool(tool, i) for i, tool in enumerate(tools)]
     if parallel is False and choice == "required":
         # A forced choice's schema takes one call or more (tool_calls.forced_schema).
-        raise invalid("parallel_tool_calls", "parallel_tool_calls=false with "
-                      "tool_choice 'required' is not supported", "unsupported_parameter")
+        raise invalid(
+            "parallel_tool_calls",
+            "parallel_tool_calls=false with tool_choice 'required' is not supported",
+            "unsupported_parameter",
+        )
     return tools, _choice(choice, names)
 
 
 def _tool(tool: Any, i: int) -> str:
     where = f"tools[{i}]"
-    if not isinstance(tool, dict) or tool.get("type") != "function" \
-            or not isinstance(tool.get("function"), dict):
-        raise invalid(where, f"{where} must be {{\"type\": \"function\", \"function\": "
-                      "{...}} (only function tools are supported)")
+    if (
+        not isinstance(tool, dict)
+        or tool.get("type") != "function"
+        or not isinstance(tool.get("function"), dict)
+    ):
+        raise invalid(
+            where,
+            f'{where} must be {{"type": "function", "function": '
+            "{...}} (only function tools are supported)",
+        )
     function = tool["function"]
     name = function.get("name")
     if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise invalid(f"{where}.function.name", f"{where}.function.name must be 1 to 64 "
-                      "letters, digits, '_' or '-'")
+        raise invalid(
+            f"{where}.function.name",
+            f"{where}.function.name must be 1 to 64 letters, digits, '_' or '-'",
+        )
     if "parameters" in function:
         check_schema(function["parameters"], f"{where}.function.parameters")
     return name
@@ -63,13 +75,21 @@ def _choice(choice: Any, names: list[str]) -> str:
         return choice
     function = choice.get("function") if isinstance(choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(choice, dict) or choice.get("type") != "function" \
-            or not isinstance(name, str):
-        raise invalid("tool_choice", "'tool_choice' must be none, auto, required or "
-                      "{\"type\": \"function\", \"function\": {\"name\": ...}}")
+    if (
+        not isinstance(choice, dict)
+        or choice.get("type") != "function"
+        or not isinstance(name, str)
+    ):
+        raise invalid(
+            "tool_choice",
+            "'tool_choice' must be none, auto, required or "
+            '{"type": "function", "function": {"name": ...}}',
+        )
     if name not in names:
-        raise invalid("tool_choice", f"'tool_choice' names function {name[:64]!r}, "
-                      "which is not among the tools")
+        raise invalid(
+            "tool_choice",
+            f"'tool_choice' names function {name[:64]!r}, which is not among the tools",
+        )
     return name
 
 
@@ -81,8 +101,10 @@ def history(message: dict, where: str) -> dict:
     if role == "tool":
         call_id = message.get("tool_call_id")
         if not isinstance(call_id, str) or not call_id:
-            raise invalid(f"{where}.tool_call_id", f"{where}: a tool message needs the "
-                          "tool_call_id of the call it answers")
+            raise invalid(
+                f"{where}.tool_call_id",
+                f"{where}: a tool message needs the tool_call_id of the call it answers",
+            )
         return {"tool_call_id": call_id}
     calls = message.get("tool_calls")
     if role != "assistant" or calls is None:
@@ -92,17 +114,28 @@ def history(message: dict, where: str) -> dict:
     out = []
     for j, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
-                or not isinstance(function.get("arguments"), str):
-            raise invalid(f"{where}.tool_calls[{j}]", f"{where}.tool_calls[{j}] must be "
-                          "{\"id\", \"type\": \"function\", \"function\": {\"name\", "
-                          "\"arguments\"}}")
+        if (
+            not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or not isinstance(function.get("arguments"), str)
+        ):
+            raise invalid(
+                f"{where}.tool_calls[{j}]",
+                f"{where}.tool_calls[{j}] must be "
+                '{"id", "type": "function", "function": {"name", '
+                '"arguments"}}',
+            )
         try:
             arguments = json.loads(function["arguments"])
         except ValueError:
-            arguments = function["arguments"]   # the template gets what the model wrote
-        out.append({"id": call.get("id"), "type": "function",
-                    "function": {"name": function["name"], "arguments": arguments}})
+            arguments = function["arguments"]  # the template gets what the model wrote
+        out.append(
+            {
+                "id": call.get("id"),
+                "type": "function",
+                "function": {"name": function["name"], "arguments": arguments},
+            }
+        )
     return {"tool_calls": out}
 
 
@@ -135,10 +168,18 @@ def whole(choice: dict, calls: list | None) -> dict:
 def deltas(calls: list) -> list[dict]:
     """The calls as one streamed delta's `tool_calls`: each with its index, id, type,
     name and the whole arguments (the calls are known once the answer is whole)."""
-    return [{"index": i, "id": call["id"], "type": "function",
-             "function": {"name": call["function"]["name"],
-                          "arguments": call["function"]["arguments"]}}
-            for i, call in enumerate(calls)]
+    return [
+        {
+            "index": i,
+            "id": call["id"],
+            "type": "function",
+            "function": {
+                "name": call["function"]["name"],
+                "arguments": call["function"]["arguments"],
+            },
+        }
+        for i, call in enumerate(calls)
+    ]
 
 
 def chunk(template: dict, calls: list) -> dict:

@@ -6,6 +6,7 @@ one request, and Triton finishes the call once the request's final flag is sent 
 router's flags-only final included, which the aio client never surfaces). The frontend
 may stop reading at the engine's finish reason; the rest is drained in the background.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,14 +23,19 @@ from builder.serve.openai.errors import OpenAIError, from_triton, model_not_foun
 from builder.serve.openai.protocol import Generation
 from builder.serve.openai.tensors import ModelInfo, Piece, build_inputs, read_piece
 
-INDEX_TTL_S = 2.0        # how long the repository index (ready models) is believed
-DRAIN_TIMEOUT_S = 10.0   # after the finish reason: wait this long for the call to end
+INDEX_TTL_S = 2.0  # how long the repository index (ready models) is believed
+DRAIN_TIMEOUT_S = 10.0  # after the finish reason: wait this long for the call to end
 
 
 class TritonUnavailable(OpenAIError):
     def __init__(self, url: str, why: str):
-        super().__init__(503, f"Triton at {url} does not answer: {why}", "server_error",
-                         None, "triton_unavailable")
+        super().__init__(
+            503,
+            f"Triton at {url} does not answer: {why}",
+            "server_error",
+            None,
+            "triton_unavailable",
+        )
 
 
 class Triton:
@@ -42,7 +48,7 @@ class Triton:
         self._admin = admin.grpc_headers(admin_key or os.environ.get(admin.KEY_ENV))
         self._client: grpcaio.InferenceServerClient | None = None
         self._models: dict[str, ModelInfo] = {}
-        self._configs: dict[tuple, ModelInfo | None] = {}   # (name, version) -> info
+        self._configs: dict[tuple, ModelInfo | None] = {}  # (name, version) -> info
         self._index_at = -INDEX_TTL_S
         self._index_lock: asyncio.Lock | None = None
         self._draining: set = set()
@@ -74,8 +80,7 @@ class Triton:
 
     async def _read_index(self) -> dict[str, ModelInfo]:
         try:
-            index = await self.client.get_model_repository_index(headers=self._admin,
-                                                                  as_json=True)
+            index = await self.client.get_model_repository_index(headers=self._admin, as_json=True)
             models = {}
             for entry in index.get("models", []):
                 if entry.get("state") != "READY":
@@ -100,7 +105,7 @@ class Triton:
             if time.monotonic() - self._index_at > INDEX_TTL_S:
                 self._refresh_index()
             return found
-        found = (await self.models(fresh=True)).get(model)   # loaded a moment ago?
+        found = (await self.models(fresh=True)).get(model)  # loaded a moment ago?
         if found is None:
             raise model_not_found(model)
         return found
@@ -113,7 +118,7 @@ class Triton:
         try:
             await self.models(fresh=True)
         except OpenAIError:
-            pass     # Triton is away: the request that comes next says so
+            pass  # Triton is away: the request that comes next says so
 
     def stream(self, generation: Generation, info: ModelInfo) -> Call:
         asked = {"lora_name": generation.lora_name, "route": generation.hints.get("route")}
@@ -138,14 +143,14 @@ class Call:
 
     def __init__(self, triton: Triton, model: str, inputs: list, asked: dict | None = None):
         self.triton, self.model = triton, model
-        self.asked = asked    # what the client named (errors.from_triton)
+        self.asked = asked  # what the client named (errors.from_triton)
         self.request_id = uuid.uuid4().hex
-        self.done = False         # the call ended, or is no longer ours to end
-        self.cancelled = False    # cancelled by cancel() (the client went away)
-        self._ready: list[Piece] = []        # read, not yet taken by batches()
-        self._failure: OpenAIError | None = None   # raised once _ready is taken
-        self._ended = False       # the reader is done: finish reason, end or failure
-        self._wake: asyncio.Future | None = None   # batches() waits on it
+        self.done = False  # the call ended, or is no longer ours to end
+        self.cancelled = False  # cancelled by cancel() (the client went away)
+        self._ready: list[Piece] = []  # read, not yet taken by batches()
+        self._failure: OpenAIError | None = None  # raised once _ready is taken
+        self._ended = False  # the reader is done: finish reason, end or failure
+        self._wake: asyncio.Future | None = None  # batches() waits on it
         self._reader: asyncio.Task | None = None
 
         async def one_request():
@@ -186,16 +191,17 @@ class Call:
                     self.done = True
                     return
                 except asyncio.CancelledError:
-                    self.done = True    # cancel(): the gRPC call is cancelled with us
+                    self.done = True  # cancel(): the gRPC call is cancelled with us
                     return
-                except Exception as e:   # grpc.aio.AioRpcError: cancelled, or the server left
+                except Exception as e:  # grpc.aio.AioRpcError: cancelled, or the server left
                     self.done = True
                     if not self.cancelled:
                         self._failure = TritonUnavailable(self.triton.url, _rpc_reason(e))
                     return
                 if error is not None:
-                    self._failure = from_triton(error.message() or str(error), self.model,
-                                                self.asked)
+                    self._failure = from_triton(
+                        error.message() or str(error), self.model, self.asked
+                    )
                     return
                 piece, problem = read_piece(result)
                 if problem:
@@ -218,11 +224,13 @@ class Call:
         longer than DRAIN_TIMEOUT_S."""
         self.done = True
         try:
+
             async def rest():
                 if self._reader is not None:
-                    await self._reader     # it stops at the finish reason
+                    await self._reader  # it stops at the finish reason
                 while True:
                     await self._responses.__anext__()
+
             await asyncio.wait_for(rest(), DRAIN_TIMEOUT_S)
         except StopAsyncIteration:
             pass

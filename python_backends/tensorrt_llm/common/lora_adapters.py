@@ -10,6 +10,7 @@ the tensorrtllm backend caches adapters by task id (its host cache is sized to h
 all). With `lora_send_weights: always` (several engine instances, each with its own
 cache) every request carries them. Free of Triton types.
 """
+
 import json
 import threading
 from pathlib import Path
@@ -30,8 +31,8 @@ class LoraTable:
         self.task_ids = dict(task_ids)
         self.folder = Path(folder)
         self.send_always = send_always
-        self._sent = set()          # task ids whose weights reached the engine
-        self._pending = set()       # ... in the batch being answered now
+        self._sent = set()  # task ids whose weights reached the engine
+        self._pending = set()  # ... in the batch being answered now
         self._arrays = {}
         self._lock = threading.Lock()
 
@@ -41,8 +42,12 @@ class LoraTable:
         if "lora_adapters" not in parameters:
             return None
         send = parameters.get("lora_send_weights", {}).get("string_value", "first_use")
-        return cls(model, json.loads(parameters["lora_adapters"]["string_value"]), folder,
-                   send_always=send == "always")
+        return cls(
+            model,
+            json.loads(parameters["lora_adapters"]["string_value"]),
+            folder,
+            send_always=send == "always",
+        )
 
     def select(self, name):
         """(task id, weights or None, config or None) for adapter `name`."""
@@ -50,7 +55,8 @@ class LoraTable:
         if task is None:
             raise UnknownAdapter(
                 f"invalid request: unknown adapter {name!r} (lora_name): model "
-                f"{self.model} has adapters: {', '.join(sorted(self.task_ids))}")
+                f"{self.model} has adapters: {', '.join(sorted(self.task_ids))}"
+            )
         with self._lock:
             if task in self._sent and not self.send_always:
                 return task, None, None
@@ -66,10 +72,12 @@ class LoraTable:
             self._pending.clear()
 
     def _load(self, name):
-        if name not in self._arrays:   # a race loads twice, harmlessly
+        if name not in self._arrays:  # a race loads twice, harmlessly
             folder = self.folder / name
-            self._arrays[name] = (np.load(folder / WEIGHTS_NPY, allow_pickle=False),
-                                  np.load(folder / CONFIG_NPY, allow_pickle=False))
+            self._arrays[name] = (
+                np.load(folder / WEIGHTS_NPY, allow_pickle=False),
+                np.load(folder / CONFIG_NPY, allow_pickle=False),
+            )
         return self._arrays[name]
 
 
@@ -90,8 +98,10 @@ def requested_name(name_tensor, sampling_tensor, parameters_json):
         raise ValueError("sampling_parameters must be a JSON object")
     others = sorted(set(sampling) - {"lora_name"})
     if others:
-        raise ValueError(f"sampling_parameters of the TRT-LLM ensemble carry only lora_name; "
-                         f"send {', '.join(others)} as the ensemble's own inputs")
+        raise ValueError(
+            f"sampling_parameters of the TRT-LLM ensemble carry only lora_name; "
+            f"send {', '.join(others)} as the ensemble's own inputs"
+        )
     name = name or sampling.get("lora_name") or ""
     if not name and parameters_json:
         name = json.loads(parameters_json).get("lora_name") or ""
@@ -103,8 +113,9 @@ def engine_tensors(table, name, batch):
     if name is None:
         return {}
     if table is None:
-        raise UnknownAdapter(f"invalid request: unknown adapter {name!r} (lora_name): the "
-                             "model has no adapters")
+        raise UnknownAdapter(
+            f"invalid request: unknown adapter {name!r} (lora_name): the model has no adapters"
+        )
     task, weights, config = table.select(name)
     out = {"LORA_TASK_ID": np.full((batch, 1), task, dtype=np.uint64)}
     if weights is not None:

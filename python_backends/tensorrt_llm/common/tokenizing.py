@@ -4,6 +4,7 @@ The ensemble carries batches: text [batch, 1] in; input_ids padded to [batch, lo
 with lengths [batch, 1]; output_ids [batch, beams, tokens] with sequence lengths
 [batch, beams] back; text [batch, beams] out.
 """
+
 import numpy as np
 
 
@@ -29,15 +30,17 @@ def as_text(value):
 
 def encode_batch(tokenizer, texts, pad_id):
     """texts: array [batch, 1] → (input_ids int32 [batch, longest], lengths int32 [batch, 1])."""
-    rows = [tokenizer.encode(as_text(t), add_special_tokens=True)
-            for t in np.asarray(texts, dtype=object).reshape(-1)]
+    rows = [
+        tokenizer.encode(as_text(t), add_special_tokens=True)
+        for t in np.asarray(texts, dtype=object).reshape(-1)
+    ]
     for row in rows:
         if not row:
             raise ValueError("text_input encodes to no tokens")
     longest = max(len(row) for row in rows)
     ids = np.full((len(rows), longest), pad_id, dtype=np.int32)
     for i, row in enumerate(rows):
-        ids[i, :len(row)] = row
+        ids[i, : len(row)] = row
     lengths = np.array([[len(row)] for row in rows], dtype=np.int32)
     return ids, lengths
 
@@ -49,7 +52,8 @@ def decode_batch(tokenizer, tokens, lengths, skip_special_tokens=True):
     out = np.empty(tokens.shape[:2], dtype=object)
     for b in range(tokens.shape[0]):
         for beam in range(tokens.shape[1]):
-            ids = tokens[b, beam, :int(lengths[b, beam])].tolist()
-            out[b, beam] = tokenizer.decode(
-                ids, skip_special_tokens=skip_special_tokens).encode("utf-8")
+            ids = tokens[b, beam, : int(lengths[b, beam])].tolist()
+            out[b, beam] = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens).encode(
+                "utf-8"
+            )
     return out

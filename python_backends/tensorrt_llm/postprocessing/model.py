@@ -4,6 +4,7 @@ When streaming, the engine sends only the new tokens of each step, so each respo
 text is the new text (the router's convention). Parameters: tokenizer_dir,
 skip_special_tokens.
 """
+
 import json
 
 import triton_python_backend_utils as pb_utils

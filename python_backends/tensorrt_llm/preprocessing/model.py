@@ -5,6 +5,7 @@ Parameters (config.pbtxt): tokenizer_dir; with adapters also model_name, lora_ad
 lora_send_weights (lora_adapters.py). Outputs end/pad ids so the engine stops where the
 tokenizer says a sequence ends.
 """
+
 import json
 from pathlib import Path
 
@@ -26,8 +27,9 @@ class TritonPythonModel:
         self.end_id, self.pad_id = special_ids(self.tokenizer)
         parameters = config["parameters"]
         model = parameters.get("model_name", {}).get("string_value", config["name"])
-        self.adapters = LoraTable.from_parameters(model, parameters,
-                                                  Path(__file__).resolve().parent / "lora")
+        self.adapters = LoraTable.from_parameters(
+            model, parameters, Path(__file__).resolve().parent / "lora"
+        )
 
     def execute(self, requests):
         responses = [self._one(request) for request in requests]
@@ -38,8 +40,11 @@ class TritonPythonModel:
     def _one(self, request):
         try:
             query = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy()
-            output_len = pb_utils.get_input_tensor_by_name(
-                request, "REQUEST_OUTPUT_LEN").as_numpy().astype(np.int32)
+            output_len = (
+                pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN")
+                .as_numpy()
+                .astype(np.int32)
+            )
             if (output_len < 1).any():
                 raise ValueError("max_tokens must be >= 1")
             ids, lengths = encode_batch(self.tokenizer, query, self.pad_id)
@@ -47,19 +52,25 @@ class TritonPythonModel:
         except Exception as e:  # a bad request fails alone, never the model
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
         batch = ids.shape[0]
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("INPUT_ID", ids),
-            pb_utils.Tensor("REQUEST_INPUT_LEN", lengths),
-            pb_utils.Tensor("REQUEST_OUTPUT_LEN", output_len.reshape(batch, 1)),
-            pb_utils.Tensor("OUT_END_ID", np.full((batch, 1), self.end_id, dtype=np.int32)),
-            pb_utils.Tensor("OUT_PAD_ID", np.full((batch, 1), self.pad_id, dtype=np.int32)),
-        ] + [pb_utils.Tensor(name, value) for name, value in lora.items()])
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor("INPUT_ID", ids),
+                pb_utils.Tensor("REQUEST_INPUT_LEN", lengths),
+                pb_utils.Tensor("REQUEST_OUTPUT_LEN", output_len.reshape(batch, 1)),
+                pb_utils.Tensor("OUT_END_ID", np.full((batch, 1), self.end_id, dtype=np.int32)),
+                pb_utils.Tensor("OUT_PAD_ID", np.full((batch, 1), self.pad_id, dtype=np.int32)),
+            ]
+            + [pb_utils.Tensor(name, value) for name, value in lora.items()]
+        )
 
 
 def _lora_name(request):
-    name, sampling = (pb_utils.get_input_tensor_by_name(request, n)
-                      for n in ("LORA_NAME", "SAMPLING_PARAMETERS"))
-    parameters = getattr(request, "parameters", None)   # Triton's request parameters (JSON)
-    return requested_name(name.as_numpy() if name is not None else None,
-                          sampling.as_numpy() if sampling is not None else None,
-                          parameters() if parameters else None)
+    name, sampling = (
+        pb_utils.get_input_tensor_by_name(request, n) for n in ("LORA_NAME", "SAMPLING_PARAMETERS")
+    )
+    parameters = getattr(request, "parameters", None)  # Triton's request parameters (JSON)
+    return requested_name(
+        name.as_numpy() if name is not None else None,
+        sampling.as_numpy() if sampling is not None else None,
+        parameters() if parameters else None,
+    )

@@ -3,6 +3,7 @@ uses, answering at a configured pace (support/pacing.py) instead of running a mo
 AsyncLLM (generate yielding RequestOutputs, DELTA or CUMULATIVE, abort, shutdown, stat
 loggers fed once per step, get_tokenizer), AsyncEngineArgs, SamplingParams, LoRARequest and
 the exceptions the model catches. For benchmarks of the serving path at GPU token rates."""
+
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: F401
 from vllm.sampling_params import SamplingParams  # noqa: F401
 

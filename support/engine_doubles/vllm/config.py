@@ -1,5 +1,6 @@
 """VllmConfig: what stat loggers read of it (model_config.max_model_len), and the double's
 rate settings, carried from AsyncEngineArgs.create_engine_config."""
+
 from dataclasses import dataclass, field
 
 

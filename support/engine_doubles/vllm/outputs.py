@@ -1,4 +1,5 @@
 """vLLM's RequestOutput and CompletionOutput, with the fields its clients read."""
+
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 

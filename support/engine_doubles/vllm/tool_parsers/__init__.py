@@ -1,6 +1,7 @@
 """The double's vllm.tool_parsers: the model looks its spec's parser up by name when it
 loads (deploy/default.yaml names hermes). The double's answers are filler text, never a
 call, so its parser reads none; an unknown name fails the load, as vLLM's manager does."""
+
 from __future__ import annotations
 
 KNOWN = frozenset({"hermes", "llama3_json", "mistral", "pythonic", "granite", "qwen3_xml"})

@@ -3,6 +3,7 @@ max_tokens tokens (as with ignore_eos), a token is the word " w<i>", the prompt'
 are its words. Outputs are DELTA or CUMULATIVE as the SamplingParams ask; tokens that came
 while the reader was busy arrive merged in one output, as vLLM's output collector does.
 The stat loggers get vLLM's scheduler and iteration stats once per step."""
+
 import time
 
 from support.pacing import PacedBatch, Rate, RateSource, StepStats
@@ -15,10 +16,8 @@ from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, Schedule
 class WordTokenizer:
     """The chat template of a ChatML model, words as tokens."""
 
-    def apply_chat_template(self, messages, tokenize=True, add_generation_prompt=False,
-                            **kwargs):
-        text = " ".join(f"<|im_start|> {m['role']} {m['content']} <|im_end|>"
-                        for m in messages)
+    def apply_chat_template(self, messages, tokenize=True, add_generation_prompt=False, **kwargs):
+        text = " ".join(f"<|im_start|> {m['role']} {m['content']} <|im_end|>" for m in messages)
         if add_generation_prompt:
             text += " <|im_start|> assistant"
         return self.encode(text) if tokenize else text
@@ -68,8 +67,9 @@ class AsyncLLM:
             self._batch = PacedBatch(self._source, on_step=self._record)
         return self._batch
 
-    async def generate(self, prompt, sampling_params, request_id, priority=0,
-                       lora_request=None, **kwargs):
+    async def generate(
+        self, prompt, sampling_params, request_id, priority=0, lora_request=None, **kwargs
+    ):
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             prompt = " ".join(f"t{i}" for i in prompt["prompt_token_ids"])
         text = prompt.get("prompt", "") if isinstance(prompt, dict) else prompt
@@ -85,19 +85,29 @@ class AsyncLLM:
             while sent < stream.limit:
                 new = await stream.take()
                 if new == 0:
-                    return                 # aborted
+                    return  # aborted
                 start, sent = (sent if delta else 0), sent + new
                 ids = list(range(start, sent))
                 finished = sent >= stream.limit
                 yield RequestOutput(
-                    request_id, text, prompt_ids, None,
-                    [CompletionOutput(0, "".join(f" w{i}" for i in ids), ids,
-                                      finish_reason="length" if finished else None)],
-                    finished)
+                    request_id,
+                    text,
+                    prompt_ids,
+                    None,
+                    [
+                        CompletionOutput(
+                            0,
+                            "".join(f" w{i}" for i in ids),
+                            ids,
+                            finish_reason="length" if finished else None,
+                        )
+                    ],
+                    finished,
+                )
         finally:
             self._streams.pop(request_id, None)
             if not stream.done:
-                batch.abort(stream)        # the reader left: vLLM aborts the request
+                batch.abort(stream)  # the reader left: vLLM aborts the request
 
     async def abort(self, request_id, internal: bool = False):
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
@@ -119,9 +129,15 @@ class AsyncLLM:
             time_to_first_tokens_iter=list(step.ttfts),
             inter_token_latencies_iter=list(step.token_gaps),
             n_params_iter=[1] * step.first_tokens,
-            finished_requests=[FinishedRequestStats(
-                "length", e2e_latency=time.monotonic() - s.arrived,
-                num_generation_tokens=s.limit) for s in step.finished])
+            finished_requests=[
+                FinishedRequestStats(
+                    "length",
+                    e2e_latency=time.monotonic() - s.arrived,
+                    num_generation_tokens=s.limit,
+                )
+                for s in step.finished
+            ],
+        )
         scheduler = SchedulerStats(num_running_reqs=running, num_waiting_reqs=waiting)
         for logger in self._loggers:
             logger.record(scheduler_stats=scheduler, iteration_stats=iteration, engine_idx=0)

@@ -1,5 +1,6 @@
 """The stats vLLM hands its stat loggers once per engine step (the fields trident's and
 vllm_backend's loggers read)."""
+
 from dataclasses import dataclass, field
 
 
