@@ -84,6 +84,12 @@ class BackendFailed(Exception):
     """The backend failed before its first token; the router may try another."""
 
 
+class DoesNotFit(BackendFailed):
+    """The request asks what this backend's engine cannot do (a TRT-LLM ensemble and
+    logprobs, say): another candidate may take it, but the backend is healthy, so its
+    breaker is not told; a client's requests must not open it for everyone."""
+
+
 class ClientCancelled(Exception):
     """The client cancelled; the backend was told to abort."""
 
@@ -203,7 +209,7 @@ class TritonPythonModel:
         await self.tenants.run(inbound.features.tenant, work, attempts, sender, self.fail)
 
     async def attempt(self, request, inbound, sender, route, candidates, arrival, attempts):
-        errors, tried, choices = [], False, None
+        errors, tried, choices, misfits = [], False, None, 0
         if self.replicas:  # replicated backends: their replicas, in the chooser's order
             # (chosen once the tenant is admitted: a refused request leaves no record)
             candidates, choices = self.replicas.expand(
@@ -228,8 +234,11 @@ class TritonPythonModel:
                 )
                 return
             except BackendFailed as e:
-                self.targets.record(backend, ok=False)
-                recorded = True
+                if isinstance(e, DoesNotFit):
+                    misfits += 1
+                else:
+                    self.targets.record(backend, ok=False)
+                    recorded = True
                 errors.append(f"{backend}: {e}")
                 if attempt + 1 < len(candidates):
                     self.log.warning(f"{backend} failed before its first token, falling back: {e}")
@@ -243,6 +252,14 @@ class TritonPythonModel:
                 sender,
                 UNAVAILABLE.mark(f"no backend available for route {route!r}: " + "; ".join(errors)),
                 "no_backend",
+            )
+        if misfits == len(errors):  # no candidate's engine can do what was asked
+            return self.fail(
+                sender,
+                CLIENT.mark(
+                    f"no backend of route {route!r} takes this request: " + "; ".join(errors)
+                ),
+                "bad_request",
             )
         self.fail(
             sender,
@@ -343,7 +360,7 @@ class TritonPythonModel:
             self.fail(sender, e.marked(), "bad_request")
             return False
         except ValueError as e:  # the request does not fit this engine's interface
-            raise BackendFailed(str(e)) from None
+            raise DoesNotFit(str(e)) from None
         relay = Relay(sender, adapter, backend, self.loop, not inbound.stream, self.retired)
         relay.tally = self.tenants.tally(inbound)
         attempts.append(relay)

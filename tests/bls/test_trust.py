@@ -197,3 +197,33 @@ def test_a_value_the_trtllm_ensemble_cannot_take_is_the_clients_error(make, samp
     )
     assert backend.calls == 0 and model.breakers["primary"].state == "closed"
     assert request.sender.final_flags() == 1
+
+
+def test_what_no_candidate_can_do_is_the_clients_error_and_trips_no_breaker(make):
+    """logprobs to a route whose backends are TRT-LLM ensembles: a 400-class answer naming
+    what was asked, however often a client asks; the backends stay closed for others."""
+    primary, backup = FakeBackend("primary"), FakeBackend("backup")
+    model = make([primary, backup], engines={"primary": "tensorrt_llm", "backup": "tensorrt_llm"})
+    for _ in range(3):  # the breaker opens after 2 failures: a misfit is none
+        request = ClientRequest()
+        request.inputs["sampling_parameters"] = string_tensor(
+            "sampling_parameters", json.dumps({"logprobs": 2})
+        )
+        run(model, request)
+        (error,) = request.errors()
+        assert error.startswith(CLIENT_FAULT_PREFIX) and "'logprobs'" in error
+        assert request.sender.responses()[0].error().code() == pb.TritonError.INVALID_ARG
+    assert primary.calls == backup.calls == 0
+    assert model.breakers["primary"].state == model.breakers["backup"].state == "closed"
+
+
+def test_a_request_one_engine_cannot_take_falls_back_to_one_that_can(make):
+    primary, backup = FakeBackend("primary"), FakeBackend("backup", chunks=["ok"])
+    model = make([primary, backup], engines={"primary": "tensorrt_llm"})
+    request = ClientRequest()
+    request.inputs["sampling_parameters"] = string_tensor(
+        "sampling_parameters", json.dumps({"logprobs": 2})
+    )
+    run(model, request)
+    assert request.errors() == [] and request.served_by() == {"backup"}
+    assert primary.calls == 0 and model.breakers["primary"].state == "closed"
