@@ -14,20 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from builder.spec.node import _Node, anchored
-from engine_cache.redact import url_credentials
+from engine_cache.urls import ENDPOINT_URL, S3_URI, endpoint_url_problem, s3_uri_problem
 
-# s3://bucket[/prefix]: a bucket is 3-63 lower-case letters, digits, '.' and '-'; no
-# credentials ('@'), query or fragment anywhere (engine_cache.redact.url_credentials).
-S3_URI = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s@?#]*)?"
-ENDPOINT_URL = r"https?://[^\s/?#@]+(/[^\s?#@]*)?"
 # A DNS-1123 subdomain: what Kubernetes accepts as a Secret's name (patterns are read as
 # ECMA-262 by editors too: `(?![\s\S])`, not `\Z`, ends the text).
 K8S_NAME = (
     r"(?=[\s\S]{1,253}(?![\s\S]))[a-z0-9]([-a-z0-9]*[a-z0-9])?"
     r"(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-)
-AWS_HINT = (
-    "give credentials in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or an AWS profile (AWS_PROFILE)"
 )
 
 
@@ -52,18 +45,14 @@ def parse_engine_cache(node: _Node) -> EngineCacheSpec:
     local_dir = node.get("local_dir", str, EngineCacheSpec.local_dir)
     s3 = node.get("s3", str, None)
     endpoint = node.get("endpoint_url", str, None)
-    for key, url in (("s3", s3), ("endpoint_url", endpoint)):
-        problem = url is not None and url_credentials(url)
-        if problem:  # said first: the format's message would not name the reason
-            raise node.error(f"{problem}; {AWS_HINT}", key)
-    if s3 is not None and not re.fullmatch(S3_URI, s3):
-        raise node.error(
-            "is not an s3://bucket[/prefix] URI (a bucket is 3-63 lower-case "
-            "letters, digits, '.' and '-')",
-            "s3",
-        )
-    if endpoint is not None and not re.fullmatch(ENDPOINT_URL, endpoint):
-        raise node.error("is not an http(s)://host[:port] URL", "endpoint_url")
+    # The one check of each URL (engine_cache/urls.py), as the cache itself applies it.
+    for key, url, problem_of in (
+        ("s3", s3, s3_uri_problem),
+        ("endpoint_url", endpoint, endpoint_url_problem),
+    ):
+        problem = url is not None and problem_of(url)
+        if problem:
+            raise node.error(problem, key)
     local_only = node.get("local_only", bool, False)
     secret = node.get("credentials_secret", str, None)
     if secret is not None and not re.fullmatch(K8S_NAME, secret):

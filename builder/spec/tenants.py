@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from builder.spec.node import SpecError, _Node, anchored
-from engine_cache.redact import url_credentials
+from engine_cache.urls import REDIS_URL, redis_url_problem
 
 # Tier → vLLM request priority (lower is scheduled first, vLLM's convention).
 TIERS = {"premium": 0, "standard": 1, "batch": 2}
@@ -27,12 +27,6 @@ LIMIT_KEYS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
 TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
 _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _USER_RE = re.compile(r"[!-~]{1,128}")
-# redis://host[:port][/db], the one rule for the parser and the schema: a port in
-# 1..65535 written as a JSON Schema pattern can express it, and a db number.
-_PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
-REDIS_URL = rf"rediss?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:{_PORT})?(/([0-9]{{1,2}})?)?"
-# host:port with a numeric port (an IPv6 host is bracketed, so its last ':' is the port's).
-_NUMERIC_PORT = re.compile(r".*:(?P<port>[0-9]+)")
 
 
 @dataclass(frozen=True)
@@ -173,37 +167,12 @@ def parse_tenants(root: _Node, has_router: bool) -> TenantsSpec | None:
 
 def _redis_url(node: _Node) -> str | None:
     url = node.get("redis", str, None)
-    if url is None:
-        return None
-    # The URL is never echoed: a password may sit in its userinfo, its query
-    # (?password=), its fragment or where the db number goes (redis://host/secret).
-    problem = url_credentials(url)
+    # The one check of a Redis URL (engine_cache/urls.py): the URL is never echoed, as
+    # a password may sit in its userinfo, query, fragment or where the db number goes.
+    problem = url is not None and redis_url_problem(url)
     if problem:
-        problem = "must not hold a password (user:secret@)" if "@" in url else problem
-        raise node.error(f"{problem}; give the password in password_env or password_file", "redis")
-    if re.fullmatch(REDIS_URL, url) is None:
-        raise node.error(_redis_url_problem(url), "redis")
+        raise node.error(problem, "redis")
     return url
-
-
-def _redis_url_problem(url: str) -> str:
-    """Why `url`, which REDIS_URL refused, is not a redis URL. Only a port number is ever
-    repeated: the db's place may hold a password (redis://host:6379/secret)."""
-    password = "the password goes in password_env or password_file"
-    scheme, sep, rest = url.partition("://")
-    if sep and scheme in ("redis", "rediss"):
-        authority, slash, db = rest.partition("/")
-        port = _NUMERIC_PORT.fullmatch(authority)
-        if port is not None and re.fullmatch(_PORT, port["port"]) is None:
-            number = port["port"]
-            return (
-                f"port {number} is not in 1..65535"
-                if len(number) < 7
-                else "the port is not in 1..65535"
-            )
-        if slash and re.fullmatch(r"[0-9]{0,2}", db) is None:
-            return f"the db (after the host's '/') is not a number from 0 to 99; {password}"
-    return f"is not a redis://host[:port][/db] URL (db: a number from 0 to 99; {password})"
 
 
 def _parse_limits(node: _Node, base: TenantLimits) -> TenantLimits:
