@@ -27,7 +27,13 @@ from starlette.exceptions import HTTPException
 from builder.serve.openai import choices
 from builder.serve.openai.answers import Answer
 from builder.serve.openai.asgi import LaneApp, SSEResponse
-from builder.serve.openai.errors import OpenAIError, invalid, model_not_found
+from builder.serve.openai.errors import (
+    OpenAIError,
+    client_closed,
+    invalid,
+    model_not_found,
+    no_finish_reason,
+)
 from builder.serve.openai.keys import tenant_of
 from builder.serve.openai.limits import (
     Limits,
@@ -238,15 +244,9 @@ async def _whole(answer: Answer, pieces: AsyncIterator[Piece], call: Call) -> tu
         texts.append(piece.text)
         last = piece
     if call.cancelled:
-        raise OpenAIError(499, "the client closed the request", "invalid_request_error")
+        raise client_closed()
     if last is None or not last.finish_reason:
-        raise OpenAIError(
-            502,
-            f"{answer.generation.model}: the stream ended without a finish reason",
-            "server_error",
-            None,
-            "backend_error",
-        )
+        raise no_finish_reason(answer.generation.model)
     call.finish()
     return answer.whole(
         "".join(texts), last.finish_reason, last.input_tokens, last.output_tokens
@@ -285,13 +285,7 @@ async def _events(
                 yield out
             batch = await _next(batches)
             if batch is None:
-                raise OpenAIError(
-                    502,
-                    f"{answer.generation.model}: the stream ended without a finish reason",
-                    "server_error",
-                    None,
-                    "backend_error",
-                )
+                raise no_finish_reason(answer.generation.model)
             last = batch[-1]
             text = "".join(p.text for p in batch)
             out = b"data: " + answer.text_chunk_json(text).encode() + b"\n\n" if text else b""

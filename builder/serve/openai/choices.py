@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from builder.serve.openai import tools as chat_tools
 from builder.serve.openai.answers import Answer, usage
 from builder.serve.openai.asgi import SSEResponse
-from builder.serve.openai.errors import OpenAIError
+from builder.serve.openai.errors import OpenAIError, client_closed, no_finish_reason
 from builder.serve.openai.protocol import Generation
 from builder.serve.openai.tensors import ModelInfo, Piece
 
@@ -108,15 +108,9 @@ async def _one_whole(answer: Answer, call, index: int) -> tuple[dict, Piece]:
         positions.extend(piece.logprobs or ())
         last = piece
     if call.cancelled:
-        raise OpenAIError(499, "the client closed the request", "invalid_request_error")
+        raise client_closed()
     if last is None or not last.finish_reason:
-        raise OpenAIError(
-            502,
-            f"{answer.generation.model}: the stream ended without a finish reason",
-            "server_error",
-            None,
-            "backend_error",
-        )
+        raise no_finish_reason(answer.generation.model)
     call.finish()
     choice = answer.whole_choice("".join(texts), last.finish_reason, index, positions)
     return chat_tools.whole(choice, last.tool_calls), last
@@ -182,13 +176,7 @@ async def _events(answer: Answer, feed: _Feed) -> AsyncIterator[bytes]:
                 raise error
             if batch is None:
                 if index not in finished:
-                    raise OpenAIError(
-                        502,
-                        f"{answer.generation.model}: the stream ended without a finish reason",
-                        "server_error",
-                        None,
-                        "backend_error",
-                    )
+                    raise no_finish_reason(answer.generation.model)
                 continue
             yield _batch_events(answer, index, batch, index not in begun, offsets, counts)
             begun.add(index)

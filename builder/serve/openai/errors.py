@@ -40,6 +40,22 @@ def invalid(param: str | None, message: str, code: str = "invalid_value") -> Ope
     return OpenAIError(400, message, "invalid_request_error", param, code)
 
 
+def client_closed() -> OpenAIError:
+    """The client left before its whole answer was ready (nginx's 499: no one reads it)."""
+    return OpenAIError(499, "the client closed the request", "invalid_request_error")
+
+
+def no_finish_reason(model: str) -> OpenAIError:
+    """The backend's stream ended without saying why: a backend fault, not the client's."""
+    return OpenAIError(
+        502,
+        f"{model}: the stream ended without a finish reason",
+        "server_error",
+        None,
+        "backend_error",
+    )
+
+
 def model_not_found(model: str) -> OpenAIError:
     """One answer for a model that is not exposed, not loaded or not a text model: the
     message never tells a client which of these it was (nor which models exist)."""
