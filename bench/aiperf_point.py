@@ -22,7 +22,6 @@ Usage: .venv/bin/python -m bench.aiperf_point [--out DIR]
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -44,7 +43,7 @@ from bench.aiperf_results import (
     find_export,
     inhouse_figures,
 )
-from bench.common import bench_result
+from bench.common import bench_result, run_alone
 from bench.gpu_rate import BATCH_TOKENS_PER_S, MODEL, ROUTER, TTFT_S, deployment
 from bench.openai_frontend import start_frontend, stop_frontend
 from bench.rate_clients import HttpPath, load_point
@@ -262,15 +261,7 @@ def run(out_dir: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench_results")
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result = run(out)
-    (out / "aiperf_point.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result["rows"], indent=2))
-    return 0
+    return run_alone(__doc__, run, argv)
 
 
 if __name__ == "__main__":

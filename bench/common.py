@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import statistics
 import threading
 import time
+from pathlib import Path
 
 from builder.serve import client as infer
 
@@ -116,3 +119,21 @@ def bench_result(name: str, rows: list[dict], config: dict, raw) -> dict:
         "load_average_after": os.getloadavg(),
         "raw": raw,
     }
+
+
+def write_result(out: Path, result: dict) -> None:
+    """A benchmark's JSON in `out`, named after it (bench/run.py and each one run alone)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{result['name']}.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+def run_alone(description: str, run, argv=None) -> int:
+    """`python -m bench.NAME --out DIR`: one benchmark without bench/run.py's table."""
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
+    parser.add_argument("--out", default="bench_results")
+    out = Path(parser.parse_args(argv).out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = run(out)
+    write_result(out, result)
+    print(json.dumps(result["rows"], indent=2))
+    return 0

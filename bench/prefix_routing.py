@@ -31,7 +31,6 @@ Usage: .venv/bin/python -m bench.prefix_routing [--out DIR] (or bench.run prefix
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import copy
 import itertools
@@ -46,7 +45,7 @@ from pathlib import Path
 import tritonclient.grpc.aio as grpcaio
 import yaml
 
-from bench.common import bench_result
+from bench.common import bench_result, run_alone
 from bench.prefix_workload import (
     CONVERSATIONS,
     DECISION,
@@ -340,15 +339,7 @@ def run(out_dir: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench_results")
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result = run(out)
-    (out / "prefix_routing.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result["rows"], indent=2))
-    return 0
+    return run_alone(__doc__, run, argv)
 
 
 if __name__ == "__main__":

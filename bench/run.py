@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 import time
 from pathlib import Path
+
+from bench.common import write_result
 
 # Issue 16's table first (zero-cost engine, vLLM, the vllm_backend anchor), then the rest.
 BENCHMARKS = [
@@ -91,7 +92,7 @@ def main(argv=None) -> int:
             }
         result.setdefault("name", name)
         result["wall_s"] = round(time.time() - started, 1)
-        (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_result(out, result)
         results.append(result)
     print_table(results)
     print(f"\nJSON results in {out}/")
