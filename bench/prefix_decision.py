@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bls"))
 
 from bench.common import bench_result  # noqa: E402
+from bench.prefix_workload import SUPPORT_WORDS  # noqa: E402
 from prefix_index import MEMO_BYTES_BOUND, PrefixIndex, prompt_key  # noqa: E402  (siblings)
 from replica_policy import ReplicaChooser, ReplicaLoad  # noqa: E402
 
@@ -44,18 +45,7 @@ TOKEN_BLOCK = 16  # vLLM's default KV block size, for the tokenizer comparison
 
 
 def system_prompt(tenant: int) -> str:
-    words = (
-        "inventory",
-        "refund",
-        "warranty",
-        "shipping",
-        "invoice",
-        "battery",
-        "firmware",
-        "adapter",
-        "voltage",
-        "manual",
-    )
+    words = SUPPORT_WORDS[:10]  # the support vocabulary prefix_routing's prompts use
     rng = random.Random(tenant)
     return f"Tenant {tenant} support policy. " + " ".join(rng.choice(words) for _ in range(560))
 

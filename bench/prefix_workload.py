@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 CONVERSATIONS, TURNS = 16, 6
 SYSTEM_WORDS = 940  # ~7,600 characters: ~1,000 SmolLM2 tokens (747 for 700 words)
 QUESTION_WORDS = 40  # ~50 tokens a turn
-_WORDS = (
+SUPPORT_WORDS = (
     "inventory",
     "refund",
     "warranty",
@@ -48,7 +48,7 @@ def system_prompt(phase: str) -> str:
     rng = random.Random(f"system-{phase}")
     return (
         f"Support desk {phase}. You answer customers of a hardware shop. Policy: "
-        + " ".join(rng.choice(_WORDS) for _ in range(SYSTEM_WORDS))
+        + " ".join(rng.choice(SUPPORT_WORDS) for _ in range(SYSTEM_WORDS))
         + "."
     )
 
@@ -57,7 +57,7 @@ def question(phase: str, conversation: int, turn: int) -> str:
     rng = random.Random(f"question-{phase}-{conversation}-{turn}")
     return (
         f"Customer {conversation}, question {turn}: "
-        + " ".join(rng.choice(_WORDS) for _ in range(QUESTION_WORDS))
+        + " ".join(rng.choice(SUPPORT_WORDS) for _ in range(QUESTION_WORDS))
         + "?"
     )
 
@@ -94,7 +94,7 @@ def control_prompt(phase: str, n: int) -> str:
     """A prompt sharing no prefix with any other: its own tag comes first."""
     rng = random.Random(f"control-{phase}-{n}")
     return f"[{phase}-{n}-{rng.getrandbits(64):016x}] Write a reply to this customer: " + " ".join(
-        rng.choice(_WORDS) for _ in range(120)
+        rng.choice(SUPPORT_WORDS) for _ in range(120)
     )
 
 
