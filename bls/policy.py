@@ -17,6 +17,12 @@ CHARS_PER_TOKEN = 4  # prompt length estimate without a tokenizer (English text 
 # Where a request names its LoRA adapter: in its sampling_parameters tensor (JSON), or
 # `lora_name` among its request parameters. The router collects both with the hints.
 ADAPTER_KEYS = ("sampling_parameters", "lora_name")
+# How a backend's replicas are chosen (replica_policy.py): the spec offers these names
+# (builder/spec/router_policy.py reads them here) and router.json carries one.
+REPLICA_POLICIES = ("round_robin", "least_loaded", "prefix_aware")
+# A conversation's next turn resends its history, and the replica that served the last
+# turn holds it; on prompts that share nothing prefix_aware degrades to the load.
+DEFAULT_REPLICA_POLICY = "prefix_aware"
 
 
 class UnknownRoute(ValueError):

@@ -29,9 +29,10 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from policy import DEFAULT_REPLICA_POLICY
+from policy import REPLICA_POLICIES as POLICIES
 from prefix_index import PrefixIndex
 
-POLICIES = ("round_robin", "least_loaded", "prefix_aware")
 # How many blocks of prefill (64 characters, ~16 tokens each) one request already on a
 # replica is worth: a request waiting there delays this one's first token about as much
 # as prefilling a few dozen tokens more elsewhere.
@@ -85,7 +86,7 @@ def affinity_replica(conversation_id: str, replicas: Sequence[str]) -> str:
 class ReplicaChooser:
     def __init__(
         self,
-        policy: str = "prefix_aware",
+        policy: str = DEFAULT_REPLICA_POLICY,
         index: PrefixIndex | None = None,
         balance: Balance | None = None,
         load_weight: float = LOAD_WEIGHT_BLOCKS,

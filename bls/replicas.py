@@ -21,18 +21,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from policy import DEFAULT_REPLICA_POLICY, REPLICA_POLICIES
 from prefix_index import PrefixIndex, prompt_key
-from replica_policy import POLICIES, Decision, ReplicaChooser, ReplicaLoad
+from replica_policy import Decision, ReplicaChooser, ReplicaLoad
 
-DEFAULT_POLICY = "prefix_aware"
 GAUGE_EVERY_S = 1.0  # a replica's index gauges are written at most this often (IPC each)
 
 
 def check_policy(policy: Any, where: str) -> str:
     """A policy name from router.json, or ValueError naming where it was found."""
-    if policy not in POLICIES:
+    if policy not in REPLICA_POLICIES:
         raise ValueError(
-            f"router.json {where}: policy '{policy}' is not one of {', '.join(POLICIES)}"
+            f"router.json {where}: policy '{policy}' is not one of {', '.join(REPLICA_POLICIES)}"
         )
     return str(policy)
 
@@ -72,7 +72,9 @@ class Replicas:
             replica: name for name, replicas in self.of.items() for replica in replicas
         }
         self.policy = {
-            name: check_policy(backends[name].get("policy") or DEFAULT_POLICY, f"backends.{name}")
+            name: check_policy(
+                backends[name].get("policy") or DEFAULT_REPLICA_POLICY, f"backends.{name}"
+            )
             for name in self.of
         }
         # A rule's policy wins over its backends' own for the requests that rule routes.

@@ -2,8 +2,8 @@
 
 `router.policy` is the policy of every backend with replicas; `router.backend_policies`
 sets it per backend, `router.rules[].policy` per rule (a rule's wins for the requests it
-matches). The router reads them from router.json (bls/replica_policy.py's POLICIES; the
-names are repeated here because bls/ is imported by file location inside the stub).
+matches). The names and the default are the router's (bls/policy.py), which reads them
+from router.json.
 
 A model with replicas renders `<model>__r0` ... (builder/plan/replicas.py): a model
 named like a replica could collide with one, so such names are refused.
@@ -15,12 +15,10 @@ import re
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from bls.policy import DEFAULT_REPLICA_POLICY as DEFAULT_POLICY  # noqa: F401 (the spec's)
+from bls.policy import REPLICA_POLICIES as POLICIES
 from builder.spec.node import SpecError, _Node
 
-POLICIES = ("round_robin", "least_loaded", "prefix_aware")
-# prefix_aware: a conversation's next turn resends its history, and the replica that
-# served the last turn holds it; on prompts that share nothing it degrades to the load.
-DEFAULT_POLICY = "prefix_aware"
 REPLICA_SEPARATOR = "__r"
 REPLICA_NAME = re.compile(rf".*{re.escape(REPLICA_SEPARATOR)}[0-9]+")
 
