@@ -26,6 +26,9 @@ from builder.spec import DeploymentSpec, ModelSpec
 from builder.spec.router_policy import REPLICA_SEPARATOR
 
 REPLICA_ENGINES = ("vllm", "sglang")
+# config.pbtxt parameter: the share of the server's CPU cores a replica's engine binds to
+# (python_backends/vllm/cpu_binding.py reads it at load).
+CPU_SHARE = "CPU_SHARE"
 
 
 def replica_name(model: str, index: int) -> str:
@@ -63,3 +66,15 @@ def replica(model: ModelSpec, plan: Plan, index: int) -> tuple[ModelSpec, Plan]:
         dataclasses.replace(model, name=name, instances=1),
         dataclasses.replace(plan, models=models),
     )
+
+
+def cpu_share(model: ModelSpec, plan: Plan, index: int) -> dict[str, str]:
+    """The CPU_SHARE parameter of replica `index` of a vLLM model planned on the CPU:
+    "i/N", replica i of N. The engine model turns it into cores at load, from the cores
+    its process may use: the plan knows the replica count, not the serving machine's
+    cores. Left to itself, vLLM's CPU build binds every engine to the same cores (one
+    core of two here). Empty on GPUs (a replica's devices are its placement) and for
+    SGLang (its CPU build does not start here)."""
+    if model.engine != "vllm" or plan.model(model.name).kind != "cpu":
+        return {}
+    return {CPU_SHARE: f"{index}/{model.instances}"}

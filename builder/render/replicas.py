@@ -4,7 +4,8 @@ A vLLM or SGLang model with `instances: N` behind a router (builder/plan/replica
 renders as:
 - `<model>__r0` ... `<model>__r<N-1>`: each the engine model as any other, with one
   instance placed on instance i of the plan (its GPUs, INSTANCE_DEVICES entry or MIG
-  slice), its own engine and KV cache; the same engine arguments for all.
+  slice), its own engine and KV cache; the same engine arguments for all. On the CPU a
+  vLLM replica also gets CPU_SHARE ("i/N"), so each binds its own cores.
 - `<model>`: another instance of the router's own code (bls/) whose router.json has the
   one backend `<model>` and its replicas, so a direct call is chosen for by the same
   chooser, under the same tenant checks, as a call through the router. No new runtime
@@ -89,7 +90,13 @@ def render(
     files: dict[str, bytes] = {}
     for index in range(model.instances):
         served, plan = replicas_plan.replica(model, ctx.plan, index)
-        files.update(engine_files(ctx, served, model, plan))
+        replica_files = engine_files(ctx, served, model, plan)
+        share = replicas_plan.cpu_share(model, ctx.plan, index)
+        if share:  # the replica's own CPU cores (vLLM on the CPU): one more parameter
+            replica_files[f"{served.name}/config.pbtxt"] += render_template(
+                "python_llm/parameters.pbtxt.j2", parameters=share
+            )
+        files.update(replica_files)
     config = forwarder_json(router_json(ctx), model.name)
     files[f"{model.name}/config.pbtxt"] = render_template(
         "router/config.pbtxt.j2",

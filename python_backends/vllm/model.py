@@ -16,6 +16,7 @@ locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
+from cpu_binding import bind_share  # noqa: E402   (copied beside, as stats.py)
 from stats import VllmStats  # noqa: E402   (python_backends/vllm/stats.py, copied beside)
 from trident_common.deltas import Delta  # noqa: E402
 from trident_common.engine_model import AsyncEngineModel  # noqa: E402
@@ -56,9 +57,11 @@ class TritonPythonModel(AsyncEngineModel):
         # (python_backend r24.10 stub_launcher.cc, ReceiveMessageFromStub and
         # WaitForStubProcess). Neither the window nor the wait can be set from here.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        params = model_parameters(args)
         if args.get("model_instance_kind") == "CPU":
             _cpu_defaults()
-        params = model_parameters(args)
+            # A replica's own cores, before vLLM starts its worker (cpu_binding.py).
+            bind_share(params, os.environ, sorted(os.sched_getaffinity(0)))
         self._labels = {"model": args["model_name"], "version": args["model_version"]}
         self._report_stats = params.get(REPORT_CUSTOM_METRICS, "").lower() == "true"
         self._health_check = params.get(ENABLE_VLLM_HEALTH_CHECK, "").lower() == "true"

@@ -153,3 +153,23 @@ def test_a_tensor_parallel_replica_owns_its_group(tmp_path):
         assert config.parameters["INSTANCE_DEVICES"].string_value == devices
         args = json.loads((repo / f"chat__r{index}" / "1" / "model.json").read_text())
         assert args["tensor_parallel_size"] == 2
+
+
+def test_on_the_cpu_each_vllm_replica_takes_its_own_share_of_cores(tmp_path):
+    """vLLM's CPU build would bind both replicas' compute to the same core: each replica
+    carries its share ("i/N") for cpu_binding.py to turn into cores at load."""
+    three = {**CHAT, "instances": 3}
+    sglang = {**ONE, "name": "sg", "instances": 2}
+    repo = render(tmp_path, models=(three, sglang), hardware={"gpu": "cpu"})
+    for index in range(3):
+        config = parse_config(repo / f"chat__r{index}" / "config.pbtxt")
+        assert [g.kind for g in config.instance_group] == [GROUP.KIND_CPU]
+        assert config.parameters["CPU_SHARE"].string_value == f"{index}/3"
+        assert config.parameters["REPORT_CUSTOM_METRICS"].string_value == "true"
+    for index in range(2):  # SGLang's CPU build does not start here: nothing to bind
+        config = parse_config(repo / f"sg__r{index}" / "config.pbtxt")
+        assert "CPU_SHARE" not in config.parameters
+    # On GPUs a replica's devices are its placement: no CPU share.
+    gpu = render(tmp_path / "gpu", models=(CHAT,), hardware={"gpu": "H100-80GB", "count": 2})
+    for index in (0, 1):
+        assert "CPU_SHARE" not in parse_config(gpu / f"chat__r{index}" / "config.pbtxt").parameters
