@@ -21,7 +21,10 @@ CPU ms per 1,000 tokens per process (tritonserver, each stub, the frontend, this
 `--quick` (or TRIDENT_GPU_RATE_QUICK=1): 16 and 64 streams x 50 and 100 tokens/s, 64-token
 answers: a smoke run of about a minute. A 2-core machine saturates well before the full
 sweep's top: that is what the ceiling shows.
-Usage: .venv/bin/python -m bench.gpu_rate [--quick] [--out DIR]
+After the grid, each path bisects its ceiling between its grid points at 64 streams
+(bench/rate_refine.py: 3 probes per path) and reports "ceiling (refined)" rows.
+Usage: .venv/bin/python -m bench.gpu_rate [--quick] [--out DIR] [--paths direct,router]
+       [--points 64x50,...] (chosen points alone, no refine) [--no-refine]
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from bench import anchor
 from bench.common import bench_result, ratio_row
 from bench.openai_frontend import process_cpu_s, start_frontend, stop_frontend
 from bench.rate_clients import AnchorPath, GrpcPath, HttpPath, load_point
-from bench.rate_stats import ceiling, cpu_ms_per_1000_tokens, summarize
+from bench.rate_refine import REFINE_STREAMS, Bisection, bracket, refined_ceiling
+from bench.rate_stats import ceiling, cpu_ms_per_1000_tokens, meets, summarize
 from builder.pipeline import build_repository
 from builder.serve import admin
 from builder.serve.server import start_on_free_ports
@@ -83,7 +87,14 @@ def processes(server, frontend) -> dict[str, int]:
 
 
 def plan(sizes: dict) -> list[tuple[int, float]]:
+    if sizes.get("points"):
+        return list(sizes["points"])
     return [(streams, rate) for streams in sizes["streams"] for rate in sizes["tokens_per_s"]]
+
+
+def most_streams(sizes: dict) -> int:
+    """The engine's batch and the frontend's connections fit every point and probe."""
+    return max(max(streams for streams, _ in plan(sizes)), REFINE_STREAMS)
 
 
 async def sweep(paths: dict, pids: dict, control: Path, sizes: dict) -> list[dict]:
@@ -92,24 +103,65 @@ async def sweep(paths: dict, pids: dict, control: Path, sizes: dict) -> list[dic
         write_rate(control, Rate(TTFT_S, 1000, BATCH_TOKENS_PER_S))
         await load_point(path, 4, 8, 60)
     for i, (streams, rate) in enumerate(plan(sizes)):
-        write_rate(control, Rate(TTFT_S, rate, BATCH_TOKENS_PER_S))
-        timeout = 10 * (TTFT_S + tokens / rate) + 60
         names = list(paths)
         for name in names[i % len(names) :] + names[: i % len(names)]:
-            before = cpu_seconds(pids)
-            requests, failed = await load_point(paths[name], streams, tokens, timeout)
-            point = summarize(requests, streams * rate, failed)
-            point.update(
-                path=name,
-                streams=streams,
-                tokens_per_stream_s=rate,
-                cpu_ms_per_1000_tokens=cpu_ms_per_1000_tokens(
-                    before, cpu_seconds(pids), point["tokens"]
-                ),
-            )
-            points.append(point)
-            print(_line(point), flush=True)
+            points.append(await one_point(paths[name], name, pids, control, streams, rate, tokens))
     return points
+
+
+async def one_point(
+    path, name: str, pids: dict, control: Path, streams: int, rate: float, tokens: int
+) -> dict:
+    """Every stream one request of `tokens` at `rate` tokens/s per stream, on one path."""
+    write_rate(control, Rate(TTFT_S, rate, BATCH_TOKENS_PER_S))
+    timeout = 10 * (TTFT_S + tokens / rate) + 60
+    before = cpu_seconds(pids)
+    requests, failed = await load_point(path, streams, tokens, timeout)
+    point = summarize(requests, streams * rate, failed)
+    point.update(
+        path=name,
+        streams=streams,
+        tokens_per_stream_s=rate,
+        cpu_ms_per_1000_tokens=cpu_ms_per_1000_tokens(before, cpu_seconds(pids), point["tokens"]),
+    )
+    print(_line(point), flush=True)
+    return point
+
+
+async def refine(paths: dict, pids: dict, control: Path, sizes: dict, grid: list) -> list[dict]:
+    """Each path bisects its ceiling between its grid points (bench/rate_refine.py);
+    the probes, marked `refine`."""
+    probes = []
+    for name, path in paths.items():
+        search = searches({name: [p for p in grid if p["path"] == name]}).get(name)
+        while search is not None and (rate := search.next_rate()) is not None:
+            point = await one_point(
+                path, name, pids, control, search.streams, rate, sizes["tokens"]
+            )
+            point["refine"] = True
+            search.record(rate, _met(point))
+            probes.append(point)
+    return probes
+
+
+def searches(by_path: dict, probes: list | None = None) -> dict:
+    """A Bisection per path with something to refine, replaying `probes` (the points a
+    refine step measured) when given, so the rows read the same search the run made."""
+    out = {}
+    for name, points in by_path.items():
+        bounds = bracket(points, _met)
+        if bounds is None:
+            continue
+        search = Bisection(*bounds)
+        for probe in probes or ():
+            if probe["path"] == name:
+                search.record(probe["tokens_per_stream_s"], _met(probe))
+        out[name] = search
+    return out
+
+
+def _met(point: dict) -> bool:
+    return meets(point, 1.0 / point["tokens_per_stream_s"])
 
 
 def _line(p: dict) -> str:
@@ -128,88 +180,100 @@ def _line(p: dict) -> str:
 
 
 async def measure(
-    grpc_url: str, http_url: str, pids: dict, control: Path, sizes: dict, with_anchor: bool
+    grpc_url: str,
+    http_url: str,
+    pids: dict,
+    control: Path,
+    sizes: dict,
+    with_anchor: bool,
+    chosen: tuple[str, ...] = PATHS,
+    refining: bool = True,
 ) -> list[dict]:
     paths = {
         "direct": GrpcPath(grpc_url, MODEL),
         "router": GrpcPath(grpc_url, ROUTER),
-        "openai": HttpPath(http_url, ROUTER, max(sizes["streams"])),
+        "openai": HttpPath(http_url, ROUTER, most_streams(sizes)),
     }
     if with_anchor:
         paths["anchor"] = AnchorPath(grpc_url, anchor.ANCHOR)
+    paths = {name: path for name, path in paths.items() if name in chosen}
     try:
-        return await sweep(paths, pids, control, sizes)
+        points = await sweep(paths, pids, control, sizes)
+        if refining:
+            points += await refine(paths, pids, control, sizes, points)
+        return points
     finally:
         for path in paths.values():
             await path.close()
 
 
+# (ours, base, threshold): the ceilings the issue compares, ours >= threshold x base
+CEILING_PAIRS = ((ROUTER, "direct", 0.9), ("openai", ROUTER, 0.9), ("direct", "anchor", 1.0))
+PAIR_NAMES = {"anchor": "vllm_backend", "direct": "direct"}
+
+
 def rows(points: list[dict]) -> list[dict]:
-    by_path = {name: [p for p in points if p["path"] == name] for name in PATHS}
-    if not by_path["anchor"]:
-        del by_path["anchor"]
+    """The ceiling rows (grid, refined when the run refined, literal 30 ms) of each pair
+    whose paths ran, then delivered tokens/s point by point."""
+    grid = [p for p in points if not p.get("refine")]
+    by_path = {name: [p for p in grid if p["path"] == name] for name in PATHS}
+    by_path = {name: ps for name, ps in by_path.items() if ps}
     top = {name: ceiling(ps) for name, ps in by_path.items()}
     literal = {name: ceiling(ps, literal=True) for name, ps in by_path.items()}
-    out = [
-        _ceiling_row("ceiling tokens/s, router vs direct", top, ROUTER, "direct"),
-        _ceiling_row("ceiling tokens/s, openai vs router", top, "openai", ROUTER),
-        _ceiling_row(
-            "ceiling (gap p99 <= 30 ms literally), router vs direct",
-            literal,
-            ROUTER,
-            "direct",
-            target="report",
-        ),
-        _ceiling_row(
-            "ceiling (gap p99 <= 30 ms literally), openai vs router",
-            literal,
-            "openai",
-            ROUTER,
-            target="report",
-        ),
-    ]
-    if "anchor" in top:
-        out.insert(
-            2,
-            _ceiling_row(
-                "ceiling tokens/s, direct (trident's vLLM model) vs vllm_backend",
-                top,
-                "direct",
-                "anchor",
-                threshold=1.0,
-            ),
-        )
-    for point in by_path[ROUTER]:
-        direct = next(p for p in by_path["direct"] if _same(p, point))
-        frontend = next(p for p in by_path["openai"] if _same(p, point))
+    probes = [p for p in points if p.get("refine")]
+    search = searches(by_path, probes) if probes else {}
+    refined = {name: refined_ceiling(top[name], search.get(name)) for name in by_path}
+    out = []
+    for ours, base, threshold in CEILING_PAIRS:
+        if ours not in top or base not in top:
+            continue  # a run of chosen paths (--paths), or no anchor here
+        label = f"{_pair_name(ours)} vs {PAIR_NAMES.get(base, base)}"
+        out.append(_ceiling_row(f"ceiling tokens/s, {label}", top, ours, base, threshold=threshold))
+        if probes:
+            out.append(
+                _ceiling_row(
+                    f"ceiling (refined: {REFINE_STREAMS} streams between grid points) "
+                    f"tokens/s, {label}",
+                    refined,
+                    ours,
+                    base,
+                    threshold=threshold,
+                )
+            )
+        if base != "anchor":
+            out.append(
+                _ceiling_row(
+                    f"ceiling (gap p99 <= 30 ms literally), {label}",
+                    literal,
+                    ours,
+                    base,
+                    target="report",
+                )
+            )
+    for point in by_path.get(ROUTER, ()):
         label = f"{point['streams']} x {point['tokens_per_stream_s']:g}/s"
-        out.append(
-            ratio_row(
-                f"delivered tokens/s {label}, router vs direct",
-                point["delivered_tokens_per_s"],
-                direct["delivered_tokens_per_s"],
-                "report",
-            )
-        )
-        out.append(
-            ratio_row(
-                f"delivered tokens/s {label}, openai vs router",
-                frontend["delivered_tokens_per_s"],
-                point["delivered_tokens_per_s"],
-                "report",
-            )
-        )
-        if "anchor" in by_path:
-            base = next(p for p in by_path["anchor"] if _same(p, point))
+        for ours, base, _ in CEILING_PAIRS:
+            mine = point if ours == ROUTER else _at(by_path, ours, point)
+            other = point if base == ROUTER else _at(by_path, base, point)
+            if mine is None or other is None:
+                continue
             out.append(
                 ratio_row(
-                    f"delivered tokens/s {label}, direct vs vllm_backend",
-                    direct["delivered_tokens_per_s"],
-                    base["delivered_tokens_per_s"],
+                    f"delivered tokens/s {label}, {ours} vs {PAIR_NAMES.get(base, base)}",
+                    mine["delivered_tokens_per_s"],
+                    other["delivered_tokens_per_s"],
                     "report",
                 )
             )
     return out
+
+
+def _pair_name(path: str) -> str:
+    return "direct (trident's vLLM model)" if path == "direct" else path
+
+
+def _at(by_path: dict, name: str, point: dict) -> dict | None:
+    return next((p for p in by_path.get(name, ()) if _same(p, point)), None)
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -233,14 +297,24 @@ def _ceiling_row(
     return row
 
 
-def run(out_dir: Path, quick: bool | None = None) -> dict:
+def run(
+    out_dir: Path,
+    quick: bool | None = None,
+    points: list[tuple[int, float]] | None = None,
+    chosen: tuple[str, ...] = PATHS,
+    refining: bool = True,
+) -> dict:
+    """The sweep (the full grid, --quick's, or the chosen `points` alone, unrefined)
+    on the `chosen` paths, then each path's refine step."""
     quick = os.environ.get("TRIDENT_GPU_RATE_QUICK") == "1" if quick is None else quick
-    sizes = QUICK if quick else FULL
+    sizes = dict(QUICK if quick else FULL)
+    if points:
+        sizes["points"], refining = points, False
     out_dir = Path(out_dir)
     with tempfile.TemporaryDirectory(prefix="trident-bench-gpu-rate-") as tmp:
         work = Path(tmp)
         repo, control = work / "repo", work / "rate.json"
-        build_repository(parse_spec(deployment(max(sizes["streams"])), "<bench>"), repo)
+        build_repository(parse_spec(deployment(most_streams(sizes)), "<bench>"), repo)
         environment = make_environment(work / "env")
         use_double(repo, MODEL, environment, control, Rate(TTFT_S, 50, BATCH_TOKENS_PER_S))
         with_anchor = add_anchor(repo, environment, control)
@@ -256,8 +330,17 @@ def run(out_dir: Path, quick: bool | None = None) -> dict:
                 server.grpc_url, out_dir / "gpu_rate.frontend.log", server.admin_key
             )
             pids = processes(server, frontend)
-            points = asyncio.run(
-                measure(server.grpc_url, http_url, pids, control, sizes, with_anchor)
+            measured = asyncio.run(
+                measure(
+                    server.grpc_url,
+                    http_url,
+                    pids,
+                    control,
+                    sizes,
+                    with_anchor and "anchor" in chosen,
+                    chosen,
+                    refining,
+                )
             )
         finally:
             stop_frontend(frontend)
@@ -270,8 +353,14 @@ def run(out_dir: Path, quick: bool | None = None) -> dict:
         **{k: list(v) if isinstance(v, tuple) else v for k, v in sizes.items()},
         "cpu_processes": sorted(pids) + ["client"],
         "anchor": with_anchor or "left out (see the run's output)",
+        "paths": list(chosen),
+        "refine": (
+            f"{REFINE_STREAMS} streams, bisecting offered tokens/s between grid points"
+            if refining
+            else "off"
+        ),
     }
-    return bench_result("gpu_rate", rows(points), config, points)
+    return bench_result("gpu_rate", rows(measured), config, measured)
 
 
 def add_anchor(repo: Path, environment: Path, control: Path) -> bool:
@@ -306,14 +395,49 @@ def load_anchor(url: str, headers: dict) -> bool:
         client.close()
 
 
+def parse_points(text: str) -> list[tuple[int, float]]:
+    """ "64x50,16x100" -> [(64, 50.0), (16, 100.0)]; ValueError naming the bad one."""
+    points = []
+    for item in text.split(","):
+        streams, sep, rate = item.strip().partition("x")
+        try:
+            point = (int(streams), float(rate))
+        except ValueError:
+            point = None
+        if not sep or point is None or point[0] < 1 or point[1] <= 0:
+            raise ValueError(f"--points: {item.strip()!r} is not STREAMSxTOKENS_PER_S (64x50)")
+        points.append(point)
+    return points
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter points")
     parser.add_argument("--out", default="bench_results")
+    parser.add_argument(
+        "--points",
+        help="only these points, STREAMSxTOKENS_PER_S comma-separated (64x50,16x100); "
+        "256-token answers unless --quick; no refine step",
+    )
+    parser.add_argument(
+        "--paths", help=f"only these paths, comma-separated (of {', '.join(PATHS)})"
+    )
+    parser.add_argument(
+        "--no-refine", action="store_true", help="the grid only: no bisection between its points"
+    )
     args = parser.parse_args(argv)
+    try:
+        points = parse_points(args.points) if args.points else None
+        chosen = tuple(args.paths.split(",")) if args.paths else PATHS
+        unknown = [name for name in chosen if name not in PATHS]
+        if unknown:
+            raise ValueError(f"--paths: {unknown[0]!r} is not one of {', '.join(PATHS)}")
+    except ValueError as e:
+        print(f"gpu_rate: {e}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = run(out, quick=args.quick or None)
+    result = run(out, args.quick or None, points, chosen, not args.no_refine)
     (out / "gpu_rate.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["rows"], indent=2))
     return 0
