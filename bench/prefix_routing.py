@@ -56,6 +56,7 @@ from bench.prefix_workload import (
     counters,
     decision_figures,
     hit_rate,
+    placement,
     rows,
     ttft_summary,
 )
@@ -152,14 +153,15 @@ def balanced_ids(phase: str, replicas: list[str]) -> dict[int, str]:
 
 async def ask(
     client, *, messages=None, prompt=None, tokens: int, hints: dict
-) -> tuple[float, str, int]:
-    """One streamed request to the router: (TTFT s, the answer's text, output tokens)."""
+) -> tuple[float, str, int, str]:
+    """One streamed request to the router: (TTFT s, the answer's text, output tokens,
+    the replica that served it)."""
     inputs = build_inputs(prompt, messages, tokens, True, SAMPLING, hints, True)
 
     async def requests():
         yield {"model_name": ROUTER, "inputs": inputs, "request_id": uuid.uuid4().hex}
 
-    start, ttft, text, count = time.perf_counter(), None, [], 0
+    start, ttft, text, count, served_by = time.perf_counter(), None, [], 0, ""
     async for result, error in client.stream_infer(requests()):
         if error is not None:
             raise RuntimeError(f"{ROUTER}: {error.message()}")
@@ -168,12 +170,13 @@ async def ask(
             ttft = time.perf_counter() - start
         text.append(piece or "")
         count = int(first_output(result, "num_output_tokens") or count)
+        served_by = first_output(result, "served_by") or served_by
         problem = first_output(result, "error")
         if problem:
             raise RuntimeError(f"{ROUTER}: {problem}")
     if ttft is None:
         raise RuntimeError(f"{ROUTER}: no text came back")
-    return ttft, "".join(text), count
+    return ttft, "".join(text), count, served_by
 
 
 async def warm_up(url: str, replicas: list[str]) -> None:
@@ -200,18 +203,20 @@ async def conversations(url: str, mode, phase: str) -> dict:
     convs = [Conversation(phase, n) for n in range(CONVERSATIONS)]
     sent = itertools.count()
     ttfts: dict[int, list[float]] = defaultdict(list)
+    served: dict[int, list[str]] = defaultdict(list)  # conversation -> replica per turn
     client = grpcaio.InferenceServerClient(url)
 
     async def talk(conversation: Conversation):
         for turn in range(1, TURNS + 1):
             asked = conversation.ask()
-            ttft, answer, _ = await ask(
+            ttft, answer, _, served_by = await ask(
                 client,
                 messages=asked,
                 tokens=ANSWER_TOKENS,
                 hints=mode.hints(conversation.number, next(sent)),
             )
             ttfts[turn].append(ttft)
+            served[conversation.number].append(served_by)
             conversation.answered(asked, answer)
 
     try:
@@ -220,7 +225,7 @@ async def conversations(url: str, mode, phase: str) -> dict:
         wall = time.perf_counter() - start
     finally:
         await client.close()
-    return {"wall_s": wall, "ttft": ttft_summary(dict(ttfts))}
+    return {"wall_s": wall, "ttft": ttft_summary(dict(ttfts)), "placement": placement(served)}
 
 
 async def control(url: str, mode, phase: str) -> dict:
@@ -230,7 +235,7 @@ async def control(url: str, mode, phase: str) -> dict:
 
     async def lane(n: int):
         for k in range(CONTROL_PER_STREAM):
-            _, _, count = await ask(
+            _, _, count, _ = await ask(
                 client,
                 prompt=control_prompt(phase, n * 100 + k),
                 tokens=CONTROL_TOKENS,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import re
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 
 CONVERSATIONS, TURNS = 16, 6
@@ -96,6 +97,19 @@ def control_prompt(phase: str, n: int) -> str:
     return f"[{phase}-{n}-{rng.getrandbits(64):016x}] Write a reply to this customer: " + " ".join(
         rng.choice(SUPPORT_WORDS) for _ in range(120)
     )
+
+
+def placement(served: dict[int, list[str]]) -> dict:
+    """Where the conversations went, from the replica that served each turn: requests per
+    replica, conversations per replica by their first and by their last turn, and the
+    turns served by another replica than the turn before (moves)."""
+    turns = [replicas for replicas in served.values() if replicas]
+    return {
+        "requests": dict(sorted(Counter(r for t in turns for r in t).items())),
+        "conversations_first_turn": dict(sorted(Counter(t[0] for t in turns).items())),
+        "conversations_last_turn": dict(sorted(Counter(t[-1] for t in turns).items())),
+        "moves": sum(a != b for t in turns for a, b in zip(t, t[1:], strict=False)),
+    }
 
 
 # -- the engines' counters -------------------------------------------------------------

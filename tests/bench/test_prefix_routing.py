@@ -20,6 +20,7 @@ from bench.prefix_workload import (
     counters,
     decision_figures,
     hit_rate,
+    placement,
     rows,
     ttft_summary,
 )
@@ -182,3 +183,18 @@ def test_the_decisions_p99_is_read_from_the_routers_histogram_between_two_scrape
     after = buckets(_histogram([105, 155, 202, 205, 205]), DECISION)  # 197 of 200
     assert decision_figures(before, after)["p99_at_most_s"] == 0.0001
     assert decision_figures(before, before)["decisions"] == 0
+
+
+def test_placement_counts_conversations_per_replica_and_their_moves():
+    served = {
+        0: ["r0", "r0", "r0"],
+        1: ["r1", "r0", "r0"],  # moved once, then stayed
+        2: ["r0", "r1", "r0"],  # moved twice
+        3: [],  # failed before its first answer: no turn to count
+    }
+    assert placement(served) == {
+        "requests": {"r0": 7, "r1": 2},
+        "conversations_first_turn": {"r0": 2, "r1": 1},
+        "conversations_last_turn": {"r0": 3},
+        "moves": 3,
+    }
