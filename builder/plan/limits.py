@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from builder.engines.traits import traits
 from builder.plan import memory
 from builder.spec import DeploymentSpec, ModelSpec, SpecError
-
-# Engine arguments that set the context length, by engine.
-_CONTEXT_ARGS = {"vllm": "max_model_len", "sglang": "context_length"}
 
 
 def check_context_lengths(
@@ -21,7 +19,7 @@ def check_context_lengths(
     model's config.json is at hand (a local folder, a builtin, a well-known id), instead
     of when the engine starts. A config.json with broken numbers fails here too."""
     for i, model in enumerate(spec.models):
-        key = _CONTEXT_ARGS.get(model.engine)
+        key = traits(model.engine).context_arg
         wanted = model.engine_args.get(key) if key else None
         ref = model_ref(model)
         try:

@@ -9,6 +9,7 @@ engine owns its devices, as vLLM and SGLang require), else KIND_GPU.
 
 from __future__ import annotations
 
+from builder.engines.traits import traits
 from builder.plan.model import Plan
 from builder.spec import ModelSpec
 
@@ -41,15 +42,12 @@ def device_ids(model: ModelSpec, plan: Plan) -> list[list[int]]:
 
 
 def parallel_engine_args(model: ModelSpec, plan: Plan) -> dict[str, int]:
-    """The TP/PP the plan chose, spelled as the engine's own argument (vLLM, SGLang)."""
+    """The TP/PP the plan chose, spelled as the engine's own arguments (none for an
+    engine built for its TP × PP)."""
     placed = plan.model(model.name)
     if placed.kind == "cpu":
         return {}
-    if model.engine == "vllm":
-        return {"tensor_parallel_size": placed.tp, "pipeline_parallel_size": placed.pp}
-    if model.engine == "sglang":
-        return {"tp_size": placed.tp, "pp_size": placed.pp}
-    return {}
+    return traits(model.engine).parallel_args(placed.tp, placed.pp)
 
 
 def kubernetes_resources(model: ModelSpec, plan: Plan) -> dict[str, int]:

@@ -18,6 +18,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from builder.engines.traits import traits
 from builder.errors import TridentError
 from builder.plan import memory, mig
 from builder.plan import topology as topo
@@ -59,21 +60,24 @@ def _trtllm_build(model: ModelSpec):
 
 
 def explicit_parallelism(model: ModelSpec) -> tuple[int | None, int | None]:
-    """TP and PP the spec fixes: engine args for vLLM/SGLang; for TensorRT-LLM the
-    `build:` section, because the engine is compiled for one TP × PP."""
-    if model.engine == "tensorrt_llm":
+    """TP and PP the spec fixes: the engine's own arguments, or for an engine compiled
+    for one TP × PP (TensorRT-LLM) its `build:` section."""
+    engine = traits(model.engine)
+    if engine.built:
         build = _trtllm_build(model)
         return build.tp_size, build.pp_size
-    args = model.engine_args
-    tp = args.get("tensor_parallel_size", args.get("tp_size"))
-    pp = args.get("pipeline_parallel_size", args.get("pp_size"))
-    return tp, pp
+    return _arg(model, engine.tp_arg), _arg(model, engine.pp_arg)
+
+
+def _arg(model: ModelSpec, name: str | None):
+    """An engine argument the spec sets, by its role's name (None: no such argument)."""
+    return model.engine_args.get(name) if name is not None else None
 
 
 def _weight_dtype(model: ModelSpec) -> str:
     if model.placement.dtype:
         return model.placement.dtype
-    if model.engine == "tensorrt_llm":
+    if traits(model.engine).built:
         build = _trtllm_build(model)
         return _TRTLLM_WEIGHTS.get(build.quantization, build.dtype)
     quant = model.engine_args.get("quantization")
@@ -83,25 +87,23 @@ def _weight_dtype(model: ModelSpec) -> str:
 
 
 def _kv_dtype(model: ModelSpec) -> str:
-    if model.engine == "tensorrt_llm":
+    engine = traits(model.engine)
+    if engine.built:
         value = _trtllm_build(model).kv_cache_dtype
     else:
-        value = model.engine_args.get("kv_cache_dtype")
+        value = _arg(model, engine.kv_cache_dtype_arg)
     return value if value and value.lower() in memory.DTYPE_BYTES else "auto"
 
 
 def _targets(model: ModelSpec) -> tuple[int | None, int | None]:
-    """Max batch and context from the engine's own settings."""
-    args = model.engine_args
-    if model.engine == "vllm":
-        return args.get("max_num_seqs"), args.get("max_model_len")
-    if model.engine == "sglang":
-        return args.get("max_running_requests"), args.get("context_length")
-    if "profiles" not in model.extra:
-        return args.get("max_batch_size"), None
-
+    """Max batch and context from the engine's own settings; a built engine's serving
+    profile fills in what its arguments leave out."""
+    engine = traits(model.engine)
+    batch, context = _arg(model, engine.batch_arg), _arg(model, engine.context_arg)
+    if not engine.built or "profiles" not in model.extra:
+        return batch, context
     profile = serving_profile(model.extra)
-    return args.get("max_batch_size") or profile.max_batch_size, profile.max_seq_len
+    return batch or profile.max_batch_size, context or profile.max_seq_len
 
 
 def workload(model: ModelSpec, shape: memory.ModelShape, where: str) -> memory.Workload:
@@ -116,10 +118,8 @@ def workload(model: ModelSpec, shape: memory.ModelShape, where: str) -> memory.W
 
 
 def utilization(model: ModelSpec) -> float:
-    args = model.engine_args
-    return float(
-        args.get("gpu_memory_utilization", args.get("mem_fraction_static", DEFAULT_UTILIZATION))
-    )
+    share = _arg(model, traits(model.engine).memory_arg)
+    return float(share if share is not None else DEFAULT_UTILIZATION)
 
 
 # ---------------------------------------------------------------------------------------
@@ -285,9 +285,10 @@ def _plan_whole_gpus(
             f"KIND_GPU gives an instance one GPU but TP×PP is {tp}×{pp}: use kind model (or auto)",
         )
     if kind == "auto":
-        # vLLM and SGLang own all GPUs of a multi-GPU instance (KIND_MODEL); TRT-LLM
-        # instances always get their devices through gpu_device_ids (KIND_MODEL too).
-        kind = "model" if tp * pp > 1 or model.engine == "tensorrt_llm" else "gpu"
+        # vLLM and SGLang own all GPUs of a multi-GPU instance (KIND_MODEL); a built
+        # engine's (TRT-LLM) instances always get their devices through gpu_device_ids
+        # (KIND_MODEL too).
+        kind = "model" if tp * pp > 1 or traits(model.engine).built else "gpu"
     links = [state.topology.slowest_link(g) for g in groups if len(g) > 1]
     link = min(links, key=topo.link_score) if links else "-"
     return ModelPlan(
@@ -406,7 +407,7 @@ def _missing(
     explicit: bool = True,
 ) -> str:
     hint = ""
-    if explicit and model.engine == "tensorrt_llm":
+    if explicit and traits(model.engine).built:
         hint = "; raise build.tp_size / build.pp_size, or lower the batch or context"
     elif explicit:
         hint = "; raise the tensor/pipeline parallel size, or lower the batch or context"

@@ -30,8 +30,6 @@ VERSION = "1"
 
 INTERFACE_FILE = BACKENDS_DIR / COMMON_PACKAGE / "interface.py"
 
-ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang", "tensorrt_llm": "TensorRT-LLM"}
-
 
 class RenderError(TridentError):
     """A repository could not be rendered (template error, failed validation)."""

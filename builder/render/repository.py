@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from builder.engines.traits import traits
 from builder.plan import placement as placement_mod
 from builder.plan.model import Plan
 from builder.plan.replicas import has_replicas
@@ -19,7 +20,6 @@ from builder.render.context import (
     BACKENDS_DIR,
     BLS_DIR,
     COMMON_PACKAGE,
-    ENGINE_TITLES,
     VERSION,
     RenderContext,
     RenderError,
@@ -65,7 +65,7 @@ def _engine_model(
             "python_llm/config.pbtxt.j2",
             model=view,
             spec_file=ctx.spec.file,
-            engine_title=ENGINE_TITLES[model.engine],
+            engine_title=traits(model.engine).title,
         ),
         f"{served.name}/{VERSION}/model.json": render_template(
             "python_llm/model.json.j2", engine_args=engine_args
@@ -77,8 +77,8 @@ def _engine_model(
 
 
 def _model_path_arg(model: ModelSpec, ctx: RenderContext) -> dict[str, str]:
-    path = ctx.resolved_models.get(model.name, model.model)
-    return {"model_path" if model.engine == "sglang" else "model": path}
+    name = traits(model.engine).model_arg
+    return {name: ctx.resolved_models.get(model.name, model.model)} if name else {}
 
 
 def _render_router(ctx: RenderContext) -> dict[str, bytes]:
