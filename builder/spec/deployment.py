@@ -27,6 +27,7 @@ from builder.spec.node import _REQUIRED, SpecError, _Node, frozen_mapping
 from builder.spec.router_policy import (
     DEFAULT_POLICY,
     POLICIES,
+    REPLICA_ENGINES,
     check_model_name,
     parse_backend_policies,
 )
@@ -221,7 +222,31 @@ def parse_spec(data: Any, file: str = "<spec>") -> DeploymentSpec:
             "would each count tenants on their own (tenants.redis is not "
             "set): set tenants.redis or router.instances: 1",
         )
+    _check_replica_counters(models, router, tenants, file)
     return DeploymentSpec(file, name, server, hardware, cache, models, router, tenants)
+
+
+def _check_replica_counters(
+    models: tuple[ModelSpec, ...],
+    router: RouterSpec | None,
+    tenants: TenantsSpec | None,
+    file: str,
+) -> None:
+    """A model rendered as replicas answers direct calls through `<model>`, a router of
+    its own (builder/render/replicas.py) with the same tenant checks: without Redis its
+    counters live in its own process, apart from the router's, so a tenant alternating
+    between `router` and `<model>` would get each limit twice (docs/security.md)."""
+    if router is None or not tenants or tenants.redis is not None:
+        return
+    for i, m in enumerate(models):
+        if m.engine in REPLICA_ENGINES and m.instances > 1:
+            raise SpecError(
+                file,
+                f"models[{i}].instances",
+                f"{m.instances} replicas of {m.name!r} behind the router: direct calls to "
+                f"{m.name!r} would count tenants apart from the router (tenants.redis is "
+                "not set): set tenants.redis or instances: 1",
+            )
 
 
 def _parse_server(node: _Node) -> ServerSpec:

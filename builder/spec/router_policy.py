@@ -20,6 +20,8 @@ from bls.policy import REPLICA_POLICIES as POLICIES
 from builder.spec.node import SpecError, _Node
 
 REPLICA_SEPARATOR = "__r"
+# The engines whose models with `instances: N` behind a router become N replicas.
+REPLICA_ENGINES = ("vllm", "sglang")
 REPLICA_NAME = re.compile(rf".*{re.escape(REPLICA_SEPARATOR)}[0-9]+")
 
 

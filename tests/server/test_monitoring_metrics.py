@@ -2,7 +2,7 @@
 
 tests/k8s checks the names against the names written in trident's code; this checks them
 against what a real tritonserver exports. A small repository (two SGLang models with the
-engine double, `qwen` and `spare`, behind the router, tenants without Redis) serves a
+engine double, `qwen` and `spare`, behind the router, tenants on a real Redis) serves a
 streamed request, a client cancel, a bad request and a request that `qwen` fails before
 its first token (so the router falls back to `spare`): the router's lazily created series
 (requests, errors, fallbacks, aborts, breaker states) then exist. /metrics is scraped, and
@@ -67,7 +67,7 @@ _KEYWORDS = {
 }
 
 
-def spec_data() -> dict:
+def spec_data(redis_url: str = "redis://127.0.0.1:6379/0") -> dict:
     data = check_sglang.deployment("/models/test-double", "cpu")
     spare = copy.deepcopy(data["models"][0])
     spare["name"] = "spare"
@@ -77,7 +77,12 @@ def spec_data() -> dict:
     pair.update(name="pair", instances=2, placement={})
     data["models"].append(pair)
     data["router"] = {"default": [check_sglang.MODEL, "spare"]}
-    data["tenants"] = {"default": {"requests_per_minute": 1000}, "limits": {"a": {}}}
+    # Replicas with tenants need shared counters (the spec refuses them without Redis).
+    data["tenants"] = {
+        "default": {"requests_per_minute": 1000},
+        "limits": {"a": {}},
+        "redis": redis_url,
+    }
     return data
 
 
@@ -137,9 +142,9 @@ def scraped_samples(metrics_url: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, redis):
     tmp = tmp_path_factory.mktemp("monitoring-metrics")
-    repo = render(spec_data(), tmp / "repo")
+    repo = render(spec_data(redis.url), tmp / "repo")
     (repo / check_sglang.MODEL / "1" / "sglang.py").write_text(FAILING_SHIM)
     for model in ("spare", "pair__r0", "pair__r1"):
         (repo / model / "1" / "sglang.py").write_text(SHIM)

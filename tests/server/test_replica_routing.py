@@ -32,7 +32,7 @@ CONSECUTIVE_FAILURES = 2
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, redis):
     tmp = tmp_path_factory.mktemp("replica-routing")
     spec = deployment("/models/test-double", "cpu")
     spec["models"][0].update(instances=2, placement={})
@@ -46,6 +46,7 @@ def server(tmp_path_factory):
     spec["tenants"] = {
         "default": {"requests_per_minute": 100000},
         "limits": {"alice": {}, "bob": {}},
+        "redis": redis.url,  # replicas with tenants need shared counters
     }
     repo = render(spec, tmp / "repo")
     for replica in REPLICAS:
