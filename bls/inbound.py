@@ -20,8 +20,8 @@ class Inbound:
 
     def __init__(self, features, stream, replaced, returns=None, parameters=None, prompt=None):
         self.features, self.stream, self.replaced = features, stream, replaced
-        # The prompt as the replicas' prefix index reads it (prefix_index.prompt_key);
-        # None when no backend has replicas.
+        # The prompt's parts, (text, messages): the replicas' prefix index makes its key
+        # from them (prefix_index.prompt_key) only for a route with replicas.
         self.prompt = prompt
         # The client's request parameters, forwarded to the backend as they are: they may
         # carry sampling values (vllm_backend's dialect). None when there are none.

@@ -125,6 +125,7 @@ class TritonPythonModel:
         # A backend rendered as replicas is called through them, never by its own name:
         # breakers, in-flight counts and limits (one engine's) are per replica.
         self.replicas = Replicas(self.config, self.metrics)
+        self.metrics.replicas_loaded(self.replicas.of, time.time())
         self.targets = Targets(
             self.config,
             self.replicas,
@@ -210,13 +211,15 @@ class TritonPythonModel:
 
     async def attempt(self, request, inbound, sender, route, candidates, arrival, attempts):
         errors, tried, choices, misfits = [], False, None, 0
-        if self.replicas:  # replicated backends: their replicas, in the chooser's order
-            # (chosen once the tenant is admitted: a refused request leaves no record)
+        if any(name in self.replicas.of for name in candidates):
+            # Replicated backends: their replicas, in the chooser's order (chosen once the
+            # tenant is admitted: a refused request leaves no record). The prompt's key is
+            # made here, for a route with replicas only: other routes never pay for it.
             candidates, choices = self.replicas.expand(
                 route,
                 candidates,
                 inbound.features,
-                inbound.prompt,
+                self.replicas.prompt(*inbound.prompt),
                 tenant_salt(self.tenants, inbound.features.tenant),
                 lambda name: self.breakers[name].available(),
                 self.inflight,
@@ -318,7 +321,7 @@ class TritonPythonModel:
             replaced,
             returns,
             forwardable(loaded),
-            self.replicas.prompt(text, messages),
+            (text, messages),
         )
 
     def fail(self, sender, message, reason):

@@ -183,6 +183,15 @@ class RouterMetrics:
         if updated_at is not None:
             self.metric("index_updated", labels).set(updated_at)
 
+    def replicas_loaded(self, replicas_of, now):
+        """Every replica's index gauges from the router's load (backend → its replicas):
+        an empty record as old as the router. A replica never routed to then ages like
+        one no longer routed to, and TridentReplicaRoutingStale (which reads the age)
+        sees it; without a series it never would."""
+        for backend, replicas in replicas_of.items():
+            for replica in replicas:
+                self.replica_index(backend, replica, 0, now)
+
     def finalize(self):
         self.writes.close()  # what was queued is written first
         self.set.close()  # the series stay for the router's next instance
