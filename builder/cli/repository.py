@@ -31,9 +31,36 @@ def repo(spec: str, out: str) -> int:
     deployment = load_spec(spec)
     with sigterm_as_interrupt():  # the render cleans up after itself as on Ctrl-C
         written = pipeline.build_repository(deployment, Path(out))
-    router = " + router" if deployment.router else ""
-    click.echo(f"rendered {len(deployment.models)} model(s){router} into {out} ({written} files)")
+    replicas = replicas_written(Path(out), deployment.router.name) if deployment.router else {}
+    click.echo(
+        summary(len(deployment.models), deployment.router is not None, out, written, replicas)
+    )
     return 0
+
+
+def replicas_written(out: Path, router: str) -> dict[str, list[str]]:
+    """model → its replicas' names, as the rendered router.json lists them (what was
+    written, whatever decided it: engine, router, nodes)."""
+    from builder.render.context import VERSION
+
+    config = json.loads((out / router / VERSION / "router.json").read_text())
+    return {
+        name: list(entry["replicas"])
+        for name, entry in config["backends"].items()
+        if entry.get("replicas")
+    }
+
+
+def summary(
+    models: int, router: bool, out: str, written: int, replicas: dict[str, list[str]]
+) -> str:
+    """`trident repo`'s line: the spec's models, the router, where, and each model
+    rendered as replicas with its replicas' names (the Triton models running its
+    engines, which `<model>` and the router call)."""
+    line = f"rendered {models} model(s){' + router' if router else ''} into {out} ({written} files)"
+    for name, names in replicas.items():
+        line += f"; {name} as {len(names)} replicas ({', '.join(names)})"
+    return line
 
 
 @click.command()
