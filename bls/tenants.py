@@ -18,12 +18,12 @@ share_prefix_cache. Both travel to the engine model as input tensors.
 """
 
 import os
-import re
 import secrets
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tenant_names import TENANT_RE
 from tenant_outbox import Outbox
 from tenant_store import Limits, LocalStore, RedisStore, StoreUnavailable
 from trident_common.error_classes import CLIENT
@@ -37,8 +37,6 @@ LEASE_MARGIN_S = 5.0
 CLOSE_FLUSH_S = 2.0  # at unload, how long queued releases and charges may take
 ANONYMOUS = "_anonymous"  # the bucket of requests that name no tenant
 OTHER = "_other"  # metric label of tenants not in the spec (clients pick names)
-# builder/spec/tenants.py's TENANT_RE (the stub cannot import the builder).
-TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
 UNITS = {
     "requests_per_minute": "requests per minute",
     "tokens_per_minute": "tokens per minute",

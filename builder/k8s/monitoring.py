@@ -14,7 +14,7 @@ import yaml
 
 from builder.k8s import names
 from builder.k8s.names import K8sError
-from builder.spec import DeploymentSpec
+from builder.spec import BreakerSpec, DeploymentSpec
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 SCRAPE_INTERVAL = "15s"
@@ -33,7 +33,8 @@ def alert_rules(spec: DeploymentSpec, ttft_p99_s: float) -> list[dict]:
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
     )
-    error_rate = spec.router.breaker.error_rate if spec.router else 0.05
+    # Without a router, the alert's threshold is the breaker's own default (bls/breaker.py).
+    error_rate = (spec.router.breaker if spec.router else BreakerSpec()).error_rate
     text = env.get_template("alerts.yaml.j2").render(
         error_rate=_threshold(error_rate, "router.breaker.error_rate"),
         ttft_p99_s=_threshold(ttft_p99_s, "--ttft-p99-seconds"),

@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from builder.spec import adapter_weights as weights
 from builder.spec.node import SpecError
+from builder.spec.rules import rule
 
 SECTIONS = ("adapters", "lora")
 CONFIG_FILE = "adapter_config.json"
@@ -44,9 +45,12 @@ _LORA_ENGINE_ARGS = ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras
 
 @dataclass(frozen=True)
 class LoraSettings:
-    max_loras: int = 4  # adapters in one batch (GPU/CPU slots)
-    max_lora_rank: int = 16  # the largest rank `r` an adapter may have
-    max_cpu_loras: int | None = None  # adapters cached in host memory (>= max_loras)
+    # Adapters in one batch (slots).
+    max_loras: int = field(default=4, metadata=rule(minimum=1, maximum=256))
+    # The largest rank `r` an adapter may have.
+    max_lora_rank: int = field(default=16, metadata=rule(minimum=1, maximum=512))
+    # Adapters cached in host memory (>= max_loras).
+    max_cpu_loras: int | None = field(default=None, metadata=rule(minimum=1, maximum=4096))
 
 
 def parse_section(key: str, node) -> Any:
@@ -54,9 +58,7 @@ def parse_section(key: str, node) -> Any:
     if key == "adapters":
         return _parse_adapters(node)
     settings = LoraSettings(
-        max_loras=node.int("max_loras", LoraSettings.max_loras, minimum=1, maximum=256),
-        max_lora_rank=node.int("max_lora_rank", LoraSettings.max_lora_rank, minimum=1, maximum=512),
-        max_cpu_loras=node.int("max_cpu_loras", None, minimum=1, maximum=4096),
+        **{key: node.field(LoraSettings, key) for key in LoraSettings.__dataclass_fields__}
     )
     node.done()
     if settings.max_cpu_loras is not None and settings.max_cpu_loras < settings.max_loras:

@@ -1,19 +1,18 @@
 """The spec's `engine_cache:` section: where TensorRT-LLM engines are kept (a local tier,
 an optional S3 tier) and the Kubernetes Secret with the S3 credentials.
 
-Every rule here is written once and read by both the parser and the JSON Schema
-(SCHEMA_RULES, merged by builder/spec/schema.py), so `trident schema` and `trident repo`
-agree. No value is echoed in an error: one that fails a check may be a credential, and
-an accepted one is copied into the Kubernetes ConfigMap with the spec.
+Every rule here is written once, on the fields (builder/spec/rules.py), and read by both
+the parser and the JSON Schema, so `trident schema` and `trident repo` agree. No value is
+echoed in an error: one that fails a check may be a credential, and an accepted one is
+copied into the Kubernetes ConfigMap with the spec.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
-from builder.spec.node import _Node, anchored
+from builder.spec.node import _Node
+from builder.spec.rules import rule, rule_of
 from engine_cache.urls import ENDPOINT_URL, S3_URI, endpoint_url_problem, s3_uri_problem
 
 # A DNS-1123 subdomain: what Kubernetes accepts as a Secret's name (patterns are read as
@@ -27,22 +26,17 @@ K8S_NAME = (
 @dataclass(frozen=True)
 class EngineCacheSpec:
     local_dir: str = "~/.cache/trident/engines"
-    s3: str | None = None  # s3://bucket/prefix
-    endpoint_url: str | None = None
+    # The URLs are checked by engine_cache/urls.py (the check the cache itself applies),
+    # whose patterns the schema states.
+    s3: str | None = field(default=None, metadata=rule(pattern=S3_URI))  # s3://bucket/prefix
+    endpoint_url: str | None = field(default=None, metadata=rule(pattern=ENDPOINT_URL))
     local_only: bool = False  # when S3 is unreachable, carry on with the local tier
     # Kubernetes: the Secret holding AWS_* for the S3 cache (a name only, never a value).
-    credentials_secret: str | None = None
-
-
-SCHEMA_RULES: dict[tuple[type, str], dict[str, Any]] = {
-    (EngineCacheSpec, "s3"): {"pattern": anchored(S3_URI)},
-    (EngineCacheSpec, "endpoint_url"): {"pattern": anchored(ENDPOINT_URL)},
-    (EngineCacheSpec, "credentials_secret"): {"pattern": anchored(K8S_NAME)},
-}
+    credentials_secret: str | None = field(default=None, metadata=rule(pattern=K8S_NAME))
 
 
 def parse_engine_cache(node: _Node) -> EngineCacheSpec:
-    local_dir = node.get("local_dir", str, EngineCacheSpec.local_dir)
+    local_dir = node.field(EngineCacheSpec, "local_dir")
     s3 = node.get("s3", str, None)
     endpoint = node.get("endpoint_url", str, None)
     # The one check of each URL (engine_cache/urls.py), as the cache itself applies it.
@@ -53,9 +47,9 @@ def parse_engine_cache(node: _Node) -> EngineCacheSpec:
         problem = url is not None and problem_of(url)
         if problem:
             raise node.error(problem, key)
-    local_only = node.get("local_only", bool, False)
+    local_only = node.field(EngineCacheSpec, "local_only")
     secret = node.get("credentials_secret", str, None)
-    if secret is not None and not re.fullmatch(K8S_NAME, secret):
+    if secret is not None and not rule_of(EngineCacheSpec, "credentials_secret").matches(secret):
         raise node.error(
             f"{secret!r} is not a Kubernetes Secret name (lower-case letters, "
             "digits, '-' and '.', at most 253 characters)",

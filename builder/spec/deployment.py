@@ -28,16 +28,25 @@ from builder.spec.router_policy import (
     DEFAULT_POLICY,
     POLICIES,
     REPLICA_ENGINES,
+    REPLICA_NAME,
     check_model_name,
     parse_backend_policies,
 )
+from builder.spec.rules import Rule, rule, rule_of
 from builder.spec.tenants import TenantsSpec, parse_tenants
 
 ENGINES = ("tensorrt_llm", "vllm", "sglang")
 INSTANCE_KINDS = ("auto", "cpu", "gpu", "model")
 NEEDS_MODEL = ("vllm", "sglang")  # engines that load `model:` (TRT-LLM has checkpoint:)
 MAX_GPUS = MAX_NODES = 64
-_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+MAX_ROUTER_INSTANCES = 64  # as a model's instances: a stub process each
+MAX_SECONDS = 86400.0  # a day: no timeout, window or cooldown of the router is longer
+# Model and router names: safe as a Triton model, a path and a metric label, and not
+# ending as a replica's name does (<model>__r0, ...).
+_NAME = {"pattern": r"[A-Za-z][A-Za-z0-9_-]{0,63}", "excludes": REPLICA_NAME.pattern}
+# Ranges the spec's fields share (the keywords of builder.spec.rules.Rule).
+_PORT = {"minimum": 1, "maximum": 65535}
+_SECONDS = {"minimum": 0, "above": True, "maximum": MAX_SECONDS}
 
 
 # ---------------------------------------------------------------------------------------
@@ -46,38 +55,46 @@ _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 
 @dataclass(frozen=True)
 class ServerSpec:
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
+    http_port: int = field(default=8000, metadata=rule(**_PORT))
+    grpc_port: int = field(default=8001, metadata=rule(**_PORT))
+    metrics_port: int = field(default=8002, metadata=rule(**_PORT))
     # The OpenAI frontend's port in a deployment (`trident k8s`): None, no frontend.
-    openai_port: int | None = None
+    openai_port: int | None = field(default=None, metadata=rule(**_PORT))
 
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    gpu: str = "cpu"  # a GPU type name (builder.plan.gpus) or "cpu"
-    count: int = 0  # GPUs on the node (on each node when nodes > 1)
+    # A GPU type or "cpu".
+    gpu: str = field(default="cpu", metadata=rule(choices=("cpu", *gpus.GPU_TYPES)))
+    count: int = field(default=0, metadata=rule(minimum=0, maximum=MAX_GPUS))  # GPUs on each node
     topology: str | None = None  # path to saved `nvidia-smi topo -m` output, or None
-    nodes: int = 1  # identical nodes; a model may span them (LeaderWorkerSet)
+    # Identical nodes; a model may span them (LeaderWorkerSet).
+    nodes: int = field(default=1, metadata=rule(minimum=1, maximum=MAX_NODES))
 
 
 @dataclass(frozen=True)
 class PlacementSpec:
-    kind: str = "auto"  # auto | cpu | gpu | model
-    devices: tuple[int, ...] = ()  # explicit GPU ordinals (else the planner chooses)
+    kind: str = field(default="auto", metadata=rule(choices=INSTANCE_KINDS))
+    # Explicit GPU ordinals (else the planner chooses).
+    devices: tuple[int, ...] = field(default=(), metadata=rule(unique=True, item=Rule(minimum=0)))
     mig: str | None = None  # a MIG profile such as "3g.40gb", or "auto"
     # Memory-math inputs for the planner (builder.plan.planner); None: from the engine args.
-    dtype: str | None = None  # weight precision, e.g. "fp8" (builder.plan.memory)
-    max_batch: int | None = None  # sequences one instance serves at once
-    max_context: int | None = None  # tokens per sequence (prompt + output)
+    # The weights' precision, e.g. "fp8" (builder.plan.memory), in any case.
+    dtype: str | None = field(
+        default=None, metadata=rule(choices=tuple(sorted(DTYPE_BYTES)), ignore_case=True)
+    )
+    # Sequences one instance serves at once.
+    max_batch: int | None = field(default=None, metadata=rule(minimum=1))
+    # Tokens per sequence (prompt + output).
+    max_context: int | None = field(default=None, metadata=rule(minimum=1))
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    name: str
-    engine: str
+    name: str = field(metadata=rule(**_NAME))
+    engine: str = field(metadata=rule(choices=ENGINES))
     model: str = ""  # builtin:NAME, a path, or an HF id
-    instances: int = 1
+    instances: int = field(default=1, metadata=rule(minimum=1, maximum=64))
     engine_args: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     placement: PlacementSpec = field(default_factory=PlacementSpec)
     family: str = ""  # e.g. "llama"; used by routing rules
@@ -102,10 +119,10 @@ class MatchSpec:
     hint: str | None = None
     family: str | None = None
     task: str | None = None
-    min_turns: int | None = None
-    max_turns: int | None = None
-    min_prompt_tokens: int | None = None
-    max_prompt_tokens: int | None = None
+    min_turns: int | None = field(default=None, metadata=rule(minimum=0))
+    max_turns: int | None = field(default=None, metadata=rule(minimum=0))
+    min_prompt_tokens: int | None = field(default=None, metadata=rule(minimum=0))
+    max_prompt_tokens: int | None = field(default=None, metadata=rule(minimum=0))
     tenant: str | None = None
     tier: str | None = None
     shared_prefix: bool | None = None
@@ -115,8 +132,9 @@ class MatchSpec:
 class RuleSpec:
     name: str
     match: MatchSpec
-    backends: tuple[str, ...]
-    policy: str | None = None  # replica policy for this rule's requests (router_policy)
+    backends: tuple[str, ...] = field(metadata=rule(min_items=1))
+    # The replica policy of this rule's requests (router_policy).
+    policy: str | None = field(default=None, metadata=rule(choices=POLICIES))
 
 
 _BREAKER = BreakerConfig()  # the router's own defaults (bls/breaker.py, pure Python)
@@ -124,33 +142,40 @@ _BREAKER = BreakerConfig()  # the router's own defaults (bls/breaker.py, pure Py
 
 @dataclass(frozen=True)
 class BreakerSpec:
-    error_rate: float = _BREAKER.error_rate
-    window_s: float = _BREAKER.window_s
-    min_requests: int = _BREAKER.min_requests
-    consecutive_failures: int = _BREAKER.consecutive_failures
-    cooldown_s: float = _BREAKER.cooldown_s
+    error_rate: float = field(
+        default=_BREAKER.error_rate, metadata=rule(minimum=0, above=True, maximum=1)
+    )
+    window_s: float = field(default=_BREAKER.window_s, metadata=rule(**_SECONDS))
+    min_requests: int = field(default=_BREAKER.min_requests, metadata=rule(minimum=1))
+    consecutive_failures: int = field(
+        default=_BREAKER.consecutive_failures, metadata=rule(minimum=1)
+    )
+    cooldown_s: float = field(default=_BREAKER.cooldown_s, metadata=rule(**_SECONDS))
 
 
 @dataclass(frozen=True)
 class RouterSpec:
-    name: str = "router"
-    default: tuple[str, ...] = ()
+    name: str = field(default="router", metadata=rule(**_NAME))
+    default: tuple[str, ...] = field(default=(), metadata=rule(min_items=1))
     rules: tuple[RuleSpec, ...] = ()
-    fallback: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    fallback: Mapping[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({}), metadata=rule(item=Rule(min_items=1))
+    )
     breaker: BreakerSpec = field(default_factory=BreakerSpec)
-    short_prompt_tokens: int = 256
-    deadline_s: float = 300.0
-    first_token_timeout_s: float = 60.0
-    max_inflight_per_backend: int = 256
+    short_prompt_tokens: int = field(default=256, metadata=rule(minimum=0))
+    deadline_s: float = field(default=300.0, metadata=rule(**_SECONDS))
+    first_token_timeout_s: float = field(default=60.0, metadata=rule(**_SECONDS))
+    max_inflight_per_backend: int = field(default=256, metadata=rule(minimum=1))
     # Router model instances (stub processes); None: derived from the target host
     # (builder/plan/router_instances.py).
-    instances: int | None = None
+    instances: int | None = field(
+        default=None, metadata=rule(minimum=1, maximum=MAX_ROUTER_INSTANCES)
+    )
     # How the router chooses among a backend's replicas (builder/spec/router_policy.py).
-    policy: str = DEFAULT_POLICY
-    backend_policies: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-
-
-MAX_ROUTER_INSTANCES = 64  # as a model's instances: a stub process each
+    policy: str = field(default=DEFAULT_POLICY, metadata=rule(choices=POLICIES))
+    backend_policies: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType({}), metadata=rule(item=Rule(choices=POLICIES))
+    )
 
 
 @dataclass(frozen=True)
@@ -160,7 +185,7 @@ class DeploymentSpec:
     server: ServerSpec
     hardware: HardwareSpec
     engine_cache: EngineCacheSpec
-    models: tuple[ModelSpec, ...]
+    models: tuple[ModelSpec, ...] = field(metadata=rule(min_items=1))
     router: RouterSpec | None
     tenants: TenantsSpec | None = None  # builder/spec/tenants.py
 
@@ -199,8 +224,9 @@ def parse_spec(data: Any, file: str = "<spec>") -> DeploymentSpec:
     hardware = _parse_hardware(root.child("hardware"))
     cache = parse_engine_cache(root.child("engine_cache"))
     model_items = root.list("models")
-    if not model_items:
-        raise root.error("must list at least one model", "models")
+    least = rule_of(DeploymentSpec, "models").min_items or 0
+    if len(model_items) < least:
+        raise root.error(f"must list at least {_models(least)}", "models")
     models = tuple(_parse_model(_Node(item, path, file)) for path, item in model_items)
     _check_unique_names(models, file)
     router = None
@@ -250,13 +276,8 @@ def _check_replica_counters(
 
 
 def _parse_server(node: _Node) -> ServerSpec:
-    ports = {
-        key: node.int(key, default, minimum=1, maximum=65535)
-        for key, default in (
-            (k, getattr(ServerSpec, k)) for k in ("http_port", "grpc_port", "metrics_port")
-        )
-    }
-    openai_port = node.int("openai_port", None, minimum=1, maximum=65535)
+    ports = {key: node.field(ServerSpec, key) for key in ("http_port", "grpc_port", "metrics_port")}
+    openai_port = node.field(ServerSpec, "openai_port")
     node.done()
     used = [*ports.values(), *([openai_port] if openai_port is not None else [])]
     if len(set(used)) != len(used):
@@ -266,12 +287,10 @@ def _parse_server(node: _Node) -> ServerSpec:
 
 def _parse_hardware(node: _Node) -> HardwareSpec:
 
-    gpu = node.get("gpu", str, "cpu")
-    if gpu != "cpu" and gpu not in gpus.GPU_TYPES:
-        raise node.error(f"{gpu!r} is not one of cpu, {', '.join(gpus.GPU_TYPES)}", "gpu")
-    count = node.int("count", 0 if gpu == "cpu" else 1, minimum=0, maximum=MAX_GPUS)
+    gpu = node.field(HardwareSpec, "gpu")
+    count = node.field(HardwareSpec, "count", 0 if gpu == "cpu" else 1)
     topology = node.get("topology", str, None)
-    nodes = node.int("nodes", 1, minimum=1, maximum=MAX_NODES)
+    nodes = node.field(HardwareSpec, "nodes")
     node.done()
     if gpu != "cpu" and count == 0:
         raise node.error("must be >= 1 when a GPU type is given", "count")
@@ -281,22 +300,22 @@ def _parse_hardware(node: _Node) -> HardwareSpec:
 
 
 def _check_name(node: _Node, key: str, value: str) -> str:
-    if not _NAME_RE.fullmatch(value):  # fullmatch: `$` would accept "name\n"
+    if not re.fullmatch(_NAME["pattern"], value):  # fullmatch: `$` would accept "name\n"
         raise node.error(
             f"{value!r} is not a safe model name (letters, digits, '_' and '-', "
             "starting with a letter, at most 64 characters)",
             key,
         )
+    check_model_name(node, value)  # the rule's `excludes`: a replica could take the name
     return value
 
 
 def _parse_model(node: _Node) -> ModelSpec:
 
-    name = _check_name(node, "name", node.get("name", str))
-    check_model_name(node, name)
-    engine = node.choice("engine", ENGINES)
+    name = _check_name(node, "name", node.field(ModelSpec, "name"))
+    engine = node.field(ModelSpec, "engine")
     model = node.get("model", str, "")
-    instances = node.int("instances", 1, minimum=1, maximum=64)
+    instances = node.field(ModelSpec, "instances")
     family = node.get("family", str, "")
     tasks = node.str_list("tasks")
     args_node = node.child("engine_args")
@@ -331,22 +350,26 @@ def _parse_model(node: _Node) -> ModelSpec:
 
 
 def _parse_placement(node: _Node) -> PlacementSpec:
-    kind = node.choice("kind", INSTANCE_KINDS, "auto")
+    kind = node.field(PlacementSpec, "kind")
     devices = []
+    ordinal = rule_of(PlacementSpec, "devices").item or Rule()
     for path, item in node.list("devices"):
-        if not isinstance(item, int) or isinstance(item, bool) or item < 0:
-            raise SpecError(node.file, path, f"expected a GPU ordinal >= 0, got {item!r}")
+        if not isinstance(item, int) or isinstance(item, bool) or ordinal.range_problem(item):
+            raise SpecError(
+                node.file, path, f"expected a GPU ordinal >= {ordinal.minimum}, got {item!r}"
+            )
         devices.append(item)
     mig = node.get("mig", str, None)
     dtype = node.get("dtype", str, None)
-    max_batch = node.int("max_batch", None, minimum=1)
-    max_context = node.int("max_context", None, minimum=1)
+    max_batch = node.field(PlacementSpec, "max_batch")
+    max_context = node.field(PlacementSpec, "max_context")
     node.done()
     if len(set(devices)) != len(devices):
         raise node.error("lists a device twice", "devices")
-
-    if dtype is not None and dtype.lower() not in DTYPE_BYTES:
-        raise node.error(f"{dtype!r} is not one of {', '.join(sorted(DTYPE_BYTES))}", "dtype")
+    # After done(): a misspelt key is the first thing to tell.
+    problem = dtype is not None and rule_of(PlacementSpec, "dtype").choice_problem(dtype)
+    if problem:
+        raise node.error(problem, "dtype")
     return PlacementSpec(kind, tuple(devices), mig, dtype, max_batch, max_context)
 
 
@@ -362,10 +385,9 @@ def _check_unique_names(models: tuple[ModelSpec, ...], file: str) -> None:
 
 def _parse_router(node: _Node, models: tuple[ModelSpec, ...]) -> RouterSpec:
     names = tuple(m.name for m in models)
-    name = _check_name(node, "name", node.get("name", str, "router"))
-    check_model_name(node, name)  # a replica of a model could take the router's name
+    name = _check_name(node, "name", node.field(RouterSpec, "name"))
 
-    def backends(n: _Node, key: str, default: Any = _REQUIRED) -> tuple[str, ...]:
+    def backends(n: _Node, key: str, rule: Rule, default: Any = _REQUIRED) -> tuple[str, ...]:
         if default is not _REQUIRED and key not in n.data:
             n.get(key, list, None)
             return default
@@ -377,19 +399,22 @@ def _parse_router(node: _Node, models: tuple[ModelSpec, ...]) -> RouterSpec:
                     f"{n.child_path(key)}[{i}]",
                     f"{value!r} is not a model (models: {', '.join(names)})",
                 )
-        if not values:
-            raise n.error("must name at least one model", key)
+        if len(values) < (rule.min_items or 0):
+            raise n.error(f"must name at least {_models(rule.min_items or 0)}", key)
         return values
 
-    default = backends(node, "default", names[:1])
-    rules = []
+    default = backends(node, "default", rule_of(RouterSpec, "default"), names[:1])
+    rules: list[RuleSpec] = []
     for path, item in node.list("rules"):
         rule = _Node(item, path, node.file)
         rule_name = rule.get("name", str, f"rule{len(rules)}")
         match = _parse_match(rule.child("match"))
         rules.append(
             RuleSpec(
-                rule_name, match, backends(rule, "backends"), rule.choice("policy", POLICIES, None)
+                rule_name,
+                match,
+                backends(rule, "backends", rule_of(RuleSpec, "backends")),
+                rule.field(RuleSpec, "policy"),
             )
         )
         rule.done()
@@ -400,7 +425,7 @@ def _parse_router(node: _Node, models: tuple[ModelSpec, ...]) -> RouterSpec:
     for key in list(fb_node.data):
         if key not in names:
             raise fb_node.error(f"{key!r} is not a model (models: {', '.join(names)})", key)
-        fallback[key] = backends(fb_node, key)
+        fallback[key] = backends(fb_node, key, rule_of(RouterSpec, "fallback").item or Rule())
     fb_node.done()
     breaker = _parse_breaker(node.child("breaker"))
     router = RouterSpec(
@@ -409,27 +434,27 @@ def _parse_router(node: _Node, models: tuple[ModelSpec, ...]) -> RouterSpec:
         rules=tuple(rules),
         fallback=MappingProxyType(fallback),
         breaker=breaker,
-        short_prompt_tokens=node.int("short_prompt_tokens", 256, minimum=0),
-        deadline_s=_positive(node, "deadline_s", 300.0),
-        first_token_timeout_s=_positive(node, "first_token_timeout_s", 60.0),
-        max_inflight_per_backend=node.int("max_inflight_per_backend", 256, minimum=1),
-        instances=node.int("instances", None, minimum=1, maximum=MAX_ROUTER_INSTANCES),
-        policy=node.choice("policy", POLICIES, DEFAULT_POLICY),
-        backend_policies=parse_backend_policies(node, names),
+        **{
+            key: node.field(RouterSpec, key)
+            for key in (
+                "short_prompt_tokens",
+                "deadline_s",
+                "first_token_timeout_s",
+                "max_inflight_per_backend",
+                "instances",
+                "policy",
+            )
+        },
+        backend_policies=parse_backend_policies(
+            node, names, (rule_of(RouterSpec, "backend_policies").item or Rule()).choices or ()
+        ),
     )
     node.done()
     return router
 
 
-MAX_SECONDS = 86400.0  # a day: no timeout, window or cooldown of the router is longer
-
-
-def _positive(node: _Node, key: str, default: float) -> float:
-    """A duration in seconds: finite (checked by get), > 0 and at most a day."""
-    value = node.get(key, float, default)
-    if not 0 < value <= MAX_SECONDS:
-        raise node.error(f"must be > 0 and <= {MAX_SECONDS:.0f}, got {value}", key)
-    return value
+def _models(count: int) -> str:
+    return "one model" if count == 1 else f"{count} models"
 
 
 def _parse_match(node: _Node) -> MatchSpec:
@@ -437,7 +462,7 @@ def _parse_match(node: _Node) -> MatchSpec:
         return node.get(key, str, None)
 
     def get_int(key: str) -> Any:
-        return node.int(key, None, minimum=0)
+        return node.field(MatchSpec, key)
 
     match = MatchSpec(
         hint=get_str("hint"),
@@ -460,17 +485,8 @@ def _parse_match(node: _Node) -> MatchSpec:
 
 
 def _parse_breaker(node: _Node) -> BreakerSpec:
-    rate = node.get("error_rate", float, _BREAKER.error_rate)
-    if not 0 < rate <= 1:
-        raise node.error(f"must be in (0, 1], got {rate}", "error_rate")
     breaker = BreakerSpec(
-        error_rate=rate,
-        window_s=_positive(node, "window_s", _BREAKER.window_s),
-        min_requests=node.int("min_requests", _BREAKER.min_requests, minimum=1),
-        consecutive_failures=node.int(
-            "consecutive_failures", _BREAKER.consecutive_failures, minimum=1
-        ),
-        cooldown_s=_positive(node, "cooldown_s", _BREAKER.cooldown_s),
+        **{f: node.field(BreakerSpec, f) for f in BreakerSpec.__dataclass_fields__}
     )
     node.done()
     return breaker

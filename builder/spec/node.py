@@ -7,14 +7,17 @@ TRT-LLM sections) use it without importing builder.spec (no import cycle).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 from builder.errors import TridentError, printable
+from builder.spec.rules import default_of, kind_of, rule_of
 
 _REQUIRED = object()
+_FIELD = object()  # field(): the default the dataclass declares
 MAX_INT = 2**31 - 1  # every count, port and token limit in a spec fits Triton's INT32
 
 
@@ -62,7 +65,7 @@ class _Node:
             data = {}
         if not isinstance(data, dict):
             raise self.error(f"expected a mapping, got {_type_name(data)}")
-        self.data, self._seen = data, set()
+        self.data, self._seen = data, set[str]()
 
     def error(self, reason: str, key: str | None = None) -> SpecError:
         return SpecError(self.file, self.child_path(key) if key else self.path, reason)
@@ -104,6 +107,28 @@ class _Node:
             raise self.error(f"must be >= {minimum}, got {_short(value)}", key)
         if value is not None and maximum is not None and value > maximum:
             raise self.error(f"must be <= {maximum}, got {_short(value)}", key)
+        return value
+
+    def field(self, cls: type, key: str, default: Any = _FIELD) -> Any:
+        """The value of `key`, read as the spec dataclass `cls` declares its field: its
+        type, its default (unless `default` is given) and its Rule (builder/spec/rules.py),
+        the one the schema states too. Patterns are the caller's to check, with words
+        that say what the value is (or that do not echo a secret)."""
+        if default is _FIELD:
+            default = default_of(cls, key)
+            default = _REQUIRED if default is dataclasses.MISSING else default
+        rule = rule_of(cls, key)
+        kind, _ = kind_of(cls, key)
+        if kind is int:
+            maximum = MAX_INT if rule.maximum is None else int(rule.maximum)
+            minimum = None if rule.minimum is None else int(rule.minimum)
+            return self.int(key, default, minimum=minimum, maximum=maximum)
+        value = self.get(key, kind, default)
+        if value is None:
+            return value
+        problem = rule.range_problem(value) if kind is float else rule.choice_problem(value)
+        if problem:
+            raise self.error(problem, key)
         return value
 
     def choice(self, key: str, options: tuple[str, ...], default: Any = _REQUIRED) -> str:

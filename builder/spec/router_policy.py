@@ -34,10 +34,12 @@ def check_model_name(node: _Node, name: str) -> None:
         )
 
 
-def parse_backend_policies(node: _Node, names: tuple[str, ...]) -> Mapping[str, str]:
-    """`router.backend_policies`: model name → policy."""
+def parse_backend_policies(
+    node: _Node, names: tuple[str, ...], policies: tuple[str, ...] = POLICIES
+) -> Mapping[str, str]:
+    """`router.backend_policies`: model name → one of `policies` (the field's rule)."""
     policies_node = node.child("backend_policies")
-    policies = {}
+    chosen = {}
     for key in list(policies_node.data):
         if key not in names:
             raise SpecError(
@@ -45,9 +47,9 @@ def parse_backend_policies(node: _Node, names: tuple[str, ...]) -> Mapping[str, 
                 policies_node.child_path(str(key)),
                 f"{key!r} is not a model (models: {', '.join(names)})",
             )
-        policies[key] = policies_node.choice(key, POLICIES)
+        chosen[key] = policies_node.choice(key, policies)
     policies_node.done()
-    return MappingProxyType(policies)
+    return MappingProxyType(chosen)
 
 
 def backend_policy(router, backend: str) -> str:

@@ -20,90 +20,15 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from builder.plan import gpus
-from builder.plan.memory import DTYPE_BYTES
 from builder.spec import adapters as adapters_spec
-from builder.spec import cache_spec, engine_args, router_policy
 from builder.spec import deployment as spec_mod
+from builder.spec import engine_args
 from builder.spec import tenants as tenants_spec
 from builder.spec import trtllm as trtllm_spec
 from builder.spec.node import MAX_INT, anchored
+from builder.spec.rules import Rule, kind_of, rule_of
 
 SCHEMA_ID = "https://trident.invalid/deployment-spec.schema.json"
-# `(?![\s\S])` ends the name in ECMA-262 and Python alike (`$` lets "name\n" through).
-NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,63}(?![\s\S])"
-# Model and router names: a safe name not ending as a replica's (<model>__r0, ...).
-MODEL_NAME_PATTERN = (
-    r"^(?![\s\S]*" + router_policy.REPLICA_SEPARATOR + r"[0-9]+(?![\s\S]))" + NAME_PATTERN[1:]
-)
-
-_SECONDS = {"exclusiveMinimum": 0, "maximum": spec_mod.MAX_SECONDS}
-# Ranges and formats the parser enforces, by (dataclass, field).
-_RULES: dict[tuple[type, str], dict[str, Any]] = {
-    **{
-        (spec_mod.ServerSpec, port): {"minimum": 1, "maximum": 65535}
-        for port in ("http_port", "grpc_port", "metrics_port", "openai_port")
-    },
-    (spec_mod.HardwareSpec, "gpu"): {"enum": ["cpu", *gpus.GPU_TYPES]},
-    (spec_mod.HardwareSpec, "count"): {"minimum": 0, "maximum": spec_mod.MAX_GPUS},
-    (spec_mod.HardwareSpec, "nodes"): {"minimum": 1, "maximum": spec_mod.MAX_NODES},
-    (spec_mod.PlacementSpec, "devices"): {
-        "items": {"type": "integer", "minimum": 0, "maximum": MAX_INT},
-        "uniqueItems": True,
-    },
-    # The parser compares dtypes in lower case: so does the pattern, letter by letter.
-    (spec_mod.PlacementSpec, "dtype"): {
-        "pattern": anchored(
-            "|".join(
-                "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in name)
-                for name in sorted(DTYPE_BYTES)
-            )
-        )
-    },
-    (spec_mod.RouterSpec, "default"): {"minItems": 1},
-    (spec_mod.RuleSpec, "backends"): {"minItems": 1},
-    (spec_mod.RouterSpec, "fallback"): {
-        "additionalProperties": {"type": "array", "items": {"type": "string"}, "minItems": 1}
-    },
-    (spec_mod.ModelSpec, "name"): {"pattern": MODEL_NAME_PATTERN},
-    (spec_mod.ModelSpec, "engine"): {"enum": list(spec_mod.ENGINES)},
-    (spec_mod.ModelSpec, "instances"): {"minimum": 1, "maximum": 64},
-    (spec_mod.PlacementSpec, "kind"): {"enum": list(spec_mod.INSTANCE_KINDS)},
-    (spec_mod.PlacementSpec, "max_batch"): {"minimum": 1},
-    (spec_mod.PlacementSpec, "max_context"): {"minimum": 1},
-    (spec_mod.RouterSpec, "name"): {"pattern": MODEL_NAME_PATTERN},
-    (spec_mod.RouterSpec, "short_prompt_tokens"): {"minimum": 0},
-    (spec_mod.RouterSpec, "max_inflight_per_backend"): {"minimum": 1},
-    (spec_mod.RouterSpec, "instances"): {"minimum": 1, "maximum": spec_mod.MAX_ROUTER_INSTANCES},
-    (spec_mod.RouterSpec, "policy"): {"enum": list(router_policy.POLICIES)},
-    (spec_mod.RouterSpec, "backend_policies"): {
-        "additionalProperties": {"type": "string", "enum": list(router_policy.POLICIES)}
-    },
-    (spec_mod.RuleSpec, "policy"): {"enum": [*router_policy.POLICIES, None]},
-    **{
-        (cls, key): _SECONDS
-        for cls, key in (
-            (spec_mod.RouterSpec, "deadline_s"),
-            (spec_mod.RouterSpec, "first_token_timeout_s"),
-            (spec_mod.BreakerSpec, "window_s"),
-            (spec_mod.BreakerSpec, "cooldown_s"),
-        )
-    },
-    (spec_mod.BreakerSpec, "error_rate"): {"exclusiveMinimum": 0, "maximum": 1},
-    (spec_mod.BreakerSpec, "min_requests"): {"minimum": 1},
-    (spec_mod.BreakerSpec, "consecutive_failures"): {"minimum": 1},
-    **{
-        (spec_mod.MatchSpec, key): {"minimum": 0}
-        for key in ("min_turns", "max_turns", "min_prompt_tokens", "max_prompt_tokens")
-    },
-    (trtllm_spec.BuildSettings, "dtype"): {"enum": list(trtllm_spec.DTYPES)},
-    (trtllm_spec.BuildSettings, "quantization"): {"enum": list(trtllm_spec.QUANTIZATIONS)},
-    (trtllm_spec.BuildSettings, "kv_cache_dtype"): {"enum": list(trtllm_spec.KV_CACHE_DTYPES)},
-    (trtllm_spec.Checkpoint, "family"): {"enum": list(trtllm_spec.FAMILIES)},
-    (trtllm_spec.Speculative, "mode"): {"enum": list(trtllm_spec.SPECULATIVE_MODES)},
-    **tenants_spec.SCHEMA_RULES,
-    **cache_spec.SCHEMA_RULES,
-}
 # Rules across the fields of one section, as the parser applies them.
 _OBJECT_RULES: dict[type, dict[str, Any]] = {
     # A GPU type needs at least one GPU; more than one node needs a GPU type.
@@ -157,7 +82,7 @@ def _json_type(hint: Any, owner: type, name: str) -> dict[str, Any]:
     if origin in (typing.Union, types.UnionType):
         inner = _json_type(args[0], owner, name) if len(args) == 1 else {}
         return {"anyOf": [inner, {"type": "null"}]}
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return {"$ref": f"#/$defs/{hint.__name__}"}
     if origin is tuple:
         return {"type": "array", "items": _json_type(args[0], owner, name)}
@@ -167,7 +92,7 @@ def _json_type(hint: Any, owner: type, name: str) -> dict[str, Any]:
             "type": "object",
             "additionalProperties": {} if value is Any else _json_type(value, owner, name),
         }
-    simple = {
+    simple: dict[Any, dict[str, Any]] = {
         str: {"type": "string"},
         bool: {"type": "boolean"},
         int: {"type": "integer", "maximum": MAX_INT},
@@ -176,13 +101,63 @@ def _json_type(hint: Any, owner: type, name: str) -> dict[str, Any]:
     return dict(simple.get(hint, {}))
 
 
+def _rule(rule: Rule, nullable: bool) -> dict[str, Any]:
+    """A field's Rule (builder/spec/rules.py) in JSON Schema words; `item` is the
+    caller's, which knows whether the field is a list or a mapping."""
+    out: dict[str, Any] = {}
+    if rule.minimum is not None:
+        out["exclusiveMinimum" if rule.above else "minimum"] = rule.minimum
+    if rule.maximum is not None:
+        out["maximum"] = rule.maximum
+    if rule.choices is not None and rule.ignore_case:
+        # The parser compares in lower case: so does the pattern, letter by letter.
+        out["pattern"] = anchored(
+            "|".join(
+                "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in name)
+                for name in rule.choices
+            )
+        )
+    elif rule.choices is not None:
+        out["enum"] = [*rule.choices, *([None] if nullable else [])]
+    if rule.pattern is not None:
+        out["pattern"] = _pattern(rule)
+    if rule.min_items is not None:
+        out["minItems"] = rule.min_items
+    if rule.unique:
+        out["uniqueItems"] = True
+    if rule.keys is not None:
+        out["propertyNames"] = {"pattern": anchored(rule.keys)}
+    return out
+
+
+def _pattern(rule: Rule) -> str:
+    """pattern and excludes as one ECMA-262 regex over the whole string."""
+    text = anchored(rule.pattern or "[\\s\\S]*")
+    if rule.excludes is None:
+        return text
+    # A lookahead at the start refuses what excludes matches whole.
+    return f"^(?!(?:{rule.excludes})(?![\\s\\S])){text[1:]}"
+
+
+def _with_rule(prop: dict[str, Any], rule: Rule, nullable: bool) -> dict[str, Any]:
+    """prop (the field's type) with its rule; an item's rule goes into the items of a
+    list or the values of a mapping, beside their type."""
+    prop = {**prop, **_rule(rule, nullable)}
+    if rule.item is not None:
+        inner = "items" if prop.get("type") == "array" else "additionalProperties"
+        prop[inner] = _with_rule(prop.get(inner) or {}, rule.item, False)
+    return prop
+
+
 def _object(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     properties, required = {}, []
     for f in dataclasses.fields(cls):
         if (cls, f.name) in _NOT_IN_YAML:
             continue
-        prop = {**_json_type(hints[f.name], cls, f.name), **_RULES.get((cls, f.name), {})}
+        prop = _with_rule(
+            _json_type(hints[f.name], cls, f.name), rule_of(cls, f.name), kind_of(cls, f.name)[1]
+        )
         if f.default is not dataclasses.MISSING and f.default is not None:
             prop["default"] = f.default
         elif (
@@ -297,7 +272,6 @@ def deployment_schema() -> dict[str, Any]:
     )
     model["allOf"] = _model_rules()
     root = _object(spec_mod.DeploymentSpec)
-    root["properties"]["models"]["minItems"] = 1
     root["required"] = ["models"]
     root["allOf"] = [_ROUTER_INSTANCES_NEED_REDIS]
     return {

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
 
-from builder.spec.node import SpecError, _Node, anchored
+from bls.tenant_names import TENANT_NAME
+from builder.spec.node import SpecError, _Node
+from builder.spec.rules import Rule, rule, rule_of
 from engine_cache.urls import REDIS_URL, redis_url_problem
 
 # Tier → vLLM request priority (lower is scheduled first, vLLM's convention).
@@ -23,31 +25,43 @@ TIERS = {"premium": 0, "standard": 1, "batch": 2}
 ON_REDIS_ERROR = ("allow", "deny")
 UNKNOWN = ("default", "reject")
 LIMIT_KEYS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
-# Tenant names become Redis keys and metric labels: keep them plain.
-TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}")
-_ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_USER_RE = re.compile(r"[!-~]{1,128}")
+# Tenant names (TENANT_NAME) become Redis keys and metric labels: the router's pattern.
+_ENV = r"[A-Za-z_][A-Za-z0-9_]*"
+_USER = r"[!-~]{1,128}"
 
 
 @dataclass(frozen=True)
 class TenantLimits:
-    tier: str = "standard"
-    requests_per_minute: int | None = None  # None: unlimited
-    tokens_per_minute: int | None = None  # prompt + completion tokens
-    max_concurrent: int | None = None  # streams open at once
+    tier: str = field(default="standard", metadata=rule(choices=tuple(TIERS)))
+    # None: unlimited.
+    requests_per_minute: int | None = field(default=None, metadata=rule(minimum=1))
+    # Prompt + completion tokens.
+    tokens_per_minute: int | None = field(default=None, metadata=rule(minimum=1))
+    # Streams open at once.
+    max_concurrent: int | None = field(default=None, metadata=rule(minimum=1))
 
 
 @dataclass(frozen=True)
 class TenantsSpec:
-    redis: str | None = None  # redis://host[:port][/db]; None: counters per router
-    username: str | None = None  # a Redis ACL user (not secret); None: the default user
-    password_env: str | None = None  # the name of an environment variable
+    # redis://host[:port][/db]; None: counters per router. Checked by engine_cache/urls.py
+    # (the cache's own check), whose pattern the schema states.
+    redis: str | None = field(default=None, metadata=rule(pattern=REDIS_URL))
+    # A Redis ACL user (not secret); None: the default user.
+    username: str | None = field(default=None, metadata=rule(pattern=_USER))
+    # An environment variable's name.
+    password_env: str | None = field(default=None, metadata=rule(pattern=_ENV))
     password_file: str | None = None  # a path read by the router at start
-    on_redis_error: str = "allow"  # allow | deny, when Redis is down or slow
+    # When Redis is down or slow.
+    on_redis_error: str = field(default="allow", metadata=rule(choices=ON_REDIS_ERROR))
     default: TenantLimits = field(default_factory=TenantLimits)
-    limits: Mapping[str, TenantLimits] = field(default_factory=lambda: MappingProxyType({}))
-    unknown: str = "default"  # default | reject: a tenant not under `limits`
-    share_prefix_cache: tuple[str, ...] = ()
+    limits: Mapping[str, TenantLimits] = field(
+        default_factory=lambda: MappingProxyType({}), metadata=rule(keys=TENANT_NAME)
+    )
+    # A tenant not under `limits`.
+    unknown: str = field(default="default", metadata=rule(choices=UNKNOWN))
+    share_prefix_cache: tuple[str, ...] = field(
+        default=(), metadata=rule(item=Rule(pattern=TENANT_NAME))
+    )
 
     def tiers(self) -> set[str]:
         return {self.default.tier} | {t.tier for t in self.limits.values()}
@@ -74,20 +88,6 @@ class TenantsSpec:
         }
 
 
-# JSON Schema ranges and enums (builder/spec/schema.py merges them into its rules).
-SCHEMA_RULES: dict[tuple[type, str], dict[str, Any]] = {
-    (TenantLimits, "tier"): {"enum": list(TIERS)},
-    **{(TenantLimits, key): {"minimum": 1} for key in LIMIT_KEYS},
-    (TenantsSpec, "on_redis_error"): {"enum": list(ON_REDIS_ERROR)},
-    (TenantsSpec, "unknown"): {"enum": list(UNKNOWN)},
-    (TenantsSpec, "redis"): {"pattern": anchored(REDIS_URL)},
-    (TenantsSpec, "username"): {"pattern": anchored(_USER_RE.pattern)},
-    (TenantsSpec, "password_env"): {"pattern": anchored(_ENV_RE.pattern)},
-    (TenantsSpec, "limits"): {"propertyNames": {"pattern": anchored(TENANT_RE.pattern)}},
-    (TenantsSpec, "share_prefix_cache"): {
-        "items": {"type": "string", "pattern": anchored(TENANT_RE.pattern)}
-    },
-}
 SCHEMA_CLASSES = (TenantLimits, TenantsSpec)
 # The rules across fields, as the parser applies them below.
 SCHEMA_OBJECT_RULES: dict[type, dict[str, Any]] = {
@@ -110,14 +110,14 @@ def parse_tenants(root: _Node, has_router: bool) -> TenantsSpec | None:
         raise node.error("needs a router: the router enforces tenants' limits")
     redis = _redis_url(node)
     username = node.get("username", str, None)
-    if username is not None and not _USER_RE.fullmatch(username):
+    if username is not None and not rule_of(TenantsSpec, "username").matches(username):
         raise node.error(
             "is not a Redis ACL user name (1 to 128 printable characters, no spaces)", "username"
         )
     if username is not None and redis is None:
         raise node.error("a Redis username needs a redis URL", "redis")
     password_env = node.get("password_env", str, None)
-    if password_env is not None and not _ENV_RE.fullmatch(password_env):
+    if password_env is not None and not rule_of(TenantsSpec, "password_env").matches(password_env):
         # Not echoed: what is pasted here instead of a name is usually the password.
         raise node.error(
             "must be an environment variable name (letters, digits and "
@@ -130,23 +130,25 @@ def parse_tenants(root: _Node, has_router: bool) -> TenantsSpec | None:
         raise node.error("give password_env or password_file, not both", "password_file")
     if (password_env or password_file) and redis is None:
         raise node.error("a Redis password needs a redis URL", "redis")
-    on_error = node.choice("on_redis_error", ON_REDIS_ERROR, "allow")
+    on_error = node.field(TenantsSpec, "on_redis_error")
     default = _parse_limits(node.child("default"), TenantLimits())
     limits_node = node.child("limits")
     limits = {}
+    tenant_name = rule_of(TenantsSpec, "limits").keys or ""
     for name in list(limits_node.data):
-        if not isinstance(name, str) or not TENANT_RE.fullmatch(name):
+        if not isinstance(name, str) or not re.fullmatch(tenant_name, name):
             raise limits_node.error(
                 "a tenant name is letters, digits, '_', '.', '@' and '-' (at most 128 characters)",
                 str(name),
             )
         limits[name] = _parse_limits(limits_node.child(name), default)
     limits_node.done()
-    unknown = node.choice("unknown", UNKNOWN, "default")
+    unknown = node.field(TenantsSpec, "unknown")
     shared = node.str_list("share_prefix_cache")
     node.done()
+    shared_name = rule_of(TenantsSpec, "share_prefix_cache").item or Rule()
     for i, name in enumerate(shared):
-        if not TENANT_RE.fullmatch(name):
+        if not shared_name.matches(name):
             raise SpecError(
                 node.file,
                 f"{node.child_path('share_prefix_cache')}[{i}]",
@@ -177,9 +179,9 @@ def _redis_url(node: _Node) -> str | None:
 
 def _parse_limits(node: _Node, base: TenantLimits) -> TenantLimits:
     """A tenant's limits: each field given here, else the base's."""
-    values = {"tier": node.choice("tier", tuple(TIERS), base.tier)}
-    for key in LIMIT_KEYS:
-        values[key] = node.int(key, getattr(base, key), minimum=1)
+    values = {
+        key: node.field(TenantLimits, key, getattr(base, key)) for key in ("tier", *LIMIT_KEYS)
+    }
     node.done()
     return replace(base, **values)
 

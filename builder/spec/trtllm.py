@@ -26,6 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 from builder.spec.node import _Node
+from builder.spec.rules import rule, rule_of
 
 DTYPES = ("fp16", "bf16", "fp32")
 # trident's quantization name → TRT-LLM's spelling (quantize.py --qformat / weight-only).
@@ -60,7 +61,8 @@ PROFILE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 class Checkpoint:
     path: str | None = None  # a converted TRT-LLM checkpoint (local or s3://)
     hf_model: str | None = None  # a Hugging Face-style folder to convert
-    family: str | None = None  # convert script family (with hf_model)
+    # Convert script (with hf_model).
+    family: str | None = field(default=None, metadata=rule(choices=FAMILIES))
 
     @property
     def needs_conversion(self) -> bool:
@@ -69,11 +71,11 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class BuildSettings:
-    dtype: str = "fp16"
-    quantization: str = "none"
-    kv_cache_dtype: str = "auto"
-    tp_size: int = 1
-    pp_size: int = 1
+    dtype: str = field(default="fp16", metadata=rule(choices=DTYPES))
+    quantization: str = field(default="none", metadata=rule(choices=QUANTIZATIONS))
+    kv_cache_dtype: str = field(default="auto", metadata=rule(choices=KV_CACHE_DTYPES))
+    tp_size: int = field(default=1, metadata=rule(minimum=1, maximum=64))
+    pp_size: int = field(default=1, metadata=rule(minimum=1, maximum=64))
 
     @property
     def world_size(self) -> int:
@@ -82,32 +84,34 @@ class BuildSettings:
 
 @dataclass(frozen=True)
 class Plugins:
-    gemm_plugin: str = "auto"  # auto: the build dtype
+    # Auto: the build dtype.
+    gemm_plugin: str = field(default="auto", metadata=rule(choices=GEMM_PLUGIN))
     paged_kv_cache: bool = True  # required by inflight fused batching
     paged_context_fmha: bool = False  # required by KV cache reuse and chunked context
     context_fmha: bool = True
     remove_input_padding: bool = True
     multiple_profiles: bool = False
-    tokens_per_block: int = 64
+    tokens_per_block: int = field(default=64, metadata=rule(minimum=8, maximum=1024))
 
 
 @dataclass(frozen=True)
 class Speculative:
-    mode: str  # draft-model | medusa | eagle
-    max_draft_len: int
+    mode: str = field(metadata=rule(choices=SPECULATIVE_MODES))
+    max_draft_len: int = field(metadata=rule(minimum=1, maximum=64))
     draft_model: str | None = None  # draft-model: the spec name of the draft model
     heads_model: str | None = None  # medusa / eagle: folder of the heads' weights
-    num_heads: int | None = None  # medusa heads / eagle layers
+    # Medusa heads / eagle layers.
+    num_heads: int | None = field(default=None, metadata=rule(minimum=1, maximum=16))
 
 
 @dataclass(frozen=True)
 class Profile:
     name: str
-    max_batch_size: int
-    max_input_len: int
-    max_seq_len: int
-    max_num_tokens: int
-    max_beam_width: int = 1
+    max_batch_size: int = field(metadata=rule(minimum=1, maximum=4096))
+    max_input_len: int = field(metadata=rule(minimum=1))
+    max_seq_len: int = field(metadata=rule(minimum=1))
+    max_num_tokens: int = field(metadata=rule(minimum=1))
+    max_beam_width: int = field(default=1, metadata=rule(minimum=1, maximum=64))
     plugins: Plugins = field(default_factory=Plugins)
     weight_streaming: bool = False
     speculative: Speculative | None = None
@@ -146,8 +150,9 @@ def parse_checkpoint(node: _Node) -> Checkpoint:
         )
     if hf_model is not None and family is None:
         raise node.error("is required with hf_model (it picks the convert script)", "family")
-    if family is not None and family not in FAMILIES:
-        raise node.error(f"{family!r} is not one of {', '.join(FAMILIES)}", "family")
+    problem = family is not None and rule_of(Checkpoint, "family").choice_problem(family)
+    if problem:
+        raise node.error(problem, "family")
     if path is not None and family is not None:
         raise node.error("only applies to hf_model (path is already converted)", "family")
     if hf_model is not None and hf_model.startswith("s3://"):
@@ -160,21 +165,15 @@ def parse_checkpoint(node: _Node) -> Checkpoint:
 
 
 def parse_build(node: _Node) -> BuildSettings:
-    dtype = node.get("dtype", str, "fp16")
+    dtype = node.get("dtype", str, BuildSettings.dtype)
     if dtype in QUANTIZATIONS:
         raise node.error(
             f"{dtype!r} is a quantization: set build.quantization: {dtype} "
             f"(dtype is the compute type, one of {', '.join(DTYPES)})",
             "dtype",
         )
-    if dtype not in DTYPES:
-        raise node.error(f"{dtype!r} is not one of {', '.join(DTYPES)}", "dtype")
     settings = BuildSettings(
-        dtype=dtype,
-        quantization=node.choice("quantization", QUANTIZATIONS, "none"),
-        kv_cache_dtype=node.choice("kv_cache_dtype", KV_CACHE_DTYPES, "auto"),
-        tp_size=node.int("tp_size", 1, minimum=1, maximum=64),
-        pp_size=node.int("pp_size", 1, minimum=1, maximum=64),
+        **{f: node.field(BuildSettings, f) for f in BuildSettings.__dataclass_fields__}
     )
     node.done()
     return settings
@@ -200,19 +199,19 @@ def parse_profiles(node: _Node) -> Mapping[str, Profile]:
 
 
 def parse_profile(name: str, node: _Node) -> Profile:
-    max_input_len = node.int("max_input_len", minimum=1)
-    max_seq_len = node.int("max_seq_len", minimum=1)
+    max_input_len = node.field(Profile, "max_input_len")
+    max_seq_len = node.field(Profile, "max_seq_len")
     if max_seq_len < max_input_len:
         raise node.error(
             f"must be >= max_input_len ({max_input_len}), got {max_seq_len}", "max_seq_len"
         )
     profile = Profile(
         name=name,
-        max_batch_size=node.int("max_batch_size", minimum=1, maximum=4096),
+        max_batch_size=node.field(Profile, "max_batch_size"),
         max_input_len=max_input_len,
         max_seq_len=max_seq_len,
-        max_num_tokens=node.int("max_num_tokens", minimum=1),
-        max_beam_width=node.int("max_beam_width", 1, minimum=1, maximum=64),
+        max_num_tokens=node.field(Profile, "max_num_tokens"),
+        max_beam_width=node.field(Profile, "max_beam_width"),
         plugins=parse_plugins(node.child("plugins")),
         weight_streaming=node.get("weight_streaming", bool, False),
         speculative=_optional_speculative(node.child("speculative")),
@@ -240,13 +239,13 @@ def _check_token_budget(node: _Node, profile: Profile) -> None:
 
 def parse_plugins(node: _Node) -> Plugins:
     plugins = Plugins(
-        gemm_plugin=node.choice("gemm_plugin", GEMM_PLUGIN, "auto"),
+        gemm_plugin=node.field(Plugins, "gemm_plugin"),
         paged_kv_cache=node.get("paged_kv_cache", bool, True),
         paged_context_fmha=node.get("paged_context_fmha", bool, False),
         context_fmha=node.get("context_fmha", bool, True),
         remove_input_padding=node.get("remove_input_padding", bool, True),
         multiple_profiles=node.get("multiple_profiles", bool, False),
-        tokens_per_block=node.int("tokens_per_block", 64, minimum=8, maximum=1024),
+        tokens_per_block=node.field(Plugins, "tokens_per_block"),
     )
     node.done()
     if not plugins.paged_kv_cache:
@@ -266,13 +265,13 @@ def parse_plugins(node: _Node) -> Plugins:
 
 
 def parse_speculative(node: _Node) -> Speculative:
-    mode = node.choice("mode", SPECULATIVE_MODES)
+    mode = node.field(Speculative, "mode")
     spec = Speculative(
         mode=mode,
-        max_draft_len=node.int("max_draft_len", minimum=1, maximum=64),
+        max_draft_len=node.field(Speculative, "max_draft_len"),
         draft_model=node.get("draft_model", str, None),
         heads_model=node.get("heads_model", str, None),
-        num_heads=node.int("num_heads", None, minimum=1, maximum=16),
+        num_heads=node.field(Speculative, "num_heads"),
     )
     node.done()
     if mode == "draft-model":
