@@ -1,23 +1,24 @@
 """The frontend's gRPC call as batches: what arrived together is taken together, a lone
 response is handed on at once, an error keeps its place after the pieces before it, and
 cancel() stops both the reader and the gRPC call. A stand-in gRPC stream (an asyncio
-queue) replaces tritonclient's; the responses are real InferResults."""
+queue) replaces grpc.aio's ModelStreamInfer call; the responses are real
+ModelStreamInferResponses."""
 
 from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
-from tritonclient.grpc import InferResult, service_pb2
-from tritonclient.utils import InferenceServerException
+from tritonclient.grpc import service_pb2
 
 from builder.serve.openai.errors import OpenAIError
 from builder.serve.openai.triton import Call
 
-END = object()
+END = grpc.aio.EOF
 
 
-def result(text: str, finish: str = "", error: str = "") -> InferResult:
+def result(text: str, finish: str = "", error: str = "") -> service_pb2.ModelStreamInferResponse:
     response = service_pb2.ModelInferResponse()
     for name, value in (("text_output", text), ("finish_reason", finish), ("error", error)):
         out = response.outputs.add()
@@ -25,24 +26,26 @@ def result(text: str, finish: str = "", error: str = "") -> InferResult:
         response.raw_output_contents.append(
             len(value.encode()).to_bytes(4, "little") + value.encode()
         )
-    return InferResult(response)
+    return service_pb2.ModelStreamInferResponse(infer_response=response)
 
 
 class Stream:
-    """tritonclient.grpc.aio's response iterator, fed by the test."""
+    """grpc.aio's stream-stream call, its responses fed by the test."""
 
     def __init__(self):
         self.queue: asyncio.Queue = asyncio.Queue()
         self.cancelled = False
+        self.written: list = []
+        self.half_closed = False
 
-    def __aiter__(self):
-        return self
+    async def write(self, request):
+        self.written.append(request)
 
-    async def __anext__(self):
-        item = await self.queue.get()
-        if item is END:
-            raise StopAsyncIteration
-        return item
+    async def done_writing(self):
+        self.half_closed = True
+
+    async def read(self):
+        return await self.queue.get()
 
     def cancel(self):
         self.cancelled = True
@@ -53,10 +56,9 @@ class Triton:
 
     def __init__(self):
         self.stream = Stream()
-        self.client = self
         self.drained = []
 
-    def stream_infer(self, _requests):
+    def open_stream(self):
         return self.stream
 
     def _keep_draining(self, call):
@@ -72,16 +74,14 @@ def test_what_arrived_together_is_one_batch_and_a_lone_response_is_not_held():
         triton = Triton()
         call = Call(triton, "router", [])
         for text in ("a", "b", "c"):
-            triton.stream.queue.put_nowait((result(text), None))
+            triton.stream.queue.put_nowait(result(text))
         batches = call.batches()
         assert texts(await batches.__anext__()) == ["a", "b", "c"]
         # The reader is waiting now: the next response alone is the next batch.
-        asyncio.get_running_loop().call_later(
-            0.01, triton.stream.queue.put_nowait, (result("d"), None)
-        )
+        asyncio.get_running_loop().call_later(0.01, triton.stream.queue.put_nowait, result("d"))
         assert texts(await asyncio.wait_for(batches.__anext__(), 5)) == ["d"]
-        triton.stream.queue.put_nowait((result("", "stop"), None))
-        triton.stream.queue.put_nowait((result("never read"), None))
+        triton.stream.queue.put_nowait(result("", "stop"))
+        triton.stream.queue.put_nowait(result("never read"))
         last = await batches.__anext__()
         assert [p.finish_reason for p in last] == ["stop"]
         with pytest.raises(StopAsyncIteration):
@@ -95,13 +95,13 @@ def test_what_arrived_together_is_one_batch_and_a_lone_response_is_not_held():
 def test_an_error_comes_after_the_pieces_that_arrived_before_it():
     async def scenario():
         for failure in (
-            (result("", "error", "engine died"), None),
-            (None, InferenceServerException(msg="unknown model 'x'")),
+            result("", "error", "engine died"),
+            service_pb2.ModelStreamInferResponse(error_message="unknown model 'x'"),
         ):
             triton = Triton()
             call = Call(triton, "router", [])
-            triton.stream.queue.put_nowait((result("Hel"), None))
-            triton.stream.queue.put_nowait((result("lo"), None))
+            triton.stream.queue.put_nowait(result("Hel"))
+            triton.stream.queue.put_nowait(result("lo"))
             triton.stream.queue.put_nowait(failure)
             batches = call.batches()
             assert texts(await batches.__anext__()) == ["Hel", "lo"]
@@ -124,3 +124,48 @@ def test_cancel_ends_the_batches_and_cancels_the_grpc_call():
         assert triton.stream.cancelled and call.cancelled
 
     asyncio.run(scenario())
+
+
+def test_the_one_request_is_written_as_tritonclient_would_then_the_call_half_closes():
+    from tritonclient.grpc._utils import _get_inference_request
+
+    from builder.serve.openai.tensors import OneValue
+
+    inputs = [
+        OneValue("messages", [1], "BYTES", b"\x02\x00\x00\x00[]"),
+        OneValue("max_tokens", [1], "INT32", b"\x07\x00\x00\x00"),
+    ]
+
+    async def scenario():
+        triton = Triton()
+        call = Call(triton, "router", inputs)
+        triton.stream.queue.put_nowait(result("Hi", "stop"))
+        assert [p.text async for p in call.pieces()] == ["Hi"]
+        return triton.stream, call.request_id
+
+    stream, request_id = asyncio.run(scenario())
+    expected = _get_inference_request(
+        model_name="router",
+        inputs=inputs,
+        model_version="",
+        request_id=request_id,
+        outputs=None,
+        sequence_id=0,
+        sequence_start=False,
+        sequence_end=False,
+        priority=0,
+        timeout=None,
+        parameters=None,
+    )
+    assert stream.written == [expected] and stream.half_closed
+
+
+def test_finishing_a_call_never_read_cancels_it_instead_of_waiting_for_its_end():
+    async def scenario():
+        triton = Triton()
+        call = Call(triton, "router", [])
+        await asyncio.wait_for(call.drain(), 5)  # nothing was sent: no end to wait for
+        return triton.stream
+
+    stream = asyncio.run(scenario())
+    assert stream.cancelled and stream.written == []

@@ -1,5 +1,5 @@
 """The frontend's path from a Triton error to the client's OpenAI error, through the real
-Triton.stream and Call with a stand-in gRPC client (milliseconds): the class comes from
+Triton.stream and Call with a stand-in gRPC call (milliseconds): the class comes from
 the message's marker (trident_common/error_classes.py), and a refusal naming the route
 or the adapter answers with the client's value only, never the deployment's names."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tritonclient.utils import InferenceServerException
+from tritonclient.grpc import service_pb2
 
 from builder.serve.openai.errors import OpenAIError
 from builder.serve.openai.protocol import parse_chat
@@ -27,23 +27,29 @@ ROUTER = ModelInfo(
 )
 
 
-class OneErrorClient:
-    """tritonclient.grpc.aio's stream_infer, answering with one error response."""
+class OneErrorStream:
+    """grpc.aio's ModelStreamInfer call, answering its request with one error response."""
 
     def __init__(self, message: str):
-        self.message = message
+        self.message, self.sent = message, False
 
-    def stream_infer(self, requests):
-        async def responses():
-            async for _ in requests:
-                yield None, InferenceServerException(msg=self.message)
+    async def write(self, _request):
+        self.sent = True
 
-        return responses()
+    async def done_writing(self):
+        pass
+
+    async def read(self):
+        assert self.sent, "read before the request was written"
+        return service_pb2.ModelStreamInferResponse(error_message=self.message)
+
+    def cancel(self):
+        pass
 
 
 def answer(message: str, **body) -> OpenAIError:
     triton = Triton("127.0.0.1:1")
-    triton._client = OneErrorClient(message)
+    triton.open_stream = lambda: OneErrorStream(message)
     generation = parse_chat(
         {"model": "router", "messages": [{"role": "user", "content": "hi"}], **body}, {}
     )

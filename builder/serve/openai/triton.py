@@ -1,10 +1,16 @@
 """The Triton side of the OpenAI frontend: which models serve text, and one request as
-one gRPC stream (tritonclient.grpc.aio), cancellable.
+one gRPC stream, cancellable.
 
-A stream ends when Triton ends the gRPC call: the request iterator half-closes after its
-one request, and Triton finishes the call once the request's final flag is sent (the
-router's flags-only final included, which the aio client never surfaces). The frontend
-may stop reading at the engine's finish reason; the rest is drained in the background.
+The index and configs are read with tritonclient.grpc.aio; a request's stream is a
+grpc.aio call on Triton's ModelStreamInfer made here, without tritonclient's
+stream_infer: that one wraps the call in two async generators and a request-iterator
+task, work on every request's path to its first token (docs/performance.md, "The
+OpenAI frontend's own cost").
+
+A stream ends when Triton ends the gRPC call: the call half-closes after its one
+request, and Triton finishes it once the request's final flag is sent (the router's
+flags-only final included). The frontend may stop reading at the engine's finish
+reason; the rest is drained in the background.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+import grpc  # type: ignore[import-untyped]  # no stubs in the venv
 import tritonclient.grpc.aio as grpcaio
+from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from builder.serve import admin
@@ -25,6 +33,9 @@ from builder.serve.openai.tensors import ModelInfo, Piece, build_inputs, read_pi
 
 INDEX_TTL_S = 2.0  # how long the repository index (ready models) is believed
 DRAIN_TIMEOUT_S = 10.0  # after the finish reason: wait this long for the call to end
+# As tritonclient's channel: no limit of gRPC's own on a prompt's or answer's size (the
+# frontend's limits.py bounds what a client may send).
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
 
 class TritonUnavailable(OpenAIError):
@@ -47,6 +58,8 @@ class Triton:
         # serve` hands its own in; a separate frontend takes the operator's.
         self._admin = admin.grpc_headers(admin_key or os.environ.get(admin.KEY_ENV))
         self._client: grpcaio.InferenceServerClient | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
         self._models: dict[str, ModelInfo] = {}
         self._configs: dict[tuple, ModelInfo | None] = {}  # (name, version) -> info
         self._index_at = -INDEX_TTL_S
@@ -60,6 +73,14 @@ class Triton:
             self._client = grpcaio.InferenceServerClient(self.url)
         return self._client
 
+    def open_stream(self):
+        """A new ModelStreamInfer call (grpc.aio's stream-stream call: write, read,
+        cancel), on a channel of the frontend's own."""
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(self.url, options=CHANNEL_OPTIONS)
+            self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        return self._stub.ModelStreamInfer()
+
     async def close(self) -> None:
         for task in [*self._draining, self._refreshing]:
             if task is not None:
@@ -67,6 +88,9 @@ class Triton:
         if self._client is not None:
             await self._client.close()
             self._client = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = self._stub = None
 
     async def models(self, fresh: bool = False) -> dict[str, ModelInfo]:
         """The READY text models, by name (the repository index, briefly cached)."""
@@ -81,7 +105,7 @@ class Triton:
     async def _read_index(self) -> dict[str, ModelInfo]:
         try:
             index = await self.client.get_model_repository_index(headers=self._admin, as_json=True)
-            models = {}
+            models: dict[str, ModelInfo] = {}
             for entry in index.get("models", []):
                 if entry.get("state") != "READY":
                     continue
@@ -89,8 +113,9 @@ class Triton:
                 if key not in self._configs:
                     config = await self.client.get_model_config(entry["name"], as_json=True)
                     self._configs[key] = ModelInfo.from_config(config.get("config", {}))
-                if self._configs[key] is not None:
-                    models[entry["name"]] = self._configs[key]
+                info = self._configs[key]
+                if info is not None:
+                    models[entry["name"]] = info
             return models
         except InferenceServerException as e:
             raise TritonUnavailable(self.url, e.message() or str(e)) from None
@@ -153,10 +178,8 @@ class Call:
         self._wake: asyncio.Future | None = None  # batches() waits on it
         self._reader: asyncio.Task | None = None
 
-        async def one_request():
-            yield {"model_name": model, "inputs": inputs, "request_id": self.request_id}
-
-        self._responses = triton.client.stream_infer(one_request())
+        self._request = request_of(model, inputs, self.request_id)
+        self._stream = triton.open_stream()
 
     async def batches(self) -> AsyncIterator[list[Piece]]:
         """Every Piece that arrived since the last batch (never an empty batch), up to
@@ -186,10 +209,11 @@ class Call:
         try:
             while True:
                 try:
-                    result, error = await self._responses.__anext__()
-                except StopAsyncIteration:
-                    self.done = True
-                    return
+                    if self._request is not None:
+                        request, self._request = self._request, None
+                        await self._stream.write(request)
+                        await self._stream.done_writing()
+                    response = await self._stream.read()
                 except asyncio.CancelledError:
                     self.done = True  # cancel(): the gRPC call is cancelled with us
                     return
@@ -198,12 +222,13 @@ class Call:
                     if not self.cancelled:
                         self._failure = TritonUnavailable(self.triton.url, _rpc_reason(e))
                     return
-                if error is not None:
-                    self._failure = from_triton(
-                        error.message() or str(error), self.model, self.asked
-                    )
+                if response is grpc.aio.EOF:
+                    self.done = True
                     return
-                piece, problem = read_piece(result)
+                if response.error_message:
+                    self._failure = from_triton(response.error_message, self.model, self.asked)
+                    return
+                piece, problem = read_piece(InferResult(response.infer_response))
                 if problem:
                     self._failure = from_triton(problem, self.model, self.asked)
                     return
@@ -223,19 +248,20 @@ class Call:
         """Read to the end of the call (the final flag), cancelling it if that takes
         longer than DRAIN_TIMEOUT_S."""
         self.done = True
+        if self._reader is None:  # never read: its request was not sent either
+            self._stream.cancel()
+            return
         try:
 
             async def rest():
                 if self._reader is not None:
                     await self._reader  # it stops at the finish reason
-                while True:
-                    await self._responses.__anext__()
+                while await self._stream.read() is not grpc.aio.EOF:
+                    pass
 
             await asyncio.wait_for(rest(), DRAIN_TIMEOUT_S)
-        except StopAsyncIteration:
-            pass
         except TimeoutError:
-            self._responses.cancel()
+            self._stream.cancel()
         except Exception:
             pass
 
@@ -250,9 +276,22 @@ class Call:
         it in the engine."""
         if not self.done:
             self.done = self.cancelled = True
-            self._responses.cancel()
+            self._stream.cancel()
         if self._reader is not None:
             self._reader.cancel()
+
+
+def request_of(model: str, inputs: list, request_id: str) -> service_pb2.ModelInferRequest:
+    """One inference request of tritonclient InferInputs, as tritonclient's own
+    stream_infer builds it (each input's tensor and raw contents, from the accessors
+    tritonclient's request builder reads)."""
+    request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    for tensor in inputs:
+        request.inputs.append(tensor._get_tensor())
+        content = tensor._get_content()
+        if content is not None:
+            request.raw_input_contents.append(content)
+    return request
 
 
 def _rpc_reason(error: Exception) -> str:
