@@ -10,6 +10,7 @@ credentials only as a reference to a Secret), then the server container runs
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -234,8 +235,8 @@ def _server_container(
     command: list[str],
     resources: dict[str, int],
     serving: bool = True,
-    env: list[dict] = (),
-    mounts: list[dict] = (),
+    env: Sequence[dict] = (),
+    mounts: Sequence[dict] = (),
 ) -> dict:
     container: dict = {
         "name": "triton" if serving else "ray-worker",
@@ -271,7 +272,7 @@ def _pod_spec(
     init: bool,
     shm: str,
     mig: bool,
-    secrets: list[dict] = (),
+    secrets: Sequence[dict] = (),
 ) -> dict:
     pod: dict = {"terminationGracePeriodSeconds": GRACE_PERIOD_S}
     if mig:

@@ -73,7 +73,7 @@ def parse_profile_counts(text: str) -> list[tuple[str, int]]:
 def check_limits(gpu: GpuType, profiles: Sequence[MigProfile]) -> None:
     """The counting rules, each with its own reason; placement is checked after."""
     for name, count in Counter(p.name for p in profiles).items():
-        limit = gpu.mig_profile(name).max_count
+        limit = profile_named(gpu, name).max_count
         if count > limit:
             raise MigError(f"{count} × {name} is more than the {limit} one {gpu.name} can hold")
     compute = sum(p.compute_slices for p in profiles)

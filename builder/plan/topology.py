@@ -92,13 +92,15 @@ def parse_topology(text: str, source: str = "<topology>") -> Topology:
     if [f"GPU{i}" for i in range(len(gpu_columns))] != gpu_columns:
         raise TopologyError(f"{source}: GPU columns are not GPU0..GPUn: {gpu_columns}")
     numa_column = header.index("NUMA Affinity") if "NUMA Affinity" in header else None
-    links, numa = [], []
+    links: list[tuple[str, ...]] = []
+    numa: list[int | None] = []
     for number, line in enumerate(lines[header_index + 1 :], header_index + 2):
         cells = _cells(line)
-        if not cells or not _GPU_NAME.match(cells[0]):
+        gpu_row = _GPU_NAME.match(cells[0]) if cells else None
+        if gpu_row is None:
             continue
         row = cells[1:]
-        if int(_GPU_NAME.match(cells[0]).group(1)) != len(links):
+        if int(gpu_row.group(1)) != len(links):
             raise TopologyError(f"{source}:{number}: expected row GPU{len(links)}")
         if len(row) < len(gpu_columns):
             raise TopologyError(
@@ -248,7 +250,7 @@ def _read(path: str, spec_file: str) -> str:
             except (textfile.NotText, OSError) as e:
                 reason = e.strerror if isinstance(e, OSError) and e.strerror else e
                 raise TopologyError(
-                    f"{spec_file}: hardware.topology: {printable(candidate)}: {reason}"
+                    f"{spec_file}: hardware.topology: {printable(str(candidate))}: {reason}"
                 ) from None
-    tried = " or ".join(printable(c) for c in candidates)
+    tried = " or ".join(printable(str(c)) for c in candidates)
     raise TopologyError(f"{spec_file}: hardware.topology: no such file ({tried})")

@@ -29,7 +29,7 @@ def pbtxt_string(value: Any) -> str:
     their UTF-8 bytes (the format is byte-oriented)."""
     text = str(value)
     opens = {m.start() for m in _PLACEHOLDER_START.finditer(text)}
-    out = []
+    out: list[str] = []
     for i, char in enumerate(text):
         if char in '"\\' or i in opens or not " " <= char <= "~":
             out.extend(f"\\{byte:03o}" for byte in char.encode("utf-8"))

@@ -55,7 +55,7 @@ def check_target(out: Path, protect: Iterable[str | Path] = ()) -> Path:
     protect: paths that must survive (the spec): out may be neither one of them nor a
     folder holding one.
     """
-    shown = printable(out)
+    shown = printable(str(out))
     target = Path(out).expanduser().absolute()
     resolved = target.resolve()
     for path in protect:
@@ -63,7 +63,7 @@ def check_target(out: Path, protect: Iterable[str | Path] = ()) -> Path:
         if _inside(kept, resolved):
             what = "is" if kept == resolved else "holds"
             raise OutputDirError(
-                f"{shown}: {what} the spec {printable(path)}; choose another output directory"
+                f"{shown}: {what} the spec {printable(str(path))}; choose another output directory"
             )
     if target.is_symlink():
         raise OutputDirError(f"{shown}: is a symbolic link; give the real directory")
@@ -81,12 +81,12 @@ def check_file_target(out: Path, protect: Iterable[str | Path], header: str) -> 
     """The same guard for a command that writes one file (`trident mig plan --out`): not
     a protected path (the spec, its topology file), not a directory or a link, and an
     existing file only if trident wrote it (its first line starts with `header`)."""
-    shown = printable(out)
+    shown = printable(str(out))
     target = Path(out).expanduser().absolute()
     for path in protect:
         if Path(path).expanduser().absolute().resolve() == target.resolve():
             raise OutputDirError(
-                f"{shown}: is the spec's file {printable(path)}; choose another output file"
+                f"{shown}: is the spec's file {printable(str(path))}; choose another output file"
             )
     if target.is_symlink():
         raise OutputDirError(f"{shown}: is a symbolic link; give the real file")
@@ -135,7 +135,7 @@ def _pid_alive(pid: int) -> bool:
 def clean_stale(target: Path) -> list[Path]:
     """Remove the temporary siblings of target left by processes that no longer run."""
     pattern = re.compile(rf"\.{re.escape(target.name)}\.(?:rendering|old)-(\d+)-")
-    removed = []
+    removed: list[Path] = []
     try:
         siblings = list(target.parent.iterdir())
     except OSError:

@@ -57,7 +57,7 @@ def write_repository(
         output_dir.remove_created(created)
         if isinstance(e, OSError):
             raise RenderError(
-                f"{printable(out_dir)}: cannot write the repository: {e.strerror or e}"
+                f"{printable(str(out_dir))}: cannot write the repository: {e.strerror or e}"
             ) from None
         raise
 

@@ -7,14 +7,18 @@ sampling names, its stream chunks (dicts with `text` and `meta_info`), abort by 
 and the prefix (radix) cache's cached-token counts as a metric.
 """
 
+from __future__ import annotations
+
 import json
+from collections.abc import AsyncIterator
+from typing import Any
 
 from trident_common.deltas import Delta
 from trident_common.engine_model import AsyncEngineModel
-from trident_common.request import BadRequest, check_adapter, check_sampling_keys
+from trident_common.request import BadRequest, GenerateRequest, check_adapter, check_sampling_keys
 from trident_common.sglang_logprobs import Positions, request_args
 from trident_common.structured import check_json_schema, to_sglang, with_tools
-from trident_common.tool_calls import call, collect, forced_calls
+from trident_common.tool_calls import Extract, call, collect, forced_calls
 
 # trident's sampling names (vLLM's, as clients of vllm_backend send them) → SGLang's
 # SamplingParams names. Anything else is rejected, so a typo never silently samples
@@ -50,8 +54,12 @@ LOGPROBS = "logprobs"
 # out of memory, ...); an abort we asked for carries none.
 _CLIENT_ERROR = range(400, 500)
 
+# What make_sampling hands stream: SGLang's sampling_params, the LoRA adapter's name (None:
+# the base model), and how tool calls are read out of the answer (None: no tools).
+Sampling = tuple[dict[str, Any], str | None, Extract | None]
 
-def map_sampling(params: dict, max_tokens: int) -> dict:
+
+def map_sampling(params: dict[str, Any], max_tokens: int) -> dict[str, Any]:
     """trident's sampling parameters → SGLang's sampling_params dict; raises BadRequest."""
     params = dict(params)
     structured = params.pop("structured_outputs", None)  # vLLM's name, trident's interface
@@ -72,7 +80,7 @@ class TextDeltas:
     """New text per stream chunk. SGLang streams the whole text so far unless the engine
     runs with incremental_streaming_output, when each chunk holds only the new piece."""
 
-    def __init__(self, incremental: bool):
+    def __init__(self, incremental: bool) -> None:
         self.incremental = incremental
         self._sent = 0
 
@@ -85,7 +93,7 @@ class TextDeltas:
         return delta
 
 
-def finish_reason(meta_info: dict) -> str | None:
+def finish_reason(meta_info: dict[str, Any]) -> str | None:
     """'stop' / 'length' / 'abort', or None while generating. An abort SGLang made on its
     own with an error status becomes an exception: BadRequest for a client error (the
     request can never succeed), RuntimeError for an engine failure."""
@@ -103,7 +111,7 @@ def finish_reason(meta_info: dict) -> str | None:
     return reason.get("type") or "stop"
 
 
-def delta_from_chunk(chunk: dict, texts: TextDeltas) -> Delta:
+def delta_from_chunk(chunk: dict[str, Any], texts: TextDeltas) -> Delta:
     meta = chunk.get("meta_info") or {}
     return Delta(
         text=texts.next(chunk.get("text")),
@@ -116,13 +124,13 @@ def delta_from_chunk(chunk: dict, texts: TextDeltas) -> Delta:
 class TritonPythonModel(AsyncEngineModel):
     engine_name = "sglang"
 
-    async def start_engine(self, config: dict) -> None:
+    async def start_engine(self, config: dict[str, Any]) -> None:
         import sglang
 
         # Built on the model's event loop (this coroutine runs there), so the engine's
         # tokenizer manager serves its requests on the same loop.
         self.engine = sglang.Engine(**config)
-        self.loras = set(config.get("lora_paths") or ())  # adapter names (spec order)
+        self.loras: set[str] = set(config.get("lora_paths") or ())  # adapter names (spec order)
         self._incremental = bool(
             getattr(self.engine.server_args, "incremental_streaming_output", False)
         )
@@ -131,7 +139,7 @@ class TritonPythonModel(AsyncEngineModel):
         # xgrammar's import takes seconds: at load, not in a client's first request.
         check_json_schema('{"type": "object"}', "")
 
-    def make_sampling(self, request):
+    def make_sampling(self, request: GenerateRequest) -> Sampling:
         # SGLang names the adapter per request in lora_path (its name in lora_paths).
         lora = check_adapter(request.lora_name, self.loras, self.model_name)
         values, tag = with_tools(request.sampling, request.tool_plan)
@@ -140,7 +148,7 @@ class TritonPythonModel(AsyncEngineModel):
             check_json_schema(params["json_schema"], tag or "[response_format] ")
         return params, lora, self._extractor(request)
 
-    def _extractor(self, request):
+    def _extractor(self, request: GenerateRequest) -> Extract | None:
         """How the calls are read out of this request's answer (None: no tools): the
         JSON a forced choice constrained, or SGLang's FunctionCallParser for auto."""
         plan = request.tool_plan
@@ -148,7 +156,7 @@ class TritonPythonModel(AsyncEngineModel):
             return None
         if plan.forced:
 
-            def forced(text):
+            def forced(text: str) -> tuple[str | None, list[dict[str, Any]]]:
                 calls = forced_calls(plan, text)
                 return (None, calls) if calls else (text, [])
 
@@ -164,7 +172,7 @@ class TritonPythonModel(AsyncEngineModel):
 
         parser = FunctionCallParser([Tool(**tool) for tool in plan.tools], self._tool_parser)
 
-        def auto(text):
+        def auto(text: str) -> tuple[str | None, list[dict[str, Any]]]:
             if not parser.has_tool_call(text):
                 return text, []
             content, items = parser.parse_non_stream(text)
@@ -172,7 +180,9 @@ class TritonPythonModel(AsyncEngineModel):
 
         return auto
 
-    async def render_chat(self, messages: list, tools: list | None = None) -> str:
+    async def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         tokenizer = self.engine.tokenizer_manager.tokenizer
         if tokenizer is None:
             raise BadRequest(
@@ -180,18 +190,21 @@ class TritonPythonModel(AsyncEngineModel):
                 "send text_input instead of messages"
             )
         try:
-            return tokenizer.apply_chat_template(
+            prompt: str = tokenizer.apply_chat_template(
                 messages, tools=tools, tokenize=False, add_generation_prompt=True
             )
+            return prompt
         except Exception as e:
             raise BadRequest(f"cannot apply the chat template: {e}") from None
 
-    def stream(self, prompt, sampling, engine_id):
+    def stream(self, prompt: str, sampling: Sampling, engine_id: str) -> AsyncIterator[Delta]:
         params, lora, tools = sampling
         deltas = self._deltas(prompt, params, lora, engine_id)
         return deltas if tools is None else collect(deltas, tools)
 
-    async def _deltas(self, prompt, params, lora, engine_id):
+    async def _deltas(
+        self, prompt: str, params: dict[str, Any], lora: str | None, engine_id: str
+    ) -> AsyncIterator[Delta]:
         params = dict(params)
         logprobs = request_args(params.pop(LOGPROBS, None))
         positions = Positions(self._incremental, self._decode)
@@ -242,7 +255,7 @@ class TritonPythonModel(AsyncEngineModel):
             engine.shutdown()
 
 
-async def _first_chunk(chunks) -> dict | None:
+async def _first_chunk(chunks: AsyncIterator[dict[str, Any]]) -> dict[str, Any] | None:
     """The stream's first chunk; SGLang validates the request (prompt length, sampling
     values) when it is first awaited and raises ValueError for a bad one."""
     try:

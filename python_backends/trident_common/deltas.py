@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -19,7 +20,7 @@ class Delta:
     finish_reason: str | None
     input_tokens: int
     output_tokens: int
-    logprobs: list | None = None  # this delta's (returns.logprobs_json)
+    logprobs: list[dict[str, Any]] | None = None  # this delta's (returns.logprobs_json)
     cumulative_logprob: float | None = None
     tool_calls: str | None = None  # JSON list in OpenAI's shape (tool_calls.py)
 
@@ -43,11 +44,11 @@ def merge(deltas: list[Delta]) -> Delta:
     )
 
 
-def batches(items: Iterable[Delta | Callable]) -> list[Delta | Callable]:
+def batches(items: Iterable[Delta | Callable[[], None]]) -> list[Delta | Callable[[], None]]:
     """A stream's pending items in order, each run of consecutive deltas merged into one.
     A callable (an error to send, a metric to write) keeps its place: deltas on either
     side of it are never merged across it."""
-    out: list = []
+    out: list[Delta | Callable[[], None]] = []
     run: list[Delta] = []
     for item in items:
         if isinstance(item, Delta):

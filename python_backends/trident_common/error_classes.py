@@ -18,6 +18,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the types only: this module is imported outside the stub too
+    import triton_python_backend_utils
 
 
 @dataclass(frozen=True)
@@ -102,11 +107,17 @@ def classify(message: str) -> ErrorClass:
 
 
 def triton_error(
-    pb_utils, message: str, error_class: ErrorClass | None = None, param: str | None = None
-):
+    pb_utils: ModuleType,
+    message: str,
+    error_class: ErrorClass | None = None,
+    param: str | None = None,
+) -> triton_python_backend_utils.TritonError:
     """A pb_utils.TritonError for `message`: marked with `error_class` (or the class its
     marker says) and carrying that class's Triton code. pb_utils is passed in: this
     module must import outside the stub."""
     error_class = error_class or classify(message)
     code = getattr(pb_utils.TritonError, error_class.triton_code)
-    return pb_utils.TritonError(error_class.mark(message, param), code)
+    error: triton_python_backend_utils.TritonError = pb_utils.TritonError(
+        error_class.mark(message, param), code
+    )
+    return error

@@ -18,7 +18,7 @@ from typing import NamedTuple
 class Tensor(NamedTuple):
     name: str
     dtype: str  # Triton's data_type
-    dims: tuple  # as in config.pbtxt (-1: any length)
+    dims: tuple[int, ...]  # as in config.pbtxt (-1: any length)
     optional: bool = False  # inputs only
 
 

@@ -8,7 +8,9 @@ module does. Lines start with the model's tag: `[vllm] Cancelling the request ..
 from __future__ import annotations
 
 import logging
+from types import ModuleType
 
+pb_utils: ModuleType | None  # None outside a stub
 try:
     import triton_python_backend_utils as pb_utils
 except ImportError:  # not inside a stub: the logging module is the log

@@ -26,7 +26,7 @@ from __future__ import annotations
 import ctypes
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
@@ -37,7 +37,7 @@ COUNTER, GAUGE, HISTOGRAM = "COUNTER", "GAUGE", "HISTOGRAM"
 
 # Everything created here. One extra reference makes the list outlive the interpreter's
 # own teardown (which frees module globals), so no metric is ever deleted from this stub.
-_PINNED: list = []
+_PINNED: list[object] = []
 ctypes.pythonapi.Py_IncRef(ctypes.py_object(_PINNED))
 
 _families: dict[str, pb_utils.MetricFamily] = {}
@@ -61,7 +61,7 @@ class Metric:
 
     __slots__ = ("_metric", "_owner")
 
-    def __init__(self, metric, owner: MetricSet):
+    def __init__(self, metric: pb_utils.Metric, owner: MetricSet):
         self._metric, self._owner = metric, owner
 
     def increment(self, value: float) -> None:
@@ -80,11 +80,16 @@ class Metric:
 class MetricSet:
     """The metrics one model instance writes. Call close() in finalize()."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.open = True
 
     def metric(
-        self, name: str, description: str, kind: str, labels: dict, buckets: list | None = None
+        self,
+        name: str,
+        description: str,
+        kind: str,
+        labels: dict[str, str],
+        buckets: Sequence[float] | None = None,
     ) -> Metric:
         family = _family(name, description, kind)
         raw = family.Metric(labels=labels, buckets=buckets)
@@ -105,14 +110,19 @@ class Writer:
     turn the items waiting at once into fewer writes with the same result."""
 
     def __init__(
-        self, name: str, apply: Callable[[Any], None], merge: Callable[[list], list] | None = None
+        self,
+        name: str,
+        apply: Callable[[Any], None],
+        merge: Callable[[list[Any]], list[Any]] | None = None,
     ):
         self._apply, self._merge = apply, merge
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        # A batch of items to write; an Event to set once the writes before it are made
+        # (flush); None to stop (close).
+        self._queue: queue.SimpleQueue[list[Any] | threading.Event | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def put(self, batch: list) -> None:
+    def put(self, batch: list[Any]) -> None:
         self._queue.put(batch)
 
     def flush(self, timeout: float = 5.0) -> bool:
@@ -131,7 +141,7 @@ class Writer:
             waiting = [self._queue.get()]
             while not self._queue.empty():
                 waiting.append(self._queue.get_nowait())
-            pending: list = []
+            pending: list[Any] = []
             for entry in waiting:
                 if isinstance(entry, list):
                     pending.extend(entry)
@@ -143,7 +153,7 @@ class Writer:
                 entry.set()
             self._write(pending)
 
-    def _write(self, items: list) -> None:
+    def _write(self, items: list[Any]) -> None:
         for item in self._merge(items) if self._merge and items else items:
             try:
                 self._apply(item)

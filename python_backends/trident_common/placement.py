@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from trident_common import devices
 from trident_common.triton_io import model_parameters
 
 
-def apply_device_placement(args: dict) -> None:
+def apply_device_placement(args: dict[str, Any]) -> None:
     """Bind this instance (its own stub process) to the devices the placement chose.
 
     `INSTANCE_DEVICES` is one entry per instance, ';'-separated; each entry is what

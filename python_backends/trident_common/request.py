@@ -8,21 +8,22 @@ No Triton, no engine: the same code serves vLLM and SGLang and is unit-tested al
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-# BadRequest, describe and the sampling names are imported from here by the models.
-from trident_common.faults import CLIENT_FAULT_PREFIX, BadRequest, describe  # noqa: F401
+# BadRequest, describe and the sampling names are imported from here by the models: the
+# `X as X` form exports them explicitly (mypy --strict reads no other as a re-export).
+from trident_common.faults import CLIENT_FAULT_PREFIX as CLIENT_FAULT_PREFIX
+from trident_common.faults import BadRequest as BadRequest
+from trident_common.faults import describe as describe
 from trident_common.faults import show as _show
 from trident_common.interface import RETURNABLE, UNPROVEN_PRIORITY
-from trident_common.sampling import (  # noqa: F401
-    SAMPLING_TYPES,
-    check_range,
-    check_sampling_keys,
-    coerce_sampling,
-    parse_sampling,
-)
+from trident_common.sampling import SAMPLING_TYPES as SAMPLING_TYPES
+from trident_common.sampling import check_range as check_range
+from trident_common.sampling import check_sampling_keys as check_sampling_keys
+from trident_common.sampling import coerce_sampling as coerce_sampling
+from trident_common.sampling import parse_sampling as parse_sampling
 from trident_common.tool_calls import ToolPlan, read_tools
 from trident_common.trust import proves_abort, proves_generate
 
@@ -32,9 +33,9 @@ DEFAULT_MAX_TOKENS = 128
 @dataclass(frozen=True)
 class GenerateRequest:
     prompt: str | None  # text_input, or None when messages are given
-    messages: list | None  # chat messages (the backend applies the template)
+    messages: list[dict[str, Any]] | None  # chat messages (the backend applies the template)
     stream: bool
-    sampling: dict = field(default_factory=dict)  # engine-neutral names (vLLM's)
+    sampling: dict[str, Any] = field(default_factory=dict)  # engine-neutral names (vLLM's)
     max_tokens: int = DEFAULT_MAX_TOKENS
     exclude_input_in_output: bool = False
     request_id: str = ""
@@ -42,10 +43,10 @@ class GenerateRequest:
     cache_salt: str | None = None  # the tenant's prefix-cache salt
     lora_name: str | None = None  # a LoRA adapter of the model (None: the base model)
     # The outputs named by the client's return_* flags (None: it sent none of them).
-    returns: frozenset | None = None
+    returns: frozenset[str] | None = None
     # Sent by the router (trust.py): only then is request_id registered for its aborts.
     proven: bool = False
-    tools: list | None = None  # for the chat template (tool_calls.py)
+    tools: list[dict[str, Any]] | None = None  # for the chat template (tool_calls.py)
     tool_plan: ToolPlan | None = None  # which calls to enforce or parse (None: none)
 
 
@@ -75,8 +76,10 @@ def first_scalar(value: Any) -> Any:
 
 
 def parse_generate(
-    get: Callable[[str], Any], parameters: dict | None = None, proof_key: bytes | None = None
-):
+    get: Callable[[str], Any],
+    parameters: dict[str, Any] | None = None,
+    proof_key: bytes | None = None,
+) -> GenerateRequest | AbortRequest:
     """Inputs → GenerateRequest | AbortRequest; raises BadRequest.
 
     `parameters` are the request's Triton parameters: vllm_backend clients may send
@@ -148,8 +151,11 @@ def parse_generate(
 
 
 def _router_values(
-    get: Callable[[str], Any], parameters: dict | None, proof_key: bytes | None, request_id: str
-):
+    get: Callable[[str], Any],
+    parameters: dict[str, Any] | None,
+    proof_key: bytes | None,
+    request_id: str,
+) -> tuple[int, str | None, bool]:
     """(priority, cache_salt, proven): the tenant values only the router may set. A
     request without the router's proof for exactly these values may not set them (a
     salt would read another tenant's prefix cache, a priority jump every tier's queue)
@@ -168,7 +174,7 @@ def _router_values(
     return UNPROVEN_PRIORITY, None, False
 
 
-def _returns(get: Callable[[str], Any]) -> frozenset | None:
+def _returns(get: Callable[[str], Any]) -> frozenset[str] | None:
     """The outputs a client asked for with vllm_backend's return_* flags; None when it
     sent no flag at all (then it gets trident's usual outputs)."""
     flags = {name: first_scalar(get(f"return_{name}")) for name in RETURNABLE}
@@ -177,7 +183,7 @@ def _returns(get: Callable[[str], Any]) -> frozenset | None:
     return frozenset(name for name, value in flags.items() if value)
 
 
-def check_adapter(name: str | None, held, model: str) -> str | None:
+def check_adapter(name: str | None, held: Collection[str], model: str) -> str | None:
     """The adapter a request named, if this model holds it; BadRequest listing the
     model's adapters otherwise (None: the base model)."""
     if name is not None and name not in held:
@@ -195,7 +201,7 @@ def _text_input(get: Callable[[str], Any], name: str) -> str | None:
     return value
 
 
-def _sampling_from_parameters(parameters: dict | None) -> dict:
+def _sampling_from_parameters(parameters: dict[str, Any] | None) -> dict[str, Any]:
     """Sampling values sent as request parameters. Only known sampling names are taken:
     the same parameters also carry router hints and other per-request extras."""
     return {k: v for k, v in (parameters or {}).items() if k in SAMPLING_TYPES}
@@ -205,7 +211,7 @@ def _sampling_from_parameters(parameters: dict | None) -> dict:
 MESSAGES_SHAPE = "a JSON list of {role, content} objects (not empty), or one such object"
 
 
-def parse_messages(value: Any) -> tuple[list, str | None]:
+def parse_messages(value: Any) -> tuple[list[dict[str, Any]], str | None]:
     """Chat messages from a `messages` input; the router and the engine models both
     check them here. Accepted, in the shapes clients send:
       - one JSON string holding the list of messages (the documented form);
@@ -238,7 +244,7 @@ def parse_messages(value: Any) -> tuple[list, str | None]:
     return messages, rewritten
 
 
-def _elements(value: Any) -> list:
+def _elements(value: Any) -> list[Any]:
     """A tensor value (numpy array, nested lists, or one scalar) as a flat list."""
     if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
         value = value.tolist()

@@ -12,17 +12,22 @@ Python: the Triton side (triton_io) only turns the values into tensors.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from trident_common.deltas import Delta
 
 LOGPROB_OUTPUTS = frozenset({"logprobs", "cumulative_logprob"})
 
 
-def wants_logprobs(returns: frozenset | None) -> bool:
+def wants_logprobs(returns: frozenset[str] | None) -> bool:
     """Whether the engine must compute logprobs for this request (they cost time)."""
     return bool(returns and returns & LOGPROB_OUTPUTS)
 
 
-def logprobs_json(positions) -> list:
-    """vLLM's per-position {token id: Logprob} as vllm_backend writes them."""
+def logprobs_json(positions: Iterable[Mapping[int, Any]]) -> list[dict[str, Any]]:
+    """vLLM's per-position {token id: Logprob} as vllm_backend writes them (a Logprob
+    has logprob, rank and decoded_token)."""
     return [
         {
             str(token_id): {
@@ -40,18 +45,18 @@ class Outputs:
     """One generation's responses: feed every delta to `take`, then ask `values` for
     each response to send (every delta when streaming, the last one otherwise)."""
 
-    def __init__(self, returns: frozenset | None, stream: bool):
+    def __init__(self, returns: frozenset[str] | None, stream: bool):
         self.returns, self.stream = returns, stream
         self._counted = 0  # output tokens reported so far (per-response counts)
-        self._logprobs: list | None = None  # the whole answer's, when not streaming
+        self._logprobs: list[dict[str, Any]] | None = None  # the whole answer's, when not streaming
 
-    def take(self, delta) -> None:
+    def take(self, delta: Delta) -> None:
         if not self.stream and delta.logprobs is not None:
             if self._logprobs is None:
                 self._logprobs = []
             self._logprobs.extend(delta.logprobs)  # in place: not a copy per delta
 
-    def values(self, delta, text: str) -> dict:
+    def values(self, delta: Delta, text: str) -> dict[str, Any]:
         """Output name → value for the response that ends with `delta`."""
         if self.returns is None:
             out = {

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from trident_common.faults import BadRequest
 from trident_common.faults import show as _show
 
 
-def parse_sampling(text: Any) -> dict:
+def parse_sampling(text: Any) -> dict[str, Any]:
     if not text:
         return {}
     if not isinstance(text, str):
@@ -80,7 +81,7 @@ SAMPLING_TYPES = {
 INT32, INT64 = (-(2**31), 2**31 - 1), (-(2**63), 2**63 - 1)
 
 
-def check_range(name: str, value: Any, bounds: tuple = INT32) -> None:
+def check_range(name: str, value: Any, bounds: tuple[int, int] = INT32) -> None:
     """BadRequest naming `name` unless every integer in value (a number, or the items or
     keys of a list or object) is within bounds."""
     items = value if isinstance(value, (list, dict)) else (value,)
@@ -91,10 +92,10 @@ def check_range(name: str, value: Any, bounds: tuple = INT32) -> None:
             )
 
 
-def coerce_sampling(params: dict) -> dict:
+def coerce_sampling(params: dict[str, Any]) -> dict[str, Any]:
     """Known sampling values converted to their declared types; unknown keys are kept
     for the engine's own check (which names them). Raises BadRequest naming the field."""
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in params.items():
         kind = SAMPLING_TYPES.get(key)
         if kind is None:
@@ -146,7 +147,7 @@ def _to_bool(value: Any) -> bool:
     raise TypeError
 
 
-def _container(value: Any, kind: type) -> Any:
+def _container(value: Any, kind: type[list[Any]] | type[dict[Any, Any]]) -> Any:
     """A list or dict, also when sent as JSON text (the strings dialect)."""
     if isinstance(value, str):
         try:
@@ -158,24 +159,24 @@ def _container(value: Any, kind: type) -> Any:
     return value
 
 
-def _to_texts(value: Any):
+def _to_texts(value: Any) -> str | list[str]:
     if isinstance(value, str):
         return value
     return _to_text_list(value)
 
 
-def _to_text_list(value: Any) -> list:
-    items = _container(value, list)
+def _to_text_list(value: Any) -> list[str]:
+    items: list[Any] = _container(value, list)
     if not all(isinstance(item, str) for item in items):
         raise TypeError
     return items
 
 
-def _to_int_list(value: Any) -> list:
+def _to_int_list(value: Any) -> list[int]:
     return [_to_int(item) for item in _container(value, list)]
 
 
-def _to_bias(value: Any) -> dict:
+def _to_bias(value: Any) -> dict[int, float]:
     return {_to_int(k): _to_float(v) for k, v in _container(value, dict).items()}
 
 
@@ -185,13 +186,13 @@ def _to_text(value: Any) -> str:
     return value
 
 
-def _to_text_or_object(value: Any):
+def _to_text_or_object(value: Any) -> str | dict[str, Any]:
     if not isinstance(value, (str, dict)):
         raise TypeError
     return value
 
 
-_CONVERT = {
+_CONVERT: dict[str, Callable[[Any], Any]] = {
     INT: _to_int,
     FLOAT: _to_float,
     BOOL: _to_bool,
@@ -205,7 +206,7 @@ _CONVERT = {
 }
 
 
-def check_sampling_keys(params: dict, allowed, engine: str) -> None:
+def check_sampling_keys(params: dict[str, Any], allowed: Iterable[str], engine: str) -> None:
     unknown = sorted(set(params) - set(allowed))
     if unknown:
         raise BadRequest(f"unknown sampling parameter(s) for {engine}: {', '.join(unknown)}")

@@ -11,10 +11,14 @@ it; the engine model's tokenizer decodes it then. Pure Python.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
+
+# One (logprob, token id, text or None) triple of SGLang's meta_info, as a list or tuple.
+Entry = Sequence[Any]
 
 
-def request_args(top: int | None) -> dict:
+def request_args(top: int | None) -> dict[str, Any]:
     """async_generate's keyword arguments for `top` alternatives per token (None: no
     logprobs at all)."""
     if top is None:
@@ -32,21 +36,21 @@ class Positions:
         self.incremental, self.decode = incremental, decode
         self._taken = 0
 
-    def next(self, meta: dict) -> list | None:
+    def next(self, meta: dict[str, Any]) -> list[dict[str, Any]] | None:
         """The positions new in this chunk's meta_info (None: it carries no logprobs)."""
         sampled = meta.get("output_token_logprobs")
         if sampled is None:
             return None
         tops = meta.get("output_top_logprobs") or []
         start = 0 if self.incremental else self._taken
-        out = []
+        out: list[dict[str, Any]] = []
         for i in range(start, len(sampled)):
             top = tops[i] if i < len(tops) and tops[i] else []
             out.append(self._position(sampled[i], top))
         self._taken = len(sampled)
         return out
 
-    def _position(self, sampled, top: list) -> dict:
+    def _position(self, sampled: Entry, top: Sequence[Entry]) -> dict[str, Any]:
         logprob, token_id, text = sampled[0], int(sampled[1]), sampled[2:3]
         ids = [int(entry[1]) for entry in top]
         rank = ids.index(token_id) + 1 if token_id in ids else len(ids) + 1
@@ -57,6 +61,8 @@ class Positions:
                 position[key] = self._entry(entry[0], r, int(entry[1]), entry[2:3])
         return position
 
-    def _entry(self, logprob, rank: int, token_id: int, text) -> dict:
+    def _entry(
+        self, logprob: float, rank: int, token_id: int, text: Sequence[str | None]
+    ) -> dict[str, Any]:
         word = text[0] if text and text[0] is not None else self.decode(token_id)
         return {"logprob": float(logprob), "rank": rank, "decoded_token": word}

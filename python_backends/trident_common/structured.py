@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from trident_common.faults import BadRequest
 from trident_common.tool_calls import ToolPlan, forced_schema
@@ -31,7 +32,7 @@ _ANY_OBJECT = '{"type": "object"}'
 _XGRAMMAR_WHERE = re.compile(r"^\[[\d:]+\] \S+: ")
 
 
-def with_tools(values: dict, plan: ToolPlan | None) -> tuple[dict, str]:
+def with_tools(values: dict[str, Any], plan: ToolPlan | None) -> tuple[dict[str, Any], str]:
     """The sampling values with a forced tool choice's constraint added, and the tag
     a refusal of the constraint starts with ("" when there is none). One request has
     one constraint: response_format and a forced tool choice together are refused."""
@@ -65,7 +66,7 @@ def check_json_schema(text: str, tag: str) -> None:
         ) from None
 
 
-def to_sglang(structured: dict) -> dict:
+def to_sglang(structured: object) -> dict[str, str]:
     """vLLM's structured_outputs as SGLang sampling values (json_schema as text, regex,
     ebnf, structural_tag); raises BadRequest for what SGLang cannot take."""
     if not isinstance(structured, dict):

@@ -16,6 +16,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from trident_common.deltas import Delta
 from trident_common.faults import BadRequest
@@ -26,7 +27,7 @@ TOOLS, TOOL_CHOICE = "[tools] ", "[tool_choice] "   # the parameter a refusal na
 
 @dataclass(frozen=True)
 class ToolPlan:
-    tools: list              # OpenAI tool objects ({"type": "function", "function": {...}})
+    tools: list[dict[str, Any]]  # OpenAI tool objects ({"type": "function", "function": {...}})
     choice: str              # "auto", "required", or the name of the function to call
 
     @property
@@ -38,7 +39,9 @@ class ToolPlan:
         return [tool["function"]["name"] for tool in self.tools]
 
 
-def parse_plan(tools_text, choice_text) -> ToolPlan | None:
+# The `tools` and `tool_choice` inputs arrive as a tensor's value (request.first_scalar):
+# JSON text as a rule, but whatever a client sent; Any, as the checks below take it.
+def parse_plan(tools_text: Any, choice_text: Any) -> ToolPlan | None:
     """The `tools` and `tool_choice` inputs as a plan; None when no tool may be called
     (no tools, or tool_choice "none": the tools still reach the chat template then, as
     OpenAI's model still sees them, but nothing is parsed). Raises BadRequest naming the
@@ -53,7 +56,8 @@ def parse_plan(tools_text, choice_text) -> ToolPlan | None:
     return None if choice == "none" else ToolPlan(tools, choice)
 
 
-def read_tools(tools_text, choice_text, chat: bool) -> tuple[list | None, ToolPlan | None]:
+def read_tools(tools_text: Any, choice_text: Any,
+               chat: bool) -> tuple[list[dict[str, Any]] | None, ToolPlan | None]:
     """(the tools for the chat template, the plan) from the `tools` and `tool_choice`
     inputs. The template gets the tools under tool_choice "none" too: OpenAI's model
     still sees them then, it only may not call one."""
@@ -66,10 +70,10 @@ def read_tools(tools_text, choice_text, chat: bool) -> tuple[list | None, ToolPl
     return (_json(tools_text, "tools") if tools_text else None), plan
 
 
-def check_tools(tools) -> None:
+def check_tools(tools: object) -> None:
     if not isinstance(tools, list) or not tools:
         raise BadRequest(f"{TOOLS}tools must be a non-empty list of tool objects")
-    seen = set()
+    seen: set[str] = set()
     for i, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or tool.get("type") != "function" \
@@ -89,10 +93,10 @@ def check_tools(tools) -> None:
                              "must be a JSON schema object")
 
 
-def _choice(text, names: list[str]) -> str:
+def _choice(text: Any, names: list[str]) -> str:
     if text in (None, ""):
         return "auto"
-    if text in CHOICES:
+    if isinstance(text, str) and text in CHOICES:
         return text
     value = _json(text, "tool_choice") if text.lstrip().startswith("{") else text
     if isinstance(value, dict):   # {"type": "function", "function": {"name": ...}}
@@ -104,7 +108,7 @@ def _choice(text, names: list[str]) -> str:
     return value
 
 
-def _json(text, name: str):
+def _json(text: Any, name: str) -> Any:
     if not isinstance(text, str):
         return text
     try:
@@ -113,12 +117,14 @@ def _json(text, name: str):
         raise BadRequest(f"[{name}] {name} is not valid JSON") from None
 
 
-def _parameters(tool: dict) -> dict:
+def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
     """A function's argument schema; a function without one takes an empty object."""
-    return tool["function"].get("parameters") or {"type": "object", "properties": {}}
+    schema: dict[str, Any] = tool["function"].get("parameters") or {"type": "object",
+                                                                    "properties": {}}
+    return schema
 
 
-def forced_schema(plan: ToolPlan, parallel: bool = True) -> dict:
+def forced_schema(plan: ToolPlan, parallel: bool = True) -> dict[str, Any]:
     """The JSON schema the engine is held to: for a named function, its arguments; for
     `required`, a list of one or more {name, arguments} of the tools (one at most when
     parallel calls are off)."""
@@ -130,14 +136,14 @@ def forced_schema(plan: ToolPlan, parallel: bool = True) -> dict:
                                                "arguments": _parameters(t)},
               "required": ["name", "arguments"], "additionalProperties": False}
              for t in plan.tools]
-    schema = {"type": "array", "minItems": 1,
+    schema: dict[str, Any] = {"type": "array", "minItems": 1,
               "items": items[0] if len(items) == 1 else {"anyOf": items}}
     if not parallel:
         schema["maxItems"] = 1
     return schema
 
 
-def forced_calls(plan: ToolPlan, text: str) -> list[dict]:
+def forced_calls(plan: ToolPlan, text: str) -> list[dict[str, Any]]:
     """The calls in a constrained answer, in OpenAI's shape. An answer cut short (max
     tokens) is not JSON: then there is no call, and the text stays the content."""
     try:
@@ -152,7 +158,7 @@ def forced_calls(plan: ToolPlan, text: str) -> list[dict]:
             if isinstance(item, dict) and isinstance(item.get("name"), str)]
 
 
-def call(name: str, arguments) -> dict:
+def call(name: str, arguments: Any) -> dict[str, Any]:
     """One tool call as OpenAI writes it: the arguments are a JSON string."""
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
@@ -160,7 +166,7 @@ def call(name: str, arguments) -> dict:
             "function": {"name": name, "arguments": arguments}}
 
 
-Extract = Callable[[str], "tuple[str | None, list[dict]]"]
+Extract = Callable[[str], "tuple[str | None, list[dict[str, Any]]]"]
 
 
 async def collect(deltas: AsyncIterator[Delta], extract: Extract) -> AsyncIterator[Delta]:

@@ -25,15 +25,15 @@ TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 ITL_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
 
 
-def input_getter(request) -> Callable[[str], Any]:
-    def get(name: str):
+def input_getter(request: pb_utils.InferenceRequest) -> Callable[[str], Any]:
+    def get(name: str) -> Any:
         tensor = pb_utils.get_input_tensor_by_name(request, name)
         return None if tensor is None else tensor.as_numpy()
 
     return get
 
 
-def request_parameters(request) -> dict:
+def request_parameters(request: pb_utils.InferenceRequest) -> dict[str, Any]:
     """The request's Triton parameters (gRPC `parameters`, HTTP `parameters`) as a dict;
     pb_utils hands them over as JSON text."""
     parameters = getattr(request, "parameters", None)
@@ -52,13 +52,13 @@ _OUTPUT_DTYPES = {
 }
 
 
-def model_parameters(args: dict) -> dict:
+def model_parameters(args: dict[str, Any]) -> dict[str, str]:
     """config.pbtxt's `parameters` of the model being initialized, name → string value."""
     config = json.loads(args.get("model_config") or "{}")
     return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
 
 
-def _output(name: str, value) -> pb_utils.Tensor:
+def _output(name: str, value: Any) -> pb_utils.Tensor:
     dtype = _OUTPUT_DTYPES[name]
     if dtype == np.object_:
         value = value.encode("utf-8")
@@ -76,7 +76,7 @@ class ResponseFactory:
     def __init__(self, served_by: str):
         self._served_by = served_by
 
-    def chunk(self, values: dict, usual: bool = True) -> pb_utils.InferenceResponse:
+    def chunk(self, values: dict[str, Any], usual: bool = True) -> pb_utils.InferenceResponse:
         """A data response from returns.Outputs' values; served_by and an empty error
         join them unless the client chose its outputs (return_* flags)."""
         tensors = [_output(name, value) for name, value in values.items()]
@@ -109,7 +109,11 @@ class ResponseFactory:
 
 
 def send_error(
-    sender, factory: ResponseFactory, message: str, started: bool, client_fault: bool = False
+    sender: pb_utils.ResponseSender,
+    factory: ResponseFactory,
+    message: str,
+    started: bool,
+    client_fault: bool = False,
 ) -> None:
     """Finish a request with an error: an error response before any data, else the
     error output; then a flags-only final response. Triton drops the final flag of an
@@ -174,9 +178,22 @@ class LlmMetrics:
     """Per-model Prometheus metrics on Triton's metrics port. They outlive the instance
     (see trident_common.metrics): the model's next instance continues the same series."""
 
+    # One per _LLM_METRICS row (set from it in __init__), declared for the type checker.
+    ttft: Metric
+    itl: Metric
+    prompt_tokens: Metric
+    generation_tokens: Metric
+    in_flight: Metric
+    aborted: Metric
+    errors: Metric
+    requests: Metric
+    prefix_cached_tokens: Metric
+    engine_healthy: Metric
+
     def __init__(self, model: str):
         self._set = metrics = MetricSet()
-        self._model, self._adapters = model, {}
+        self._model = model
+        self._adapters: dict[str, Metric] = {}
         for attribute, name, description, kind, buckets in _LLM_METRICS:
             setattr(
                 self, attribute, metrics.metric(name, description, kind, {"model": model}, buckets)

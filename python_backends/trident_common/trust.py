@@ -22,7 +22,7 @@ import functools
 import hashlib
 import hmac
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from trident_common.interface import ROUTER_PROOF, ROUTER_SECRET_ENV
@@ -64,7 +64,7 @@ def proof_key(environ: Mapping[str, str]) -> bytes | None:
     return None if secret is None else derive(secret, PROOF)
 
 
-def _message(fields) -> bytes:
+def _message(fields: Iterable[object]) -> bytes:
     """Fields as one unambiguous byte string: each is its length and text; None
     (absent) is a lone '-', distinct from an empty text ('0:')."""
     parts = []
@@ -93,7 +93,9 @@ def abort_proof(key: bytes, request_id: str) -> str:
     return sign(key, "abort", request_id)
 
 
-def _proves(key: bytes | None, parameters: Mapping | None, expected) -> bool:
+def _proves(
+    key: bytes | None, parameters: Mapping[str, Any] | None, expected: Callable[[bytes], str]
+) -> bool:
     if key is None or not parameters:
         return False
     proof = parameters.get(ROUTER_PROOF)
@@ -105,7 +107,7 @@ def _proves(key: bytes | None, parameters: Mapping | None, expected) -> bool:
 
 def proves_generate(
     key: bytes | None,
-    parameters: Mapping | None,
+    parameters: Mapping[str, Any] | None,
     request_id: str,
     priority: int | None,
     cache_salt: str | None,
@@ -114,7 +116,7 @@ def proves_generate(
     return _proves(key, parameters, lambda k: generate_proof(k, request_id, priority, cache_salt))
 
 
-def proves_abort(key: bytes | None, parameters: Mapping | None, request_id: str) -> bool:
+def proves_abort(key: bytes | None, parameters: Mapping[str, Any] | None, request_id: str) -> bool:
     """Did the router send this abort?"""
     return _proves(key, parameters, lambda k: abort_proof(k, request_id))
 

@@ -12,10 +12,13 @@ deleted: the next instance of a reloaded model carries on counting).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, NamedTuple
 
-from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, MetricSet, Writer
+from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, Metric, MetricSet, Writer
+
+if TYPE_CHECKING:  # for the types only: vLLM hands these in (the tests, doubles of them)
+    from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 
 # Bucket edges: vllm_backend's (which took them from vLLM's own examples).
 TTFT_BUCKETS = [
@@ -119,7 +122,9 @@ class Update(NamedTuple):
     value: float
 
 
-def updates(scheduler_stats, iteration_stats) -> list[Update]:
+def updates(
+    scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
+) -> list[Update]:
     """What one engine step's stats change, in vLLM's own terms (its Prometheus logger
     counts the same fields into the same names)."""
     out: list[Update] = []
@@ -178,7 +183,8 @@ def coalesce(batch: Iterable[Update]) -> list[Update]:
 
 def token_buckets(max_value: int) -> list[int]:
     """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's edges for token counts)."""
-    edges, scale = [], 1
+    edges: list[int] = []
+    scale = 1
     while True:
         for mantissa in (1, 2, 5):
             edge = mantissa * scale
@@ -192,24 +198,27 @@ class VllmStats:
     """The vllm:* series of one model instance and the thread that writes them. Give
     `logger_factory` to AsyncLLM's stat_loggers; call close() in finalize()."""
 
-    def __init__(self, labels: dict, max_model_len: int):
+    def __init__(self, labels: Mapping[str, str], max_model_len: int):
         self._set, self._labels = MetricSet(), dict(labels)
-        self.series = {
+        self.series: dict[str, Metric] = {
             key: self._set.metric(
                 name,
                 description,
                 kind,
                 self._labels,
-                token_buckets(max_model_len) if buckets is TOKENS else buckets,
+                # TOKENS is the one string in the buckets' column
+                token_buckets(max_model_len) if isinstance(buckets, str) else buckets,
             )
             for key, name, description, kind, buckets in FAMILIES
         }
         self._writer = Writer("vllm-stats", self._apply, merge=coalesce)
 
-    def logger_factory(self, vllm_config, engine_index: int = 0) -> StatLogger:
+    def logger_factory(self, vllm_config: object, engine_index: int = 0) -> StatLogger:
         return StatLogger(self)
 
-    def record(self, scheduler_stats, iteration_stats) -> None:
+    def record(
+        self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
+    ) -> None:
         batch = updates(scheduler_stats, iteration_stats)
         if batch:
             self._writer.put(batch)
@@ -222,7 +231,7 @@ class VllmStats:
     def _apply(self, update: Update) -> None:
         getattr(self._metric(update.key), update.op)(update.value)
 
-    def _metric(self, key: str):
+    def _metric(self, key: str) -> Metric:
         if key not in self.series:  # request_success_total, per finish reason
             reason = key[len(SUCCESS_PREFIX) :]
             self.series[key] = self._set.metric(
@@ -239,7 +248,11 @@ class StatLogger:
         self._stats = stats
 
     def record(
-        self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        mm_cache_stats: object = None,
+        engine_idx: int = 0,
     ) -> None:
         self._stats.record(scheduler_stats, iteration_stats)
 

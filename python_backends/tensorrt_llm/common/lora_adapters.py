@@ -11,11 +11,18 @@ all). With `lora_send_weights: always` (several engine instances, each with its 
 cache) every request carries them. Free of Triton types.
 """
 
+from __future__ import annotations
+
 import json
 import threading
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
+
+Array = npt.NDArray[Any]
 
 WEIGHTS_NPY = "model.lora_weights.npy"
 CONFIG_NPY = "model.lora_config.npy"
@@ -26,18 +33,26 @@ class UnknownAdapter(ValueError):
 
 
 class LoraTable:
-    def __init__(self, model, task_ids, folder, send_always=False):
+    def __init__(
+        self,
+        model: str,
+        task_ids: Mapping[str, int],
+        folder: str | Path,
+        send_always: bool = False,
+    ) -> None:
         self.model = model
         self.task_ids = dict(task_ids)
         self.folder = Path(folder)
         self.send_always = send_always
-        self._sent = set()  # task ids whose weights reached the engine
-        self._pending = set()  # ... in the batch being answered now
-        self._arrays = {}
+        self._sent: set[int] = set()  # task ids whose weights reached the engine
+        self._pending: set[int] = set()  # ... in the batch being answered now
+        self._arrays: dict[str, tuple[Array, Array]] = {}  # name → (weights, config)
         self._lock = threading.Lock()
 
     @classmethod
-    def from_parameters(cls, model, parameters, folder):
+    def from_parameters(
+        cls, model: str, parameters: Mapping[str, Any], folder: str | Path
+    ) -> LoraTable | None:
         """None for a model without adapters (its config has no lora_adapters)."""
         if "lora_adapters" not in parameters:
             return None
@@ -49,7 +64,7 @@ class LoraTable:
             send_always=send == "always",
         )
 
-    def select(self, name):
+    def select(self, name: str) -> tuple[int, Array | None, Array | None]:
         """(task id, weights or None, config or None) for adapter `name`."""
         task = self.task_ids.get(name)
         if task is None:
@@ -64,14 +79,14 @@ class LoraTable:
         weights, config = self._load(name)
         return task, weights, config
 
-    def commit(self):
+    def commit(self) -> None:
         """The batch was answered: its adapters now sit in the engine's cache. Requests of
         one batch all carry the weights, so none reaches the engine before them."""
         with self._lock:
             self._sent |= self._pending
             self._pending.clear()
 
-    def _load(self, name):
+    def _load(self, name: str) -> tuple[Array, Array]:
         if name not in self._arrays:  # a race loads twice, harmlessly
             folder = self.folder / name
             self._arrays[name] = (
@@ -81,13 +96,17 @@ class LoraTable:
         return self._arrays[name]
 
 
-def _first_text(tensor):
-    values = np.asarray(tensor, dtype=object).reshape(-1) if tensor is not None else []
+def _first_text(tensor: Array | None) -> str:
+    values: Array | list[Any] = (
+        np.asarray(tensor, dtype=object).reshape(-1) if tensor is not None else []
+    )
     value = values[0] if len(values) else b""
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def requested_name(name_tensor, sampling_tensor, parameters_json):
+def requested_name(
+    name_tensor: Array | None, sampling_tensor: Array | None, parameters_json: str | None
+) -> str | None:
     """The adapter a request names: the lora_name input, else `lora_name` in its
     sampling_parameters (vllm_backend's dialect), else its `lora_name` request parameter;
     None for the base model. The ensemble's sampling_parameters carry only lora_name:
@@ -108,7 +127,7 @@ def requested_name(name_tensor, sampling_tensor, parameters_json):
     return str(name) or None
 
 
-def engine_tensors(table, name, batch):
+def engine_tensors(table: LoraTable | None, name: str | None, batch: int) -> dict[str, Array]:
     """{output name: array} for the engine's LoRA inputs ({} for the base model)."""
     if name is None:
         return {}
@@ -117,8 +136,8 @@ def engine_tensors(table, name, batch):
             f"invalid request: unknown adapter {name!r} (lora_name): the model has no adapters"
         )
     task, weights, config = table.select(name)
-    out = {"LORA_TASK_ID": np.full((batch, 1), task, dtype=np.uint64)}
-    if weights is not None:
+    out: dict[str, Array] = {"LORA_TASK_ID": np.full((batch, 1), task, dtype=np.uint64)}
+    if weights is not None and config is not None:  # select gives both or neither
         out["LORA_WEIGHTS"] = np.repeat(weights, batch, axis=0)
         out["LORA_CONFIG"] = np.repeat(config, batch, axis=0)
     return out

@@ -6,22 +6,34 @@ lora_send_weights (lora_adapters.py). Outputs end/pad ids so the engine stops wh
 tokenizer says a sequence ends.
 """
 
+from __future__ import annotations
+
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from lora_adapters import LoraTable, engine_tensors, requested_name
-from tokenizing import encode_batch, load_tokenizer, special_ids
+from tokenizing import Array, encode_batch, load_tokenizer, special_ids
 
 
-def _parameter(config, key):
-    return config["parameters"][key]["string_value"]
+def _parameter(config: dict[str, Any], key: str) -> str:
+    value: str = config["parameters"][key]["string_value"]
+    return value
+
+
+def _required(request: pb_utils.InferenceRequest, name: str) -> Array:
+    """A required input's array (Triton refuses a request without one before execute)."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        raise ValueError(f"missing input {name}")
+    return tensor.as_numpy()
 
 
 class TritonPythonModel:
-    def initialize(self, args):
+    def initialize(self, args: dict[str, Any]) -> None:
         config = json.loads(args["model_config"])
         self.tokenizer = load_tokenizer(_parameter(config, "tokenizer_dir"))
         self.end_id, self.pad_id = special_ids(self.tokenizer)
@@ -31,20 +43,18 @@ class TritonPythonModel:
             model, parameters, Path(__file__).resolve().parent / "lora"
         )
 
-    def execute(self, requests):
+    def execute(
+        self, requests: list[pb_utils.InferenceRequest]
+    ) -> list[pb_utils.InferenceResponse]:
         responses = [self._one(request) for request in requests]
         if self.adapters is not None:
             self.adapters.commit()
         return responses
 
-    def _one(self, request):
+    def _one(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
         try:
-            query = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy()
-            output_len = (
-                pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN")
-                .as_numpy()
-                .astype(np.int32)
-            )
+            query = _required(request, "QUERY")
+            output_len = _required(request, "REQUEST_OUTPUT_LEN").astype(np.int32)
             if (output_len < 1).any():
                 raise ValueError("max_tokens must be >= 1")
             ids, lengths = encode_batch(self.tokenizer, query, self.pad_id)
@@ -64,7 +74,7 @@ class TritonPythonModel:
         )
 
 
-def _lora_name(request):
+def _lora_name(request: pb_utils.InferenceRequest) -> str | None:
     name, sampling = (
         pb_utils.get_input_tensor_by_name(request, n) for n in ("LORA_NAME", "SAMPLING_PARAMETERS")
     )
