@@ -9,7 +9,7 @@ import locale
 import os
 import tempfile
 import threading
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 # The stub's Python starts in the ASCII locale; vLLM reads UTF-8 files at import time.
 locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
@@ -37,6 +37,29 @@ from trident_common.triton_io import FINAL, model_parameters  # noqa: E402
 REPORT_CUSTOM_METRICS = "REPORT_CUSTOM_METRICS"  # "true": vllm:* families (rendered on)
 ENABLE_VLLM_HEALTH_CHECK = "ENABLE_VLLM_HEALTH_CHECK"  # "true": a dead engine unloads the model
 UNHEALTHY = "Model is unavailable due to unhealthy vLLM engine"  # vllm_backend's words
+
+
+# Structured outputs write compact JSON unless the spec's engine arguments say otherwise:
+# where the grammar allows whitespace, a small model may write newlines until max_tokens
+# (SmolLM2 did, in 1 of 50 schemas and in forced tool calls at temperature 0.7). Compact
+# JSON is the same JSON. vLLM allows it with xgrammar or guidance, not "auto": xgrammar,
+# its first choice (a schema feature xgrammar lacks is then a 400, not a fallback).
+STRUCTURED_BACKEND = "xgrammar"
+COMPACT_JSON_BACKENDS = ("xgrammar", "guidance")  # where disable_any_whitespace is allowed
+
+
+def structured_outputs_settings(given: object) -> dict[str, Any]:
+    """vLLM's StructuredOutputsConfig fields to set: the spec's engine_args
+    `structured_outputs_config` (None: it set none) as given, with trident's compact-JSON
+    default only where it set nothing (disable_any_whitespace only on a backend that
+    allows it, so a spec's other backend still starts)."""
+    if given is not None and not isinstance(given, dict):
+        raise ValueError("engine_args.structured_outputs_config must be an object")
+    settings = dict(given or {})
+    settings.setdefault("backend", STRUCTURED_BACKEND)
+    if settings["backend"] in COMPACT_JSON_BACKENDS:
+        settings.setdefault("disable_any_whitespace", True)
+    return settings
 
 
 def _cpu_defaults() -> None:
@@ -121,14 +144,12 @@ class TritonPythonModel(AsyncEngineModel):
             config.get("max_cpu_loras") or config.get("max_loras") or 1
         )
         self._loaded_loras: set = set()
+        given = config.pop("structured_outputs_config", None)  # the spec's, if any
         engine_args = AsyncEngineArgs(**config)
-        # Structured outputs write compact JSON: where the grammar allows whitespace, a
-        # small model may write newlines until max_tokens (SmolLM2 did, in 1 of 50 schemas
-        # and in forced tool calls at temperature 0.7). Compact JSON is the same JSON.
-        # vLLM allows that with xgrammar or guidance, not "auto": xgrammar, its first
-        # choice (a schema feature xgrammar lacks is then a 400, not a fallback).
-        engine_args.structured_outputs_config.backend = "xgrammar"
-        engine_args.structured_outputs_config.disable_any_whitespace = True
+        for key, value in structured_outputs_settings(given).items():
+            if not hasattr(engine_args.structured_outputs_config, key):
+                raise ValueError(f"engine_args.structured_outputs_config: unknown field {key!r}")
+            setattr(engine_args.structured_outputs_config, key, value)
         loggers = []
         # vLLM computes no stats with disable_log_stats: then there is nothing to export.
         if self._report_stats and not engine_args.disable_log_stats:

@@ -1,0 +1,99 @@
+"""The vLLM model's structured-outputs default (python_backends/vllm/model.py): compact JSON
+with xgrammar where the spec's engine arguments set nothing, the spec's own
+`structured_outputs_config` kept where they do. Driven through the model's start_engine
+with the AsyncLLM double (support/engine_doubles/vllm) in place of vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+
+import pytest
+
+from support.vllm_double import DOUBLES
+from tests.python_backends import test_vllm_health as health
+from tests.python_backends.test_sglang_model import fake_stub_modules
+
+
+@pytest.fixture
+def module(monkeypatch):
+    """python_backends/vllm/model.py, loaded as its stub would (siblings on the path)."""
+    monkeypatch.syspath_prepend(str(health.MODEL_PY.parent))
+    with fake_stub_modules():
+        monkeypatch.delitem(sys.modules, "stats", raising=False)
+        monkeypatch.delitem(sys.modules, "trident_common.metrics", raising=False)
+        spec = importlib.util.spec_from_file_location("trident_vllm_model", health.MODEL_PY)
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+        yield loaded
+        sys.modules.pop("stats", None)
+        sys.modules.pop("trident_common.metrics", None)
+
+
+@pytest.fixture
+def double_vllm():
+    """`import vllm` gets the double for the test; the modules before it come back after."""
+
+    def ours(name: str) -> bool:
+        return name == "vllm" or name.startswith("vllm.")
+
+    saved = {name: sys.modules.pop(name) for name in list(sys.modules) if ours(name)}
+    sys.path.insert(0, str(DOUBLES))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(DOUBLES))
+        for name in [name for name in sys.modules if ours(name)]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+def started(module, monkeypatch, engine_args: dict):
+    """The AsyncEngineArgs the model hands AsyncLLM, after start_engine(engine_args)."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    handed = []
+    make = AsyncLLM.from_engine_args
+
+    def recording(args, **kwargs):
+        handed.append(args)
+        return make(args, **kwargs)
+
+    monkeypatch.setattr(AsyncLLM, "from_engine_args", recording)
+    model = module.TritonPythonModel()
+    model._report_stats = False
+    asyncio.run(model.start_engine(dict(engine_args, model="m")))
+    (args,) = handed
+    return args.structured_outputs_config
+
+
+def test_without_a_setting_structured_outputs_are_compact_json(module, double_vllm, monkeypatch):
+    config = started(module, monkeypatch, {})
+    assert (config.backend, config.disable_any_whitespace) == ("xgrammar", True)
+
+
+def test_the_specs_own_setting_survives(module, double_vllm, monkeypatch):
+    given = {"backend": "guidance", "disable_any_whitespace": False}
+    config = started(module, monkeypatch, {"structured_outputs_config": given})
+    assert (config.backend, config.disable_any_whitespace) == ("guidance", False)
+
+
+def test_the_default_fills_only_what_the_spec_left_unset(module, double_vllm, monkeypatch):
+    config = started(
+        module, monkeypatch, {"structured_outputs_config": {"disable_any_whitespace": False}}
+    )
+    assert (config.backend, config.disable_any_whitespace) == ("xgrammar", False)
+    # A backend that refuses disable_any_whitespace (vLLM's "auto", outlines) gets none.
+    config = started(module, monkeypatch, {"structured_outputs_config": {"backend": "auto"}})
+    assert (config.backend, config.disable_any_whitespace) == ("auto", False)
+
+
+def test_compact_json_only_on_a_backend_that_allows_it(module):
+    assert module.structured_outputs_settings({"backend": "guidance"}) == {
+        "backend": "guidance",
+        "disable_any_whitespace": True,
+    }
+    assert module.structured_outputs_settings({"backend": "outlines"}) == {"backend": "outlines"}
+    with pytest.raises(ValueError, match="structured_outputs_config must be an object"):
+        module.structured_outputs_settings('{"backend": "xgrammar"}')
