@@ -31,16 +31,9 @@ class OneErrorStream:
     """grpc.aio's ModelStreamInfer call, answering its request with one error response."""
 
     def __init__(self, message: str):
-        self.message, self.sent = message, False
-
-    async def write(self, _request):
-        self.sent = True
-
-    async def done_writing(self):
-        pass
+        self.message = message
 
     async def read(self):
-        assert self.sent, "read before the request was written"
         return service_pb2.ModelStreamInferResponse(error_message=self.message)
 
     def cancel(self):
@@ -49,7 +42,7 @@ class OneErrorStream:
 
 def answer(message: str, **body) -> OpenAIError:
     triton = Triton("127.0.0.1:1")
-    triton.open_stream = lambda: OneErrorStream(message)
+    triton.open_stream = lambda _request: OneErrorStream(message)
     generation = parse_chat(
         {"model": "router", "messages": [{"role": "user", "content": "hi"}], **body}, {}
     )

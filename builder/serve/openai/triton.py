@@ -1,16 +1,18 @@
 """The Triton side of the OpenAI frontend: which models serve text, and one request as
 one gRPC stream, cancellable.
 
-The index and configs are read with tritonclient.grpc.aio; a request's stream is a
-grpc.aio call on Triton's ModelStreamInfer made here, without tritonclient's
-stream_infer: that one wraps the call in two async generators and a request-iterator
-task, work on every request's path to its first token (docs/performance.md, "The
-OpenAI frontend's own cost").
+The index and configs are read with tritonclient.grpc.aio. A request's stream is
+Triton's ModelStreamInfer called as a unary-stream method: one request, then the
+responses. On the wire that is what a bidirectional call with one request is (the
+request, then the half-close), but gRPC sends the call's start, the request and the
+half-close as one operation, where tritonclient's stream_infer (a request-iterator task,
+a write, a half-close, two async generators) made three round trips through gRPC's
+poller thread before the request left: 1 ms of the first token's path on the 2-core
+host (docs/performance.md, "The OpenAI frontend's own cost").
 
-A stream ends when Triton ends the gRPC call: the call half-closes after its one
-request, and Triton finishes it once the request's final flag is sent (the router's
-flags-only final included). The frontend may stop reading at the engine's finish
-reason; the rest is drained in the background.
+A stream ends when Triton ends the gRPC call, once the request's final flag is sent
+(the router's flags-only final included). The frontend may stop reading at the engine's
+finish reason; the rest is drained in the background.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc  # type: ignore[import-untyped]  # no stubs in the venv
 import tritonclient.grpc.aio as grpcaio
-from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
+from tritonclient.grpc import InferResult, service_pb2
 from tritonclient.utils import InferenceServerException
 
 from builder.serve import admin
@@ -36,6 +39,7 @@ DRAIN_TIMEOUT_S = 10.0  # after the finish reason: wait this long for the call t
 # As tritonclient's channel: no limit of gRPC's own on a prompt's or answer's size (the
 # frontend's limits.py bounds what a client may send).
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
 
 
 class TritonUnavailable(OpenAIError):
@@ -59,7 +63,7 @@ class Triton:
         self._admin = admin.grpc_headers(admin_key or os.environ.get(admin.KEY_ENV))
         self._client: grpcaio.InferenceServerClient | None = None
         self._channel: grpc.aio.Channel | None = None
-        self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
+        self._stream_method: Any = None  # ModelStreamInfer, one request in, responses out
         self._models: dict[str, ModelInfo] = {}
         self._configs: dict[tuple, ModelInfo | None] = {}  # (name, version) -> info
         self._index_at = -INDEX_TTL_S
@@ -73,13 +77,18 @@ class Triton:
             self._client = grpcaio.InferenceServerClient(self.url)
         return self._client
 
-    def open_stream(self):
-        """A new ModelStreamInfer call (grpc.aio's stream-stream call: write, read,
-        cancel), on a channel of the frontend's own."""
-        if self._stub is None:
+    def open_stream(self, request: service_pb2.ModelInferRequest):
+        """A ModelStreamInfer call carrying `request` (grpc.aio's unary-stream call:
+        read, cancel), on a channel of the frontend's own. The request leaves as soon
+        as the loop runs."""
+        if self._stream_method is None:
             self._channel = grpc.aio.insecure_channel(self.url, options=CHANNEL_OPTIONS)
-            self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
-        return self._stub.ModelStreamInfer()
+            self._stream_method = self._channel.unary_stream(
+                STREAM_METHOD,
+                request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+            )
+        return self._stream_method(request)
 
     async def close(self) -> None:
         for task in [*self._draining, self._refreshing]:
@@ -90,7 +99,7 @@ class Triton:
             self._client = None
         if self._channel is not None:
             await self._channel.close()
-            self._channel = self._stub = None
+            self._channel = self._stream_method = None
 
     async def models(self, fresh: bool = False) -> dict[str, ModelInfo]:
         """The READY text models, by name (the repository index, briefly cached)."""
@@ -178,8 +187,7 @@ class Call:
         self._wake: asyncio.Future | None = None  # batches() waits on it
         self._reader: asyncio.Task | None = None
 
-        self._request = request_of(model, inputs, self.request_id)
-        self._stream = triton.open_stream()
+        self._stream = triton.open_stream(request_of(model, inputs, self.request_id))
 
     async def batches(self) -> AsyncIterator[list[Piece]]:
         """Every Piece that arrived since the last batch (never an empty batch), up to
@@ -209,10 +217,6 @@ class Call:
         try:
             while True:
                 try:
-                    if self._request is not None:
-                        request, self._request = self._request, None
-                        await self._stream.write(request)
-                        await self._stream.done_writing()
                     response = await self._stream.read()
                 except asyncio.CancelledError:
                     self.done = True  # cancel(): the gRPC call is cancelled with us
@@ -248,9 +252,6 @@ class Call:
         """Read to the end of the call (the final flag), cancelling it if that takes
         longer than DRAIN_TIMEOUT_S."""
         self.done = True
-        if self._reader is None:  # never read: its request was not sent either
-            self._stream.cancel()
-            return
         try:
 
             async def rest():
