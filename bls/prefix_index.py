@@ -19,11 +19,21 @@ Why the chain is seeded with the tenant's cache salt: the engines salt a tenant'
 a cache hit there. Seeding the chain the same way means one tenant's blocks can never
 match another's, and routing reveals nothing about what other tenants sent.
 
-Bounded: at most `max_blocks_per_replica` blocks per replica, each replica's blocks in
-least-recently-routed order; the oldest go first. A prompt's blocks are recorded deepest
-first, so its first block is its most recent: eviction takes the tails of old
-conversations before the shared prefixes (system prompts) that every new one touches,
-and what remains of a prompt is always a prefix of it.
+Bounded: at most `max_blocks_per_replica` blocks per replica, kept in two generations of
+half that each (a two-generation approximation of LRU). A prompt's blocks go into the
+young generation; when it is full, the old one is forgotten, the young one becomes old,
+and a new young one starts with the prompt. A block therefore survives at least half the
+bound's worth of newer blocks after it was last routed, and at most the whole bound.
+Both generations always hold whole prefixes of the chains they were given, so what
+remains of a prompt is always a prefix of it, and the blocks every new conversation
+touches (system prompts) are always young.
+
+Why generations and not an exact LRU order: recording a next turn then touches only the
+blocks its replica's young generation lacks (a binary search finds them: ~4 new blocks
+of a ~40-block turn here), where an OrderedDict needed a move_to_end per block of the
+prompt, each a Python step and a linked-list relink in a 6 MiB index (~10 us a decision;
+issue 23's budget for the whole decision is 50 us at p99). Forgetting a generation is
+one set dropped, not a sort or a walk.
 
 Cheap to keep (issue 23's budget for the whole decision is 50 us at p99): the blocks of a
 chat's first message, the system prompt a tenant's conversations share, are hashed once
@@ -33,15 +43,15 @@ and looked up after that (`block_hashes`' memo).
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 
 BLOCK_CHARS = 128  # ~32 tokens: a vLLM block on CPU, two on GPU
 MAX_BLOCKS_PER_REPLICA = 16_384  # 2 MiB of prompt text (~500k tokens) per replica
 MAX_PROMPT_BLOCKS = 512  # a prompt's first 64 KiB decide; its tail is not hashed
 # Measured with tracemalloc (CPython 3.11): one recorded block costs 140-180 bytes (its
-# int key, an OrderedDict slot and link; the tables grow in doublings). The documented
-# bound leaves headroom for that: 4 MiB per replica at the default size.
+# int, a set slot; the tables grow in doublings). The documented bound leaves headroom
+# for that: 4 MiB per replica at the default size.
 BYTES_PER_BLOCK_BOUND = 256
 # The first-record memo (block_hashes) is emptied whenever it passes either limit. Its
 # memory is apart from the records': the texts it keeps alive (at most 4 bytes a
@@ -90,7 +100,9 @@ class PrefixIndex:
         self.block_chars = block_chars
         self.max_blocks_per_replica = max_blocks_per_replica
         self.max_prompt_blocks = max_prompt_blocks
-        self._replicas: dict[str, OrderedDict[int, None]] = {}
+        self._replicas: dict[str, _Record] = {}
+        self._generation = max(1, max_blocks_per_replica // 2)  # blocks per generation
+        self._keeps_old = 2 * self._generation <= max_blocks_per_replica  # not at bound 1
         self.evicted = 0
         # (salt scope, a key's first record) -> (chain hash after the record's full
         # blocks, its partial last block, its full blocks' hashes): never mutated
@@ -159,45 +171,51 @@ class PrefixIndex:
         run of `hashes` from the start found in that replica's record.
 
         A binary search, not a walk: what a replica holds of any chain is a prefix of it
-        (block i is touched whenever block i+1 is, and after it, so LRU eviction always
-        takes block i+1 first), so "block k is held" is true up to some k and false after.
+        (each generation is given whole prefixes, and block i+1 never joins one without
+        block i already there), so "block k is held" is true up to some k, false after.
         """
         names = self._replicas if replicas is None else replicas
         records = self._replicas
-        return {name: _held(records.get(name), hashes) for name in names}
+        out = {}
+        for name in names:
+            record = records.get(name)
+            out[name] = _held(record.young, record.old, hashes) if record else 0
+        return out
 
     def insert(self, replica: str, hashes: Sequence[int]) -> None:
-        """Record that this prompt was routed to `replica`. Deepest block first, so the
-        prompt's first block ends up the most recently used (see the module's doc)."""
+        """Record that this prompt was routed to `replica`: the blocks its young
+        generation lacks join it (from the first one missing: the young generation holds
+        a prefix of every chain it was given, so those are all a binary search away)."""
         record = self._replicas.get(replica)
         if record is None:
-            record = self._replicas[replica] = OrderedDict()
-        touch = record.move_to_end
-        for block in reversed(hashes):
-            if block in record:
-                touch(block)  # held already (the usual case for a next turn)
-            else:
-                record[block] = None
-        excess = len(record) - self.max_blocks_per_replica
-        for _ in range(excess):
-            record.popitem(last=False)
-        if excess > 0:
-            self.evicted += excess
+            record = self._replicas[replica] = _Record()
+        young = record.young
+        held = _held(young, _EMPTY, hashes)
+        if held == len(hashes):
+            return  # nothing new, and nothing to refresh: it is young already
+        new = hashes[held:]
+        if len(young) + len(new) > self._generation:
+            self.evicted += len(record.old)  # disjoint from the young one: all forgotten
+            record.old = young if self._keeps_old else set()
+            young = record.young = set()
+            new = hashes[: self._generation]  # the whole chain, so the young one starts
+        young.update(new)  # with a prefix; a prompt longer than it keeps its head
+        record.old.difference_update(new)
 
     def drop_replica(self, replica: str) -> int:
         """Forget a replica (dead, unloaded, or restarted with an empty cache); returns
         how many blocks it held."""
         record = self._replicas.pop(replica, None)
-        return len(record) if record else 0
+        return len(record.young) + len(record.old) if record else 0
 
     # -- size ------------------------------------------------------------------------
 
     def sizes(self) -> Mapping[str, int]:
         """Blocks recorded per replica."""
-        return {name: len(record) for name, record in self._replicas.items()}
+        return {name: len(r.young) + len(r.old) for name, r in self._replicas.items()}
 
     def blocks(self) -> int:
-        return sum(len(record) for record in self._replicas.values())
+        return sum(self.sizes().values())
 
     def bound_blocks(self, replicas: int) -> int:
         """The most blocks the index holds for `replicas` replicas."""
@@ -208,13 +226,27 @@ class PrefixIndex:
         return self.bound_blocks(replicas) * BYTES_PER_BLOCK_BOUND
 
 
-def _held(record: Mapping[int, None] | None, hashes: Sequence[int]) -> int:
-    """How many of `hashes`, from the first, `record` holds: a binary search, since what
-    a record holds of a chain is always a prefix of it."""
-    low, high = 0, len(hashes) if record else 0
+class _Record:
+    """One replica's blocks: two disjoint sets of chained block hashes."""
+
+    __slots__ = ("young", "old")
+
+    def __init__(self) -> None:
+        self.young: set[int] = set()
+        self.old: set[int] = set()
+
+
+_EMPTY: frozenset[int] = frozenset()
+
+
+def _held(young: AbstractSet[int], old: AbstractSet[int], hashes: Sequence[int]) -> int:
+    """How many of `hashes`, from the first, the two generations hold together: a binary
+    search, since what they hold of a chain is always a prefix of it."""
+    low, high = 0, len(hashes) if young or old else 0
     while low < high:  # the answer lies in [low, high]
         middle = (low + high + 1) // 2
-        if hashes[middle - 1] in record:
+        block = hashes[middle - 1]
+        if block in young or block in old:
             low = middle
         else:
             high = middle - 1

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from policy import DEFAULT_REPLICA_POLICY
 from policy import REPLICA_POLICIES as POLICIES
@@ -40,8 +41,11 @@ LOAD_WEIGHT_BLOCKS = 0.5
 KV_FULL = 0.95  # engine KV-cache usage at which a replica counts as past the bound
 
 
-@dataclass(frozen=True)
-class ReplicaLoad:
+class ReplicaLoad(NamedTuple):
+    """One replica's load as the router sees it. A NamedTuple, not a frozen dataclass:
+    the router builds one per replica per request, inside the decision's budget, and a
+    frozen dataclass's __init__ costs ~1 us (object.__setattr__ per field)."""
+
     in_flight: int = 0  # the router's requests on it, not yet finished
     engine_queue: int | None = None  # the engine's running + waiting (its own gauges)
     kv_usage: float | None = None  # the engine's KV-cache usage, 0..1
@@ -114,12 +118,27 @@ class ReplicaChooser:
         if not replicas:
             raise ValueError("no live replica to choose from")
         policy = policy or self.policy
+        # This runs for every request on the router's event loop (issue 23's budget: 50
+        # us at p99 with the index's hashing): plain loops over the few replicas, no
+        # per-request closures or generators.
         start = self._turn % len(replicas)
         self._turn += 1
-        rotation = list(replicas[start:]) + list(replicas[:start])
-        load = {r: loads[r].requests if r in loads else 0 for r in rotation}
+        rotation = [*replicas[start:], *replicas[:start]]
+        load: dict[str, int] = {}
+        usage: dict[str, float | None] = {}
+        for r in rotation:
+            given = loads.get(r)
+            if given is None:
+                load[r], usage[r] = 0, None
+            else:
+                load[r], usage[r] = given.requests, given.kv_usage
         least = min(load.values())
-        eligible = [r for r in rotation if not self._past_bound(r, load[r], least, loads)]
+        over, kv_full = self.balance.over, self.kv_full
+        eligible = [
+            r
+            for r in rotation
+            if not (over(load[r], least) or (usage[r] is not None and usage[r] >= kv_full))
+        ]
         if not eligible:  # every replica's KV cache is full: load alone decides
             eligible = rotation
         matched = (
@@ -139,14 +158,18 @@ class ReplicaChooser:
         elif policy == "least_loaded":
             chosen, reason = min(eligible, key=load.__getitem__), "load"
         else:
-            blocks = len(hashes)
-            # min() keeps the first of equals: the rotation order breaks ties
-            chosen = min(eligible, key=lambda r: blocks - matched[r] + self.load_weight * load[r])
+            # blocks to prefill plus load_weight per request there; the first of equals
+            # wins, so the rotation order breaks ties
+            weight, blocks = self.load_weight, len(hashes)
+            chosen, best = eligible[0], None
+            for r in eligible:
+                cost = blocks - matched[r] + weight * load[r]
+                if best is None or cost < best:
+                    chosen, best = r, cost
             reason = "prefix" if matched[chosen] else "load"
-            # a replica holding more of the prefix was left out by the bound
-            spilled = spilled or any(
-                matched[r] > matched[chosen] for r in rotation if r not in eligible
-            )
+            if len(eligible) < len(rotation):  # was a replica holding more left out?
+                held = matched[chosen]
+                spilled = spilled or any(matched[r] > held for r in rotation if r not in eligible)
         if spilled:
             reason = "spill"
         return self._decision(chosen, reason, rotation, load, matched)
@@ -162,15 +185,9 @@ class ReplicaChooser:
         if self.index is not None:
             self.index.drop_replica(replica)
 
-    def _past_bound(
-        self, replica: str, load: int, least: int, loads: Mapping[str, ReplicaLoad]
-    ) -> bool:
-        usage = loads[replica].kv_usage if replica in loads else None
-        return self.balance.over(load, least) or (usage is not None and usage >= self.kv_full)
-
     @staticmethod
     def _decision(
         chosen: str, reason: str, rotation: list[str], load: dict[str, int], matched: dict[str, int]
     ) -> Decision:
-        rest = sorted((r for r in rotation if r != chosen), key=load.__getitem__)
+        rest = sorted([r for r in rotation if r != chosen], key=load.__getitem__)
         return Decision((chosen, *rest), reason, matched[chosen])

@@ -75,7 +75,9 @@ def test_tenants_with_different_salts_never_match_each_other():
 
 
 def test_eviction_is_least_recently_routed_first():
-    index = PrefixIndex(block_chars=8, max_blocks_per_replica=6)
+    """Two generations of 4 blocks: a full young generation becomes the old one, and the
+    old one is forgotten, except what was routed again since (a)."""
+    index = PrefixIndex(block_chars=8, max_blocks_per_replica=8)
     a, b, c = (index.block_hashes(text(f"{n}1", f"{n}2")) for n in "abc")
     for prompt in (a, b, c):
         index.insert("r0", prompt)
@@ -86,11 +88,25 @@ def test_eviction_is_least_recently_routed_first():
     assert index.sizes() == {"r0": 6} and index.evicted == 2
 
 
+def test_a_next_turn_records_only_the_blocks_its_replica_lacks():
+    index = PrefixIndex(block_chars=8, max_blocks_per_replica=100)
+    first = index.block_hashes(text("system", "turn1"))
+    index.insert("r0", first)
+    young = index._replicas["r0"].young
+    index.insert("r0", index.block_hashes(text("system", "turn1", "turn2")))
+    assert index._replicas["r0"].young is young and index.sizes() == {"r0": 3}
+    assert index.match(index.block_hashes(text("system", "turn1", "turn2", "x"))) == {"r0": 3}
+
+
 def test_eviction_takes_a_prompt_from_its_tail_so_what_remains_still_matches():
-    index = PrefixIndex(block_chars=8, max_blocks_per_replica=5)
+    index = PrefixIndex(block_chars=8, max_blocks_per_replica=10)
     long = index.block_hashes(text(*(f"b{i}" for i in range(8))))
     index.insert("r0", long)
-    assert index.match(long) == {"r0": 5}  # the first five blocks, not the last five
+    assert index.match(long) == {"r0": 5}  # a generation's worth: the first five blocks
+    single = PrefixIndex(block_chars=8, max_blocks_per_replica=1)
+    single.insert("r0", long)
+    single.insert("r0", long[:1])
+    assert single.match(long) == {"r0": 1} and single.sizes() == {"r0": 1}
 
 
 def test_a_dropped_replica_is_forgotten():
@@ -121,7 +137,8 @@ def test_the_memory_bound_holds_after_ten_thousand_conversations():
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert index.blocks() == index.bound_blocks(2)  # full, so eviction ran
+    # eviction ran: each record holds at least its young generation and at most the bound
+    assert index.bound_blocks(2) // 4 <= index.blocks() <= index.bound_blocks(2)
     assert index.evicted > 10_000
     assert held <= index.bound_bytes(2), (held, index.bound_bytes(2))
 
@@ -135,27 +152,37 @@ def test_sizes_below_one_are_refused(bad):
 
 
 class Reference:
-    """The index as plainly as it can be written: a list per replica, most recent last,
-    and a match that walks the prompt's blocks one by one."""
+    """The index as plainly as it can be written: two lists per replica (young, old), a
+    prompt's missing blocks walked one by one into the young one, the old one forgotten
+    when the young one would pass half the bound, and a match that walks the prompt."""
 
     def __init__(self, bound):
-        self.bound, self.lists = bound, {}
+        self.half, self.keeps_old = max(1, bound // 2), bound >= 2
+        self.young, self.old = {}, {}
 
     def insert(self, replica, hashes):
-        record = self.lists.setdefault(replica, [])
-        for block in reversed(hashes):
-            if block in record:
-                record.remove(block)
-            record.append(block)
-        del record[: max(0, len(record) - self.bound)]
+        young = self.young.setdefault(replica, [])
+        old = self.old.setdefault(replica, [])
+        new = [block for block in hashes if block not in young]
+        if len(young) + len(new) > self.half:
+            self.old[replica] = young if self.keeps_old else []
+            young = self.young[replica] = []
+            old = self.old[replica]
+            new = list(hashes[: self.half])
+        young.extend(new)
+        self.old[replica] = [block for block in old if block not in new]
 
     def match(self, hashes, replica):
         count = 0
         for block in hashes:
-            if block not in self.lists.get(replica, ()):
+            held = self.young.get(replica, []) + self.old.get(replica, [])
+            if block not in held:
                 break
             count += 1
         return count
+
+    def size(self, replica):
+        return len(self.young.get(replica, [])) + len(self.old.get(replica, []))
 
 
 @settings(max_examples=150, deadline=None)
@@ -167,7 +194,7 @@ class Reference:
         min_size=1,
         max_size=40,
     ),
-    st.integers(min_value=1, max_value=12),
+    st.integers(min_value=1, max_value=20),  # from 8 on, eviction drops several at once
 )
 def test_the_binary_search_match_agrees_with_a_walk_under_any_history(routes, bound):
     """Prompts are short words over 3 letters, so they share prefixes often; whatever was
@@ -181,6 +208,8 @@ def test_the_binary_search_match_agrees_with_a_walk_under_any_history(routes, bo
             probe_hashes = index.block_hashes("".join(probe))
             matched = index.match(probe_hashes, ["r0", "r1"])
             assert matched == {r: reference.match(probe_hashes, r) for r in ("r0", "r1")}
+        sizes = index.sizes()
+        assert all(sizes[r] == reference.size(r) <= bound for r in sizes)
 
 
 _content = st.one_of(
@@ -221,7 +250,7 @@ def plain_chain(key, scope, size, cap):
         max_size=8,
     ),
     st.integers(min_value=1, max_value=9),
-    st.integers(min_value=1, max_value=12),
+    st.integers(min_value=1, max_value=20),  # from 8 on, eviction drops several at once
 )
 def test_the_memo_never_changes_a_chain(prompts, size, cap):
     """Whatever the prompt (chat messages with odd roles, non-text content and entries
