@@ -150,7 +150,7 @@ class Adapters(dict):
         python_llm = PythonLlmAdapter()
         return cls(
             {
-                name: TrtllmAdapter(name) if info["engine"] == "tensorrt_llm" else python_llm
+                name: TrtllmAdapter(name) if info.engine == "tensorrt_llm" else python_llm
                 for name, info in backends.items()
             }
         )

@@ -39,6 +39,8 @@ from inbound import Inbound
 from policy import ADAPTER_KEYS, Policy, UnknownRoute, features_from
 from relay import CLIENT_ERROR, CallSlots, Relay, Retired
 from replicas import Replicas, tenant_salt
+from router_config import FILE_NAME as ROUTER_CONFIG
+from router_config import load as load_router_config
 from router_metrics import RouterMetrics
 from targets import Targets
 from tenants import Tenants
@@ -100,13 +102,13 @@ class TritonPythonModel:
         # signal, print every thread's Python stack to stderr (the server's log).
         faulthandler.enable(all_threads=True)
         version_dir = os.path.join(args["model_repository"], args["model_version"])
-        with open(os.path.join(version_dir, "router.json")) as f:
-            self.config = json.load(f)
-        self.name = self.config["name"]
+        # Checked whole here (RouterConfigError: one line naming the field, load fails).
+        self.config = load_router_config(os.path.join(version_dir, ROUTER_CONFIG))
+        self.name = self.config.name
         self.log = Log(self.name)
         # The key the router proves its requests to the engine models with (trust.py).
         self.proof_key = trust.proof_key(os.environ)  # SecretError: one line, load fails
-        if self.proof_key is None and self.config.get("tenants"):
+        if self.proof_key is None and self.config.tenants:
             raise RuntimeError(
                 f"tenants need {ROUTER_SECRET_ENV} in tritonserver's "
                 "environment (`trident serve` sets one per start): set it "
@@ -118,25 +120,17 @@ class TritonPythonModel:
                 "router's aborts (a cancelled request runs to its end there)"
             )
         self.policy = Policy(self.config)
-        backends = self.config["backends"]
-        self.adapters = Adapters.from_config(backends)
+        self.adapters = Adapters.from_config(self.config.backends)
         # Gauges carry the instance's name (router_0_1): each instance sets its own.
         self.metrics = RouterMetrics(self.name, args.get("model_instance_name"))
         # A backend rendered as replicas is called through them, never by its own name:
         # breakers, in-flight counts and limits (one engine's) are per replica.
         self.replicas = Replicas(self.config, self.metrics)
         self.metrics.replicas_loaded(self.replicas.of, time.time())
-        self.targets = Targets(
-            self.config,
-            self.replicas,
-            self.adapters,
-            args["model_repository"],
-            self.metrics,
-            self.log,
-        )
+        self.targets = Targets(self.config, self.replicas, self.adapters, self.metrics, self.log)
         self.breakers, self.inflight = self.targets.breakers, self.targets.inflight
-        self.deadline_s = self.config["deadline_s"]
-        self.first_token_timeout_s = self.config["first_token_timeout_s"]
+        self.deadline_s = self.config.deadline_s
+        self.first_token_timeout_s = self.config.first_token_timeout_s
         streams = sum(self.targets.max_inflight.values())
         # One thread per attempt (a relay waits in its BLS call, then pumps its stream),
         # plus drains of abandoned attempts and control requests.
@@ -152,7 +146,7 @@ class TritonPythonModel:
         self.controls = Controls(
             self.adapters, self.metrics, self.pool, self.retired, self.proof_key
         )
-        self.tenants = Tenants(self.config.get("tenants"), self.metrics, self.deadline_s)
+        self.tenants = Tenants(self.config.tenants, self.metrics, self.deadline_s)
 
     async def execute(self, requests):
         # Breakers, counters and control requests are only touched on this loop.

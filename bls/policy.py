@@ -10,8 +10,18 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+# Annotations only: the stub imports its siblings by name (`router_config`), while the
+# builder imports this module as bls.policy, where that name does not resolve; its mypy
+# run (not bls/'s own strict one, which checks these) then reads them as Any.
+if TYPE_CHECKING:
+    from router_config import (  # type: ignore[import-not-found, unused-ignore]
+        RouterConfig,
+        RuleConfig,
+    )
 
 CHARS_PER_TOKEN = 4  # prompt length estimate without a tokenizer (English text ≈ 4)
 # Where a request names its LoRA adapter: in its sampling_parameters tensor (JSON), or
@@ -104,7 +114,7 @@ def adapter_name(hints: dict) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def _matches(match: dict, f: RequestFeatures) -> bool:
+def _matches(match: Mapping[str, Any], f: RequestFeatures) -> bool:
     checks = {
         "hint": lambda v: f.hint == v,
         "family": lambda v: f.family == v,
@@ -121,13 +131,13 @@ def _matches(match: dict, f: RequestFeatures) -> bool:
 
 
 class Policy:
-    def __init__(self, config: dict):
-        self.backends: dict[str, dict] = config["backends"]
-        self.default: list[str] = config["default"]
-        self.rules: list[dict] = config["rules"]
-        self.fallback: dict[str, list[str]] = config["fallback"]
-        self.short_prompt_tokens: int = config["short_prompt_tokens"]
-        self._rule_by_name = {r["name"]: r for r in self.rules}
+    def __init__(self, config: RouterConfig):
+        self.backends = config.backends
+        self.default = config.default
+        self.rules: tuple[RuleConfig, ...] = config.rules
+        self.fallback = config.fallback
+        self.short_prompt_tokens = config.short_prompt_tokens
+        self._rule_by_name = {r.name: r for r in self.rules}
 
     def routes(self) -> list[str]:
         """Valid route hints: rule names and backend names."""
@@ -137,17 +147,17 @@ class Policy:
         """(route name, backends) before fallback and health."""
         if f.hint is not None:
             if f.hint in self._rule_by_name:
-                return f.hint, list(self._rule_by_name[f.hint]["backends"])
+                return f.hint, list(self._rule_by_name[f.hint].backends)
             if f.hint in self.backends:
                 return f.hint, [f.hint]
-            matched = [r for r in self.rules if r["match"].get("hint") == f.hint]
+            matched = [r for r in self.rules if r.match.get("hint") == f.hint]
             if not matched:
                 raise UnknownRoute(
                     f"unknown route {f.hint!r} (valid routes: {', '.join(self.routes())})"
                 )
         for rule in self.rules:
-            if _matches(rule["match"], f):
-                return rule["name"], list(rule["backends"])
+            if _matches(rule.match, f):
+                return rule.name, list(rule.backends)
         return "default", list(self.default)
 
     def pinned(self, f: RequestFeatures) -> bool:
@@ -186,7 +196,7 @@ class Policy:
         """Only backends holding the adapter, in the route's order (fallbacks included).
         A route without any: every holder, in spec order, unless the client named the
         backend or rule itself."""
-        holders = [n for n, b in self.backends.items() if f.adapter in b.get("adapters", ())]
+        holders = [n for n, b in self.backends.items() if f.adapter in b.adapters]
         if not holders:
             raise UnknownAdapter(
                 f"unknown adapter {f.adapter!r}: no backend holds it "
@@ -203,7 +213,7 @@ class Policy:
         return f"adapter:{f.adapter}", holders
 
     def _adapter_list(self) -> str:
-        held = [f"{a} ({n})" for n, b in self.backends.items() for a in b.get("adapters", ())]
+        held = [f"{a} ({n})" for n, b in self.backends.items() for a in b.adapters]
         return ", ".join(held) or "none"
 
     def _append_chain(self, name: str, ordered: list[str]) -> None:
@@ -216,17 +226,16 @@ class Policy:
     def _skip_speculative(self, ordered: list[str]) -> list[str]:
         """Speculative decoding slows short prompts down: prefer a plain backend of the
         same model family when the list has one."""
+        backends = self.backends
         plain_families = {
-            self.backends[n]["family"]
+            backends[n].family
             for n in ordered
-            if not self.backends[n]["speculative"] and self.backends[n]["family"]
+            if not backends[n].speculative and backends[n].family
         }
         return [
             n
             for n in ordered
-            if not (
-                self.backends[n]["speculative"] and self.backends[n]["family"] in plain_families
-            )
+            if not (backends[n].speculative and backends[n].family in plain_families)
         ]
 
 

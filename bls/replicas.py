@@ -24,6 +24,7 @@ from typing import Any
 from policy import DEFAULT_REPLICA_POLICY, REPLICA_POLICIES
 from prefix_index import PrefixIndex, prompt_key
 from replica_policy import Decision, ReplicaChooser, ReplicaLoad
+from router_config import BackendConfig, RouterConfig
 
 GAUGE_EVERY_S = 1.0  # a replica's index gauges are written at most this often (IPC each)
 
@@ -59,29 +60,25 @@ class Choice:
 class Replicas:
     def __init__(
         self,
-        config: Mapping[str, Any],
+        config: RouterConfig,
         metrics: Any = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ):
-        backends = config["backends"]
-        self.of = {
-            name: tuple(info["replicas"]) for name, info in backends.items() if info.get("replicas")
-        }
+        backends = config.backends
+        self.of = {name: info.replicas for name, info in backends.items() if info.replicas}
         self.backend_of = {
             replica: name for name, replicas in self.of.items() for replica in replicas
         }
         self.policy = {
-            name: check_policy(
-                backends[name].get("policy") or DEFAULT_REPLICA_POLICY, f"backends.{name}"
-            )
+            name: check_policy(backends[name].policy or DEFAULT_REPLICA_POLICY, f"backends.{name}")
             for name in self.of
         }
         # A rule's policy wins over its backends' own for the requests that rule routes.
         self.rule_policy = {
-            rule["name"]: check_policy(rule["policy"], f"rule {rule['name']}")
-            for rule in config["rules"]
-            if rule.get("policy")
+            rule.name: check_policy(rule.policy, f"rule {rule.name}")
+            for rule in config.rules
+            if rule.policy
         }
         # Every backend gets an index, whatever its own policy: a rule may ask for
         # prefix_aware on a backend whose default is round_robin.
@@ -95,12 +92,14 @@ class Replicas:
     def __bool__(self) -> bool:
         return bool(self.of)
 
-    def targets(self, backends: Mapping[str, Any], adapters: dict[str, Any]) -> dict[str, Any]:
+    def targets(
+        self, backends: Mapping[str, BackendConfig], adapters: dict[str, Any]
+    ) -> dict[str, BackendConfig]:
         """Every model the router may call, with its backend's router.json entry: a
         backend's replicas in its place, or the backend itself (each gets its breaker,
         in-flight count and limit). A replica speaks through its backend's adapter
         (added to `adapters`)."""
-        targets: dict[str, Any] = {}
+        targets: dict[str, BackendConfig] = {}
         for name, info in backends.items():
             for target in self.of.get(name, (name,)):
                 targets[target] = info

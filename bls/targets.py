@@ -6,41 +6,34 @@ full when all are. Touched from the router's event loop only.
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from breaker import OPEN, BreakerConfig, CircuitBreaker
-from inbound import QUEUE_FACTOR, engine_capacity, inflight_limit
+from inbound import QUEUE_FACTOR, inflight_limit
 from replicas import Replicas
+from router_config import RouterConfig
 
 
 class Targets:
     def __init__(
         self,
-        config: Mapping[str, Any],
+        config: RouterConfig,
         replicas: Replicas,
         adapters: dict[str, Any],
-        model_repository: str,
         metrics: Any,
         log: Any,
     ):
         self.replicas, self.metrics, self.log = replicas, metrics, log
-        self.configured = config["max_inflight_per_backend"]
-        targets = replicas.targets(config["backends"], adapters)
-        breaker_config = BreakerConfig.from_dict(config["breaker"])
+        self.configured = config.max_inflight_per_backend
+        targets = replicas.targets(config.backends, adapters)
+        breaker_config = BreakerConfig.from_dict(dict(config.breaker))
         self.breakers = {name: CircuitBreaker(breaker_config, time.monotonic) for name in targets}
         self.inflight = dict.fromkeys(targets, 0)
-        repository = os.path.dirname(os.path.abspath(model_repository))
-        # The engine's capacity: router.json's (one replica's), else read from the
-        # model's own files; shared among this router's instances (router.json).
+        # The engine's capacity as the builder wrote it (one replica's, or the model's
+        # over its instances), shared among this router's instances.
         self.max_inflight = {
-            name: inflight_limit(
-                self.configured,
-                info.get("capacity") or engine_capacity(repository, name, info["engine"]),
-                config.get("instances", 1),
-            )
+            name: inflight_limit(self.configured, info.capacity, config.instances)
             for name, info in targets.items()
         }
         for name, breaker in self.breakers.items():

@@ -13,6 +13,7 @@ from typing import Any
 
 import jinja2
 
+from bls.router_config import RouterConfig, RouterConfigError
 from builder.errors import TridentError
 from builder.plan.model import Plan
 from builder.render import escape
@@ -77,6 +78,17 @@ def render_template(name: str, **values: Any) -> bytes:
         return template.render(**values).encode()
     except (jinja2.TemplateError, escape.EscapeError) as e:
         raise RenderError(f"template {name}: {e}") from e
+
+
+def render_router_json(config: dict[str, Any]) -> bytes:
+    """A router.json file, through the router's own reader (bls/router_config.py): what
+    the router would refuse at load fails the render instead, and the file holds exactly
+    what RouterConfig writes."""
+    try:
+        typed = RouterConfig.from_dict(config)
+    except RouterConfigError as e:
+        raise RenderError(f"{config.get('name', 'router')}: {e}") from None
+    return render_template("router/router.json.j2", router_config=typed.to_dict())
 
 
 def copy_tree(source: Path, target: str) -> dict[str, bytes]:

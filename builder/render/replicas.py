@@ -22,15 +22,20 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bls.policy import router_config  # the router owns the shape of its own config
+from builder.engines.traits import traits
 from builder.plan import replicas as replicas_plan
 from builder.plan.model import Plan
 from builder.plan.router_instances import router_instances
-from builder.render.context import BLS_DIR, VERSION, RenderContext, copy_tree, render_template
+from builder.render.context import (
+    BLS_DIR,
+    VERSION,
+    RenderContext,
+    copy_tree,
+    render_router_json,
+    render_template,
+)
 from builder.spec import ModelSpec
 from builder.spec.router_policy import backend_policy
-
-# The engine argument that caps how many sequences an engine runs at once.
-CAPACITY_KEYS = {"vllm": "max_num_seqs", "sglang": "max_running_requests"}
 
 # (context, model as served, the spec's model, plan) → that engine model's files.
 EngineRenderer = Callable[[RenderContext, ModelSpec, ModelSpec, Plan], dict[str, bytes]]
@@ -40,7 +45,8 @@ CommonPackage = Callable[[str], dict[str, bytes]]
 
 def capacity(model: ModelSpec, instances: int) -> int | None:
     """Sequences a Triton model of `instances` instances of `model` runs at once."""
-    per_instance = model.engine_args.get(CAPACITY_KEYS.get(model.engine, ""))
+    key = traits(model.engine).capacity_arg
+    per_instance = model.engine_args.get(key) if key else None
     if not isinstance(per_instance, int) or isinstance(per_instance, bool):
         return None
     return per_instance * instances
@@ -106,9 +112,7 @@ def render(
         purpose=f"Answers direct calls to {model.name}: the router's code, choosing among "
         f"its {model.instances} replicas ({model.name}__r0 ...).",
     )
-    files[f"{model.name}/{VERSION}/router.json"] = render_template(
-        "router/router.json.j2", router_config=config
-    )
+    files[f"{model.name}/{VERSION}/router.json"] = render_router_json(config)
     files.update(copy_tree(BLS_DIR, f"{model.name}/{VERSION}"))
     files.update(common(model.name))
     return files

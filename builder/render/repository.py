@@ -24,6 +24,7 @@ from builder.render.context import (
     RenderContext,
     RenderError,
     copy_tree,
+    render_router_json,
     render_template,
 )
 from builder.spec import ModelSpec, thaw
@@ -89,9 +90,7 @@ def _render_router(ctx: RenderContext) -> dict[str, bytes]:
         f"{router.name}/config.pbtxt": render_template(
             "router/config.pbtxt.j2", router=router, instances=instances, spec_file=ctx.spec.file
         ),
-        f"{router.name}/{VERSION}/router.json": render_template(
-            "router/router.json.j2", router_config=config
-        ),
+        f"{router.name}/{VERSION}/router.json": render_router_json(config),
     }
     files.update(copy_tree(BLS_DIR, f"{router.name}/{VERSION}"))
     files.update(_common_package(router.name))

@@ -4,8 +4,8 @@ Each config.pbtxt must parse as Triton's ModelConfig (the schema that ships in
 tritonclient), name its own directory, declare inputs and outputs explicitly (so the
 repository loads with --disable-auto-complete-config), be decoupled when it streams, and
 have its code where the backend looks for it. No file may carry a template leftover.
-The router's router.json must be a JSON object with every key the router reads from it:
-the router would otherwise fail to load, after tritonserver had started.
+The router's router.json must be what the router's own reader (bls/router_config.py)
+accepts: the router would otherwise fail to load, after tritonserver had started.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from bls.router_config import RouterConfig, RouterConfigError
 from builder import textfile
 
 # ${name} (TRT-LLM's fill_template) and {{ ... }} / {% ... %} (jinja) leftovers.
@@ -26,22 +27,8 @@ _TEXT_SUFFIXES = {".pbtxt", ".py", ".json", ".yaml", ".yml", ".txt", ".j2", ".cf
 
 
 MAX_CONFIG_BYTES = 4 << 20  # a rendered config.pbtxt or router.json is a few KiB
-ROUTER_FILE = "router.json"  # beside the router's model.py (bls/model.py opens it)
-# What the router reads from router.json without a default (bls/model.py's initialize and
-# bls/policy.Policy); bls/policy.router_config writes them. tests/render/test_validate.py
-# reads both bls modules to keep this list in step with them.
-ROUTER_KEYS = (
-    "name",
-    "backends",
-    "default",
-    "rules",
-    "fallback",
-    "breaker",
-    "short_prompt_tokens",
-    "deadline_s",
-    "first_token_timeout_s",
-    "max_inflight_per_backend",
-)
+ROUTER_FILE = "router.json"  # beside the router's code, which reads it at load
+ROUTER_READER = "router_config.py"  # the router's code: a model directory holding it routes
 
 
 def parse_config(path: Path) -> model_config_pb2.ModelConfig:
@@ -113,19 +100,14 @@ def validate_model(model_dir: Path) -> list[str]:
 
 
 def _is_router(version: Path) -> bool:
-    """The version directory holds a router.json, or a model.py that opens one (so a
-    deleted router.json is reported too)."""
-    if os.path.lexists(version / ROUTER_FILE):
-        return True
-    try:
-        return ROUTER_FILE.encode() in textfile.read_regular(version / "model.py", 1 << 20)
-    except (OSError, textfile.NotText):
-        return False  # the server's own load will say what is wrong with model.py
+    """The version directory holds a router.json, or the router's code that reads one
+    (so a deleted router.json is reported too)."""
+    return os.path.lexists(version / ROUTER_FILE) or os.path.lexists(version / ROUTER_READER)
 
 
 def _check_router(version: Path, repo: Path) -> list[str]:
-    """router.json parses, is an object, has every key the router reads, and names as
-    backends only models of this repository."""
+    """router.json parses, is what the router's reader accepts, and names as backends
+    only models of this repository."""
     where = f"{version.parent.name}/{version.name}/{ROUTER_FILE}"
     try:
         config = json.loads(textfile.read_text(version / ROUTER_FILE, MAX_CONFIG_BYTES))
@@ -139,18 +121,13 @@ def _check_router(version: Path, repo: Path) -> list[str]:
         return [f"{where}: not JSON: line {e.lineno}, column {e.colno}: {e.msg}"]
     except RecursionError:
         return [f"{where}: not JSON the router can load: nested too deep"]
-    if not isinstance(config, dict):
-        return [f"{where}: not a JSON object"]
-    missing = [key for key in ROUTER_KEYS if key not in config]
-    if missing:
-        return [f"{where}: missing {', '.join(missing)} (the router reads them at load)"]
-    backends = config["backends"]
-    if not isinstance(backends, dict):
-        return [f"{where}: backends is not a JSON object"]
-    called = set(backends)
-    for entry in backends.values():  # a backend with replicas is called through them
-        replicas = entry.get("replicas", []) if isinstance(entry, dict) else []
-        called.update(r for r in replicas if isinstance(r, str))
+    try:
+        typed = RouterConfig.from_dict(config)
+    except RouterConfigError as e:
+        return [f"{where}: {e.detail}"]
+    called = set(typed.backends)
+    for entry in typed.backends.values():  # a backend with replicas is called through them
+        called.update(entry.replicas)
     return [
         f"{where}: backend {b!r} is not a model of this repository"
         for b in sorted(called)

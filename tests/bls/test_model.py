@@ -363,6 +363,7 @@ def make_router(
     replicas=None,
     policies=None,
     tenants=None,
+    capacities=None,
     **router_overrides,
 ):
     """`replicas`: backend → its replicas' model names, and `policies`: backend → its
@@ -378,6 +379,8 @@ def make_router(
         config["backends"][backend]["replicas"] = list(names)
     for backend, policy in (policies or {}).items():
         config["backends"][backend]["policy"] = policy
+    for backend, capacity in (capacities or {}).items():
+        config["backends"][backend]["capacity"] = capacity
     (tmp_path / "1" / "router.json").write_text(json.dumps(config))
     BlsRequest.backends = {b.name: b for b in backends}
     model = module.TritonPythonModel()
@@ -805,19 +808,20 @@ def test_a_pinned_backend_is_never_answered_by_its_fallback(router):
     assert unpinned.served_by() == {"backup"}
 
 
-def test_the_engine_caps_the_inflight_limit(router, tmp_path):
-    with router_modules():
-        inbound = sys.modules["inbound"]
-        engine = tmp_path / "repo" / "primary"
-        (engine / "1").mkdir(parents=True)
-        (engine / "1" / "model.json").write_text(json.dumps({"max_num_seqs": 16}))
-        (engine / "config.pbtxt").write_text("instance_group [ { count: 2 kind: KIND_CPU } ]")
-        repo = str(tmp_path / "repo")
-        assert inbound.engine_capacity(repo, "primary", "vllm") == 32
-        assert inbound.engine_capacity(repo, "missing", "vllm") is None
-        assert inbound.engine_capacity(repo, "primary", "tensorrt_llm") is None
-        assert inbound.inflight_limit(256, 32) == 64 and inbound.inflight_limit(8, 32) == 8
-        assert inbound.inflight_limit(256, None) == 256
+def test_the_engine_caps_the_inflight_limit(router):
+    """The limit follows the capacity the builder wrote into router.json (the router
+    reads no other model's files for it): twice the engine's sequences, at most the
+    spec's limit; no capacity, the spec's limit alone."""
+    capped = router(capacities={"primary": 3, "backup": 80}, max_inflight_per_backend=100)
+    assert capped.targets.max_inflight == {"primary": 6, "backup": 100, "solo": 100}
+    inbound = sys.modules["inbound"]
+    assert inbound.inflight_limit(256, 32) == 64 and inbound.inflight_limit(8, 32) == 8
+    assert inbound.inflight_limit(256, None) == 256
+
+
+def test_a_router_json_the_router_cannot_use_fails_its_load_naming_the_field(router):
+    with pytest.raises(ValueError, match=r"^router\.json: backends\.primary\.capacity: "):
+        router(capacities={"primary": "many"})
 
 
 def test_one_message_object_is_forwarded_as_a_list(router):

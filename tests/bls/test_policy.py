@@ -17,6 +17,7 @@ from bls.policy import (
     features_from,
     router_config,
 )
+from bls.router_config import RouterConfig
 from builder.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,15 +29,23 @@ def backend(family="llama", speculative=False, engine="vllm"):
 
 def make_policy(rules=(), default=("a",), fallback=None, backends=None, short=256):
     return Policy(
-        {
-            "backends": backends or {name: backend() for name in "abcd"},
-            "default": list(default),
-            "rules": [
-                {"name": name, "match": match, "backends": list(bs)} for name, match, bs in rules
-            ],
-            "fallback": fallback or {},
-            "short_prompt_tokens": short,
-        }
+        RouterConfig.from_dict(
+            {
+                "name": "router",
+                "backends": backends or {name: backend() for name in "abcd"},
+                "default": list(default),
+                "rules": [
+                    {"name": name, "match": match, "backends": list(bs)}
+                    for name, match, bs in rules
+                ],
+                "fallback": fallback or {},
+                "breaker": {},
+                "short_prompt_tokens": short,
+                "deadline_s": 300,
+                "first_token_timeout_s": 60,
+                "max_inflight_per_backend": 256,
+            }
+        )
     )
 
 
@@ -333,7 +342,7 @@ def test_affinity_is_stable_per_conversation():
         first = policy.candidates(f)[1]
         assert sorted(first) == ["a", "b", "c", "d"]
         assert all(policy.candidates(f)[1] == first for _ in range(3))
-        assert Policy(policy_config_copy(policy)).candidates(f)[1] == first
+        assert make_policy(default=["a", "b", "c", "d"]).candidates(f)[1] == first
 
 
 def test_affinity_spreads_conversations():
@@ -351,16 +360,6 @@ def test_affinity_is_a_rotation_of_the_group():
 
 def test_no_affinity_keeps_configured_order():
     assert make_policy(default=["c", "a", "b"]).candidates(RequestFeatures())[1] == ["c", "a", "b"]
-
-
-def policy_config_copy(policy: Policy) -> dict:
-    return {
-        "backends": dict(policy.backends),
-        "default": list(policy.default),
-        "rules": list(policy.rules),
-        "fallback": dict(policy.fallback),
-        "short_prompt_tokens": policy.short_prompt_tokens,
-    }
 
 
 # -- router_config from a parsed spec -----------------------------------------------------
@@ -383,7 +382,7 @@ def test_router_config_of_the_cpu_fallback_example():
     assert [r["name"] for r in config["rules"]] == ["fast", "free-tier", "long-prompt", "chat"]
     assert config["rules"][0] == {"name": "fast", "match": {"hint": "fast"}, "backends": ["backup"]}
     assert config["breaker"]["consecutive_failures"] == 2
-    policy = Policy(config)
+    policy = Policy(RouterConfig.from_dict(config))
     assert policy.candidates(features_from("hi", None, {"route": "fast"})) == ("fast", ["backup"])
     assert policy.candidates(features_from("hi", None, {"tier": "free"})) == (
         "free-tier",

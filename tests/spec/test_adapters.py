@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from bls.policy import Policy, RequestFeatures, UnknownAdapter, adapter_name, router_config
+from bls.router_config import RouterConfig
 from builder.cli.main import main as trident
 from builder.spec import parse_spec
 from builder.spec.adapter_weights import base_shape
@@ -444,7 +445,7 @@ def _policy():
     )
     config = json.loads(json.dumps(router_config(spec)))  # as router.json carries it
     assert config["backends"]["m2"]["adapters"] == ["a", "b"]
-    return Policy(config)
+    return Policy(RouterConfig.from_dict(config))
 
 
 def test_adapter_requests_go_only_to_holders_in_route_order():
