@@ -66,8 +66,7 @@ class Balance:
         return load - least > self.abs_threshold and load > least * self.rel_threshold
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):  # one per request, as ReplicaLoad: no frozen-dataclass init
     order: tuple[str, ...]  # every live replica, the chosen one first: try in this order
     reason: str  # affinity | prefix | spill | load | round_robin
     matched_blocks: int  # of the request's prefix, on the chosen replica
