@@ -16,7 +16,9 @@ This module imports nothing of trident's, so the spec can read it without a cycl
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,12 @@ class EngineTraits:
     python_backend: bool
     # Parallelism is compiled into the engine (`build:`), not an argument at start.
     built: bool
+
+    def parallelism(self, args: Mapping[str, Any]) -> tuple[int | None, int | None]:
+        """The TP and PP the engine arguments `args` fix (None: not set, or set at build)."""
+        tp = args.get(self.tp_arg) if self.tp_arg else None
+        pp = args.get(self.pp_arg) if self.pp_arg else None
+        return tp, pp
 
     def parallel_args(self, tp: int, pp: int) -> dict[str, int]:
         """The plan's TP and PP, spelled as this engine's arguments; empty when the
@@ -112,6 +120,9 @@ TENSORRT_LLM = EngineTraits(
 # In the order the spec lists them (`trident schema`'s enum, error messages).
 TRAITS: dict[str, EngineTraits] = {t.name: t for t in (TENSORRT_LLM, VLLM, SGLANG)}
 ENGINES = tuple(TRAITS)
+# Engines whose model with `instances: N` behind a router becomes N replicas (one Triton
+# model each): the Python-backend ones (builder/plan/replicas.py says why not TRT-LLM).
+REPLICA_ENGINES = tuple(t.name for t in TRAITS.values() if t.python_backend)
 
 
 def traits(engine: str) -> EngineTraits:

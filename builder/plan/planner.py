@@ -66,7 +66,7 @@ def explicit_parallelism(model: ModelSpec) -> tuple[int | None, int | None]:
     if engine.built:
         build = _trtllm_build(model)
         return build.tp_size, build.pp_size
-    return _arg(model, engine.tp_arg), _arg(model, engine.pp_arg)
+    return engine.parallelism(model.engine_args)
 
 
 def _arg(model: ModelSpec, name: str | None):

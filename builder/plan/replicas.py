@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from builder.engines.traits import REPLICA_ENGINES
 from builder.plan.model import ModelPlan, Plan
 from builder.spec import DeploymentSpec, ModelSpec
 from builder.spec.router_policy import REPLICA_SEPARATOR
 
-REPLICA_ENGINES = ("vllm", "sglang")
 # config.pbtxt parameter: the share of the server's CPU cores a replica's engine binds to
 # (python_backends/vllm/cpu_binding.py reads it at load).
 CPU_SHARE = "CPU_SHARE"

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from bls.breaker import BreakerConfig
+from builder.engines.traits import ENGINES, TRAITS, traits
 from builder.plan import gpus
 from builder.plan.memory import DTYPE_BYTES
 from builder.spec import engine_args as engine_args_schema
@@ -35,9 +36,9 @@ from builder.spec.router_policy import (
 from builder.spec.rules import Rule, rule, rule_of
 from builder.spec.tenants import TenantsSpec, parse_tenants
 
-ENGINES = ("tensorrt_llm", "vllm", "sglang")
 INSTANCE_KINDS = ("auto", "cpu", "gpu", "model")
-NEEDS_MODEL = ("vllm", "sglang")  # engines that load `model:` (TRT-LLM has checkpoint:)
+# Engines that load `model:` (TRT-LLM has checkpoint:).
+NEEDS_MODEL = tuple(t.name for t in TRAITS.values() if t.needs_model)
 MAX_GPUS = MAX_NODES = 64
 MAX_ROUTER_INSTANCES = 64  # as a model's instances: a stub process each
 MAX_SECONDS = 86400.0  # a day: no timeout, window or cooldown of the router is longer
@@ -107,11 +108,10 @@ class ModelSpec:
         router sends short prompts to a plain twin instead): vLLM's speculative_config,
         SGLang's speculative_algorithm, the speculative section of TRT-LLM's served
         profile (the engine `trident repo` serves was built with it)."""
-        if self.engine == "tensorrt_llm":
+        engine = traits(self.engine)
+        if engine.built:
             return trtllm_spec.serving_profile(self.extra).speculative is not None
-        if self.engine == "sglang":
-            return bool(self.engine_args.get("speculative_algorithm"))
-        return bool(self.engine_args.get("speculative_config"))
+        return bool(engine.speculative_arg and self.engine_args.get(engine.speculative_arg))
 
 
 @dataclass(frozen=True)
@@ -330,9 +330,8 @@ def _parse_model(node: _Node) -> ModelSpec:
     engine_args_schema.check_model(engine, args, extra, node)
     if engine in NEEDS_MODEL and not model:
         raise node.error(f"is required for engine {engine}", "model")
-    tp = args.get("tensor_parallel_size", args.get("tp_size", 1))
-    pp = args.get("pipeline_parallel_size", args.get("pp_size", 1))
-    if placement.kind == "cpu" and tp * pp > 1:
+    tp, pp = traits(engine).parallelism(args)
+    if placement.kind == "cpu" and (tp or 1) * (pp or 1) > 1:
         raise node.error(
             "a model with tensor or pipeline parallelism > 1 cannot run on cpu", "placement.kind"
         )

@@ -17,11 +17,10 @@ from types import MappingProxyType
 
 from bls.policy import DEFAULT_REPLICA_POLICY as DEFAULT_POLICY  # noqa: F401 (the spec's)
 from bls.policy import REPLICA_POLICIES as POLICIES
+from builder.engines.traits import REPLICA_ENGINES  # noqa: F401 (the spec reads it here)
 from builder.spec.node import SpecError, _Node
 
 REPLICA_SEPARATOR = "__r"
-# The engines whose models with `instances: N` behind a router become N replicas.
-REPLICA_ENGINES = ("vllm", "sglang")
 REPLICA_NAME = re.compile(rf".*{re.escape(REPLICA_SEPARATOR)}[0-9]+")
 
 

@@ -15,7 +15,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-CONTEXT_KEYS = ("max_model_len", "context_length")  # vLLM, SGLang engine arguments
+from builder.engines.traits import TRAITS
+
+# The engine arguments that hold a context length (vLLM's, SGLang's).
+CONTEXT_KEYS = tuple(t.context_arg for t in TRAITS.values() if t.context_arg)
 
 
 def context_tokens(repo: Path) -> dict[str, int]:
