@@ -136,7 +136,8 @@ class RawHTTP:
 
     async def stream(self, prompt: str) -> tuple:
         """The same as http_stream."""
-        if self.writer is None:
+        if self.writer is None or self.reader is None or self.reader.at_eof():
+            # (again, when the server closed an idle connection: uvicorn does after 5 s)
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
         body = json.dumps(chat_body(prompt)).encode()

@@ -57,7 +57,9 @@ def test_the_zero_cost_part_alone_has_its_rows_only():
     assert rows and all("zero-cost engine" in r["metric"] for r in rows)
 
 
-def test_the_raw_client_reads_a_chunked_sse_answer_and_keeps_its_connection():
+def _chunked_answer() -> bytes:
+    """An SSE answer as the frontend sends it (chunked), its chunk boundaries splitting
+    an event and a `data:` prefix in two."""
     events = [
         {"choices": [{"delta": {"content": "Hi"}, "finish_reason": None}]},
         {"choices": [{"delta": {}, "finish_reason": "stop"}]},
@@ -65,10 +67,14 @@ def test_the_raw_client_reads_a_chunked_sse_answer_and_keeps_its_connection():
     ]
     body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
     body += b"data: [DONE]\n\n"
-    # Chunk boundaries that split an event and a `data:` prefix in two.
     parts = [body[:5], body[5:40], body[40:]]
     answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
-    answer += b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+    return answer + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
+def _raw_requests(close_after_each: bool) -> tuple[list, list]:
+    """Two requests through RawHTTP to a server answering _chunked_answer(): the
+    results, and the bodies the server read."""
     requests = []
 
     async def serve(reader, writer):
@@ -79,19 +85,34 @@ def test_the_raw_client_reads_a_chunked_sse_answer_and_keeps_its_connection():
                 return
             length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
             requests.append(json.loads(await reader.readexactly(length)))
-            writer.write(answer)
+            writer.write(_chunked_answer())
+            if close_after_each:  # as uvicorn closes a connection idle for 5 s
+                await writer.drain()
+                writer.close()
+                return
 
     async def scenario():
         server = await asyncio.start_server(serve, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         client = RawHTTP(f"http://127.0.0.1:{port}")
         try:
-            return [await client.stream("hello") for _ in range(2)]
+            results = [await client.stream("hello")]
+            await asyncio.sleep(0.05)  # the close reaches the client
+            return results + [await client.stream("hello")]
         finally:
             await client.close()
             server.close()
 
-    results = asyncio.run(scenario())
+    return asyncio.run(scenario()), requests
+
+
+def test_the_raw_client_reads_a_chunked_sse_answer_and_keeps_its_connection():
+    results, requests = _raw_requests(close_after_each=False)
     assert [r[1] for r in results] == [7, 7]
     assert all(0 < ttft <= end for ttft, _, end in results)
     assert [r["messages"][0]["content"] for r in requests] == ["hello", "hello"]
+
+
+def test_the_raw_client_connects_again_when_the_server_closed_its_connection():
+    results, requests = _raw_requests(close_after_each=True)
+    assert [r[1] for r in results] == [7, 7] and len(requests) == 2
