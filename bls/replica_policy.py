@@ -124,20 +124,16 @@ class ReplicaChooser:
         self._turn += 1
         rotation = [*replicas[start:], *replicas[:start]]
         load: dict[str, int] = {}
-        usage: dict[str, float | None] = {}
+        full: list[str] = []  # KV cache nearly full: past the bound whatever its load
         for r in rotation:
             given = loads.get(r)
-            if given is None:
-                load[r], usage[r] = 0, None
-            else:
-                load[r], usage[r] = given.requests, given.kv_usage
+            load[r] = 0 if given is None else given.requests
+            usage = None if given is None else given.kv_usage
+            if usage is not None and usage >= self.kv_full:
+                full.append(r)
         least = min(load.values())
-        over, kv_full = self.balance.over, self.kv_full
-        eligible = [
-            r
-            for r in rotation
-            if not (over(load[r], least) or (usage[r] is not None and usage[r] >= kv_full))
-        ]
+        over = self.balance.over
+        eligible = [r for r in rotation if not over(load[r], least) and r not in full]
         if not eligible:  # every replica's KV cache is full: load alone decides
             eligible = rotation
         matched = (
