@@ -46,6 +46,9 @@ VLLM_ARGS: dict[str, tuple] = {
     "max_cpu_loras": (int,),
     "cpu_offload_gb": _NUM,
     "distributed_executor_backend": (str,),
+    # vLLM's StructuredOutputsConfig fields (backend, disable_any_whitespace, ...): trident's
+    # vLLM model fills only what this leaves unset (structured_outputs_settings).
+    "structured_outputs_config": (dict,),
     # Not an AsyncEngineArgs field: trident's vLLM model takes it out and reads tool calls
     # with vLLM's ToolParserManager parser of that name (tool_choice "auto").
     "tool_call_parser": (str,),

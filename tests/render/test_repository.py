@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -140,3 +141,21 @@ def test_router_config_carries_policy(tmp_path):
     assert config["default"] == ["chat", "rag"]
     assert config["fallback"] == {"chat": ["rag"]}
     assert config["backends"]["rag"]["engine"] == "vllm"
+
+
+def test_a_vllm_structured_outputs_config_reaches_the_engine_model(tmp_path):
+    # The vLLM model keeps the spec's own structured_outputs_config and fills only what it
+    # leaves unset (python_backends/vllm/model.py); the spec must be able to say it.
+    own = {"backend": "guidance", "disable_any_whitespace": False}
+    data = {
+        "models": [
+            {
+                "name": "rag",
+                "engine": "vllm",
+                "model": "/models/rag",
+                "engine_args": {"structured_outputs_config": own},
+            }
+        ]
+    }
+    files = render_to(tmp_path / "repo", data)
+    assert json.loads(files["rag/1/model.json"])["structured_outputs_config"] == own
