@@ -65,24 +65,28 @@ BATCH_TOKENS_PER_S = 32_000  # above the sweep's top (256 x 100): the engine nev
 ANCHOR_LOAD_TIMEOUT_S = 60  # the double loads in about a second
 
 
-def deployment(streams: int) -> dict:
+def deployment(streams: int, router_instances: int | None = None) -> dict:
     """deploy/default.yaml with room for every stream in the engine's batch (the router
-    sheds what is beyond twice max_num_seqs, and this measures the relay, not shedding)."""
+    sheds what is beyond twice max_num_seqs, and this measures the relay, not shedding);
+    `router_instances`: router.instances as the spec says it (None: the plan's own)."""
     spec = yaml.safe_load((ROOT / "deploy" / "default.yaml").read_text())
     spec["models"][0]["engine_args"]["max_num_seqs"] = streams
+    if router_instances is not None:
+        spec["router"]["instances"] = router_instances
     return spec
 
 
-def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    seconds = {name: process_cpu_s(pid) for name, pid in pids.items()}
+def cpu_seconds(pids: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds so far per process name; a model's instances (one stub each) summed."""
+    seconds = {name: sum(process_cpu_s(pid) for pid in group) for name, group in pids.items()}
     seconds["client"] = time.process_time()
     return seconds
 
 
-def processes(server, frontend) -> dict[str, int]:
-    pids = {"tritonserver": server.process.pid, "frontend": frontend.pid}
+def processes(server, frontend) -> dict[str, list[int]]:
+    pids = {"tritonserver": [server.process.pid], "frontend": [frontend.pid]}
     for stub in stub_processes(server.process.pid).values():  # its own process group
-        pids[f"stub:{stub.model}"] = stub.pid
+        pids.setdefault(f"stub:{stub.model}", []).append(stub.pid)
     return pids
 
 
@@ -303,6 +307,7 @@ def run(
     points: list[tuple[int, float]] | None = None,
     chosen: tuple[str, ...] = PATHS,
     refining: bool = True,
+    router_instances: int | None = None,
 ) -> dict:
     """The sweep (the full grid, --quick's, or the chosen `points` alone, unrefined)
     on the `chosen` paths, then each path's refine step."""
@@ -314,7 +319,9 @@ def run(
     with tempfile.TemporaryDirectory(prefix="trident-bench-gpu-rate-") as tmp:
         work = Path(tmp)
         repo, control = work / "repo", work / "rate.json"
-        build_repository(parse_spec(deployment(most_streams(sizes)), "<bench>"), repo)
+        build_repository(
+            parse_spec(deployment(most_streams(sizes), router_instances), "<bench>"), repo
+        )
         environment = make_environment(work / "env")
         use_double(repo, MODEL, environment, control, Rate(TTFT_S, 50, BATCH_TOKENS_PER_S))
         with_anchor = add_anchor(repo, environment, control)
@@ -354,6 +361,7 @@ def run(
         "cpu_processes": sorted(pids) + ["client"],
         "anchor": with_anchor or "left out (see the run's output)",
         "paths": list(chosen),
+        "router_instances": router_instances or "the plan's default",
         "refine": (
             f"{REFINE_STREAMS} streams, bisecting offered tokens/s between grid points"
             if refining
@@ -423,6 +431,11 @@ def main(argv=None) -> int:
         "--paths", help=f"only these paths, comma-separated (of {', '.join(PATHS)})"
     )
     parser.add_argument(
+        "--router-instances",
+        type=int,
+        help="router.instances for this run (a configuration to report; default: the plan's)",
+    )
+    parser.add_argument(
         "--no-refine", action="store_true", help="the grid only: no bisection between its points"
     )
     args = parser.parse_args(argv)
@@ -437,7 +450,10 @@ def main(argv=None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = run(out, args.quick or None, points, chosen, not args.no_refine)
+    if args.router_instances is not None and args.router_instances < 1:
+        print("gpu_rate: --router-instances: must be 1 or more", file=sys.stderr)
+        return 2
+    result = run(out, args.quick or None, points, chosen, not args.no_refine, args.router_instances)
     (out / "gpu_rate.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["rows"], indent=2))
     return 0
