@@ -6,12 +6,20 @@ ensemble uses batch dimensions ([1, 1]), separate sampling tensors and a require
 `max_tokens`, and has no `served_by`: its adapter translates both ways.
 """
 
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trident_common import interface
 from trident_common.request import DEFAULT_MAX_TOKENS, BadRequest, first_scalar
 from trident_common.sampling import check_range, coerce_sampling, parse_sampling
+
+if TYPE_CHECKING:
+    from router_config import BackendConfig
 
 # Inputs only the router reads (routing hints, its own ids); never forwarded as they are.
 ROUTER_ONLY_INPUTS = interface.ROUTER_ONLY_INPUTS
@@ -22,8 +30,12 @@ TRTLLM_SAMPLING = {
     for key, t in interface.TRTLLM_SAMPLING.items()
 }
 
+# What an adapter's split makes of one backend response: the backend's error or None, the
+# response to relay or None, and whether it is the answer's last.
+Split = tuple[str | None, pb_utils.InferenceResponse | None, bool]
 
-def _string_tensor(name, value, shape=(1,)):
+
+def _string_tensor(name: str, value: str, shape: tuple[int, ...] = (1,)) -> pb_utils.Tensor:
     return pb_utils.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_).reshape(shape))
 
 
@@ -32,15 +44,17 @@ class PythonLlmAdapter:
 
     outputs = LLM_OUTPUTS
 
-    def inputs(self, inputs, request_id, adapter=None):
+    def inputs(
+        self, inputs: list[pb_utils.Tensor], request_id: str, adapter: str | None = None
+    ) -> list[pb_utils.Tensor]:
         """The client's inputs and the router's request id (the model reads the adapter
         from sampling_parameters or the forwarded request parameters itself)."""
         return inputs + [_string_tensor(interface.REQUEST_ID, request_id)]
 
-    def abort_inputs(self, request_id):
+    def abort_inputs(self, request_id: str) -> list[pb_utils.Tensor] | None:
         return [_string_tensor(interface.ABORT_REQUEST_ID, request_id)]
 
-    def split(self, response):
+    def split(self, response: pb_utils.InferenceResponse) -> Split:
         """(the backend's error or None, the response to relay or None if it is empty,
         whether it is the answer's last: it carries a finish reason).
 
@@ -68,10 +82,12 @@ class TrtllmAdapter:
 
     outputs = [t.name for t in interface.TRTLLM_ENSEMBLE_OUTPUTS]
 
-    def __init__(self, backend):
+    def __init__(self, backend: str) -> None:
         self.backend = backend
 
-    def inputs(self, inputs, request_id, adapter=None):
+    def inputs(
+        self, inputs: list[pb_utils.Tensor], request_id: str, adapter: str | None = None
+    ) -> list[pb_utils.Tensor]:
         """The ensemble's inputs; `adapter` is the LoRA adapter the request names (in
         sampling_parameters or a request parameter), sent as the lora_name input."""
         values = {t.name(): t.as_numpy() for t in inputs}
@@ -116,10 +132,10 @@ class TrtllmAdapter:
             out.append(pb_utils.Tensor(name, np.array([[value]], dtype=dtype)))
         return out
 
-    def abort_inputs(self, request_id):
+    def abort_inputs(self, request_id: str) -> list[pb_utils.Tensor] | None:
         return None  # the ensemble has no abort input; the stream ends on its own
 
-    def split(self, response):
+    def split(self, response: pb_utils.InferenceResponse) -> Split:
         """(the backend's error or None, the response in the router's interface or None
         if it is empty)."""
         if response.has_error():
@@ -142,11 +158,11 @@ class TrtllmAdapter:
         )
 
 
-class Adapters(dict):
+class Adapters(dict[str, "PythonLlmAdapter | TrtllmAdapter"]):
     """Adapter per backend name, built from the router config."""
 
     @classmethod
-    def from_config(cls, backends):
+    def from_config(cls, backends: Mapping[str, BackendConfig]) -> Adapters:
         python_llm = PythonLlmAdapter()
         return cls(
             {

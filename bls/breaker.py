@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 STATE_VALUES = {CLOSED: 0, HALF_OPEN: 1, OPEN: 2}  # for the breaker-state gauge
@@ -26,7 +27,7 @@ class BreakerConfig:
     cooldown_s: float = 10.0
 
     @classmethod
-    def from_dict(cls, data: dict) -> BreakerConfig:
+    def from_dict(cls, data: dict[str, Any]) -> BreakerConfig:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 

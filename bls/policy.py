@@ -66,7 +66,9 @@ def estimate_tokens(text_length: int) -> int:
     return (text_length + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
 
 
-def features_from(text: str | None, messages: list | None, hints: dict) -> RequestFeatures:
+def features_from(
+    text: str | None, messages: list[Any] | None, hints: dict[str, Any]
+) -> RequestFeatures:
     """RequestFeatures from a request's prompt or chat messages and its routing hints
     (tensors or request parameters: route, task, family, tenant, tier, conversation_id,
     shared_prefix)."""
@@ -98,7 +100,7 @@ def features_from(text: str | None, messages: list | None, hints: dict) -> Reque
     )
 
 
-def adapter_name(hints: dict) -> str | None:
+def adapter_name(hints: dict[str, Any]) -> str | None:
     """The adapter a request names: `lora_name` in its sampling_parameters tensor, else
     among its request parameters (vllm_backend's dialects; the tensor wins, as in
     request.parse_generate). Malformed JSON names none here: the backend says why."""
@@ -246,12 +248,12 @@ def _affinity_order(backends: list[str], conversation_id: str) -> list[str]:
     return backends[start:] + backends[:start]
 
 
-def router_config(spec) -> dict:
+def router_config(spec: Any) -> dict[str, Any]:
     """The router's JSON config from a DeploymentSpec (duck-typed: this module is also
     imported inside the Triton stub, where trident's builder is not installed)."""
     router = spec.router
 
-    def drop_none(match) -> dict:
+    def drop_none(match: Any) -> dict[str, Any]:
         return {k: v for k, v in vars(match).items() if v is not None}
 
     return {

@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from typing import Any
 
 BLOCK_CHARS = 128  # ~32 tokens: a vLLM block on CPU, two on GPU
 MAX_BLOCKS_PER_REPLICA = 16_384  # 2 MiB of prompt text (~500k tokens) per replica
@@ -61,9 +62,12 @@ MEMO_CHARS = 256 * 1024
 MEMO_BYTES_BOUND = 4 * MEMO_CHARS + MEMO_ENTRIES * 600 + MEMO_CHARS // 128 * 40
 
 _RECORD, _UNIT = "\x1e", "\x1f"  # ASCII record/unit separators: never in chat text
+# A memo entry: chain hash after a first record's full blocks, its partial last block,
+# and its full blocks' hashes.
+_Step = tuple[int, str, list[int]]
 
 
-def prompt_key(text: str | None, messages: list | None) -> str:
+def prompt_key(text: str | None, messages: list[Any] | None) -> str:
     """The string the index cuts into blocks: the prompt text, or the chat messages in
     order. A conversation's next turn resends its history, so its key starts with the
     previous turn's key (a prefix, block for block)."""
@@ -106,7 +110,7 @@ class PrefixIndex:
         self.evicted = 0
         # (salt scope, a key's first record) -> (chain hash after the record's full
         # blocks, its partial last block, its full blocks' hashes): never mutated
-        self._memo: dict[tuple, tuple[int, str, list[int]]] = {}
+        self._memo: dict[tuple[str | None, str], _Step] = {}
         self._memo_chars = 0
 
     # -- hashing ---------------------------------------------------------------------
@@ -148,12 +152,12 @@ class PrefixIndex:
         return hashes
 
     def prompt_hashes(
-        self, text: str | None, messages: list | None, salt_scope: str | None = None
+        self, text: str | None, messages: list[Any] | None, salt_scope: str | None = None
     ) -> list[int]:
         """block_hashes of the prompt's key (prompt_key): what the router records."""
         return self.block_hashes(prompt_key(text, messages), salt_scope)
 
-    def _remember(self, key: tuple, step: tuple, chars: int) -> None:
+    def _remember(self, key: tuple[str | None, str], step: _Step, chars: int) -> None:
         # Emptied, not evicted one by one: it refills within a few requests, and a bound
         # this simple cannot be got wrong.
         if chars > MEMO_CHARS:
