@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, overload
 
 from builder.engines.traits import traits
 from builder.errors import TridentError
@@ -245,6 +246,16 @@ def _model_ref(model: ModelSpec) -> str:
     return model.model
 
 
+# Overloaded so that a required shape reads as present: with required=True a missing
+# one raises SpecError instead of returning None.
+@overload
+def _shape(
+    spec: DeploymentSpec, i: int, model: ModelSpec, load_shape: ShapeLoader, required: Literal[True]
+) -> memory.ModelShape: ...
+@overload
+def _shape(
+    spec: DeploymentSpec, i: int, model: ModelSpec, load_shape: ShapeLoader, required: bool
+) -> memory.ModelShape | None: ...
 def _shape(
     spec: DeploymentSpec, i: int, model: ModelSpec, load_shape: ShapeLoader, required: bool
 ) -> memory.ModelShape | None:
@@ -273,6 +284,7 @@ def _plan_whole_gpus(
     if pinned:
         groups, tp, pp = _pinned_groups(spec, where, model, state, tp, pp)
     else:
+        assert shape is not None  # unpinned: required=True above, so _shape raised instead
         groups, tp, pp = _choose_groups(model, shape, state, usable, tp, pp, where)
     need = memory.per_gpu_need(shape, workload(model, shape, where), tp, pp) if shape else None
     if need is not None and need.total_gib > usable:
@@ -351,7 +363,15 @@ def candidate_layouts(
     return sorted(layouts, key=lambda tp_pp: (tp_pp[1], tp_pp[0]))
 
 
-def _choose_groups(model, shape, state, usable, tp, pp, where):
+def _choose_groups(
+    model: ModelSpec,
+    shape: memory.ModelShape,
+    state: _State,
+    usable: float,
+    tp: int | None,
+    pp: int | None,
+    where: str,
+) -> tuple[list[list[int]], int, int]:
     """The first candidate layout that fits in memory and can be allocated; else the
     error for the layout that came closest (or for the free GPUs lacking)."""
     load = workload(model, shape, where)
@@ -423,8 +443,15 @@ def _missing(
 # MIG
 
 
-def _plan_mig(spec, mig_models, state, load_shape, plans):
-    requests, chosen = [], {}
+def _plan_mig(
+    spec: DeploymentSpec,
+    mig_models: list[tuple[int, ModelSpec]],
+    state: _State,
+    load_shape: ShapeLoader,
+    plans: dict[str, ModelPlan],
+) -> dict[int, tuple[mig.Slice, ...]]:
+    requests: list[mig.SliceRequest] = []
+    chosen: dict[str, tuple[MigProfile, memory.MemoryNeed, float]] = {}
     for i, model in mig_models:
         profile, shape, need, usable = _mig_profile(spec, i, model, state.gpu, load_shape)
         chosen[model.name] = (profile, need, usable)
@@ -455,7 +482,9 @@ def _plan_mig(spec, mig_models, state, load_shape, plans):
     return layouts
 
 
-def _mig_profile(spec, i, model, gpu, load_shape):
+def _mig_profile(
+    spec: DeploymentSpec, i: int, model: ModelSpec, gpu: GpuType, load_shape: ShapeLoader
+) -> tuple[MigProfile, memory.ModelShape, memory.MemoryNeed, float]:
     where = f"models[{i}].placement.mig"
     tp, pp = explicit_parallelism(model)
     if (tp or 1) * (pp or 1) > 1:
@@ -472,11 +501,13 @@ def _mig_profile(spec, i, model, gpu, load_shape):
     shape = _shape(spec, i, model, load_shape, required=True)
     need = memory.per_gpu_need(shape, workload(model, shape, f"models[{i}]"), 1, 1)
     share = utilization(model)
-    if model.placement.mig == "auto":
+    mig_name = model.placement.mig
+    assert mig_name  # _plan_mig is only given the models that name a MIG profile
+    if mig_name == "auto":
         profile = _smallest_fitting(gpu, need, share)
     else:
         try:
-            profile = mig.profile_named(gpu, model.placement.mig)
+            profile = mig.profile_named(gpu, mig_name)
         except mig.MigError as e:
             raise SpecError(spec.file, where, str(e)) from None
     usable = profile.memory_gib * share

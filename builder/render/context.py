@@ -9,6 +9,7 @@ import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import jinja2
@@ -44,13 +45,15 @@ class RenderContext:
     plan: Plan  # where each model runs (the renderer never plans)
 
 
-def load_interface(path: Path = INTERFACE_FILE):
+def load_interface(path: Path = INTERFACE_FILE) -> ModuleType:
     """trident's tensor interface (trident_common/interface.py), for the templates.
 
     Loaded from its file: trident_common is not an installed package but sources copied
     into each model directory, where the stub imports it as a top-level package. The
     module imports nothing from trident, so loading it alone is the whole of it."""
     spec = importlib.util.spec_from_file_location("trident_interface", path)
+    # A .py path always has a spec and a source loader (None is for unknown suffixes).
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

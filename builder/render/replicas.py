@@ -20,6 +20,7 @@ arguments; null when the spec leaves it to the engine), and a backend with repli
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from bls.policy import router_config  # the router owns the shape of its own config
 from builder.engines.traits import traits
@@ -52,10 +53,12 @@ def capacity(model: ModelSpec, instances: int) -> int | None:
     return per_instance * instances
 
 
-def router_json(ctx: RenderContext) -> dict:
+def router_json(ctx: RenderContext) -> dict[str, Any]:
     """The router's router.json: bls/policy.py's config, each backend's replicas,
     policy and capacity, each rule's policy, and this router's instance count."""
     spec, router = ctx.spec, ctx.spec.router
+    # Only a spec with a router renders one (or replicas, which the spec requires one for).
+    assert router is not None
     config = router_config(spec)
     routed = replicas_plan.routed_replicas(spec, ctx.plan)
     for model in spec.models:
@@ -70,7 +73,9 @@ def router_json(ctx: RenderContext) -> dict:
         rendered["policy"] = rule.policy
     # Each instance is its own stub with its own in-flight counts: the router divides
     # each backend's limit among them (docs/router.md, "Router instances").
-    config["instances"] = router_instances(spec).count
+    instances = router_instances(spec)
+    assert instances is not None  # None only for a spec without a router
+    config["instances"] = instances.count
     return config
 
 

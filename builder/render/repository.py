@@ -27,7 +27,7 @@ from builder.render.context import (
     render_router_json,
     render_template,
 )
-from builder.spec import ModelSpec, thaw
+from builder.spec import ModelSpec, RouterSpec, thaw
 from builder.spec import adapters as adapters_spec
 from builder.spec import tenants as tenants_spec
 
@@ -82,9 +82,10 @@ def _model_path_arg(model: ModelSpec, ctx: RenderContext) -> dict[str, str]:
     return {name: ctx.resolved_models.get(model.name, model.model)} if name else {}
 
 
-def _render_router(ctx: RenderContext) -> dict[str, bytes]:
-    router = ctx.spec.router
-    instances = router_instances(ctx.spec).count
+def _render_router(ctx: RenderContext, router: RouterSpec) -> dict[str, bytes]:
+    placed = router_instances(ctx.spec)
+    assert placed is not None  # None only for a spec without a router
+    instances = placed.count
     config = replicas_repo.router_json(ctx)
     files = {
         f"{router.name}/config.pbtxt": render_template(
@@ -113,7 +114,7 @@ def render_files(ctx: RenderContext) -> dict[str, bytes]:
                 raise RenderError(f"{path} is rendered twice (model {model.name})")
             files[path] = data
     if ctx.spec.router is not None:
-        for path, data in _render_router(ctx).items():
+        for path, data in _render_router(ctx, ctx.spec.router).items():
             if path in files:
                 raise RenderError(f"{path} is rendered twice (router)")
             files[path] = data

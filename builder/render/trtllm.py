@@ -129,7 +129,8 @@ def render(ctx: RenderContext, model: ModelSpec) -> dict[str, bytes]:
             f"served engine (gpt_model_path): {ctx.engines[model.name].path}\n".encode()
         ),
     }
-    roles = (
+    # (role, its inputs and outputs, its own parameters, what its config says it does)
+    roles: tuple[tuple[str, dict[str, Any], dict[str, Any], str], ...] = (
         (
             "preprocessing",
             lora.get("io", PREPROCESSING_IO),

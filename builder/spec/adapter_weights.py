@@ -26,6 +26,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 # Bytes per element of every safetensors dtype (a header may name any of them).
 DTYPE_SIZES = {
@@ -208,7 +209,7 @@ def _tensors(path: Path, header: dict, data_bytes: int) -> dict | str:
     return tensors
 
 
-def _ints(value) -> bool:
+def _ints(value: object) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(
         isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
     )

@@ -199,7 +199,7 @@ def adapter_problem(
     if unknown:
         return (
             f"target_modules {', '.join(unknown)} are not modules of a {family} model "
-            f"(it has: {', '.join(known)})"
+            f"(it has: {', '.join(known or ())})"  # known is set: else nothing is unknown
         )
     if not (root / WEIGHTS_FILE).is_file():
         return f"{folder} has no {WEIGHTS_FILE}"
@@ -220,6 +220,8 @@ def read_config(root: Path) -> dict | str:
 def _base_config(path: str | None) -> dict:
     """A local model folder's config.json: its family when the spec gives none, and the
     dimensions an adapter's matrices must fit."""
+    if path is None:
+        return {}  # no local folder (Path(None) would raise the TypeError caught below)
     try:
         config = json.loads((Path(path) / "config.json").read_text())
     except (TypeError, OSError, ValueError, UnicodeDecodeError, RecursionError):

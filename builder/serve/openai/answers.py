@@ -163,7 +163,7 @@ class Answer:
                 "finish_reason": finish_reason(reason) or "stop",
             }
         if self.generation.echo:
-            text = self.generation.prompt + text
+            text = (self.generation.prompt or "") + text  # a completion always has one
         return {
             "index": index,
             "text": text,
@@ -205,7 +205,7 @@ class Answer:
             out = self._head("chat.completion.chunk")
         else:
             if first and self.generation.echo:
-                text = self.generation.prompt + (text or "")
+                text = (self.generation.prompt or "") + (text or "")
             choice = {
                 "index": index,
                 "text": text or "",

@@ -17,12 +17,13 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.responses import Response
 
 from builder.serve.openai import choices
 from builder.serve.openai.answers import Answer
@@ -69,7 +70,7 @@ def create_app(
     def tenant(request: Request) -> str | None:
         return None if api_keys is None else tenant_of(api_keys, request.headers)
 
-    async def generate(request: Request, parse) -> object:
+    async def generate(request: Request, parse) -> Response:
         name = tenant(request)  # a 401 before a byte of the body is read
         generation = parse(await _body(request, limits), request.headers, limits)
         model, generation = resolve(as_tenant(generation, name), exposed)
@@ -262,7 +263,7 @@ DONE = b"data: [DONE]\n\n"
 
 async def _events(
     answer: Answer, first: list[Piece], batches: AsyncIterator[list[Piece]], call: Call
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The SSE body, one write per batch of responses: the texts of a batch go out as
     one chunk (OpenAI's chunks carry any number of tokens), and the end (finish reason,
     usage, [DONE]) leaves with the last text. Starlette cancels this generator when the

@@ -11,7 +11,7 @@ per chunk, on the path where a token waits for them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 
 from fastapi import FastAPI
 from starlette.responses import Response
@@ -52,7 +52,7 @@ class SSEResponse(Response):
 
     def __init__(
         self,
-        events: AsyncIterator[bytes],
+        events: AsyncGenerator[bytes, None],
         headers: Mapping[str, str],
         on_leave: Callable[[], None] | None = None,
     ):
@@ -63,6 +63,7 @@ class SSEResponse(Response):
 
     async def __call__(self, scope, receive, send) -> None:
         writer = asyncio.current_task()
+        assert writer is not None  # an ASGI app is called from inside a task
         state = {"gone": False, "finished": False}
 
         async def watch() -> None:

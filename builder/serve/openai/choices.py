@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -102,7 +103,9 @@ async def _whole(answer: Answer, calls: list) -> JSONResponse:
 
 
 async def _one_whole(answer: Answer, call, index: int) -> tuple[dict, Piece]:
-    texts, positions, last = [], [], None
+    texts: list[str] = []
+    positions: list[Any] = []
+    last: Piece | None = None
     async for piece in call.pieces():
         texts.append(piece.text)
         positions.extend(piece.logprobs or ())
@@ -162,7 +165,7 @@ class _Feed:
                 call.cancel()
 
 
-async def _events(answer: Answer, feed: _Feed) -> AsyncIterator[bytes]:
+async def _events(answer: Answer, feed: _Feed) -> AsyncGenerator[bytes, None]:
     n = len(feed.calls)
     finished: set = set()
     begun: set = set()

@@ -14,6 +14,7 @@ the loop turn that wrote it, so an idle path sends at once.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING, cast
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
@@ -59,9 +60,19 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
-class CoalescingHTTPProtocol(AutoHTTPProtocol):
+# uvicorn picks AutoHTTPProtocol at import (httptools or h11), so it is a variable that
+# mypy cannot take as a base class; both are asyncio.Protocols, which it checks against.
+if TYPE_CHECKING:
+    _HTTPProtocol = asyncio.Protocol
+else:
+    _HTTPProtocol = AutoHTTPProtocol
+
+
+class CoalescingHTTPProtocol(_HTTPProtocol):
     """uvicorn's HTTP protocol (httptools when installed, else h11) on a
     CoalescingTransport; `uvicorn.Config(http=CoalescingHTTPProtocol)`."""
 
     def connection_made(self, transport) -> None:
-        super().connection_made(CoalescingTransport(transport, asyncio.get_running_loop()))
+        coalescing = CoalescingTransport(transport, asyncio.get_running_loop())
+        # A Transport by delegation (__getattr__ hands the rest to the wrapped one).
+        super().connection_made(cast(asyncio.Transport, coalescing))

@@ -8,6 +8,7 @@ import importlib.util
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
 
 
 class OpenAIError(Exception):
@@ -78,7 +79,7 @@ def too_large(what: str, limit: int, unit: str = "bytes") -> OpenAIError:
     )
 
 
-def _load_table():
+def _load_table() -> ModuleType:
     """trident_common/error_classes.py, the table the router and the engine models use:
     loaded from its file, as builder.render.context loads the tensor interface
     (trident_common is copied into model folders, not installed as a package)."""
@@ -89,6 +90,8 @@ def _load_table():
         / "error_classes.py"
     )
     spec = importlib.util.spec_from_file_location("trident_error_classes", path)
+    # A .py path always has a spec and a source loader (None is for unknown suffixes).
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while made
     spec.loader.exec_module(module)
@@ -121,7 +124,7 @@ def from_triton(message: str, model: str, asked: dict | None = None) -> OpenAIEr
     error_class = parsed.error_class
     if error_class is TABLE.CLIENT:
         param = parsed.param or _param_of(parsed.reason)
-        own = _OWN_WORDS.get(param)
+        own = _OWN_WORDS.get(param) if param is not None else None
         value = (asked or {}).get(param)
         if own is not None and value is not None:
             return own(value, model)

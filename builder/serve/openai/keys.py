@@ -37,7 +37,7 @@ class KeysFileError(TridentError):
 def load_keys(path: str | Path) -> dict:
     """key → tenant from a keys file; raises KeysFileError."""
     path = Path(path)
-    name = printable(path)  # a file name cannot add lines to the message
+    name = printable(str(path))  # a file name cannot add lines to the message
     try:
         text = textfile.read_text(path, MAX_KEYS_BYTES, secret=True)
     except (OSError, textfile.NotText) as e:

@@ -312,7 +312,7 @@ def _lora_name(body: dict) -> str | None:
 
 def sampling(body: dict) -> dict:
     """The request's sampling values under vLLM's names; raises OpenAIError naming one."""
-    out = {}
+    out: dict[str, Any] = {}
     for name, low, high in (
         ("temperature", 0.0, 2.0),
         ("top_p", 0.0, 1.0),

@@ -24,7 +24,7 @@ CONTEXT_KEYS = tuple(t.context_arg for t in TRAITS.values() if t.context_arg)
 def context_tokens(repo: Path) -> dict[str, int]:
     """model name -> context length in tokens, for the models whose length is known."""
     repo = Path(repo)
-    contexts = {}
+    contexts: dict[str, int] = {}
     for model_json in sorted(repo.glob("*/1/model.json")):
         length = _context(_load(model_json))
         if length is not None:
@@ -37,8 +37,9 @@ def context_tokens(repo: Path) -> dict[str, int]:
             for name, entry in (backends or {}).items()
             for called in (entry.get("replicas") if isinstance(entry, dict) else None) or [name]
         ]
-        if lengths and None not in lengths:
-            contexts[router_json.parent.parent.name] = max(lengths)
+        known = [n for n in lengths if n is not None]
+        if lengths and len(known) == len(lengths):  # every backend's length is known
+            contexts[router_json.parent.parent.name] = max(known)
     return contexts
 
 
