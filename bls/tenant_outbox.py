@@ -10,9 +10,18 @@ past `capacity` the oldest write is dropped, and a write still failing after
 lost). Every drop is reported to `on_lost`, every failed attempt to `on_retry`.
 """
 
+from __future__ import annotations
+
 import asyncio
 import collections
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+# Annotations only: the tests import this module as bls.tenant_outbox, where the stub's
+# sibling name `tenant_store` does not resolve (bls/'s own mypy run checks these).
+if TYPE_CHECKING:
+    from tenant_store import Limits, Store
 
 CAPACITY = 10_000  # writes waiting; ~200 bytes each
 BATCH = 16  # writes in flight at once (a burst of ends is not serialised)
@@ -26,7 +35,9 @@ class Write:
 
     __slots__ = ("tenant", "limits", "lease_id", "tokens", "since", "done")
 
-    def __init__(self, tenant, limits, lease_id, tokens, since):
+    def __init__(
+        self, tenant: str, limits: Limits, lease_id: str, tokens: int, since: float
+    ) -> None:
         self.tenant, self.limits, self.lease_id = tenant, limits, lease_id
         self.tokens, self.since, self.done = tokens, since, False
 
@@ -34,21 +45,22 @@ class Write:
 class Outbox:
     def __init__(
         self,
-        store,
-        on_retry=lambda: None,
-        on_lost=lambda: None,
-        capacity=CAPACITY,
-        give_up_s=GIVE_UP_S,
-        clock=time.monotonic,
-    ):
+        store: Store,
+        on_retry: Callable[[], None] = lambda: None,
+        on_lost: Callable[[], None] = lambda: None,
+        capacity: int = CAPACITY,
+        give_up_s: float = GIVE_UP_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.store, self.on_retry, self.on_lost = store, on_retry, on_lost
         self.capacity, self.give_up_s, self.clock = capacity, give_up_s, clock
-        self.queue = collections.deque()
-        self.task = self.wake = None
+        self.queue: collections.deque[Write] = collections.deque()
+        self.task: asyncio.Task[None] | None = None
+        self.wake = asyncio.Event()  # set by put: the writer has work (replaced per loop)
         self.backoff_s = 0.0
         self.writing = 0  # writes taken from the queue, not yet answered
 
-    def put(self, tenant, limits, lease_id, tokens):
+    def put(self, tenant: str, limits: Limits, lease_id: str, tokens: int) -> None:
         """Queue one write; call on the router's event loop. Never waits."""
         self.queue.append(Write(tenant, limits, lease_id, tokens, self.clock()))
         self._trim()
@@ -57,14 +69,14 @@ class Outbox:
         # a writer whose loop is gone left its writes in the queue.
         if self.task is None or self.task.done() or self.task.get_loop() is not loop:
             self.wake = asyncio.Event()
-            self.task = loop.create_task(self._write_all())
+            self.task = loop.create_task(self._write_all(self.wake))
         self.wake.set()
 
-    def pending(self):
+    def pending(self) -> int:
         """Writes not yet taken by the store (queued or in flight)."""
         return len(self.queue) + self.writing
 
-    async def drained(self, timeout_s):
+    async def drained(self, timeout_s: float) -> bool:
         """Wait until every queued write is written (tests, shutdown); False on timeout."""
         deadline = time.monotonic() + timeout_s
         while self.pending():
@@ -73,7 +85,7 @@ class Outbox:
             await asyncio.sleep(0.01)
         return True
 
-    def flush(self, loop, timeout_s):
+    def flush(self, loop: asyncio.AbstractEventLoop | None, timeout_s: float) -> bool:
         """From a thread other than the loop's (the router's finalize: the stub runs its
         event loop in a thread of its own): write what is queued, at most timeout_s, then
         stop the writer. A stopping router so loses none of what the store can still take;
@@ -91,17 +103,17 @@ class Outbox:
             self.on_lost()
         return left == 0
 
-    async def _close(self, timeout_s):
+    async def _close(self, timeout_s: float) -> bool:
         written = await self.drained(timeout_s)
         if self.task is not None:
             self.task.cancel()  # an idle writer left pending is reported at exit
         return written
 
-    async def _write_all(self):
+    async def _write_all(self, wake: asyncio.Event) -> None:
         while True:
             if not self.queue:
-                self.wake.clear()
-                await self.wake.wait()
+                wake.clear()
+                await wake.wait()
                 continue
             batch = [self.queue.popleft() for _ in range(min(BATCH, len(self.queue)))]
             self.writing = len(batch)
@@ -119,7 +131,7 @@ class Outbox:
             self.backoff_s = min(max(2 * self.backoff_s, FIRST_BACKOFF_S), MAX_BACKOFF_S)
             await asyncio.sleep(self.backoff_s)
 
-    async def _write(self, write):
+    async def _write(self, write: Write) -> None:
         try:
             await self.store.finish(write.tenant, write.limits, write.lease_id, write.tokens)
         except Exception:  # StoreUnavailable, or anything else: the writer must live on
@@ -127,7 +139,7 @@ class Outbox:
         else:
             write.done = True
 
-    def _give_up(self, failed):
+    def _give_up(self, failed: list[Write]) -> None:
         now = self.clock()
         for write in failed:
             if now - write.since >= self.give_up_s:
@@ -135,7 +147,7 @@ class Outbox:
                 self.on_lost()
         self._trim()
 
-    def _trim(self):
+    def _trim(self) -> None:
         while len(self.queue) > self.capacity:
             self.queue.popleft()
             self.on_lost()

@@ -26,10 +26,14 @@ until one succeeds, so a stalled Redis costs one request the budget per RETRY_S
 instead of every request.
 """
 
+from __future__ import annotations
+
 import asyncio
 import hashlib
 import time
 import urllib.parse
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -57,8 +61,19 @@ class Limits:
 
     __slots__ = ("rpm", "tpm", "max_concurrent")
 
-    def __init__(self, rpm=None, tpm=None, max_concurrent=None):
+    def __init__(
+        self, rpm: int | None = None, tpm: int | None = None, max_concurrent: int | None = None
+    ) -> None:
         self.rpm, self.tpm, self.max_concurrent = rpm or 0, tpm or 0, max_concurrent or 0
+
+
+class Store(Protocol):
+    """What a tenant store does (LocalStore, RedisStore): take a lease when the limits
+    admit a request, and release it and charge the tokens when the request ends."""
+
+    async def admit(self, tenant: str, limits: Limits, lease_id: str, lease_ms: float) -> str: ...
+
+    async def finish(self, tenant: str, limits: Limits, lease_id: str, tokens: int) -> None: ...
 
 
 # -- in the router process ------------------------------------------------------------------
@@ -66,12 +81,12 @@ class LocalStore:
     """Counters of this router alone (no `redis` in the spec). Same algorithm as the Lua
     below; `clock` in seconds (injected by tests)."""
 
-    def __init__(self, clock=time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self.tats = {}  # (tenant, "rpm" | "tpm") → TAT in ms
-        self.leases = {}  # tenant → {lease id: expiry in ms}
+        self.tats: dict[tuple[str, str], float] = {}  # (tenant, "rpm" | "tpm") → TAT in ms
+        self.leases: dict[str, dict[str, float]] = {}  # tenant → {lease id: expiry in ms}
 
-    async def admit(self, tenant, limits, lease_id, lease_ms):
+    async def admit(self, tenant: str, limits: Limits, lease_id: str, lease_ms: float) -> str:
         """'' when admitted (a lease is taken), else the limit that refused it."""
         now = self.clock() * 1000.0
         self._prune(now)
@@ -91,7 +106,7 @@ class LocalStore:
             self.tats[(tenant, "rpm")] = tat
         return ""
 
-    async def finish(self, tenant, limits, lease_id, tokens):
+    async def finish(self, tenant: str, limits: Limits, lease_id: str, tokens: int) -> None:
         """Release the lease; charge the request's tokens."""
         self.leases.get(tenant, {}).pop(lease_id, None)
         if limits.tpm and tokens > 0:
@@ -99,7 +114,7 @@ class LocalStore:
             tat = max(self.tats.get((tenant, "tpm"), now), now)
             self.tats[(tenant, "tpm")] = tat + tokens * PERIOD_MS / limits.tpm
 
-    def _prune(self, now):
+    def _prune(self, now: float) -> None:
         """Forget full buckets and empty lease sets (what Redis's expiry does), so
         tenants that come and go do not grow the dicts."""
         if len(self.tats) + len(self.leases) < 4096:
@@ -157,21 +172,26 @@ return ''
 )
 
 
+# One script call waiting in a loop turn's batch: the script, its keys, its arguments,
+# and the future its caller awaits the reply on.
+_Call = tuple[str, tuple[str, ...], tuple[Any, ...], "asyncio.Future[Any]"]
+
+
 class RedisStore:
     """The same counters in Redis, shared by every router of the deployment."""
 
     def __init__(
         self,
-        url,
-        password,
-        namespace,
-        username=None,
-        timeout_s=TIMEOUT_S,
-        retry_s=RETRY_S,
-        clock=time.monotonic,
-    ):
+        url: str,
+        password: str | None,
+        namespace: str,
+        username: str | None = None,
+        timeout_s: float = TIMEOUT_S,
+        retry_s: float = RETRY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         parsed = urllib.parse.urlsplit(url)
-        self.options = {
+        self.options: dict[str, Any] = {
             "host": parsed.hostname,
             "port": parsed.port or 6379,
             "db": int(parsed.path.strip("/") or 0),
@@ -187,19 +207,20 @@ class RedisStore:
         }
         self.namespace = namespace
         self.timeout_s, self.retry_s, self.clock = timeout_s, retry_s, clock
-        self.client = self.loop = None
-        self.batch = []  # (script, keys, args, future) of this loop turn
-        self.sending = set()  # pipelines in flight, referenced until done
+        self.client: aioredis.Redis | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.batch: list[_Call] = []  # (script, keys, args, future) of this loop turn
+        self.sending: set[asyncio.Task[None]] = set()  # pipelines in flight, until done
         self.failing, self.probing = False, False
         self.retry_at, self.last_error = 0.0, ""
 
-    def keys(self, tenant):
+    def keys(self, tenant: str) -> tuple[str, str, str]:
         # The braces make a Redis Cluster hash tag: a tenant's keys share one slot. (%
         # keeps triple braces out of the source: render's leftover-placeholder check.)
         base = "trident:%s:{%s}" % (self.namespace, tenant)  # noqa: UP031
         return f"{base}:rpm", f"{base}:tpm", f"{base}:leases"
 
-    async def admit(self, tenant, limits, lease_id, lease_ms):
+    async def admit(self, tenant: str, limits: Limits, lease_id: str, lease_ms: float) -> str:
         rpm, tpm, leases = self.keys(tenant)
         reply = await self.call(
             ADMIT,
@@ -208,11 +229,11 @@ class RedisStore:
         )
         return reply.decode() if isinstance(reply, bytes) else ""
 
-    async def finish(self, tenant, limits, lease_id, tokens):
+    async def finish(self, tenant: str, limits: Limits, lease_id: str, tokens: int) -> None:
         _, tpm, leases = self.keys(tenant)
         await self.call(FINISH, (tpm, leases), (limits.tpm, int(tokens), lease_id))
 
-    async def call(self, script, keys, args):
+    async def call(self, script: str, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
         """Run a script within the time budget; raises StoreUnavailable."""
         probe = False
         if self.failing:
@@ -234,7 +255,9 @@ class RedisStore:
                 self.probing = False
         raise StoreUnavailable(f"Redis unavailable ({self.last_error})")
 
-    def _queue(self, script, keys, args):
+    def _queue(
+        self, script: str, keys: tuple[str, ...], args: tuple[Any, ...]
+    ) -> asyncio.Future[Any]:
         """A future for the script's reply; the turn's first call schedules the send."""
         loop = asyncio.get_running_loop()
         if self.client is None or self.loop is not loop:
@@ -244,23 +267,26 @@ class RedisStore:
                 max_connections=MAX_CONNECTIONS, timeout=None, **self.options
             )
             self.client, self.loop, self.batch = aioredis.Redis(connection_pool=pool), loop, []
-        future = loop.create_future()
+        future: asyncio.Future[Any] = loop.create_future()
         self.batch.append((script, keys, args, future))
         if len(self.batch) == 1:
             loop.call_soon(self._send)
         return future
 
-    def _send(self):
+    def _send(self) -> None:
         batch, self.batch = self.batch, []
-        task = self.loop.create_task(self._pipeline(batch))
+        client, loop = self.client, self.loop
+        if client is None or loop is None:  # _queue opened both before it scheduled this
+            raise RuntimeError("RedisStore sent a batch before it had a client")
+        task = loop.create_task(self._pipeline(client, batch))
         self.sending.add(task)
         task.add_done_callback(self.sending.discard)
 
-    async def _pipeline(self, batch):
+    async def _pipeline(self, client: aioredis.Redis, batch: list[_Call]) -> None:
         """Send one turn's calls as one pipeline; each caller gets its own reply or
         error. Bounded by the budget too: a stalled Redis must not hold the connection."""
         try:
-            replies = await asyncio.wait_for(self._execute(batch), self.timeout_s)
+            replies = await asyncio.wait_for(self._execute(client, batch), self.timeout_s)
         except (Exception, asyncio.CancelledError) as e:
             error = (
                 e
@@ -281,8 +307,8 @@ class RedisStore:
             else:
                 future.set_result(reply)
 
-    async def _execute(self, batch):
-        pipe = self.client.pipeline(transaction=False)
+    async def _execute(self, client: aioredis.Redis, batch: list[_Call]) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
         for script, keys, args, _ in batch:
             pipe.evalsha(SHAS[script], len(keys), *keys, *args)
         replies = await pipe.execute(raise_on_error=False)
@@ -290,7 +316,7 @@ class RedisStore:
         # EVAL runs it and caches it for the next EVALSHA.
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if missing:
-            pipe = self.client.pipeline(transaction=False)
+            pipe = client.pipeline(transaction=False)
             for i in missing:
                 script, keys, args, _ = batch[i]
                 pipe.eval(script, len(keys), *keys, *args)
@@ -298,7 +324,7 @@ class RedisStore:
                 replies[i] = reply
         return replies
 
-    def _failed(self, why):
+    def _failed(self, why: str) -> None:
         self.failing, self.last_error = True, why
         self.retry_at = self.clock() + self.retry_s
 

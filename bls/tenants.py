@@ -17,18 +17,31 @@ routing hint (what the policy's rules match) and becomes vLLM's request `priorit
 share_prefix_cache. Both travel to the engine model as input tensors.
 """
 
+from __future__ import annotations
+
+import asyncio
 import os
 import secrets
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tenant_names import TENANT_RE
 from tenant_outbox import Outbox
-from tenant_store import Limits, LocalStore, RedisStore, StoreUnavailable
+from tenant_store import Limits, LocalStore, RedisStore, Store, StoreUnavailable
 from trident_common.error_classes import CLIENT
 from trident_common.metrics import COUNTER, GAUGE
 from trident_common.trust import tenant_salt
+
+if TYPE_CHECKING:
+    from inbound import Inbound
+
+_T = TypeVar("_T")
+# A metric family: (name, description, metric kind), as RouterMetrics.FAMILIES has them.
+Family = tuple[str, str, str]
+Labels = tuple[tuple[str, str], ...]
 
 # A lease outlives the router's deadline by this much: the router ends a request at its
 # deadline (checked every STREAM_WATCH_S, later on a loaded loop), then releases it. A
@@ -44,16 +57,31 @@ UNITS = {
 }
 
 
+class Series(Protocol):
+    """One labelled series of the router's metrics (router_metrics.Series)."""
+
+    def increment(self, value: float) -> None: ...
+
+    def set(self, value: float) -> None: ...
+
+
+class MetricSource(Protocol):
+    """Where the tenant metrics' series come from (router_metrics.RouterMetrics)."""
+
+    def metric(self, kind: str, labels: Labels, *, families: Mapping[str, Family]) -> Series: ...
+
+
 class Tenant:
     __slots__ = ("name", "label", "limits", "quota", "tier", "priority", "salt")
 
-    def __init__(self, name, label, entry, shared):
+    def __init__(self, name: str, label: str, entry: Mapping[str, Any], shared: bool) -> None:
         self.name, self.label = name, label
         self.quota = entry  # the spec's numbers, for messages
         self.limits = Limits(
             entry["requests_per_minute"], entry["tokens_per_minute"], entry["max_concurrent"]
         )
-        self.tier, self.priority = entry["tier"], entry["priority"]
+        self.tier: str = entry["tier"]
+        self.priority: int = entry["priority"]
         # Secret: a keyed HMAC of the name (trust.py), so no one can compute another's.
         self.salt = None if shared else tenant_salt(name)
 
@@ -63,17 +91,17 @@ class Ticket:
 
     __slots__ = ("tenant", "lease_id")
 
-    def __init__(self, tenant, lease_id):
+    def __init__(self, tenant: Tenant, lease_id: str) -> None:
         self.tenant, self.lease_id = tenant, lease_id
 
 
 class Refused(Exception):
-    def __init__(self, label, reason, message):
+    def __init__(self, label: str, reason: str, message: str) -> None:
         super().__init__(message)
         self.label, self.reason = label, reason
 
 
-def read_password(config):
+def read_password(config: Mapping[str, Any]) -> str | None:
     """The Redis password from the environment or a file; raises if named but absent."""
     if config.get("password_env"):
         value = os.environ.get(config["password_env"])
@@ -97,10 +125,17 @@ def read_password(config):
 class Tenants:
     """The router's tenant gate; a no-op when the spec has no `tenants:` section."""
 
-    def __init__(self, config, router_metrics, deadline_s, store=None):
-        self.config = config
+    def __init__(
+        self,
+        config: Mapping[str, Any] | None,
+        router_metrics: MetricSource,
+        deadline_s: float,
+        store: Store | None = None,
+    ) -> None:
         self.enabled = config is not None
-        if not self.enabled:
+        # Disabled: {} stands in for the section, and no method reads it then.
+        self.config: Mapping[str, Any] = config if config is not None else {}
+        if config is None:
             return
         self.lease_ms = (deadline_s + LEASE_MARGIN_S) * 1000.0
         shared = set(config["share_prefix_cache"])
@@ -123,12 +158,12 @@ class Tenants:
             on_lost=lambda: self.metrics.redis_failure("lost"),
         )
 
-    def close(self, loop):
+    def close(self, loop: asyncio.AbstractEventLoop | None) -> None:
         """At unload: write the releases and charges still queued (bounded wait)."""
         if self.enabled:
             self.outbox.flush(loop, CLOSE_FLUSH_S)
 
-    def set_tier(self, hints):
+    def set_tier(self, hints: dict[str, Any]) -> None:
         """Replace the client's `tier` routing hint with its tenant's tier from the spec
         (the default's for a tenant the spec does not name), before the router computes
         the request's routing features: a client cannot route itself as another tier."""
@@ -138,7 +173,7 @@ class Tenants:
         tenant = self.known.get(str(name)) if name else None
         hints["tier"] = tenant.tier if tenant is not None else self.config["default"]["tier"]
 
-    def identify(self, name):
+    def identify(self, name: object) -> Tenant:
         """The request's Tenant; raises Refused (unknown or malformed name)."""
         if name is None or name == "":
             name = ANONYMOUS
@@ -169,7 +204,7 @@ class Tenants:
         )
         return tenant
 
-    async def admit(self, name):
+    async def admit(self, name: object) -> Ticket:
         """A Ticket, or raises Refused naming the tenant and the limit."""
         tenant = self.identify(name)
         lease_id = secrets.token_hex(8)
@@ -196,7 +231,14 @@ class Tenants:
         self.metrics.admitted(tenant.label)
         return Ticket(tenant, lease_id)
 
-    async def run(self, name, work, attempts, sender, fail):
+    async def run(
+        self,
+        name: object,
+        work: Coroutine[Any, Any, _T],
+        attempts: Sequence[object],
+        sender: pb_utils.ResponseSender,
+        fail: Callable[[pb_utils.ResponseSender, str, str], _T],
+    ) -> _T:
         """Await the coroutine `work` (the request's attempts) if the tenant is admitted,
         else close it and answer with `fail` (the router's); release the ticket however
         the request ends."""
@@ -213,14 +255,14 @@ class Tenants:
         finally:
             self.finish(ticket, attempts)
 
-    def finish(self, ticket, attempts):
+    def finish(self, ticket: Ticket, attempts: Sequence[object]) -> None:
         """Release the lease and charge the tokens, off the request's path."""
         tenant = ticket.tenant
         prompt, completion = _token_counts(attempts)
         self.metrics.finished(tenant.label, prompt, completion)
         self.outbox.put(tenant.name, tenant.limits, ticket.lease_id, prompt + completion)
 
-    def inputs(self, inbound):
+    def inputs(self, inbound: Inbound) -> list[pb_utils.Tensor]:
         """The engine inputs for this request's tenant: priority and cache_salt, and the
         token-count flags a Tally needs (they replace the client's own)."""
         if not self.enabled:
@@ -238,7 +280,7 @@ class Tenants:
             tensors += [pb_utils.Tensor(flag, np.array([True])) for flag in Tally.FLAGS]
         return tensors
 
-    def tally(self, inbound):
+    def tally(self, inbound: Inbound) -> Tally | None:
         """A Tally for a request whose return_* flags would hide or split the token
         counts the router charges; None when the engine's running totals will do."""
         if not self.enabled or inbound.returns is None:
@@ -260,11 +302,11 @@ class Tally:
     OUTPUTS = ("num_input_tokens", "num_output_tokens")
     FLAGS = tuple(f"return_{name}" for name in OUTPUTS)
 
-    def __init__(self, hidden):
+    def __init__(self, hidden: set[str]) -> None:
         self.hidden = hidden
         self.prompt = self.completion = 0
 
-    def take(self, response):
+    def take(self, response: pb_utils.InferenceResponse) -> pb_utils.InferenceResponse:
         """Count one response; the response the client gets (without hidden outputs)."""
         tensors = response.output_tensors()
         for tensor in tensors:
@@ -280,7 +322,7 @@ class Tally:
         )
 
 
-def _token_counts(attempts):
+def _token_counts(attempts: Sequence[object]) -> tuple[int, int]:
     """(prompt, completion) tokens of the attempt that answered: its Tally's, else from
     its last response (the engines report running totals); zeros when none did or it
     reports none."""
@@ -291,16 +333,19 @@ def _token_counts(attempts):
         response = getattr(relay, "last", None)
         if response is None:
             continue
-        counts = []
-        for name in ("num_input_tokens", "num_output_tokens"):
-            tensor = pb_utils.get_output_tensor_by_name(response, name)
-            counts.append(0 if tensor is None else int(tensor.as_numpy().reshape(-1)[0]))
-        return tuple(counts)
+        prompt, completion = (
+            0 if tensor is None else int(tensor.as_numpy().reshape(-1)[0])
+            for tensor in (
+                pb_utils.get_output_tensor_by_name(response, name)
+                for name in ("num_input_tokens", "num_output_tokens")
+            )
+        )
+        return prompt, completion
     return 0, 0
 
 
 class TenantMetrics:
-    FAMILIES = {
+    FAMILIES: ClassVar[dict[str, Family]] = {
         "admitted": ("trident_tenant_admitted_total", "Requests admitted, by tenant", COUNTER),
         "rejected": (
             "trident_tenant_rejected_total",
@@ -327,27 +372,27 @@ class TenantMetrics:
         ),
     }
 
-    def __init__(self, router_metrics):
+    def __init__(self, router_metrics: MetricSource) -> None:
         self.router_metrics = router_metrics  # its set and series cache hold these too
-        self.inflight = {}
+        self.inflight: dict[str, int] = {}
 
-    def _metric(self, kind, labels):
+    def _metric(self, kind: str, labels: Labels) -> Series:
         return self.router_metrics.metric(kind, labels, families=self.FAMILIES)
 
-    def admitted(self, tenant):
+    def admitted(self, tenant: str) -> None:
         self._metric("admitted", (("tenant", tenant),)).increment(1)
         self.inflight[tenant] = self.inflight.get(tenant, 0) + 1
         self._metric("inflight", (("tenant", tenant),)).set(self.inflight[tenant])
 
-    def rejected(self, tenant, reason):
+    def rejected(self, tenant: str, reason: str) -> None:
         self._metric("rejected", (("tenant", tenant), ("reason", reason))).increment(1)
 
-    def finished(self, tenant, prompt, completion):
+    def finished(self, tenant: str, prompt: int, completion: int) -> None:
         self.inflight[tenant] -= 1
         self._metric("inflight", (("tenant", tenant),)).set(self.inflight[tenant])
         for kind, count in (("prompt", prompt), ("completion", completion)):
             if count:
                 self._metric("tokens", (("tenant", tenant), ("kind", kind))).increment(count)
 
-    def redis_failure(self, decision):
+    def redis_failure(self, decision: str) -> None:
         self._metric("redis", (("decision", decision),)).increment(1)
