@@ -5,11 +5,14 @@ interface, cancellation, errors and metrics are shared with the SGLang model
 (trident_common.engine_model); this file only speaks vLLM.
 """
 
+from __future__ import annotations
+
 import locale
 import os
 import tempfile
 import threading
-from typing import Any, NamedTuple
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 # The stub's Python starts in the ASCII locale; vLLM reads UTF-8 files at import time.
 locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
@@ -23,15 +26,23 @@ from trident_common.engine_model import AsyncEngineModel  # noqa: E402
 from trident_common.request import (  # noqa: E402
     SAMPLING_TYPES,
     BadRequest,
+    GenerateRequest,
     check_adapter,
     check_sampling_keys,
     describe,
 )
 from trident_common.returns import logprobs_json, wants_logprobs  # noqa: E402
 from trident_common.structured import with_tools  # noqa: E402
-from trident_common.tool_calls import ToolPlan, collect, forced_calls  # noqa: E402
+from trident_common.tool_calls import Extract, ToolPlan, collect, forced_calls  # noqa: E402
 from trident_common.tool_calls import call as tool_call  # noqa: E402
 from trident_common.triton_io import FINAL, model_parameters  # noqa: E402
+
+if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this file
+    from vllm import AsyncEngineArgs, SamplingParams
+    from vllm.inputs import PromptType
+    from vllm.logprobs import FlatLogprobs
+    from vllm.lora.request import LoRARequest
+    from vllm.outputs import RequestOutput
 
 # vllm_backend's model parameters (config.pbtxt `parameters`), with its meanings.
 REPORT_CUSTOM_METRICS = "REPORT_CUSTOM_METRICS"  # "true": vllm:* families (rendered on)
@@ -71,7 +82,7 @@ def _cpu_defaults() -> None:
 class TritonPythonModel(AsyncEngineModel):
     engine_name = "vllm"
 
-    def initialize(self, args):
+    def initialize(self, args: dict[str, Any]) -> None:
         # This blocks for vLLM's whole start (20-60 s here). Triton 2.51's Python backend
         # waits for the answer in 1 s slices, each needing the stub's health thread (C++,
         # no GIL, every 300 ms) to have run: on a starved machine one missed slice fails
@@ -89,14 +100,14 @@ class TritonPythonModel(AsyncEngineModel):
         self._report_stats = params.get(REPORT_CUSTOM_METRICS, "").lower() == "true"
         self._health_check = params.get(ENABLE_VLLM_HEALTH_CHECK, "").lower() == "true"
         self._unloading = threading.Lock()  # taken once, by the first to see the engine dead
-        self._stats = None
+        self._stats: VllmStats | None = None
         try:
             super().initialize(args)
         except BaseException:
             self._close_stats()  # no finalize() follows a failed load
             raise
 
-    def execute(self, requests):
+    def execute(self, requests: list[pb_utils.InferenceRequest]) -> None:
         """vllm_backend's health check: once the engine is dead, refuse in its words
         (UNAVAILABLE) instead of trident's usual "engine is dead" error."""
         if self._health_check and self.engine_dead() is not None:
@@ -104,9 +115,11 @@ class TritonPythonModel(AsyncEngineModel):
                 self._count(None, self.metrics.errors)
                 _refuse_unhealthy(request.get_response_sender())
             return None
-        return super().execute(requests)
+        # engine_model.execute is not typed yet (`unused-ignore`: once it is).
+        super().execute(requests)  # type: ignore[no-untyped-call, unused-ignore]
+        return None
 
-    def finalize(self):
+    def finalize(self) -> None:
         try:
             super().finalize()
         finally:
@@ -116,7 +129,7 @@ class TritonPythonModel(AsyncEngineModel):
         if self._stats is not None:
             self._stats.close()
 
-    async def start_engine(self, config: dict) -> None:
+    async def start_engine(self, config: dict[str, Any]) -> None:
         from vllm import AsyncEngineArgs, SamplingParams
         from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
@@ -143,14 +156,16 @@ class TritonPythonModel(AsyncEngineModel):
         self._loras_stay = len(self.loras) <= (
             config.get("max_cpu_loras") or config.get("max_loras") or 1
         )
-        self._loaded_loras: set = set()
+        self._loaded_loras: set[int] = set()
         given = config.pop("structured_outputs_config", None)  # the spec's, if any
         engine_args = AsyncEngineArgs(**config)
         for key, value in structured_outputs_settings(given).items():
             if not hasattr(engine_args.structured_outputs_config, key):
                 raise ValueError(f"engine_args.structured_outputs_config: unknown field {key!r}")
             setattr(engine_args.structured_outputs_config, key, value)
-        loggers = []
+        # StatLogger is vLLM's StatLoggerBase by its methods alone (stats.py imports no
+        # vLLM), so the list is typed loosely.
+        loggers: list[Any] = []
         # vLLM computes no stats with disable_log_stats: then there is nothing to export.
         if self._report_stats and not engine_args.disable_log_stats:
             self._stats = VllmStats(self._labels, self._max_model_len(engine_args))
@@ -159,12 +174,12 @@ class TritonPythonModel(AsyncEngineModel):
         self.tokenizer = self.engine.get_tokenizer()
 
     @staticmethod
-    def _max_model_len(engine_args) -> int:
+    def _max_model_len(engine_args: AsyncEngineArgs) -> int:
         """The token-count histograms' top edge: the context length, when the spec set
         it (else vLLM takes the model's; 32k covers the models trident ships)."""
         return engine_args.max_model_len or 32768
 
-    def engine_dead(self):
+    def engine_dead(self) -> str | None:
         engine = getattr(self, "engine", None)
         if engine is None or not engine.errored:
             return None
@@ -190,7 +205,7 @@ class TritonPythonModel(AsyncEngineModel):
                 f"stays loaded and refuses every request"
             )
 
-    def make_sampling(self, request):
+    def make_sampling(self, request: GenerateRequest) -> _Call:
         check_sampling_keys(request.sampling, self._sampling_fields, "vllm")
         values, constraint = with_tools(dict(request.sampling), request.tool_plan)
         plan = request.tool_plan
@@ -229,7 +244,7 @@ class TritonPythonModel(AsyncEngineModel):
             self._extractor(request),
         )
 
-    def _check_constraint(self, params, tag: str) -> None:
+    def _check_constraint(self, params: SamplingParams, tag: str) -> None:
         """A schema, regex or grammar no structured-output backend of this vLLM can
         compile is the client's error, named before generation: vLLM's own check (the
         one its input processing runs, backend fallback included), called here so the
@@ -245,26 +260,33 @@ class TritonPythonModel(AsyncEngineModel):
                 f"{tag}sampling_parameters.structured_outputs cannot be compiled: {describe(e)}"
             ) from None
 
-    def _extractor(self, request):
+    def _extractor(self, request: GenerateRequest) -> Extract | None:
         """How the calls are read out of this request's answer (None: no tools)."""
         plan: ToolPlan | None = request.tool_plan
         if plan is None:
             return None
         if plan.forced:
 
-            def forced(text):
+            def forced(text: str) -> tuple[str | None, list[dict[str, Any]]]:
                 calls = forced_calls(plan, text)
                 return (None, calls) if calls else (text, [])
 
             return forced
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-        chat = ChatCompletionRequest(
-            model=self.model_name, messages=request.messages, tools=plan.tools, tool_choice="auto"
+        # model_validate: the same validation as the constructor, which mypy (without
+        # pydantic's plugin) reads as requiring every field.
+        chat = ChatCompletionRequest.model_validate(
+            {
+                "model": self.model_name,
+                "messages": request.messages,
+                "tools": plan.tools,
+                "tool_choice": "auto",
+            }
         )
         parser = self._tool_parser(self.tokenizer, chat.tools)
 
-        def auto(text):
+        def auto(text: str) -> tuple[str | None, list[dict[str, Any]]]:
             found = parser.extract_tool_calls(text, chat)
             if not found.tools_called:
                 return text, []
@@ -274,32 +296,36 @@ class TritonPythonModel(AsyncEngineModel):
 
         return auto
 
-    def lora_for(self, name):
+    def lora_for(self, name: str | None) -> LoRARequest | None:
         """The LoRARequest of an adapter named in the request (None: the base model)."""
         name = check_adapter(name, self.loras, self.model_name)
         return None if name is None else self.loras[name]
 
-    async def render_chat(self, messages: list, tools: list | None = None) -> str:
+    async def render_chat(
+        self, messages: list[Any], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         try:
-            return self.tokenizer.apply_chat_template(
+            prompt = self.tokenizer.apply_chat_template(
                 messages, tools=tools, tokenize=False, add_generation_prompt=True
             )
+            return cast(str, prompt)  # tokenize=False: the text, not token ids
         except Exception as e:
             raise BadRequest(f"cannot apply the chat template: {e}") from None
 
-    def stream(self, prompt, sampling, engine_id):
+    def stream(self, prompt: str, sampling: _Call, engine_id: str) -> AsyncIterator[Delta]:
         deltas = self._deltas(prompt, sampling, engine_id)
         return deltas if sampling.tools is None else collect(deltas, sampling.tools)
 
-    async def _deltas(self, prompt, sampling, engine_id):
+    async def _deltas(self, prompt: str, sampling: _Call, engine_id: str) -> AsyncIterator[Delta]:
         input_tokens = output_tokens = 0
         if sampling.lora is not None:
             await self._load_adapter(sampling.lora)
+        engine_prompt: PromptType = prompt
         if sampling.cache_salt:  # the tenant's own prefix cache (bls/tenants.py)
-            prompt = {"prompt": prompt, "cache_salt": sampling.cache_salt}
+            engine_prompt = {"prompt": prompt, "cache_salt": sampling.cache_salt}
         outputs = self._count_cached(
             self.engine.generate(
-                prompt,
+                engine_prompt,
                 sampling.params,
                 engine_id,
                 priority=sampling.priority,
@@ -329,11 +355,13 @@ class TritonPythonModel(AsyncEngineModel):
                 completion.finish_reason,
                 input_tokens,
                 output_tokens,
-                None if completion.logprobs is None else logprobs_json(completion.logprobs),
+                None
+                if completion.logprobs is None
+                else logprobs_json(_positions(completion.logprobs)),
                 completion.cumulative_logprob,
             )
 
-    async def _load_adapter(self, lora) -> None:
+    async def _load_adapter(self, lora: LoRARequest) -> None:
         """Have vLLM load the adapter before a request uses it. Left to generate(), vLLM
         loads it inside its engine core when the request is scheduled, and an adapter
         it cannot load there (its file changed or vanished since `trident repo` checked
@@ -353,7 +381,9 @@ class TritonPythonModel(AsyncEngineModel):
             ) from None
         self._loaded_loras.add(lora.lora_int_id)
 
-    async def _count_cached(self, outputs):
+    async def _count_cached(
+        self, outputs: AsyncIterator[RequestOutput]
+    ) -> AsyncIterator[RequestOutput]:
         """outputs, passed through; the request's cached tokens are counted when its last
         output comes (before the client sees it), or when it ends early (aborted, failed):
         the hit happened all the same."""
@@ -381,14 +411,14 @@ class TritonPythonModel(AsyncEngineModel):
 class _Call(NamedTuple):
     """What one generate() call takes besides the prompt: sampling and the tenant's."""
 
-    params: object
+    params: SamplingParams
     priority: int
     cache_salt: str | None
-    lora: object = None  # vLLM's LoRARequest, or None for the base model
-    tools: object = None  # text -> (content, calls): the tool calls' reader, if any
+    lora: LoRARequest | None = None  # None for the base model
+    tools: Extract | None = None  # text -> (content, calls): the tool calls' reader, if any
 
 
-def _refuse_unhealthy(sender) -> None:
+def _refuse_unhealthy(sender: pb_utils.ResponseSender) -> None:
     try:
         sender.send(
             pb_utils.InferenceResponse(
@@ -400,7 +430,7 @@ def _refuse_unhealthy(sender) -> None:
         pass  # the client is gone: nobody is left to tell
 
 
-def tool_parser_class(name: str | None):
+def tool_parser_class(name: str | None) -> Any:
     """vLLM's tool parser class of that name (None: the model parses no calls); an
     unknown name fails the load (the spec's check knows vLLM's names too)."""
     if not name:
@@ -410,7 +440,7 @@ def tool_parser_class(name: str | None):
     return ToolParserManager.get_tool_parser(name)
 
 
-def lora_requests(adapters: dict) -> dict:
+def lora_requests(adapters: dict[str, str]) -> dict[str, LoRARequest]:
     """name → vLLM LoRARequest. vLLM tells adapters apart by their integer id (> 0), so
     ids are fixed here, in name order, and never reused for another folder."""
     from vllm.lora.request import LoRARequest
@@ -421,7 +451,18 @@ def lora_requests(adapters: dict) -> dict:
     }
 
 
-async def _chain(first, rest):
+def _positions(
+    logprobs: FlatLogprobs | list[dict[int, Any]],
+) -> Iterable[Mapping[int, Any]]:
+    """vLLM's per-position logprobs: FlatLogprobs (VLLM_FLAT_LOGPROBS) is typed as
+    holding None positions but yields a mapping for each, as the list does."""
+    return cast(Iterable[Mapping[int, Any]], logprobs)
+
+
+T = TypeVar("T")
+
+
+async def _chain(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
     yield first
     async for item in rest:
         yield item
