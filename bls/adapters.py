@@ -31,8 +31,10 @@ TRTLLM_SAMPLING = {
 }
 
 # What an adapter's split makes of one backend response: the backend's error or None, the
-# response to relay or None, and whether it is the answer's last.
-Split = tuple[str | None, pb_utils.InferenceResponse | None, bool]
+# response to relay or None, and whether it is the answer's last. Annotations only: the
+# stub adds pb_utils' classes to the module after the model's files are imported.
+if TYPE_CHECKING:
+    Split = tuple[str | None, pb_utils.InferenceResponse | None, bool]
 
 
 def _string_tensor(name: str, value: str, shape: tuple[int, ...] = (1,)) -> pb_utils.Tensor:

@@ -8,15 +8,17 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import Executor
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import triton_python_backend_utils as pb_utils
 
-from adapters import Adapters
 from relay import Retired, first_error
 from trident_common import trust
 from trident_common.interface import ROUTER_PROOF
 from trident_common.request import CLIENT_FAULT_PREFIX
+
+if TYPE_CHECKING:
+    from adapters import Adapters
 
 SILENCE_PROBE_S = 2.0  # a stream quiet this long gets its backend health-probed
 PROBE_TIMEOUT_S = 5.0  # no answer this fast: the backend is busy (not counted as dead)
