@@ -91,33 +91,47 @@ def sse_events(buffer: bytes) -> tuple[list[bytes], bytes]:
     return [e[len(b"data: ") :] for e in events if e.startswith(b"data: ")], rest
 
 
+class StreamedAnswer:
+    """One streamed completion read as its bytes arrive, whatever client read them: the
+    TTFT, the completion tokens (from the usage chunk) and the time to the finish reason."""
+
+    def __init__(self, start: float):
+        self.start, self.buffer = start, b""
+        self.ttft = self.end = 0.0
+        self.tokens = 0
+
+    def feed(self, data: bytes, now: float) -> None:
+        events, self.buffer = sse_events(self.buffer + data)
+        for event in events:
+            if event == b"[DONE]":
+                continue
+            chunk = json.loads(event)
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"]["message"])
+            choices = chunk["choices"]
+            if choices and not self.ttft:
+                self.ttft = now - self.start
+            if choices and choices[0]["finish_reason"]:
+                self.end = now - self.start
+            if chunk.get("usage"):
+                self.tokens = chunk["usage"]["completion_tokens"]
+
+    def figures(self) -> tuple[float, int, float]:
+        """(TTFT s, completion tokens, s to the finish reason)."""
+        return self.ttft, self.tokens, self.end
+
+
 async def http_stream(client: httpx.AsyncClient, url: str, prompt: str) -> tuple:
     """(TTFT s, completion tokens, s to the finish reason) of one streamed completion."""
-    start = time.perf_counter()
-    ttft = end = 0.0
-    tokens, buffer = 0, b""
+    answer = StreamedAnswer(time.perf_counter())
     async with client.stream(
         "POST", url + "/v1/chat/completions", json=chat_body(prompt)
     ) as response:
         if response.status_code != 200:
             raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread())[:300]!r}")
         async for data in response.aiter_raw():
-            events, buffer = sse_events(buffer + data)
-            for event in events:
-                if event == b"[DONE]":
-                    continue
-                chunk = json.loads(event)
-                if "error" in chunk:
-                    raise RuntimeError(chunk["error"]["message"])
-                now = time.perf_counter()
-                choices = chunk["choices"]
-                if choices and not ttft:
-                    ttft = now - start
-                if choices and choices[0]["finish_reason"]:
-                    end = now - start
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
-    return ttft, tokens, end
+            answer.feed(data, time.perf_counter())
+    return answer.figures()
 
 
 class RawHTTP:
@@ -150,26 +164,12 @@ class RawHTTP:
         head = await self.reader.readuntil(b"\r\n\r\n")
         if not head.startswith(b"HTTP/1.1 200"):
             raise RuntimeError(f"HTTP: {head[:300]!r}")
-        ttft = end = 0.0
-        tokens, buffer = 0, b""
+        answer = StreamedAnswer(start)
         while size := int((await self.reader.readuntil(b"\r\n")).strip(), 16):
-            events, buffer = sse_events(buffer + (await self.reader.readexactly(size + 2))[:-2])
-            now = time.perf_counter()
-            for event in events:
-                if event == b"[DONE]":
-                    continue
-                chunk = json.loads(event)
-                if "error" in chunk:
-                    raise RuntimeError(chunk["error"]["message"])
-                choices = chunk["choices"]
-                if choices and not ttft:
-                    ttft = now - start
-                if choices and choices[0]["finish_reason"]:
-                    end = now - start
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
+            data = (await self.reader.readexactly(size + 2))[:-2]
+            answer.feed(data, time.perf_counter())
         await self.reader.readuntil(b"\r\n")  # the last chunk's (empty) trailer
-        return ttft, tokens, end
+        return answer.figures()
 
 
 async def grpc_stream(client: grpcaio.InferenceServerClient, prompt: str) -> tuple:
