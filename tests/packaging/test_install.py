@@ -240,7 +240,7 @@ def _frontend_answers(trident: Path, env: dict, cwd: Path) -> str:
 def _wheelhouse(request, tmp_path: Path) -> Path:
     """Where the container profile's wheels stay between runs: pytest's cache folder
     (.pytest_cache/d/, git-ignored), or this run's tmp_path without the cache plugin."""
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
     return cache.mkdir("trident-wheelhouse") if cache is not None else tmp_path / "wheels"
 
 
