@@ -3,6 +3,16 @@ hold (from its engine's capacity, which the builder writes into router.json). Ch
 messages are checked by trident_common.request's parse_messages, shared with the engine
 models."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    # Annotations only: the stub adds pb_utils' classes after the model's files import.
+    import triton_python_backend_utils as pb_utils
+
+    from policy import RequestFeatures
+
 # Requests the router lets wait for one backend: its engine's concurrent sequences
 # (× instances) running, as many again queued in the engine. More only wait longer for a
 # first token; the router sheds them at once with an "overloaded" error instead.
@@ -14,7 +24,15 @@ class Inbound:
 
     __slots__ = ("features", "stream", "replaced", "returns", "parameters", "prompt")
 
-    def __init__(self, features, stream, replaced, returns=None, parameters=None, prompt=None):
+    def __init__(
+        self,
+        features: RequestFeatures,
+        stream: bool,
+        replaced: dict[str, pb_utils.Tensor],
+        returns: dict[str, bool] | None = None,
+        parameters: dict[str, Any] | None = None,
+        prompt: tuple[str | None, list[Any] | None] | None = None,
+    ) -> None:
         self.features, self.stream, self.replaced = features, stream, replaced
         # The prompt's parts, (text, messages): the replicas' prefix index makes its key
         # from them (prefix_index.prompt_key) only for a route with replicas.
