@@ -4,11 +4,23 @@ Every write of a Triton metric is an IPC round trip from the stub to the server 
 blocks its caller. The router's event loop and relay threads only queue their writes;
 a trident_common.metrics.Writer thread makes them, in order."""
 
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
 from breaker import STATE_VALUES
-from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, MetricSet, Writer
+from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, Metric, MetricSet, Writer
+
+if TYPE_CHECKING:
+    # One queued write: (series, op, value), op the name of a Metric method; _merge sums a
+    # series' increments into a list of the same three.
+    Write = tuple["Series", str, float] | list[Any]
+    Labels = tuple[tuple[str, str], ...]
+    Family = tuple[str, str, str]  # (name, description, metric kind)
 
 
-def _apply(write):
+def _apply(write: Write) -> None:
     """One queued write: (series, op, value); the series is made on its first write."""
     series, op, value = write
     if series.metric is None:
@@ -16,11 +28,12 @@ def _apply(write):
     getattr(series.metric, op)(value)
 
 
-def _merge(writes):
+def _merge(writes: list[Write]) -> list[Write]:
     """The writes waiting at once, each series' increments added into one write (at its
     first's place: counters commute); sets and observations kept as they are. Under load
     the router's per-request counters then cost one round trip per batch, not each."""
-    merged, added = [], {}
+    merged: list[Write] = []
+    added: dict[Series, list[Any]] = {}
     for write in writes:
         series, op, value = write
         if op != "increment":
@@ -37,17 +50,18 @@ class Series:
     """One labelled series; its writes go through the router's Writer."""
 
     __slots__ = ("create", "metric", "writes")
+    metric: Metric | None  # made on its first write (_apply)
 
-    def __init__(self, create, writes):
+    def __init__(self, create: Callable[[], Metric], writes: Writer) -> None:
         self.create, self.metric, self.writes = create, None, writes
 
-    def increment(self, value):
+    def increment(self, value: float) -> None:
         self.writes.put([(self, "increment", value)])
 
-    def set(self, value):
+    def set(self, value: float) -> None:
         self.writes.put([(self, "set", value)])
 
-    def observe(self, value):
+    def observe(self, value: float) -> None:
         self.writes.put([(self, "observe", value)])
 
 
@@ -56,7 +70,7 @@ class RouterMetrics:
     latency. Label sets are created lazily; like every trident metric they outlive this
     instance (see trident_common.metrics)."""
 
-    FAMILIES = {  # kind: (name, description, metric kind)
+    FAMILIES: ClassVar[dict[str, Family]] = {  # kind: (name, description, metric kind)
         "requests": (
             "trident_router_requests_total",
             "Requests routed, by route and serving backend",
@@ -116,10 +130,18 @@ class RouterMetrics:
             GAUGE,
         ),
     }
-    MATCHED_BUCKETS = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
-    DECISION_BUCKETS = [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.001, 0.005]
+    MATCHED_BUCKETS: ClassVar[list[float]] = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    DECISION_BUCKETS: ClassVar[list[float]] = [
+        0.00001,
+        0.000025,
+        0.00005,
+        0.0001,
+        0.00025,
+        0.001,
+        0.005,
+    ]
 
-    def __init__(self, router, instance=None):
+    def __init__(self, router: str, instance: str | None = None) -> None:
         self.router = router
         # Triton gives every stub of the server the same series for a name and labels:
         # counters and histograms of all router instances add up in it, but a gauge is
@@ -127,12 +149,18 @@ class RouterMetrics:
         self.instance = instance
         self.set = MetricSet()
         self.writes = Writer("router-metrics", _apply, merge=_merge)
-        self.metrics = {}
+        self.metrics: dict[tuple[str, Labels], Series] = {}
         self._latency = self.metric(
             "latency", (), buckets=[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1]
         )
 
-    def metric(self, kind, labels, buckets=None, families=None):
+    def metric(
+        self,
+        kind: str,
+        labels: Labels,
+        buckets: Sequence[float] | None = None,
+        families: Mapping[str, Family] | None = None,
+    ) -> Series:
         """The series of family `kind` (in `families`, else FAMILIES) with the router's
         label and `labels`, created on first use. TenantMetrics' families live here too."""
         key = (kind, labels)
@@ -148,42 +176,44 @@ class RouterMetrics:
             )
         return metric
 
-    def request(self, route, backend):
+    def request(self, route: str, backend: str) -> None:
         self.metric("requests", (("route", route), ("served_by", backend))).increment(1)
 
-    def fallback(self, backend):
+    def fallback(self, backend: str) -> None:
         self.metric("fallbacks", (("backend", backend),)).increment(1)
 
-    def abort(self, backend):
+    def abort(self, backend: str) -> None:
         self.metric("aborts", (("backend", backend),)).increment(1)
 
-    def error(self, reason):
+    def error(self, reason: str) -> None:
         self.metric("errors", (("reason", reason),)).increment(1)
 
-    def breaker_state(self, backend, state):
+    def breaker_state(self, backend: str, state: str) -> None:
         self.metric("breaker", (("backend", backend),)).set(STATE_VALUES[state])
 
-    def added_latency(self, seconds):
+    def added_latency(self, seconds: float) -> None:
         self._latency.observe(seconds)
 
-    def replica_decision(self, backend, matched_blocks, seconds):
+    def replica_decision(self, backend: str, matched_blocks: int, seconds: float) -> None:
         labels = (("backend", backend),)
         self.metric("matched_blocks", labels, self.MATCHED_BUCKETS).observe(matched_blocks)
         self.metric("decision", labels, self.DECISION_BUCKETS).observe(seconds)
 
-    def replica_request(self, backend, replica, policy, reason):
+    def replica_request(self, backend: str, replica: str, policy: str, reason: str) -> None:
         self.metric(
             "replica_requests",
             (("backend", backend), ("replica", replica), ("policy", policy), ("reason", reason)),
         ).increment(1)
 
-    def replica_index(self, backend, replica, blocks, updated_at=None):
+    def replica_index(
+        self, backend: str, replica: str, blocks: int, updated_at: float | None = None
+    ) -> None:
         labels = (("backend", backend), ("replica", replica))
         self.metric("index_blocks", labels).set(blocks)
         if updated_at is not None:
             self.metric("index_updated", labels).set(updated_at)
 
-    def replicas_loaded(self, replicas_of, now):
+    def replicas_loaded(self, replicas_of: Mapping[str, Iterable[str]], now: float) -> None:
         """Every replica's index gauges from the router's load (backend → its replicas):
         an empty record as old as the router. A replica never routed to then ages like
         one no longer routed to, and TridentReplicaRoutingStale (which reads the age)
@@ -192,6 +222,6 @@ class RouterMetrics:
             for replica in replicas:
                 self.replica_index(backend, replica, 0, now)
 
-    def finalize(self):
+    def finalize(self) -> None:
         self.writes.close()  # what was queued is written first
         self.set.close()  # the series stay for the router's next instance
