@@ -25,10 +25,26 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from trident_common.deltas import Delta, batches
 
-_STOP = object()
+# Put on the queue among the jobs and found by identity; typed Any so that it may be.
+_STOP: Any = object()
+
+if TYPE_CHECKING:
+    # What the loop queues for the thread: a stream to flush, or a call (function, args).
+    _Job: TypeAlias = "Outlet | tuple[Callable[..., object], tuple[Any, ...]]"
+    # An item of a stream: a delta to send, a callable to run in its place, a deferred one.
+    _Item: TypeAlias = "Delta | Callable[[], None] | _Deferred"
+
+
+class Sender(Protocol):
+    """A stream's response sender (pb_utils.ResponseSender; a double in tests)."""
+
+    def send(self, response: Any = ..., flags: int = ...) -> None: ...
+
+    def is_cancelled(self) -> bool: ...
 
 
 class Outlet:
@@ -38,18 +54,18 @@ class Outlet:
 
     def __init__(
         self,
-        sender,
+        sender: Sender,
         build: Callable[[Delta], object],
         final_flag: int,
         first_check: float,
         check_every_s: float,
-        owner=None,
-    ):
+        owner: object = None,
+    ) -> None:
         self.sender, self.build, self.final_flag = sender, build, final_flag
         self.owner = owner  # what the callbacks are told about
-        self.items: deque = deque()  # appended by the loop, taken by the thread
+        self.items: deque[_Item] = deque()  # appended by the loop, taken by the thread
         self.queued = False
-        self.held: list = []  # deferred callables the thread holds
+        self.held: list[_Deferred] = []  # deferred callables the thread holds
         self.next_check, self.check_every_s = first_check, check_every_s
         self.stopped = False  # the client left, or a send failed
 
@@ -65,9 +81,9 @@ class Outbox:
         name: str,
         on_stopped: Callable[[object, Exception | None], None],
         clock: Callable[[], float] = time.monotonic,
-    ):
+    ) -> None:
         self._on_stopped, self._clock = on_stopped, clock
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -85,7 +101,7 @@ class Outbox:
         delta or a callable)."""
         outlet.items.append(_Deferred(function))
 
-    def call(self, function: Callable, *args) -> None:
+    def call(self, function: Callable[..., object], *args: Any) -> None:
         """Run function(*args) on the thread, after everything queued before it (e.g. a
         metric write: a round trip the loop need not wait for)."""
         self._queue.put((function, args))
@@ -111,12 +127,15 @@ class Outbox:
         # Cleared before taking: an item the loop adds from here on is either taken
         # below or queues the outlet again (then, maybe, to find nothing: harmless).
         outlet.queued = False
-        items = []
+        items: list[Delta | Callable[[], None]] = []
         while outlet.items:
             item = outlet.items.popleft()
             # A deferred write may run later than its place, never after a callable or
             # the last response: held apart, so deltas on either side of it still merge.
-            (outlet.held if isinstance(item, _Deferred) else items).append(item)
+            if isinstance(item, _Deferred):
+                outlet.held.append(item)
+            else:
+                items.append(item)
         for item in batches(items):
             if not isinstance(item, Delta):
                 self._run_held(outlet)
@@ -163,11 +182,11 @@ class _Deferred:
 
     __slots__ = ("function",)
 
-    def __init__(self, function: Callable[[], None]):
+    def __init__(self, function: Callable[[], None]) -> None:
         self.function = function
 
 
-def quietly(function: Callable, *args) -> None:
+def quietly(function: Callable[..., object], *args: Any) -> None:
     try:
         function(*args)
     except Exception:
