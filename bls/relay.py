@@ -3,13 +3,30 @@ BLS call, sends the first response at once and then every later one, and the cli
 final flag exactly once; and keeping finished BLS iterators alive until the stub's own
 cleanup is done (Retired)."""
 
+from __future__ import annotations
+
 import collections
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import triton_python_backend_utils as pb_utils
 
 from trident_common.error_classes import CLIENT, classify, triton_error
+
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Iterator
+    from concurrent.futures import Executor
+    from typing import TypeVar
+
+    # Annotations only: the stub adds pb_utils' classes after the model's files import.
+    from adapters import PythonLlmAdapter, Split, TrtllmAdapter
+    from tenants import Tally
+
+    # A decoupled BLS call's responses (InferenceRequest.exec(decoupled=True)).
+    Responses = Iterator[pb_utils.InferenceResponse]
+    _T = TypeVar("_T")
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CLIENT_ERROR = "client error"  # Relay.start outcome: the backend rejected the request
@@ -29,14 +46,15 @@ class Retired:
     died in _multiarray_umath under cancel storms). Kept past the cleanup, the last
     reference is Python's, released with the GIL held."""
 
-    def __init__(self):
-        self.entries = collections.deque()  # (finished at, iterator); append is atomic
+    def __init__(self) -> None:
+        # (finished at, iterator); append is atomic
+        self.entries: collections.deque[tuple[float, Responses]] = collections.deque()
         self.next_prune = 0.0
 
-    def add(self, responses):
+    def add(self, responses: Responses) -> None:
         self.entries.append((time.monotonic(), responses))
 
-    def prune(self):
+    def prune(self) -> None:
         """Drop those finished RETIRE_S ago (on the event loop: one thread pops)."""
         now = time.monotonic()
         if now < self.next_prune:
@@ -54,20 +72,23 @@ class CallSlots:
     started and released on the event loop (a relay hands its slot back once its first
     response went out, with the outcome: Relay._started)."""
 
-    def __init__(self, size, pool, loop):
+    def __init__(self, size: int, pool: Executor, loop: asyncio.AbstractEventLoop) -> None:
         self.free, self.pool, self.loop = size, pool, loop
-        self.waiting = collections.deque()  # (relay, child)
+        # (relay, child)
+        self.waiting: collections.deque[tuple[Relay, pb_utils.InferenceRequest]] = (
+            collections.deque()
+        )
 
-    def start(self, relay, child):
+    def start(self, relay: Relay, child: pb_utils.InferenceRequest) -> None:
         """Run relay.run(child) on the pool now, or once a slot is free."""
         self.waiting.append((relay, child))
         self._start_waiting()
 
-    def released(self):
+    def released(self) -> None:
         self.free += 1
         self._start_waiting()
 
-    def _start_waiting(self):
+    def _start_waiting(self) -> None:
         while self.free and self.waiting:
             relay, child = self.waiting.popleft()
             if relay.closed:
@@ -89,7 +110,15 @@ class Relay:
     nothing at all: the router falls back or answers the client itself.
     """
 
-    def __init__(self, sender, adapter, backend, loop, single, retired):
+    def __init__(
+        self,
+        sender: pb_utils.ResponseSender,
+        adapter: PythonLlmAdapter | TrtllmAdapter,
+        backend: str,
+        loop: asyncio.AbstractEventLoop,
+        single: bool,
+        retired: Retired,
+    ) -> None:
         self.sender, self.adapter, self.backend, self.loop = sender, adapter, backend, loop
         self.retired = retired
         self.single = single  # the client wants one response (stream false)
@@ -100,17 +129,20 @@ class Relay:
         self.backend_failed = False  # the backend's error ended the stream
         self.chunks = 0  # backend responses seen: progress, for silence probes
         self.first_relay_s = 0.0  # router time between the first response and its send
-        self.last = None  # the last response sent (bls/tenants.py reads its counts)
-        self.tally = None  # counts tokens per response, if set (bls/tenants.py)
-        self.first = loop.create_future()  # start's outcome (or the call's failure)
-        self.done = loop.create_future()
+        # the last response sent (bls/tenants.py reads its counts)
+        self.last: pb_utils.InferenceResponse | None = None
+        self.tally: Tally | None = None  # counts tokens per response, if set (bls/tenants.py)
+        # start's outcome (or the call's failure)
+        self.first: asyncio.Future[str | None] = loop.create_future()
+        self.done: asyncio.Future[bool] = loop.create_future()
 
     # -- worker thread ------------------------------------------------------------------
-    def run(self, child, slots):
+    def run(self, child: pb_utils.InferenceRequest, slots: CallSlots) -> None:
         """The whole attempt, on a worker thread: call, first response, the rest. The
         call holds one of `slots` (CallSlots) until the backend's first response is
         relayed."""
-        responses = None
+        responses: Responses | None = None
+        outcome: str | None
         try:
             if self.closed:
                 outcome = "abandoned by the router"
@@ -132,14 +164,16 @@ class Relay:
             # unfinished blocks the thread that drops it until the backend's stream ends).
             drain(responses, self.retired)
 
-    def _started(self, slots, outcome):  # on the loop
+    def _started(self, slots: CallSlots, outcome: str | None) -> None:  # on the loop
         slots.released()
         _set_once(self.first, outcome)
 
-    def start(self, first):
+    def start(self, first: pb_utils.InferenceResponse | None) -> str | None:
         """Send the first response, or say why not: None, CLIENT_ERROR or the problem
         (then this attempt sends nothing more; the router falls back or answers)."""
         received = time.monotonic()
+        problem: str | None
+        outgoing: pb_utils.InferenceResponse | None
         if first is None:
             problem, outgoing, last = "stream ended without a response", None, False
         else:
@@ -149,7 +183,8 @@ class Relay:
                 return problem or "abandoned by the router"
             if problem is not None and _client_fault(problem):
                 # The request is wrong, not the backend: tell the client, retry nowhere.
-                self._finish(first.error() if first.has_error() else problem)
+                # first is not None: its absence is a problem no client caused.
+                self._finish(first.error() if first.has_error() else problem)  # type: ignore[union-attr]
                 return CLIENT_ERROR
             if problem is not None:
                 self.closed = True
@@ -163,7 +198,7 @@ class Relay:
         self.first_relay_s = time.monotonic() - received
         return None
 
-    def pump(self, responses):
+    def pump(self, responses: Responses) -> None:
         try:
             # next(), never `for`: iter() on a finished BLS iterator (Triton 2.51) rewinds
             # it, so a loop started after the final response replays the whole stream.
@@ -179,7 +214,7 @@ class Relay:
         finally:
             self.loop.call_soon_threadsafe(_set_once, self.done, not self.backend_failed)
 
-    def _forward(self, response):
+    def _forward(self, response: pb_utils.InferenceResponse) -> None:
         """Relay one chunk; a chunk carrying an error ends the client's stream."""
         problem, outgoing, last = self._split(response)
         with self.lock:
@@ -194,7 +229,7 @@ class Relay:
                 self._send(outgoing, last)
                 self.last = outgoing
 
-    def _send(self, outgoing, last):
+    def _send(self, outgoing: pb_utils.InferenceResponse, last: bool) -> None:
         """Relay a response; the answer's last carries the client's final flag (one send
         fewer than a separate final, as the engine model itself sends it). Under lock."""
         if last:
@@ -203,14 +238,14 @@ class Relay:
         else:
             self.sender.send(outgoing)
 
-    def _split(self, response):
+    def _split(self, response: pb_utils.InferenceResponse) -> Split:
         problem, outgoing, last = self.adapter.split(response)
         if outgoing is not None and self.tally is not None:
             outgoing = self.tally.take(outgoing)
         return problem, outgoing, last
 
     # -- any thread ---------------------------------------------------------------------
-    def close(self, error=None):
+    def close(self, error: str | None = None) -> bool:
         """Finish the client's stream (an error response first if given); False if it
         was already finished."""
         with self.lock:
@@ -219,14 +254,14 @@ class Relay:
             self._finish(error)
             return True
 
-    def client_cancelled(self):
+    def client_cancelled(self) -> bool:
         """Has the client cancelled? Asked under the lock and only while the stream is
         open: once the final flag is sent Triton releases the request, and asking then
         crashes the server (TRITONBACKEND_ResponseFactoryIsCancelled)."""
         with self.lock:
             return not self.closed and self.sender.is_cancelled()
 
-    def abandon(self):
+    def abandon(self) -> bool:
         """Give up before the first token without telling the client anything; False if
         the first response already went out (then the stream is the client's)."""
         with self.lock:
@@ -235,7 +270,7 @@ class Relay:
             self.closed = True
             return True
 
-    def _finish(self, error):
+    def _finish(self, error: str | pb_utils.TritonError | None) -> None:
         self.closed = self.answered = True
         try:
             if error is not None:  # a message, or a backend's TritonError (keeps its code)
@@ -247,17 +282,17 @@ class Relay:
             pass  # the client is gone (cancelled): nothing left to tell it
 
 
-def _set_once(future, value):
+def _set_once(future: asyncio.Future[_T], value: _T) -> None:
     if not future.done():
         future.set_result(value)
 
 
-def _client_fault(problem):
+def _client_fault(problem: str) -> bool:
     """A backend's error message that blames the request (error_classes.CLIENT)."""
     return classify(problem) is CLIENT
 
 
-def drain(responses, retired):
+def drain(responses: Responses, retired: Retired) -> None:
     try:
         while next(responses, None) is not None:  # next(): see Relay.pump
             pass
@@ -266,7 +301,7 @@ def drain(responses, retired):
     retired.add(responses)
 
 
-def first_error(responses, retired):
+def first_error(responses: Responses, retired: Retired) -> str | None:
     error = None
     response = next(responses, None)
     while response is not None:
