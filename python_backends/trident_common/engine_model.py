@@ -18,12 +18,14 @@ import json
 import os
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from trident_common import trust
 from trident_common.aborts import Aborts
 from trident_common.deltas import Delta
+from trident_common.interface import ROUTER_SECRET_ENV
 from trident_common.log import Log
 from trident_common.outbox import Outbox, Outlet, quietly
 from trident_common.placement import apply_device_placement
@@ -44,6 +46,16 @@ from trident_common.triton_io import (
     send_error,
 )
 
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    # Annotations only: the stub adds pb_utils' classes after the model's files import.
+    import triton_python_backend_utils as pb_utils
+
+    from trident_common.metrics import Metric
+
+    _T = TypeVar("_T")
+
 ENGINE_CONFIG_FILE = "model.json"
 CANCEL_CHECK_S = 0.05  # how stale a client's cancellation may be before we notice it
 HEALTH_CHECK_S = 2.0  # how often the engine's health is checked (and the gauge set)
@@ -61,9 +73,11 @@ class _Active:
 
     engine_id: str
     client_id: str  # the router's request_id ("" for a direct client's request)
-    sender: object
-    outlet: Outlet | None = None  # its responses' way out (outbox.py)
-    task: asyncio.Task | None = None
+    sender: pb_utils.ResponseSender
+    # Its responses' way out (outbox.py) and its task: both set by _start right after the
+    # generation is made, before anything reads them (typed as set, hence the ignores).
+    outlet: Outlet = None  # type: ignore[assignment]
+    task: asyncio.Task[None] = None  # type: ignore[assignment]
     submitted: bool = False  # handed to the engine: abort it there if it ends early
     started: bool = False  # a data response has been sent
     closed: bool = False  # the final flag has been sent (or tried: the client left)
@@ -76,19 +90,21 @@ class AsyncEngineModel(abc.ABC):
 
     # -- for subclasses -----------------------------------------------------------------
     @abc.abstractmethod
-    async def start_engine(self, config: dict) -> None:
+    async def start_engine(self, config: dict[str, Any]) -> None:
         """Create the engine from the rendered engine arguments (model.json)."""
 
     @abc.abstractmethod
-    def make_sampling(self, request: GenerateRequest):
+    def make_sampling(self, request: GenerateRequest) -> Any:
         """Engine sampling parameters for a request; raises BadRequest."""
 
     @abc.abstractmethod
-    async def render_chat(self, messages: list, tools: list | None = None) -> str:
+    async def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         """The prompt for chat messages and tools (the model's chat template)."""
 
     @abc.abstractmethod
-    def stream(self, prompt: str, sampling, engine_id: str) -> AsyncIterator[Delta]:
+    def stream(self, prompt: str, sampling: Any, engine_id: str) -> AsyncIterator[Delta]:
         """Generate, yielding a Delta per engine output; the last has a finish_reason."""
 
     @abc.abstractmethod
@@ -105,7 +121,7 @@ class AsyncEngineModel(abc.ABC):
         return None
 
     # -- Triton's interface -------------------------------------------------------------
-    def initialize(self, args: dict) -> None:
+    def initialize(self, args: dict[str, Any]) -> None:
         self.model_name = args["model_name"]
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         with open(os.path.join(version_dir, ENGINE_CONFIG_FILE)) as f:
@@ -116,7 +132,7 @@ class AsyncEngineModel(abc.ABC):
         self._proof_key = trust.proof_key(os.environ)
         if self._proof_key is None:
             self.log.info(
-                f"no {trust.ROUTER_SECRET_ENV}: no caller may set priority, "
+                f"no {ROUTER_SECRET_ENV}: no caller may set priority, "
                 "cache_salt or abort_request_id"
             )
         self.responses = ResponseFactory(self.model_name)
@@ -148,7 +164,7 @@ class AsyncEngineModel(abc.ABC):
         self._health = asyncio.run_coroutine_threadsafe(self._watch_health(), self.loop)
         self.log.info(f"The engine of model {self.model_name} is ready")
 
-    def execute(self, requests):
+    def execute(self, requests: list[pb_utils.InferenceRequest]) -> None:
         for request in requests:
             sender = request.get_response_sender()
             arrival = time.monotonic()
@@ -199,10 +215,10 @@ class AsyncEngineModel(abc.ABC):
             self.loop.close()
 
     # -- internals ----------------------------------------------------------------------
-    def _run(self, coroutine, timeout: float | None = None):
+    def _run(self, coroutine: Coroutine[Any, Any, _T], timeout: float | None = None) -> _T:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
-    def _count(self, active: _Active | None, outcome) -> None:
+    def _count(self, active: _Active | None, outcome: Metric) -> None:
         """A request's outcome. Metric writes are round trips to the server: a request's
         go out on its outlet, in order with its responses (a client that got the last
         one finds it counted), so the loop never waits for them."""
@@ -227,7 +243,9 @@ class AsyncEngineModel(abc.ABC):
         if active.task is not None and not active.task.done():
             active.task.cancel()
 
-    def _start(self, request: GenerateRequest, sender, arrival: float) -> None:
+    def _start(
+        self, request: GenerateRequest, sender: pb_utils.ResponseSender, arrival: float
+    ) -> None:
         """On the loop: register the generation and start its task in one step, so an
         abort queued after this request always finds it. Only the router's requests are
         registered by id: a direct client stops its own by cancelling its stream."""
@@ -238,7 +256,12 @@ class AsyncEngineModel(abc.ABC):
             return
         active = _Active(f"{self.model_name}-{next(self._ids)}", client_id, sender)
         active.outlet = Outlet(
-            sender, None, FINAL, arrival + CANCEL_CHECK_S, CANCEL_CHECK_S, owner=active
+            sender,
+            None,  # type: ignore[arg-type]  # _relay sets build before it pushes a delta
+            FINAL,
+            arrival + CANCEL_CHECK_S,
+            CANCEL_CHECK_S,
+            owner=active,
         )
         if active.client_id:
             self._aborts.register(active.client_id, active)
@@ -258,12 +281,13 @@ class AsyncEngineModel(abc.ABC):
         # segfaults in ~ResponseSender (tests/server/test_vllm_unload.py).
         active.outlet.owner = None
 
-    def _abort_by_client_id(self, abort: AbortRequest, sender) -> None:
+    def _abort_by_client_id(self, abort: AbortRequest, sender: pb_utils.ResponseSender) -> None:
         """The router's abort (parse_generate checked its proof): cancel the task that
         streams that request (which aborts it in the engine), then close the control
         request. Only the router's ids are registered: the engine's own ids cannot be
         aborted from outside."""
-        active = self._aborts.take(abort.request_id)  # or remembered for its request
+        # What _start registered, or None (then remembered for its request)
+        active: _Active | None = self._aborts.take(abort.request_id)  # type: ignore[assignment]
         if active is not None:
             active.task.cancel()
         quietly(sender.send, None, FINAL)
@@ -275,7 +299,8 @@ class AsyncEngineModel(abc.ABC):
                 raise EngineDead(dead)
             prompt = request.prompt
             if prompt is None:
-                prompt = await self.render_chat(request.messages, request.tools)
+                # parse_generate: a request without a prompt has messages
+                prompt = await self.render_chat(request.messages, request.tools)  # type: ignore[arg-type]
             sampling = self.make_sampling(request)
             active.submitted = True
             await self._relay(request, prompt, sampling, active, arrival)
@@ -341,7 +366,7 @@ class AsyncEngineModel(abc.ABC):
             await asyncio.sleep(HEALTH_CHECK_S)
 
     async def _relay(
-        self, request: GenerateRequest, prompt: str, sampling, active: _Active, arrival: float
+        self, request: GenerateRequest, prompt: str, sampling: Any, active: _Active, arrival: float
     ) -> None:
         """Hand the engine's deltas to the stream's outlet (or collect them for one
         response). The loop never waits for the server: responses, metric writes and a
@@ -353,7 +378,8 @@ class AsyncEngineModel(abc.ABC):
         responses = self.responses_for(request)
         outputs, usual = Outputs(request.returns, request.stream), request.returns is None
 
-        def build(delta: Delta):  # on the outbox thread, for one response
+        # On the outbox thread, for one response.
+        def build(delta: Delta) -> pb_utils.InferenceResponse:
             if delta.finish_reason:  # counted before the final flag lets the client go
                 self._record_tokens(delta, first_at)
             return responses.chunk(outputs.values(delta, delta.text), usual)
@@ -415,7 +441,7 @@ class AsyncEngineModel(abc.ABC):
             active.closed = True
             self._later(active, active.sender.send, None, FINAL)  # run quietly there
 
-    def _later(self, active: _Active, function, *args) -> None:
+    def _later(self, active: _Active, function: Callable[..., None], *args: Any) -> None:
         """function(*args) on the outbox thread, after what the request queued before."""
         self.outbox.push(active.outlet, functools.partial(function, *args))
 

@@ -59,7 +59,7 @@ class Outlet:
         final_flag: int,
         first_check: float,
         check_every_s: float,
-        owner: object = None,
+        owner: Any = None,
     ) -> None:
         self.sender, self.build, self.final_flag = sender, build, final_flag
         self.owner = owner  # what the callbacks are told about
@@ -79,7 +79,7 @@ class Outbox:
     def __init__(
         self,
         name: str,
-        on_stopped: Callable[[object, Exception | None], None],
+        on_stopped: Callable[[Any, Exception | None], object],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._on_stopped, self._clock = on_stopped, clock
