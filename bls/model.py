@@ -21,6 +21,8 @@ carrying the final flag, as the backend sent it: Triton's HTTP generate endpoint
 nothing else.
 """
 
+from __future__ import annotations
+
 import asyncio
 import faulthandler
 import json
@@ -28,6 +30,7 @@ import os
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -50,6 +53,12 @@ from trident_common.interface import HINT_NAMES, RETURNABLE, ROUTER_PROOF, ROUTE
 from trident_common.log import Log
 from trident_common.request import BadRequest, first_scalar, parse_messages
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from policy import RequestFeatures
+    from replicas import Choice
+
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 HINT_KEYS = (*HINT_NAMES, *ADAPTER_KEYS)  # the hints, and the adapter's (policy.adapter_name)
 RETURN_FLAGS = tuple(f"return_{name}" for name in RETURNABLE)
@@ -68,7 +77,7 @@ CONTROL_THREADS = 64  # BLS calls beyond the streams: aborts, probes, drains
 BLS_CALL_SLOTS = 24
 
 
-def forwardable(parameters):
+def forwardable(parameters: dict[str, Any] | None) -> dict[str, Any] | None:
     """Request parameters as a BLS request takes them: the stub accepts bool, int and
     str values only, so a float travels as its text (the engine models convert sampling
     values sent as text, as vllm_backend does). A client's ROUTER_PROOF is dropped: the
@@ -97,7 +106,13 @@ class ClientCancelled(Exception):
 
 
 class TritonPythonModel:
-    def initialize(self, args):
+    # None until the first execute binds them to the stub's loop; every request runs on
+    # that loop, after it (typed as bound, hence initialize's ignore).
+    loop: asyncio.AbstractEventLoop
+    bls_slots: CallSlots
+    control_pool: ThreadPoolExecutor | None
+
+    def initialize(self, args: dict[str, Any]) -> None:
         # A crashed stub leaves nothing in the log and its model still READY: on a fatal
         # signal, print every thread's Python stack to stderr (the server's log).
         faulthandler.enable(all_threads=True)
@@ -141,14 +156,14 @@ class TritonPythonModel:
         # executor until its first response: asyncio's default (CPUs + 4 threads) would
         # queue an abort behind probes of a busy engine.
         self.control_pool = None
-        self.loop = self.bls_slots = None
+        self.loop = self.bls_slots = None  # type: ignore[assignment]
         self.retired = Retired()
         self.controls = Controls(
             self.adapters, self.metrics, self.pool, self.retired, self.proof_key
         )
         self.tenants = Tenants(self.config.tenants, self.metrics, self.deadline_s)
 
-    async def execute(self, requests):
+    async def execute(self, requests: list[pb_utils.InferenceRequest]) -> None:
         # Breakers, counters and control requests are only touched on this loop.
         loop = asyncio.get_running_loop()
         if loop is not self.loop:  # the stub's one loop (tests run several in turn)
@@ -162,7 +177,7 @@ class TritonPythonModel:
         await asyncio.gather(*(self.handle(request) for request in requests))
         return None
 
-    def finalize(self):
+    def finalize(self) -> None:
         # Queued lease releases and token charges would die with this process.
         self.tenants.close(self.loop)
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -171,11 +186,11 @@ class TritonPythonModel:
         self.metrics.finalize()
 
     # -- one request ----------------------------------------------------------------------
-    async def handle(self, request):
+    async def handle(self, request: pb_utils.InferenceRequest) -> None:
         arrival = time.monotonic()
         self.retired.prune()
         sender = request.get_response_sender()
-        attempts = []
+        attempts: list[Relay] = []
         try:
             await self.route(request, sender, arrival, attempts)
         except ClientCancelled:
@@ -188,7 +203,13 @@ class TritonPythonModel:
             else:
                 self.fail(sender, f"router error: {e}", "internal")
 
-    async def route(self, request, sender, arrival, attempts):
+    async def route(
+        self,
+        request: pb_utils.InferenceRequest,
+        sender: pb_utils.ResponseSender,
+        arrival: float,
+        attempts: list[Relay],
+    ) -> None:
         try:
             inbound = self.inbound(request)
             route, candidates = self.policy.candidates(inbound.features, self.targets.available)
@@ -203,7 +224,18 @@ class TritonPythonModel:
         work = self.attempt(request, inbound, sender, route, candidates, arrival, attempts)
         await self.tenants.run(inbound.features.tenant, work, attempts, sender, self.fail)
 
-    async def attempt(self, request, inbound, sender, route, candidates, arrival, attempts):
+    async def attempt(
+        self,
+        request: pb_utils.InferenceRequest,
+        inbound: Inbound,
+        sender: pb_utils.ResponseSender,
+        route: str,
+        candidates: list[str],
+        arrival: float,
+        attempts: list[Relay],
+    ) -> None:
+        errors: list[str]
+        choices: dict[str, Choice] | None
         errors, tried, choices, misfits = [], False, None, 0
         if any(name in self.replicas.of for name in candidates):
             # Replicated backends: their replicas, in the chooser's order (chosen once the
@@ -213,7 +245,8 @@ class TritonPythonModel:
                 route,
                 candidates,
                 inbound.features,
-                self.replicas.prompt(*inbound.prompt),
+                # inbound() always sets the prompt's parts (the type allows None)
+                self.replicas.prompt(*inbound.prompt),  # type: ignore[misc]
                 tenant_salt(self.tenants, inbound.features.tenant),
                 lambda name: self.breakers[name].available(),
                 self.inflight,
@@ -264,7 +297,9 @@ class TritonPythonModel:
             "all_failed",
         )
 
-    def refuse(self, sender, route, features):
+    def refuse(
+        self, sender: pb_utils.ResponseSender, route: str, features: RequestFeatures
+    ) -> None:
         """No candidate can take the request: overloaded (all full) or unavailable."""
         _, wanted = self.policy.candidates(features)
         reasons = "; ".join(self.targets.unavailable_reason(b) for b in wanted)
@@ -282,9 +317,11 @@ class TritonPythonModel:
             "no_backend",
         )
 
-    def inbound(self, request):
+    def inbound(self, request: pb_utils.InferenceRequest) -> Inbound:
         """Routing features, whether the client streams, and inputs to forward in a
         normalised form; from one pass over the request's inputs."""
+        hints: dict[str, Any]
+        loaded: dict[str, Any] | None
         hints, loaded = {}, None
         params = request.parameters()
         if params and params != "{}":
@@ -296,6 +333,8 @@ class TritonPythonModel:
                 hints[name] = first_scalar(values[name].as_numpy())
         self.tenants.set_tier(hints)  # the spec's tier, never the client's
         text = first_scalar(values["text_input"].as_numpy()) if "text_input" in values else None
+        messages: list[dict[str, Any]] | None
+        replaced: dict[str, pb_utils.Tensor]
         messages, replaced = None, {}
         if "messages" in values:
             messages, normalised = parse_messages(values["messages"].as_numpy())
@@ -318,7 +357,7 @@ class TritonPythonModel:
             (text, messages),
         )
 
-    def fail(self, sender, message, reason):
+    def fail(self, sender: pb_utils.ResponseSender, message: str, reason: str) -> None:
         """Answer with an error response, then the final flag on its own: the same shape
         as a mid-stream failure (a gRPC stream client sees the error, then the final).
         The message's marker (error_classes.py) is its class and sets the Triton code;
@@ -334,8 +373,16 @@ class TritonPythonModel:
             pass  # the client is gone
 
     async def serve(
-        self, request, inbound, sender, backend, route, arrival, attempts, choices=None
-    ):
+        self,
+        request: pb_utils.InferenceRequest,
+        inbound: Inbound,
+        sender: pb_utils.ResponseSender,
+        backend: str,
+        route: str,
+        arrival: float,
+        attempts: list[Relay],
+        choices: Mapping[str, Choice] | None = None,
+    ) -> bool:
         """One attempt. Raises BackendFailed if nothing reached the client; returns
         whether the backend's outcome was recorded in its breaker."""
         adapter = self.adapters[backend]
@@ -351,7 +398,8 @@ class TritonPythonModel:
                 model_name=backend,
                 inputs=adapter.inputs(inputs, request_id, inbound.features.adapter),
                 requested_output_names=adapter.outputs,
-                parameters=self.signed(inbound.parameters, request_id, added),
+                # None: no parameters (the stub takes None as well as a dict or JSON text)
+                parameters=self.signed(inbound.parameters, request_id, added),  # type: ignore[arg-type]
             )
         except BadRequest as e:  # a value no engine could take (out of range)
             self.fail(sender, e.marked(), "bad_request")
@@ -384,7 +432,9 @@ class TritonPythonModel:
         self.metrics.added_latency(routed_s + relay.first_relay_s)
         return await self.finish(relay, backend, request_id, arrival)
 
-    def signed(self, parameters, request_id, added):
+    def signed(
+        self, parameters: dict[str, Any] | None, request_id: str, added: list[pb_utils.Tensor]
+    ) -> dict[str, Any] | None:
         """The parameters for a backend request, with the router's proof for its id and
         the tenant values it sets (the tensors `added`); as they are without a key."""
         if self.proof_key is None:
@@ -395,7 +445,7 @@ class TritonPythonModel:
         )
         return {**(parameters or {}), ROUTER_PROOF: proof}
 
-    async def finish(self, relay, backend, request_id, arrival):
+    async def finish(self, relay: Relay, backend: str, request_id: str, arrival: float) -> bool:
         """Supervise a started stream until it ends; returns True (outcome recorded)."""
         late = f"deadline of {self.deadline_s} s exceeded"
         problem = await self.watch(
@@ -411,7 +461,15 @@ class TritonPythonModel:
             self.targets.record(backend, ok=False)
         return True
 
-    async def watch(self, relay, until, backend, deadline, late, request_id):
+    async def watch(
+        self,
+        relay: Relay,
+        until: asyncio.Future[Any],
+        backend: str,
+        deadline: float,
+        late: str,
+        request_id: str,
+    ) -> str | None:
         """Wait for the future `until`; meanwhile abort on a client cancel (raises
         ClientCancelled), and return `late` at the deadline or the problem of a backend
         that went silent and fails a health probe. None when `until` is done."""
