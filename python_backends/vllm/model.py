@@ -115,8 +115,7 @@ class TritonPythonModel(AsyncEngineModel):
                 self._count(None, self.metrics.errors)
                 _refuse_unhealthy(request.get_response_sender())
             return None
-        # engine_model.execute is not typed yet (`unused-ignore`: once it is).
-        super().execute(requests)  # type: ignore[no-untyped-call, unused-ignore]
+        super().execute(requests)
         return None
 
     def finalize(self) -> None:
