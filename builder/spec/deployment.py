@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from bls.breaker import BreakerConfig
-from builder.engines.traits import ENGINES, TRAITS, traits
+from builder.engines.traits import ENGINES, REPLICA_ENGINES, TRAITS, traits
 from builder.plan import gpus
 from builder.plan.memory import DTYPE_BYTES
 from builder.spec import engine_args as engine_args_schema
@@ -28,7 +28,6 @@ from builder.spec.node import _REQUIRED, SpecError, _Node, frozen_mapping
 from builder.spec.router_policy import (
     DEFAULT_POLICY,
     POLICIES,
-    REPLICA_ENGINES,
     REPLICA_NAME,
     check_model_name,
     parse_backend_policies,
@@ -238,9 +237,25 @@ def parse_spec(data: Any, file: str = "<spec>") -> DeploymentSpec:
     root.done()
     if router and router.name in {m.name for m in models}:
         raise SpecError(file, "router.name", f"{router.name!r} is also a model name")
-    if router and (router.instances or 1) > 1 and tenants and tenants.redis is None:
-        # Without Redis each router instance keeps its own tenant counters: a limit
-        # would hold per instance, N times over for the deployment.
+    _check_tenant_counters(models, router, tenants, file)
+    return DeploymentSpec(file, name, server, hardware, cache, models, router, tenants)
+
+
+def _check_tenant_counters(
+    models: tuple[ModelSpec, ...],
+    router: RouterSpec | None,
+    tenants: TenantsSpec | None,
+    file: str,
+) -> None:
+    """Without tenants.redis each process that admits tenants keeps its own counters, so
+    a limit holds once per process: refused wherever there would be more than one. That
+    is several router instances, and a model rendered as replicas, whose `<model>` is a
+    router of its own (builder/render/replicas.py) with the same tenant checks: a tenant
+    alternating between `router` and `<model>` would get each limit twice
+    (docs/security.md)."""
+    if router is None or not tenants or tenants.redis is not None:
+        return
+    if (router.instances or 1) > 1:
         raise SpecError(
             file,
             "router.instances",
@@ -248,22 +263,6 @@ def parse_spec(data: Any, file: str = "<spec>") -> DeploymentSpec:
             "would each count tenants on their own (tenants.redis is not "
             "set): set tenants.redis or router.instances: 1",
         )
-    _check_replica_counters(models, router, tenants, file)
-    return DeploymentSpec(file, name, server, hardware, cache, models, router, tenants)
-
-
-def _check_replica_counters(
-    models: tuple[ModelSpec, ...],
-    router: RouterSpec | None,
-    tenants: TenantsSpec | None,
-    file: str,
-) -> None:
-    """A model rendered as replicas answers direct calls through `<model>`, a router of
-    its own (builder/render/replicas.py) with the same tenant checks: without Redis its
-    counters live in its own process, apart from the router's, so a tenant alternating
-    between `router` and `<model>` would get each limit twice (docs/security.md)."""
-    if router is None or not tenants or tenants.redis is not None:
-        return
     for i, m in enumerate(models):
         if m.engine in REPLICA_ENGINES and m.instances > 1:
             raise SpecError(

@@ -17,7 +17,6 @@ from types import MappingProxyType
 
 from bls.policy import DEFAULT_REPLICA_POLICY as DEFAULT_POLICY  # noqa: F401 (the spec's)
 from bls.policy import REPLICA_POLICIES as POLICIES
-from builder.engines.traits import REPLICA_ENGINES  # noqa: F401 (the spec reads it here)
 from builder.spec.node import SpecError, _Node
 
 REPLICA_SEPARATOR = "__r"
