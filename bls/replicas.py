@@ -106,10 +106,10 @@ class Replicas:
                 adapters[target] = adapters[name]
         return targets
 
-    def prompt(self, text: str | None, messages: list[Any] | None) -> str | None:
-        """What the index cuts into blocks; None when no backend has replicas (a router
-        without replicas pays nothing)."""
-        return prompt_key(text, messages) if self.of else None
+    def prompt(self, text: str | None, messages: list[Any] | None) -> str:
+        """What the index cuts into blocks (the router asks only for a route with
+        replicas, so no other request pays for it)."""
+        return prompt_key(text, messages)
 
     def expand(
         self,
