@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import sys
 from pathlib import Path
 
 from builder.pipeline import build_repository
@@ -14,6 +15,25 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def free_ports() -> Ports:
     return Ports(free_port(), free_port(), free_port())
+
+
+def serve_argv(repo: Path, ports: Ports, *extra: str) -> list[str]:
+    """`trident serve` on repo and ports, as a subprocess's argv (extra options after)."""
+    return [
+        sys.executable,
+        "-m",
+        "builder.cli.main",
+        "serve",
+        "--repo",
+        str(repo),
+        "--http-port",
+        str(ports.http),
+        "--grpc-port",
+        str(ports.grpc),
+        "--metrics-port",
+        str(ports.metrics),
+        *extra,
+    ]
 
 
 def render(spec_path_or_data, out: Path) -> Path:

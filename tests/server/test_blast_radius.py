@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -22,7 +21,7 @@ from builder.serve import admin, client
 from builder.serve.watch import stub_processes
 from support.sglang_double import SHIM
 from tests.helpers import wait_for
-from tests.helpers.servers import free_ports, render
+from tests.helpers.servers import free_ports, render, serve_argv
 
 pytestmark = pytest.mark.server
 # The operator's own admin key (builder/serve/admin.py): the test unloads a model by hand.
@@ -85,21 +84,7 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
     output = tmp_path / "serve.out"
     with open(output, "w") as out:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "builder.cli.main",
-                "serve",
-                "--repo",
-                str(repo),
-                "--http-port",
-                str(ports.http),
-                "--grpc-port",
-                str(ports.grpc),
-                "--metrics-port",
-                str(ports.metrics),
-                "--no-self-test",
-            ],
+            serve_argv(repo, ports, "--no-self-test"),
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, admin.KEY_ENV: ADMIN_KEY},

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -26,7 +25,7 @@ from builder.serve.server import free_port
 from builder.serve.watch import stub_processes
 from support.sglang_double import SHIM
 from tests.helpers import wait_for
-from tests.helpers.servers import free_ports, render
+from tests.helpers.servers import free_ports, render, serve_argv
 
 pytestmark = pytest.mark.server
 
@@ -69,23 +68,7 @@ def serving(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != admin.KEY_ENV}
     with open(output, "w") as out:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "builder.cli.main",
-                "serve",
-                "--repo",
-                str(repo),
-                "--http-port",
-                str(ports.http),
-                "--grpc-port",
-                str(ports.grpc),
-                "--metrics-port",
-                str(ports.metrics),
-                "--openai-port",
-                str(openai),
-                "--no-self-test",
-            ],
+            serve_argv(repo, ports, "--openai-port", str(openai), "--no-self-test"),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from builder.serve import selftest
 from builder.serve.server import _self_test_server
-from tests.helpers.servers import free_ports
+from tests.helpers.servers import free_ports, serve_argv
 
 # What the bundled 3.12 stub does on the GPU box: every byte of the input becomes 0x02.
 CORRUPTING = """
@@ -67,20 +67,7 @@ def test_trident_serve_refuses_a_stub_that_corrupts_strings(tmp_path):
     ports = free_ports()
     env = {**os.environ, selftest.MODEL_ENV: str(model)}
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "builder.cli.main",
-            "serve",
-            "--repo",
-            str(repo),
-            "--http-port",
-            str(ports.http),
-            "--grpc-port",
-            str(ports.grpc),
-            "--metrics-port",
-            str(ports.metrics),
-        ],
+        serve_argv(repo, ports),
         capture_output=True,
         text=True,
         timeout=120,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from builder.serve.server import (
     shm_regions_of_group,
 )
 from builder.serve.watch import stub_processes
-from tests.helpers.servers import free_ports, listening_addresses, render, start_server
+from tests.helpers.servers import free_ports, listening_addresses, render, serve_argv, start_server
 
 server_test = pytest.mark.server
 
@@ -127,22 +126,7 @@ def test_trident_serve_stops_on_sigterm_and_cleans_up(mixed_repo, tmp_path):
     ports = free_ports()
     env = {k: v for k, v in os.environ.items() if k != INTERFACE.ROUTER_SECRET_ENV}
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "builder.cli.main",
-            "serve",
-            "--repo",
-            str(mixed_repo),
-            "--http-port",
-            str(ports.http),
-            "--grpc-port",
-            str(ports.grpc),
-            "--metrics-port",
-            str(ports.metrics),
-            "--load-model",
-            "router",
-        ],
+        serve_argv(mixed_repo, ports, "--load-model", "router"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
