@@ -170,27 +170,22 @@ def _short(value: Any) -> str:
     return text
 
 
+# A YAML value's type as a message names it.
+_KIND_NAMES: dict[type, str] = {
+    dict: "a mapping",
+    list: "a list",
+    str: "a string",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+}
+
+
 def _type_name(value: Any) -> str:
-    return {
-        dict: "a mapping",
-        list: "a list",
-        str: "a string",
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        type(None): "nothing",
-    }.get(type(value), type(value).__name__)
+    if value is None:
+        return "nothing"
+    return _KIND_NAMES.get(type(value), type(value).__name__)
 
 
 def _kind_names(kinds: tuple) -> str:
-    return " or ".join(
-        {
-            dict: "a mapping",
-            list: "a list",
-            str: "a string",
-            bool: "a boolean",
-            int: "an integer",
-            float: "a number",
-        }.get(k, k.__name__)
-        for k in kinds
-    )
+    return " or ".join(_KIND_NAMES.get(k, k.__name__) for k in kinds)
