@@ -10,6 +10,7 @@ and never call a busy backend dead. Every wait polls with a bounded deadline.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -18,6 +19,12 @@ import pytest
 from tests.helpers import metric_value, wait_for
 from tests.helpers.servers import ROOT, render, start_server
 from tests.helpers.streams import ENDLESS, Stream, generate
+
+# A stream quiet this long gets its backend health-probed: bls/control.py's constant,
+# read from the source (the module needs Triton's runtime to import).
+SILENCE_PROBE_S = float(
+    re.search(r"^SILENCE_PROBE_S = ([0-9.]+)", (ROOT / "bls" / "control.py").read_text(), re.M)[1]
+)
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 
@@ -106,25 +113,38 @@ def test_cancel_storm_leaves_the_router_healthy(server):
     assert server.http_get("/v2/models/router/ready") == 200
 
 
+def router_log_lines(server, *needles: str) -> list[str]:
+    """The server log's lines that mention any of `needles` (why a breaker moved)."""
+    text = server.log_path.read_text(errors="replace") if server.log_path else ""
+    return [line for line in text.splitlines() if any(n in line for n in needles)][-10:]
+
+
 def test_overload_queues_in_the_engine_and_never_opens_a_breaker(server):
     """64 clients stream back to back for 20 s: 32 on each backend, 16 running and 16
     queued in vLLM. The queued ones once held every server thread of BLS, so aborts and
-    health probes went unanswered and busy backends were called dead. Busy is not dead."""
+    health probes went unanswered and busy backends were called dead. Busy is not dead.
+
+    48-token answers keep a queued stream silent for ~14 s on `primary` here: far past
+    the router's health-probe period (2 s), well inside first_token_timeout_s (30 s). A
+    queued stream past that limit is cut off by design (a hung engine looks the same),
+    and 96-token answers had brought the wait to 27.5 s, too close on a slower box."""
     duration_s, clients = 20.0, 64
     outcomes: list[str] = []
+    silences: list[float] = []  # send to first text, per served stream
     breaker_seen: list[dict] = []
     lock = threading.Lock()
     stop_at = time.monotonic() + duration_s
 
     def client(i):
         while time.monotonic() < stop_at:
-            # Long enough that queued streams stay silent past the health-probe period.
-            stream = Stream(server, prompt=f"Count to {i}.", max_tokens=96, sampling=ENDLESS)
+            stream = Stream(server, prompt=f"Count to {i}.", max_tokens=48, sampling=ENDLESS)
             try:
                 finished = stream.pump(FIRST_CHUNK_S + 30)
             finally:
                 stream.close(cancel=True)
             with lock:
+                if stream.chunk_times:
+                    silences.append(stream.chunk_times[0] - stream.started)
                 outcomes.append(
                     "hang"
                     if not finished
@@ -146,5 +166,14 @@ def test_overload_queues_in_the_engine_and_never_opens_a_breaker(server):
     # Only shedding may refuse a request; nothing here exceeds the limits.
     assert not [e for e in errors if not e.startswith("error: overloaded")], errors[:3]
     assert served >= clients, f"only {served} of {len(outcomes)} served"
-    assert all(state == {"primary": 0, "backup": 0} for state in breaker_seen)
+    # The premise: queued streams stayed silent long enough to be health-probed.
+    assert max(silences) > 2 * SILENCE_PROBE_S, (
+        f"longest wait for a first token {max(silences):.1f} s"
+    )
+    opened = [state for state in breaker_seen if state != {"primary": 0, "backup": 0}]
+    assert not opened, (
+        f"breaker states {opened[:3]}; longest wait for a first token "
+        f"{max(silences):.1f} s; router log: "
+        f"{router_log_lines(server, 'circuit breaker', 'falling back')}"
+    )
     settled(server)
