@@ -29,9 +29,9 @@ class Inbound:
         features: RequestFeatures,
         stream: bool,
         replaced: dict[str, pb_utils.Tensor],
+        prompt: tuple[str | None, list[Any] | None],
         returns: dict[str, bool] | None = None,
         parameters: dict[str, Any] | None = None,
-        prompt: tuple[str | None, list[Any] | None] | None = None,
     ) -> None:
         self.features, self.stream, self.replaced = features, stream, replaced
         # The prompt's parts, (text, messages): the replicas' prefix index makes its key

@@ -245,8 +245,7 @@ class TritonPythonModel:
                 route,
                 candidates,
                 inbound.features,
-                # inbound() always sets the prompt's parts (the type allows None)
-                self.replicas.prompt(*inbound.prompt),  # type: ignore[misc]
+                self.replicas.prompt(*inbound.prompt),
                 tenant_salt(self.tenants, inbound.features.tenant),
                 lambda name: self.breakers[name].available(),
                 self.inflight,
@@ -352,9 +351,9 @@ class TritonPythonModel:
             features_from(text, messages, hints),
             stream,
             replaced,
+            (text, messages),
             returns,
             forwardable(loaded),
-            (text, messages),
         )
 
     def fail(self, sender: pb_utils.ResponseSender, message: str, reason: str) -> None:
