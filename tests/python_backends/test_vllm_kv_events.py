@@ -1,0 +1,175 @@
+"""vLLM's KV-cache events run on this CPU build: a real engine (SmolLM2, 32-token blocks)
+publishes BlockStored batches over ZMQ whose hashes chain across prompts that share a
+prefix, AllBlocksCleared after a prefix-cache reset, and replays its buffer on request.
+
+The engine runs in a child process (vLLM wants its own process and ~9 s of imports);
+the child subscribes with pyzmq, decodes each frame with vLLM's own msgspec classes
+(KVEventBatch), and prints the decoded events and the raw frames as JSON lines.
+docs/router.md ("Exact mode") states what this settles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from builder.engines import assets
+
+pytestmark = pytest.mark.vllm
+
+BLOCK = 32  # vLLM's CPU attention takes multiples of 32 (its default here is 128)
+
+ENGINE = r"""
+import json, os, sys, time
+model, run_dir = sys.argv[1], sys.argv[2]
+# One process: the scheduler, and so the publisher thread, run beside the subscriber.
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+import msgspec, zmq
+from vllm import LLM, SamplingParams
+from vllm.config import KVEventsConfig
+from vllm.distributed.kv_events import KVEventBatch
+
+endpoint, replay = f"ipc://{run_dir}/kv.sock", f"ipc://{run_dir}/kv-replay.sock"
+llm = LLM(model=model, max_model_len=512, block_size=__BLOCK__, enforce_eager=True,
+          enable_prefix_caching=True, seed=0,
+          kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
+                                          endpoint=endpoint, replay_endpoint=replay,
+                                          topic="replica-0"))
+sub = zmq.Context.instance().socket(zmq.SUB)
+sub.setsockopt(zmq.SUBSCRIBE, b"replica-0")
+sub.connect(endpoint)
+decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+
+def event(e):
+    out = {"type": type(e).__name__}
+    for field in ("block_hashes", "parent_block_hash", "token_ids", "block_size"):
+        if hasattr(e, field):
+            value = getattr(e, field)
+            out[field] = [repr(h) for h in value] if field == "block_hashes" else (
+                repr(value) if field == "parent_block_hash" else value)
+    return out
+
+def frame(parts):
+    topic, seq, payload = parts
+    batch = decoder.decode(payload)
+    return {"topic": topic.decode(), "seq": int.from_bytes(seq, "big", signed=True),
+            "events": [event(e) for e in batch.events], "payload": payload.hex()}
+
+def drain(step):
+    # A batch goes out after the engine step that made it; wait until one is quiet.
+    quiet = time.monotonic() + 1.0
+    while time.monotonic() < quiet:
+        if sub.poll(100):
+            print(json.dumps({"step": step, **frame(sub.recv_multipart())}), flush=True)
+            quiet = time.monotonic() + 1.0
+
+time.sleep(0.5)  # a SUB socket misses what was sent before it joined
+greedy = SamplingParams(max_tokens=4, temperature=0)
+shared = "You are a careful assistant. Answer in one short sentence. " * 8
+# Each prompt's own tail fills at least one more block of its own.
+sky, cat = "Question: what colour is the sky? " * 6, "Question: how many legs has a cat? " * 6
+for step, prompt in (("first", shared + sky), ("second", shared + cat)):
+    out = llm.generate([prompt], greedy, use_tqdm=False)[0]
+    print(json.dumps({"step": step, "prompt_token_ids": list(out.prompt_token_ids)}))
+    drain(step)
+print(json.dumps({"step": "reset", "ok": llm.reset_prefix_cache()}), flush=True)
+drain("reset")  # nothing yet: a reset's event rides on the next step's batch
+llm.generate([shared + sky], greedy, use_tqdm=False)
+drain("again")
+asker = zmq.Context.instance().socket(zmq.DEALER)
+asker.connect(replay)
+asker.send_multipart((b"", (0).to_bytes(8, "big")))
+while True:
+    _, topic, seq, payload = asker.recv_multipart()
+    if int.from_bytes(seq, "big", signed=True) == -1:
+        break
+    print(json.dumps({"step": "replay", **frame((topic, seq, payload))}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    """Every line the engine's child printed, in order."""
+    run_dir = tmp_path_factory.mktemp("kv")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    env.setdefault("VLLM_CACHE_ROOT", str(run_dir / "vllm-cache"))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            ENGINE.replace("__BLOCK__", str(BLOCK)),
+            str(assets.ensure(assets.SMOLLM2)),
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def at(lines, step):
+    return [line for line in lines if line["step"] == step]
+
+
+def stored(lines, step):
+    return [e for line in at(lines, step) if "events" in line for e in line["events"]]
+
+
+def test_full_blocks_are_published_as_chained_block_stored_events(published):
+    prompt = at(published, "first")[0]["prompt_token_ids"]
+    events = stored(published, "first")
+    assert events and {e["type"] for e in events} == {"BlockStored"}
+    assert all(e["block_size"] == BLOCK for e in events)
+    # The first batch starts a chain (no parent); each later one hangs off the last hash.
+    assert events[0]["parent_block_hash"] == "None"
+    for before, after in zip(events, events[1:], strict=False):
+        assert after["parent_block_hash"] == before["block_hashes"][-1]
+    # Only full blocks are stored, and their tokens are the prompt's, in order.
+    tokens = [t for e in events for t in e["token_ids"]]
+    assert len(tokens) % BLOCK == 0 and len(tokens) >= len(prompt) // BLOCK * BLOCK
+    assert tokens[: len(prompt) // BLOCK * BLOCK] == prompt[: len(prompt) // BLOCK * BLOCK]
+
+
+def test_a_prompt_sharing_a_prefix_stores_only_its_new_blocks_under_the_shared_chain(
+    published,
+):
+    first_prompt = at(published, "first")[0]["prompt_token_ids"]
+    second_prompt = at(published, "second")[0]["prompt_token_ids"]
+    common = next(
+        i for i, (a, b) in enumerate(zip(first_prompt, second_prompt, strict=False)) if a != b
+    )
+    shared_blocks = common // BLOCK
+    assert shared_blocks >= 2  # the test's prompts share several whole blocks
+    first_hashes = [h for e in stored(published, "first") for h in e["block_hashes"]]
+    second = stored(published, "second")
+    # The shared blocks were hits, not stored again: the new chain hangs off the last one.
+    assert second[0]["parent_block_hash"] == first_hashes[shared_blocks - 1]
+    assert second[0]["token_ids"][:BLOCK] == second_prompt[shared_blocks * BLOCK :][:BLOCK]
+    assert not set(first_hashes) & {h for e in second for h in e["block_hashes"]}
+
+
+def test_a_prefix_cache_reset_is_published_as_all_blocks_cleared(published):
+    assert at(published, "reset")[0]["ok"] is True
+    assert stored(published, "reset") == []  # held until the next engine step
+    again = stored(published, "again")
+    assert again[0] == {"type": "AllBlocksCleared"}
+    # After the reset the same prompt is stored afresh, under the same content hashes.
+    first_hashes = [h for e in stored(published, "first") for h in e["block_hashes"]]
+    again_hashes = [h for e in again[1:] for h in e["block_hashes"]]
+    assert again[1]["parent_block_hash"] == "None"
+    assert again_hashes[:2] == first_hashes[:2]
+
+
+def test_the_replay_socket_resends_the_buffered_batches_in_order(published):
+    live = [line for line in published if "seq" in line and line["step"] != "replay"]
+    replayed = at(published, "replay")
+    assert [line["seq"] for line in replayed] == [line["seq"] for line in live]
+    assert [line["payload"] for line in replayed] == [line["payload"] for line in live]
+    assert {line["topic"] for line in replayed} == {"replica-0"}
