@@ -10,7 +10,7 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
-from tritonclient.grpc import InferInput
+from tritonclient.grpc import InferInput, InferResult
 
 from builder.serve.openai import tools as chat_tools
 from builder.serve.openai.errors import invalid
@@ -177,11 +177,19 @@ NUMERIC = {
 
 
 def read_piece(result) -> tuple[Piece, str | None]:
-    """A streamed result as a Piece, and the mid-stream error it carries (or None)."""
-    values = first_values(result)
+    """A streamed result (tritonclient's InferResult) as a Piece, and the mid-stream
+    error it carries (or None)."""
+    return read_response(result.get_response())
+
+
+def read_response(response) -> tuple[Piece, str | None]:
+    """One streamed ModelInferResponse as a Piece, and the mid-stream error it carries
+    (or None). This runs once per streamed response: no InferResult around it."""
+    values = first_values(response)
     text = values.get("text_output") or ""
     error = values.get("error") or None
     logprobs = values.get("logprobs")
+    calls = values.get("tool_calls")
     return Piece(
         text,
         values.get("finish_reason") or None,
@@ -189,34 +197,43 @@ def read_piece(result) -> tuple[Piece, str | None]:
         int(values.get("num_output_tokens") or 0),
         values.get("served_by") or "",
         json.loads(logprobs) if logprobs else None,
-        chat_tools.read(values.get("tool_calls")),
+        chat_tools.read(calls) if calls else None,
     ), error
 
 
-def first_values(result) -> dict:
-    """The first element of each output, by name (BYTES decoded as UTF-8). Read from
-    the response's raw bytes: this runs for every streamed token, and tritonclient's
-    as_numpy (a name search and a numpy array per output) costs several times more."""
-    response = result.get_response()
+def first_values(response) -> dict:
+    """The first element of each output of a ModelInferResponse, by name (BYTES decoded
+    as UTF-8). Read from the raw bytes: this runs for every streamed response, and
+    tritonclient's as_numpy (a name search and a numpy array per output) costs several
+    times more. Each output's name and data type are read once (protobuf attribute
+    reads are what this loop spends most on)."""
     raws = response.raw_output_contents
-    values = {}
+    count = len(raws)
+    values: dict[str, object] = {}
     for i, output in enumerate(response.outputs):
-        raw = raws[i] if i < len(raws) else None
-        values[output.name] = _first(result, output, raw)
+        name, datatype = output.name, output.datatype
+        if i < count:
+            raw = raws[i]
+            if datatype == "BYTES":
+                if len(raw) < 4:
+                    values[name] = None
+                else:
+                    size = int.from_bytes(raw[:4], "little")
+                    values[name] = raw[4 : 4 + size].decode("utf-8", "replace")
+                continue
+            reader = NUMERIC.get(datatype)
+            if reader is not None:
+                values[name] = reader.unpack_from(raw)[0] if len(raw) >= reader.size else None
+                continue
+        values[name] = _typed(response, name)
     return values
 
 
-def _first(result, output, raw: bytes | None):
-    if raw is not None and output.datatype == "BYTES":
-        if len(raw) < 4:
-            return None
-        size = int.from_bytes(raw[:4], "little")
-        return raw[4 : 4 + size].decode("utf-8", "replace")
-    if raw is not None and output.datatype in NUMERIC:
-        reader = NUMERIC[output.datatype]
-        return reader.unpack_from(raw)[0] if len(raw) >= reader.size else None
+def _typed(response, name: str):
+    """An output sent as typed contents (no raw bytes), or of a rarer data type: through
+    tritonclient's own decoding."""
     try:
-        array = result.as_numpy(output.name)  # typed contents, or a rarer data type
+        array = InferResult(response).as_numpy(name)
     except Exception:
         return None
     if array is None or array.size == 0:

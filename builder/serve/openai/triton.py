@@ -25,21 +25,21 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]  # no stubs in the venv
-import tritonclient.grpc.aio as grpcaio
-from tritonclient.grpc import InferResult, service_pb2
-from tritonclient.utils import InferenceServerException
+from google.protobuf.json_format import MessageToDict
+from tritonclient.grpc import service_pb2
 
 from builder.serve import admin
 from builder.serve.openai.errors import OpenAIError, from_triton, model_not_found
 from builder.serve.openai.protocol import Generation
-from builder.serve.openai.tensors import ModelInfo, Piece, build_inputs, read_piece
+from builder.serve.openai.tensors import ModelInfo, Piece, build_inputs, read_response
 
 INDEX_TTL_S = 2.0  # how long the repository index (ready models) is believed
 DRAIN_TIMEOUT_S = 10.0  # after the finish reason: wait this long for the call to end
 # As tritonclient's channel: no limit of gRPC's own on a prompt's or answer's size (the
 # frontend's limits.py bounds what a client may send).
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-STREAM_METHOD = "/inference.GRPCInferenceService/ModelStreamInfer"
+SERVICE = "/inference.GRPCInferenceService/"
+STREAM_METHOD = SERVICE + "ModelStreamInfer"
 
 
 class TritonUnavailable(OpenAIError):
@@ -54,16 +54,20 @@ class TritonUnavailable(OpenAIError):
 
 
 class Triton:
-    """A gRPC connection to one tritonserver, made on the frontend's event loop."""
+    """A gRPC connection to one tritonserver, made on the frontend's event loop: one
+    grpc.aio channel carries the requests' streams and the index and config reads (a
+    tritonclient aio client beside it was a second channel, with its own connection to
+    the same server, for two calls every INDEX_TTL_S)."""
 
     def __init__(self, url: str, admin_key: str | None = None):
         self.url = url
         # The index is behind trident's admin key (builder/serve/admin.py): `trident
         # serve` hands its own in; a separate frontend takes the operator's.
         self._admin = admin.grpc_headers(admin_key or os.environ.get(admin.KEY_ENV))
-        self._client: grpcaio.InferenceServerClient | None = None
         self._channel: grpc.aio.Channel | None = None
         self._stream_method: Any = None  # ModelStreamInfer, one request in, responses out
+        self._index_method: Any = None  # RepositoryIndex
+        self._config_method: Any = None  # ModelConfig
         self._models: dict[str, ModelInfo] = {}
         self._configs: dict[tuple, ModelInfo | None] = {}  # (name, version) -> info
         self._index_at = -INDEX_TTL_S
@@ -71,35 +75,61 @@ class Triton:
         self._draining: set = set()
         self._refreshing: asyncio.Future | None = None
 
-    @property
-    def client(self) -> grpcaio.InferenceServerClient:
-        if self._client is None:
-            self._client = grpcaio.InferenceServerClient(self.url)
-        return self._client
+    def _open(self) -> None:
+        """The channel and its three methods, on first use (on the running loop)."""
+        channel = grpc.aio.insecure_channel(self.url, options=CHANNEL_OPTIONS)
+
+        def method(kind, name: str, request, response):
+            return kind(
+                SERVICE + name,
+                request_serializer=request.SerializeToString,
+                response_deserializer=response.FromString,
+            )
+
+        self._stream_method = method(
+            channel.unary_stream,
+            "ModelStreamInfer",
+            service_pb2.ModelInferRequest,
+            service_pb2.ModelStreamInferResponse,
+        )
+        self._index_method = method(
+            channel.unary_unary,
+            "RepositoryIndex",
+            service_pb2.RepositoryIndexRequest,
+            service_pb2.RepositoryIndexResponse,
+        )
+        self._config_method = method(
+            channel.unary_unary,
+            "ModelConfig",
+            service_pb2.ModelConfigRequest,
+            service_pb2.ModelConfigResponse,
+        )
+        self._channel = channel
 
     def open_stream(self, request: service_pb2.ModelInferRequest):
         """A ModelStreamInfer call carrying `request` (grpc.aio's unary-stream call:
-        read, cancel), on a channel of the frontend's own. The request leaves as soon
-        as the loop runs."""
-        if self._stream_method is None:
-            self._channel = grpc.aio.insecure_channel(self.url, options=CHANNEL_OPTIONS)
-            self._stream_method = self._channel.unary_stream(
-                STREAM_METHOD,
-                request_serializer=service_pb2.ModelInferRequest.SerializeToString,
-                response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
-            )
+        read, cancel). The request leaves as soon as the loop runs."""
+        if self._channel is None:
+            self._open()
         return self._stream_method(request)
+
+    async def _unary(self, method: str, request, headers: dict[str, str]) -> dict:
+        """One unary call's answer as JSON (protobuf's field names, as tritonclient's
+        as_json gives them)."""
+        if self._channel is None:
+            self._open()
+        call = self._index_method if method == "index" else self._config_method
+        response = await call(request, metadata=tuple(headers.items()))
+        return MessageToDict(response, preserving_proto_field_name=True)
 
     async def close(self) -> None:
         for task in [*self._draining, self._refreshing]:
             if task is not None:
                 task.cancel()
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
         if self._channel is not None:
             await self._channel.close()
-            self._channel = self._stream_method = None
+            self._channel = self._stream_method = self._index_method = None
+            self._config_method = None
 
     async def models(self, fresh: bool = False) -> dict[str, ModelInfo]:
         """The READY text models, by name (the repository index, briefly cached)."""
@@ -113,21 +143,22 @@ class Triton:
 
     async def _read_index(self) -> dict[str, ModelInfo]:
         try:
-            index = await self.client.get_model_repository_index(headers=self._admin, as_json=True)
+            index = await self._unary("index", service_pb2.RepositoryIndexRequest(), self._admin)
             models: dict[str, ModelInfo] = {}
             for entry in index.get("models", []):
                 if entry.get("state") != "READY":
                     continue
                 key = (entry["name"], entry.get("version", ""))
                 if key not in self._configs:
-                    config = await self.client.get_model_config(entry["name"], as_json=True)
+                    asked = service_pb2.ModelConfigRequest(name=entry["name"])
+                    config = await self._unary("config", asked, {})
                     self._configs[key] = ModelInfo.from_config(config.get("config", {}))
                 info = self._configs[key]
                 if info is not None:
                     models[entry["name"]] = info
             return models
-        except InferenceServerException as e:
-            raise TritonUnavailable(self.url, e.message() or str(e)) from None
+        except grpc.aio.AioRpcError as e:
+            raise TritonUnavailable(self.url, _rpc_reason(e)) from None
 
     async def info(self, model: str) -> ModelInfo:
         """The model's info; 404 when it is not a READY text model. A model already
@@ -195,9 +226,13 @@ class Call:
         `error` output mid-stream) once the pieces before it are taken."""
         if self._reader is None:
             self._reader = asyncio.ensure_future(self._read())
+        # Looked up once: asyncio.get_running_loop() makes a getpid() system call on
+        # every call (its fork check), 6% of the frontend's busy CPU at 64 streams
+        # when it ran once per wait (docs/performance.md, "third round").
+        loop = asyncio.get_running_loop()
         while True:
             if not self._ready and not self._ended:
-                self._wake = asyncio.get_running_loop().create_future()
+                self._wake = loop.create_future()
                 await self._wake
             if self._ready:
                 batch, self._ready = self._ready, []
@@ -232,7 +267,7 @@ class Call:
                 if response.error_message:
                     self._failure = from_triton(response.error_message, self.model, self.asked)
                     return
-                piece, problem = read_piece(InferResult(response.infer_response))
+                piece, problem = read_response(response.infer_response)
                 if problem:
                     self._failure = from_triton(problem, self.model, self.asked)
                     return
