@@ -10,8 +10,10 @@ docs/router.md ("Exact mode") states what this settles.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pickle
 import subprocess
 import sys
 
@@ -96,6 +98,7 @@ def published(tmp_path_factory):
     """Every line the engine's child printed, in order."""
     run_dir = tmp_path_factory.mktemp("kv")
     env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    env.pop("PYTHONHASHSEED", None)  # it would replace vLLM's fixed seed of the chain
     env.setdefault("VLLM_CACHE_ROOT", str(run_dir / "vllm-cache"))
     done = subprocess.run(
         [
@@ -173,3 +176,33 @@ def test_the_replay_socket_resends_the_buffered_batches_in_order(published):
     assert [line["seq"] for line in replayed] == [line["seq"] for line in live]
     assert [line["payload"] for line in replayed] == [line["payload"] for line in live]
     assert {line["topic"] for line in replayed} == {"replica-0"}
+
+
+def vllm_chain(tokens: list[int]) -> list[str]:
+    """vLLM 0.32's published hashes of the full blocks of `tokens`, computed here without
+    vLLM: its default `sha256` of the pickled (parent, block tokens, extra keys), the
+    first parent the hash of its fixed seed "vllm-none-hash"
+    (v1/core/kv_cache_utils.py, hash_block_tokens and init_none_hash), published as the
+    low 64 bits (maybe_convert_block_hash, VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1)."""
+
+    def sha(value: object) -> bytes:
+        return hashlib.sha256(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+    parent, published = sha("vllm-none-hash"), []
+    for start in range(0, len(tokens) // BLOCK * BLOCK, BLOCK):
+        parent = sha((parent, tuple(tokens[start : start + BLOCK]), None))
+        published.append(repr(int.from_bytes(parent, "big") & ((1 << 64) - 1)))
+    return published
+
+
+def test_the_published_hashes_can_be_computed_from_token_ids_in_another_process(published):
+    """What an exact mode needs: the router (another process) can name vLLM's blocks from
+    the token ids alone, without an engine, given no cache salt."""
+    first, second = (at(published, step)[0]["prompt_token_ids"] for step in ("first", "second"))
+    first_hashes = [h for e in stored(published, "first") for h in e["block_hashes"]]
+    second_hashes = [h for e in stored(published, "second") for h in e["block_hashes"]]
+    assert vllm_chain(first) == first_hashes[: len(first) // BLOCK]
+    # The second prompt's chain: the blocks it shared (stored by the first), then its own.
+    chain = vllm_chain(second)
+    shared = sum(1 for a, b in zip(chain, first_hashes, strict=False) if a == b)
+    assert shared >= 2 and chain == (first_hashes[:shared] + second_hashes)[: len(chain)]
