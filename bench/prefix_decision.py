@@ -79,15 +79,47 @@ def build(chooser: ReplicaChooser, rng: random.Random) -> dict[int, int]:
     return turns
 
 
+class Collections:
+    """The cyclic GC's collections while it is installed (gc.callbacks), per generation,
+    and how many timed decisions one ran inside: a collection walks every object it
+    tracks, so an index the GC tracked showed up in the decisions' tail."""
+
+    def __init__(self) -> None:
+        self.by_generation = [0, 0, 0]
+        self.us = [0.0, 0.0, 0.0]
+        self._started = 0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter_ns()
+        else:
+            generation = info["generation"]
+            self.by_generation[generation] += 1
+            self.us[generation] += (time.perf_counter_ns() - self._started) / 1_000
+
+    def count(self) -> int:
+        return sum(self.by_generation)
+
+    def report(self, hit: int) -> dict:
+        return {
+            "collections": self.by_generation,
+            "mean_us": [
+                round(us / max(1, n), 1) for us, n in zip(self.us, self.by_generation, strict=True)
+            ],
+            "decisions_hit": hit,
+        }
+
+
 def decisions(
-    chooser: ReplicaChooser, turns: dict[int, int], rng: random.Random
-) -> tuple[list[float], list[float], list[float], list[int], list[list[dict]]]:
+    chooser: ReplicaChooser, turns: dict[int, int], rng: random.Random, gcs: Collections
+) -> tuple[list[float], list[float], list[float], list[int], list[list[dict]], int]:
     """Time DECISIONS decisions; (microseconds each, microseconds of their hashing alone,
-    the same hashing without the first-record memo, prompt blocks each, the prompts).
+    the same hashing without the first-record memo, prompt blocks each, the prompts,
+    how many decisions a GC collection ran inside).
     The two ways of hashing take turns going first, so neither always finds the
     prompt's text warm in the CPU's caches."""
     times, hashing, plain, blocks, prompts = [], [], [], [], []
-    index = chooser.index
+    index, hit = chooser.index, 0
     for i in range(DECISIONS):
         n = rng.randrange(CONVERSATIONS + DECISIONS)  # about a third are new conversations
         tenant = n % TENANTS
@@ -95,18 +127,20 @@ def decisions(
         loads = {r: ReplicaLoad(in_flight=rng.randint(0, 8)) for r in REPLICAS}
         if i % 2:
             plain.append(_plain_us(index, messages, salt(tenant)))
+        collected = gcs.count()
         start = time.perf_counter_ns()
         hashes = index.prompt_hashes(None, messages, salt(tenant))
         hashed = time.perf_counter_ns()
         decision = chooser.choose(REPLICAS, loads, hashes)
         chooser.routed(decision.replica, hashes)
         times.append((time.perf_counter_ns() - start) / 1_000)
+        hit += gcs.count() != collected
         hashing.append((hashed - start) / 1_000)
         if not i % 2:
             plain.append(_plain_us(index, messages, salt(tenant)))
         blocks.append(len(hashes))
         prompts.append(messages)
-    return times, hashing, plain, blocks, prompts
+    return times, hashing, plain, blocks, prompts, hit
 
 
 def _plain_us(index: PrefixIndex, messages: list[dict], scope: str) -> float:
@@ -157,7 +191,12 @@ def run(out_dir: Path) -> dict:
     turns = build(chooser, rng)
     held = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
-    times, hashing, plain, blocks, prompts = decisions(chooser, turns, rng)
+    gcs = Collections()
+    gc.callbacks.append(gcs)
+    try:
+        times, hashing, plain, blocks, prompts, hit = decisions(chooser, turns, rng, gcs)
+    finally:
+        gc.callbacks.remove(gcs)
     p50, p99 = percentile(times, 50), percentile(times, 99)
     bound = index.bound_bytes(len(REPLICAS)) + MEMO_BYTES_BOUND
     tokens = tokenizer_cost(prompts)
@@ -227,6 +266,7 @@ def run(out_dir: Path) -> dict:
             "bound_bytes": bound,
         },
         "tokenizer": tokens,
+        "gc": gcs.report(hit),
     }
     return bench_result("prefix_decision", rows, config, raw)
 

@@ -33,7 +33,7 @@ blocks its replica's young generation lacks (a binary search finds them: ~4 new 
 of a ~40-block turn here), where an OrderedDict needed a move_to_end per block of the
 prompt, each a Python step and a linked-list relink in a 6 MiB index (~10 us a decision;
 issue 23's budget for the whole decision is 50 us at p99). Forgetting a generation is
-one set dropped, not a sort or a walk.
+one dict dropped, not a sort or a walk.
 
 Cheap to keep (issue 23's budget for the whole decision is 50 us at p99): the blocks of a
 chat's first message, the system prompt a tenant's conversations share, are hashed once
@@ -44,14 +44,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from typing import Any
 
 BLOCK_CHARS = 128  # ~32 tokens: a vLLM block on CPU, two on GPU
 MAX_BLOCKS_PER_REPLICA = 16_384  # 2 MiB of prompt text (~500k tokens) per replica
 MAX_PROMPT_BLOCKS = 512  # a prompt's first 64 KiB decide; its tail is not hashed
 # Measured with tracemalloc (CPython 3.11): one recorded block costs 140-180 bytes (its
-# int, a set slot; the tables grow in doublings). The documented bound leaves headroom
+# int, a dict entry; the tables grow in doublings). The documented bound leaves headroom
 # for that: 4 MiB per replica at the default size.
 BYTES_PER_BLOCK_BOUND = 256
 # The first-record memo (block_hashes) is emptied whenever it passes either limit. Its
@@ -64,7 +63,7 @@ MEMO_BYTES_BOUND = 4 * MEMO_CHARS + MEMO_ENTRIES * 600 + MEMO_CHARS // 128 * 40
 _RECORD, _UNIT = "\x1e", "\x1f"  # ASCII record/unit separators: never in chat text
 # A memo entry: chain hash after a first record's full blocks, its partial last block,
 # and its full blocks' hashes.
-_Step = tuple[int, str, list[int]]
+_Step = tuple[int, str, tuple[int, ...]]
 
 
 def prompt_key(text: str | None, messages: list[Any] | None) -> str:
@@ -133,13 +132,13 @@ class PrefixIndex:
         step = self._memo.get((salt_scope, first))
         if step is None:
             seed = hash(("trident-prefix", salt_scope))
-            blocks = self._chain(seed, first, self.max_prompt_blocks)
+            blocks = tuple(self._chain(seed, first, self.max_prompt_blocks))
             step = (blocks[-1] if blocks else seed, first[len(blocks) * self.block_chars :], blocks)
             self._remember((salt_scope, first), step, cut)
         running, tail, blocks = step
         left = self.max_prompt_blocks - len(blocks)
         if left <= 0:
-            return blocks[: self.max_prompt_blocks]
+            return list(blocks[: self.max_prompt_blocks])
         return [*blocks, *self._chain(running, tail + key[cut:], left)]
 
     def _chain(self, running: int, key: str, limit: int) -> list[int]:
@@ -200,11 +199,14 @@ class PrefixIndex:
         new = hashes[held:]
         if len(young) + len(new) > self._generation:
             self.evicted += len(record.old)  # disjoint from the young one: all forgotten
-            record.old = young if self._keeps_old else set()
-            young = record.young = set()
+            record.old = young if self._keeps_old else {}
+            young = record.young = {}
             new = hashes[: self._generation]  # the whole chain, so the young one starts
-        young.update(new)  # with a prefix; a prompt longer than it keeps its head
-        record.old.difference_update(new)
+        young.update(dict.fromkeys(new))  # with a prefix; a prompt longer than it keeps
+        old = record.old  # its head
+        if old:
+            for block in new:
+                old.pop(block, None)
 
     def drop_replica(self, replica: str) -> int:
         """Forget a replica (dead, unloaded, or restarted with an empty cache); returns
@@ -231,19 +233,25 @@ class PrefixIndex:
 
 
 class _Record:
-    """One replica's blocks: two disjoint sets of chained block hashes."""
+    """One replica's blocks: two disjoint generations of chained block hashes.
+
+    Dicts of int to None, not sets, because the cyclic garbage collector never tracks a
+    dict that holds only ints and None, while it tracks every set: a collection walked
+    every block of every replica (16,384 ints each at the bound, one cache miss apiece),
+    and a generation just started sat in the youngest GC generation, walked by the
+    frequent collections too. Those walks landed inside ~1% of decisions: the p99."""
 
     __slots__ = ("young", "old")
 
     def __init__(self) -> None:
-        self.young: set[int] = set()
-        self.old: set[int] = set()
+        self.young: dict[int, None] = {}
+        self.old: dict[int, None] = {}
 
 
-_EMPTY: frozenset[int] = frozenset()
+_EMPTY: dict[int, None] = {}
 
 
-def _held(young: AbstractSet[int], old: AbstractSet[int], hashes: Sequence[int]) -> int:
+def _held(young: Mapping[int, None], old: Mapping[int, None], hashes: Sequence[int]) -> int:
     """How many of `hashes`, from the first, the two generations hold together: a binary
     search, since what they hold of a chain is always a prefix of it."""
     low, high = 0, len(hashes) if young or old else 0

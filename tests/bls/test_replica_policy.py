@@ -4,6 +4,7 @@ never route by each other's prefixes, and the three policies do what they say.""
 
 from __future__ import annotations
 
+import random
 import sys
 from collections import Counter
 from pathlib import Path
@@ -188,3 +189,56 @@ def test_a_rules_policy_overrides_the_backends_for_its_requests():
     assert {d.reason for d in rotated} == {"round_robin"}
     decision = chooser.choose(["a", "b"], {}, hashes)  # the backend's own: prefix_aware
     assert decision.replica == "a" and decision.reason == "prefix"
+
+
+# The choices bls/replica_policy.py and bls/prefix_index.py made on fixed_workload at
+# commit 948f56c, before the index's generations became GC-untracked dicts: a change made
+# for speed must route every request exactly as before (replica, reason, blocks matched).
+PINNED_PICKS = (
+    "2021110021001222101200020021100020022001220011121220102120200020020201110222220112"
+    "2000202001010121200110201022221211222200200202120101201210221201102002211211002221"
+    "1212021011112001002100012010200110221011010001001101010111110101010101110101010100"
+    "100110010100000010100000010100001100110011011101001011"
+)
+PINNED_REASONS = {"affinity": 54, "load": 1, "prefix": 176, "round_robin": 34, "spill": 35}
+PINNED_MATCHED = 2559
+
+
+def test_the_choices_on_a_fixed_workload_are_the_pinned_ones():
+    """300 requests of 40 conversations from two salted tenants over three replicas, with
+    random loads, an index small enough to evict (96 blocks a replica), affinity for
+    every fifth conversation, a rule's round_robin every seventh request, a fallback
+    replica recording every eleventh, and one replica dropped two thirds in. Nothing
+    here depends on the hash values, only on which of them are equal, so the pin holds
+    under any PYTHONHASHSEED."""
+    rng = random.Random(2323)
+    replicas = ("m__r0", "m__r1", "m__r2")
+    index = PrefixIndex(block_chars=32, max_blocks_per_replica=96)
+    chooser = ReplicaChooser("prefix_aware", index)
+    systems = [f"Tenant {t} rules: " + "be brief, be exact. " * (8 + 4 * t) for t in range(2)]
+    turns: Counter = Counter()
+    picks, reasons, matched = [], Counter(), 0
+    for step in range(300):
+        n = rng.randrange(40)
+        tenant, turns[n] = n % 2, turns[n] + 1
+        messages = [{"role": "system", "content": systems[tenant]}]
+        messages += [
+            {"role": "user", "content": f"user {n} turn {t} " * 3} for t in range(turns[n])
+        ]
+        live = replicas if step < 200 else replicas[:2]
+        if step == 200:
+            chooser.dropped("m__r2")
+        loads = {r: ReplicaLoad(in_flight=rng.randint(0, 9)) for r in live}
+        hashes = index.block_hashes(prompt_key(None, messages), f"salt-{tenant}")
+        conversation = f"c{n}" if n % 5 == 0 else None
+        decision = chooser.choose(
+            live, loads, hashes, conversation, "round_robin" if step % 7 == 0 else None
+        )
+        chooser.routed(decision.order[1 if step % 11 == 0 else 0], hashes)
+        picks.append(decision.replica[-1])
+        reasons[decision.reason] += 1
+        matched += decision.matched_blocks
+    assert index.evicted > 0  # the generations turned over: eviction is pinned too
+    assert "".join(picks) == PINNED_PICKS
+    assert dict(reasons) == PINNED_REASONS
+    assert matched == PINNED_MATCHED
