@@ -205,8 +205,8 @@ def first_values(response) -> dict:
     """The first element of each output of a ModelInferResponse, by name (BYTES decoded
     as UTF-8). Read from the raw bytes: this runs for every streamed response, and
     tritonclient's as_numpy (a name search and a numpy array per output) costs several
-    times more. Each output's name and data type are read once (protobuf attribute
-    reads are what this loop spends most on)."""
+    times more. Each output's name and data type are read once: every attribute read
+    of a protobuf message is a lookup of its own."""
     raws = response.raw_output_contents
     count = len(raws)
     values: dict[str, object] = {}
