@@ -202,11 +202,11 @@ class PrefixIndex:
             record.old = young if self._keeps_old else {}
             young = record.young = {}
             new = hashes[: self._generation]  # the whole chain, so the young one starts
-        young.update(dict.fromkeys(new))  # with a prefix; a prompt longer than it keeps
-        old = record.old  # its head
-        if old:
-            for block in new:
-                old.pop(block, None)
+        old = record.old  # with a prefix; a prompt longer than it keeps its head
+        for block in new:
+            young[block] = None
+            if block in old:  # the generations stay disjoint
+                del old[block]
 
     def drop_replica(self, replica: str) -> int:
         """Forget a replica (dead, unloaded, or restarted with an empty cache); returns
