@@ -179,8 +179,9 @@ def test_down_stalled_and_back_one_probe_at_a_time():
         (result,), took = asyncio.run(timed())
         assert isinstance(result, StoreUnavailable) and "no answer within 300 ms" in str(result)
         assert 0.25 < took < 1.0
-        (result,), took = asyncio.run(timed())  # within retry_s
-        assert isinstance(result, StoreUnavailable) and took < 0.05
+        (result,), took = asyncio.run(timed())  # within retry_s: no wait for Redis
+        # (well under the 0.25 s a wait would take, with room for a loaded machine)
+        assert isinstance(result, StoreUnavailable) and took < 0.15
         time.sleep(0.25)
         answers = took_each(4)  # one probe, three at once
         assert all(isinstance(r, StoreUnavailable) for r, _ in answers)
