@@ -127,13 +127,18 @@ def write_result(out: Path, result: dict) -> None:
     (out / f"{result['name']}.json").write_text(json.dumps(result, indent=2) + "\n")
 
 
-def run_alone(description: str, run, argv=None) -> int:
-    """`python -m bench.NAME --out DIR`: one benchmark without bench/run.py's table."""
+def run_alone(description: str, run, argv=None, options=None) -> int:
+    """`python -m bench.NAME --out DIR [options]`: one benchmark without bench/run.py's
+    table. `options(parser)` adds a benchmark's own options; each reaches `run` as the
+    keyword argument of its dest."""
     parser = argparse.ArgumentParser(description=description.splitlines()[0])
     parser.add_argument("--out", default="bench_results")
-    out = Path(parser.parse_args(argv).out)
+    if options is not None:
+        options(parser)
+    chosen = vars(parser.parse_args(argv))
+    out = Path(chosen.pop("out"))
     out.mkdir(parents=True, exist_ok=True)
-    result = run(out)
+    result = run(out, **chosen)
     write_result(out, result)
     print(json.dumps(result["rows"], indent=2))
     return 0

@@ -2,7 +2,7 @@
 
 `install` puts bench/trace_scheduler.py into each rendered vLLM replica (its model.json
 names it as vLLM's `scheduler_cls`); the engines then append their requests and steps to
-one JSON-lines file. `analyse` joins that file with the client's own record of each
+one JSON-lines file. `join` joins that file with the client's own record of each
 request (phase, conversation, turn, when it was sent, its TTFT) and splits each TTFT in
 wall-clock time (one machine, one clock):
 
@@ -23,12 +23,13 @@ Pure but for `install` and the tokenizer the caller hands in.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from bench.prefix_workload import PHASE_PATTERN, QUESTION_PATTERN
 
 SCHEDULER = Path(__file__).with_name("trace_scheduler.py")
 SCHEDULER_CLS = "trace_scheduler.TracingScheduler"
@@ -41,8 +42,6 @@ BATCH = (
     "batch_prefill_tokens",
     "batch_step_s",
 )
-_QUESTION = re.compile(r"Customer (\d+), question (\d+):")
-_PHASE = re.compile(r"Support desk (\S+)\. ")
 
 
 def install(repo: Path, replicas: list[str], trace: Path) -> None:
@@ -75,8 +74,8 @@ def read(lines: Iterable[str]) -> tuple[dict[str, dict], list[dict]]:
 def identify(record: dict, decode: Callable[[list[int]], str]) -> tuple[str, int, int] | None:
     """(phase, conversation, turn) of a traced request, from its prompt's first tokens
     (the system prompt opens with the phase) and last ones (the newest question)."""
-    phase = _PHASE.search(decode(record["head"]))
-    questions = _QUESTION.findall(decode(record["tail"]))
+    phase = PHASE_PATTERN.search(decode(record["head"]))
+    questions = QUESTION_PATTERN.findall(decode(record["tail"]))
     if not phase or not questions:
         return None  # a warm-up or control request: not a conversation's turn
     conversation, turn = questions[-1]

@@ -36,7 +36,6 @@ deploy/default.yaml's.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import copy
 import itertools
@@ -52,7 +51,7 @@ import tritonclient.grpc.aio as grpcaio
 import yaml
 
 from bench import engine_trace
-from bench.common import bench_result, write_result
+from bench.common import bench_result, run_alone
 from bench.prefix_workload import (
     CONVERSATIONS,
     DECISION,
@@ -107,7 +106,7 @@ class Replicated:
     def __init__(self, server, repo: Path):
         self.server, self.path = server, repo / ROUTER / "1" / "router.json"
         self.config = json.loads(self.path.read_text())
-        self.replicas = list(self.config["backends"][MODEL]["replicas"])
+        self.replicas = self.names(repo)
         self.ids: dict[int, str] = {}
 
     def use(self, policy: str, phase: str) -> None:
@@ -134,7 +133,7 @@ class TwoModels:
 
     def __init__(self, server, repo: Path):
         self.server = server
-        self.replicas = [f"{MODEL}_r0", f"{MODEL}_r1"]
+        self.replicas = self.names(repo)
         self.policy = "round_robin"
 
     def use(self, policy: str, phase: str) -> None:
@@ -406,18 +405,13 @@ def traced(phases: dict, trace_file: Path, decode) -> None:
         )
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench_results")
+def options(parser) -> None:
     parser.add_argument("--trace", action="store_true", help="trace the engines' steps")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result = run(out, args.trace, args.max_num_batched_tokens)
-    write_result(out, result)
-    print(json.dumps(result["rows"], indent=2))
-    return 0
+    parser.add_argument("--max-num-batched-tokens", dest="batched_tokens", type=int)
+
+
+def main(argv=None) -> int:
+    return run_alone(__doc__, run, argv, options)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,12 @@ SUPPORT_WORDS = (
 )
 
 
+# What bench/engine_trace.py reads back from a decoded prompt: its phase (the system
+# prompt's head) and its questions (conversation, turn). They match the texts below.
+PHASE_PATTERN = re.compile(r"Support desk (\S+)\. ")
+QUESTION_PATTERN = re.compile(r"Customer (\d+), question (\d+):")
+
+
 def system_prompt(phase: str) -> str:
     rng = random.Random(f"system-{phase}")
     return (
