@@ -239,7 +239,9 @@ class _Record:
     dict that holds only ints and None, while it tracks every set: a collection walked
     every block of every replica (16,384 ints each at the bound, one cache miss apiece),
     and a generation just started sat in the youngest GC generation, walked by the
-    frequent collections too. Those walks landed inside ~1% of decisions: the p99."""
+    frequent collections too. Those walks landed inside ~1% of decisions, at the p99;
+    untracked, a gen-0 collection costs half as much (docs/router.md: the p99 itself did
+    not move, it is mostly the decision's own spread)."""
 
     __slots__ = ("young", "old")
 
