@@ -39,7 +39,20 @@ DRAIN_TIMEOUT_S = 10.0  # after the finish reason: wait this long for the call t
 # frontend's limits.py bounds what a client may send).
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 SERVICE = "/inference.GRPCInferenceService/"
-STREAM_METHOD = SERVICE + "ModelStreamInfer"
+# The methods of Triton's service the frontend calls: name -> (shape, request, response).
+RPCS = {
+    "ModelStreamInfer": (
+        "unary_stream",  # one request in, responses out: a stream that can be cancelled
+        service_pb2.ModelInferRequest,
+        service_pb2.ModelStreamInferResponse,
+    ),
+    "RepositoryIndex": (
+        "unary_unary",
+        service_pb2.RepositoryIndexRequest,
+        service_pb2.RepositoryIndexResponse,
+    ),
+    "ModelConfig": ("unary_unary", service_pb2.ModelConfigRequest, service_pb2.ModelConfigResponse),
+}
 
 
 class TritonUnavailable(OpenAIError):
@@ -65,9 +78,7 @@ class Triton:
         # serve` hands its own in; a separate frontend takes the operator's.
         self._admin = admin.grpc_headers(admin_key or os.environ.get(admin.KEY_ENV))
         self._channel: grpc.aio.Channel | None = None
-        self._stream_method: Any = None  # ModelStreamInfer, one request in, responses out
-        self._index_method: Any = None  # RepositoryIndex
-        self._config_method: Any = None  # ModelConfig
+        self._rpcs: dict[str, Any] = {}  # RPCS' methods on the channel, by name
         self._models: dict[str, ModelInfo] = {}
         self._configs: dict[tuple, ModelInfo | None] = {}  # (name, version) -> info
         self._index_at = -INDEX_TTL_S
@@ -75,51 +86,27 @@ class Triton:
         self._draining: set = set()
         self._refreshing: asyncio.Future | None = None
 
-    def _open(self) -> None:
-        """The channel and its three methods, on first use (on the running loop)."""
-        channel = grpc.aio.insecure_channel(self.url, options=CHANNEL_OPTIONS)
-
-        def method(kind, name: str, request, response):
-            return kind(
-                SERVICE + name,
-                request_serializer=request.SerializeToString,
-                response_deserializer=response.FromString,
-            )
-
-        self._stream_method = method(
-            channel.unary_stream,
-            "ModelStreamInfer",
-            service_pb2.ModelInferRequest,
-            service_pb2.ModelStreamInferResponse,
-        )
-        self._index_method = method(
-            channel.unary_unary,
-            "RepositoryIndex",
-            service_pb2.RepositoryIndexRequest,
-            service_pb2.RepositoryIndexResponse,
-        )
-        self._config_method = method(
-            channel.unary_unary,
-            "ModelConfig",
-            service_pb2.ModelConfigRequest,
-            service_pb2.ModelConfigResponse,
-        )
-        self._channel = channel
+    def _rpc(self, name: str) -> Any:
+        """One of RPCS on the channel, which opens on first use (on the running loop)."""
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self.url, options=CHANNEL_OPTIONS)
+            for rpc, (shape, request, response) in RPCS.items():
+                self._rpcs[rpc] = getattr(self._channel, shape)(
+                    SERVICE + rpc,
+                    request_serializer=request.SerializeToString,
+                    response_deserializer=response.FromString,
+                )
+        return self._rpcs[name]
 
     def open_stream(self, request: service_pb2.ModelInferRequest):
         """A ModelStreamInfer call carrying `request` (grpc.aio's unary-stream call:
         read, cancel). The request leaves as soon as the loop runs."""
-        if self._channel is None:
-            self._open()
-        return self._stream_method(request)
+        return self._rpc("ModelStreamInfer")(request)
 
-    async def _unary(self, method: str, request, headers: dict[str, str]) -> dict:
+    async def _unary(self, name: str, request, headers: dict[str, str]) -> dict:
         """One unary call's answer as JSON (protobuf's field names, as tritonclient's
         as_json gives them)."""
-        if self._channel is None:
-            self._open()
-        call = self._index_method if method == "index" else self._config_method
-        response = await call(request, metadata=tuple(headers.items()))
+        response = await self._rpc(name)(request, metadata=tuple(headers.items()))
         return MessageToDict(response, preserving_proto_field_name=True)
 
     async def close(self) -> None:
@@ -128,8 +115,7 @@ class Triton:
                 task.cancel()
         if self._channel is not None:
             await self._channel.close()
-            self._channel = self._stream_method = self._index_method = None
-            self._config_method = None
+            self._channel, self._rpcs = None, {}
 
     async def models(self, fresh: bool = False) -> dict[str, ModelInfo]:
         """The READY text models, by name (the repository index, briefly cached)."""
@@ -143,7 +129,9 @@ class Triton:
 
     async def _read_index(self) -> dict[str, ModelInfo]:
         try:
-            index = await self._unary("index", service_pb2.RepositoryIndexRequest(), self._admin)
+            index = await self._unary(
+                "RepositoryIndex", service_pb2.RepositoryIndexRequest(), self._admin
+            )
             models: dict[str, ModelInfo] = {}
             for entry in index.get("models", []):
                 if entry.get("state") != "READY":
@@ -151,7 +139,7 @@ class Triton:
                 key = (entry["name"], entry.get("version", ""))
                 if key not in self._configs:
                     asked = service_pb2.ModelConfigRequest(name=entry["name"])
-                    config = await self._unary("config", asked, {})
+                    config = await self._unary("ModelConfig", asked, {})
                     self._configs[key] = ModelInfo.from_config(config.get("config", {}))
                 info = self._configs[key]
                 if info is not None:
