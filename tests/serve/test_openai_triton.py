@@ -7,11 +7,11 @@ import json
 
 import numpy as np
 import pytest
-from tritonclient.grpc import InferResult, service_pb2
+from tritonclient.grpc import service_pb2
 
 from builder.serve.openai.errors import OpenAIError
 from builder.serve.openai.protocol import parse_chat, parse_completion
-from builder.serve.openai.tensors import ModelInfo, build_inputs, read_piece
+from builder.serve.openai.tensors import ModelInfo, build_inputs, read_response
 
 LLM_INPUTS = [
     "text_input",
@@ -176,7 +176,7 @@ def test_a_named_adapter_goes_out_as_lora_name_in_sampling_parameters():
     assert caught.value.status == 400 and caught.value.param == "lora_name"
 
 
-def _result(**outputs) -> InferResult:
+def _result(**outputs) -> service_pb2.ModelInferResponse:
     response = service_pb2.ModelInferResponse()
     for name, value in outputs.items():
         out = response.outputs.add()
@@ -188,11 +188,11 @@ def _result(**outputs) -> InferResult:
         else:
             out.datatype = "UINT32"
             response.raw_output_contents.append(np.array([value], np.uint32).tobytes())
-    return InferResult(response)
+    return response
 
 
-def test_read_piece():
-    piece, error = read_piece(
+def test_read_response():
+    piece, error = read_response(
         _result(
             text_output=" Paris",
             finish_reason="",
@@ -208,9 +208,11 @@ def test_read_piece():
         6,
         None,
     )
-    piece, error = read_piece(_result(text_output="", finish_reason="error", error="engine died"))
+    piece, error = read_response(
+        _result(text_output="", finish_reason="error", error="engine died")
+    )
     assert error == "engine died"
-    piece, error = read_piece(
+    piece, error = read_response(
         _result(
             text_output="caf\u00e9",
             served_by="smollm2",

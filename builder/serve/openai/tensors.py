@@ -1,6 +1,6 @@
 """The OpenAI frontend's requests and responses as Triton tensors: which inputs a model
 takes (ModelInfo), one generation as inputs (build_inputs), one streamed response as a
-Piece (read_piece). Pure mapping, no I/O: the transport is triton.py.
+Piece (read_response). Pure mapping, no I/O: the transport is triton.py.
 """
 
 from __future__ import annotations
@@ -174,12 +174,6 @@ NUMERIC = {
     "UINT64": struct.Struct("<Q"),
     "FP32": struct.Struct("<f"),
 }
-
-
-def read_piece(result) -> tuple[Piece, str | None]:
-    """A streamed result (tritonclient's InferResult) as a Piece, and the mid-stream
-    error it carries (or None)."""
-    return read_response(result.get_response())
 
 
 def read_response(response) -> tuple[Piece, str | None]:
