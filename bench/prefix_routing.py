@@ -4,7 +4,8 @@ Real vLLM (SmolLM2-135M-Instruct from the wheel, prefix caching on, deploy/defau
 engine arguments) as two replicas in one tritonserver behind `router`; an in-house async
 gRPC client (tritonclient.grpc.aio, one stream per request) plays the workload of
 bench/prefix_workload.py: 16 conversations at once, 6 turns each, a shared ~1,000-token
-system prompt, each turn resending the history, 16-token answers (greedy, ignore_eos). Per
+system prompt, each turn resending the history, answers of 16 +- 8 tokens (drawn per
+conversation and turn, the same under every policy; greedy, ignore_eos). Per
 policy, side by side in one run and one server:
   round_robin    the router rotates over the replicas
   prefix_aware   the router's prefix index and load (bls/replica_policy.py)
@@ -31,13 +32,15 @@ Options for a closer look (never in bench.run): --trace has each engine write do
 requests and steps (bench/trace_scheduler.py) and splits every TTFT into where it went
 (bench/engine_trace.py; the phases' `trace` in the JSON, the raw file beside it);
 --max-num-batched-tokens N runs every phase with that vLLM step budget instead of
-deploy/default.yaml's.
+deploy/default.yaml's; --answer-tokens N and --answer-spread N set the answers' length
+(--answer-spread 0: every answer the same length, as before 2026-12-02).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import itertools
 import json
 import sys
@@ -57,6 +60,7 @@ from bench.prefix_workload import (
     DECISION,
     TURNS,
     Conversation,
+    answer_tokens,
     buckets,
     control_prompt,
     counters,
@@ -74,6 +78,11 @@ from builder.spec import parse_spec
 ROOT = Path(__file__).resolve().parent.parent
 MODEL, ROUTER = "smollm2", "router"
 ANSWER_TOKENS, CONTROL_TOKENS, CONTROL_PER_STREAM = 16, 64, 2
+# Each turn's answer is 16 +- 8 tokens (prefix_workload.answer_tokens), not 16 for all:
+# answers of one length end a replica's conversations on the same decode step, their next
+# turns arrive together and prefill in one long step (the lockstep the engines' trace
+# showed; docs/performance.md), a rhythm no real chat traffic has.
+ANSWER_SPREAD = 8
 POLICIES = ("round_robin", "prefix_aware", "oracle")
 CONTROL_POLICIES = ("round_robin", "prefix_aware")
 SAMPLING = {"temperature": 0, "ignore_eos": True}
@@ -221,7 +230,13 @@ async def warm_up(url: str, replicas: list[str]) -> None:
         await client.close()
 
 
-async def conversations(url: str, mode, phase: str) -> dict:
+async def conversations(
+    url: str,
+    mode,
+    phase: str,
+    answer_length: int = ANSWER_TOKENS,
+    answer_spread: int = ANSWER_SPREAD,
+) -> dict:
     convs = [Conversation(phase, n) for n in range(CONVERSATIONS)]
     sent = itertools.count()
     ttfts: dict[int, list[float]] = defaultdict(list)
@@ -235,7 +250,7 @@ async def conversations(url: str, mode, phase: str) -> dict:
             ttft, answer, _, served_by, at = await ask(
                 client,
                 messages=asked,
-                tokens=ANSWER_TOKENS,
+                tokens=answer_tokens(conversation.number, turn, answer_length, answer_spread),
                 hints=mode.hints(conversation.number, next(sent)),
             )
             ttfts[turn].append(ttft)
@@ -311,7 +326,13 @@ def _pct(value) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
-def run(out_dir: Path, trace: bool = False, batched_tokens: int | None = None) -> dict:
+def run(
+    out_dir: Path,
+    trace: bool = False,
+    batched_tokens: int | None = None,
+    answer: int = ANSWER_TOKENS,
+    answer_spread: int = ANSWER_SPREAD,
+) -> dict:
     out_dir = Path(out_dir)
     tag = uuid.uuid4().hex[:6]  # no phase of this run meets an earlier run's text
     trace_file = out_dir / "prefix_routing.engine_trace.jsonl"
@@ -339,7 +360,13 @@ def run(out_dir: Path, trace: bool = False, batched_tokens: int | None = None) -
             for policy in POLICIES:
                 try:
                     phases[policy] = measured(
-                        server, mode, policy, f"{policy}-{tag}", conversations
+                        server,
+                        mode,
+                        policy,
+                        f"{policy}-{tag}",
+                        functools.partial(
+                            conversations, answer_length=answer, answer_spread=answer_spread
+                        ),
                     )
                 except NotRun as e:
                     not_run[policy] = str(e)
@@ -367,7 +394,7 @@ def run(out_dir: Path, trace: bool = False, batched_tokens: int | None = None) -
         else "two models (client chooses by route hint)",
         "conversations": CONVERSATIONS,
         "turns": TURNS,
-        "answer_tokens": ANSWER_TOKENS,
+        "answer_tokens": f"{answer} +- {answer_spread}" if answer_spread else answer,
         "control": {
             "streams": CONVERSATIONS,
             "requests_per_stream": CONTROL_PER_STREAM,
@@ -408,6 +435,8 @@ def traced(phases: dict, trace_file: Path, decode) -> None:
 def options(parser) -> None:
     parser.add_argument("--trace", action="store_true", help="trace the engines' steps")
     parser.add_argument("--max-num-batched-tokens", dest="batched_tokens", type=int)
+    parser.add_argument("--answer-tokens", dest="answer", type=int, default=ANSWER_TOKENS)
+    parser.add_argument("--answer-spread", dest="answer_spread", type=int, default=ANSWER_SPREAD)
 
 
 def main(argv=None) -> int:

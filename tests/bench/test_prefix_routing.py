@@ -15,6 +15,7 @@ from bench.prefix_workload import (
     PROMPT_TOKENS,
     TURNS,
     Conversation,
+    answer_tokens,
     buckets,
     control_prompt,
     counters,
@@ -53,6 +54,17 @@ def test_conversations_share_the_system_prompt_of_their_phase_only():
     blocks = index.block_hashes(prompt_key(None, a.ask()))
     assert not set(blocks) & set(index.block_hashes(prompt_key(None, other.ask())))
     assert len(set(blocks) & set(index.block_hashes(prompt_key(None, b.ask())))) >= 25
+
+
+def test_answer_lengths_spread_evenly_the_same_under_every_policy():
+    """Each (conversation, turn) draws its answer's length once: the same in every phase
+    (each policy gets the same work), within 16 +- 8, of mean about 16, and not all one
+    length (fixed lengths put a replica's conversations in lockstep)."""
+    lengths = [answer_tokens(c, t, 16, 8) for c in range(CONVERSATIONS) for t in range(1, 7)]
+    assert lengths == [answer_tokens(c, t, 16, 8) for c in range(16) for t in range(1, 7)]
+    assert min(lengths) >= 8 and max(lengths) <= 24 and len(set(lengths)) > 8
+    assert 14 <= sum(lengths) / len(lengths) <= 18
+    assert {answer_tokens(c, t, 16, 0) for c in range(16) for t in range(1, 7)} == {16}
 
 
 def test_control_prompts_share_no_block():
@@ -96,13 +108,14 @@ def test_the_hit_rate_is_cached_over_prompt_tokens_between_two_scrapes():
 def test_ttft_p50_counts_turns_two_and_later_only():
     summary = ttft_summary({1: [9.0, 9.0, 9.0], 2: [0.1, 0.3], 3: [0.2]})
     assert summary["p50_turns_2_on"] == 0.2
+    assert abs(summary["mean_turns_2_on"] - 0.2) < 1e-9
     assert summary["p50_by_turn"][1] == 9.0
 
 
 def _phase(rate, ttft, computed=1000.0, wall=60.0):
     return {
         "hit_rate": rate,
-        "ttft": {"p50_turns_2_on": ttft},
+        "ttft": {"p50_turns_2_on": ttft, "mean_turns_2_on": 2 * ttft, "p90_turns_2_on": 3 * ttft},
         "computed_tokens": computed,
         "wall_s": wall,
     }
@@ -119,13 +132,15 @@ def test_rows_hold_prefix_aware_to_the_issues_targets():
         r["metric"].split(":")[0] + ":" + r["metric"].split(":")[1]: r
         for r in rows(phases, control)
     }
-    assert [r["met"] for r in table.values()] == [True, True, True, None, None, True]
+    assert [r["met"] for r in table.values()] == [True, True, True, None, None, None, None, True]
     assert table["hit rate: prefix_aware vs oracle"]["points"] == -4.0
+    assert table["TTFT mean turns 2-6 (s): prefix_aware vs round_robin"]["ratio"] == 0.55
+    assert table["TTFT p90 turns 2-6 (s): prefix_aware vs round_robin"]["direct"] == 3.0
     phases["prefix_aware"] = _phase(0.74, 0.61, 500.0)  # 6 below oracle, 14 above, 0.61x
     control["prefix_aware"]["tokens_per_s"] = 94.0
     table = rows(phases, control)
-    assert [r["met"] for r in table] == [False, False, False, None, None, False]
-    assert table[3]["ratio"] == 0.5  # half the prompt tokens prefilled
+    assert [r["met"] for r in table] == [False, False, False, None, None, None, None, False]
+    assert table[5]["ratio"] == 0.5  # half the prompt tokens prefilled
 
 
 def test_without_prefix_aware_the_oracle_is_reported_against_round_robin():
