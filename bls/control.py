@@ -8,13 +8,13 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import triton_python_backend_utils as pb_utils
 
 from relay import Retired, first_error
 from trident_common import trust
-from trident_common.interface import ROUTER_PROOF
+from trident_common.interface import ERRORS_IN_BAND, ROUTER_PROOF
 from trident_common.request import CLIENT_FAULT_PREFIX
 
 if TYPE_CHECKING:
@@ -101,17 +101,16 @@ class Controls:
         self, backend: str, inputs: list[pb_utils.Tensor], request_id: str
     ) -> str | None:
         """Send a control request for request_id; the first error it gets, or None."""
-        parameters = (
-            None
-            if self.proof_key is None
-            else {ROUTER_PROOF: trust.abort_proof(self.proof_key, request_id)}
-        )
+        # Errors in band (interface.ERRORS_IN_BAND): an error response would never end
+        # this call's iterator. So the `error` output is the one asked for.
+        parameters: dict[str, Any] = {ERRORS_IN_BAND: True}
+        if self.proof_key is not None:
+            parameters[ROUTER_PROOF] = trust.abort_proof(self.proof_key, request_id)
         control = pb_utils.InferenceRequest(
             model_name=backend,
             inputs=inputs,
-            requested_output_names=[],
-            # None: no parameters (the stub takes None as well as a dict or JSON text)
-            parameters=parameters,  # type: ignore[arg-type]
+            requested_output_names=["error"],
+            parameters=parameters,
         )
         try:
             responses = await control.async_exec(decoupled=True)

@@ -49,7 +49,13 @@ from targets import Targets
 from tenants import Tenants
 from trident_common import trust
 from trident_common.error_classes import CLIENT, OVERLOADED, UNAVAILABLE, triton_error
-from trident_common.interface import HINT_NAMES, RETURNABLE, ROUTER_PROOF, ROUTER_SECRET_ENV
+from trident_common.interface import (
+    ERRORS_IN_BAND,
+    HINT_NAMES,
+    RETURNABLE,
+    ROUTER_PROOF,
+    ROUTER_SECRET_ENV,
+)
 from trident_common.log import Log
 from trident_common.request import BadRequest, first_scalar, parse_messages
 
@@ -397,8 +403,7 @@ class TritonPythonModel:
                 model_name=backend,
                 inputs=adapter.inputs(inputs, request_id, inbound.features.adapter),
                 requested_output_names=adapter.outputs,
-                # None: no parameters (the stub takes None as well as a dict or JSON text)
-                parameters=self.signed(inbound.parameters, request_id, added),  # type: ignore[arg-type]
+                parameters=self.signed(inbound.parameters, request_id, added),
             )
         except BadRequest as e:  # a value no engine could take (out of range)
             self.fail(sender, e.marked(), "bad_request")
@@ -433,16 +438,19 @@ class TritonPythonModel:
 
     def signed(
         self, parameters: dict[str, Any] | None, request_id: str, added: list[pb_utils.Tensor]
-    ) -> dict[str, Any] | None:
-        """The parameters for a backend request, with the router's proof for its id and
-        the tenant values it sets (the tensors `added`); as they are without a key."""
+    ) -> dict[str, Any]:
+        """The parameters for a backend request: the client's, errors asked in band
+        (interface.ERRORS_IN_BAND: this relay could not read an error response), and the
+        router's proof for its id and the tenant values it sets (the tensors `added`)
+        when it has a key."""
+        outgoing = {**(parameters or {}), ERRORS_IN_BAND: True}
         if self.proof_key is None:
-            return parameters
+            return outgoing
         values = {t.name(): first_scalar(t.as_numpy()) for t in added}
-        proof = trust.generate_proof(
+        outgoing[ROUTER_PROOF] = trust.generate_proof(
             self.proof_key, request_id, values.get("priority"), values.get("cache_salt")
         )
-        return {**(parameters or {}), ROUTER_PROOF: proof}
+        return outgoing
 
     async def finish(self, relay: Relay, backend: str, request_id: str, arrival: float) -> bool:
         """Supervise a started stream until it ends; returns True (outcome recorded)."""

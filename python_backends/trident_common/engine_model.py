@@ -41,6 +41,7 @@ from trident_common.triton_io import (
     FINAL,
     LlmMetrics,
     ResponseFactory,
+    errors_in_band,
     input_getter,
     request_parameters,
     send_error,
@@ -83,6 +84,7 @@ class _Active:
     closed: bool = False  # the final flag has been sent (or tried: the client left)
     dead: str | None = None  # why the engine died under this request
     send_error: Exception | None = None  # sending one of its responses raised
+    in_band: bool = False  # its caller takes errors in band (interface.ERRORS_IN_BAND)
 
 
 class AsyncEngineModel(abc.ABC):
@@ -168,13 +170,13 @@ class AsyncEngineModel(abc.ABC):
         for request in requests:
             sender = request.get_response_sender()
             arrival = time.monotonic()
+            parameters = request_parameters(request)
+            in_band = errors_in_band(parameters)
             try:
-                parsed = parse_generate(
-                    input_getter(request), request_parameters(request), self._proof_key
-                )
+                parsed = parse_generate(input_getter(request), parameters, self._proof_key)
             except BadRequest as e:
                 self._count(None, self.metrics.errors)
-                quietly(send_error, sender, self.responses, str(e), False, True)
+                quietly(send_error, sender, self.responses, str(e), False, True, in_band)
                 continue
             except Exception as e:  # a defect of ours: still answer, and keep serving
                 self.log.error(f"Could not read a request: {type(e).__name__}: {describe(e)}")
@@ -187,12 +189,13 @@ class AsyncEngineModel(abc.ABC):
                     f"{type(e).__name__}: {describe(e)}",
                     False,
                     False,
+                    in_band,
                 )
                 continue
             if isinstance(parsed, AbortRequest):
                 self.loop.call_soon_threadsafe(self._abort_by_client_id, parsed, sender)
             else:
-                self.loop.call_soon_threadsafe(self._start, parsed, sender, arrival)
+                self.loop.call_soon_threadsafe(self._start, parsed, sender, arrival, in_band)
         return None
 
     def finalize(self) -> None:
@@ -244,7 +247,11 @@ class AsyncEngineModel(abc.ABC):
             active.task.cancel()
 
     def _start(
-        self, request: GenerateRequest, sender: pb_utils.ResponseSender, arrival: float
+        self,
+        request: GenerateRequest,
+        sender: pb_utils.ResponseSender,
+        arrival: float,
+        in_band: bool = False,
     ) -> None:
         """On the loop: register the generation and start its task in one step, so an
         abort queued after this request always finds it. Only the router's requests are
@@ -255,6 +262,7 @@ class AsyncEngineModel(abc.ABC):
             quietly(sender.send, None, FINAL)
             return
         active = _Active(f"{self.model_name}-{next(self._ids)}", client_id, sender)
+        active.in_band = in_band
         active.outlet = Outlet(
             sender,
             None,  # type: ignore[arg-type]  # _relay sets build before it pushes a delta
@@ -461,4 +469,5 @@ class AsyncEngineModel(abc.ABC):
             message or "unknown error",
             active.started,
             client_fault,
+            active.in_band,
         )

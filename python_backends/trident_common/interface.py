@@ -76,6 +76,13 @@ ROUTER_SECRET_ENV = "TRIDENT_ROUTER_SECRET"
 # The request parameter that carries the router's proof (trust.py); the router never
 # forwards a client's parameter of this name.
 ROUTER_PROOF = "trident_router_proof"
+# The request parameter (true) a BLS caller, the router, sets to receive an engine model's
+# refusal as a data response (the `error` output, with the final flag) rather than as an
+# error response. Triton 2.51's python_backend loses the id of an error response to a BLS
+# call: the caller's iterator never ends (a router thread waits forever per refused
+# request) and another call's iterator may get the error. A direct client may set it too:
+# it changes only how its own errors reach it.
+ERRORS_IN_BAND = "trident_errors_in_band"
 # The priority of a request without the router's proof: the least urgent tenant tier's
 # (batch, builder/spec/tenants.py TIERS; lower is scheduled first), so a direct caller,
 # who is nobody's tenant, never goes ahead of any tenant.

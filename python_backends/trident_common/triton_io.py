@@ -114,15 +114,27 @@ def send_error(
     message: str,
     started: bool,
     client_fault: bool = False,
+    in_band: bool = False,
 ) -> None:
     """Finish a request with an error: an error response before any data, else the
     error output; then a flags-only final response. Triton drops the final flag of an
-    error response: a gRPC stream client waiting for it would wait forever."""
+    error response: a gRPC stream client waiting for it would wait forever. For a caller
+    that asked for errors in band (interface.ERRORS_IN_BAND: a BLS caller) the error
+    output and the final flag go as one response, with the message's class marked."""
+    if in_band:
+        marked = CLIENT_FAULT_PREFIX + message if client_fault else message
+        sender.send(factory.error_output(marked), flags=FINAL)
+        return
     if started:
         sender.send(factory.error_output(message))
     else:
         sender.send(factory.error(message, client_fault))
     sender.send(flags=FINAL)
+
+
+def errors_in_band(parameters: dict[str, Any]) -> bool:
+    """Did the caller ask for its errors in band (interface.ERRORS_IN_BAND)?"""
+    return parameters.get(interface.ERRORS_IN_BAND) is True
 
 
 # LlmMetrics' series: (attribute, name, help, kind, histogram buckets).

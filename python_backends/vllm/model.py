@@ -23,6 +23,7 @@ from cpu_binding import bind_share  # noqa: E402   (copied beside, as stats.py)
 from stats import VllmStats  # noqa: E402   (python_backends/vllm/stats.py, copied beside)
 from trident_common.deltas import Delta  # noqa: E402
 from trident_common.engine_model import AsyncEngineModel  # noqa: E402
+from trident_common.error_classes import UNAVAILABLE  # noqa: E402
 from trident_common.request import (  # noqa: E402
     SAMPLING_TYPES,
     BadRequest,
@@ -35,7 +36,13 @@ from trident_common.returns import logprobs_json, wants_logprobs  # noqa: E402
 from trident_common.structured import with_tools  # noqa: E402
 from trident_common.tool_calls import Extract, ToolPlan, collect, forced_calls  # noqa: E402
 from trident_common.tool_calls import call as tool_call  # noqa: E402
-from trident_common.triton_io import FINAL, model_parameters  # noqa: E402
+from trident_common.triton_io import (  # noqa: E402
+    FINAL,
+    ResponseFactory,
+    errors_in_band,
+    model_parameters,
+    request_parameters,
+)
 
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this file
     from vllm import AsyncEngineArgs, SamplingParams
@@ -113,7 +120,8 @@ class TritonPythonModel(AsyncEngineModel):
         if self._health_check and self.engine_dead() is not None:
             for request in requests:
                 self._count(None, self.metrics.errors)
-                _refuse_unhealthy(request.get_response_sender())
+                in_band = errors_in_band(request_parameters(request))
+                _refuse_unhealthy(request.get_response_sender(), self.responses, in_band)
             return None
         super().execute(requests)
         return None
@@ -417,8 +425,13 @@ class _Call(NamedTuple):
     tools: Extract | None = None  # text -> (content, calls): the tool calls' reader, if any
 
 
-def _refuse_unhealthy(sender: pb_utils.ResponseSender) -> None:
+def _refuse_unhealthy(
+    sender: pb_utils.ResponseSender, factory: ResponseFactory, in_band: bool
+) -> None:
     try:
+        if in_band:  # the router: UNAVAILABLE's marker carries the class (error_classes.py)
+            sender.send(factory.error_output(UNAVAILABLE.mark(UNHEALTHY)), flags=FINAL)
+            return
         sender.send(
             pb_utils.InferenceResponse(
                 error=pb_utils.TritonError(UNHEALTHY, pb_utils.TritonError.UNAVAILABLE)

@@ -889,11 +889,14 @@ def test_request_parameters_travel_to_the_backend(router):
     run(model, request)
     assert request.errors() == []
     backend.parameters[0].pop(interface.ROUTER_PROOF)  # the router's (trust.py)
+    assert backend.parameters[0].pop(interface.ERRORS_IN_BAND) is True  # the router's
     assert backend.parameters == [
         {"temperature": "0.5", "max_tokens": 5, "ignore_eos": True, "tenant": "t1"}
     ]
     run(model, ClientRequest())
-    assert list(backend.parameters[-1]) == [interface.ROUTER_PROOF]
+    assert sorted(backend.parameters[-1]) == sorted(
+        [interface.ERRORS_IN_BAND, interface.ROUTER_PROOF]
+    )
 
 
 @pytest.mark.parametrize("finish_reason, sends", [("length", 3), ("None", 4), ("", 4)])

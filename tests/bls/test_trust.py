@@ -25,7 +25,7 @@ from tests.bls.test_model import (
 )
 from tests.fakes import fake_pb_utils as pb
 from trident_common import trust
-from trident_common.interface import ROUTER_PROOF, ROUTER_SECRET_ENV
+from trident_common.interface import ERRORS_IN_BAND, ROUTER_PROOF, ROUTER_SECRET_ENV
 from trident_common.request import CLIENT_FAULT_PREFIX
 
 KEY = trust.proof_key({ROUTER_SECRET_ENV: TEST_SECRET})
@@ -105,7 +105,7 @@ def test_a_clients_proof_parameter_never_reaches_a_backend(make, sent, monkeypat
     )
     monkeypatch.delenv(ROUTER_SECRET_ENV)  # a router with no proof to give drops it too
     run(make([FakeBackend("primary")]), ClientRequest(parameters={ROUTER_PROOF: "f" * 64}))
-    assert not sent[-1][2]
+    assert sent[-1][2] == {ERRORS_IN_BAND: True}  # no proof: the router's own request only
 
 
 def test_aborts_carry_the_proof_for_the_id_they_abort(make, sent):
@@ -137,7 +137,7 @@ def test_without_tenants_the_router_needs_no_secret_and_says_what_it_costs(
     caplog.set_level(logging.WARNING, logger="trident")
     request = ClientRequest()
     run(make([FakeBackend("primary")]), request)
-    assert request.errors() == [] and sent[-1][2] is None
+    assert request.errors() == [] and sent[-1][2] == {ERRORS_IN_BAND: True}
     assert any(
         f"no {ROUTER_SECRET_ENV}: the engine models will refuse this router's aborts"
         in record.getMessage()

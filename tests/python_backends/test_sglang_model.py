@@ -36,7 +36,7 @@ from support.pacing import Rate, RateSource
 from tests.fakes import fake_pb_utils as pb
 from tests.helpers import wait_for
 from trident_common import trust
-from trident_common.interface import ROUTER_PROOF, ROUTER_SECRET_ENV
+from trident_common.interface import ERRORS_IN_BAND, ROUTER_PROOF, ROUTER_SECRET_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_PY = ROOT / "python_backends" / "sglang" / "model.py"
@@ -110,19 +110,23 @@ class Served:
     def __init__(self, module, model, engine):
         self.module, self.model, self.engine = module, model, engine
 
-    def send(self, router=False, proof=None, **inputs) -> pb.ResponseSender:
+    def send(self, router=False, proof=None, in_band=False, **inputs) -> pb.ResponseSender:
         """Send a request, as the router (with its proof, trust.py) or as a direct
-        client (with `proof` as its parameter, if given)."""
+        client (with `proof` as its parameter, if given); `in_band` asks for errors in
+        band (interface.ERRORS_IN_BAND), as the router does."""
         if router:
             proof = router_proof(**inputs)
         request = make_request(**inputs)
-        if proof is not None:
-            request.parameters = lambda: json.dumps({ROUTER_PROOF: proof})
+        parameters = {} if proof is None else {ROUTER_PROOF: proof}
+        if in_band:
+            parameters[ERRORS_IN_BAND] = True
+        if parameters:
+            request.parameters = lambda: json.dumps(parameters)
         self.model.execute([request])
         return request.sender
 
-    def run(self, router=False, proof=None, **inputs) -> pb.ResponseSender:
-        sender = self.send(router, proof, **inputs)
+    def run(self, router=False, proof=None, in_band=False, **inputs) -> pb.ResponseSender:
+        sender = self.send(router, proof, in_band, **inputs)
         sender.wait_closed()
         return sender
 
@@ -453,6 +457,19 @@ def test_engine_validation_errors_become_bad_requests(served):
     assert "longer than the model's context length (64" in too_long.responses()[0].error().message()
     assert "temperature must be non-negative" in bad_value.responses()[0].error().message()
     assert too_long.responses()[0].error().code() == pb.TritonError.INVALID_ARG
+
+
+def test_a_caller_that_asks_gets_its_refusal_in_band_with_the_final_flag(served):
+    # The router asks (interface.ERRORS_IN_BAND): python_backend loses an error response
+    # to a BLS call. Refused while read (execute) and by the engine's checks (the task).
+    read = served.run(in_band=True, text_input="hi", sampling_parameters={"temperature": -1})
+    checked = served.run(in_band=True, text_input=" ".join(["word"] * 80), stream=True)
+    for sender, words in ((read, "temperature must be"), (checked, "context length")):
+        ((response, flags),) = sender.sent  # one response, the final flag on it
+        assert not response.has_error() and flags == pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        error = response.value("error")
+        assert error.startswith("invalid request: ") and words in error, error
+        assert response.value("finish_reason") == "error"
 
 
 # -- cancellation ------------------------------------------------------------------------

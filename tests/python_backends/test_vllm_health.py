@@ -12,6 +12,8 @@ import pytest
 
 from tests.fakes import fake_pb_utils as pb
 from tests.python_backends.test_sglang_model import ROOT, fake_stub_modules, make_request
+from trident_common.error_classes import UNAVAILABLE, classify
+from trident_common.interface import ERRORS_IN_BAND
 
 MODEL_PY = ROOT / "python_backends" / "vllm" / "model.py"
 
@@ -54,6 +56,7 @@ def dead_model(module, monkeypatch, unloads, health_check=True):
     model.log = SimpleNamespace(error=model.errors.append)
     counted = model.counted = []
     model.metrics = SimpleNamespace(errors="errors")
+    model.responses = module.ResponseFactory("chat")
     model._count = lambda active, outcome: counted.append(outcome)
     return model
 
@@ -72,6 +75,19 @@ def test_a_dead_engine_refuses_in_vllm_backends_words_and_unloads_once(module, m
     assert unloads.done.wait(5) and unloads.names == ["chat"]
     assert model.counted == ["errors"] * 3
     assert any("will be unloaded" in line for line in model.errors)
+
+
+def test_the_router_gets_the_refusal_in_band_marked_unavailable(module, monkeypatch):
+    # The router asks for errors in band (interface.ERRORS_IN_BAND): python_backend loses
+    # an error response to a BLS call. The marker keeps the class: the router falls back.
+    model = dead_model(module, monkeypatch, Unloads())
+    request = make_request(text_input="hi")
+    request.parameters = lambda: json.dumps({ERRORS_IN_BAND: True})
+    model.execute([request])
+    ((response, flags),) = request.sender.sent
+    assert not response.has_error() and flags == pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    assert classify(response.value("error")) is UNAVAILABLE
+    assert module.UNHEALTHY in response.value("error")
 
 
 def test_a_model_that_cannot_unload_says_so_and_keeps_refusing(module, monkeypatch):
