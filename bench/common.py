@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from builder.serve import client as infer
+from support.bls_floor import ASYNC, BLOCKING
 
 PROMPTS = [
     f"Write a short story about a {thing}."
@@ -107,6 +108,30 @@ def ratio_row(
         "target": target,
         "met": met,
     }
+
+
+def relay_floor_rows(
+    metric: str, ttft_ms: dict[str, float], direct: str, router: str
+) -> list[dict]:
+    """The bare BLS relays' TTFT (support/bls_floor.py) against the engine model called
+    directly, and the router's against the blocking relay: what any BLS hop in front of
+    the engine costs on this machine, and what the router adds to it. None without the
+    relays (a run measured before they existed)."""
+    if BLOCKING not in ttft_ms:
+        return []
+    floor = ttft_ms[BLOCKING]
+    return [
+        ratio_row(
+            f"{metric}, bare BLS relay (blocking: the floor)", floor, ttft_ms[direct], "report"
+        ),
+        ratio_row(
+            f"{metric}, bare BLS relay (python_backend's async idiom)",
+            ttft_ms[ASYNC],
+            ttft_ms[direct],
+            "report",
+        ),
+        ratio_row(f"{metric}, router over the blocking relay", ttft_ms[router], floor, "report"),
+    ]
 
 
 def bench_result(name: str, rows: list[dict], config: dict, raw) -> dict:

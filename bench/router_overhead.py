@@ -5,6 +5,8 @@ rounds (router, direct, router, direct, ...) so drift and noise hit both alike:
 - TTFT at 1 stream: single short requests, alternating paths (the cleanest view of the
   latency the router adds);
 - TTFT and tokens/s at 8 and 16 concurrent streams (greedy, fixed length via ignore_eos).
+The 1-stream requests go to two bare BLS relays in front of `smollm2` too
+(support/bls_floor.py): what any BLS hop costs beside what the router adds to it.
 The router's own histogram (trident_router_added_latency_seconds: router time on the
 first-token path) is reported too. Targets (issues 4 and 16): router keeps >= 0.98x
 tokens/s at 8 and 16 streams; TTFT is reported against direct + 1 ms (1 stream) and
@@ -13,6 +15,7 @@ direct + 2 ms (16 streams), the zero-cost engine's goals (bench/zero_cost.py).
 
 from __future__ import annotations
 
+import random
 import re
 import statistics
 import sys
@@ -23,17 +26,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python_backends"))
 
-from bench.common import GREEDY_LONG, PROMPTS, bench_result, stream_round  # noqa: E402
+from bench.common import (  # noqa: E402
+    GREEDY_LONG,
+    PROMPTS,
+    bench_result,
+    relay_floor_rows,
+    stream_round,
+)
 from builder.pipeline import build_repository  # noqa: E402
 from builder.serve.client import stream_generate  # noqa: E402
 from builder.serve.server import TritonServer, start_on_free_ports  # noqa: E402
 from builder.spec import load_spec  # noqa: E402
+from support import bls_floor  # noqa: E402
 
 BACKEND, ROUTER = "smollm2", "router"
 STREAMS = (8, 16)
 MAX_TOKENS = 48
 ROUNDS = 4  # per path, alternating
-SINGLE_REQUESTS = 30  # per path, alternating
+SINGLE_REQUESTS = 30  # per path (rounds of one per path, shuffled)
 SAMPLING = GREEDY_LONG
 
 
@@ -44,9 +54,11 @@ def one_round(url: str, model: str, streams: int) -> tuple[list[float], float]:
 
 
 def single_ttfts(url: str) -> dict[str, list[float]]:
-    ttft = {ROUTER: [], BACKEND: []}
-    for i in range(SINGLE_REQUESTS):
-        for model in (ROUTER, BACKEND) if i % 2 == 0 else (BACKEND, ROUTER):
+    paths = [ROUTER, BACKEND, bls_floor.BLOCKING, bls_floor.ASYNC]
+    ttft, order = {model: [] for model in paths}, random.Random(0)
+    for _ in range(SINGLE_REQUESTS):
+        order.shuffle(paths)
+        for model in paths:
             ttft[model].append(
                 stream_generate(
                     url, model, PROMPTS[0], max_tokens=1, chat=False, sampling=SAMPLING
@@ -95,7 +107,8 @@ def rows_from(m: dict) -> list[dict]:
     def median_ms(values):
         return statistics.median(values) * 1000
 
-    single_r, single_d = median_ms(m["single"][ROUTER]), median_ms(m["single"][BACKEND])
+    single = {path: median_ms(values) for path, values in m["single"].items()}
+    single_r, single_d = single[ROUTER], single[BACKEND]
     rows = [
         {
             "metric": "TTFT median ms, 1 stream",
@@ -104,7 +117,8 @@ def rows_from(m: dict) -> list[dict]:
             "ratio": single_r / single_d,
             "target": "router adds <= 1 ms",
             "met": single_r - single_d <= 1.0,
-        }
+        },
+        *relay_floor_rows("TTFT median ms, 1 stream", single, BACKEND, ROUTER),
     ]
     for streams in STREAMS:
         ttft_r, ttft_d = (median_ms(m["ttft"][streams][p]) for p in (ROUTER, BACKEND))
@@ -146,6 +160,7 @@ def run(out_dir: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="trident-bench-router-") as tmp:
         repo = Path(tmp) / "repo"
         build_repository(load_spec(ROOT / "deploy" / "default.yaml"), repo)
+        bls_floor.install(repo, BACKEND)
         server = start_on_free_ports(repo, Path(out_dir) / "router_overhead.tritonserver.log")
         try:
             measured = measure(server)

@@ -6,6 +6,11 @@ the router's BLS hop on the router path. Requests alternate between the two path
 noise hits both. A client is one asyncio process with one gRPC stream per concurrent
 worker (tritonclient.grpc.aio), each worker sending its requests one after another.
 
+The sequential round also times two bare BLS relays in front of the same engine model
+(support/bls_floor.py): a blocking one (no hop, no routing: the least any Python BLS model
+pays) and python_backend's own async BLS idiom, so the router's added TTFT reads as the
+hop's floor plus the router's own share.
+
 Goals (issue 16): TTFT p50 <= direct + 1 ms sequential and <= direct + 2 ms at 16 streams;
 requests/s at 64 concurrent streams >= 0.9x direct; per streamed token of one long stream
 <= 1.3x direct. Issue 22: requests/s at 64 streams with 64-token answers >= 0.8x direct.
@@ -15,6 +20,7 @@ Usage: .venv/bin/python -m bench.zero_cost [OUT_DIR]
 from __future__ import annotations
 
 import asyncio
+import random
 import statistics
 import sys
 import tempfile
@@ -24,16 +30,17 @@ from pathlib import Path
 
 import tritonclient.grpc.aio as aioclient
 
-from bench.common import bench_result, ratio_row
+from bench.common import bench_result, ratio_row, relay_floor_rows
 from builder.pipeline import build_repository
 from builder.serve.client import build_inputs, first_output
 from builder.serve.server import start_on_free_ports
 from builder.spec import parse_spec
-from support import sglang_double
+from support import bls_floor, sglang_double
 
 ROOT = Path(__file__).resolve().parent.parent
 DIRECT, ROUTER = sglang_double.MODEL, "router"
-SEQUENTIAL = 200  # single requests per path, alternating
+BLOCKING, ASYNC = bls_floor.BLOCKING, bls_floor.ASYNC  # the bare relays (sequential only)
+SEQUENTIAL = 200  # single requests per path (rounds of one per path, shuffled)
 SHORT_TOKENS = 8  # tokens per request in the latency and throughput rounds
 CONCURRENCY = (16, 64)
 LONG_ANSWER = (64, 64)  # issue 22's point: (streams, tokens per answer)
@@ -85,10 +92,17 @@ class Worker:
 
 
 async def sequential(url: str) -> dict[str, list[float]]:
-    worker, ttft = Worker(url), {ROUTER: [], DIRECT: []}
+    """TTFT of SEQUENTIAL 1-token requests per path; each round sends one to every path,
+    in an order shuffled per round (seeded), so that drift and one path's wake-up of the
+    next hit every path alike."""
+    paths = [ROUTER, DIRECT, BLOCKING, ASYNC]
+    worker, ttft, order = Worker(url), {model: [] for model in paths}, random.Random(0)
     try:
-        for i in range(SEQUENTIAL):
-            for model in (ROUTER, DIRECT) if i % 2 == 0 else (DIRECT, ROUTER):
+        for model in paths:  # the relays' first calls load their BLS code paths
+            await worker.one(model, 1)
+        for _ in range(SEQUENTIAL):
+            order.shuffle(paths)
+            for model in paths:
                 ttft[model].append((await worker.one(model, 1))[0])
     finally:
         await worker.close()
@@ -166,6 +180,7 @@ def rows_from(m: dict) -> list[dict]:
     long = {k: v["requests_per_s"] for k, v in m["long_answers"].items()}
     return [
         _row("TTFT p50 ms, sequential", seq, "<= direct + 1 ms", seq[ROUTER] - seq[DIRECT] <= 1),
+        *relay_floor_rows("TTFT p50 ms, sequential", seq, DIRECT, ROUTER),
         _row("TTFT p50 ms, 16 streams", t16, "<= direct + 2 ms", t16[ROUTER] - t16[DIRECT] <= 2),
         _row(
             "TTFT p50 ms, 64 streams",
@@ -212,6 +227,7 @@ def serve_and_measure(work: Path) -> dict:
     repo = work / "repo"
     build_repository(parse_spec(deployment(), "<bench>"), repo)
     (repo / DIRECT / "1" / "sglang.py").write_text(sglang_double.zero_cost_shim(LONG_TOKENS))
+    bls_floor.install(repo, DIRECT)
     server = start_on_free_ports(repo, work / "tritonserver.log", timeout_s=120)
     try:
         return asyncio.run(measure(server.grpc_url))

@@ -1,5 +1,7 @@
 """bench/zero_cost.py's rows from measured figures (pure: no server)."""
 
+import pytest
+
 from bench import zero_cost
 
 
@@ -33,3 +35,27 @@ def test_issue_22s_point_is_a_row_judged_at_0_8x_direct():
         True,
     )
     assert long_row(zero_cost.rows_from(measured(79.0, 100.0)))["met"] is False
+
+
+def test_the_bare_relays_rows_split_the_routers_ttft_into_floor_and_own_share():
+    m = measured(100.0, 100.0)
+    m["sequential_ttft_s"] = {
+        zero_cost.DIRECT: [0.002],
+        zero_cost.BLOCKING: [0.003],
+        zero_cost.ASYNC: [0.0035],
+        zero_cost.ROUTER: [0.004],
+    }
+    rows = {r["metric"]: r for r in zero_cost.rows_from(m)}
+    prefix = "TTFT p50 ms, sequential, "
+    floor = rows[prefix + "bare BLS relay (blocking: the floor)"]
+    idiom = rows[prefix + "bare BLS relay (python_backend's async idiom)"]
+    own = rows[prefix + "router over the blocking relay"]
+    assert (floor["ours"], floor["direct"]) == pytest.approx((3.0, 2.0))
+    assert (idiom["ours"], idiom["direct"]) == pytest.approx((3.5, 2.0))
+    assert (own["ours"], own["direct"]) == pytest.approx((4.0, 3.0))
+    assert {floor["met"], idiom["met"], own["met"]} == {None}  # reported, not judged
+
+
+def test_a_run_without_the_relays_has_no_floor_rows():
+    rows = zero_cost.rows_from(measured(100.0, 100.0))
+    assert not [r for r in rows if "relay" in r["metric"]]

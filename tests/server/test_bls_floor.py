@@ -1,0 +1,47 @@
+"""The benchmarks' bare BLS relays (support/bls_floor.py) answer exactly as the engine
+model they front, in a real tritonserver: the same text, chunks and finish reason, and
+an engine's refusal relayed as the client's error. Their TTFT is the floor the router's is
+read against (bench/zero_cost.py, bench/router_overhead.py), so a relay that answered
+differently, or less, would make that floor a lie. One SGLang engine double: seconds."""
+
+from __future__ import annotations
+
+import pytest
+
+from builder.serve import client as infer
+from support import bls_floor
+from support.sglang_double import MODEL, SHIM
+from support.sglang_double import deployment as sglang_deployment
+from tests.helpers.servers import render, start_server
+
+pytestmark = [pytest.mark.server]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    work = tmp_path_factory.mktemp("bls-floor")
+    repo = render(sglang_deployment("/models/double", "cpu"), work / "repo")
+    (repo / MODEL / "1" / "sglang.py").write_text(SHIM)
+    relays = bls_floor.install(repo, MODEL)
+    started = start_server(repo, work, load_models=[MODEL, *relays])
+    yield started
+    started.stop()
+
+
+@pytest.mark.parametrize("relay", [bls_floor.BLOCKING, bls_floor.ASYNC])
+def test_a_relay_answers_as_the_engine_model_does(server, relay):
+    def answer(model):
+        result = infer.stream_generate(server.grpc_url, model, "Hello there", max_tokens=12)
+        return result.text, result.chunks, result.finish_reason, result.output_tokens
+
+    direct = answer(MODEL)
+    assert direct[0] and direct[1] > 1  # streamed: the relay must pass every chunk on
+    assert answer(relay) == direct
+
+
+@pytest.mark.parametrize("relay", [bls_floor.BLOCKING, bls_floor.ASYNC])
+def test_a_relay_passes_the_engines_refusal_on(server, relay):
+    refusal = "max_tokens must be a positive integer, got -1"
+    for model in (MODEL, relay):
+        with pytest.raises(infer.InferError, match=refusal):
+            infer.stream_generate(server.grpc_url, model, "Hello", max_tokens=-1, timeout_s=30)
