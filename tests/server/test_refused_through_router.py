@@ -22,6 +22,7 @@ from tests.helpers.servers import render, start_server
 pytestmark = [pytest.mark.server]
 # More than the router's relay pool holds (2 x its streams + 64 = 128 threads here).
 REFUSED = 160
+CLIENTS = 8  # at a time: the relay pool keeps about one thread per request in flight
 
 
 def _router_threads(server) -> int:
@@ -46,13 +47,14 @@ def test_refused_requests_keep_no_thread_and_never_trip_the_breaker(tmp_path):
     try:
         assert infer.stream_generate(server.grpc_url, "router", "Hello", max_tokens=4).text
         before = _router_threads(server)
-        with ThreadPoolExecutor(8) as pool:
+        with ThreadPoolExecutor(CLIENTS) as pool:
             refusals = list(pool.map(lambda n: _refusal(server, n), range(1, REFUSED + 1)))
         for n, refusal in enumerate(refusals, 1):  # each its own, none another's
             assert f"invalid request: max_tokens must be a positive integer, got -{n}" in (
                 refusal
             ), refusal
-        assert _router_threads(server) - before < 16
+        grown = _router_threads(server) - before  # 7 in two runs here; 120+ when they leak
+        assert grown < 3 * CLIENTS, f"the router stub has {grown} more threads"
         good = infer.stream_generate(server.grpc_url, "router", "Hello", max_tokens=4)
         assert good.text and good.finish_reason
     finally:
