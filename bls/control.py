@@ -116,7 +116,7 @@ class Controls:
             responses = await control.async_exec(decoupled=True)
             loop = self._bound()
             problem: str | None = await loop.run_in_executor(
-                self.pool, first_error, responses, self.retired
+                self.pool, first_error, responses, self.retired, self.adapters[backend].split
             )
             return problem
         except Exception as e:  # stub unhealthy, not loaded

@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING
 import triton_python_backend_utils as pb_utils
 
 from trident_common.error_classes import CLIENT, classify, triton_error
-from trident_common.request import first_scalar
 
 if TYPE_CHECKING:
     import asyncio
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from concurrent.futures import Executor
     from typing import TypeVar
 
@@ -302,17 +301,17 @@ def drain(responses: Responses, retired: Retired) -> None:
     retired.add(responses)
 
 
-def first_error(responses: Responses, retired: Retired) -> str | None:
-    """A control call's first error, as an error response or in band (the `error`
-    output: interface.ERRORS_IN_BAND), reading the call to its end."""
+def first_error(
+    responses: Responses, retired: Retired, split: Callable[[pb_utils.InferenceResponse], Split]
+) -> str | None:
+    """A control call's first error, as its backend's adapter reads one (`split`: an error
+    response, or the `error` output that interface.ERRORS_IN_BAND asks for), reading the
+    call to its end."""
     error = None
     response = next(responses, None)
     while response is not None:
-        if error is None and response.has_error():
-            error = response.error().message()
-        elif error is None:
-            output = pb_utils.get_output_tensor_by_name(response, "error")
-            error = (first_scalar(output.as_numpy()) or None) if output is not None else None
+        if error is None:
+            error = split(response)[0]
         response = next(responses, None)
     retired.add(responses)
     return error

@@ -261,8 +261,7 @@ class AsyncEngineModel(abc.ABC):
             self._count(None, self.metrics.aborted)  # aborted before it arrived: never start
             quietly(sender.send, None, FINAL)
             return
-        active = _Active(f"{self.model_name}-{next(self._ids)}", client_id, sender)
-        active.in_band = in_band
+        active = _Active(f"{self.model_name}-{next(self._ids)}", client_id, sender, in_band=in_band)
         active.outlet = Outlet(
             sender,
             None,  # type: ignore[arg-type]  # _relay sets build before it pushes a delta

@@ -42,6 +42,7 @@ from trident_common.triton_io import (  # noqa: E402
     errors_in_band,
     model_parameters,
     request_parameters,
+    send_error,
 )
 
 if TYPE_CHECKING:  # vLLM is imported when the engine starts, not with this file
@@ -430,7 +431,7 @@ def _refuse_unhealthy(
 ) -> None:
     try:
         if in_band:  # the router: UNAVAILABLE's marker carries the class (error_classes.py)
-            sender.send(factory.error_output(UNAVAILABLE.mark(UNHEALTHY)), flags=FINAL)
+            send_error(sender, factory, UNAVAILABLE.mark(UNHEALTHY), False, in_band=True)
             return
         sender.send(
             pb_utils.InferenceResponse(
