@@ -26,6 +26,9 @@ VLLM_ARGS: dict[str, tuple] = {
     "max_num_batched_tokens": (int,),
     "max_model_len": (int,),
     "gpu_memory_utilization": _NUM,
+    # The KV cache's size in bytes per device, instead of a share of its memory (on a CPU
+    # instance it replaces trident's 1 GiB default, python_backends/vllm/model.py).
+    "kv_cache_memory_bytes": (int,),
     "kv_cache_dtype": (str,),
     "quantization": _OPT_STR,
     "dtype": (str,),
@@ -197,6 +200,7 @@ POSITIVE_INTS = {
     "max_model_len",
     "context_length",
     "max_batch_size",
+    "kv_cache_memory_bytes",
 }
 NON_NEGATIVE = {
     "swap_space",

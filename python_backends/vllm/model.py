@@ -11,7 +11,7 @@ import locale
 import os
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 # The stub's Python starts in the ASCII locale; vLLM reads UTF-8 files at import time.
@@ -81,14 +81,30 @@ def structured_outputs_settings(given: object) -> dict[str, Any]:
     return settings
 
 
-def _cpu_defaults() -> None:
-    """Settings vLLM needs on a CPU-only machine, unless the operator set them."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="trident-vllm-"))
+# The KV cache of a CPU instance when neither the spec (engine_args.kv_cache_memory_bytes)
+# nor the operator (VLLM_CPU_KVCACHE_SPACE) sizes it: vLLM's own default is a share of
+# the machine's memory, which two replicas on a small box would both claim.
+CPU_KV_CACHE_GIB = "1"
+
+
+def cpu_engine_defaults(config: dict[str, Any], environ: MutableMapping[str, str]) -> None:
+    """Settings vLLM needs on a CPU-only machine, unless the spec or the operator set them.
+
+    vLLM reads VLLM_CPU_KVCACHE_SPACE (whole GiB) last and lets it override the engine
+    argument kv_cache_memory_bytes (vllm/platforms/cpu.py), so the variable is set only
+    where the spec sized no cache, and a spec that sizes it wins over an inherited one:
+    the spec is the deployment's own word, per model."""
+    if config.get("kv_cache_memory_bytes") is not None:
+        environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    else:
+        environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
+    environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="trident-vllm-"))
+    config.setdefault("enforce_eager", True)  # no graphs to capture on a CPU
 
 
 class TritonPythonModel(AsyncEngineModel):
     engine_name = "vllm"
+    _on_cpu = False  # a CPU instance (initialize): cpu_engine_defaults apply
 
     def initialize(self, args: dict[str, Any]) -> None:
         # This blocks for vLLM's whole start (20-60 s here). Triton 2.51's Python backend
@@ -100,8 +116,8 @@ class TritonPythonModel(AsyncEngineModel):
         # WaitForStubProcess). Neither the window nor the wait can be set from here.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         params = model_parameters(args)
-        if args.get("model_instance_kind") == "CPU":
-            _cpu_defaults()
+        self._on_cpu = args.get("model_instance_kind") == "CPU"
+        if self._on_cpu:
             # A replica's own cores, before vLLM starts its worker (cpu_binding.py).
             bind_share(params, os.environ, sorted(os.sched_getaffinity(0)))
         self._labels = {"model": args["model_name"], "version": args["model_version"]}
@@ -138,14 +154,14 @@ class TritonPythonModel(AsyncEngineModel):
             self._stats.close()
 
     async def start_engine(self, config: dict[str, Any]) -> None:
+        if self._on_cpu:  # before vLLM is imported: it reads these as it starts
+            cpu_engine_defaults(config, os.environ)
         from vllm import AsyncEngineArgs, SamplingParams
         from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.engine.exceptions import EngineGenerateError
 
-        if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-            config.setdefault("enforce_eager", True)
         self._sampling_class = SamplingParams
         self._structured_class = StructuredOutputsParams
         self._client_errors = (ValueError, TypeError, OverflowError, VLLMClientError)

@@ -122,6 +122,11 @@ SPEC_CASES = [
         "swap_space",
     ),
     (
+        "zero kv_cache_memory_bytes",
+        lambda m: _spec_text(m, models__0__engine_args={"kv_cache_memory_bytes": 0}),
+        "kv_cache_memory_bytes: must be >= 1",
+    ),
+    (
         "negative cpu_offload_gb",
         lambda m: _spec_text(m, models__0__engine_args={"cpu_offload_gb": -1}),
         "cpu_offload_gb",
