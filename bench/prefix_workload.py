@@ -12,13 +12,20 @@ each prompt starts with its own tag.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import statistics
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 CONVERSATIONS, TURNS = 16, 6
+# Each turn's answer is 16 +- 8 tokens (answer_tokens), not 16 for all: answers of one
+# length end a replica's conversations on the same decode step, their next turns arrive
+# together and prefill in one long step (the lockstep the engines' trace showed;
+# docs/performance.md), a rhythm no real chat traffic has.
+ANSWER_TOKENS, ANSWER_SPREAD = 16, 8
 SYSTEM_WORDS = 940  # ~7,600 characters: ~1,000 SmolLM2 tokens (747 for 700 words)
 QUESTION_WORDS = 40  # ~50 tokens a turn
 SUPPORT_WORDS = (
@@ -106,6 +113,45 @@ def answer_tokens(conversation: int, turn: int, answer: int, spread: int) -> int
         return answer
     rng = random.Random(f"answer-{conversation}-{turn}")
     return rng.randint(answer - spread, answer + spread)
+
+
+# -- the engines' KV cache -------------------------------------------------------------
+
+# A replica's cache in the `share` configuration: the tokens its half of the conversations
+# holds at their last turn (the system prompt once, each conversation's own turns), and
+# 10% more for the partial blocks and the answers being written. Together the replicas'
+# caches then hold the workload once, not once per replica: the regime cache-aware routing
+# is for, as on a GPU serving more conversations than its cache holds over and over.
+SHARE_HEADROOM = 1.1
+
+
+def share_tokens(
+    count: Callable[[list[dict]], int],
+    phase: str,
+    replicas: int = 2,
+    answer: int = ANSWER_TOKENS,
+    spread: int = ANSWER_SPREAD,
+) -> int:
+    """The `share` cache of one replica, in tokens. `count(messages)`: the tokens of a chat
+    as the engine's template renders it; an answer's tokens are the ones the workload asks
+    for (answer_tokens), added to its empty message's frame."""
+    system = count(Conversation(phase, 0).messages)
+    held = system
+    for number in range(0, CONVERSATIONS, replicas):  # one replica's part of them
+        conversation, answers = Conversation(phase, number), 0
+        for turn in range(1, TURNS + 1):
+            conversation.answered(conversation.ask(), "")
+            answers += answer_tokens(number, turn, answer, spread)
+        held += count(conversation.messages) - system + answers
+    return math.ceil(SHARE_HEADROOM * held)
+
+
+def system_floor(requests: int, system_tokens: int, block: int, prompt_tokens: float) -> float:
+    """The hit rate a phase has if its requests hit on the shared system prompt and nothing
+    else: its full blocks, in every request. No routing falls far below it (the prompt is
+    hot on every replica), so the most any routing can gain over another is the oracle's
+    rate minus this."""
+    return requests * (system_tokens // block * block) / prompt_tokens if prompt_tokens else 0.0
 
 
 def control_prompt(phase: str, n: int) -> str:
@@ -226,11 +272,24 @@ def ttft_summary(ttfts: dict[int, list[float]]) -> dict:
 # -- rows ------------------------------------------------------------------------------
 
 
-def rows(phases: dict[str, dict], control: dict[str, dict]) -> list[dict]:
+def rows(
+    phases: dict[str, dict], control: dict[str, dict], floor: dict[str, float] | None = None
+) -> list[dict]:
     """Issue 23's targets, prefix_aware against the oracle and round_robin; where
-    prefix_aware did not run, the oracle against round_robin, reported only."""
+    prefix_aware did not run, the oracle against round_robin, reported only. `floor`:
+    each phase's system_floor, for the most any routing could gain here."""
     rr, oracle, aware = (phases.get(p) for p in ("round_robin", "oracle", "prefix_aware"))
     out = []
+    if oracle and rr and floor and "round_robin" in floor:
+        out.append(
+            _row(
+                "hit rate: oracle vs round_robin's floor (system prompt alone)",
+                oracle["hit_rate"],
+                floor["round_robin"],
+                "report: the most any routing gains",
+                None,
+            )
+        )
     if aware and oracle:
         out.append(
             _row(

@@ -4,6 +4,7 @@ engines' counters as Triton prints them, and the rows against issue 23's targets
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from bench.prefix_workload import (
     hit_rate,
     placement,
     rows,
+    share_tokens,
+    system_floor,
     ttft_summary,
 )
 
@@ -213,3 +216,50 @@ def test_placement_counts_conversations_per_replica_and_their_moves():
         "conversations_last_turn": {"r0": 3},
         "moves": 3,
     }
+
+
+def test_a_replicas_share_holds_its_half_of_the_conversations_once():
+    """share_tokens counts the system prompt once and each of one replica's conversations'
+    own turns (questions by the template, answers by the tokens asked for), plus 10%."""
+    calls = []
+
+    def count(messages):  # one token per message and per 100 characters
+        calls.append(len(messages))
+        return sum(1 + len(m["content"]) // 100 for m in messages)
+
+    system = count(Conversation("p", 0).messages)
+    own = 0
+    for n in range(0, CONVERSATIONS, 2):
+        c = Conversation("p", n)
+        for t in range(1, TURNS + 1):
+            c.answered(c.ask(), "")
+            own += answer_tokens(n, t, 16, 8)
+        own += count(c.messages) - system
+    calls.clear()
+    assert share_tokens(count, "p") == math.ceil(1.1 * (system + own))
+    assert calls == [1] + [1 + 2 * TURNS] * (CONVERSATIONS // 2)  # 8 conversations, full
+    assert share_tokens(count, "p", replicas=4) < share_tokens(count, "p")
+
+
+def test_the_system_floor_is_its_full_blocks_in_every_request():
+    assert system_floor(96, 1003, 32, 121_000.0) == 96 * 992 / 121_000.0
+    assert system_floor(96, 31, 32, 1000.0) == 0.0  # under a block: nothing is cached
+    assert system_floor(96, 1003, 32, 0.0) == 0.0
+
+
+def test_rows_say_the_most_any_routing_could_gain():
+    phases = {"round_robin": _phase(0.87, 1.0), "oracle": _phase(0.92, 0.5)}
+    phases["prefix_aware"] = _phase(0.92, 0.6)
+    table = rows(phases, {}, {"round_robin": 0.78, "oracle": 0.78})
+    gain = table[0]
+    assert gain["metric"].startswith("hit rate: oracle vs round_robin's floor")
+    assert gain["points"] == 14.0 and gain["met"] is None
+    assert [r["metric"] for r in table[1:]] == [r["metric"] for r in rows(phases, {})]
+
+
+def test_a_sized_cache_reaches_the_spec_in_bytes_of_the_models_kv():
+    """kv_cache_memory_bytes: the tokens times SmolLM2's K and V per token at float32
+    (30 layers x 3 KV heads x 64 x 2 x 4 bytes, builder/plan/memory.py)."""
+    args = deployment(True, kv_tokens=5_300)["models"][0]["engine_args"]
+    assert args["kv_cache_memory_bytes"] == 5_300 * 30 * 3 * 64 * 2 * 4
+    assert "kv_cache_memory_bytes" not in deployment(True)["models"][0]["engine_args"]
