@@ -1,8 +1,12 @@
 """The router's replica decision, alone: prefix key + block hashes + match + score + record.
 
-Issue 23's budget for it is 50 microseconds at p99 with 10,000 conversations indexed, and
-the index must stay under its documented memory bound. No server: the decision is pure
-logic (bls/prefix_index.py, bls/replica_policy.py), measured in this process.
+Issue 23's budget for it is 50 microseconds at p99 "(the router's own histogram)" with
+10,000 conversations indexed, and the index must stay under its documented memory bound.
+No server: the decision is pure logic (bls/prefix_index.py, bls/replica_policy.py),
+measured in this process. Each decision is timed over the span that histogram covers
+(block hashes, loads, choice: bls/replicas.py `expand`) and, for the record, whole (the
+prompt's key before the span and the index's record after it, which the router does
+outside the histogram).
 
 Workload: 10,000 conversations over 2 replicas and 4 tenants (salted apart), each sharing
 its tenant's ~1,000-token system prompt (4,000 characters), recorded as the router would
@@ -24,6 +28,7 @@ import sys
 import time
 import tracemalloc
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bls"))
@@ -115,38 +120,56 @@ class Collections:
         }
 
 
+class Timings(NamedTuple):
+    """Microseconds per decision: `routers` is the span the router's own histogram
+    (trident_router_replica_decision_seconds, bls/replicas.py `expand`) times, from the
+    prompt's key to the choice: block hashes, loads, choose. `whole` adds what the router
+    does around it: the key before (prompt_key) and the record after (`routed`, at the
+    first token). `hashing`: the key and hashes; `plain`: the same without the memo."""
+
+    whole: list[float]
+    routers: list[float]
+    hashing: list[float]
+    plain: list[float]
+
+
 def decisions(
     chooser: ReplicaChooser, turns: dict[int, int], rng: random.Random, gcs: Collections
-) -> tuple[list[float], list[float], list[float], list[int], list[list[dict]], int]:
-    """Time DECISIONS decisions; (microseconds each, microseconds of their hashing alone,
-    the same hashing without the first-record memo, prompt blocks each, the first
+) -> tuple[Timings, list[int], list[list[dict]], int]:
+    """Time DECISIONS decisions; (their Timings, prompt blocks each, the first
     TOKENIZER_PROMPTS prompts, how many decisions a GC collection ran inside).
     The two ways of hashing take turns going first, so neither always finds the
     prompt's text warm in the CPU's caches."""
-    times, hashing, plain, blocks, prompts = [], [], [], [], []
+    timings = Timings([], [], [], [])
+    blocks, prompts = [], []
     index, hit = chooser.index, 0
     for i in range(DECISIONS):
         n = rng.randrange(CONVERSATIONS + DECISIONS)  # about a third are new conversations
         tenant = n % TENANTS
         messages = history(tenant, n, min(turns.get(n, 0) + 1, TURNS))
-        loads = {r: ReplicaLoad(in_flight=rng.randint(0, 8)) for r in REPLICAS}
+        inflight = {r: rng.randint(0, 8) for r in REPLICAS}
         if i % 2:
-            plain.append(_plain_us(index, messages, salt(tenant)))
+            timings.plain.append(_plain_us(index, messages, salt(tenant)))
         collected = gcs.count()
         start = time.perf_counter_ns()
-        hashes = index.prompt_hashes(None, messages, salt(tenant))
+        key = prompt_key(None, messages)
+        keyed = time.perf_counter_ns()
+        hashes = index.block_hashes(key, salt(tenant))
         hashed = time.perf_counter_ns()
+        loads = {r: ReplicaLoad(in_flight=inflight[r]) for r in REPLICAS}  # as expand does
         decision = chooser.choose(REPLICAS, loads, hashes)
+        chosen = time.perf_counter_ns()
         chooser.routed(decision.replica, hashes)
-        times.append((time.perf_counter_ns() - start) / 1_000)
+        timings.whole.append((time.perf_counter_ns() - start) / 1_000)
+        timings.routers.append((chosen - keyed) / 1_000)
         hit += gcs.count() != collected
-        hashing.append((hashed - start) / 1_000)
+        timings.hashing.append((hashed - start) / 1_000)
         if not i % 2:
-            plain.append(_plain_us(index, messages, salt(tenant)))
+            timings.plain.append(_plain_us(index, messages, salt(tenant)))
         blocks.append(len(hashes))
         if len(prompts) < TOKENIZER_PROMPTS:
             prompts.append(messages)
-    return times, hashing, plain, blocks, prompts, hit
+    return timings, blocks, prompts, hit
 
 
 def _plain_us(index: PrefixIndex, messages: list[dict], scope: str) -> float:
@@ -200,20 +223,28 @@ def run(out_dir: Path) -> dict:
     gcs = Collections()
     gc.callbacks.append(gcs)
     try:
-        times, hashing, plain, blocks, prompts, hit = decisions(chooser, turns, rng, gcs)
+        timings, blocks, prompts, hit = decisions(chooser, turns, rng, gcs)
     finally:
         gc.callbacks.remove(gcs)
+    times, hashing, plain = timings.whole, timings.hashing, timings.plain
     p50, p99 = percentile(times, 50), percentile(times, 99)
+    span50, span99 = percentile(timings.routers, 50), percentile(timings.routers, 99)
     bound = index.bound_bytes(len(REPLICAS)) + MEMO_BYTES_BOUND
     tokens = tokenizer_cost(prompts)
     rows = [
-        {"metric": "decision p50 (us)", "ours": p50, "target": "report"},
         {
-            "metric": "decision p99 (us)",
-            "ours": p99,
-            "target": f"<= {TARGET_P99_US:g} us",
-            "met": p99 <= TARGET_P99_US,
+            "metric": "decision p50 (us), the router histogram's span",
+            "ours": span50,
+            "target": "report",
         },
+        {
+            "metric": "decision p99 (us), the router histogram's span",
+            "ours": span99,
+            "target": f"<= {TARGET_P99_US:g} us",
+            "met": span99 <= TARGET_P99_US,
+        },
+        {"metric": "whole decision p50 (us): key, span, record", "ours": p50, "target": "report"},
+        {"metric": "whole decision p99 (us): key, span, record", "ours": p99, "target": "report"},
         {
             "metric": "index memory (MiB) vs bound",
             "ours": held / 2**20,
@@ -251,6 +282,13 @@ def run(out_dir: Path) -> dict:
         "max_blocks_per_replica": index.max_blocks_per_replica,
     }
     raw = {
+        "routers_span_us": {
+            "p50": span50,
+            "p90": percentile(timings.routers, 90),
+            "p99": span99,
+            "max": max(timings.routers),
+            "mean": statistics.fmean(timings.routers),
+        },
         "decision_us": {
             "p50": p50,
             "p90": percentile(times, 90),
