@@ -14,7 +14,11 @@ and a control sharing no prefix (16 streams x 2 single-turn requests, 64-token a
 tokens/s under round_robin and prefix_aware. Figures: the engines' prefix-cache hit rate
 (trident_prefix_cached_tokens_total / trident_prompt_tokens_total, each replica's series on
 Triton's metrics port, the difference over the phase), TTFT p50 over turns 2-6 at the
-client, the control's output tokens/s.
+client, the control's output tokens/s. Every phase runs under two KV cache sizes, a server
+each: trident's 1 GiB CPU default (each replica holds the workload several times over)
+and `share` (each replica holds its half of the conversations, plus 10%:
+prefix_workload.share_tokens), with round_robin's floor beside them (its rate if only
+the shared system prompt hit: the oracle's rate minus it bounds what routing can gain).
 
 Two ways to have replicas, whichever this tree renders:
 - replicated: `instances: 2` renders `smollm2__r0`, `smollm2__r1` and router.json lists them
@@ -32,8 +36,9 @@ Options for a closer look (never in bench.run): --trace has each engine write do
 requests and steps (bench/trace_scheduler.py) and splits every TTFT into where it went
 (bench/engine_trace.py; the phases' `trace` in the JSON, the raw file beside it);
 --max-num-batched-tokens N runs every phase with that vLLM step budget instead of
-deploy/default.yaml's; --answer-tokens N and --answer-spread N set the answers' length
-(--answer-spread 0: every answer the same length, as before 2026-12-02).
+deploy/default.yaml's; --kv-cache-tokens N runs one cache size of N tokens a replica;
+--answer-tokens N and --answer-spread N set the answers' length (--answer-spread 0: every
+answer the same length, as before 2026-12-02).
 """
 
 from __future__ import annotations
