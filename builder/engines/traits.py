@@ -39,6 +39,7 @@ class EngineTraits:
     memory_arg: str | None  # share of a GPU's memory the engine may take
     model_arg: str | None  # where the rendered model.json names the weights
     kv_cache_dtype_arg: str | None
+    kv_cache_bytes_arg: str | None  # the KV cache's bytes per GPU, where the spec fixes it
     speculative_arg: str | None  # set (truthy): the engine decodes speculatively
     # Loads the spec's `model:` (TensorRT-LLM serves an engine built from `checkpoint:`).
     needs_model: bool
@@ -73,6 +74,7 @@ VLLM = EngineTraits(
     memory_arg="gpu_memory_utilization",
     model_arg="model",
     kv_cache_dtype_arg="kv_cache_dtype",
+    kv_cache_bytes_arg="kv_cache_memory_bytes",
     speculative_arg="speculative_config",
     needs_model=True,
     python_backend=True,
@@ -90,6 +92,7 @@ SGLANG = EngineTraits(
     memory_arg="mem_fraction_static",
     model_arg="model_path",
     kv_cache_dtype_arg="kv_cache_dtype",
+    kv_cache_bytes_arg=None,
     speculative_arg="speculative_algorithm",
     needs_model=True,
     python_backend=True,
@@ -111,6 +114,7 @@ TENSORRT_LLM = EngineTraits(
     memory_arg=None,
     model_arg=None,
     kv_cache_dtype_arg=None,
+    kv_cache_bytes_arg=None,
     speculative_arg=None,
     needs_model=False,
     python_backend=False,

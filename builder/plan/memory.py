@@ -256,6 +256,9 @@ class Workload:
     kv_dtype_bytes: float
     max_batch: int
     max_context: int
+    # The engine's KV cache per GPU where the spec fixes it in bytes (vLLM's
+    # kv_cache_memory_bytes): the engine allocates that, whatever the batch and context.
+    kv_bytes_per_gpu: int | None = None
 
 
 def per_gpu_need(shape: ModelShape, load: Workload, tp: int, pp: int) -> MemoryNeed:
@@ -263,13 +266,18 @@ def per_gpu_need(shape: ModelShape, load: Workload, tp: int, pp: int) -> MemoryN
 
     Weights shard evenly over tp × pp. The KV cache of a full batch at full context is
     split by pipeline stage (layers) and by tensor rank (KV heads; a rank holds at least
-    one head, so TP beyond the KV head count replicates heads)."""
+    one head, so TP beyond the KV head count replicates heads), unless the engine is told
+    its size per GPU (`kv_bytes_per_gpu`)."""
     weights = weight_bytes(shape, load.weight_dtype_bytes) / (tp * pp)
     kv_heads_per_rank = max(1, math.ceil(shape.kv_heads / tp))
     kv_per_token = (
         math.ceil(shape.layers / pp) * kv_heads_per_rank * shape.head_dim * 2 * load.kv_dtype_bytes
     )
-    kv = kv_per_token * load.max_batch * load.max_context
+    kv = (
+        kv_per_token * load.max_batch * load.max_context
+        if load.kv_bytes_per_gpu is None
+        else load.kv_bytes_per_gpu
+    )
     chunk = min(PREFILL_CHUNK_TOKENS, load.max_batch * load.max_context)
     activations = chunk * (4 * shape.hidden + 2 * shape.intermediate / tp) * 2
     return MemoryNeed(weights / GIB, kv / GIB, RUNTIME_OVERHEAD_GIB + activations / GIB)

@@ -115,7 +115,10 @@ def workload(model: ModelSpec, shape: memory.ModelShape, where: str) -> memory.W
         weight = memory.dtype_bytes(_weight_dtype(model), f"{where}.placement.dtype")
     except ValueError as e:
         raise PlacementError(str(e)) from None
-    return memory.Workload(weight, memory.DTYPE_BYTES[_kv_dtype(model).lower()], batch, context)
+    kv_bytes = _arg(model, traits(model.engine).kv_cache_bytes_arg)
+    return memory.Workload(
+        weight, memory.DTYPE_BYTES[_kv_dtype(model).lower()], batch, context, kv_bytes
+    )
 
 
 def utilization(model: ModelSpec) -> float:

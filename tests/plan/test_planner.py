@@ -545,3 +545,18 @@ def test_cli_mig_plan_writes_mig_parted_config(tmp_path, capsys):
         == 2
     )
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_a_kv_cache_sized_in_bytes_is_what_each_gpu_holds():
+    """vLLM's kv_cache_memory_bytes is the KV cache per GPU, whatever the batch and
+    context: the planner sums it instead of a full batch at full context."""
+    sized = dict(max_num_seqs=256, max_model_len=8192, kv_cache_memory_bytes=10 * GIB)
+    need = plan_for_spec(spec_of([vllm("a", LLAMA8B, **sized)])).model("a").need
+    assert need.kv_cache_gib == pytest.approx(10.0)
+    # 256 × 8192 tokens × 128 KiB = 256 GiB unsized: TP 4 at least, not 1
+    unsized = plan_for_spec(spec_of([vllm("a", LLAMA8B, max_num_seqs=256, max_model_len=8192)]))
+    assert unsized.model("a").tp > 1
+    assert plan_for_spec(spec_of([vllm("a", LLAMA8B, **sized)])).model("a").tp == 1
+    too_big = dict(sized, kv_cache_memory_bytes=70 * GIB)
+    with pytest.raises(PlacementError, match="a: does not fit"):
+        plan_for_spec(spec_of([vllm("a", LLAMA8B, tensor_parallel_size=1, **too_big)], count=1))
