@@ -76,6 +76,13 @@ FAMILIES = [
         None,
     ),
     (
+        "kv_cache_usage",
+        "vllm:kv_cache_usage_perc",
+        "KV-cache usage. 1 means 100 percent usage.",
+        GAUGE,
+        None,
+    ),
+    (
         "ttft",
         "vllm:time_to_first_token_seconds",
         "Histogram of time to first token in seconds.",
@@ -138,6 +145,9 @@ def updates(
                 + getattr(scheduler_stats, "num_skipped_waiting_reqs", 0),
             )
         )
+        # The share of the KV cache's blocks held by running requests (free blocks that
+        # still cache a prefix do not count): near 1, a new prompt waits or preempts.
+        out.append(Update("kv_cache_usage", "set", scheduler_stats.kv_cache_usage))
     if iteration_stats is None:
         return out
     for key, count in (

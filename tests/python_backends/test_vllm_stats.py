@@ -28,9 +28,12 @@ def stats_module(monkeypatch):
     sys.modules.pop("trident_common.metrics", None)
 
 
-def step(prompt=0, generated=0, ttfts=(), itls=(), finished=(), running=1, waiting=0):
+def step(prompt=0, generated=0, ttfts=(), itls=(), finished=(), running=1, waiting=0, kv=0.0):
     scheduler = SimpleNamespace(
-        num_running_reqs=running, num_waiting_reqs=waiting, num_skipped_waiting_reqs=0
+        num_running_reqs=running,
+        num_waiting_reqs=waiting,
+        num_skipped_waiting_reqs=0,
+        kv_cache_usage=kv,
     )
     iteration = SimpleNamespace(
         num_prompt_tokens=prompt,
@@ -65,13 +68,22 @@ def test_token_buckets_are_1_2_5_up_to_the_limit(stats_module):
 
 def test_one_step_becomes_counter_gauge_and_histogram_updates(stats_module):
     updates = stats_module.updates(
-        *step(prompt=7, generated=1, ttfts=[0.2], finished=[done("stop")], running=2, waiting=3)
+        *step(
+            prompt=7,
+            generated=1,
+            ttfts=[0.2],
+            finished=[done("stop")],
+            running=2,
+            waiting=3,
+            kv=0.25,
+        )
     )
     by_key = {}
     for u in updates:
         by_key.setdefault(u.key, []).append((u.op, u.value))
     assert by_key["prompt_tokens"] == [("increment", 7)]
     assert by_key["running"] == [("set", 2)] and by_key["waiting"] == [("set", 3)]
+    assert by_key["kv_cache_usage"] == [("set", 0.25)]
     assert by_key["ttft"] == [("observe", 0.2)]
     assert by_key["success:stop"] == [("increment", 1)]
     assert by_key["request_generation_tokens"] == [("observe", 3)]

@@ -8,6 +8,7 @@ Tests run in file order: the engine is killed in the last one.
 from __future__ import annotations
 
 import json
+import threading
 
 import psutil
 import pytest
@@ -114,6 +115,25 @@ def test_vllm_counters_equal_the_real_token_counts(server):
     except AssertionError:
         assert grew() == expected
     assert vllm_metric(server, "vllm:num_requests_running") == 0
+
+
+def test_kv_cache_usage_rises_while_a_request_holds_blocks_and_falls_after(server):
+    """vllm:kv_cache_usage_perc (vLLM's own gauge, the one its Prometheus logger exports):
+    above 0 while a long answer is being written, 0 again when it is done (its blocks are
+    free, though they still cache its prefix)."""
+    usage = lambda: vllm_metric(server, "vllm:kv_cache_usage_perc")  # noqa: E731
+    seen: list[float] = []
+    writing = threading.Thread(
+        target=lambda: seen.append(generate(server, PROMPTS[0] * 20, max_tokens=160))
+    )
+    writing.start()
+    try:
+        wait_for(lambda: usage() > 0, timeout_s=60, interval_s=0.05)
+        assert usage() <= 1.0
+    finally:
+        writing.join(120)
+    assert seen and not seen[0].errors
+    wait_for(lambda: usage() == 0, timeout_s=20)
 
 
 def test_structured_outputs_as_a_json_string(server):
