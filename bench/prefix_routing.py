@@ -80,6 +80,7 @@ from bench.prefix_workload import (
     ttft_summary,
 )
 from builder.engines.assets import resolve
+from builder.engines.traits import VLLM
 from builder.pipeline import build_repository
 from builder.plan.memory import dtype_bytes, kv_bytes_per_token, load_shape
 from builder.serve.client import build_inputs, first_output
@@ -108,7 +109,7 @@ def deployment(
     if batched_tokens:
         model["engine_args"]["max_num_batched_tokens"] = batched_tokens
     if kv_tokens:
-        model["engine_args"]["kv_cache_memory_bytes"] = kv_cache_bytes(model, kv_tokens)
+        model["engine_args"][VLLM.kv_cache_bytes_arg] = kv_cache_bytes(model, kv_tokens)
     if replicated:
         model["instances"] = 2
         return spec

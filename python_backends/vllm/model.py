@@ -98,7 +98,8 @@ def cpu_engine_defaults(config: dict[str, Any], environ: MutableMapping[str, str
         environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
     else:
         environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
-    environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="trident-vllm-"))
+    if "VLLM_CACHE_ROOT" not in environ:  # no empty folder left where the operator set one
+        environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="trident-vllm-")
     config.setdefault("enforce_eager", True)  # no graphs to capture on a CPU
 
 
