@@ -63,7 +63,7 @@ run: repo
 
 # The tenants' tests need redis-server: a fresh machine gets it before the suite runs.
 test: install redis-server
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not server and not vllm and not s3"

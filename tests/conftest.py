@@ -19,23 +19,14 @@ ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.helpers.s3_fixtures"]  # the real SeaweedFS S3 server fixtures
 sys.path.insert(0, str(ROOT / "python_backends"))  # trident_common, as in the stub
 
+from builder.serve.server import TritonServer  # noqa: E402
 from support.redis_server import RedisServer  # noqa: E402
-from tests.helpers.servers import render, start_server  # noqa: E402
+from tests.helpers.ledger import LEDGER, Start  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
-
-
-@pytest.fixture(scope="session")
-def default_server(tmp_path_factory):
-    """The embedded default (SmolLM2 on vLLM behind `router`), one per test session."""
-    tmp = tmp_path_factory.mktemp("default")
-    repo = render(ROOT / "deploy" / "default.yaml", tmp / "repo")
-    server = start_server(repo, tmp)
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +57,50 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if server_dir in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.server)
+
+
+_entries: dict[int, Start] = {}  # id(server) -> its entry, from start() to wait_ready()
+
+
+def _recorded_start(start):
+    def recorded(server: TritonServer) -> None:
+        kind = "tritonserver" if server.self_test else "self-test"
+        repo = Path(server.repository)
+        label = f"{repo.parent.name}/{repo.name}"
+        _entries[id(server)] = LEDGER.record(kind, label, server.log_path)
+        start(server)
+
+    return recorded
+
+
+def _recorded_wait_ready(wait_ready):
+    def recorded(server: TritonServer, *args, **kwargs) -> None:
+        wait_ready(server, *args, **kwargs)
+        entry = _entries.pop(id(server), None)
+        if entry is not None:
+            entry.ready()
+
+    return recorded
+
+
+def pytest_configure(config):
+    """Every tritonserver this process starts goes into the run's ledger."""
+    TritonServer.start = _recorded_start(TritonServer.start)
+    TritonServer.wait_ready = _recorded_wait_ready(TritonServer.wait_ready)
+
+
+def pytest_terminal_summary(terminalreporter):
+    reporter = terminalreporter
+    if not LEDGER.starts:
+        return
+    reporter.section("servers and engines (tests/helpers/ledger.py)")
+    for line in LEDGER.summary():
+        reporter.write_line(line)
+    for line in LEDGER.over_budget():
+        reporter.write_line(f"OVER BUDGET: {line}", red=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A run that spent more starts than the budget fails, whatever its tests said."""
+    if LEDGER.over_budget() and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -285,7 +285,7 @@ class AsyncEngineModel(abc.ABC):
         self._running.discard(active)
         self._aborts.unregister(active.client_id, active)
         # Breaks the active <-> outlet cycle: collected at the stub's exit, its sender
-        # segfaults in ~ResponseSender (tests/server/test_vllm_unload.py).
+        # segfaults in ~ResponseSender (tests/server/test_reload.py, the vLLM reloads).
         active.outlet.owner = None
 
     def _abort_by_client_id(self, abort: AbortRequest, sender: pb_utils.ResponseSender) -> None:

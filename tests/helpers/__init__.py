@@ -42,3 +42,24 @@ def http_json(url: str, body: dict | None = None, timeout: float = 120.0):
     )
     with urllib.request.urlopen(request, timeout=timeout) as r:
         return r.status, r.read().decode()
+
+
+def engine_cores(server, model: str) -> list:
+    """vLLM's engine-core processes of one model of a server (children of that model's
+    stub; they rename themselves EngineCore): what a test kills to kill that engine
+    alone, leaving the other models of a shared server theirs."""
+    import psutil
+
+    from builder.serve.watch import stub_processes
+
+    cores = []
+    for stub in stub_processes(server.process.pid).values():
+        if stub.model != model:
+            continue
+        for child in psutil.Process(stub.pid).children(recursive=True):
+            try:
+                if "EngineCore" in child.name() + " " + " ".join(child.cmdline()):
+                    cores.append(child)
+            except psutil.Error:
+                continue  # it exited while we looked
+    return cores

@@ -9,6 +9,7 @@ from pathlib import Path
 from builder.pipeline import build_repository
 from builder.serve.server import Ports, TritonServer, free_port, start_on_free_ports
 from builder.spec import load_spec, parse_spec
+from tests.helpers.ledger import LEDGER, Start
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,3 +86,11 @@ def listening_addresses(pid: int) -> set[tuple[str, int]]:
             # gRPC listens on an IPv6 socket with an IPv4-mapped address (::ffff:127.0.0.1)
             found.add((str(getattr(ip, "ipv4_mapped", None) or ip), int(port, 16)))
     return found
+
+
+def record_spawn(argv: list[str], output: Path | None, label: str) -> Start:
+    """Note a `trident serve` (or demo) subprocess in the run's ledger: it starts its
+    tritonserver, and its self-test's first unless told --no-self-test. The caller marks
+    the entry ready() when the process says so; its log (output) names its engine loads."""
+    self_tests = 0 if "--no-self-test" in argv else 1
+    return LEDGER.record("trident serve", label, output, tritonservers=1 + self_tests)

@@ -16,10 +16,12 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 
 import pytest
 
 from builder.engines import assets
+from tests.helpers.ledger import LEDGER
 
 pytestmark = pytest.mark.vllm
 
@@ -100,6 +102,7 @@ def published(tmp_path_factory):
     env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
     env.pop("PYTHONHASHSEED", None)  # it would replace vLLM's fixed seed of the chain
     env.setdefault("VLLM_CACHE_ROOT", str(run_dir / "vllm-cache"))
+    started = time.monotonic()
     done = subprocess.run(
         [
             sys.executable,
@@ -113,6 +116,7 @@ def published(tmp_path_factory):
         timeout=240,
         env=env,
     )
+    LEDGER.engine_without_server("vllm", "kv-events: SmolLM2", time.monotonic() - started)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 

@@ -21,7 +21,7 @@ from builder.serve import admin, client
 from builder.serve.watch import stub_processes
 from support.sglang_double import SHIM
 from tests.helpers import wait_for
-from tests.helpers.servers import free_ports, render, serve_argv
+from tests.helpers.servers import free_ports, record_spawn, render, serve_argv
 
 pytestmark = pytest.mark.server
 # The operator's own admin key (builder/serve/admin.py): the test unloads a model by hand.
@@ -82,9 +82,11 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
         (repo / model / "1" / "sglang.py").write_text(SHIM)
     ports = free_ports()
     output = tmp_path / "serve.out"
+    argv = serve_argv(repo, ports, "--no-self-test")
+    started = record_spawn(argv, output, "blast-radius: trident serve")
     with open(output, "w") as out:
         proc = subprocess.Popen(
-            serve_argv(repo, ports, "--no-self-test"),
+            argv,
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, admin.KEY_ENV: ADMIN_KEY},
@@ -93,6 +95,7 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
     try:
         wait_for(lambda: "ready:" in output.read_text() or proc.poll() is not None, 120)
         assert proc.poll() is None, output.read_text()
+        started.ready()
         url, pid = f"127.0.0.1:{ports.grpc}", server_pid(ports)
         askers = [Asker(url, "qb"), Asker(url, "router")]
         for asker in askers:

@@ -10,22 +10,14 @@ import pytest
 
 from builder.serve import client as infer
 from support import bls_floor
-from support.sglang_double import MODEL, SHIM
-from support.sglang_double import deployment as sglang_deployment
-from tests.helpers.servers import render, start_server
+from support.sglang_double import MODEL
 
 pytestmark = [pytest.mark.server]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    work = tmp_path_factory.mktemp("bls-floor")
-    repo = render(sglang_deployment("/models/double", "cpu"), work / "repo")
-    (repo / MODEL / "1" / "sglang.py").write_text(SHIM)
-    relays = bls_floor.install(repo, MODEL)
-    started = start_server(repo, work, load_models=[MODEL, *relays])
-    yield started
-    started.stop()
+def server(sglang_check_server):
+    return sglang_check_server  # configs.SGLANG_CHECK installs the relays
 
 
 @pytest.mark.parametrize("relay", [bls_floor.BLOCKING, bls_floor.ASYNC])

@@ -13,7 +13,7 @@ import sys
 
 from builder.serve import admin
 from support.sglang_double import SHIM
-from tests.helpers.servers import render
+from tests.helpers.servers import record_spawn, render
 
 SPEC = {
     "name": "demo",
@@ -27,14 +27,17 @@ def test_the_demo_answers_over_grpc_and_openai_without_a_key_in_its_environment(
     repo = render(SPEC, tmp_path / "repo")
     (repo / "qa" / "1" / "sglang.py").write_text(SHIM)
     env = {k: v for k, v in os.environ.items() if k != admin.KEY_ENV}
+    argv = [sys.executable, "-m", "builder.serve.demo", "--repo", str(repo), "--max-tokens", "8"]
+    started = record_spawn(argv, None, "demo: make run's demo")
     done = subprocess.run(
-        [sys.executable, "-m", "builder.serve.demo", "--repo", str(repo), "--max-tokens", "8"],
+        argv,
         capture_output=True,
         text=True,
         timeout=300,
         env=env,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    started.ready()  # its whole run: the demo ends when it has answered
     assert "[served_by=qa finish_reason=" in done.stdout, done.stdout
     assert "OpenAI API: http://127.0.0.1:" in done.stdout
     assert "[model=router finish_reason=" in done.stdout, done.stdout

@@ -1,8 +1,11 @@
 """The vLLM engine model against a real tritonserver, under bad requests, cancellation
-storms, abort guessing and a dying engine: SmolLM2 on vLLM as `primary` (the model of
-deploy/examples/cpu-fallback.yaml) behind `router`, one server for the module.
+storms, abort guessing and a dying engine: SmolLM2 on vLLM as `primary` behind `router`: the
+session's fallback_server (deploy/examples/cpu-fallback.yaml, tests/server/conftest.py).
 
-Tests run in file order: the engine is killed in the last two (and reloaded in the last).
+The last two are destructive (the engine is killed, then reloaded by `trident serve`'s
+keeper): they run after the other tests of that server, and after test_router's failure
+story (rank=1), which fails on a primary the keeper has reloaded (the killed stub's
+model is loaded again at once, so no error reaches the stream; not yet understood).
 """
 
 from __future__ import annotations
@@ -12,59 +15,22 @@ import threading
 import time
 import uuid
 
-import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 
 from builder.serve import keeper
 from builder.serve.client import build_inputs, first_output, stream_generate
-from tests.helpers import bad_requests, metric_value, wait_for
-from tests.helpers.servers import render, start_server
+from tests.helpers import bad_requests, engine_cores, metric_value, wait_for
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 
 GREEDY = {"temperature": 0}
 ENDLESS = {"temperature": 0, "ignore_eos": True}  # runs until stopped or max_tokens
-SPEC = {
-    "name": "engine-faults",
-    "hardware": {"gpu": "cpu"},
-    "models": [
-        {
-            "name": "primary",
-            "engine": "vllm",
-            "model": "builtin:smollm2-135m-instruct",
-            "family": "llama",
-            "tasks": ["chat"],
-            "engine_args": {
-                "max_model_len": 1024,
-                "max_num_seqs": 16,
-                "max_num_batched_tokens": 1024,
-                "block_size": 32,
-                "dtype": "float32",
-                "seed": 0,
-            },
-        }
-    ],
-    # A breaker that trips fast, so a client fault wrongly counted against primary shows.
-    "router": {
-        "default": ["primary"],
-        "breaker": {
-            "error_rate": 0.5,
-            "window_s": 10,
-            "min_requests": 4,
-            "consecutive_failures": 2,
-            "cooldown_s": 30,
-        },
-    },
-}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("engine-faults")
-    server = start_server(render(SPEC, tmp / "repo"), tmp)
-    yield server
-    server.stop()
+def server(fallback_server):
+    return fallback_server
 
 
 def answer(server, model="primary", max_tokens=4):
@@ -191,7 +157,9 @@ def test_client_faults_through_the_router_do_not_open_the_breaker(server):
         ).finish(timeout_s=60)
         stream.close()
         assert stream.errors and stream.errors[0].startswith("invalid request: ")
-    assert answer(server, model="router").output_tokens == 4
+    # Still primary's: an open breaker would send this to backup, its fallback.
+    routed = answer(server, model="router")
+    assert routed.output_tokens == 4 and routed.served_by == "primary"
 
 
 # -- aborts and cancellation ----------------------------------------------------------------
@@ -240,19 +208,7 @@ def test_cancellation_storm_leaves_nothing_in_flight(server):
 # -- a dying engine (last: it leaves primary without an engine) -----------------------------
 
 
-def _engine_cores(server):
-    """vLLM's engine-core processes under this server (they rename themselves)."""
-    root = psutil.Process(server.process.pid)
-    return [p for p in root.children(recursive=True) if "EngineCore" in _name(p)]
-
-
-def _name(process) -> str:
-    try:
-        return process.name() + " " + " ".join(process.cmdline())
-    except psutil.Error:
-        return ""
-
-
+@pytest.mark.destructive(rank=1)  # after test_router's failure story: see its docstring
 def test_a_dead_engine_fails_requests_fast_and_reports_unhealthy(server):
     healthy = lambda: metric_value(  # noqa: E731
         server.metrics_url,
@@ -260,7 +216,11 @@ def test_a_dead_engine_fails_requests_fast_and_reports_unhealthy(server):
         model="primary",
     )
     wait_for(lambda: healthy() == 1, timeout_s=30)
-    cores = _engine_cores(server)
+    # What the server counts in flight before: test_router's failure story SIGKILLs
+    # primary's stub mid-stream, and a killed stub never takes its requests off the
+    # gauge (the series outlives the instance), so this test counts only its own.
+    before = in_flight(server)
+    cores = engine_cores(server, "primary")
     assert cores, "no vLLM EngineCore process found"
     in_flight_stream = Stream(server, long_inputs(max_tokens=900))
     assert in_flight_stream.next()
@@ -276,25 +236,53 @@ def test_a_dead_engine_fails_requests_fast_and_reports_unhealthy(server):
     after.close()
     assert after.finals == 1 and len(after.errors) == 1
     assert after.errors[0].startswith("vllm engine is dead: "), after.errors
-    wait_for(lambda: in_flight(server) == 0, timeout_s=30)
+    wait_for(lambda: in_flight(server) == before, timeout_s=30)
     assert server.http_get("/v2/health/ready") == 200
 
 
+class _WatchedUntil:
+    """The server as a keeper sees it until `done` is set: then its process reads as
+    exited, so keep_serving returns, and the shared server serves the tests after this
+    one without a keeper reloading what they kill."""
+
+    def __init__(self, server, done: threading.Event):
+        self._server, self._done = server, done
+        self.process = self
+
+    def __getattr__(self, name):  # http_url, admin_headers, ready_models, stub_models
+        return getattr(self._server, name)
+
+    @property
+    def pid(self) -> int:
+        return self._server.process.pid
+
+    def wait(self, timeout=None):
+        if self._done.is_set():
+            return 0
+        return self._server.process.wait(timeout)
+
+
+@pytest.mark.destructive(rank=1)  # after test_router's failure story: see its docstring
 def test_trident_serve_reloads_the_model_whose_engine_died(server):
     """After the test above primary's stub lives on with a dead engine (the health gauge
     reads 0): the keeper of `trident serve` reloads primary alone, and it answers again
     from a fresh engine, in the same tritonserver."""
-    pid, lines = server.process.pid, []
+    pid, lines, done = server.process.pid, [], threading.Event()
     keeper_thread = threading.Thread(
-        target=keeper.keep_serving, args=(server, lines.append), daemon=True
-    )  # returns when the server stops
+        target=keeper.keep_serving, args=(_WatchedUntil(server, done), lines.append), daemon=True
+    )  # returns when done is set (or the server stops)
     keeper_thread.start()
-    started = time.monotonic()
-    wait_for(lambda: any("is back" in line for line in lines), timeout_s=240, interval_s=0.5)
-    print(
-        f"primary reloaded {time.monotonic() - started:.1f} s after the keeper started: "
-        + " | ".join(lines)
-    )
+    try:
+        started = time.monotonic()
+        wait_for(lambda: any("is back" in line for line in lines), timeout_s=240, interval_s=0.5)
+        print(
+            f"primary reloaded {time.monotonic() - started:.1f} s after the keeper started: "
+            + " | ".join(lines)
+        )
+    finally:
+        done.set()
+        keeper_thread.join(30)
+    assert not keeper_thread.is_alive()
     assert lines[0].startswith(
         "trident serve: the engine of model 'primary' died "
         "(trident_engine_healthy is 0); reloading it in "

@@ -1,5 +1,6 @@
 """Multi-LoRA for real: two random PEFT adapters on SmolLM2 in vLLM (CPU) inside
-tritonserver, a tiny model without adapters beside it, and `router` in front."""
+tritonserver, an engine double without adapters beside it (`plain`, the router's
+default), and `router` in front: the session's lora_server (tests/server/conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,51 +11,10 @@ from pathlib import Path
 import pytest
 
 from builder.serve import client as infer
-from support.lora import write_adapter
 from tests.helpers import metric_value
-from tests.helpers.servers import render, start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 PROMPT = "What is the capital of France?"
-
-
-@pytest.fixture(scope="module")
-def lora_server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("lora")
-    # Measured with vLLM 0.32 on CPU: with these seeds and scales the three greedy
-    # answers to PROMPT differ (base, "... is Paris, France.", one talks about "France").
-    # (seed 1, scale 0.5 gave the base answer in the venv of 2026-12-01.)
-    write_adapter(tmp / "adapters" / "paris", seed=4, scale=0.75)
-    write_adapter(tmp / "adapters" / "france", seed=2, scale=1.0)
-    spec = {
-        "name": "lora",
-        "models": [
-            {
-                "name": "tiny",
-                "engine": "vllm",
-                "model": "builtin:tiny-llama",
-                "family": "tiny",
-                "engine_args": {"max_model_len": 512},
-            },
-            {
-                "name": "smollm2",
-                "engine": "vllm",
-                "model": "builtin:smollm2-135m-instruct",
-                "family": "llama",
-                "engine_args": {"max_model_len": 1024},
-                "adapters": {
-                    "paris": str(tmp / "adapters" / "paris"),
-                    "france": str(tmp / "adapters" / "france"),
-                },
-                "lora": {"max_loras": 2, "max_lora_rank": 8},
-            },
-        ],
-        "router": {"default": ["tiny"]},
-    }
-    server = start_server(render(spec, tmp / "repo"), tmp)
-    server.adapters = tmp / "adapters"
-    yield server
-    server.stop()
 
 
 def ask(server, model="smollm2", adapter=None, prompt=PROMPT, max_tokens=16):
@@ -72,7 +32,8 @@ def test_an_adapter_broken_after_rendering_fails_alone(lora_server):
     load it inside its engine core, whose death failed every later request of every
     client; now that request is the client's error, again on a second try, and the engine
     serves the others. Then the file is written back as it was, for the tests below."""
-    weights = lora_server.adapters / "france" / "adapter_model.safetensors"
+    adapters = Path(lora_server.repository).parent / "adapters"  # configs.LORA wrote them
+    weights = adapters / "france" / "adapter_model.safetensors"
     good = weights.read_bytes()
     weights.write_bytes(b"garbage")
     try:
@@ -81,7 +42,7 @@ def test_an_adapter_broken_after_rendering_fails_alone(lora_server):
                 ask(lora_server, adapter="france")
             assert "invalid request: adapter 'france' cannot be loaded" in str(broken.value)
         assert ask(lora_server).served_by == "smollm2"
-        assert ask(lora_server, model="router").served_by == "tiny"
+        assert ask(lora_server, model="router").served_by == "plain"
     finally:
         weights.write_bytes(good)
 
@@ -136,12 +97,12 @@ def test_an_unknown_adapter_is_a_clear_error_and_the_server_keeps_serving(lora_s
         ask(lora_server, model="router", adapter="nope")
     assert "no backend holds it (adapters: france (smollm2), paris (smollm2))" in str(routed.value)
     with pytest.raises(infer.InferError, match="has adapters: none"):
-        ask(lora_server, model="tiny", adapter="paris")
+        ask(lora_server, model="plain", adapter="paris")
     assert ask(lora_server, adapter="paris").served_by == "smollm2:paris"
 
 
 def test_the_router_sends_adapter_requests_only_to_holders(lora_server):
-    assert ask(lora_server, model="router").served_by == "tiny"  # the default route
+    assert ask(lora_server, model="router").served_by == "plain"  # the default route
     for _ in range(3):
         routed = ask(lora_server, model="router", adapter="france")
         assert routed.served_by == "smollm2:france"
@@ -150,7 +111,7 @@ def test_the_router_sends_adapter_requests_only_to_holders(lora_server):
         (Path(lora_server.repository) / "router" / "1" / "router.json").read_text()
     )
     assert router_json["backends"]["smollm2"]["adapters"] == ["france", "paris"]
-    assert router_json["backends"]["tiny"]["adapters"] == []
+    assert router_json["backends"]["plain"]["adapters"] == []
     # The engine counted every adapter request among its own.
     assert (
         metric_value(
@@ -164,7 +125,7 @@ def test_the_router_sends_adapter_requests_only_to_holders(lora_server):
 
 
 def test_the_openai_frontend_passes_the_adapter_a_client_names(lora_server):
-    # Before: the frontend dropped `lora_name` and the base model (tiny) answered.
+    # Before: the frontend dropped `lora_name` and the base model (plain) answered.
     import openai
 
     from builder.serve.openai.runner import Frontend

@@ -26,48 +26,19 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from builder.serve.openai.runner import Frontend
 from builder.serve.server import free_port
-from support.sglang_double import ROOT
-from tests.helpers.servers import render, start_server
 from tests.server.test_triton_sampling import sampled_ids
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 PROMPT = "The capital of France is"
-ENGINES = ("vllm", "sglang")
-SHIM = (
-    f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-    "from support import fake_sglang\nEngine = fake_sglang.Engine\n"
+# The engine a case runs on, and the pooled server behind it (tests/server/conftest.py):
+# real vLLM (the embedded default) and the SGLang double.
+ENGINES = (
+    pytest.param("vllm", marks=pytest.mark.uses_server("default_server")),
+    pytest.param("sglang", marks=pytest.mark.uses_server("sglang_server")),
 )
-
-
-def sglang_deployment() -> dict:
-    return {
-        "name": "conformance",
-        "hardware": {"gpu": "cpu", "count": 1},
-        "models": [
-            {
-                "name": "qwen",
-                "engine": "sglang",
-                "model": "/models/test-double",
-                "family": "qwen",
-                "tasks": ["chat"],
-                "placement": {"devices": [0]},
-                "engine_args": {"tp_size": 1, "context_length": 4096, "mem_fraction_static": 0.4},
-            }
-        ],
-        "router": {"default": ["qwen"]},
-    }
-
-
-@pytest.fixture(scope="module")
-def sglang_server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("conformance")
-    repo = render(sglang_deployment(), tmp / "repo")
-    (repo / "qwen" / "1" / "sglang.py").write_text(SHIM)
-    server = start_server(repo, tmp, timeout_s=90)
-    yield server
-    server.stop()
+VLLM_ONLY = (pytest.param("vllm", marks=pytest.mark.uses_server("default_server")),)
 
 
 @pytest.fixture(scope="module")
@@ -265,7 +236,7 @@ def test_echo_puts_the_prompt_before_the_answer_once(url, engine, stream):
 # -- sampling that needs a model's numbers (vLLM) ---------------------------------------
 
 
-@pytest.mark.parametrize("engine", ["vllm"])
+@pytest.mark.parametrize("engine", VLLM_ONLY)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("mode, stream", MODES)
 def test_a_seed_makes_sampling_repeatable(url, engine, kind, mode, stream):
@@ -277,7 +248,7 @@ def test_a_seed_makes_sampling_repeatable(url, engine, kind, mode, stream):
     assert len(others | {first[0]}) > 1  # the seed is what held it, not greed
 
 
-@pytest.mark.parametrize("engine", ["vllm"])
+@pytest.mark.parametrize("engine", VLLM_ONLY)
 @pytest.mark.parametrize("bias", [-100, 100])
 @pytest.mark.parametrize("stream", [False, True])
 def test_logit_bias_bans_or_forces_a_token(url, engine, default_server, bias, stream):
@@ -453,7 +424,7 @@ def test_a_field_no_engine_can_do_is_400_naming_it(url, engine, kind, extra, par
     assert param.split(".")[0] in caught.value.message
 
 
-@pytest.mark.parametrize("engine", ["vllm"])
+@pytest.mark.parametrize("engine", VLLM_ONLY)
 def test_a_token_id_outside_the_vocabulary_is_the_clients_400(url, engine):
     with pytest.raises(openai.BadRequestError) as caught:
         ask(url, "chat", "sync", False, max_tokens=2, logit_bias={"99999999": 5})

@@ -22,7 +22,6 @@ from tests.server.test_openai_conformance import (  # noqa: F401  (fixtures)
     ask,
     frontends,
     servers,
-    sglang_server,
     sync_client,
     url,
 )

@@ -23,14 +23,7 @@ import tritonclient.grpc as grpcclient
 
 from builder.serve.openai.runner import Frontend
 from builder.serve.server import free_port
-from support.sglang_double import ROOT
-from tests.helpers.servers import render, start_server
-from tests.server.test_openai_conformance import (  # noqa: F401  (fixtures)
-    ENGINES,
-    QUESTION,
-    sglang_deployment,
-    sync_client,
-)
+from tests.server.test_openai_conformance import QUESTION, sync_client
 from tests.server.test_openai_conformance import ask as conformance_ask
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
@@ -67,31 +60,12 @@ TIME = {
 TOOLS = [WEATHER, TIME]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-# The double's answer to every unconstrained request: a call in Qwen 2.5's format.
-AUTO_REPLY = (
-    'Let me check . <tool_call> {"name": "get_weather", "arguments": '
-    '{"city": "Paris", "unit": "celsius"}} </tool_call>'
-)
-SHIM = (
-    f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
-    "from support import fake_sglang, fake_sglang_tools\n"
-    "fake_sglang_tools.install()\n"
-    f"fake_sglang.REPLY = {AUTO_REPLY!r}\n"
-    "Engine = fake_sglang.Engine\n"
+# Real vLLM (the embedded default, hermes tool parser) and the tool-calling SGLang double.
+ENGINES = (
+    pytest.param("vllm", marks=pytest.mark.uses_server("default_server")),
+    pytest.param("sglang", marks=pytest.mark.uses_server("sglang_tools_server")),
 )
 MODES = [("sync", False), ("sync", True), ("async", False), ("async", True)]
-
-
-@pytest.fixture(scope="module")
-def sglang_tools_server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("tools")
-    spec = sglang_deployment()
-    spec["models"][0]["engine_args"]["tool_call_parser"] = "qwen25"
-    repo = render(spec, tmp / "repo")
-    (repo / "qwen" / "1" / "sglang.py").write_text(SHIM)
-    server = start_server(repo, tmp, timeout_s=90)
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

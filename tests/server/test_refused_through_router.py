@@ -15,9 +15,6 @@ import pytest
 
 from builder.serve import client as infer
 from builder.serve.watch import stub_processes
-from support.sglang_double import MODEL, SHIM
-from support.sglang_double import deployment as sglang_deployment
-from tests.helpers.servers import render, start_server
 
 pytestmark = [pytest.mark.server]
 # More than the router's relay pool holds (2 x its streams + 64 = 128 threads here).
@@ -40,22 +37,17 @@ def _refusal(server, n: int) -> str:
     return "answered"
 
 
-def test_refused_requests_keep_no_thread_and_never_trip_the_breaker(tmp_path):
-    repo = render(sglang_deployment("/models/double", "cpu"), tmp_path / "repo")
-    (repo / MODEL / "1" / "sglang.py").write_text(SHIM)
-    server = start_server(repo, tmp_path, load_models=[MODEL, "router"])
-    try:
-        assert infer.stream_generate(server.grpc_url, "router", "Hello", max_tokens=4).text
-        before = _router_threads(server)
-        with ThreadPoolExecutor(CLIENTS) as pool:
-            refusals = list(pool.map(lambda n: _refusal(server, n), range(1, REFUSED + 1)))
-        for n, refusal in enumerate(refusals, 1):  # each its own, none another's
-            assert f"invalid request: max_tokens must be a positive integer, got -{n}" in (
-                refusal
-            ), refusal
-        grown = _router_threads(server) - before  # 7 in two runs here; 120+ when they leak
-        assert grown < 3 * CLIENTS, f"the router stub has {grown} more threads"
-        good = infer.stream_generate(server.grpc_url, "router", "Hello", max_tokens=4)
-        assert good.text and good.finish_reason
-    finally:
-        server.stop()
+def test_refused_requests_keep_no_thread_and_never_trip_the_breaker(sglang_check_server):
+    server = sglang_check_server
+    assert infer.stream_generate(server.grpc_url, "router", "Hello", max_tokens=4).text
+    before = _router_threads(server)
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        refusals = list(pool.map(lambda n: _refusal(server, n), range(1, REFUSED + 1)))
+    for n, refusal in enumerate(refusals, 1):  # each its own, none another's
+        assert f"invalid request: max_tokens must be a positive integer, got -{n}" in (refusal), (
+            refusal
+        )
+    grown = _router_threads(server) - before  # 7 in two runs here; 120+ when they leak
+    assert grown < 3 * CLIENTS, f"the router stub has {grown} more threads"
+    good = infer.stream_generate(server.grpc_url, "router", "Hello", max_tokens=4)
+    assert good.text and good.finish_reason

@@ -25,7 +25,7 @@ from builder.serve.server import free_port
 from builder.serve.watch import stub_processes
 from support.sglang_double import SHIM
 from tests.helpers import wait_for
-from tests.helpers.servers import free_ports, render, serve_argv
+from tests.helpers.servers import free_ports, record_spawn, render, serve_argv
 
 pytestmark = pytest.mark.server
 
@@ -66,9 +66,11 @@ def serving(tmp_path_factory):
     ports, openai = free_ports(), free_port()
     output = tmp / "serve.out"
     env = {k: v for k, v in os.environ.items() if k != admin.KEY_ENV}
+    argv = serve_argv(repo, ports, "--openai-port", str(openai), "--no-self-test")
+    started = record_spawn(argv, output, "restricted-api: trident serve")
     with open(output, "w") as out:
         proc = subprocess.Popen(
-            serve_argv(repo, ports, "--openai-port", str(openai), "--no-self-test"),
+            argv,
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -77,6 +79,7 @@ def serving(tmp_path_factory):
     try:
         wait_for(lambda: "OpenAI API:" in output.read_text() or proc.poll() is not None, 180)
         assert proc.poll() is None, output.read_text()
+        started.ready()
         found = subprocess.run(
             ["pgrep", "-f", "--", f"--http-port={ports.http}"], capture_output=True, text=True
         ).stdout.split()

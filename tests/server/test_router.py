@@ -1,8 +1,10 @@
 """The router against a real tritonserver: deploy/examples/cpu-fallback.yaml (two vLLM
-engines, `primary` and `backup`, behind `router`), one server for the whole module.
+engines, `primary` and `backup`, behind `router`): the session's fallback_server
+(tests/server/conftest.py), shared with the other tests of that configuration.
 
-The tests run in file order and share the server: routing and error cases first, then
-concurrency and cancellation, then the failure story (kill primary's stub mid-stream →
+The tests run in file order: routing and error cases first, then concurrency and
+cancellation, then the failure story, marked destructive (after the other tests of the
+server) (kill primary's stub mid-stream →
 error then final flag; traffic moves to backup, breaker opens; unload/load primary →
 traffic returns once the breaker closes). Waits poll a condition with a bounded deadline.
 """
@@ -22,7 +24,6 @@ import tritonclient.grpc as grpcclient
 
 from builder.serve.client import build_inputs, stream_generate
 from tests.helpers import http_json, metric_value, wait_for
-from tests.helpers.servers import ROOT, render, start_server
 from tests.helpers.streams import ENDLESS, GREEDY, Stream, generate
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
@@ -31,12 +32,8 @@ MODELS = ["primary", "backup", "router"]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("cpu-fallback")
-    repo = render(ROOT / "deploy" / "examples" / "cpu-fallback.yaml", tmp / "repo")
-    server = start_server(repo, tmp, load_models=MODELS)
-    yield server
-    server.stop()
+def server(fallback_server):
+    return fallback_server
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -300,6 +297,7 @@ def test_cancel_reaches_the_backend(server):
 # -- failures: kill primary, watch the fallback, restart it --------------------------------
 
 
+@pytest.mark.destructive
 def test_backend_killed_mid_stream_gives_error_then_final(server):
     stream = Stream(
         server,
@@ -323,6 +321,7 @@ def test_backend_killed_mid_stream_gives_error_then_final(server):
     assert stream.finals == 1
 
 
+@pytest.mark.destructive
 def test_traffic_moves_to_backup_and_the_breaker_opens(server):
     started = time.monotonic()
     served = [generate(server, max_tokens=2) for _ in range(3)]
@@ -333,6 +332,7 @@ def test_traffic_moves_to_backup_and_the_breaker_opens(server):
     assert metric(server, "trident_router_fallbacks_total", backend="primary") >= 1
 
 
+@pytest.mark.destructive
 def test_traffic_returns_after_primary_restarts(server):
     repository_call(server, "primary", "unload")
     wait_for(lambda: server.http_get("/v2/models/primary/ready") != 200, 60)

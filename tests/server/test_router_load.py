@@ -1,6 +1,6 @@
 """The router under load against a real tritonserver: deploy/examples/cpu-fallback.yaml
 (`primary` and `backup`, vLLM on the CPU with max_num_seqs 16, behind `router` with 32 in
-flight per backend), one server for the module.
+flight per backend): the session's fallback_server (tests/server/conftest.py).
 
 A cancel storm (streams cancelled as soon as their first chunk arrives) and an overload
 (more streams than the engines run at once, so half of them queue inside vLLM) must end
@@ -17,7 +17,7 @@ import time
 import pytest
 
 from tests.helpers import metric_value, wait_for
-from tests.helpers.servers import ROOT, render, start_server
+from tests.helpers.servers import ROOT
 from tests.helpers.streams import ENDLESS, Stream, generate
 
 # A stream quiet this long gets its backend health-probed: bls/control.py's constant,
@@ -33,12 +33,8 @@ FIRST_CHUNK_S = 90  # generous: queued streams wait for a slot on 2 busy cores
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("router-load")
-    repo = render(ROOT / "deploy" / "examples" / "cpu-fallback.yaml", tmp / "repo")
-    server = start_server(repo, tmp, load_models=["primary", "backup", "router"])
-    yield server
-    server.stop()
+def server(fallback_server):
+    return fallback_server
 
 
 def metric(server, name, **labels):

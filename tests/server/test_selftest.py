@@ -14,7 +14,7 @@ from pathlib import Path
 
 from builder.serve import selftest
 from builder.serve.server import _self_test_server
-from tests.helpers.servers import free_ports, serve_argv
+from tests.helpers.servers import free_ports, record_spawn, serve_argv
 
 # What the bundled 3.12 stub does on the GPU box: every byte of the input becomes 0x02.
 CORRUPTING = """
@@ -66,8 +66,10 @@ def test_trident_serve_refuses_a_stub_that_corrupts_strings(tmp_path):
     repo = selftest.write_repository(tmp_path / "repo", selftest.MODEL_SOURCE)
     ports = free_ports()
     env = {**os.environ, selftest.MODEL_ENV: str(model)}
+    argv = serve_argv(repo, ports)
+    record_spawn(argv, None, "selftest: trident serve refusing a corrupting stub")
     proc = subprocess.run(
-        serve_argv(repo, ports),
+        argv,
         capture_output=True,
         text=True,
         timeout=120,

@@ -22,7 +22,14 @@ from builder.serve.server import (
     shm_regions_of_group,
 )
 from builder.serve.watch import stub_processes
-from tests.helpers.servers import free_ports, listening_addresses, render, serve_argv, start_server
+from tests.helpers.servers import (
+    free_ports,
+    listening_addresses,
+    record_spawn,
+    render,
+    serve_argv,
+    start_server,
+)
 
 server_test = pytest.mark.server
 
@@ -52,20 +59,20 @@ def mixed_repo(tmp_path_factory) -> Path:
 
 @server_test
 @pytest.mark.vllm
-def test_rendered_repository_loads_and_answers(mixed_repo, tmp_path):
-    server = start_server(mixed_repo, tmp_path, load_models=["tiny", "router"])
-    try:
-        states = {m["name"]: m.get("state") for m in server.model_states()}
-        assert states["tiny"] == "READY" and states["router"] == "READY"
-        assert states["rag"] != "READY"  # present in the repository, not loaded
-        result = infer.stream_generate(
-            server.grpc_url, "router", "Hello", max_tokens=5, sampling={"temperature": 0}
-        )
-        assert result.served_by == "tiny" and result.output_tokens == 5
-        vllm_regions = {r for r in shm_regions_of_group(server.process.pid) if r.startswith("psm_")}
-        assert vllm_regions  # vLLM's engine maps its own shared memory (~240 MiB each)
-    finally:
-        server.stop()
+@pytest.mark.destructive(stops=True)
+def test_rendered_repository_loads_and_answers(fallback_server):
+    """Last on the session's fallback server (it stops it): the rendered repository
+    answers through the router, and vLLM's shared memory goes when the server stops."""
+    server = fallback_server
+    states = {m["name"]: m.get("state") for m in server.model_states()}
+    assert states["primary"] == "READY" and states["router"] == "READY"
+    result = infer.stream_generate(
+        server.grpc_url, "router", "Hello", max_tokens=5, sampling={"temperature": 0}
+    )
+    assert result.served_by == "primary" and result.output_tokens == 5
+    vllm_regions = {r for r in shm_regions_of_group(server.process.pid) if r.startswith("psm_")}
+    assert vllm_regions  # vLLM's engine maps its own shared memory (~240 MiB each)
+    server.stop()
     # vLLM leaves its psm_* regions behind when its process group is stopped: stop()
     # removes them, as it removes the Python backend's.
     assert [r for r in vllm_regions if (SHM_DIR / r).exists()] == []
@@ -75,7 +82,12 @@ def test_rendered_repository_loads_and_answers(mixed_repo, tmp_path):
 def test_router_alone_is_ready_fast(mixed_repo, tmp_path):
     started = time.monotonic()
     server = start_server(mixed_repo, tmp_path, load_models=["router"])
-    server.stop()
+    try:
+        states = {m["name"]: m.get("state") for m in server.model_states()}
+    finally:
+        server.stop()
+    assert states["router"] == "READY"
+    assert states["tiny"] != "READY" and states["rag"] != "READY"  # present, not loaded
     assert time.monotonic() - started < 30
 
 
@@ -125,8 +137,10 @@ def test_failed_model_load_is_explained(tmp_path):
 def test_trident_serve_stops_on_sigterm_and_cleans_up(mixed_repo, tmp_path):
     ports = free_ports()
     env = {k: v for k, v in os.environ.items() if k != INTERFACE.ROUTER_SECRET_ENV}
+    argv = serve_argv(mixed_repo, ports, "--load-model", "router")
+    started = record_spawn(argv, None, "serve: trident serve stopped by SIGTERM")
     proc = subprocess.Popen(
-        serve_argv(mixed_repo, ports, "--load-model", "router"),
+        argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -137,6 +151,7 @@ def test_trident_serve_stops_on_sigterm_and_cleans_up(mixed_repo, tmp_path):
         for line in proc.stdout:
             said.append(line)
             if line.startswith("ready:"):
+                started.ready()
                 assert f"127.0.0.1:{ports.grpc}" in line
                 break
         else:

@@ -12,21 +12,14 @@ from __future__ import annotations
 
 import pytest
 
-from support.sglang_double import SHIM
 from tests.gpu import check_sglang
-from tests.helpers.servers import render, start_server
 
 pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("sglang-server")
-    repo = render(check_sglang.deployment("/models/test-double", "cpu"), tmp / "repo")
-    (repo / check_sglang.MODEL / "1" / "sglang.py").write_text(SHIM)
-    server = start_server(repo, tmp, timeout_s=60)
-    yield server
-    server.stop()
+def server(sglang_check_server):
+    return sglang_check_server
 
 
 def test_streaming(server):

@@ -1,5 +1,5 @@
 """vllm_backend's clients against the real server: SmolLM2 on real vLLM behind `router`
-(deploy/default.yaml plus tenant limits), one server for the module.
+(deploy/default.yaml plus tenant limits): the session's default_server.
 
 The return_* flags and the outputs they select, over gRPC to the router and the engine
 model; streaming with the prompt in the output refused; and the OpenAI frontend with API
@@ -14,29 +14,22 @@ import json
 import numpy as np
 import openai
 import pytest
-import yaml
 
 from builder.serve.client import build_inputs, first_output
 from builder.serve.openai.runner import Frontend
 from builder.serve.server import free_port
-from tests.helpers.servers import ROOT, render, start_server
 from tests.helpers.streams import Stream
 
 pytestmark = [pytest.mark.vllm]
 
 GREEDY = {"temperature": 0}
 FLAGS = ("finish_reason", "cumulative_logprob", "logprobs", "num_input_tokens", "num_output_tokens")
-KEYS = {"sk-test-alice": "alice", "sk-test-bob": "bob"}
+KEYS = {"sk-test-limited": "limited", "sk-test-bob": "bob"}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("vllm-clients")
-    spec = yaml.safe_load((ROOT / "deploy" / "default.yaml").read_text())
-    spec["tenants"] = {"limits": {"alice": {"requests_per_minute": 2}, "bob": {}}}
-    server = start_server(render(spec, tmp / "repo"), tmp)
-    yield server
-    server.stop()
+def server(default_server):
+    return default_server
 
 
 class Recorded(Stream):
@@ -160,16 +153,16 @@ def test_a_bad_key_is_401(frontend):
 
 
 def test_a_tenant_over_its_limit_gets_429(frontend):
-    alice, bob = client(frontend, "sk-test-alice"), client(frontend, "sk-test-bob")
+    limited, bob = client(frontend, "sk-test-limited"), client(frontend, "sk-test-bob")
     assert [m.id for m in bob.models.list().data] == ["router"]  # engines not exposed
     for _ in range(2):
-        assert chat(alice).choices[0].message.content is not None
+        assert chat(limited).choices[0].message.content is not None
     with pytest.raises(openai.RateLimitError) as error:
-        chat(alice)
-    assert error.value.status_code == 429 and "alice" in str(error.value)
-    # Naming the engine model does not get alice past her limit (it did: 7 of 7).
+        chat(limited)
+    assert error.value.status_code == 429 and "limited" in str(error.value)
+    # Naming the engine model does not get a tenant past its limit (it did: 7 of 7).
     with pytest.raises(openai.NotFoundError):
-        alice.chat.completions.create(
+        limited.chat.completions.create(
             model="smollm2", max_tokens=2, messages=[{"role": "user", "content": "Hi"}]
         )
-    assert chat(bob).choices[0].finish_reason == "length"  # bob is not alice
+    assert chat(bob).choices[0].finish_reason == "length"  # bob is not limited

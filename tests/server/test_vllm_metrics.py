@@ -1,8 +1,11 @@
-"""vLLM's own metrics and vllm_backend's health check on the real server: SmolLM2 on real
-vLLM as `primary`, its config.pbtxt given ENABLE_VLLM_HEALTH_CHECK as vllm_backend's own
-test does, loaded in explicit model-control mode (so the model can unload itself).
+"""vLLM's own metrics and vllm_backend's health check on the real server: the session's
+fallback_server (tests/server/conftest.py), SmolLM2 on real vLLM as `primary`, and
+tiny-llama as `backup`, whose config.pbtxt has ENABLE_VLLM_HEALTH_CHECK as vllm_backend's
+own test does; the server runs in explicit model-control mode (so a model can unload
+itself).
 
-Tests run in file order: the engine is killed in the last one.
+The last test is destructive (backup's engine is killed and backup unloads itself): it
+runs after the other tests of that server.
 """
 
 from __future__ import annotations
@@ -10,39 +13,15 @@ from __future__ import annotations
 import json
 import threading
 
-import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 
 from builder.serve.client import build_inputs
-from tests.helpers import metric_value, wait_for
-from tests.helpers.servers import render, start_server
+from tests.helpers import engine_cores, metric_value, wait_for
 from tests.server.test_vllm_clients import Recorded
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 
-SPEC = {
-    "name": "vllm-metrics",
-    "hardware": {"gpu": "cpu"},
-    "models": [
-        {
-            "name": "primary",
-            "engine": "vllm",
-            "model": "builtin:smollm2-135m-instruct",
-            "family": "llama",
-            "tasks": ["chat"],
-            "engine_args": {
-                "max_model_len": 1024,
-                "max_num_seqs": 8,
-                "max_num_batched_tokens": 1024,
-                "block_size": 32,
-                "dtype": "float32",
-                "seed": 0,
-            },
-        }
-    ],
-    "router": {"default": ["primary"]},
-}
 # vllm_backend's clients send sampling values as strings.
 GREEDY = {"temperature": "0", "top_p": "1"}
 PROMPTS = ["The most dangerous animal is", "The capital of France is", "The future of AI is"]
@@ -50,21 +29,13 @@ UNHEALTHY = "Model is unavailable due to unhealthy vLLM engine"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("vllm-metrics")
-    repo = render(SPEC, tmp / "repo")
-    with open(repo / "primary" / "config.pbtxt", "a") as config:
-        config.write(
-            'parameters: { key: "ENABLE_VLLM_HEALTH_CHECK" value: { string_value: "true" } }\n'
-        )
-    server = start_server(repo, tmp, load_models=["primary"])
-    yield server
-    server.stop()
+def server(fallback_server):
+    return fallback_server
 
 
-def generate(server, prompt, max_tokens=8, sampling=GREEDY) -> Recorded:
+def generate(server, prompt, max_tokens=8, sampling=GREEDY, model="primary") -> Recorded:
     inputs = build_inputs(prompt, None, max_tokens, True, sampling)
-    recorded = Recorded(server, model="primary", raw_inputs=inputs)
+    recorded = Recorded(server, model=model, raw_inputs=inputs)
     try:
         assert recorded.pump(120), "no final response within 120 s"
         return recorded
@@ -151,34 +122,22 @@ def test_structured_outputs_as_a_json_string(server):
     assert refused.errors and "structured_outputs" in refused.errors[0], refused.errors
 
 
-# -- vllm_backend's health check (last: it leaves primary without an engine) -------------
+# -- vllm_backend's health check (destructive: it leaves backup without an engine) -------
 
-
-def _kill_engine_cores(server) -> None:
-    root = psutil.Process(server.process.pid)
-    cores = [p for p in root.children(recursive=True) if "EngineCore" in _name(p)]
-    assert cores, "no vLLM EngineCore process found"
-    for core in cores:
-        core.kill()
-
-
-def _name(process) -> str:
-    try:
-        return process.name() + " " + " ".join(process.cmdline())
-    except psutil.Error:
-        return ""
+# The model with ENABLE_VLLM_HEALTH_CHECK in the fallback server (tests/server/conftest.py).
+CHECKED = "backup"
 
 
 def _ready(server) -> bool:
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        return client.is_model_ready("primary")
+        return client.is_model_ready(CHECKED)
 
 
 def _first_error(server) -> str:
-    """The error of one request to primary (a refused request may get no final flag:
+    """The error of one request to CHECKED (a refused request may get no final flag:
     Triton answers a request for an unloaded model with the error alone)."""
     inputs = build_inputs("Hi", None, 2, True, GREEDY)
-    recorded = Recorded(server, model="primary", raw_inputs=inputs)
+    recorded = Recorded(server, model=CHECKED, raw_inputs=inputs)
     try:
         wait_for(lambda: recorded.pump(0.05) or recorded.errors, timeout_s=60)
         return recorded.errors[0] if recorded.errors else ""
@@ -186,9 +145,13 @@ def _first_error(server) -> str:
         recorded.close()
 
 
+@pytest.mark.destructive(rank=2)  # backup unloads itself: after everyone's
 def test_a_dead_engine_is_refused_in_vllm_backends_words_and_unloaded(server):
-    assert _ready(server) and not generate(server, "Hi", max_tokens=2).errors
-    _kill_engine_cores(server)
+    assert _ready(server) and not generate(server, "Hi", max_tokens=2, model=CHECKED).errors
+    cores = engine_cores(server, CHECKED)
+    assert cores, f"no vLLM EngineCore process of {CHECKED} found"
+    for core in cores:
+        core.kill()
     # From now on a request is refused: "engine is dead" while the engine's death is not
     # yet seen, in vllm_backend's words once it is, until the model has unloaded itself
     # (it asks within HEALTH_CHECK_S); then Triton answers that the model is unknown.

@@ -1,0 +1,160 @@
+"""The run's ledger of what makes the suite slow: every tritonserver start and every
+engine load, with how long each took, and the budget they must stay within.
+
+Server starts are recorded where they happen: a TritonServer started in this process
+(tests/conftest.py wraps its start and wait_ready), and a `trident serve` or demo
+subprocess started through tests.helpers.servers.spawn (its own self-test server counts
+too, unless it runs with --no-self-test). Engine loads are read afterwards from those
+servers' logs: every engine model writes `[<engine>] Starting the engine of model X`
+and `[<engine>] The engine of model X is ready` (trident_common/engine_model.py), so a
+reload by `trident serve`'s keeper or through model control counts as well.
+
+The budget is the one place that says how many starts a run may cost: a test that adds
+a private server or another real vLLM engine makes the run fail here, so the cost is
+a decision someone names (tests/README.md says how to add a server test).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# What one full run may cost: the counts of the last full run that changed them (each
+# run prints its own beside these). Issue 33's target is 12 tritonserver starts and 4
+# real vLLM loads; the gap is the private servers of tests/server's remaining modules
+# (tests/README.md), which only come down from here.
+BUDGET = {
+    "tritonserver starts": 36,
+    "real vLLM loads": 5,
+    "vLLM reloads": 6,
+}
+SLOWEST_SHOWN = 8
+
+# Triton's log prefix: level, MMDD, time, thread, source, then the message.
+_LINE = re.compile(
+    r"^[IWE]\d{4} (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d\.\d+) .*?"
+    r"\[(?P<engine>\w+)\] (?P<what>Starting the engine|The engine) of model "
+    r"(?P<model>[^\s\"]+?)(?P<ready> is ready)?\"?$"
+)
+
+
+@dataclass
+class Start:
+    kind: str  # "tritonserver", "self-test" or "trident serve"
+    label: str  # what it serves: the repository's folder, or the command
+    log: Path | None  # where its output (and its engines' lines) went
+    began: float = field(default_factory=time.monotonic)
+    seconds: float | None = None  # to ready; None: it never became ready
+    tritonservers: int = 1  # a `trident serve` subprocess may start a self-test server too
+
+    def ready(self) -> None:
+        if self.seconds is None:
+            self.seconds = time.monotonic() - self.began
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    engine: str  # the model's log tag: vllm, sglang (the double here), ...
+    model: str
+    seconds: float | None  # None: the log shows no ready line (it failed, or was cut)
+    log: Path
+
+
+def _clock(match: re.Match) -> float:
+    return int(match["h"]) * 3600 + int(match["m"]) * 60 + float(match["s"])
+
+
+def engine_loads(log: Path) -> list[EngineLoad]:
+    """Every engine load one server's log shows, in order."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    loads, pending = [], {}
+    for line in lines:
+        match = _LINE.match(line.strip())
+        if match is None:
+            continue
+        key = (match["engine"], match["model"])
+        if match["what"] == "Starting the engine":
+            if key in pending:  # started again before it was ready: the first failed
+                loads.append(EngineLoad(*key, None, log))
+            pending[key] = _clock(match)
+        elif match["ready"] and key in pending:
+            seconds = (_clock(match) - pending.pop(key)) % 86400  # past midnight
+            loads.append(EngineLoad(*key, seconds, log))
+    loads += [EngineLoad(*key, None, log) for key in pending]
+    return loads
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.starts: list[Start] = []
+        self.direct_loads: list[EngineLoad] = []  # engines a test runs without a server
+
+    def engine_without_server(self, engine: str, label: str, seconds: float) -> None:
+        """An engine a test starts in a process of its own, outside tritonserver."""
+        self.direct_loads.append(EngineLoad(engine, label, seconds, Path(label)))
+
+    def record(self, kind: str, label: str, log: Path | None, tritonservers: int = 1) -> Start:
+        start = Start(kind, label, log, tritonservers=tritonservers)
+        self.starts.append(start)
+        return start
+
+    def engine_loads(self) -> list[EngineLoad]:
+        logs = dict.fromkeys(s.log for s in self.starts if s.log is not None)
+        return [load for log in logs for load in engine_loads(log)] + self.direct_loads
+
+    def counts(self) -> dict[str, int]:
+        """A model's first load in a server is a load; loading it again there (model
+        control, or `trident serve`'s keeper after a death) is a reload."""
+        seen: set[tuple[Path, str]] = set()
+        counts = dict.fromkeys(("real vLLM loads", "vLLM reloads", "engine double loads"), 0)
+        for load in self.engine_loads():
+            first = (load.log, load.model) not in seen
+            seen.add((load.log, load.model))
+            if load.engine != "vllm":
+                counts["engine double loads"] += 1
+            else:
+                counts["real vLLM loads" if first else "vLLM reloads"] += 1
+        return {"tritonserver starts": sum(s.tritonservers for s in self.starts), **counts}
+
+    def over_budget(self) -> list[str]:
+        counts = self.counts()
+        return [
+            f"{what}: {counts[what]} > budget {limit} (tests/helpers/ledger.py)"
+            for what, limit in BUDGET.items()
+            if counts[what] > limit
+        ]
+
+    def summary(self) -> list[str]:
+        """The lines printed at the end of the run."""
+        counts = self.counts()
+        lines = [
+            ", ".join(
+                f"{what}: {n}" + (f" (budget {BUDGET[what]})" if what in BUDGET else "")
+                for what, n in counts.items()
+            )
+        ]
+        if not self.starts:
+            return lines
+        lines.append(
+            f"server time to ready: {sum(s.seconds or 0 for s in self.starts):.0f} s; slowest:"
+        )
+        slowest = sorted(self.starts, key=lambda s: -(s.seconds or 0))[:SLOWEST_SHOWN]
+        for s in slowest:
+            took = "never ready" if s.seconds is None else f"{s.seconds:6.1f} s"
+            lines.append(f"  {took}  {s.kind:14} {s.label}")
+        loads = sorted(self.engine_loads(), key=lambda e: -(e.seconds or 0))[:SLOWEST_SHOWN]
+        if loads:
+            lines.append("engine loads, slowest:")
+        for e in loads:
+            took = "not ready" if e.seconds is None else f"{e.seconds:6.1f} s"
+            where = e.log.parent.name if e not in self.direct_loads else "no server"
+            lines.append(f"  {took}  {e.engine:14} {e.model} ({where})")
+        return lines
+
+
+LEDGER = Ledger()  # one per pytest process

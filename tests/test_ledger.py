@@ -1,0 +1,48 @@
+"""The run's ledger (tests/helpers/ledger.py) reads engine loads from real Triton log
+lines and counts a model loaded again in the same server as a reload."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import ledger
+
+# Lines as the Python backend's logger writes them into tritonserver's log.
+LOG = """\
+I1204 00:02:11.500893 15230 log.py:58] "[vllm] Starting the engine of model backup"
+(EngineCore pid=15286) INFO 12-04 00:02:35 [core.py:133] Initializing a V1 LLM engine
+I1204 00:02:47.084372 15230 log.py:58] "[vllm] The engine of model backup is ready"
+I1204 00:02:47.329913 15230 log.py:58] "[vllm] Starting the engine of model primary"
+I1204 00:03:28.545910 15230 log.py:58] "[vllm] The engine of model primary is ready"
+I1204 00:03:30.000000 15230 log.py:58] "[sglang] Starting the engine of model qwen"
+I1204 00:03:32.500000 15230 log.py:58] "[sglang] The engine of model qwen is ready"
+I1204 23:59:50.000000 15230 log.py:58] "[vllm] Starting the engine of model primary"
+I1205 00:00:30.000000 15230 log.py:58] "[vllm] The engine of model primary is ready"
+I1205 00:01:00.000000 15230 log.py:58] "[vllm] Starting the engine of model backup"
+"""
+
+
+def test_loads_reloads_and_a_load_that_never_finished(tmp_path, monkeypatch):
+    log = tmp_path / "tritonserver.log"
+    log.write_text(LOG)
+    loads = ledger.engine_loads(log)
+    assert [(e.engine, e.model, e.seconds) for e in loads] == [
+        ("vllm", "backup", pytest.approx(35.583479)),
+        ("vllm", "primary", pytest.approx(41.215997)),
+        ("sglang", "qwen", 2.5),
+        ("vllm", "primary", 40.0),  # across midnight
+        ("vllm", "backup", None),  # the log ends before it was ready
+    ]
+    runs = ledger.Ledger()
+    runs.record("tritonserver", "fallback0/repo", log).ready()
+    runs.record("trident serve", "a subprocess", None, tritonservers=2)
+    counts = runs.counts()
+    assert counts == {
+        "tritonserver starts": 3,
+        "real vLLM loads": 2,
+        "vLLM reloads": 2,
+        "engine double loads": 1,
+    }
+    assert any("never ready" in line for line in runs.summary())
+    monkeypatch.setattr(ledger, "BUDGET", {"tritonserver starts": 3, "real vLLM loads": 1})
+    assert runs.over_budget() == ["real vLLM loads: 2 > budget 1 (tests/helpers/ledger.py)"]
