@@ -89,6 +89,24 @@ def pytest_configure(config):
     TritonServer.wait_ready = _recorded_wait_ready(TritonServer.wait_ready)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """A run that spent more starts than the budget fails, whatever its tests said. A
+    pytest-xdist worker hands its ledger to the controller, which judges the whole run."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["ledger"] = LEDGER.to_json()
+    elif LEDGER.over_budget() and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist: a worker finished; its servers and engines join the run's ledger."""
+    ledger = getattr(node, "workeroutput", {}).get("ledger")
+    if ledger is not None:
+        LEDGER.merge(ledger)
+
+
 def pytest_terminal_summary(terminalreporter):
     reporter = terminalreporter
     if not LEDGER.starts:
@@ -98,9 +116,3 @@ def pytest_terminal_summary(terminalreporter):
         reporter.write_line(line)
     for line in LEDGER.over_budget():
         reporter.write_line(f"OVER BUDGET: {line}", red=True)
-
-
-def pytest_sessionfinish(session, exitstatus):
-    """A run that spent more starts than the budget fails, whatever its tests said."""
-    if LEDGER.over_budget() and exitstatus == 0:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED

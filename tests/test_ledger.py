@@ -20,6 +20,13 @@ I1204 23:59:50.000000 15230 log.py:58] "[vllm] Starting the engine of model prim
 I1205 00:00:30.000000 15230 log.py:58] "[vllm] The engine of model primary is ready"
 I1205 00:01:00.000000 15230 log.py:58] "[vllm] Starting the engine of model backup"
 """
+# The paced AsyncLLM double's load (support/engine_doubles), and a model that fails.
+DOUBLE_LOG = """\
+I1204 01:00:00.000000 15230 log.py:58] "[vllm] Starting the engine of model smollm2"
+[vllm double] the paced AsyncLLM double stands in for vLLM
+I1204 01:00:01.500000 15230 log.py:58] "[vllm] The engine of model smollm2 is ready"
+I1204 01:00:02.000000 15230 log.py:58] "[vllm] Starting the engine of model ghost"
+"""
 
 
 def test_loads_reloads_and_a_load_that_never_finished(tmp_path, monkeypatch):
@@ -37,12 +44,47 @@ def test_loads_reloads_and_a_load_that_never_finished(tmp_path, monkeypatch):
     runs.record("tritonserver", "fallback0/repo", log).ready()
     runs.record("trident serve", "a subprocess", None, tritonservers=2)
     counts = runs.counts()
-    assert counts == {
+    assert counts == {  # the load that never finished is listed, not counted
         "tritonserver starts": 3,
         "real vLLM loads": 2,
-        "vLLM reloads": 2,
+        "vLLM reloads": 1,
         "engine double loads": 1,
     }
     assert any("never ready" in line for line in runs.summary())
     monkeypatch.setattr(ledger, "BUDGET", {"tritonserver starts": 3, "real vLLM loads": 1})
     assert runs.over_budget() == ["real vLLM loads: 2 > budget 1 (tests/helpers/ledger.py)"]
+
+
+def test_the_vllm_doubles_loads_and_failed_loads_are_no_real_vllm_loads(tmp_path):
+    log = tmp_path / "tritonserver.log"
+    log.write_text(DOUBLE_LOG)
+    assert [(e.engine, e.model, e.seconds) for e in ledger.engine_loads(log)] == [
+        ("vllm double", "smollm2", 1.5),
+        ("vllm", "ghost", None),
+    ]
+    runs = ledger.Ledger()
+    runs.record("tritonserver", "vllm-double0/repo", log).ready()
+    assert runs.counts() == {
+        "tritonserver starts": 1,
+        "real vLLM loads": 0,
+        "vLLM reloads": 0,
+        "engine double loads": 1,
+    }
+
+
+def test_a_workers_ledger_joins_the_controllers(tmp_path):
+    """pytest-xdist: each worker's starts and engine loads count in the run's ledger."""
+    log = tmp_path / "tritonserver.log"
+    log.write_text(LOG)
+    worker = ledger.Ledger()
+    worker.record("tritonserver", "fallback0/repo", log).ready()
+    worker.engine_without_server("vllm", "kv-events", 30.0)
+    run = ledger.Ledger()
+    run.record("trident serve", "a subprocess", None, tritonservers=2)
+    run.merge(worker.to_json())
+    assert run.counts() == {
+        "tritonserver starts": 3,
+        "real vLLM loads": 3,
+        "vLLM reloads": 1,
+        "engine double loads": 1,
+    }

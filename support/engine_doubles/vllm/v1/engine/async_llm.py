@@ -4,6 +4,7 @@ are its words. Outputs are DELTA or CUMULATIVE as the SamplingParams ask; tokens
 while the reader was busy arrive merged in one output, as vLLM's output collector does.
 The stat loggers get vLLM's scheduler and iteration stats once per step."""
 
+import sys
 import time
 
 from support.pacing import PacedBatch, Rate, RateSource, StepStats
@@ -32,6 +33,9 @@ class AsyncLLM:
         (vllm_backend's); both carry the double's rate settings."""
         if not isinstance(config, VllmConfig):
             config = config.create_engine_config()
+        # Into the server's log: the test suite's ledger counts this load as the double's,
+        # not as a real vLLM engine's (tests/helpers/ledger.py, DOUBLE_MARK).
+        print("[vllm double] the paced AsyncLLM double stands in for vLLM", file=sys.stderr)
         self.errored, self.dead_error = False, None
         self._source = RateSource(Rate.from_dict(config.rate), config.rate_control)
         self._loggers = [factory(config, 0) for factory in stat_loggers or ()]
