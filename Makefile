@@ -62,8 +62,10 @@ run: repo
 	$(BIN)/python -m builder.serve.demo --repo $(REPO)
 
 # The tenants' tests need redis-server: a fresh machine gets it before the suite runs.
+# Two pytest-xdist workers, one lane (xdist group) each for the real-vLLM servers and for
+# the doubles' servers, the rest shared (tests/server/conftest.py says why and what it saved).
 test: install redis-server
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist loadgroup
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not server and not vllm and not s3"

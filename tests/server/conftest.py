@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _pytest.nodeid import NodeId
 
 from tests.helpers.pool import Pool
 from tests.server import configs
@@ -71,26 +72,68 @@ def _order(item, index: int) -> tuple:
     return (group, stage, rank, index)
 
 
-_last_user: dict[str, list[str]] = {}  # nodeid -> the servers to stop after it
+# The servers to stop after a test (kept on the item: pytest-xdist renames node ids).
+_RELEASE = pytest.StashKey[list[str]]()
+
+# Two lanes for pytest-xdist (`make test` runs two workers, --dist loadgroup): each lane
+# is one xdist group, so one worker runs all its tests in the order set here. The vLLM
+# lane holds the servers with real vLLM engines and every test of a real engine: vLLM on
+# CPU binds its engine to one core and leaves the other to the rest (the doubles'
+# servers, in the servers lane, then the tests that start no server, spread over both
+# workers as they come free). The S3 tests share one SeaweedFS, so one worker runs them.
+VLLM_SERVERS = {configs.DEFAULT.name, configs.FALLBACK.name, configs.LORA.name}
 
 
+def lane(item) -> str | None:
+    names = configs_of(item)
+    if VLLM_SERVERS & set(names) or (not names and item.get_closest_marker("vllm")):
+        return "vllm"
+    if names or SERVER_TESTS in Path(str(item.fspath)).parents:
+        return "servers"
+    if item.get_closest_marker("s3"):
+        return "s3"
+    return None
+
+
+LANES = ("vllm", "servers", "s3")  # the order they start in: the longest first
+
+
+def _suffix(item, group: str) -> None:
+    """The `@group` suffix of a node id, by which --dist loadgroup keeps a group on one
+    worker. pytest-xdist 3.8 writes it to `item._nodeid`, which pytest 9.2 no longer
+    reads (a node's id is `_id` there), so every group would be split across workers."""
+    if "@" not in item.nodeid:
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
+# First of the hooks: pytest-xdist's own (in each worker) reads the xdist_group marks.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     places = [i for i, item in enumerate(items) if SERVER_TESTS in Path(str(item.fspath)).parents]
     ordered = sorted(places, key=lambda i: _order(items[i], i))
     for place, item in zip(places, [items[i] for i in ordered], strict=True):
         items[place] = item
-    _last_user.clear()
-    last: dict[str, str] = {}
+    lanes = {id(item): lane(item) for item in items}
+    grouping = config.getvalue("dist") == "loadgroup" or getattr(config.option, "loadgroup", False)
+    for item in items:
+        if lanes[id(item)] is not None:
+            item.add_marker(pytest.mark.xdist_group(lanes[id(item)]))
+            if grouping:
+                _suffix(item, lanes[id(item)])
+    # Each lane's tests first, the longest lane first (a stable sort keeps their order).
+    rank = {name: i for i, name in enumerate(LANES)}
+    items.sort(key=lambda item: rank.get(lanes[id(item)], len(LANES)))
+    last: dict[str, pytest.Item] = {}
     for item in items:
         for name in configs_of(item):
-            last[name] = item.nodeid
-    for name, nodeid in last.items():
-        _last_user.setdefault(nodeid, []).append(name)
+            last[name] = item
+    for name, item in last.items():
+        item.stash.setdefault(_RELEASE, []).append(name)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     yield
-    for name in _last_user.get(item.nodeid, []):
+    for name in item.stash.get(_RELEASE, []):
         for pool in _pools:
             pool.release(name)
