@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from support.lora import write_adapter
+from support.pacing import Rate
 from tests.helpers.pool import ServerConfig, check_distinct
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,11 +185,15 @@ def _check_double_and_relays(repo: Path) -> None:
 def _check_deployment(folder: Path) -> dict:
     from support.sglang_double import deployment
 
-    return deployment("/models/test-double", "cpu")
+    spec = deployment("/models/test-double", "cpu")
+    # test_router_trust's tenants: the router sets their cache salt and priority.
+    spec["tenants"] = {"limits": {"alice": {"tier": "premium"}, "bob": {"tier": "batch"}}}
+    return spec
 
 
 # The SGLang GPU check's deployment (support/sglang_double.py) on the slower, longer
-# double, with the benchmarks' bare BLS relays beside the router.
+# double, with tenants, and the benchmarks' bare BLS relays beside the router. The
+# router-trust, reload, BLS-floor and refused-request tests share it.
 SGLANG_CHECK = ServerConfig(
     "sglang_check_server",
     _check_deployment,
@@ -197,5 +202,39 @@ SGLANG_CHECK = ServerConfig(
     ),
     timeout_s=90,
 )
-CONFIGS = [DEFAULT, FALLBACK, LORA, SGLANG, SGLANG_TOOLS, SGLANG_CHECK]
+
+
+# -- trident's vLLM model on the paced AsyncLLM double (support/vllm_double.py) ------------
+
+VLLM_DOUBLE_MODEL = "smollm2"
+VLLM_DOUBLE_PACE = Rate(ttft_s=0.2, tokens_per_s=50)
+
+
+def double_rate_file(server) -> Path:
+    """The file the double reads its pace from (support.vllm_double.write_rate)."""
+    return Path(server.repository).parent / "rate.json"
+
+
+def _vllm_double(repo: Path) -> None:
+    from support.vllm_double import make_environment, use_double
+
+    folder = repo.parent
+    use_double(
+        repo,
+        VLLM_DOUBLE_MODEL,
+        make_environment(folder / "env"),
+        folder / "rate.json",
+        VLLM_DOUBLE_PACE,
+    )
+
+
+# deploy/default.yaml with its vLLM model's engine the double: what bench/gpu_rate.py
+# stands on, and where the vLLM model's reloads are tried without vLLM's ~45 s start.
+VLLM_DOUBLE = ServerConfig(
+    "vllm_double_server",
+    lambda folder: _spec_file(ROOT / "deploy" / "default.yaml"),
+    prepare=(("the paced AsyncLLM double for smollm2 (0.2 s, 50 tokens/s)", _vllm_double),),
+    timeout_s=60,
+)
+CONFIGS = [DEFAULT, FALLBACK, LORA, SGLANG, SGLANG_TOOLS, SGLANG_CHECK, VLLM_DOUBLE]
 check_distinct(CONFIGS)

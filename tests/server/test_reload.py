@@ -4,9 +4,9 @@ Triton 2.51 shares a custom metric's Prometheus series between every stub that c
 the same family and labels, and frees it when one of them deletes its Metric: the old
 instance of a reloaded model used to free the series its successor was writing, and the
 next observation killed the server (trident_common.metrics). Here each model kind that
-runs on this machine (vLLM, on the session's fallback server; the SGLang model with its
-engine double and the router, on this module's server) is loaded,
-loaded again, unloaded and loaded, waiting each time until the old instance's stub has
+runs on this machine (the vLLM model on the paced AsyncLLM double, the SGLang model on its
+engine double, and the router; the session's vllm_double_server and sglang_check_server)
+is loaded, loaded again, unloaded and loaded, waiting each time until the old instance's stub has
 exited (so its finalize has run), and must answer correctly all along; its histograms keep
 counting across the instances. The lifecycle's own rules are checked first, without a
 server, against the pb_utils double.
@@ -28,27 +28,13 @@ import tritonclient.grpc as grpcclient
 
 from builder.serve import client as infer
 from builder.serve.watch import stub_processes
-from support.sglang_double import SHIM
 from tests.fakes import fake_pb_utils as pb
 from tests.helpers import metric_value, wait_for
-from tests.helpers.servers import render, start_server
+from tests.server.configs import VLLM_DOUBLE_MODEL
 
 server_test = pytest.mark.server
 
-SPEC = {
-    "name": "reload",
-    "hardware": {"gpu": "cpu"},
-    "models": [
-        {
-            "name": "qwen",
-            "engine": "sglang",
-            "model": "/models/test-double",
-            "engine_args": {"context_length": 4096},
-        },
-    ],
-    "router": {"default": ["qwen"]},
-}
-DOUBLE_REPLY = " w0 w1 w2 w3"  # the SGLang double's first four words (SHIM)
+DOUBLE_REPLY = " w0 w1 w2 w3"  # the SGLang double's first four words (support/sglang_double.py)
 
 
 def test_metrics_outlive_their_set_and_drop_writes_once_closed(monkeypatch):
@@ -69,13 +55,11 @@ def test_metrics_outlive_their_set_and_drop_writes_once_closed(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("reload")
-    repo = render(SPEC, tmp / "repo")
-    (repo / "qwen" / "1" / "sglang.py").write_text(SHIM)
-    server = start_server(repo, tmp, load_models=["qwen", "router"], timeout_s=120)
-    yield server
-    server.stop()
+def server(sglang_check_server):
+    """The SGLang model on its engine double (support/sglang_double.py) behind the router:
+    the session's sglang_check_server. Every test here reloads or stops what the other
+    tests of that server use, so all run after them (destructive)."""
+    return sglang_check_server
 
 
 def control(server, model: str, action: str) -> None:
@@ -136,6 +120,7 @@ def reload_and_check(server, model: str, histogram: str, labels: dict, expected:
 
 
 @server_test
+@pytest.mark.destructive
 def test_sglang_model_survives_reloads(server):
     reload_and_check(
         server,
@@ -147,6 +132,7 @@ def test_sglang_model_survives_reloads(server):
 
 
 @server_test
+@pytest.mark.destructive
 def test_router_survives_reloads(server):
     reload_and_check(
         server,
@@ -167,15 +153,18 @@ CRASH = re.compile(
 
 
 @server_test
-@pytest.mark.vllm
-def test_vllm_model_survives_reloads(fallback_server):
-    """On the session's fallback server (tests/server/conftest.py): its vLLM `backup`
-    (tiny-llama) is loaded again, then unloaded and loaded twice in a row. Each unload
-    used to end in a segfault of the stub (the unload itself succeeded: the model's
-    ResponseFactory kept two pb_utils.Tensor objects for the model's whole life, and the
-    stub tore down its shared memory before Python freed them); the server's log (the
-    stubs' stderr goes there) must show no crash."""
-    server, model = fallback_server, "backup"
+@pytest.mark.destructive
+def test_vllm_model_survives_reloads(vllm_double_server):
+    """trident's vLLM model (its real model.py, engine model and metrics; the engine the
+    paced AsyncLLM double, so a load takes seconds, not vLLM's ~45 s start), on the
+    session's vllm_double_server: loaded again, then unloaded and loaded twice in a row.
+    Each unload used to end in a segfault of the stub (the unload itself succeeded: the
+    model's ResponseFactory kept two pb_utils.Tensor objects for the model's whole life,
+    and the stub tore down its shared memory before Python freed them); the server's log
+    (the stubs' stderr goes there) must show no crash. A real vLLM engine's unload and
+    load is test_router's test_traffic_returns_after_primary_restarts, and its reload
+    by the keeper test_engine_faults' test_trident_serve_reloads_the_model_whose_engine_died."""
+    server, model = vllm_double_server, VLLM_DOUBLE_MODEL
     log_start = server.log_path.stat().st_size
     text, served_by, tokens = answer(server, model)
     assert served_by == model and tokens == 4
@@ -194,6 +183,7 @@ def test_vllm_model_survives_reloads(fallback_server):
 
 
 @server_test
+@pytest.mark.destructive
 def test_unload_with_a_stream_in_flight(server):
     """The stream ends (final flag), the server lives, and the model serves once loaded."""
     responses: queue.Queue = queue.Queue()
@@ -236,6 +226,7 @@ def _ends(responses: queue.Queue, timeout_s: float) -> bool:
 
 
 @server_test
+@pytest.mark.destructive(stops=True)
 def test_server_stops_cleanly_after_the_reloads(server):
     """Last in this module: every old instance is gone, so shutdown finalizes only the
     current ones; nothing crashes on the way out. (Its exit status may be 1 on a busy

@@ -12,32 +12,28 @@ proof held) and still abort in the engine when their client cancels.
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 
+from builder.render.context import INTERFACE
 from builder.serve.client import build_inputs
 from support.grpc_stream import Stream, generate
-from support.sglang_double import MODEL, SHIM, deployment
+from support.sglang_double import MODEL
 from tests.gpu import check_sglang
 from tests.helpers import bad_requests
-from tests.helpers.servers import render, start_server
-from trident_common.interface import ROUTER_SECRET_ENV
 
 pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("router-trust")
-    spec = deployment("/models/test-double", "cpu")
-    spec["tenants"] = {"limits": {"alice": {"tier": "premium"}, "bob": {"tier": "batch"}}}
-    repo = render(spec, tmp / "repo")
-    (repo / MODEL / "1" / "sglang.py").write_text(SHIM)
-    with pytest.MonkeyPatch.context() as env:  # as `trident serve` gives every server one
-        env.setenv(ROUTER_SECRET_ENV, uuid.uuid4().hex + uuid.uuid4().hex)
-        server = start_server(repo, tmp, timeout_s=60)
-    yield server
-    server.stop()
+def server(sglang_check_server):
+    """The session's sglang_check_server (tests/server/configs.py): its tenants alice and
+    bob are this module's; its router secret is the one every server started by
+    builder.serve.server gets, as under `trident serve`."""
+    environ = Path(f"/proc/{sglang_check_server.process.pid}/environ").read_bytes()
+    assert f"{INTERFACE.ROUTER_SECRET_ENV}=".encode() in environ
+    return sglang_check_server
 
 
 def direct(server, *extra, max_tokens=40, request_id=None) -> Stream:

@@ -17,24 +17,17 @@ import tritonclient.grpc as grpcclient
 from builder.serve.client import build_inputs, first_output
 from support.grpc_stream import generate
 from support.pacing import Rate
-from support.vllm_double import make_environment, use_double, write_rate
-from tests.helpers.servers import ROOT, render, start_server
+from support.vllm_double import write_rate
+from tests.server.configs import VLLM_DOUBLE_MODEL as MODEL
+from tests.server.configs import VLLM_DOUBLE_PACE, double_rate_file
 
 pytestmark = pytest.mark.server
-MODEL = "smollm2"
 
 
 @pytest.fixture(scope="module")
-def paced(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("vllm-double")
-    repo = render(ROOT / "deploy" / "default.yaml", tmp / "repo")
-    control = tmp / "rate.json"
-    use_double(
-        repo, MODEL, make_environment(tmp / "env"), control, Rate(ttft_s=0.2, tokens_per_s=50)
-    )
-    server = start_server(repo, tmp, timeout_s=60)
-    yield server, control
-    server.stop()
+def paced(vllm_double_server):
+    """The session's vllm_double_server (tests/server/configs.py) and its rate file."""
+    return vllm_double_server, double_rate_file(vllm_double_server)
 
 
 @pytest.mark.parametrize("model", [MODEL, "router"])
@@ -112,7 +105,7 @@ def test_coalesced_responses_carry_every_token_once_and_one_final_flag(paced, pe
     try:
         streams = _stream_all(server.grpc_url, MODEL, 24, 200, per_response)
     finally:
-        write_rate(control, Rate(ttft_s=0.2, tokens_per_s=50))
+        write_rate(control, VLLM_DOUBLE_PACE)
     expected = "".join(f" w{i}" for i in range(200))
     for responses in streams:
         assert "".join(text for text, _, _ in responses) == expected
