@@ -26,6 +26,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from builder.serve.openai.runner import Frontend
 from builder.serve.server import free_port
+from tests.server.client_matrix import engine_modes, engine_streams, real_modes
 from tests.server.test_triton_sampling import sampled_ids
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
@@ -141,16 +142,14 @@ def usage_of(answer):
     return with_usage[0].usage
 
 
-MODES = [("sync", False), ("sync", True), ("async", False), ("async", True)]
 KINDS = ("chat", "completion")
 
 
-# -- the basics, every engine, mode and kind --------------------------------------------
+# -- the basics, every engine and kind (client modes: client_matrix.py) ---------------------
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("mode, stream", MODES)
+@pytest.mark.parametrize("engine, mode, stream", engine_modes("sglang_server"))
 def test_an_answer_parses_and_ends_once(url, engine, kind, mode, stream):
     extra = {"stream_options": {"include_usage": True}} if stream else {}
     answer = ask(url, kind, mode, stream, max_tokens=8, **extra)
@@ -165,9 +164,8 @@ def test_an_answer_parses_and_ends_once(url, engine, kind, mode, stream):
         assert all(c.id == answer[0].id for c in answer)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("engine, stream", engine_streams("sglang_server"))
 def test_the_token_limit_ends_with_length(url, engine, kind, stream):
     limit = {"max_completion_tokens": 3} if kind == "chat" else {"max_tokens": 3}
     extra = {"stream_options": {"include_usage": True}} if stream else {}
@@ -176,9 +174,8 @@ def test_the_token_limit_ends_with_length(url, engine, kind, stream):
     assert usage_of(answer).completion_tokens == 3
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("stop", ["Paris", ["Zanzibar", "Paris"]], ids=["string", "list"])
-@pytest.mark.parametrize("mode, stream", MODES)
+@pytest.mark.parametrize("engine, mode, stream", engine_modes("sglang_server"))
 def test_a_stop_string_ends_the_answer_before_it(url, engine, stop, mode, stream):
     whole = texts(ask(url, "completion", "sync", False, max_tokens=12), "completion")[0]
     assert "Paris" in whole  # both engines say it (SmolLM2 greedy; the double's REPLY)
@@ -188,9 +185,8 @@ def test_a_stop_string_ends_the_answer_before_it(url, engine, stop, mode, stream
     assert reasons(answer) == {0: ["stop"]}
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("mode, stream", MODES)
+@pytest.mark.parametrize("engine, mode, stream", engine_modes("sglang_server"))
 def test_n_choices_each_with_its_index_reason_and_usage(url, engine, kind, mode, stream):
     extra = {"stream_options": {"include_usage": True}} if stream else {}
     answer = ask(url, kind, mode, stream, n=3, max_tokens=4, temperature=1.0, seed=11, **extra)
@@ -217,16 +213,14 @@ def test_usage_is_the_last_chunk_only_when_asked(url, engine, kind):
     assert texts(counted, kind) == texts(whole, kind) == texts(plain, kind)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("engine, stream", engine_streams("sglang_server"))
 def test_user_is_accepted_and_changes_nothing(url, engine, stream):
     plain = ask(url, "chat", "sync", stream, max_tokens=6)
     tagged = ask(url, "chat", "sync", stream, max_tokens=6, user="user-1234")
     assert texts(tagged, "chat") == texts(plain, "chat")
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("engine, stream", engine_streams("sglang_server"))
 def test_echo_puts_the_prompt_before_the_answer_once(url, engine, stream):
     answer = ask(url, "completion", "sync", stream, max_tokens=4, echo=True)
     plain = ask(url, "completion", "sync", False, max_tokens=4)
@@ -236,9 +230,8 @@ def test_echo_puts_the_prompt_before_the_answer_once(url, engine, stream):
 # -- sampling that needs a model's numbers (vLLM) ---------------------------------------
 
 
-@pytest.mark.parametrize("engine", VLLM_ONLY)
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("mode, stream", MODES)
+@pytest.mark.parametrize("engine, mode, stream", real_modes())
 def test_a_seed_makes_sampling_repeatable(url, engine, kind, mode, stream):
     options = {"max_tokens": 8, "temperature": 1.5, "top_p": 1.0}
     first = texts(ask(url, kind, mode, stream, seed=1234, **options), kind)
@@ -250,7 +243,7 @@ def test_a_seed_makes_sampling_repeatable(url, engine, kind, mode, stream):
 
 @pytest.mark.parametrize("engine", VLLM_ONLY)
 @pytest.mark.parametrize("bias", [-100, 100])
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("stream", [True], ids=["stream"])
 def test_logit_bias_bans_or_forces_a_token(url, engine, default_server, bias, stream):
     ids = sampled_ids(default_server, PROMPT, 4)
     plain = ask(url, "completion", "sync", False, max_tokens=4, logprobs=0)
@@ -274,9 +267,8 @@ def test_logit_bias_bans_or_forces_a_token(url, engine, default_server, bias, st
 # -- logprobs ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("top", [None, 1, 3])
-@pytest.mark.parametrize("mode, stream", MODES)
+@pytest.mark.parametrize("engine, mode, stream", engine_modes("sglang_server"))
 def test_chat_logprobs_cover_every_token_in_openais_shape(url, engine, top, mode, stream):
     extra = {} if top is None else {"top_logprobs": top}
     answer = ask(url, "chat", mode, stream, max_tokens=6, logprobs=True, **extra)
@@ -297,9 +289,8 @@ def test_chat_logprobs_cover_every_token_in_openais_shape(url, engine, top, mode
             assert math.isclose(token.top_logprobs[0].logprob, token.logprob, abs_tol=1e-4)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("top", [0, 2, 5])
-@pytest.mark.parametrize("mode, stream", MODES)
+@pytest.mark.parametrize("engine, mode, stream", engine_modes("sglang_server"))
 def test_completion_logprobs_are_parallel_lists(url, engine, top, mode, stream):
     answer = ask(url, "completion", mode, stream, max_tokens=6, logprobs=top)
     chunks = answer if stream else [answer]
@@ -316,8 +307,7 @@ def test_completion_logprobs_are_parallel_lists(url, engine, top, mode, stream):
         assert max(top, 1) <= len(best) <= top + 1
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("engine, stream", engine_streams("sglang_server"))
 def test_n_with_logprobs_gives_each_choice_its_own(url, engine, stream):
     answer = ask(
         url,

@@ -17,6 +17,7 @@ import jsonschema
 import openai
 import pytest
 
+from tests.server.client_matrix import engine_modes
 from tests.server.test_openai_conformance import (  # noqa: F401  (fixtures)
     ENGINES,
     ask,
@@ -141,17 +142,13 @@ def test_every_json_schema_answer_validates(url, engine):  # noqa: F811
     assert failures == []
 
 
-MODES = [("sync", False), ("sync", True), ("async", False), ("async", True)]
-
-
 def content(answer) -> str:
     if isinstance(answer, list):
         return "".join(c.choices[0].delta.content or "" for c in answer if c.choices)
     return answer.choices[0].message.content
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("mode, stream", MODES)
+@pytest.mark.parametrize("engine, mode, stream", engine_modes("sglang_server"))
 def test_json_object_and_schema_in_every_client_mode(url, engine, mode, stream):  # noqa: F811
     answer = ask(url, "chat", mode, stream, max_tokens=200, response_format=json_schema_format(3))
     jsonschema.validate(json.loads(content(answer)), SCHEMAS[3])

@@ -23,6 +23,7 @@ import tritonclient.grpc as grpcclient
 
 from builder.serve.openai.runner import Frontend
 from builder.serve.server import free_port
+from tests.server.client_matrix import engine_modes, engine_streams
 from tests.server.test_openai_conformance import QUESTION, sync_client
 from tests.server.test_openai_conformance import ask as conformance_ask
 
@@ -65,7 +66,6 @@ ENGINES = (
     pytest.param("vllm", marks=pytest.mark.uses_server("default_server")),
     pytest.param("sglang", marks=pytest.mark.uses_server("sglang_tools_server")),
 )
-MODES = [("sync", False), ("sync", True), ("async", False), ("async", True)]
 
 
 @pytest.fixture(scope="module")
@@ -142,8 +142,7 @@ def assert_valid(calls: list, names: set) -> None:
         jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("mode, stream", MODES)
+@pytest.mark.parametrize("engine, mode, stream", engine_modes("sglang_tools_server"))
 def test_a_named_choice_is_one_valid_call(url, engine, mode, stream):
     answer = ask(
         url, mode, stream, tool_choice={"type": "function", "function": {"name": "get_weather"}}
@@ -153,16 +152,14 @@ def test_a_named_choice_is_one_valid_call(url, engine, mode, stream):
     assert_valid(calls, {"get_weather"})
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("mode, stream", MODES)
+@pytest.mark.parametrize("engine, mode, stream", engine_modes("sglang_tools_server"))
 def test_required_gives_valid_calls_of_the_tools(url, engine, mode, stream):
     calls, finish, _ = calls_of(ask(url, mode, stream, tool_choice="required", max_tokens=200))
     assert finish == "tool_calls"
     assert_valid(calls, set(SCHEMAS))
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("engine, stream", engine_streams("sglang_tools_server"))
 def test_auto_calls_parse_whenever_the_model_writes_one(url, engine, stream):
     calls, finish, content = calls_of(ask(url, "sync", stream))
     if engine == "sglang":  # the double always writes one
