@@ -111,8 +111,9 @@ def test_a_chunked_body_is_read_no_further_than_the_limit():
     assert status == 200 and body["choices"][0]["message"]["content"] == "Hi"
 
 
-def test_a_length_that_is_not_a_number_is_400():
-    status, body = post(app(), Client([b"{}"]), {"content-length": "12abc"})
+@pytest.mark.parametrize("length", ["12abc", "\u00b2"])  # ² is a digit to str.isdigit
+def test_a_length_that_is_not_a_number_is_400(length):
+    status, body = post(app(), Client([b"{}"]), {"content-length": length})
     assert status == 400 and body["error"]["code"] == "invalid_header"
 
 

@@ -108,6 +108,8 @@ def test_messages_text_parts_and_developer_role():
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"logit_bias": {"abc": 1}}, "logit_bias"),
+        # A digit to str.isdigit, not to int(): was a 500 "frontend error".
+        ({"logit_bias": {"\u00b2": 1}}, "logit_bias"),
         ({"route": 5}, "route"),
         ({"top_k": "5"}, "top_k"),
         ({"model": ""}, "model"),

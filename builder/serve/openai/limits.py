@@ -37,7 +37,7 @@ def declared_length(headers: Mapping[str, str], limits: Limits) -> int | None:
     if value is None:
         return None
     value = value.strip()
-    if not value.isdigit() or len(value) > 20:
+    if not (value.isascii() and value.isdigit()) or len(value) > 20:
         raise invalid(None, "the Content-Length header is not a length", "invalid_header")
     length = int(value)
     if length > limits.max_body_bytes:

@@ -345,7 +345,7 @@ def sampling(body: dict) -> dict:
     bias = body.get("logit_bias")
     if bias is not None:
         if not isinstance(bias, dict) or not all(
-            str(k).isdigit() and _is_number(v) and -100 <= v <= 100 for k, v in bias.items()
+            _is_token_id(k) and _is_number(v) and -100 <= v <= 100 for k, v in bias.items()
         ):
             raise invalid("logit_bias", "'logit_bias' maps token ids to numbers from -100 to 100")
         out["logit_bias"] = {int(k): float(v) for k, v in bias.items()}
@@ -383,6 +383,11 @@ def hints(body: dict, headers: Mapping[str, str]) -> dict:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_token_id(key: Any) -> bool:
+    """A logit_bias key: ASCII digits (str.isdigit alone takes '²', which int() refuses)."""
+    return isinstance(key, str) and key.isascii() and key.isdigit()
 
 
 def _is_number(value: Any) -> bool:
