@@ -1,5 +1,6 @@
 """OpenAI conformance of the sampling fields, logprobs and n, end to end: the real openai
-SDK (sync and async, streamed and not) against the real OpenAI frontend, a real
+SDK (sync and async, streamed and not: every mode on the double, one on vLLM, as
+tests/server/client_matrix.py says) against the real OpenAI frontend, a real
 tritonserver and trident's router, in front of real vLLM (SmolLM2, the session's default
 server) and of the SGLang model on the engine double (support/fake_sglang.py). Every
 answer is parsed with the SDK's own types (the SDK's create() does it; the raw SSE cases
