@@ -62,8 +62,9 @@ run: repo
 	$(BIN)/python -m builder.serve.demo --repo $(REPO)
 
 # The tenants' tests need redis-server: a fresh machine gets it before the suite runs.
-# Two pytest-xdist workers, one lane (xdist group) each for the real-vLLM servers and for
-# the doubles' servers, the rest shared (tests/server/conftest.py says why and what it saved).
+# Two pytest-xdist workers; the real-vLLM servers' tests, the doubles' servers' tests and
+# the S3 tests each stay on one worker (lanes: tests/server/conftest.py; what they saved:
+# tests/README.md).
 test: install redis-server
 	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist loadgroup
 

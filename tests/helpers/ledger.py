@@ -80,11 +80,17 @@ def engine_loads(log: Path) -> list[EngineLoad]:
     except OSError:
         return []
     loads: list[EngineLoad] = []
-    pending: dict[tuple[str, str], float] = {}
+    pending: dict[tuple[str, str], float] = {}  # (engine, model) -> when it started
+    doubles: set[tuple[str, str]] = set()  # pending vLLM loads the double announced
+
+    def load(key: tuple[str, str], seconds: float | None) -> EngineLoad:
+        engine = VLLM_DOUBLE if key in doubles else key[0]
+        doubles.discard(key)
+        return EngineLoad(engine, key[1], seconds, log)
+
     for line in lines:
         if DOUBLE_MARK in line:
-            for engine, model in [key for key in pending if key[0] == "vllm"]:
-                pending[(VLLM_DOUBLE, model)] = pending.pop((engine, model))
+            doubles.update(key for key in pending if key[0] == "vllm")
             continue
         match = _LINE.match(line.strip())
         if match is None:
@@ -92,14 +98,12 @@ def engine_loads(log: Path) -> list[EngineLoad]:
         key = (match["engine"], match["model"])
         if match["what"] == "Starting the engine":
             if key in pending:  # started again before it was ready: the first failed
-                loads.append(EngineLoad(*key, None, log))
+                loads.append(load(key, None))
             pending[key] = _clock(match)
-        elif match["ready"]:
-            key = key if key in pending else (VLLM_DOUBLE, key[1])
-            if key in pending:
-                seconds = (_clock(match) - pending.pop(key)) % 86400  # past midnight
-                loads.append(EngineLoad(*key, seconds, log))
-    loads += [EngineLoad(*key, None, log) for key in pending]
+        elif match["ready"] and key in pending:
+            seconds = (_clock(match) - pending.pop(key)) % 86400  # past midnight
+            loads.append(load(key, seconds))
+    loads += [load(key, None) for key in pending]
     return loads
 
 

@@ -34,6 +34,8 @@ class ServerConfig:
     load_models: tuple[str, ...] | None = None  # None: every model of the repository
     extra_args: tuple[str, ...] = ()
     timeout_s: float = 300.0
+    # A real vLLM engine serves in it: its tests share the vLLM lane (tests/server/conftest.py).
+    real_vllm: bool = False
 
     @property
     def key(self) -> str:

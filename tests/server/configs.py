@@ -10,12 +10,12 @@ from pathlib import Path
 
 import yaml
 
+from support import sglang_double
 from support.lora import write_adapter
 from support.pacing import Rate
 from tests.helpers.pool import ServerConfig, check_distinct
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVER_TESTS = ROOT / "tests" / "server"
 
 
 def _spec_file(path: Path) -> dict:
@@ -81,16 +81,17 @@ def lora_spec(folder: Path) -> dict:
     }
 
 
-def _double(model: str):
-    def edit(repo: Path) -> None:
-        from support.sglang_double import SHIM
+def _shim(text: str, model: str = "qwen"):
+    """An edit writing `text` as the model's `sglang` module (the stub imports it from the
+    model's version folder): what makes trident's SGLang model run on a double."""
 
-        (repo / model / "1" / "sglang.py").write_text(SHIM)
+    def edit(repo: Path) -> None:
+        (repo / model / "1" / "sglang.py").write_text(text)
 
     return edit
 
 
-DEFAULT = ServerConfig("default_server", default_spec)
+DEFAULT = ServerConfig("default_server", default_spec, real_vllm=True)
 # deploy/examples/cpu-fallback.yaml: SmolLM2 as `primary`, tiny-llama as `backup`, both on
 # real vLLM, behind `router`. backup has vllm_backend's health check (test_vllm_metrics
 # kills its engine last, and it unloads itself).
@@ -98,12 +99,14 @@ FALLBACK = ServerConfig(
     "fallback_server",
     lambda folder: _spec_file(ROOT / "deploy" / "examples" / "cpu-fallback.yaml"),
     prepare=(("ENABLE_VLLM_HEALTH_CHECK on backup", _health_check("backup")),),
+    real_vllm=True,
 )
 LORA = ServerConfig(
     "lora_server",
     lora_spec,
     before=(("adapters paris (seed 4, 1.0) and france (seed 2, 1.0)", _adapters),),
-    prepare=(("SGLang double for plain", _double("plain")),),
+    prepare=(("SGLang double for plain", _shim(sglang_double.SHIM, "plain")),),
+    real_vllm=True,
 )
 
 
@@ -134,13 +137,6 @@ def _tools_deployment(folder: Path) -> dict:
     spec = sglang_deployment()
     spec["models"][0]["engine_args"]["tool_call_parser"] = "qwen25"
     return spec
-
-
-def _shim(text: str):
-    def edit(repo: Path) -> None:
-        (repo / "qwen" / "1" / "sglang.py").write_text(text)
-
-    return edit
 
 
 # The stub imports `sglang` from the model's version folder: these make it the double.
@@ -176,16 +172,13 @@ SGLANG_TOOLS = ServerConfig(
 
 def _check_double_and_relays(repo: Path) -> None:
     from support import bls_floor
-    from support.sglang_double import MODEL, SHIM
 
-    (repo / MODEL / "1" / "sglang.py").write_text(SHIM)
-    bls_floor.install(repo, MODEL)  # the benchmarks' bare BLS relays in front of qwen
+    _shim(sglang_double.SHIM, sglang_double.MODEL)(repo)
+    bls_floor.install(repo, sglang_double.MODEL)  # the benchmarks' bare BLS relays in front of qwen
 
 
 def _check_deployment(folder: Path) -> dict:
-    from support.sglang_double import deployment
-
-    spec = deployment("/models/test-double", "cpu")
+    spec = sglang_double.deployment("/models/test-double", "cpu")
     # test_router_trust's tenants: the router sets their cache salt and priority.
     spec["tenants"] = {"limits": {"alice": {"tier": "premium"}, "bob": {"tier": "batch"}}}
     return spec

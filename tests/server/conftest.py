@@ -75,13 +75,13 @@ def _order(item, index: int) -> tuple:
 # The servers to stop after a test (kept on the item: pytest-xdist renames node ids).
 _RELEASE = pytest.StashKey[list[str]]()
 
-# Two lanes for pytest-xdist (`make test` runs two workers, --dist loadgroup): each lane
+# Lanes for pytest-xdist (`make test` runs two workers, --dist loadgroup): each lane
 # is one xdist group, so one worker runs all its tests in the order set here. The vLLM
 # lane holds the servers with real vLLM engines and every test of a real engine: vLLM on
 # CPU binds its engine to one core and leaves the other to the rest (the doubles'
 # servers, in the servers lane, then the tests that start no server, spread over both
 # workers as they come free). The S3 tests share one SeaweedFS, so one worker runs them.
-VLLM_SERVERS = {configs.DEFAULT.name, configs.FALLBACK.name, configs.LORA.name}
+VLLM_SERVERS = {config.name for config in configs.CONFIGS if config.real_vllm}
 
 
 def lane(item) -> str | None:
@@ -114,7 +114,7 @@ def pytest_collection_modifyitems(config, items):
     for place, item in zip(places, [items[i] for i in ordered], strict=True):
         items[place] = item
     lanes = {id(item): lane(item) for item in items}
-    grouping = config.getvalue("dist") == "loadgroup" or getattr(config.option, "loadgroup", False)
+    grouping = getattr(config.option, "loadgroup", False)  # set in a --dist loadgroup worker
     for item in items:
         if lanes[id(item)] is not None:
             item.add_marker(pytest.mark.xdist_group(lanes[id(item)]))

@@ -228,7 +228,7 @@ def _ends(responses: queue.Queue, timeout_s: float) -> bool:
 @server_test
 @pytest.mark.destructive(stops=True)
 def test_server_stops_cleanly_after_the_reloads(server):
-    """Last in this module: every old instance is gone, so shutdown finalizes only the
+    """Last of its server's tests: every old instance is gone, so shutdown finalizes only the
     current ones; nothing crashes on the way out. (Its exit status may be 1 on a busy
     machine: a vLLM engine that stops slower than --exit-timeout-secs.)"""
     code = server.stop()
