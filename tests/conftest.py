@@ -19,9 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.helpers.s3_fixtures"]  # the real SeaweedFS S3 server fixtures
 sys.path.insert(0, str(ROOT / "python_backends"))  # trident_common, as in the stub
 
+from builder.serve import selftest  # noqa: E402
 from builder.serve.server import TritonServer  # noqa: E402
 from support.redis_server import RedisServer  # noqa: E402
-from tests.helpers.ledger import LEDGER, Start  # noqa: E402
+from tests.helpers.ledger import LEDGER, LEDGER_CACHE_KEY, Start  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -64,11 +65,18 @@ _entries: dict[int, Start] = {}  # id(server) -> its entry, from start() to wait
 
 def _recorded_start(start):
     def recorded(server: TritonServer) -> None:
-        kind = "tritonserver" if server.self_test else "self-test"
-        repo = Path(server.repository)
-        label = f"{repo.parent.name}/{repo.name}"
-        _entries[id(server)] = LEDGER.record(kind, label, server.log_path)
-        start(server)
+        repo = Path(server.repository).resolve()  # a pooled process's link: what it serves
+        kind = (
+            "self-test" if repo.parent.name.startswith(selftest.FOLDER_PREFIX) else "tritonserver"
+        )
+        entry = LEDGER.record(kind, f"{repo.parent.name}/{repo.name}", server.log_path)
+        _entries[id(server)] = entry
+        try:
+            start(server)
+        finally:
+            if server.process is None:  # refused before starting (a port in use)
+                LEDGER.starts.remove(entry)
+                _entries.pop(id(server))
 
     return recorded
 
@@ -114,5 +122,9 @@ def pytest_terminal_summary(terminalreporter):
     reporter.section("servers and engines (tests/helpers/ledger.py)")
     for line in LEDGER.summary():
         reporter.write_line(line)
+    cache = getattr(reporter.config, "cache", None)  # none under -p no:cacheprovider
+    if cache is not None:  # every start with its test, for the curious
+        cache.set(LEDGER_CACHE_KEY, LEDGER.to_json())
+        reporter.write_line(f"every start, with its test: .pytest_cache/v/{LEDGER_CACHE_KEY}")
     for line in LEDGER.over_budget():
         reporter.write_line(f"OVER BUDGET: {line}", red=True)

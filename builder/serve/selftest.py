@@ -61,6 +61,7 @@ class Server(Protocol):
 
 # One verdict per (binary, Python, model) in a process: tests start many servers.
 _verdicts: dict[tuple[str, ...], str | None] = {}
+FOLDER_PREFIX = "trident-selftest-"  # its temporary folder, kept when it failed
 
 
 def model_source() -> Path:
@@ -88,7 +89,7 @@ def ensure(binary: Path, bundled: bool, start: Callable[[Path, Path], Server]) -
 def run(start: Callable[[Path, Path], Server]) -> str | None:
     """What went wrong in one self-test, or None when the echo came back intact. The
     temporary folder is kept when it failed: its tritonserver.log tells more."""
-    folder = Path(tempfile.mkdtemp(prefix="trident-selftest-"))
+    folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
     server_log = folder / "tritonserver.log"
     try:
         repository = write_repository(folder / "repo", model_source())

@@ -16,22 +16,28 @@ a decision someone names (tests/README.md says how to add a server test).
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 # What one full run may cost: the counts of the last full run that changed them (each
-# run prints its own beside these). The aim is 12 tritonserver starts and 4 real vLLM
-# loads; the gap is the private servers of tests/server's modules with routers of their
-# own (tests/README.md), and the KV-events test's engine outside any server. These
-# numbers only come down.
+# run prints its own beside these). The tritonservers: one process each for the three
+# real-vLLM configurations; one process in the servers lane serving every other pooled
+# repository in turn (tests/helpers/pool.py), plus the second of test_tenants' two
+# servers and, when a repository's model would not unload, a replacement; and the
+# `trident serve` subprocesses whose subject is a process of its own (demo, self-test,
+# SIGTERM, blast radius, the restricted API and its flood). The fifth real vLLM load is
+# test_vllm_kv_events' engine outside any server. These numbers only come down.
 BUDGET = {
-    "tritonserver starts": 35,
+    "tritonserver starts": 15,
     "real vLLM loads": 5,
     "vLLM reloads": 2,
 }
 SLOWEST_SHOWN = 8
+LEDGER_CACHE_KEY = "trident/ledger"  # where the run's whole ledger is kept (pytest's cache)
 # What support/engine_doubles' AsyncLLM writes to its server's log when it starts, and
 # the engine name the ledger then gives the load.
 DOUBLE_MARK = "[vllm double]"
@@ -47,12 +53,17 @@ _LINE = re.compile(
 
 @dataclass
 class Start:
-    kind: str  # "tritonserver", "self-test" or "trident serve"
+    # "tritonserver", "self-test", "trident serve", or "repository swap": a pooled
+    # process given another repository (tests/helpers/pool.py), no tritonserver started.
+    kind: str
     label: str  # what it serves: the repository's folder, or the command
     log: Path | None  # where its output (and its engines' lines) went
+    since: int = 0  # the log's size when it began: its engines' lines come after
     began: float = field(default_factory=time.monotonic)
     seconds: float | None = None  # to ready; None: it never became ready
     tritonservers: int = 1  # a `trident serve` subprocess may start a self-test server too
+    # The test it started in (pytest's PYTEST_CURRENT_TEST), or a fixture's first user.
+    test: str = field(default_factory=lambda: os.environ.get("PYTEST_CURRENT_TEST", "?"))
 
     def ready(self) -> None:
         if self.seconds is None:
@@ -65,20 +76,26 @@ class EngineLoad:
     model: str
     seconds: float | None  # None: the log shows no ready line (it failed, or was cut)
     log: Path
+    since: int = 0  # where in the log its server's repository began (a start or a swap)
+    where: str = "no server"  # that repository (the start's or swap's label)
 
 
 def _clock(match: re.Match) -> float:
     return int(match["h"]) * 3600 + int(match["m"]) * 60 + float(match["s"])
 
 
-def engine_loads(log: Path) -> list[EngineLoad]:
-    """Every engine load one server's log shows, in order. A vLLM load whose engine is
-    the paced AsyncLLM double (it says so in the log, DOUBLE_MARK) is the double's:
-    trident's vLLM model ran, vLLM did not."""
+def engine_loads(log: Path, since: int = 0, until: int | None = None) -> list[EngineLoad]:
+    """Every engine load one server's log shows, in order, between two byte offsets (the
+    part one repository of a pooled process wrote). A vLLM load whose engine is the paced
+    AsyncLLM double (it says so in the log, DOUBLE_MARK) is the double's: trident's vLLM
+    model ran, vLLM did not."""
     try:
-        lines = log.read_text(errors="replace").splitlines()
+        with open(log, "rb") as f:
+            f.seek(since)
+            text = f.read(-1 if until is None else max(until - since, 0))
     except OSError:
         return []
+    lines = text.decode(errors="replace").splitlines()
     loads: list[EngineLoad] = []
     pending: dict[tuple[str, str], float] = {}  # (engine, model) -> when it started
     doubles: set[tuple[str, str]] = set()  # pending vLLM loads the double announced
@@ -86,7 +103,7 @@ def engine_loads(log: Path) -> list[EngineLoad]:
     def load(key: tuple[str, str], seconds: float | None) -> EngineLoad:
         engine = VLLM_DOUBLE if key in doubles else key[0]
         doubles.discard(key)
-        return EngineLoad(engine, key[1], seconds, log)
+        return EngineLoad(engine, key[1], seconds, log, since)
 
     for line in lines:
         if DOUBLE_MARK in line:
@@ -117,7 +134,8 @@ class Ledger:
         self.direct_loads.append(EngineLoad(engine, label, seconds, Path(label)))
 
     def record(self, kind: str, label: str, log: Path | None, tritonservers: int = 1) -> Start:
-        start = Start(kind, label, log, tritonservers=tritonservers)
+        since = log.stat().st_size if log is not None and log.exists() else 0
+        start = Start(kind, label, log, since, tritonservers=tritonservers)
         self.starts.append(start)
         return start
 
@@ -125,7 +143,15 @@ class Ledger:
         """What a pytest-xdist worker hands the controller (the logs stay on disk)."""
         return {
             "starts": [
-                [s.kind, s.label, None if s.log is None else str(s.log), s.seconds, s.tritonservers]
+                [
+                    s.kind,
+                    s.label,
+                    None if s.log is None else str(s.log),
+                    s.seconds,
+                    s.tritonservers,
+                    s.test,
+                    s.since,
+                ]
                 for s in self.starts
             ],
             "direct": [[e.engine, e.model, e.seconds] for e in self.direct_loads],
@@ -133,31 +159,49 @@ class Ledger:
 
     def merge(self, data: dict) -> None:
         """A worker's ledger into this one (the controller's, which prints the run's)."""
-        for kind, label, log, seconds, tritonservers in data["starts"]:
+        for kind, label, log, seconds, tritonservers, test, since in data["starts"]:
             start = self.record(kind, label, None if log is None else Path(log), tritonservers)
-            start.seconds = seconds
+            start.seconds, start.test, start.since = seconds, test, since
         for engine, label, seconds in data["direct"]:
             self.engine_without_server(engine, label, seconds)
 
     def engine_loads(self) -> list[EngineLoad]:
-        logs = dict.fromkeys(s.log for s in self.starts if s.log is not None)
-        return [load for log in logs for load in engine_loads(log)] + self.direct_loads
+        """Each start's or swap's loads: its log from where it began to where the next
+        one on the same log began."""
+        spans: dict[Path, dict[int, str]] = {}  # log -> where each repository began -> its label
+        for s in self.starts:
+            if s.log is not None:
+                spans.setdefault(s.log, {})[s.since] = s.label
+        loads = []
+        for log, labels in spans.items():
+            edges = sorted(labels)
+            for since, until in zip(edges, [*edges[1:], None], strict=True):
+                loads += [
+                    dataclasses.replace(load, where=labels[since])
+                    for load in engine_loads(log, since, until)
+                ]
+        return loads + self.direct_loads
 
     def counts(self) -> dict[str, int]:
-        """A model's first load in a server is a load; loading it again there (model
-        control, or `trident serve`'s keeper after a death) is a reload. A vLLM load
+        """A model's first load in a server's repository (after its start or its swap) is
+        a load; loading it again there (model control, or `trident serve`'s keeper after
+        a death) is a reload. A vLLM load
         that never became ready (a model that fails to load, on purpose) is neither:
         the summary lists it."""
-        seen: set[tuple[Path, str]] = set()
+        seen: set[tuple[Path, int, str]] = set()
         counts = dict.fromkeys(("real vLLM loads", "vLLM reloads", "engine double loads"), 0)
         for load in self.engine_loads():
             if load.engine != "vllm":
                 counts["engine double loads"] += 1
             elif load.seconds is not None:
-                first = (load.log, load.model) not in seen
-                seen.add((load.log, load.model))
+                first = (load.log, load.since, load.model) not in seen
+                seen.add((load.log, load.since, load.model))
                 counts["real vLLM loads" if first else "vLLM reloads"] += 1
-        return {"tritonserver starts": sum(s.tritonservers for s in self.starts), **counts}
+        return {
+            "tritonserver starts": sum(s.tritonservers for s in self.starts),
+            "repository swaps": sum(s.kind == "repository swap" for s in self.starts),
+            **counts,
+        }
 
     def over_budget(self) -> list[str]:
         counts = self.counts()
@@ -190,8 +234,7 @@ class Ledger:
             lines.append("engine loads, slowest:")
         for e in loads:
             took = "not ready" if e.seconds is None else f"{e.seconds:6.1f} s"
-            where = e.log.parent.name if e not in self.direct_loads else "no server"
-            lines.append(f"  {took}  {e.engine:14} {e.model} ({where})")
+            lines.append(f"  {took}  {e.engine:14} {e.model} ({e.where})")
         return lines
 
 

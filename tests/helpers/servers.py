@@ -50,13 +50,17 @@ def render(spec_path_or_data, out: Path) -> Path:
 def start_server(
     repo: Path, log_dir: Path, load_models=None, timeout_s=240.0, extra_args=()
 ) -> TritonServer:
-    """A started and ready tritonserver on free ports; the caller stops it."""
+    """A started and ready tritonserver on free ports; the caller stops it. Without the
+    string self-test `trident serve` runs first (one more tritonserver per process): a
+    stub that corrupts strings fails every server test here, and tests/server/
+    test_selftest.py proves the self-test itself."""
     return start_on_free_ports(
         Path(repo),
         Path(log_dir) / "tritonserver.log",
         load_models=load_models,
         timeout_s=timeout_s,
         extra_args=tuple(extra_args),
+        self_test=False,
     )
 
 

@@ -306,60 +306,6 @@ def test_ensemble_accepts_every_tensor_the_router_sends():
     assert required <= {t.name() for t in sent}
 
 
-# ---------------------------------------------------------------------------------------
-# The tokenizer models in a real tritonserver (no TRT-LLM needed)
-
-
-@pytest.mark.server
-def test_preprocessing_and_postprocessing_round_trip(tmp_path):
-    import tritonclient.grpc as grpcclient
-
-    from builder.engines import assets
-    from tests.helpers.servers import start_server
-
-    tokenizer_dir = str(assets.ensure("tiny-llama"))
-    m = model(
-        build={"dtype": "fp16"},
-        engine_args={},
-        checkpoint={"hf_model": tokenizer_dir, "family": "llama"},
-    )
-    render([m], tmp_path)
-    server = start_server(
-        tmp_path / "repo",
-        tmp_path,
-        load_models=["llama_preprocessing", "llama_postprocessing"],
-        timeout_s=120,
-    )
-    try:
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        text = "The capital of France is"
-        inputs = [
-            grpcclient.InferInput("QUERY", [1, 1], "BYTES"),
-            grpcclient.InferInput("REQUEST_OUTPUT_LEN", [1, 1], "INT32"),
-        ]
-        inputs[0].set_data_from_numpy(np.array([[text.encode()]], dtype=object))
-        inputs[1].set_data_from_numpy(np.array([[16]], dtype=np.int32))
-        pre = client.infer("llama_preprocessing", inputs)
-        ids, length = pre.as_numpy("INPUT_ID"), pre.as_numpy("REQUEST_INPUT_LEN")
-        assert ids.dtype == np.int32 and ids.shape == (1, int(length[0, 0]))
-        assert pre.as_numpy("REQUEST_OUTPUT_LEN").tolist() == [[16]]
-        assert pre.as_numpy("OUT_END_ID")[0, 0] >= 0
-        tokens = ids.reshape(1, 1, -1)
-        post_inputs = [
-            grpcclient.InferInput("TOKENS_BATCH", list(tokens.shape), "INT32"),
-            grpcclient.InferInput("SEQUENCE_LENGTH", [1, 1], "INT32"),
-        ]
-        post_inputs[0].set_data_from_numpy(tokens)
-        post_inputs[1].set_data_from_numpy(length.reshape(1, 1))
-        out = client.infer("llama_postprocessing", post_inputs).as_numpy("OUTPUT")
-        assert out[0, 0].decode().strip() == text
-        inputs[1].set_data_from_numpy(np.array([[0]], dtype=np.int32))
-        with pytest.raises(Exception, match="max_tokens must be >= 1"):
-            client.infer("llama_preprocessing", inputs)
-    finally:
-        server.stop()
-
-
 @pytest.mark.parametrize("named_in", ["sampling_parameters", "request parameter"])
 def test_router_sends_the_adapter_as_the_ensembles_lora_name(tmp_path, named_in):
     ensemble = config_of(render([lora_model(tmp_path)], tmp_path), "llama")

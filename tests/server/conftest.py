@@ -1,14 +1,16 @@
 """The server tests' shared servers: each configuration once, one server each per run.
 
 A test asks for a server by its fixture (`default_server`, `fallback_server`,
-`lora_server`); the pool (tests/helpers/pool.py) starts it on first use and stops it
-after the last test that asks for it. Tests are ordered here by the server they use, so
-each starts once, and within one server the tests marked `destructive` (they kill,
-unload or stop what others use) run after the rest, by their `rank` (default 0), then
-in file order; those that stop the server itself (`destructive(stops=True)`) run last.
-A test that needs a server of its own still may start one
-(tests.helpers.servers.start_server): the run's ledger (tests/helpers/ledger.py) counts
-it against the budget, so it is a decision to name.
+`lora_server`); the pool (tests/helpers/pool.py) serves it on first use and lets it go
+after the last test that asks for it, its tritonserver then serving the next
+configuration. Tests are ordered here by the server they use, so each is served once,
+and within one server the tests marked `destructive` (they kill, unload or stop what
+others use) run after the rest, by their `rank` (default 0), then in file order; those
+that stop the server itself (`destructive(stops=True)`) run last, after every other
+repository. A module with a repository of its own asks the `pool` fixture to serve it
+(`pool.serve`, released when the module ends). A test that needs a tritonserver process
+of its own still may start one (tests.helpers.servers.start_server): the run's ledger
+(tests/helpers/ledger.py) counts it against the budget, so it is a decision to name.
 How to add a server test: tests/README.md.
 """
 
@@ -63,11 +65,21 @@ def configs_of(item) -> list[str]:
     return names
 
 
-def _order(item, index: int) -> tuple:
-    names = configs_of(item)
-    group = min((list(_BY_NAME).index(n) for n in names), default=len(_BY_NAME))
+def _stops(item) -> bool:
     mark = item.get_closest_marker("destructive")
-    stage = 0 if mark is None else (2 if mark.kwargs.get("stops") else 1)
+    return mark is not None and bool(mark.kwargs.get("stops"))
+
+
+def _order(item, index: int, stopped: set[str]) -> tuple:
+    """Tests by server: the configurations in their order in configs.CONFIGS, then the
+    modules with repositories of their own, then the configurations whose server a test
+    stops (so the pool's processes serve every other repository first)."""
+    names = configs_of(item)
+    rank_of = {name: i for i, name in enumerate(_BY_NAME)}
+    places = [rank_of[n] + (len(_BY_NAME) + 1 if n in stopped else 0) for n in names]
+    group = min(places, default=len(_BY_NAME))
+    mark = item.get_closest_marker("destructive")
+    stage = 0 if mark is None else (2 if _stops(item) else 1)
     rank = 0 if mark is None else mark.kwargs.get("rank", 0)
     return (group, stage, rank, index)
 
@@ -110,7 +122,8 @@ def _suffix(item, group: str) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     places = [i for i, item in enumerate(items) if SERVER_TESTS in Path(str(item.fspath)).parents]
-    ordered = sorted(places, key=lambda i: _order(items[i], i))
+    stopped = {name for i in places if _stops(items[i]) for name in configs_of(items[i])}
+    ordered = sorted(places, key=lambda i: _order(items[i], i, stopped))
     for place, item in zip(places, [items[i] for i in ordered], strict=True):
         items[place] = item
     lanes = {id(item): lane(item) for item in items}

@@ -28,7 +28,7 @@ from builder.spec import load_spec, parse_spec
 from support.sglang_double import SHIM
 from tests.gpu import check_sglang
 from tests.helpers import metric_value, wait_for
-from tests.helpers.servers import ROOT, render, start_server
+from tests.helpers.servers import ROOT, render
 from tests.helpers.streams import ENDLESS, Stream
 
 pytestmark = pytest.mark.server
@@ -142,15 +142,14 @@ def scraped_samples(metrics_url: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, redis):
+def server(tmp_path_factory, redis, pool):
     tmp = tmp_path_factory.mktemp("monitoring-metrics")
     repo = render(spec_data(redis.url), tmp / "repo")
     (repo / check_sglang.MODEL / "1" / "sglang.py").write_text(FAILING_SHIM)
     for model in ("spare", "pair__r0", "pair__r1"):
         (repo / model / "1" / "sglang.py").write_text(SHIM)
-    server = start_server(repo, tmp, timeout_s=90)
-    yield server
-    server.stop()
+    with pool.serving("monitoring-metrics", repo, timeout_s=90) as server:
+        yield server
 
 
 def traffic(server) -> None:

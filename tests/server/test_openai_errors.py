@@ -24,7 +24,7 @@ import pytest
 from builder.serve.openai.runner import Frontend
 from builder.serve.server import free_port
 from support.sglang_double import SHIM
-from tests.helpers.servers import render, start_server
+from tests.helpers.servers import render
 from tests.helpers.streams import Stream
 from trident_common import error_classes as table
 
@@ -78,7 +78,7 @@ def deployment() -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(redis, tmp_path_factory):
+def server(redis, tmp_path_factory, pool):
     tmp = tmp_path_factory.mktemp("error-classes")
     spec = deployment()
     spec["tenants"] = {
@@ -89,9 +89,8 @@ def server(redis, tmp_path_factory):
     repo = render(spec, tmp / "repo")
     (repo / "qwen" / "1" / "sglang.py").write_text(SHIM)
     (repo / "flaky" / "1" / "sglang.py").write_text(FAILING)
-    server = start_server(repo, tmp, timeout_s=90)
-    yield server
-    server.stop()
+    with pool.serving("error-classes", repo, timeout_s=90) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 
 from builder.serve import client as infer
 from support.sglang_double import SHIM
-from tests.helpers.servers import render, start_server
+from tests.helpers.servers import render
 
 pytestmark = [pytest.mark.server]
 
@@ -47,19 +47,18 @@ def _outcome(server, hints) -> str:
         return str(e).removeprefix("router: ").split(":")[0]
 
 
-def test_a_pinned_backend_answers_or_refuses_never_its_fallback(tmp_path):
+def test_a_pinned_backend_answers_or_refuses_never_its_fallback(tmp_path, pool):
     repo = render(SPEC, tmp_path / "repo")
     for name in ("primary", "backup"):
         (repo / name / "1" / "sglang.py").write_text(SHIM)
-    server = start_server(repo, tmp_path, load_models=["primary", "backup", "router"])
-    try:
-        with ThreadPoolExecutor(STREAMS) as pool:
-            pinned = Counter(
-                pool.map(lambda _: _outcome(server, {"route": "primary"}), range(STREAMS))
-            )
-            unpinned = Counter(pool.map(lambda _: _outcome(server, None), range(STREAMS)))
-    finally:
-        server.stop()
+    with (
+        pool.serving("pinned", repo) as server,
+        ThreadPoolExecutor(STREAMS) as streams,
+    ):
+        pinned = Counter(
+            streams.map(lambda _: _outcome(server, {"route": "primary"}), range(STREAMS))
+        )
+        unpinned = Counter(streams.map(lambda _: _outcome(server, None), range(STREAMS)))
     assert set(pinned) <= {"primary", "overloaded"}, pinned
     assert pinned["primary"] >= 1 and pinned["overloaded"] >= 1, pinned
     assert unpinned["backup"] >= 1, unpinned  # the default route still falls back

@@ -18,7 +18,7 @@ from builder.serve import keeper
 from builder.serve.watch import stub_processes
 from support.sglang_double import SHIM
 from tests.helpers import wait_for
-from tests.helpers.servers import render, start_server
+from tests.helpers.servers import render
 
 pytestmark = pytest.mark.server
 
@@ -41,14 +41,13 @@ DOUBLE_REPLY = " w0 w1 w2 w3"  # the SGLang double's first four words (SHIM)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, pool):
     tmp = tmp_path_factory.mktemp("replicas")
     repo = render(SPEC, tmp / "repo")
     for replica in REPLICAS:
         (repo / replica / "1" / "sglang.py").write_text(SHIM)
-    started = start_server(repo, tmp, timeout_s=120)
-    yield started
-    started.stop()
+    with pool.serving("replicas", repo, timeout_s=120) as started:
+        yield started
 
 
 def answer(server, model: str) -> tuple[str, str]:

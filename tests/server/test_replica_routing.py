@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
 from builder.serve.client import build_inputs
+from builder.serve.watch import stub_processes
 from support.sglang_double import MODEL, SHIM, deployment
 from tests.helpers import metric_value, wait_for
-from tests.helpers.servers import render, start_server
+from tests.helpers.servers import render
 from tests.helpers.streams import Stream
 
 pytestmark = pytest.mark.server
@@ -32,7 +32,7 @@ CONSECUTIVE_FAILURES = 2
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, redis):
+def server(tmp_path_factory, redis, pool):
     tmp = tmp_path_factory.mktemp("replica-routing")
     spec = deployment("/models/test-double", "cpu")
     spec["models"][0].update(instances=2, placement={})
@@ -51,9 +51,8 @@ def server(tmp_path_factory, redis):
     repo = render(spec, tmp / "repo")
     for replica in REPLICAS:
         (repo / replica / "1" / "sglang.py").write_text(SHIM)
-    started = start_server(repo, tmp, timeout_s=120)
-    yield started
-    started.stop()
+    with pool.serving("replica-routing", repo, timeout_s=120) as started:
+        yield started
 
 
 def ask(server, messages, max_tokens=8, hints=None, timeout_s=60) -> Stream:
@@ -198,21 +197,10 @@ def test_round_robin_alternates(server):
 
 
 def stub_pid(server, instance: str) -> int:
-    """The pid of this server's Python-backend stub running `instance` (its command
-    line: model.py's path first, the instance name as its 8th argument)."""
-    repo = str(Path(server.repository).absolute())
-    for entry in os.listdir("/proc"):
-        try:
-            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except (OSError, ValueError):
-            continue
-        if (
-            len(args) > 8
-            and args[0].endswith(b"triton_python_backend_stub")
-            and args[1].decode(errors="replace").startswith(repo + "/")
-            and args[8].decode() == instance
-        ):
-            return int(entry)
+    """The pid of this server's Python-backend stub running `instance`."""
+    for stub in stub_processes(server.process.pid).values():
+        if stub.instance == instance:
+            return stub.pid
     raise AssertionError(f"no stub runs {instance}")
 
 

@@ -16,13 +16,13 @@ import os
 import signal
 import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
 from builder.serve.client import build_inputs, stream_generate
+from builder.serve.watch import stub_processes
 from tests.helpers import http_json, metric_value, wait_for
 from tests.helpers.streams import ENDLESS, GREEDY, Stream, generate
 
@@ -44,22 +44,9 @@ def metric(server, name: str, **labels) -> float:
 
 
 def stub_pid(server, model: str) -> int | None:
-    """The Python-backend stub process serving `model` of this server's repository."""
-    model_file = f"{Path(server.repository).absolute()}/{model}/"
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (
-            len(args) > 1
-            and args[0].endswith(b"triton_python_backend_stub")
-            and args[1].decode(errors="replace").startswith(model_file)
-        ):
-            return int(entry)
-    return None
+    """The Python-backend stub process serving `model` in this server."""
+    pids = [s.pid for s in stub_processes(server.process.pid).values() if s.model == model]
+    return pids[0] if pids else None
 
 
 def repository_call(server, model: str, action: str, timeout_s: float = 240) -> None:

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from builder.serve.watch import stub_processes
 from support.sglang_double import MODEL, SHIM, deployment
 from tests.helpers import metric_value, wait_for
-from tests.helpers.servers import render, start_server
+from tests.helpers.servers import render
 from tests.helpers.streams import Stream
 
 pytestmark = pytest.mark.server
@@ -34,7 +35,7 @@ BACKUP = "backup"
 
 
 @pytest.fixture(scope="module")
-def server(redis, tmp_path_factory):
+def server(redis, tmp_path_factory, pool):
     tmp = tmp_path_factory.mktemp("router-instances")
     spec = deployment("/models/test-double", "cpu")
     spec["models"].append({**spec["models"][0], "name": BACKUP})
@@ -52,30 +53,13 @@ def server(redis, tmp_path_factory):
     repo = render(spec, tmp / "repo")
     for model in (MODEL, BACKUP):
         (repo / model / "1" / "sglang.py").write_text(SHIM)
-    started = start_server(repo, tmp, timeout_s=120)
-    yield started
-    started.stop()
+    with pool.serving("router-instances", repo, timeout_s=120) as started:
+        yield started
 
 
 def stubs(server) -> dict[str, int]:
-    """Instance name -> pid of this server's Python-backend stubs (the stub's command
-    line: model.py's path, then ... the instance name as its 8th argument)."""
-    found = {}
-    repo = str(Path(server.repository).absolute())
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (
-            len(args) > 8
-            and args[0].endswith(b"triton_python_backend_stub")
-            and args[1].decode(errors="replace").startswith(repo + "/")
-        ):
-            found[args[8].decode()] = int(entry)
-    return found
+    """Instance name -> pid of this server's Python-backend stubs."""
+    return {s.instance: s.pid for s in stub_processes(server.process.pid).values()}
 
 
 def cpu_ticks(pid: int) -> int:
@@ -130,19 +114,19 @@ def test_counters_of_both_instances_add_up(server):
 
 def test_a_tenant_limit_holds_across_instances(server):
     # Consecutive requests alternate between the instances (the next test relies on
-    # that too); Redis counts for both.
+    # that too); Redis counts for both. Counters as deltas: the pool's process may have
+    # served another router of this name (tests/helpers/pool.py).
+    admitted = lambda: metric(server, "trident_tenant_admitted_total", tenant="alice")  # noqa: E731
+    rejected = lambda: metric(  # noqa: E731
+        server, "trident_tenant_rejected_total", tenant="alice", reason="requests_per_minute"
+    )
+    before = admitted(), rejected()
     answers = [ask(server, "alice") for _ in range(6)]
     assert [bool(a.errors) for a in answers].count(False) == 3
     refused = [a.errors for a in answers if a.errors]
     assert refused == [["rate limit: tenant 'alice' is over 3 requests per minute"]] * 3
     assert all(a.finals == 1 for a in answers)
-    assert metric(server, "trident_tenant_admitted_total", tenant="alice") == 3
-    assert (
-        metric(
-            server, "trident_tenant_rejected_total", tenant="alice", reason="requests_per_minute"
-        )
-        == 3
-    )
+    assert (admitted() - before[0], rejected() - before[1]) == (3, 3)
 
 
 def test_fallback_works_and_each_instance_trips_its_own_breaker(server):
@@ -151,7 +135,7 @@ def test_fallback_works_and_each_instance_trips_its_own_breaker(server):
         "trident_router_fallbacks_total",
         backend=MODEL,
     )
-    assert fallbacks() == 0
+    before = fallbacks()
     os.kill(stubs(server)[f"{MODEL}_0_0"], signal.SIGKILL)
     served = []
     for _ in range(12):
@@ -161,9 +145,9 @@ def test_fallback_works_and_each_instance_trips_its_own_breaker(server):
     assert served == [{BACKUP}] * 12
     # Each instance tried the dead primary until its own breaker opened: 2 x 2 attempts,
     # then none, though the two instances kept taking requests.
-    wait_for(lambda: fallbacks() >= INSTANCES * CONSECUTIVE_FAILURES, timeout_s=10)
+    wait_for(lambda: fallbacks() - before >= INSTANCES * CONSECUTIVE_FAILURES, timeout_s=10)
     time.sleep(0.3)
-    assert fallbacks() == INSTANCES * CONSECUTIVE_FAILURES
+    assert fallbacks() - before == INSTANCES * CONSECUTIVE_FAILURES
     # The breaker gauge is each instance's own series (a gauge is set, not added up).
     for instance in ("router_0_0", "router_0_1"):
         assert (

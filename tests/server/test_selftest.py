@@ -41,13 +41,11 @@ class TritonPythonModel:
 
 
 def test_the_self_test_passes_here_in_about_a_second():
-    took = []
-    for _ in range(3):
-        started = time.monotonic()
-        assert selftest.run(_self_test_server) is None
-        took.append(time.monotonic() - started)
-    print(f"self-test: {', '.join(f'{t:.2f}' for t in took)} s")
-    assert min(took) < 10  # ~0.5 s on an idle 2-core machine
+    started = time.monotonic()
+    assert selftest.run(_self_test_server) is None
+    took = time.monotonic() - started
+    print(f"self-test: {took:.2f} s")
+    assert took < 10  # ~0.5 s on an idle 2-core machine
 
 
 def test_a_dying_stub_fails_the_self_test(tmp_path, monkeypatch):

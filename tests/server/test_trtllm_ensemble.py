@@ -1,8 +1,10 @@
-"""The LoRA wiring of a rendered TRT-LLM ensemble in a real tritonserver: lora_name →
-pre-processing (real tokenizer, converted adapters) → a stand-in engine
-(tests/fakes/fake_tensorrtllm_backend.py) that records the lora_* tensors it gets and keeps
-an adapter cache like the real backend. Shows that Triton's ensemble passes the optional
-LoRA tensors only when the pre-processing model produced them."""
+"""A rendered TRT-LLM ensemble's Python models in a real tritonserver (no TRT-LLM needed):
+the tokenizer models round-trip a prompt, and the LoRA wiring (lora_name →
+pre-processing with a real tokenizer and converted adapters → a stand-in engine,
+tests/fakes/fake_tensorrtllm_backend.py, that records the lora_* tensors it gets and
+keeps an adapter cache like the real backend) shows that Triton's ensemble passes the
+optional LoRA tensors only when the pre-processing model produced them. Each repository
+is served by the pool (tests/helpers/pool.py)."""
 
 from __future__ import annotations
 
@@ -64,10 +66,8 @@ def generate(client, lora_name=None, sampling=None):
     return result.as_numpy("text_output").reshape(-1)[0].decode(), None
 
 
-def test_lora_tensors_reach_the_engine_step(tmp_path):
+def test_lora_tensors_reach_the_engine_step(tmp_path, pool):
     import tritonclient.grpc as grpcclient
-
-    from tests.helpers.servers import start_server
 
     tokenizer = str(assets.ensure("tiny-llama"))
     adapters = {
@@ -88,8 +88,9 @@ def test_lora_tensors_reach_the_engine_step(tmp_path):
     )
     record = tmp_path / "engine-inputs.jsonl"
     stand_in_engine(tmp_path / "repo", record)
-    server = start_server(tmp_path / "repo", tmp_path, load_models=["llama"], timeout_s=180)
-    try:
+    with pool.serving(
+        "trtllm-lora", tmp_path / "repo", load_models=["llama"], timeout_s=180
+    ) as server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         assert generate(client)[1] is None
         assert generate(client, "support")[1] is None
@@ -101,8 +102,6 @@ def test_lora_tensors_reach_the_engine_step(tmp_path):
             in error
         )
         assert generate(client, sampling={"lora_name": "legal"})[1] is None
-    finally:
-        server.stop()
     seen = [json.loads(line) for line in record.read_text().splitlines()]
     assert [(r["task"], r["weights"] is not None) for r in seen] == [
         (None, False),
@@ -112,3 +111,42 @@ def test_lora_tensors_reach_the_engine_step(tmp_path):
     ]
     assert seen[1]["weights_dtype"] == "float16" and seen[1]["weights"][:2] == [1, 60]
     assert seen[1]["config"][:2] == [[1, 0, 8], [3, 0, 8]]  # attn_q, attn_v of layer 0
+
+
+def test_preprocessing_and_postprocessing_round_trip(tmp_path, pool):
+    import tritonclient.grpc as grpcclient
+
+    tokenizer_dir = str(assets.ensure("tiny-llama"))
+    m = model(
+        build={"dtype": "fp16"},
+        engine_args={},
+        checkpoint={"hf_model": tokenizer_dir, "family": "llama"},
+    )
+    render([m], tmp_path)
+    tokenizers = ["llama_preprocessing", "llama_postprocessing"]
+    with pool.serving("trtllm-tokenizers", tmp_path / "repo", load_models=tokenizers) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        text = "The capital of France is"
+        inputs = [
+            grpcclient.InferInput("QUERY", [1, 1], "BYTES"),
+            grpcclient.InferInput("REQUEST_OUTPUT_LEN", [1, 1], "INT32"),
+        ]
+        inputs[0].set_data_from_numpy(np.array([[text.encode()]], dtype=object))
+        inputs[1].set_data_from_numpy(np.array([[16]], dtype=np.int32))
+        pre = client.infer("llama_preprocessing", inputs)
+        ids, length = pre.as_numpy("INPUT_ID"), pre.as_numpy("REQUEST_INPUT_LEN")
+        assert ids.dtype == np.int32 and ids.shape == (1, int(length[0, 0]))
+        assert pre.as_numpy("REQUEST_OUTPUT_LEN").tolist() == [[16]]
+        assert pre.as_numpy("OUT_END_ID")[0, 0] >= 0
+        tokens = ids.reshape(1, 1, -1)
+        post_inputs = [
+            grpcclient.InferInput("TOKENS_BATCH", list(tokens.shape), "INT32"),
+            grpcclient.InferInput("SEQUENCE_LENGTH", [1, 1], "INT32"),
+        ]
+        post_inputs[0].set_data_from_numpy(tokens)
+        post_inputs[1].set_data_from_numpy(length.reshape(1, 1))
+        out = client.infer("llama_postprocessing", post_inputs).as_numpy("OUTPUT")
+        assert out[0, 0].decode().strip() == text
+        inputs[1].set_data_from_numpy(np.array([[0]], dtype=np.int32))
+        with pytest.raises(Exception, match="max_tokens must be >= 1"):
+            client.infer("llama_preprocessing", inputs)
