@@ -104,17 +104,23 @@ def keep_serving(
     restarts = restarts or Restarts()
     process = server.process
     assert process is not None, "keep_serving needs a started server"
-    watch = StubWatch(stub_processes(process.pid))
+    try:
+        watch = StubWatch(stub_processes(process.pid))
+    except OSError:  # out of file descriptors: a READY model without a stub is seen later
+        watch = StubWatch({})
     due: dict[str, float] = {}  # model → when to reload it
     reloading: dict[str, float] = {}  # model → when its reload began (one at a time)
     results: queue.Queue = queue.Queue()
-    given_up: set[str] = set()
+    # Models given up → whether they were seen unloaded since: one READY again after
+    # that was loaded by an operator, and is watched again.
+    given_up: dict[str, bool] = {}
     grace: dict[str, float] = {}  # model → until when a gauge-only death is ignored
+    failing: str | None = None  # the keeper's own trouble, reported once until it passes
 
     def died(model: str, reason: str, now: float) -> None:
         delay = restarts.after_death(model, now)
         if delay is None:
-            given_up.add(model)
+            given_up[model] = False
             report(
                 f"trident serve: {reason}; giving up on model '{model}' after "
                 f"{restarts.limit} restarts: it is unloaded, the other models keep "
@@ -132,12 +138,7 @@ def keep_serving(
             f"{restarts.counts[model]} of {restarts.limit})"
         )
 
-    while True:
-        try:
-            return process.wait(interval_s)
-        except subprocess.TimeoutExpired:
-            pass  # still running
-        now = time.monotonic()
+    def look(now: float) -> None:
         while not results.empty():
             model, error = results.get()
             started = reloading.pop(model)
@@ -152,8 +153,15 @@ def keep_serving(
         alive = stub_processes(process.pid)
         ready = server.ready_models()
         if ready is None:
-            continue  # busy or shutting down: look again next time
-        busy = set(due) | set(reloading) | given_up
+            return  # busy or shutting down: look again next time
+        for model, seen_gone in list(given_up.items()):
+            if model not in ready:
+                given_up[model] = True
+            elif seen_gone:
+                del given_up[model]
+                restarts.counts[model] = 0
+                report(f"trident serve: model '{model}' was loaded again; watching it again")
+        busy = set(due) | set(reloading) | set(given_up)
         for death in watch.check(
             alive, (ready & server.stub_models()) - busy, unhealthy_engines(server.metrics_text())
         ):
@@ -173,6 +181,25 @@ def keep_serving(
                     name=f"reload-{model}",
                     args=(reload_model, server, model, results),
                 ).start()
+
+    while True:
+        try:
+            return process.wait(interval_s)
+        except subprocess.TimeoutExpired:
+            pass  # still running
+        # The keeper's own failures (out of file descriptors, threads or memory; a
+        # bug) never end the server: it serves on unwatched, and the keeper tries again.
+        try:
+            look(time.monotonic())
+        except Exception as e:  # noqa: BLE001 - whatever it is, the server outlives it
+            problem = f"{type(e).__name__}: {e}"
+            if problem != failing:
+                report(f"trident serve: the keeper cannot watch the models ({problem}); retrying")
+            failing = problem
+        else:
+            if failing is not None:
+                report("trident serve: the keeper watches the models again")
+            failing = None
 
 
 def _reload_into(reload_model, server: Server, model: str, results: queue.Queue) -> None:

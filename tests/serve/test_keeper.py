@@ -92,3 +92,72 @@ def test_a_reloaded_model_is_back_and_watched_again():
     assert reloads[:2] == ["qa", "qa"]
     assert lines[1].startswith("trident serve: model 'qa' is back (reloaded in ")
     assert "(restart 2 of 5)" in lines[2]
+
+
+def test_the_keepers_own_failures_never_end_it(monkeypatch):
+    """Out of file descriptors (a connection flood in the same process), /proc cannot be
+    read: the keeper says so once, keeps the server running, and watches again after."""
+    failures = iter([OSError(24, "Too many open files", "/proc")] * 5)
+
+    def stub_processes(pgid):
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return {}
+
+    monkeypatch.setattr(keeper, "stub_processes", stub_processes)
+    lines, reloads = [], []
+    code = keeper.keep_serving(
+        Server(checks=20),
+        lines.append,
+        interval_s=0.001,
+        restarts=keeper.Restarts(first_delay_s=0),
+        reload_model=lambda url, model, headers: reloads.append(model),
+    )
+    assert code == 0  # it ran until tritonserver exited, not until its own trouble
+    assert lines[0] == (
+        "trident serve: the keeper cannot watch the models (OSError: [Errno 24] Too many "
+        "open files: '/proc'); retrying"
+    )
+    assert lines[1] == "trident serve: the keeper watches the models again"
+    assert reloads and reloads[0] == "qa"  # and then it found the dead stub as before
+
+
+class ReloadedByHand(Server):
+    """`qa` dies; two checks after the keeper gave it up (and unloaded it), an operator
+    loads it again."""
+
+    def __init__(self, checks: int):
+        super().__init__(checks)
+        self.unloaded_checks = None  # checks since the keeper's unload
+
+    def ready_models(self):
+        if self.unloaded_checks is None:
+            return {"qa", "qb"}
+        self.unloaded_checks += 1
+        return {"qa", "qb"} if self.unloaded_checks > 2 else {"qb"}
+
+
+def test_a_model_given_up_and_loaded_by_hand_is_watched_again(monkeypatch):
+    server = ReloadedByHand(checks=80)
+    monkeypatch.setattr(keeper, "_unload_quietly", lambda *_: setattr(server, "unloaded_checks", 0))
+    lines, reloads = [], []
+
+    def reload(url, model, headers):
+        reloads.append(model)
+        if len(reloads) == 1:
+            raise loading.LoadFailed("its initialize() raised")
+
+    code = keeper.keep_serving(
+        server,
+        lines.append,
+        interval_s=0.001,
+        restarts=keeper.Restarts(limit=1, first_delay_s=0, max_delay_s=0),
+        reload_model=reload,
+    )
+    assert code == 0
+    assert "giving up on model 'qa'" in lines[1]
+    assert lines[2] == "trident serve: model 'qa' was loaded again; watching it again"
+    # Watched again: still without a stub (a double), it is found dead and reloaded.
+    assert lines[3].startswith("trident serve: the stub of model 'qa' died; reloading it")
+    assert reloads[:2] == ["qa", "qa"]
