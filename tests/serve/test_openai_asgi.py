@@ -77,7 +77,7 @@ def test_nothing_is_written_to_a_transport_already_closing():
 def test_the_frontend_serves_http_on_the_coalescing_protocol():
     config = _config("127.0.0.1:1", "127.0.0.1", 9, None, ("router",), _limits())
     config.load()
-    assert config.http_protocol_class is CoalescingHTTPProtocol
+    assert issubclass(config.http_protocol_class, CoalescingHTTPProtocol)
 
 
 def _limits():

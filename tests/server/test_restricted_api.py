@@ -1,18 +1,27 @@
-"""Triton's model control answers trident only: `trident serve` on a real tritonserver
-(one SGLang-double model behind the router, the OpenAI frontend on). A client that
-reaches Triton's ports without the admin key cannot load, unload or list models, nor
-change the log settings, over HTTP or gRPC, and the model stays loaded; inference,
-health and the frontend are not affected; the keeper still reloads a killed model. The
-key is on tritonserver's command line, the router secret is not."""
+"""What a client without keys can do to `trident serve` on a real tritonserver (one
+SGLang-double model behind the router, the OpenAI frontend on):
+
+- Triton's model control answers trident only. A client that reaches Triton's ports
+  without the admin key cannot load, unload or list models, nor change the log
+  settings, over HTTP or gRPC, and the model stays loaded; inference, health and the
+  frontend are not affected. The key is on tritonserver's command line, the router
+  secret is not.
+- A flood of half-sent requests and huge headers on the OpenAI port is refused in
+  words (503, 408, 431: builder/serve/openai/guard.py) and costs nothing else: the
+  process stays within its descriptors and memory, tritonserver is untouched, and the
+  keeper still reloads a killed model afterwards (the last test)."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
+import sys
 import urllib.error
 import urllib.request
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -21,6 +30,7 @@ from tritonclient.utils import InferenceServerException
 
 from builder.render.context import INTERFACE
 from builder.serve import admin, client
+from builder.serve.openai.guard import RESERVED_FDS
 from builder.serve.server import free_port
 from builder.serve.watch import stub_processes
 from support.sglang_double import SHIM
@@ -48,6 +58,16 @@ def http(url: str, path: str, headers=None, data: bytes | None = b"{}") -> tuple
         return e.code, e.read().decode()
 
 
+# The serve process's descriptor limit: its frontend keeps connections below it
+# (guard.py's RESERVED_FDS), so a flood cannot starve the keeper or the gRPC channel.
+FD_LIMIT = 1024
+LOWER_FD_LIMIT = (
+    "import os, resource, sys; "
+    f"resource.setrlimit(resource.RLIMIT_NOFILE, ({FD_LIMIT}, resource.getrlimit("
+    "resource.RLIMIT_NOFILE)[1])); os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
 def ready(url: str, model: str) -> bool:
     return http(url, f"/v2/models/{model}/ready", data=None)[0] == 200  # health: open
 
@@ -68,6 +88,7 @@ def serving(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != admin.KEY_ENV}
     argv = serve_argv(repo, ports, "--openai-port", str(openai), "--no-self-test")
     started = record_spawn(argv, output, "restricted-api: trident serve")
+    argv = [sys.executable, "-c", LOWER_FD_LIMIT, *argv]
     with open(output, "w") as out:
         proc = subprocess.Popen(
             argv,
@@ -80,12 +101,8 @@ def serving(tmp_path_factory):
         wait_for(lambda: "OpenAI API:" in output.read_text() or proc.poll() is not None, 180)
         assert proc.poll() is None, output.read_text()
         started.ready()
-        found = subprocess.run(
-            ["pgrep", "-f", "--", f"--http-port={ports.http}"], capture_output=True, text=True
-        ).stdout.split()
-        assert len(found) == 1, found
-        pid = int(found[0])
-        yield ports, openai, pid, output
+        pid = _server_pid(ports)
+        yield ports, openai, pid, output, proc
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -100,7 +117,7 @@ def serving(tmp_path_factory):
 
 
 def test_model_control_without_the_key_is_refused_over_http(serving):
-    ports, _, _, _ = serving
+    ports, _, _, _, _ = serving
     url = f"http://127.0.0.1:{ports.http}"
     for headers in (None, {admin.HEADER: "not-the-key-" * 4}):
         for path in (
@@ -123,7 +140,7 @@ def test_model_control_without_the_key_is_refused_over_http(serving):
 
 
 def test_model_control_without_the_key_is_refused_over_grpc(serving):
-    ports, _, _, _ = serving
+    ports, _, _, _, _ = serving
     grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
     try:
         for call in (
@@ -141,7 +158,7 @@ def test_model_control_without_the_key_is_refused_over_grpc(serving):
 
 
 def test_inference_and_the_frontend_need_no_key(serving):
-    ports, openai, _, _ = serving
+    ports, openai, _, _, _ = serving
     answer = client.stream_generate(
         f"127.0.0.1:{ports.grpc}", "router", "hi", max_tokens=4, timeout_s=60
     )
@@ -152,7 +169,7 @@ def test_inference_and_the_frontend_need_no_key(serving):
 
 
 def test_the_key_is_on_the_command_line_the_router_secret_is_not(serving):
-    ports, _, pid, _ = serving
+    ports, _, pid, _, _ = serving
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
     key = [a for a in argv if a.startswith("--http-restricted-api=")][0].rsplit("=", 1)[1]
     environ = dict(
@@ -169,8 +186,66 @@ def test_the_key_is_on_the_command_line_the_router_secret_is_not(serving):
     assert code == 200 and {m["name"] for m in json.loads(said)} == {"qa", "router"}
 
 
+def _half_sent(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")  # and no more, no key
+    return sock
+
+
+def _status(sock: socket.socket) -> tuple[int, dict]:
+    """The status and JSON body of the one answer a refused connection gets."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def _rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0])
+
+
+def test_a_keyless_flood_is_refused_in_words_and_costs_nothing_else(serving):
+    ports, openai, pid, output, proc = serving
+    cap = FD_LIMIT - RESERVED_FDS  # the frontend's connection cap under this limit
+    with ExitStack() as held:
+        flood = [held.enter_context(_half_sent(openai)) for _ in range(cap + 100)]
+        # Over the cap: refused at once, in words; a new health check too.
+        refused = [_status(sock) for sock in flood[cap:]]
+        assert {status for status, _ in refused} == {503}
+        assert refused[0][1]["error"]["code"] == "server_overloaded"
+        code, said = http(f"http://127.0.0.1:{openai}", "/health", data=None)
+        assert code == 503 and "open connections" in said
+        # The slow ones: each a 408 at its deadline; trident serve and Triton untouched.
+        assert {_status(sock)[0] for sock in flood[:cap]} == {408}
+        assert proc.poll() is None and _server_pid(ports) == pid
+    wait_for(lambda: http(f"http://127.0.0.1:{openai}", "/health", data=None)[0] == 200, 30)
+    # Huge headers are refused at the limit, not held: the process stays its size.
+    before = _rss_kib(proc.pid)
+    for _ in range(4):
+        with socket.create_connection(("127.0.0.1", openai), timeout=30) as sock:
+            try:
+                sock.sendall(b"GET /health HTTP/1.1\r\nx-big: " + b"y" * 16 * 2**20)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused part way
+            assert _status(sock)[0] == 431
+    assert _rss_kib(proc.pid) - before < 32 * 1024
+    answer = client.stream_generate(f"127.0.0.1:{ports.grpc}", "router", "hi", max_tokens=4)
+    assert answer.text
+    assert "keeper cannot watch" not in output.read_text()
+
+
+def _server_pid(ports) -> int:
+    found = subprocess.run(
+        ["pgrep", "-f", "--", f"--http-port={ports.http}"], capture_output=True, text=True
+    ).stdout.split()
+    assert len(found) == 1, found
+    return int(found[0])
+
+
 def test_the_keeper_still_reloads_a_killed_model(serving):
-    ports, _, pid, output = serving
+    ports, _, pid, output, _ = serving
     url = f"127.0.0.1:{ports.grpc}"
     victim = [s for s in stub_processes(pid).values() if s.model == "qa"][0]
     os.kill(victim.pid, signal.SIGKILL)

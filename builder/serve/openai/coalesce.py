@@ -14,9 +14,9 @@ the loop turn that wrote it, so an idle path sends at once.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
-from uvicorn.protocols.http.auto import AutoHTTPProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
 class CoalescingTransport:
@@ -60,17 +60,9 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
-# uvicorn picks AutoHTTPProtocol at import (httptools or h11), so it is a variable that
-# mypy cannot take as a base class; both are asyncio.Protocols, which it checks against.
-if TYPE_CHECKING:
-    _HTTPProtocol = asyncio.Protocol
-else:
-    _HTTPProtocol = AutoHTTPProtocol
-
-
-class CoalescingHTTPProtocol(_HTTPProtocol):
-    """uvicorn's HTTP protocol (httptools when installed, else h11) on a
-    CoalescingTransport; `uvicorn.Config(http=CoalescingHTTPProtocol)`."""
+class CoalescingHTTPProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol on a CoalescingTransport (httptools, not h11: guard.py
+    bounds a request's headers in httptools' callbacks)."""
 
     def connection_made(self, transport) -> None:
         coalescing = CoalescingTransport(transport, asyncio.get_running_loop())

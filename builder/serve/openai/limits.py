@@ -26,6 +26,14 @@ class Limits:
     max_messages: int = 1024
     max_message_chars: int = 2**20  # one message's content, or a completion prompt
     max_depth: int = 16  # JSON nesting (a chat request needs 5)
+    # A connection's bounds before its request reaches the app (guard.py): open
+    # connections at once (a GPU node's 256-1024 streams, with room), the request line
+    # and headers (browsers and SDKs send under 8 KiB; nginx allows 32 KiB), and how long
+    # the headers and then the body may take to arrive.
+    max_connections: int = 4096
+    max_header_bytes: int = 64 * 2**10
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
     # model -> its context length in tokens, where known: max_tokens above it is a 400
     context_tokens: Mapping[str, int] = field(default_factory=dict)
 

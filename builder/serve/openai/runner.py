@@ -15,7 +15,7 @@ import uvicorn
 
 from builder.errors import TridentError
 from builder.serve.openai.app import create_app
-from builder.serve.openai.coalesce import CoalescingHTTPProtocol
+from builder.serve.openai.guard import guarded
 from builder.serve.openai.limits import Limits
 from builder.serve.openai.policy import DEFAULT_EXPOSE
 from builder.serve.openai.repository import context_tokens
@@ -45,8 +45,8 @@ def _config(
         expose=expose,
         limits=limits,
     )
-    # CoalescingHTTPProtocol: a streamed answer's headers and first chunk leave in one
-    # write (coalesce.py says why).
+    # The HTTP protocol: a connection's bounds (guard.py), and a streamed answer's headers
+    # and first chunk in one write (coalesce.py says why).
     return uvicorn.Config(
         app,
         host=host,
@@ -54,7 +54,7 @@ def _config(
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=5,
-        http=CoalescingHTTPProtocol,
+        http=guarded(limits),
     )
 
 
