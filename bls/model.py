@@ -167,7 +167,9 @@ class TritonPythonModel:
         self.controls = Controls(
             self.adapters, self.metrics, self.pool, self.retired, self.proof_key
         )
-        self.tenants = Tenants(self.config.tenants, self.metrics, self.deadline_s)
+        self.tenants = Tenants(
+            self.config.tenants, self.metrics, self.deadline_s, warn=self.log.warning
+        )
 
     async def execute(self, requests: list[pb_utils.InferenceRequest]) -> None:
         # Breakers, counters and control requests are only touched on this loop.
@@ -415,13 +417,24 @@ class TritonPythonModel:
         attempts.append(relay)
         routed_s = time.monotonic() - arrival
         self.bls_slots.start(relay, child)
-        first_by = min(time.monotonic() + self.first_token_timeout_s, arrival + self.deadline_s)
-        late = f"no first token within {self.first_token_timeout_s} s"
+        if inbound.stream:
+            first_by = min(time.monotonic() + self.first_token_timeout_s, arrival + self.deadline_s)
+            late = f"no first token within {self.first_token_timeout_s} s"
+        else:
+            # A whole answer is the engine's one response, sent when its generation ends:
+            # a first-token timer would time the generation. The deadline bounds it (and a
+            # silent engine fails the health probe meanwhile, see watch).
+            first_by, late = arrival + self.deadline_s, f"deadline of {self.deadline_s} s exceeded"
         problem = await self.watch(relay, relay.first, backend, first_by, late, request_id)
         # abandon() fails once the relay sent the first response: the stream is on.
         if problem is not None and relay.abandon():
             if problem == late:
                 self.controls.abort(backend, request_id)
+                if not inbound.stream:
+                    # The engine may have generated all along: another backend would
+                    # start over with no time left. Not the backend's failure either.
+                    self.fail(sender, late, "deadline")
+                    return False
             raise BackendFailed(problem)
         outcome = await relay.first
         if outcome == CLIENT_ERROR:

@@ -131,8 +131,11 @@ class Tenants:
         router_metrics: MetricSource,
         deadline_s: float,
         store: Store | None = None,
+        warn: Callable[[str], None] = lambda _line: None,
     ) -> None:
         self.enabled = config is not None
+        self.warn = warn  # the router's log: what the store said when it failed
+        self.store_trouble = ""  # the last store error logged (each said once)
         # Disabled: {} stands in for the section, and no method reads it then.
         self.config: Mapping[str, Any] = config if config is not None else {}
         if config is None:
@@ -213,12 +216,17 @@ class Tenants:
         except StoreUnavailable as e:
             decision = self.config["on_redis_error"]
             self.metrics.redis_failure(decision)
+            if str(e) != self.store_trouble:
+                self.store_trouble = str(e)
+                self.warn(f"tenant store: {e}; admitting by on_redis_error: {decision}")
             if decision == "deny":
+                # The store's error (Redis's address, its words) is the operator's: in
+                # the router's log. The client learns it may retry, not where Redis is.
                 raise Refused(
                     tenant.label,
                     "redis_unavailable",
-                    f"rate limit: cannot check tenant {tenant.name!r}: {e}; "
-                    "refused (on_redis_error: deny)",
+                    f"unavailable: cannot check the limits of tenant {tenant.name!r} now "
+                    "(the tenant store is unavailable); refused (on_redis_error: deny)",
                 ) from None
             reason = ""
         if reason:

@@ -736,6 +736,35 @@ def test_a_non_streaming_request_gets_exactly_one_response_with_the_final_flag(r
     assert flags == FINAL and response.value("text_output") == "Hello there"
 
 
+def test_a_whole_answer_longer_than_the_first_token_timeout_succeeds(router):
+    """A non-streamed answer is the engine's one response, sent when it is done: the
+    first-token timer does not time it, the deadline does (issue 34: it failed after
+    running on both backends)."""
+    primary, backup = (
+        FakeBackend("primary", chunks=list("abcd"), delay_s=0.1),
+        FakeBackend("backup"),
+    )
+    model = router(backends=[primary, backup], first_token_timeout_s=0.1)
+    request = ClientRequest(stream=False)
+    run(model, request)
+    assert request.texts() == ["abcd"] and request.served_by() == {"primary"}
+    assert backup.calls == 0 and primary.aborted == []
+
+
+def test_a_whole_answer_past_the_deadline_ends_there_and_runs_nowhere_else(router):
+    primary, backup = (
+        FakeBackend("primary", chunks=list("abcd"), delay_s=0.5),
+        FakeBackend("backup"),
+    )
+    model = router(backends=[primary, backup], first_token_timeout_s=0.1, deadline_s=0.5)
+    request = ClientRequest(stream=False)
+    run(model, request)
+    assert request.errors() == ["deadline of 0.5 s exceeded"]
+    assert request.sender.final_flags() == 1
+    assert backup.calls == 0 and len(primary.aborted) == 1
+    assert gauge(model, "primary") == 0  # not the backend's failure
+
+
 def test_a_one_chunk_stream_is_relayed_once(router):
     model = router(backends=[FakeBackend("primary", chunks=["Hello"])])
     request = ClientRequest()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 
 import numpy as np
@@ -273,3 +274,27 @@ def test_the_tier_a_rule_matches_is_the_tenants_not_the_clients_hint(tenant_rout
     run(model, bob, alice)
     assert bob.served_by() == {"primary"} and alice.served_by() == {"solo"}
     assert (primary.calls, solo.calls) == (1, 1)
+
+
+def test_a_redis_outage_under_deny_is_a_503_that_does_not_show_where_redis_is(
+    tenant_router, caplog
+):
+    """Issue 34: the refusal quoted redis-py's error, Redis's address and port with it.
+    Not the client's limit either: 503 (retry later), not 429."""
+    tenants = {**TENANTS, "redis": "redis://127.0.0.1:1", "on_redis_error": "deny"}
+    backend = FakeBackend("primary")
+    model = tenant_router([backend], tenants=tenants)
+    request = ClientRequest(hints={"tenant": "alice"})
+    run(model, request)
+    (error,) = request.errors()
+    assert error == (
+        "unavailable: cannot check the limits of tenant 'alice' now (the tenant store is "
+        "unavailable); refused (on_redis_error: deny)"
+    )
+    assert request.sender.responses()[0].error().code() == pb.TritonError.UNAVAILABLE
+    assert backend.calls == 0
+    # The operator reads the store's own words in the router's log, once.
+    with caplog.at_level(logging.WARNING, logger="trident"):
+        run(model, ClientRequest(hints={"tenant": "alice"}))
+    said = [r.getMessage() for r in caplog.records if "tenant store:" in r.getMessage()]
+    assert len(said) == 1 and "127.0.0.1:1" in said[0], said
