@@ -206,6 +206,26 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
 }
 
 
+# The sampling values that name token ids: an id past the model's vocabulary is the
+# client's error, named here (the engine's own check said it deep in generation, with
+# no parameter, issue 34).
+TOKEN_ID_FIELDS = ("logit_bias", "stop_token_ids", "allowed_token_ids")
+
+
+def check_token_ids(params: dict[str, Any], vocabulary: int, model: str) -> None:
+    """BadRequest tagged with the field unless every token id in it is in 0..vocabulary-1."""
+    for name in TOKEN_ID_FIELDS:
+        ids = params.get(name)
+        if not ids:
+            continue
+        for token in ids:  # a list's items, or logit_bias's keys
+            if isinstance(token, int) and not 0 <= token < vocabulary:
+                raise BadRequest(
+                    f"[{name}] sampling_parameters.{name}: token id {token} is not in the "
+                    f"vocabulary of model {model} (ids 0 to {vocabulary - 1})"
+                )
+
+
 def check_sampling_keys(params: dict[str, Any], allowed: Iterable[str], engine: str) -> None:
     unknown = sorted(set(params) - set(allowed))
     if unknown:

@@ -12,6 +12,7 @@ import json
 import re
 from typing import Any
 
+from trident_common.constraint_bounds import check_constraint
 from trident_common.faults import BadRequest
 from trident_common.tool_calls import ToolPlan, forced_schema
 
@@ -29,14 +30,20 @@ _VLLM_TUNING = {
 }
 _ANY_OBJECT = '{"type": "object"}'
 # xgrammar's messages start with the time and its source line: not the client's business.
-_XGRAMMAR_WHERE = re.compile(r"^\[[\d:]+\] \S+: ")
+_XGRAMMAR_WHERE = re.compile(r"\[[\d:]+\] \S+?:\d+: ")
 
 
 def with_tools(values: dict[str, Any], plan: ToolPlan | None) -> tuple[dict[str, Any], str]:
     """The sampling values with a forced tool choice's constraint added, and the tag
     a refusal of the constraint starts with ("" when there is none). One request has
-    one constraint: response_format and a forced tool choice together are refused."""
+    one constraint: response_format and a forced tool choice together are refused. A
+    constraint over constraint_bounds' limits is refused before any engine compiles it."""
     existing = values.get("structured_outputs")
+    if existing:
+        check_constraint(existing, RESPONSE_FORMAT, FIELD)
+    for name in ("json_schema", "regex", "ebnf"):  # SGLang's own, from a Triton client
+        if values.get(name):
+            check_constraint(values[name], f"[{name}] ", f"sampling_parameters.{name}")
     if plan is None or not plan.forced:
         return values, (RESPONSE_FORMAT if existing else "")
     if existing or any(values.get(name) for name in ("json_schema", "regex", "ebnf")):
@@ -60,10 +67,16 @@ def check_json_schema(text: str, tag: str) -> None:
     try:
         xgrammar.Grammar.from_json_schema(text)
     except Exception as e:  # xgrammar raises RuntimeError or ValueError, by version
-        why = _XGRAMMAR_WHERE.sub("", str(e).strip())[:300] or type(e).__name__
+        why = compiler_words(str(e)) or type(e).__name__
         raise BadRequest(
             f"{tag}sampling_parameters.json_schema cannot be compiled: {why}"
         ) from None
+
+
+def compiler_words(message: str) -> str:
+    """A grammar compiler's message without where in its source it was raised (xgrammar
+    starts with the time and a C++ file and line: not the client's business)."""
+    return _XGRAMMAR_WHERE.sub("", message.strip())[:300]
 
 
 def to_sglang(structured: object) -> dict[str, str]:

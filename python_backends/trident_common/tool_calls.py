@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from trident_common.constraint_bounds import check_constraint, check_tool_count
 from trident_common.deltas import Delta
 from trident_common.faults import BadRequest
 
@@ -73,6 +74,8 @@ def read_tools(tools_text: Any, choice_text: Any,
 def check_tools(tools: object) -> None:
     if not isinstance(tools, list) or not tools:
         raise BadRequest(f"{TOOLS}tools must be a non-empty list of tool objects")
+    check_tool_count(tools, TOOLS)
+    check_constraint(tools, TOOLS, "tools")  # their schemas become a required call's
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None

@@ -33,7 +33,8 @@ from trident_common.request import (  # noqa: E402
     describe,
 )
 from trident_common.returns import logprobs_json, wants_logprobs  # noqa: E402
-from trident_common.structured import with_tools  # noqa: E402
+from trident_common.sampling import check_token_ids  # noqa: E402
+from trident_common.structured import compiler_words, with_tools  # noqa: E402
 from trident_common.tool_calls import Extract, ToolPlan, collect, forced_calls  # noqa: E402
 from trident_common.tool_calls import call as tool_call  # noqa: E402
 from trident_common.triton_io import (  # noqa: E402
@@ -197,6 +198,9 @@ class TritonPythonModel(AsyncEngineModel):
             loggers.append(self._stats.logger_factory)
         self.engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=loggers or None)
         self.tokenizer = self.engine.get_tokenizer()
+        # The ids vLLM's own check allows (the model's logits, which may be padded past
+        # the tokenizer's length).
+        self._vocabulary = self.engine.model_config.get_vocab_size()
 
     @staticmethod
     def _max_model_len(engine_args: AsyncEngineArgs) -> int:
@@ -232,6 +236,7 @@ class TritonPythonModel(AsyncEngineModel):
 
     def make_sampling(self, request: GenerateRequest) -> _Call:
         check_sampling_keys(request.sampling, self._sampling_fields, "vllm")
+        check_token_ids(request.sampling, self._vocabulary, self.model_name)
         values, constraint = with_tools(dict(request.sampling), request.tool_plan)
         plan = request.tool_plan
         if plan is not None and not plan.forced:
@@ -282,7 +287,8 @@ class TritonPythonModel(AsyncEngineModel):
             )
         except self._client_errors as e:
             raise BadRequest(
-                f"{tag}sampling_parameters.structured_outputs cannot be compiled: {describe(e)}"
+                f"{tag}sampling_parameters.structured_outputs cannot be compiled: "
+                f"{compiler_words(describe(e))}"
             ) from None
 
     def _extractor(self, request: GenerateRequest) -> Extract | None:

@@ -63,6 +63,9 @@ class Case:
     inputs: list  # InferInput builders' results
     expect: str = CLIENT
     parameters: dict | None = None
+    # The parameter a client error must name (its `[param] ` tag, error_classes.py): what
+    # the OpenAI frontend then answers as `param`.
+    param: str | None = None
 
 
 def _prompt(
@@ -87,8 +90,8 @@ def _messages(raw: str) -> list:
     return [text("messages", raw), number("stream", True, "BOOL"), number("max_tokens", 4)]
 
 
-def _sampling(name: str, values: dict, expect: str = CLIENT) -> Case:
-    return Case(name, _prompt({"temperature": 0, **values}), expect)
+def _sampling(name: str, values: dict, expect: str = CLIENT, param: str | None = None) -> Case:
+    return Case(name, _prompt({"temperature": 0, **values}), expect, param=param)
 
 
 def cases() -> list[Case]:
@@ -164,10 +167,12 @@ def cases() -> list[Case]:
         _sampling("max_tokens a word", {"max_tokens": "many"}),
         _sampling("repetition_penalty zero", {"repetition_penalty": 0}),
         _sampling("ignore_eos maybe", {"ignore_eos": "maybe"}),
-        _sampling("logit_bias out of vocab", {"logit_bias": {"99999999": 5}}),
+        _sampling("logit_bias out of vocab", {"logit_bias": {"99999999": 5}}, param="logit_bias"),
         _sampling("logit_bias a word", {"logit_bias": "nope"}),
         _sampling("logit_bias bad key", {"logit_bias": {"abc": 1}}),
-        _sampling("stop_token_ids out of vocab", {"stop_token_ids": [99999999]}),
+        _sampling(
+            "stop_token_ids out of vocab", {"stop_token_ids": [99999999]}, param="stop_token_ids"
+        ),
         _sampling("allowed_token_ids negative", {"allowed_token_ids": [-1]}),
         _sampling("structured_outputs not JSON", {"structured_outputs": "{{"}),
         _sampling("structured_outputs empty", {"structured_outputs": {}}),
@@ -252,6 +257,9 @@ def problems(outcome: Outcome) -> list[str]:
         found.append(f"answered, but an error was due: {''.join(outcome.texts)[:60]!r}")
     if expect == ANSWER and outcome.errors:
         found.append("refused, but an answer was due")
+    tag = f"invalid request: [{outcome.case.param}] "
+    if outcome.case.param and not any(m.startswith(tag) for m in outcome.errors):
+        found.append(f"does not name {outcome.case.param}: {outcome.errors[:1]}")
     return found
 
 

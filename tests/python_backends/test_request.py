@@ -258,3 +258,24 @@ def test_describe_never_returns_an_empty_message():
         assert describe(e) == "EngineGenerateError (TypeError: '<' not supported)"
     assert describe(RuntimeError()) == "RuntimeError"
     assert describe(ValueError("bad")) == "bad"
+
+
+@pytest.mark.parametrize(
+    "values, field",
+    [
+        ({"logit_bias": {99_999_999: 5.0}}, "logit_bias"),
+        ({"logit_bias": {-1: 5.0}}, "logit_bias"),
+        ({"stop_token_ids": [2, 49152]}, "stop_token_ids"),
+        ({"allowed_token_ids": [0, 10**9]}, "allowed_token_ids"),
+    ],
+)
+def test_a_token_id_past_the_vocabulary_is_refused_naming_its_field(values, field):
+    """Issue 34: vLLM's own check said it deep in generation, with no parameter."""
+    from trident_common.error_classes import CLIENT, parse
+    from trident_common.sampling import check_token_ids
+
+    with pytest.raises(BadRequest) as refused:
+        check_token_ids(values, 49152, "smollm2")
+    assert parse(CLIENT.mark(str(refused.value))).param == field
+    assert "not in the vocabulary of model smollm2 (ids 0 to 49151)" in str(refused.value)
+    check_token_ids({"logit_bias": {0: 1.0, 49151: -1.0}, "stop_token_ids": [2]}, 49152, "m")

@@ -201,3 +201,68 @@ def test_the_routers_trtllm_adapter_refuses_tools_naming_them():
         with pytest.raises(BadRequest) as caught:
             adapters.TrtllmAdapter("llama").inputs(request, "r1")
     assert param_of(caught.value) == "tools"
+
+
+def _enum_schema(n: int) -> dict:
+    return {"type": "object", "properties": {"color": {"enum": [f"c{i}" for i in range(n)]}}}
+
+
+@pytest.mark.parametrize(
+    "values, param, words",
+    [
+        ({"structured_outputs": {"json": _enum_schema(100_000)}}, "response_format", "characters"),
+        ({"structured_outputs": {"json": _enum_schema(2_000)}}, "response_format", "2000 enum"),
+        (
+            {"structured_outputs": {"json": {"anyOf": [{"const": i} for i in range(2_000)]}}},
+            "response_format",
+            "anyOf of 2000 schemas",
+        ),
+        (
+            {
+                "structured_outputs": {
+                    "json": {
+                        "type": "object",
+                        "properties": {f"p{i}": {} for i in range(6_000)},
+                    }
+                }
+            },
+            "response_format",
+            "6000 object properties",
+        ),
+        ({"json_schema": json.dumps(_enum_schema(5_000))}, "json_schema", "enum values"),
+        ({"regex": "a" * 200_000}, "regex", "characters"),
+    ],
+)
+def test_a_constraint_over_the_bounds_is_the_clients_error_before_any_engine(values, param, words):
+    """Issue 34: such constraints ran past the timeouts on every replica and took others
+    with them; now a 400 naming the parameter, before an engine compiles anything."""
+    with pytest.raises(BadRequest) as refused:
+        with_tools(values, None)
+    assert param_of(refused.value) == param and words in str(refused.value)
+
+
+def test_constraints_within_the_bounds_pass():
+    schema = _enum_schema(1_000)
+    assert with_tools({"structured_outputs": {"json": schema}}, None)[0]["structured_outputs"]
+    anyof = {"anyOf": [{"const": i} for i in range(128)]}
+    assert with_tools({"structured_outputs": {"json": anyof}}, None)
+
+
+def test_more_tools_than_openai_allows_are_refused_naming_tools():
+    tools = [
+        {"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}}
+        for i in range(5_000)
+    ]
+    with pytest.raises(BadRequest) as refused:
+        parse_plan(json.dumps(tools), "required")
+    assert param_of(refused.value) == "tools"
+    assert "128 tools at most, not 5000" in str(refused.value)
+    assert parse_plan(json.dumps(tools[:128]), "required").forced
+
+
+def test_a_compilers_message_loses_where_in_its_source_it_was_raised():
+    """Issue 34: xgrammar's C++ file and line reached clients through vLLM's refusal."""
+    from trident_common.structured import compiler_words
+
+    raw = "ValueError: [09:14:02] /workspace/cpp/json_schema_converter.cc:811: minimum > maximum"
+    assert compiler_words(raw) == "ValueError: minimum > maximum"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 
 import jsonschema
 import openai
@@ -176,3 +177,30 @@ def test_a_schema_no_backend_compiles_is_a_400_naming_it(url, engine):  # noqa: 
             response_format={"type": "json_schema", "json_schema": {"name": "bad", "schema": bad}},
         )
     assert caught.value.body["param"] == "response_format"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_schema_over_the_bounds_is_a_400_at_once_and_the_next_request_is_served(url, engine):  # noqa: F811
+    """Issue 34: an enum of thousands ran past the timeouts on every replica, and a
+    json_object request after it timed out too. Refused before the engine compiles it
+    (python_backends/trident_common/constraint_bounds.py)."""
+    huge = {"type": "object", "properties": {"c": {"enum": [f"v{i}" for i in range(2_000)]}}}
+    client = sync_client(url)
+    started = time.monotonic()
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="router",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=20,
+            response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": huge}},
+        )
+    assert time.monotonic() - started < 10
+    assert caught.value.body["param"] == "response_format"
+    assert "2000 enum values in all, more than 1000" in caught.value.body["message"]
+    after = client.chat.completions.create(
+        model="router",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=20,
+        response_format={"type": "json_object"},
+    )
+    assert after.choices[0].finish_reason in ("stop", "length")

@@ -27,6 +27,13 @@ class WordTokenizer:
         return list(range(len(text.split())))
 
 
+class ModelConfig:
+    """What trident's vLLM model reads of vLLM's: the vocabulary (SmolLM2's size)."""
+
+    def get_vocab_size(self) -> int:
+        return 49152
+
+
 class AsyncLLM:
     def __init__(self, config, stat_loggers=None):
         """config: AsyncEngineArgs (trident's model) or the VllmConfig made from them
@@ -44,6 +51,7 @@ class AsyncLLM:
         self._batch: PacedBatch | None = None
         self._streams: dict = {}
         self._tokenizer = WordTokenizer()
+        self.model_config = ModelConfig()
 
     @classmethod
     def from_engine_args(cls, engine_args, stat_loggers=None, **kwargs):
