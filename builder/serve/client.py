@@ -78,6 +78,27 @@ def first_output(result, name: str):
     return value.decode() if isinstance(value, bytes) else value
 
 
+_UNREACHABLE = "StatusCode.UNAVAILABLE"  # gRPC's status when nothing answers at the address
+
+
+def _unreachable(model: str, url: str, error: grpcclient.InferenceServerException) -> InferError:
+    return InferError(f"{model} at {url}: cannot reach Triton's gRPC endpoint ({error.message()})")
+
+
+def _stream_error(
+    responses: queue.Queue, wait_s: float = 1.0
+) -> grpcclient.InferenceServerException | None:
+    """The error the stream's callback got, if one comes within wait_s."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            _, error, _ = responses.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            return None
+        if error is not None:
+            return error
+
+
 def stream_generate(
     url: str,
     model: str,
@@ -112,11 +133,18 @@ def stream_generate(
             except queue.Empty:
                 raise InferError(f"no response from {model} within {timeout_s:.0f} s") from None
             if error is not None:
+                if error.status() == _UNREACHABLE:
+                    raise _unreachable(model, url, error)
                 raise InferError(f"{model}: {error.message()}")
             if _absorb(result, response, at - start, on_text):
                 break
     except grpcclient.InferenceServerException as e:
-        raise InferError(f"{model} at {url}: {e.message()}") from None
+        # A stream that never opened (nothing listening, say) reports why to the
+        # callback; the exception here only says the stream is no longer valid.
+        cause = _stream_error(responses) or e
+        if cause.status() == _UNREACHABLE:
+            raise _unreachable(model, url, cause) from None
+        raise InferError(f"{model} at {url}: {cause.message()}") from None
     finally:
         client.stop_stream()
         if own_client:

@@ -108,6 +108,18 @@ def test_bad_spec_exits_2_naming_the_field(tmp_path, capsys):
     assert "models[0].engine" in lines[0] and "Traceback" not in lines[0]
 
 
+def test_infer_on_a_closed_port_says_it_cannot_reach_triton(capsys):
+    """Issue 34: it said "The stream is no longer in valid state" (the reason went to
+    the stream's callback)."""
+    from builder.serve.server import free_port
+
+    port = free_port()
+    assert main(["infer", "--url", f"127.0.0.1:{port}", "hi"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: router at 127.0.0.1:{port}: cannot reach Triton's gRPC")
+    assert "no longer in valid state" not in line
+
+
 def test_missing_spec_exits_2(tmp_path, capsys):
     assert (
         main(["repo", "--spec", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "out")]) == 2

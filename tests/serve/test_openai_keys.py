@@ -37,12 +37,26 @@ def test_the_file_has_one_key_and_tenant_per_line(tmp_path):
     assert load_keys(path) == {SECRET: "alice", "sk-bob": "bob"}
 
 
+def test_a_tenant_the_spec_allows_the_keys_file_allows(tmp_path):
+    """Issue 34: `team@example.org` is a tenant name to the spec and the router, and the
+    keys file refused it (one rule now: bls/tenant_names.py)."""
+    from builder.spec import parse_spec
+
+    tenant = "team@example.org"
+    spec = {"models": [{"name": "a", "engine": "vllm", "model": "org/m"}], "router": {}}
+    parse_spec({**spec, "tenants": {"limits": {tenant: {}}}})
+    path = tmp_path / "keys"
+    path.write_text(f"{SECRET} {tenant}\n")
+    assert load_keys(path) == {SECRET: tenant}
+
+
 @pytest.mark.parametrize(
     "text, why",
     [
         (f"{SECRET}\n", "expected `KEY TENANT`"),
         (f"{SECRET} alice extra\n", "expected `KEY TENANT`"),
-        (f"{SECRET} al/ice\n", "tenant names"),
+        (f"{SECRET} al/ice\n", "a tenant name is"),
+        (f"{SECRET} -alice\n", "a tenant name is"),
         (f"{SECRET} alice\n{SECRET} bob\n", "already on an earlier line"),
         ("# nothing\n", "no `KEY TENANT` line"),
     ],

@@ -11,7 +11,7 @@ import pytest
 
 from builder.serve.openai.app import create_app
 from builder.serve.openai.errors import OpenAIError
-from builder.serve.openai.limits import Limits, check_depth
+from builder.serve.openai.limits import Limits, check_body_json
 from builder.serve.openai.repository import context_tokens
 from builder.serve.openai.runner import with_repository
 from builder.serve.openai.tensors import Piece
@@ -126,12 +126,30 @@ def test_deep_nesting_is_400():
     assert "16" in body["error"]["message"]
 
 
-def test_check_depth_counts_arrays_and_objects():
-    check_depth({"a": [{"b": 1}]}, 3)
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_a_lone_surrogate_is_a_400_naming_where_it_is(path):
+    """Issue 34: `"\\ud800"` is valid JSON but not text; the tokenizer's own TypeError
+    reached the client as a 500 with `param: null`."""
+    if path == "/v1/chat/completions":
+        raw = b'{"model": "router", "messages": [{"role": "user", "content": "hi \\ud800"}]}'
+        where = "messages[0].content"
+    else:
+        raw = b'{"model": "router", "prompt": "\\udfff hi"}'
+        where = "prompt"
+    status, body = post(app(), Client([raw]), {"content-length": str(len(raw))}, path)
+    assert status == 400 and body["error"]["param"] == where
+    assert "lone UTF-16 surrogate" in body["error"]["message"]
+    good = json.dumps({"model": "router", "prompt": "h\u00e9 \U0001f600"}).encode()
+    status, _ = post(app(), Client([good]), {"content-length": str(len(good))}, "/v1/completions")
+    assert status == 200  # a pair (an emoji) and any other text pass
+
+
+def test_check_body_json_counts_arrays_and_objects():
+    check_body_json({"a": [{"b": 1}]}, 3)
     with pytest.raises(OpenAIError):
-        check_depth({"a": [{"b": []}]}, 3)
-    check_depth("text", 1)
-    check_depth([1, 2, "x" * 10], 1)
+        check_body_json({"a": [{"b": []}]}, 3)
+    check_body_json("text", 1)
+    check_body_json([1, 2, "x" * 10], 1)
 
 
 def write(path, value):

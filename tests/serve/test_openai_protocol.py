@@ -92,6 +92,8 @@ def test_messages_text_parts_and_developer_role():
         ({"seed": 1.5}, "seed"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_completion_tokens": -1}, "max_completion_tokens"),
+        # Issue 34: the losing field was not read at all.
+        ({"max_completion_tokens": 8, "max_tokens": "lots"}, "max_tokens"),
         ({"n": 0}, "n"),
         ({"n": 17}, "n"),
         ({"n": "2"}, "n"),

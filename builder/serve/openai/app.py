@@ -39,7 +39,7 @@ from builder.serve.openai.keys import tenant_of
 from builder.serve.openai.limits import (
     Limits,
     body_too_large,
-    check_depth,
+    check_body_json,
     check_max_tokens,
     declared_length,
 )
@@ -179,7 +179,7 @@ async def _body(request: Request, limits: Limits):
         body = json.loads(b"".join(chunks))
     except (ValueError, RecursionError):
         raise invalid(None, "the request body is not valid JSON", "invalid_json") from None
-    check_depth(body, limits.max_depth)
+    check_body_json(body, limits.max_depth)
     return body
 
 

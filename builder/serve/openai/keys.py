@@ -18,6 +18,7 @@ import hmac
 from collections.abc import Mapping
 from pathlib import Path
 
+from bls.tenant_names import TENANT_RE
 from builder import textfile
 from builder.errors import TridentError, printable
 from builder.serve.openai.errors import OpenAIError
@@ -25,7 +26,6 @@ from builder.serve.openai.errors import OpenAIError
 # 16 MiB: a line is a key (~50 bytes), a tenant name and a newline, so this holds well
 # over 100,000 keys, and it is still read and split in well under a second.
 MAX_KEYS_BYTES = 16 << 20
-_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
 class KeysFileError(TridentError):
@@ -54,9 +54,10 @@ def load_keys(path: str | Path) -> dict:
                 f"{name}:{number}: expected `KEY TENANT` (two words), got {len(words)}"
             )
         key, tenant = words
-        if not set(tenant) <= _NAME_CHARS:
+        if not TENANT_RE.fullmatch(tenant):  # the router's rule, as the spec's
             raise KeysFileError(
-                f"{name}:{number}: tenant names are letters, digits, '_', '.' and '-'"
+                f"{name}:{number}: a tenant name is a letter or digit, then up to 127 "
+                "letters, digits, '_', '.', '@' or '-'"
             )
         if key in keys:
             raise KeysFileError(f"{name}:{number}: this key is already on an earlier line")

@@ -53,8 +53,10 @@ def declared_length(headers: Mapping[str, str], limits: Limits) -> int | None:
     return length
 
 
-def check_depth(value: Any, limit: int) -> None:
-    """400 when the JSON nests deeper than `limit` (arrays and objects). Iterative, so
+def check_body_json(value: Any, limit: int) -> None:
+    """400 when the JSON nests deeper than `limit` (arrays and objects), or holds a string
+    that is not text: a lone UTF-16 surrogate (`"\\ud800"` is valid JSON, but no UTF-8,
+    so the engine's tokenizer failed on it with a 500 of its own words). Iterative, so
     no depth the parser accepted can overflow a stack here."""
     stack = [(value, 1)]
     while stack:
@@ -69,6 +71,36 @@ def check_depth(value: Any, limit: int) -> None:
                         None, f"the request body nests deeper than {limit} levels", "invalid_json"
                     )
                 stack.append((child, depth + 1))
+            elif isinstance(child, str) and not child.isascii() and not _is_text(child):
+                where = _path_of(value, child)
+                raise invalid(
+                    where,
+                    f"'{where}' holds a lone UTF-16 surrogate, which is not text",
+                    "invalid_value",
+                )
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _path_of(value: Any, target: str) -> str:
+    """Where `target` (a string found in `value`) is, as OpenAI names a param:
+    `messages[0].content`."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if item is target:
+            return path
+        if isinstance(item, dict):
+            stack += [(v, f"{path}.{k}" if path else str(k)) for k, v in item.items()]
+        elif isinstance(item, list):
+            stack += [(v, f"{path}[{i}]") for i, v in enumerate(item)]
+    return ""
 
 
 def check_max_tokens(value: int | None, param: str, model: str, limits: Limits) -> None:

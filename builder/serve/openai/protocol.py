@@ -284,17 +284,21 @@ def _too_long(param: str, size: int, limit: int):
 
 
 def _max_tokens(body: dict, names: tuple) -> dict:
-    """max_tokens and the field it came from. It becomes an INT32 tensor: a larger value
-    is refused here, never wrapped (2**32+5 would be 5 tokens)."""
+    """max_tokens and the field it came from (the first of `names` given). It becomes an
+    INT32 tensor: a larger value is refused here, never wrapped (2**32+5 would be 5
+    tokens). Every one given is checked, the one that loses too: a bad value is a
+    mistake to name, not to ignore."""
+    found: dict = {}
     for name in names:
         value = body.get(name)
-        if value is not None:
-            if not _is_int(value) or not 1 <= value <= INT32_MAX:
-                raise invalid(
-                    name, f"'{name}' must be an integer from 1 to {INT32_MAX}, got {_show(value)}"
-                )
-            return {"max_tokens": value, "max_tokens_param": name}
-    return {}
+        if value is None:
+            continue
+        if not _is_int(value) or not 1 <= value <= INT32_MAX:
+            raise invalid(
+                name, f"'{name}' must be an integer from 1 to {INT32_MAX}, got {_show(value)}"
+            )
+        found = found or {"max_tokens": value, "max_tokens_param": name}
+    return found
 
 
 def _lora_name(body: dict) -> str | None:
