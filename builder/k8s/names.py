@@ -17,7 +17,15 @@ _SUBDOMAIN = re.compile(
     r"(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 )
 # registry/path:tag@digest: no whitespace, no control or quote characters.
-_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}")
+# An image reference as the container runtimes parse it (the distribution project's
+# reference grammar): [registry[:port]/]path[:tag][@digest], lower-case path components.
+_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(
+    rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?/)?{_PATH_PART}(?:/{_PATH_PART})*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
 
 
 class K8sError(TridentError):
@@ -55,7 +63,7 @@ def check_secret(value: str, where: str) -> str:
 
 
 def check_image(value: str) -> str:
-    if not _IMAGE.fullmatch(value):
+    if len(value) > 512 or not _IMAGE.fullmatch(value):
         raise K8sError(f"--image: {printable(value)} is not an image reference")
     return value
 

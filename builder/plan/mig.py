@@ -58,6 +58,10 @@ def parse_profile_counts(text: str) -> list[tuple[str, int]]:
     counts = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, count = item.partition("=")
+        if not name.strip():
+            raise MigError(
+                f"{printable(item)[:60]!r}: expected PROFILE=COUNT, the profile is missing"
+            )
         count = count.strip() or "1"
         if not _COUNT.fullmatch(count) or int(count) < 1:
             raise MigError(

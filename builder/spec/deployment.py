@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from bls.breaker import BreakerConfig
+from builder.engines import assets
 from builder.engines.traits import ENGINES, REPLICA_ENGINES, TRAITS, traits
 from builder.plan import gpus
 from builder.plan.memory import DTYPE_BYTES
@@ -38,6 +39,9 @@ from builder.spec.tenants import TenantsSpec, parse_tenants
 INSTANCE_KINDS = ("auto", "cpu", "gpu", "model")
 # Engines that load `model:` (TRT-LLM has checkpoint:).
 NEEDS_MODEL = tuple(t.name for t in TRAITS.values() if t.needs_model)
+# Engines that load `model:` as given from this machine's disk when it is a path (TRT-LLM
+# builds from its checkpoint section instead).
+LOCAL_MODEL_ENGINES = ("vllm", "sglang")
 MAX_GPUS = MAX_NODES = 64
 MAX_ROUTER_INSTANCES = 64  # as a model's instances: a stub process each
 MAX_SECONDS = 86400.0  # a day: no timeout, window or cooldown of the router is longer
@@ -228,6 +232,7 @@ def parse_spec(data: Any, file: str = "<spec>") -> DeploymentSpec:
         raise root.error(f"must list at least {_models(least)}", "models")
     models = tuple(_parse_model(_Node(item, path, file)) for path, item in model_items)
     _check_unique_names(models, file)
+    _check_devices(models, hardware, file)
     router = None
     if "router" in root.data:
         router = _parse_router(root.child("router"), models)
@@ -329,6 +334,8 @@ def _parse_model(node: _Node) -> ModelSpec:
     engine_args_schema.check_model(engine, args, extra, node)
     if engine in NEEDS_MODEL and not model:
         raise node.error(f"is required for engine {engine}", "model")
+    if model:
+        _check_model_ref(node, engine, model)
     tp, pp = traits(engine).parallelism(args)
     if placement.kind == "cpu" and (tp or 1) * (pp or 1) > 1:
         raise node.error(
@@ -345,6 +352,56 @@ def _parse_model(node: _Node) -> ModelSpec:
         tasks,
         frozen_mapping(extra),
     )
+
+
+# Where an engine may load weights from besides a path or a Hugging Face id: object
+# stores (vLLM's Run:ai streamer reads s3:// and gs://).
+_MODEL_URL_SCHEMES = ("s3", "gs")
+
+
+def _check_model_ref(node: _Node, engine: str, model: str) -> None:
+    """`model:` names something an engine can load: a known builtin, a Hugging Face id, a
+    path no engine would take for a model refused (a URL, `~`, a folder that exists here
+    without a config.json)."""
+    if model.startswith(assets.BUILTIN_PREFIX):
+        name = model[len(assets.BUILTIN_PREFIX) :]
+        if name not in assets.BUILDERS:
+            known = ", ".join(assets.BUILDERS)
+            raise node.error(f"unknown builtin model {name!r} (known: {known})", "model")
+        return
+    scheme = model.split("://", 1)[0] if "://" in model else None
+    if scheme is not None and scheme not in _MODEL_URL_SCHEMES:
+        raise node.error(
+            f"{scheme}:// is not a place an engine loads weights from: give a path, a "
+            "Hugging Face id or builtin:NAME",
+            "model",
+        )
+    if model.startswith("~"):
+        raise node.error(
+            "is a relative path ('~' is expanded by no engine): give an absolute path", "model"
+        )
+    local = Path(model)
+    if engine in LOCAL_MODEL_ENGINES and local.is_absolute() and local.exists():
+        if local.is_dir() and not (local / "config.json").is_file():
+            raise node.error(f"{model} is a folder without config.json, not a model", "model")
+        if local.is_file() and local.suffix != ".gguf":
+            raise node.error(f"{model} is a file, not a model folder or a .gguf file", "model")
+
+
+def _check_devices(models: tuple[ModelSpec, ...], hardware: HardwareSpec, file: str) -> None:
+    """A model placed on a GPU the hardware does not have is refused here, not at start."""
+    for i, m in enumerate(models):
+        if hardware.gpu == "cpu" and m.placement.kind == "gpu":
+            raise SpecError(
+                file, f"models[{i}].placement.kind", "is gpu, but hardware.gpu is cpu (no GPUs)"
+            )
+        beyond = [d for d in m.placement.devices if d >= hardware.count]
+        if beyond:
+            raise SpecError(
+                file,
+                f"models[{i}].placement.devices",
+                f"GPU {beyond[0]} does not exist: hardware.count is {hardware.count}",
+            )
 
 
 def _parse_placement(node: _Node) -> PlacementSpec:

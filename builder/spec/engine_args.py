@@ -114,7 +114,8 @@ EXTRA_SECTIONS: dict[str, tuple[str, ...]] = {
     "sglang": adapters_spec.SECTIONS,
 }
 
-_CHOICES = {
+_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+CHOICES = {
     ("sglang", "schedule_policy"): (
         "lpm",
         "random",
@@ -128,6 +129,9 @@ _CHOICES = {
     ),
     ("tensorrt_llm", "batch_scheduler_policy"): ("max_utilization", "guaranteed_no_evict"),
     ("vllm", "kv_cache_dtype"): ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"),
+    # The weights' dtype: vLLM 0.32's ModelDType and SGLang's --dtype choices (the same).
+    ("vllm", "dtype"): _DTYPES,
+    ("sglang", "dtype"): _DTYPES,
     # vLLM 0.32's registered tool parsers (vllm/tool_parsers/__init__.py); a test checks
     # this list against the installed vLLM. SGLang's names are its own to check at start.
     ("vllm", "tool_call_parser"): (
@@ -276,6 +280,7 @@ def validate(engine: str, args: Any, path: str, file: str) -> dict[str, Any]:
     if not isinstance(args, dict):
         raise SpecError(file, path, "expected a mapping")
     table = ENGINE_ARGS[engine]
+    checked = dict(args)
     for key, value in args.items():
         where = f"{path}.{key}"
         if key not in table:
@@ -283,6 +288,9 @@ def validate(engine: str, args: Any, path: str, file: str) -> dict[str, Any]:
                 file, where, f"unknown {engine} engine argument (known: {', '.join(sorted(table))})"
             )
         kinds = table[key]
+        if int in kinds and float not in kinds and isinstance(value, float) and value.is_integer():
+            # 1024.0 is an integer to JSON Schema (the spec's schema says "integer").
+            value = checked[key] = int(value)
         if isinstance(value, bool) and bool not in kinds:
             raise SpecError(file, where, "expected a number or string, got a boolean")
         if not isinstance(value, kinds):
@@ -291,7 +299,7 @@ def validate(engine: str, args: Any, path: str, file: str) -> dict[str, Any]:
         _check_number(file, where, value)
         if key == "speculative_config":
             _check_speculative(file, where, value)
-        options = _CHOICES.get((engine, key))
+        options = CHOICES.get((engine, key))
         if options and value not in options:
             raise SpecError(file, where, f"{value!r} is not one of {', '.join(options)}")
         if key in POSITIVE_INTS and value < 1:
@@ -300,7 +308,7 @@ def validate(engine: str, args: Any, path: str, file: str) -> dict[str, Any]:
             raise SpecError(file, where, f"must be >= 0, got {value}")
         if key in FRACTIONS and not 0 < value <= 1:
             raise SpecError(file, where, f"must be in (0, 1], got {value}")
-    return dict(args)
+    return checked
 
 
 def _check_number(file: str, where: str, value: Any) -> None:

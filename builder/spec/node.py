@@ -118,7 +118,10 @@ class _Node:
             default = default_of(cls, key)
             default = _REQUIRED if default is dataclasses.MISSING else default
         rule = rule_of(cls, key)
-        kind, _ = kind_of(cls, key)
+        kind, nullable = kind_of(cls, key)
+        if not nullable and key in self.data and self.data[key] is None:
+            # As the schema says: null is not "the default" (leave the key out for that).
+            raise self.error("must not be null (leave it out for the default)", key)
         if kind is int:
             maximum = MAX_INT if rule.maximum is None else int(rule.maximum)
             minimum = None if rule.minimum is None else int(rule.minimum)

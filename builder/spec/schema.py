@@ -173,7 +173,8 @@ def _object(cls: type) -> dict[str, Any]:
     return schema
 
 
-def _engine_args(table: Mapping[str, tuple]) -> dict[str, Any]:
+def _engine_args(engine: str) -> dict[str, Any]:
+    table = engine_args.ENGINE_ARGS[engine]
     names = {
         int: "integer",
         float: "number",
@@ -190,10 +191,17 @@ def _engine_args(table: Mapping[str, tuple]) -> dict[str, Any]:
                 "type": sorted({names[k] for k in kinds}),
                 **_engine_arg_range(key),
                 **_nested(key),
+                **_choices(engine, key),
             }
             for key, kinds in sorted(table.items())
         },
     }
+
+
+def _choices(engine: str, key: str) -> dict[str, Any]:
+    """The values an engine argument may take, where the parser lists them."""
+    options = engine_args.CHOICES.get((engine, key))
+    return {"enum": list(options)} if options else {}
 
 
 def _nested(key: str) -> dict[str, Any]:
@@ -215,9 +223,7 @@ def _model_rules() -> list[dict[str, Any]]:
     """engine_args (and TRT-LLM's own sections) by engine."""
     rules = []
     for engine in spec_mod.ENGINES:
-        then: dict[str, Any] = {
-            "properties": {"engine_args": _engine_args(engine_args.ENGINE_ARGS[engine])}
-        }
+        then: dict[str, Any] = {"properties": {"engine_args": _engine_args(engine)}}
         sections = engine_args.EXTRA_SECTIONS.get(engine, ())
         if not set(engine_args.TRTLLM_SECTIONS) & set(sections):
             then["not"] = {"anyOf": [{"required": [key]} for key in engine_args.TRTLLM_SECTIONS]}

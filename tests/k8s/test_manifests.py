@@ -179,12 +179,18 @@ def test_multinode_plan(capsys):
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
     (tmp_path / "theirs").mkdir()
     (tmp_path / "theirs" / "keep.txt").write_text("x")
-    cases = [["--namespace", "Bad_NS"], ["--image", "a b"], ["--cache-secret", "No!"]]
+    cases = [
+        ["--namespace", "Bad_NS"],
+        ["--image", "a b"],
+        ["--image", "img:"],  # issue 34: both were accepted (a tag is not empty,
+        ["--image", "img@@x"],  # a digest is algorithm:hex)
+        ["--cache-secret", "No!"],
+    ]
     for extra in cases:
         assert main(["k8s", "--spec", str(H100X8), "--out", str(tmp_path / "o"), *extra]) == 2
     assert main(["k8s", "--spec", str(H100X8), "--out", str(tmp_path / "theirs")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 4 and all(line.startswith("error: ") for line in err)
+    assert len(err) == len(cases) + 1 and all(line.startswith("error: ") for line in err)
     assert not (tmp_path / "o").exists()
 
 

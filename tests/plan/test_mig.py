@@ -201,3 +201,8 @@ def test_cli_mig_check_exit_codes(capsys):
     assert "no MIG profile '2g.10gb'" in capsys.readouterr().err
     assert main(["mig", "check", "--gpu", "V100", "--profiles", "1g.10gb=1"]) == 2
     assert "'V100' is not one of" in capsys.readouterr().err
+    # Issue 34: an entry without a profile was "no MIG profile ''", exit 1.
+    assert main(["mig", "check", "--gpu", "H100-80GB", "--profiles", "=,=,"]) == 2
+    assert "--profiles: '=': expected PROFILE=COUNT, the profile is missing" in (
+        capsys.readouterr().err
+    )

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from builder.engines import assets
-from builder.spec.engine_args import _CHOICES
+from builder.spec.engine_args import CHOICES
 from tests.python_backends.test_vllm_health import module  # noqa: F401  (the fixture)
 from trident_common.tool_calls import parse_plan
 
@@ -50,7 +50,7 @@ def test_the_specs_parser_names_are_vllms(module):  # noqa: F811
     from vllm.tool_parsers import ToolParserManager
 
     names = set(ToolParserManager.lazy_parsers) | set(ToolParserManager.tool_parsers)
-    assert set(_CHOICES[("vllm", "tool_call_parser")]) == names
+    assert set(CHOICES[("vllm", "tool_call_parser")]) == names
 
 
 def test_auto_reads_hermes_calls_and_keeps_plain_text(module, tokenizer):  # noqa: F811

@@ -188,6 +188,39 @@ SPEC_CASES = [
         ),
         "AWS_ACCESS_KEY_ID",
     ),
+    # Issue 34: each of these rendered with exit 0.
+    (
+        "bogus dtype",
+        lambda m: _spec_text(m, models__0__engine_args={"dtype": "float8_bogus"}),
+        "models[0].engine_args.dtype: 'float8_bogus' is not one of",
+    ),
+    ("model /etc", lambda m: _spec_text(m, models__0__model="/etc"), "without config.json"),
+    (
+        "model file url",
+        lambda m: _spec_text(m, models__0__model="file:///etc/passwd"),
+        "models[0].model: file:// is not a place",
+    ),
+    ("model ~root", lambda m: _spec_text(m, models__0__model="~root"), "models[0].model"),
+    (
+        "unknown builtin",
+        lambda m: _spec_text(m, models__0__model="builtin:nope"),
+        "models[0].model: unknown builtin model 'nope'",
+    ),
+    (
+        "gpu placement on cpu",
+        lambda m: _spec_text(m, models__0__placement={"kind": "gpu"}),
+        "models[0].placement.kind: is gpu, but hardware.gpu is cpu",
+    ),
+    (
+        "a device the hardware lacks",
+        lambda m: _spec_text(m, models__0__placement={"devices": [3]}),
+        "models[0].placement.devices: GPU 3 does not exist",
+    ),
+    (
+        "null router name",
+        lambda m: _spec_text(m, router__name=None),
+        "router.name: must not be null",
+    ),
 ]
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from builder.cli import main as cli
-from builder.spec import yaml_loader
+from builder.spec import SpecError, parse_spec, yaml_loader
 from builder.spec.schema import deployment_schema
 from tests.helpers import hostile_specs as hs
 from tests.helpers.servers import ROOT
@@ -91,3 +91,16 @@ def test_cli_prints_the_schema(capsys):
     assert cli.main(["schema"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(json.dumps(deployment_schema()))
+
+
+def test_an_integral_float_and_a_null_agree_with_the_schema(validator):
+    """Issue 34: `max_model_len: 1024.0` passed the schema (an integer to JSON Schema)
+    and failed the parser; `router.name: null` failed the schema and passed the parser."""
+    model = {"name": "a", "engine": "vllm", "model": "org/m"}
+    whole = {"models": [{**model, "engine_args": {"max_model_len": 1024.0}}]}
+    assert list(validator.iter_errors(whole)) == []
+    assert parse_spec(whole).models[0].engine_args["max_model_len"] == 1024
+    nameless = {"models": [model], "router": {"name": None}}
+    assert list(validator.iter_errors(nameless)) != []
+    with pytest.raises(SpecError, match=r"router\.name: must not be null"):
+        parse_spec(nameless)
