@@ -208,11 +208,11 @@ class GuardedHTTPProtocol(CoalescingHTTPProtocol):
         else:
             self.transport.close()
 
-    def eof_received(self) -> bool | None:
+    def eof_received(self) -> None:
         if self._refused:
             self.transport.close()  # the client is done too
-            return None
-        return super().eof_received()
+            return
+        super().eof_received()
 
 
 def guarded(limits: Limits) -> type[GuardedHTTPProtocol]:
