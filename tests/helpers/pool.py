@@ -40,7 +40,7 @@ from builder.serve.watch import runs_in_stub, stub_processes
 from tests.helpers.ledger import LEDGER
 from tests.helpers.servers import render, start_server
 
-UNLOAD_TIMEOUT_S = 120.0  # the unload call's own answer
+CONTROL_TIMEOUT_S = 120.0  # a model-control call's own answer (a dead stub's model reloads)
 # A model still loaded this long after its unload (Triton waits for its requests in
 # flight: a stream some test left open holds it) costs its process: a new one serves.
 UNLOAD_GRACE_S = 60.0
@@ -227,7 +227,7 @@ def _swap(process: _Process, repo: Path, load: tuple[str, ...] | None, timeout_s
     except _Stuck as e:
         entry.label += f" (not here: {e}, so a new process serves it)"
         raise
-    entry.since = server.log_path.stat().st_size  # what the last repository's unload wrote is its
+    entry.since = server.log_path.stat().st_size  # the unloads' lines are the last repository's
     link = process.live.with_name("live.next")
     link.unlink(missing_ok=True)
     link.symlink_to(repo)
@@ -254,9 +254,9 @@ def _empty(server: TritonServer, served: Path) -> None:
     for model in ready:
         config = served / model / "config.pbtxt"
         if model not in with_stub and config.is_file() and runs_in_stub(config.read_text()):
-            loading.request(server.http_url, model, "load", UNLOAD_TIMEOUT_S, server.admin_headers)
+            loading.request(server.http_url, model, "load", CONTROL_TIMEOUT_S, server.admin_headers)
     for model in reversed(loading.load_order(ready, loading.dependencies(served))):
-        loading.request(server.http_url, model, "unload", UNLOAD_TIMEOUT_S, server.admin_headers)
+        loading.request(server.http_url, model, "unload", CONTROL_TIMEOUT_S, server.admin_headers)
         deadline = time.monotonic() + UNLOAD_GRACE_S
         while _still_there(server, model):
             if time.monotonic() > deadline:
