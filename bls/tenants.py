@@ -31,7 +31,7 @@ import triton_python_backend_utils as pb_utils
 from tenant_names import TENANT_RE
 from tenant_outbox import Outbox
 from tenant_store import Limits, LocalStore, RedisStore, Store, StoreUnavailable
-from trident_common.error_classes import CLIENT
+from trident_common.error_classes import CLIENT, FORBIDDEN, RATE_LIMIT, UNAVAILABLE
 from trident_common.metrics import COUNTER, GAUGE
 from trident_common.trust import tenant_salt
 
@@ -201,7 +201,7 @@ class Tenants:
                 if name == ANONYMOUS
                 else f"tenant {name!r} is not known"
             )
-            raise Refused(label, "unknown_tenant", f"rate limit: {what}")
+            raise Refused(label, "unknown_tenant", FORBIDDEN.mark(what))
         tenant = Tenant(
             name, label, self.config["default"], name in self.config["share_prefix_cache"]
         )
@@ -225,8 +225,10 @@ class Tenants:
                 raise Refused(
                     tenant.label,
                     "redis_unavailable",
-                    f"unavailable: cannot check the limits of tenant {tenant.name!r} now "
-                    "(the tenant store is unavailable); refused (on_redis_error: deny)",
+                    UNAVAILABLE.mark(
+                        f"cannot check the limits of tenant {tenant.name!r} now (the tenant "
+                        "store is unavailable); refused (on_redis_error: deny)"
+                    ),
                 ) from None
             reason = ""
         if reason:
@@ -234,7 +236,7 @@ class Tenants:
             raise Refused(
                 tenant.label,
                 reason,
-                f"rate limit: tenant {tenant.name!r} is over {limit} {UNITS[reason]}",
+                RATE_LIMIT.mark(f"tenant {tenant.name!r} is over {limit} {UNITS[reason]}"),
             )
         self.metrics.admitted(tenant.label)
         return Ticket(tenant, lease_id)

@@ -53,6 +53,12 @@ CLIENT = ErrorClass(
     "invalid_value",
     "INVALID_ARG",
 )
+# The request names a tenant it may not (not listed, under `unknown: reject`): permanent,
+# so not the 429 of a limit, which clients retry (the openai SDK does, twice by default).
+# python_backend r24.10 has no PERMISSION_DENIED; INVALID_ARG is the nearest it carries.
+FORBIDDEN = ErrorClass(
+    "forbidden", "forbidden: ", 403, "invalid_request_error", "permission_denied", "INVALID_ARG"
+)
 # The tenant is over a limit the spec sets (bls/tenants.py). python_backend r24.10's
 # TritonError has no RESOURCE_EXHAUSTED; UNAVAILABLE is what Triton's own queue limit
 # answers with, and its HTTP endpoint turns it into 503.
@@ -73,7 +79,7 @@ UNAVAILABLE = ErrorClass(
 # message, so an unforeseen error is never blamed on the client.
 INTERNAL = ErrorClass("internal", "", 500, "server_error", "backend_error", "INTERNAL")
 
-CLASSES = (CLIENT, RATE_LIMIT, OVERLOADED, UNAVAILABLE, INTERNAL)
+CLASSES = (CLIENT, FORBIDDEN, RATE_LIMIT, OVERLOADED, UNAVAILABLE, INTERNAL)
 BY_NAME = {c.name: c for c in CLASSES}
 MARKED = tuple(c for c in CLASSES if c.marker)
 

@@ -20,6 +20,7 @@ def test_each_class_maps_once_to_openai_and_triton():
     mapping = {c.name: (c.status, c.triton_code) for c in table.CLASSES}
     assert mapping == {
         "client_error": (400, "INVALID_ARG"),
+        "forbidden": (403, "INVALID_ARG"),
         "rate_limit": (429, "UNAVAILABLE"),
         "overloaded": (503, "UNAVAILABLE"),
         "unavailable": (503, "UNAVAILABLE"),
