@@ -1,9 +1,14 @@
-"""Rendering specs and starting real tritonservers for the server tests."""
+"""Rendering specs and starting real tritonservers (and OpenAI frontends) for tests."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from builder.pipeline import build_repository
@@ -98,3 +103,31 @@ def record_spawn(argv: list[str], output: Path | None, label: str) -> Start:
     the entry ready() when the process says so; its log (output) names its engine loads."""
     self_tests = 0 if "--no-self-test" in argv else 1
     return LEDGER.record("trident serve", label, output, tritonservers=1 + self_tests)
+
+
+def served_pid(ports: Ports) -> int:
+    """The pid of the one tritonserver a `trident serve` subprocess started on `ports`."""
+    found = subprocess.run(
+        ["pgrep", "-f", "--", f"--http-port={ports.http}"], capture_output=True, text=True
+    ).stdout.split()
+    assert len(found) == 1, found
+    return int(found[0])
+
+
+@contextlib.contextmanager
+def running_uvicorn(config) -> Iterator[None]:
+    """A uvicorn.Server on `config` in a thread, started within 15 s, stopped after."""
+    import uvicorn
+
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 15
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline
+            time.sleep(0.02)
+        yield
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -6,10 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 
-import uvicorn
 from fastapi.testclient import TestClient
 
 from builder.serve.openai.asgi import LaneApp, SSEResponse
@@ -17,6 +15,7 @@ from builder.serve.openai.coalesce import CoalescingHTTPProtocol, CoalescingTran
 from builder.serve.openai.runner import _config
 from builder.serve.openai.tensors import ModelInfo, Piece
 from builder.serve.server import free_port
+from tests.helpers.servers import running_uvicorn
 
 
 class RecordingTransport:
@@ -240,16 +239,8 @@ class HangingTriton:
 def test_over_real_uvicorn_a_stream_starts_and_a_client_leaving_cancels_the_call():
     triton = HangingTriton()
     port = free_port()
-    server = uvicorn.Server(
-        _config("unused", "127.0.0.1", port, None, ("router",), _limits(), triton=triton)
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 15
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline
-            time.sleep(0.02)
+    config = _config("unused", "127.0.0.1", port, None, ("router",), _limits(), triton=triton)
+    with running_uvicorn(config):
         body = json.dumps(
             {"model": "router", "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
         ).encode()
@@ -272,6 +263,3 @@ def test_over_real_uvicorn_a_stream_starts_and_a_client_leaving_cancels_the_call
             assert time.monotonic() < deadline
             time.sleep(0.02)
         assert not triton.calls[0].finished
-    finally:
-        server.should_exit = True
-        thread.join(10)

@@ -9,18 +9,17 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 from contextlib import ExitStack, contextmanager
 
 import pytest
-import uvicorn
 
 from builder.serve.openai.guard import LINGER_S, RESERVED_FDS, connection_cap, refusal
 from builder.serve.openai.limits import Limits
 from builder.serve.openai.runner import _config
 from builder.serve.openai.tensors import ModelInfo, Piece
 from builder.serve.server import free_port
+from tests.helpers.servers import running_uvicorn
 
 TIMEOUT_S = 1.0
 
@@ -59,20 +58,9 @@ class StandInTriton:
 @contextmanager
 def frontend(limits: Limits):
     port = free_port()
-    server = uvicorn.Server(
-        _config("unused", "127.0.0.1", port, None, ("router",), limits, triton=StandInTriton())
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 15
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline
-            time.sleep(0.02)
+    config = _config("unused", "127.0.0.1", port, None, ("router",), limits, triton=StandInTriton())
+    with running_uvicorn(config):
         yield port
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def answer(sock: socket.socket, timeout_s: float = 10.0) -> tuple[int, dict, dict]:

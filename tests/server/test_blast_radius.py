@@ -21,7 +21,7 @@ from builder.serve import admin, client
 from builder.serve.watch import stub_processes
 from support.sglang_double import SHIM
 from tests.helpers import wait_for
-from tests.helpers.servers import free_ports, record_spawn, render, serve_argv
+from tests.helpers.servers import free_ports, record_spawn, render, serve_argv, served_pid
 
 pytestmark = pytest.mark.server
 # The operator's own admin key (builder/serve/admin.py): the test unloads a model by hand.
@@ -68,14 +68,6 @@ def answers(url: str, model: str) -> bool:
         return False
 
 
-def server_pid(ports) -> int:
-    found = subprocess.run(
-        ["pgrep", "-f", "--", f"--http-port={ports.http}"], capture_output=True, text=True
-    ).stdout.split()
-    assert len(found) == 1, found
-    return int(found[0])
-
-
 def test_a_killed_stub_costs_its_own_model_only(tmp_path):
     repo = render(SPEC, tmp_path / "repo")
     for model in ("qa", "qb"):
@@ -96,7 +88,7 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
         wait_for(lambda: "ready:" in output.read_text() or proc.poll() is not None, 120)
         assert proc.poll() is None, output.read_text()
         started.ready()
-        url, pid = f"127.0.0.1:{ports.grpc}", server_pid(ports)
+        url, pid = f"127.0.0.1:{ports.grpc}", served_pid(ports)
         askers = [Asker(url, "qb"), Asker(url, "router")]
         for asker in askers:
             asker.start()
@@ -125,7 +117,7 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
         # back to qb while qa reloads.
         assert len(router_asker.failures) <= 1, router_asker.failures
         assert all("qa failed mid-stream" in f for f in router_asker.failures)
-        assert server_pid(ports) == pid and proc.poll() is None
+        assert served_pid(ports) == pid and proc.poll() is None
 
         # An operator's unload is not a death: nothing is reloaded.
         _control(ports, "qb", "unload")

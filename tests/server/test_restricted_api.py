@@ -35,7 +35,7 @@ from builder.serve.server import free_port
 from builder.serve.watch import stub_processes
 from support.sglang_double import SHIM
 from tests.helpers import wait_for
-from tests.helpers.servers import free_ports, record_spawn, render, serve_argv
+from tests.helpers.servers import free_ports, record_spawn, render, serve_argv, served_pid
 
 pytestmark = pytest.mark.server
 
@@ -101,7 +101,7 @@ def serving(tmp_path_factory):
         wait_for(lambda: "OpenAI API:" in output.read_text() or proc.poll() is not None, 180)
         assert proc.poll() is None, output.read_text()
         started.ready()
-        pid = _server_pid(ports)
+        pid = served_pid(ports)
         yield ports, openai, pid, output, proc
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -219,7 +219,7 @@ def test_a_keyless_flood_is_refused_in_words_and_costs_nothing_else(serving):
         assert code == 503 and "open connections" in said
         # The slow ones: each a 408 at its deadline; trident serve and Triton untouched.
         assert {_status(sock)[0] for sock in flood[:cap]} == {408}
-        assert proc.poll() is None and _server_pid(ports) == pid
+        assert proc.poll() is None and served_pid(ports) == pid
     wait_for(lambda: http(f"http://127.0.0.1:{openai}", "/health", data=None)[0] == 200, 30)
     # Huge headers are refused at the limit, not held: the process stays its size.
     before = _rss_kib(proc.pid)
@@ -234,14 +234,6 @@ def test_a_keyless_flood_is_refused_in_words_and_costs_nothing_else(serving):
     answer = client.stream_generate(f"127.0.0.1:{ports.grpc}", "router", "hi", max_tokens=4)
     assert answer.text
     assert "keeper cannot watch" not in output.read_text()
-
-
-def _server_pid(ports) -> int:
-    found = subprocess.run(
-        ["pgrep", "-f", "--", f"--http-port={ports.http}"], capture_output=True, text=True
-    ).stdout.split()
-    assert len(found) == 1, found
-    return int(found[0])
 
 
 def test_the_keeper_still_reloads_a_killed_model(serving):
