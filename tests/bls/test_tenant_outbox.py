@@ -24,9 +24,11 @@ class Store:
     def __init__(self, failing=False):
         self.failing, self.gate = failing, None
         self.written, self.attempts, self.at_once, self.most_at_once = [], 0, 0, 0
+        self.tried = []  # lease ids, one per attempt
 
     async def finish(self, tenant, limits, lease_id, tokens):
         self.attempts += 1
+        self.tried.append(lease_id)
         self.at_once += 1
         self.most_at_once = max(self.most_at_once, self.at_once)
         try:
@@ -53,6 +55,14 @@ class Counts:
 
 def outbox(store, counts, **options):
     return Outbox(store, on_retry=counts.retry, on_lost=counts.lose, **options)
+
+
+async def until(condition, timeout_s=5.0):
+    """Wait for the writer to get somewhere (a fixed sleep is too short on a loaded box)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "the writer made no progress"
+        await asyncio.sleep(0.005)
 
 
 def test_every_write_lands_once_a_burst_in_parallel_batches():
@@ -112,13 +122,16 @@ def test_a_write_failing_past_give_up_s_is_dropped_and_counted(monkeypatch):
         box.put("t", None, "old", 1)
         now[0] = 30.0
         box.put("t", None, "young", 1)
-        await asyncio.sleep(0.05)
+        await until(lambda: store.attempts >= 4)  # each write failed at least twice
         assert box.pending() == 2 and counts.lost == 0
         now[0] = 61.0  # "old" has failed for a minute
-        await asyncio.sleep(0.05)
-        return [write.lease_id for write in box.queue]
+        await until(lambda: counts.lost == 1)
+        since = len(store.tried)
+        await until(lambda: len(store.tried) >= since + 3)
+        return store.tried[since:], box.pending()
 
-    assert asyncio.run(go()) == ["young"]
+    tried_after_the_drop, pending = asyncio.run(go())
+    assert set(tried_after_the_drop) == {"young"} and pending == 1
     assert counts.lost == 1
 
 
