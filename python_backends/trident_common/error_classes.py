@@ -75,11 +75,21 @@ OVERLOADED = ErrorClass(
 UNAVAILABLE = ErrorClass(
     "unavailable", "unavailable: ", 503, "server_error", "unavailable", "UNAVAILABLE"
 )
+# The server is draining (a SIGTERM, a rolling restart): it takes no new request, the
+# ones in flight finish. Retry on another server (the frontend adds Retry-After).
+DRAINING = ErrorClass(
+    "draining", "draining: ", 503, "server_error", "server_draining", "UNAVAILABLE"
+)
+# The drain's timeout ended this answer before it was done: the server is stopping.
+# Final: no fallback, the backends are stopping too.
+SHUTDOWN = ErrorClass(
+    "shutdown", "server shutdown: ", 503, "server_error", "server_shutdown", "UNAVAILABLE"
+)
 # Anything else: an engine failed or crashed, a defect. The default of an unmarked
 # message, so an unforeseen error is never blamed on the client.
 INTERNAL = ErrorClass("internal", "", 500, "server_error", "backend_error", "INTERNAL")
 
-CLASSES = (CLIENT, FORBIDDEN, RATE_LIMIT, OVERLOADED, UNAVAILABLE, INTERNAL)
+CLASSES = (CLIENT, FORBIDDEN, RATE_LIMIT, OVERLOADED, UNAVAILABLE, DRAINING, SHUTDOWN, INTERNAL)
 BY_NAME = {c.name: c for c in CLASSES}
 MARKED = tuple(c for c in CLASSES if c.marker)
 

@@ -16,6 +16,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trident_common import interface
+from trident_common.error_classes import triton_error
 from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, Metric, MetricSet
 from trident_common.request import CLIENT_FAULT_PREFIX
 
@@ -98,14 +99,12 @@ class ResponseFactory:
     @staticmethod
     def error(message: str, client_fault: bool = False) -> pb_utils.InferenceResponse:
         """An error response; client_fault marks it INVALID_ARG, which tells the router
-        not to count it against this backend's health nor to retry elsewhere."""
-        if not client_fault:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
-        return pb_utils.InferenceResponse(
-            error=pb_utils.TritonError(
-                CLIENT_FAULT_PREFIX + message, pb_utils.TritonError.INVALID_ARG
-            )
-        )
+        not to count it against this backend's health nor to retry elsewhere. Otherwise
+        the message's marker sets the code (a drain's refusal is UNAVAILABLE: Triton's
+        HTTP endpoint answers 503); a message without one is INTERNAL."""
+        if client_fault:
+            message = CLIENT_FAULT_PREFIX + message
+        return pb_utils.InferenceResponse(error=triton_error(pb_utils, message))
 
 
 def send_error(

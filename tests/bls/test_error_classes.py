@@ -24,6 +24,8 @@ def test_each_class_maps_once_to_openai_and_triton():
         "rate_limit": (429, "UNAVAILABLE"),
         "overloaded": (503, "UNAVAILABLE"),
         "unavailable": (503, "UNAVAILABLE"),
+        "draining": (503, "UNAVAILABLE"),
+        "shutdown": (503, "UNAVAILABLE"),
         "internal": (500, "INTERNAL"),
     }
     # Every code names one python_backend r24.10 carries (it has no RESOURCE_EXHAUSTED).
