@@ -5,7 +5,6 @@ environment with the per-format escaping filters, and the RenderContext a render
 from __future__ import annotations
 
 import functools
-import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import jinja2
 
 from bls.router_config import RouterConfig, RouterConfigError
+from builder import runtime_modules
 from builder.errors import TridentError
 from builder.plan.model import Plan
 from builder.render import escape
@@ -46,17 +46,9 @@ class RenderContext:
 
 
 def load_interface(path: Path = INTERFACE_FILE) -> ModuleType:
-    """trident's tensor interface (trident_common/interface.py), for the templates.
-
-    Loaded from its file: trident_common is not an installed package but sources copied
-    into each model directory, where the stub imports it as a top-level package. The
-    module imports nothing from trident, so loading it alone is the whole of it."""
-    spec = importlib.util.spec_from_file_location("trident_interface", path)
-    # A .py path always has a spec and a source loader (None is for unknown suffixes).
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """trident's tensor interface (trident_common/interface.py), for the templates
+    (builder.runtime_modules says why from its file)."""
+    return runtime_modules.load_file("trident_interface", path)
 
 
 INTERFACE = load_interface()
