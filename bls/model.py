@@ -40,7 +40,7 @@ from breaker import HALF_OPEN
 from control import SILENCE_PROBE_S, Controls
 from inbound import Inbound
 from policy import ADAPTER_KEYS, Policy, UnknownRoute, features_from
-from relay import CLIENT_ERROR, CallSlots, Relay, Retired
+from relay import REFUSED, CallSlots, Relay, Retired
 from replicas import Replicas, tenant_salt
 from router_config import FILE_NAME as ROUTER_CONFIG
 from router_config import load as load_router_config
@@ -48,8 +48,17 @@ from router_metrics import RouterMetrics
 from targets import Targets
 from tenants import Tenants
 from trident_common import trust
-from trident_common.error_classes import CLIENT, OVERLOADED, UNAVAILABLE, triton_error
+from trident_common.drain import DrainWatch
+from trident_common.error_classes import (
+    CLIENT,
+    DRAINING,
+    OVERLOADED,
+    SHUTDOWN,
+    UNAVAILABLE,
+    triton_error,
+)
 from trident_common.interface import (
+    DRAIN_DIR_ENV,
     ERRORS_IN_BAND,
     HINT_NAMES,
     RETURNABLE,
@@ -170,6 +179,13 @@ class TritonPythonModel:
         self.tenants = Tenants(
             self.config.tenants, self.metrics, self.deadline_s, warn=self.log.warning
         )
+        # Requests between arrival and their end: a draining server waits for none left.
+        self.handling = 0
+        self.drain = DrainWatch(
+            os.environ.get(DRAIN_DIR_ENV),
+            args.get("model_instance_name") or self.name,
+            lambda: self.handling,
+        )
 
     async def execute(self, requests: list[pb_utils.InferenceRequest]) -> None:
         # Breakers, counters and control requests are only touched on this loop.
@@ -186,6 +202,7 @@ class TritonPythonModel:
         return None
 
     def finalize(self) -> None:
+        self.drain.close()
         # Queued lease releases and token charges would die with this process.
         self.tenants.close(self.loop)
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -198,7 +215,12 @@ class TritonPythonModel:
         arrival = time.monotonic()
         self.retired.prune()
         sender = request.get_response_sender()
+        if self.drain.draining:
+            # Admitted requests keep their fallbacks; a new one starts nothing. (At the
+            # cutoff the engine models end what still runs, with SHUTDOWN's marker.)
+            return self.fail(sender, self.refusal(), "draining")
         attempts: list[Relay] = []
+        self.handling += 1
         try:
             await self.route(request, sender, arrival, attempts)
         except ClientCancelled:
@@ -210,6 +232,16 @@ class TritonPythonModel:
                 talking[-1].close(f"router error: {e}")
             else:
                 self.fail(sender, f"router error: {e}", "internal")
+        finally:
+            self.handling -= 1
+
+    def refusal(self) -> str:
+        """Why a draining server's router takes no new request (error_classes.py)."""
+        if self.drain.cut:
+            return SHUTDOWN.mark(f"{self.name}: the server is stopping")
+        return DRAINING.mark(
+            f"{self.name}: the server is draining and takes no new requests; retry on another"
+        )
 
     async def route(
         self,
@@ -437,8 +469,9 @@ class TritonPythonModel:
                     return False
             raise BackendFailed(problem)
         outcome = await relay.first
-        if outcome == CLIENT_ERROR:
-            self.metrics.error("bad_request")
+        if outcome == REFUSED:
+            refusal = relay.refusal or CLIENT
+            self.metrics.error("bad_request" if refusal is CLIENT else refusal.name)
             return False
         if outcome is not None:
             raise BackendFailed(outcome)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import triton_python_backend_utils as pb_utils
 
-from trident_common.error_classes import CLIENT, classify, triton_error
+from trident_common.error_classes import CLIENT, SHUTDOWN, ErrorClass, classify, triton_error
 
 if TYPE_CHECKING:
     import asyncio
@@ -29,7 +29,11 @@ if TYPE_CHECKING:
     _T = TypeVar("_T")
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-CLIENT_ERROR = "client error"  # Relay.start outcome: the backend rejected the request
+REFUSED = "refused"  # Relay.start outcome: the backend's refusal went to the client as is
+# Refusals no other backend would answer differently: the request is wrong (CLIENT), or
+# the server is stopping (SHUTDOWN: a drain's timeout, every backend's). They reach the
+# client unchanged, are retried nowhere and are not the backend's failure.
+FINAL_CLASSES = (CLIENT, SHUTDOWN)
 RETIRE_S = 10.0  # finished BLS iterators are kept this long (see Retired)
 PRUNE_EVERY_S = 1.0  # how often Retired.prune looks (it is called per request)
 
@@ -132,6 +136,7 @@ class Relay:
         # the last response sent (bls/tenants.py reads its counts)
         self.last: pb_utils.InferenceResponse | None = None
         self.tally: Tally | None = None  # counts tokens per response, if set (bls/tenants.py)
+        self.refusal: ErrorClass | None = None  # the class of a REFUSED first response
         # start's outcome (or the call's failure)
         self.first: asyncio.Future[str | None] = loop.create_future()
         self.done: asyncio.Future[bool] = loop.create_future()
@@ -169,7 +174,7 @@ class Relay:
         _set_once(self.first, outcome)
 
     def start(self, first: pb_utils.InferenceResponse | None) -> str | None:
-        """Send the first response, or say why not: None, CLIENT_ERROR or the problem
+        """Send the first response, or say why not: None, REFUSED or the problem
         (then this attempt sends nothing more; the router falls back or answers)."""
         received = time.monotonic()
         problem: str | None
@@ -181,11 +186,12 @@ class Relay:
         with self.lock:
             if self.closed:
                 return problem or "abandoned by the router"
-            if problem is not None and _client_fault(problem):
-                # The request is wrong, not the backend: tell the client, retry nowhere.
-                # first is not None: its absence is a problem no client caused.
+            if problem is not None and _final(problem):
+                # Not the backend's failure: tell the client, retry nowhere. first is
+                # not None: its absence is a problem no client caused.
+                self.refusal = classify(problem)
                 self._finish(first.error() if first.has_error() else problem)  # type: ignore[union-attr]
-                return CLIENT_ERROR
+                return REFUSED
             if problem is not None:
                 self.closed = True
                 return problem
@@ -220,8 +226,8 @@ class Relay:
         with self.lock:
             if self.closed:
                 return  # answered, abandoned or cancelled: drain only
-            if problem is not None and _client_fault(problem):
-                self._finish(problem)  # the request's fault, not the backend's
+            if problem is not None and _final(problem):
+                self._finish(problem)  # the request's fault, or the server stops
             elif problem is not None:
                 self.backend_failed = True
                 self._finish(f"{self.backend} failed mid-stream: {problem}")
@@ -287,9 +293,9 @@ def _set_once(future: asyncio.Future[_T], value: _T) -> None:
         future.set_result(value)
 
 
-def _client_fault(problem: str) -> bool:
-    """A backend's error message that blames the request (error_classes.CLIENT)."""
-    return classify(problem) is CLIENT
+def _final(problem: str) -> bool:
+    """A backend's error message of a FINAL_CLASSES class."""
+    return classify(problem) in FINAL_CLASSES
 
 
 def drain(responses: Responses, retired: Retired) -> None:

@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 from trident_common import trust
 from trident_common.aborts import Aborts
 from trident_common.deltas import Delta
-from trident_common.interface import ROUTER_SECRET_ENV
+from trident_common.drain import DrainWatch
+from trident_common.error_classes import DRAINING, SHUTDOWN
+from trident_common.interface import DRAIN_DIR_ENV, ROUTER_SECRET_ENV
 from trident_common.log import Log
 from trident_common.outbox import Outbox, Outlet, quietly
 from trident_common.placement import apply_device_placement
@@ -83,6 +85,7 @@ class _Active:
     started: bool = False  # a data response has been sent
     closed: bool = False  # the final flag has been sent (or tried: the client left)
     dead: str | None = None  # why the engine died under this request
+    cut: bool = False  # the drain's timeout ended it (drain.py)
     send_error: Exception | None = None  # sending one of its responses raised
     in_band: bool = False  # its caller takes errors in band (interface.ERRORS_IN_BAND)
 
@@ -164,6 +167,13 @@ class AsyncEngineModel(abc.ABC):
             self.metrics.finalize()
             raise
         self._health = asyncio.run_coroutine_threadsafe(self._watch_health(), self.loop)
+        # Started once the engine serves: a server that drains asks how busy it is.
+        self.drain = DrainWatch(
+            os.environ.get(DRAIN_DIR_ENV),
+            args.get("model_instance_name") or self.model_name,
+            lambda: len(self._running),
+            lambda: self.loop.call_soon_threadsafe(self._cut_off),
+        )
         self.log.info(f"The engine of model {self.model_name} is ready")
 
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> None:
@@ -194,12 +204,18 @@ class AsyncEngineModel(abc.ABC):
                 continue
             if isinstance(parsed, AbortRequest):
                 self.loop.call_soon_threadsafe(self._abort_by_client_id, parsed, sender)
+            elif self.drain.draining and (self.drain.cut or not parsed.proven):
+                # The router's requests were admitted before the drain (it admits none
+                # during one): they finish. Nobody else's start now.
+                self._count(None, self.metrics.errors)
+                quietly(send_error, sender, self.responses, self._refusal(), False, False, in_band)
             else:
                 self.loop.call_soon_threadsafe(self._start, parsed, sender, arrival, in_band)
         return None
 
     def finalize(self) -> None:
         self.log.info(f"Stopping the engine of model {self.model_name}")
+        self.drain.close()
         try:
             self.loop.call_soon_threadsafe(self._health.cancel)
             for active in list(self._running):
@@ -316,6 +332,8 @@ class AsyncEngineModel(abc.ABC):
         except asyncio.CancelledError:
             if active.dead is not None:  # cancelled by the health check: not an abort
                 self._fail(active, f"{self.engine_name} engine is dead: {active.dead}")
+            elif active.cut:
+                self._fail(active, self._refusal())
             elif active.send_error is not None:
                 self._failed(active, active.send_error)
             else:
@@ -371,6 +389,26 @@ class AsyncEngineModel(abc.ABC):
                         active.dead = dead
                         active.task.cancel()
             await asyncio.sleep(HEALTH_CHECK_S)
+
+    def _refusal(self) -> str:
+        """Why a draining server's model takes no request (error_classes.py)."""
+        if self.drain.cut:
+            return SHUTDOWN.mark(
+                f"{self.model_name}: the server is stopping and its drain timeout ended this answer"
+            )
+        return DRAINING.mark(
+            f"{self.model_name}: the server is draining and takes no new requests; retry on another"
+        )
+
+    def _cut_off(self) -> None:
+        """(On the loop.) The drain's timeout passed: end what still runs, with an error."""
+        if self._running:
+            self.log.warning(
+                f"The drain timeout ended {len(self._running)} requests of {self.model_name}"
+            )
+        for active in list(self._running):
+            active.cut = True
+            active.task.cancel()
 
     async def _relay(
         self, request: GenerateRequest, prompt: str, sampling: Any, active: _Active, arrival: float

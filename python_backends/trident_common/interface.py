@@ -73,6 +73,9 @@ TENANT_INPUTS = (Tensor("priority", "TYPE_INT32", (1,), True), _text("cache_salt
 # engine models honour tenant-sensitive inputs (TENANT_INPUTS, ABORT_REQUEST_ID) only from a
 # request that carries a proof derived from it.
 ROUTER_SECRET_ENV = "TRIDENT_ROUTER_SECRET"
+# The environment variable naming the folder through which `trident serve` tells its models
+# that it drains (trident_common/drain.py says what is in it). Unset: the models never drain.
+DRAIN_DIR_ENV = "TRIDENT_DRAIN_DIR"
 # The request parameter that carries the router's proof (trust.py); the router never
 # forwards a client's parameter of this name.
 ROUTER_PROOF = "trident_router_proof"

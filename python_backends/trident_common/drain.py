@@ -1,0 +1,91 @@
+"""A model's view of `trident serve`'s drain, through files in one folder.
+
+`trident serve` (builder/serve/drain.py) names the folder in tritonserver's environment
+(interface.DRAIN_DIR_ENV); every stub inherits it and hands it to its DrainWatch. The
+server writes, the models read:
+
+- `draining`: take no new request (the router none at all; an engine model none but the
+  router's, which finish requests admitted before the drain: their fallbacks included);
+- `cutoff`: the drain's timeout passed: end every answer still running with an error
+  (error_classes.SHUTDOWN) and take nothing more.
+
+While draining, each model instance writes how many requests it has in flight to
+`busy.<pid>.<instance>`, so the server knows when nothing is left. A thread polls the
+folder: a request pays one attribute read, never a system call. No import from Triton
+or trident: the builder loads this file too (builder.runtime_modules), for the names.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+DRAINING, CUTOFF, BUSY_PREFIX = "draining", "cutoff", "busy."
+# How stale a model's view of the drain may be: new requests are refused within this of
+# the server's signal, and the busy counts it reads are this fresh.
+POLL_S = 0.1
+
+
+class DrainWatch:
+    """`draining` and `cut` as the server last said; `on_cutoff` runs once, on this
+    watch's thread, when the drain's timeout passes."""
+
+    def __init__(
+        self,
+        folder: str | None,
+        instance: str,
+        busy: Callable[[], int],
+        on_cutoff: Callable[[], object] = lambda: None,
+        poll_s: float = POLL_S,
+    ) -> None:
+        """folder: the server's (None: it never drains, nothing is watched)."""
+        self.draining = self.cut = False
+        self.folder = folder
+        self.busy, self.on_cutoff, self.poll_s = busy, on_cutoff, poll_s
+        self.busy_file = f"{BUSY_PREFIX}{os.getpid()}.{instance}"
+        self.published: int | None = None
+        self.stopped = threading.Event()
+        self.thread: threading.Thread | None = None
+        if self.folder:
+            self.thread = threading.Thread(target=self._watch, name="drain-watch", daemon=True)
+            self.thread.start()
+
+    def close(self) -> None:
+        """Stop watching; this instance has nothing in flight any more."""
+        self.stopped.set()
+        if self.thread is not None:
+            self.thread.join(2 * self.poll_s + 1)
+        if self.folder and self.published is not None:
+            try:
+                os.unlink(os.path.join(self.folder, self.busy_file))
+            except OSError:
+                pass
+
+    def _watch(self) -> None:
+        assert self.folder is not None
+        while not self.stopped.wait(self.poll_s):
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - a watch that dies would never drain
+                continue
+
+    def check(self) -> None:
+        """One look at the folder (the thread's step; tests call it directly)."""
+        assert self.folder is not None
+        if not self.draining and os.path.exists(os.path.join(self.folder, DRAINING)):
+            self.draining = True
+        if self.draining and not self.cut and os.path.exists(os.path.join(self.folder, CUTOFF)):
+            self.cut = True
+            self.on_cutoff()
+        if self.draining:
+            self._publish(self.busy())
+
+    def _publish(self, count: int) -> None:
+        if count == self.published:
+            return
+        path = os.path.join(self.folder or "", self.busy_file)
+        with open(path + ".tmp", "w") as f:
+            f.write(str(count))
+        os.replace(path + ".tmp", path)  # the server never reads half a number
+        self.published = count

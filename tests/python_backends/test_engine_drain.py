@@ -1,0 +1,86 @@
+"""An engine model in a draining server (trident_common/drain.py, engine_model.py), on
+trident's SGLang model with the SGLang double: a direct client's new request is refused
+with the drain's class (UNAVAILABLE, so Triton's HTTP port answers 503), the router's
+requests (admitted before the drain) are served, the busy count the server waits on is
+published, and at the cutoff a running stream ends with SHUTDOWN's marker, once."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fakes import fake_pb_utils as pb
+from tests.helpers import wait_for
+from tests.python_backends.test_sglang_model import _serve, repo, texts  # noqa: F401
+from trident_common import drain
+from trident_common.error_classes import DRAINING, SHUTDOWN, classify
+from trident_common.interface import DRAIN_DIR_ENV
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    path = tmp_path / "drain"
+    path.mkdir()
+    monkeypatch.setenv(DRAIN_DIR_ENV, str(path))
+    return path
+
+
+@pytest.fixture
+def served(repo, folder, monkeypatch):  # noqa: F811
+    yield from _serve(repo, monkeypatch)
+
+
+def enter(served, folder, *files):
+    for name in files:
+        (folder / name).touch()
+    served.model.drain.check()  # the watch's step now, not within POLL_S
+
+
+def busy(folder) -> list[str]:
+    return [p.read_text() for p in folder.glob(drain.BUSY_PREFIX + "*") if p.suffix != ".tmp"]
+
+
+def test_a_direct_clients_new_request_is_refused_with_the_drains_class(served, folder):
+    enter(served, folder, drain.DRAINING)
+    sender = served.run(text_input="hi", stream=True)
+    (response,) = sender.responses()
+    error = response.error()
+    assert classify(error.message()) is DRAINING and "retry on another" in error.message()
+    assert error.code() == pb.TritonError.UNAVAILABLE
+    assert sender.final_flags() == 1 and served.engine.calls == []
+
+
+def test_the_routers_requests_are_still_served_and_counted_busy(served, folder):
+    enter(served, folder, drain.DRAINING)
+    assert busy(folder) == ["0"]
+    served.engine.hold_after = 1
+    stream = served.send(True, text_input="long answer", stream=True, request_id="router-1")
+    wait_for(lambda: stream.responses())
+    served.model.drain.check()
+    assert busy(folder) == ["1"]
+    served.engine.release()
+    stream.wait_closed()
+    assert not any(r.has_error() for r in stream.responses()) and stream.final_flags() == 1
+    wait_for(lambda: (served.model.drain.check(), busy(folder))[1] == ["0"])
+
+
+def test_at_the_cutoff_a_running_stream_ends_with_the_shutdown_error(served, folder):
+    served.engine.hold_after = 1
+    stream = served.send(True, text_input="long answer", stream=True, request_id="router-2")
+    wait_for(lambda: stream.responses())
+    enter(served, folder, drain.DRAINING, drain.CUTOFF)
+    stream.wait_closed()
+    ended = stream.responses()[-1]
+    message = ended.value("error") if not ended.has_error() else ended.error().message()
+    assert classify(message) is SHUTDOWN, texts(stream)
+    assert stream.final_flags() == 1
+    wait_for(lambda: served.engine.aborts)  # the engine stops generating it
+    # After the cutoff even the router's requests are refused.
+    late = served.run(True, text_input="hi", stream=True, request_id="router-3")
+    assert classify(late.responses()[0].error().message()) is SHUTDOWN
+
+
+def test_without_the_drain_folder_nothing_is_watched(repo, monkeypatch):  # noqa: F811
+    monkeypatch.delenv(DRAIN_DIR_ENV, raising=False)
+    for served in _serve(repo, monkeypatch):
+        assert served.model.drain.thread is None and not served.model.drain.draining
+        assert served.run(text_input="hi", stream=True).final_flags() == 1
