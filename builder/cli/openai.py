@@ -52,6 +52,16 @@ from builder.spec import ServerSpec
     help="the repository Triton serves: max_tokens above a model's context "
     "length (its max_model_len) is then a 400",
 )
+@click.option(
+    "--drain-timeout",
+    "drain_timeout_s",
+    type=click.FloatRange(0, 600),
+    default=ServerSpec.drain_timeout_s,
+    show_default=True,
+    metavar="SECONDS",
+    help="on SIGTERM or Ctrl-C: refuse new requests (503) and give the answers in flight "
+    "this long to finish; what is left then ends with a `server_shutdown` error",
+)
 def openai_command(
     triton_url: str,
     port: int,
@@ -60,6 +70,7 @@ def openai_command(
     expose: tuple[str, ...],
     max_body_bytes: int | None,
     repo: str | None,
+    drain_timeout_s: float,
 ) -> int:
     """Serve OpenAI's API (/v1/models, /v1/chat/completions, /v1/completions) for the
     exposed models of a running tritonserver (`router` unless --expose names others),
@@ -68,7 +79,9 @@ def openai_command(
     Every request is one gRPC stream to the Triton model named by `model`; any model
     not exposed is a 404. Routing hints come from the body (`route`, `task`, `tenant`,
     `conversation_id` ...) or `X-Trident-*` headers; with API keys the key sets the
-    tenant and `tier` is not taken from the client. Serves until Ctrl-C or SIGTERM.
+    tenant and `tier` is not taken from the client. Serves until Ctrl-C or SIGTERM,
+    then drains (/health 503, new requests 503, the answers in flight finish, up to
+    --drain-timeout) and exits 0; a second signal stops at once.
     """
     # lazy: fastapi, uvicorn and grpc take a while to import; `trident --help` need not wait
     from builder.serve.openai.keys import load_keys
@@ -84,7 +97,16 @@ def openai_command(
         f"(models: {', '.join(expose)})",
         err=True,
     )
-    run(triton_url, host, port, keys, expose, limits, None if repo is None else Path(repo))
+    run(
+        triton_url,
+        host,
+        port,
+        keys,
+        expose,
+        limits,
+        None if repo is None else Path(repo),
+        drain_timeout_s,
+    )
     return 0
 
 

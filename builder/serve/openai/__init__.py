@@ -12,6 +12,7 @@ finish reason and token counts.
     policy.py     pure: which models a client reaches, which hints a keyed client keeps
     keys.py       API keys: the keys file, the bearer check
     triton.py     the gRPC side (tritonclient.grpc.aio): models, configs, one stream
+    draining.py   the drain: new work refused, answers in flight finished or cut off
     app.py        the FastAPI application: /v1/models, /v1/chat/completions, /v1/completions
     runner.py     run it standalone (`trident openai`) or beside `trident serve`
 """

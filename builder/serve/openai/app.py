@@ -7,8 +7,14 @@ with an `error` object (the openai client raises it), then `data: [DONE]`. A cli
 that goes away cancels the gRPC call, which aborts the request in the engine.
 
 Only exposed models are listed and served (policy.py). A request is checked in the order
-that costs the least first: the API key (headers only), the declared body size, the body
-read in pieces up to the limit, the JSON's depth, then its fields (limits.py).
+that costs the least first: the drain, the API key (headers only), the declared body
+size, the body read in pieces up to the limit, the JSON's depth, then its fields
+(limits.py).
+
+While the server drains (draining.py) /health is a 503 (the load balancer takes the
+server out), /health/live stays 200 (a liveness probe never kills a draining server),
+new /v1 requests are 503 `server_draining` with Retry-After, and the answers admitted
+before go on to their end, or until the drain's cut_off().
 """
 
 from __future__ import annotations
@@ -28,12 +34,15 @@ from starlette.responses import Response
 from builder.serve.openai import choices
 from builder.serve.openai.answers import Answer
 from builder.serve.openai.asgi import LaneApp, SSEResponse
+from builder.serve.openai.draining import RETRY_AFTER_S, Drain
 from builder.serve.openai.errors import (
     OpenAIError,
     client_closed,
     invalid,
     model_not_found,
     no_finish_reason,
+    server_draining,
+    server_shutdown,
 )
 from builder.serve.openai.keys import tenant_of
 from builder.serve.openai.limits import (
@@ -59,25 +68,36 @@ def create_app(
     api_keys: Mapping[str, str] | None = None,
     expose: Iterable[str] = DEFAULT_EXPOSE,
     limits: Limits = Limits(),
+    drain: Drain | None = None,
 ) -> FastAPI:
     """The application for the Triton at triton_url (`triton`: a stand-in, for tests),
     serving the models in `expose` only. With api_keys (key → tenant,
     builder.serve.openai.keys), every /v1 request needs one of the keys, and its tenant
-    is the request's tenant (policy.as_tenant)."""
+    is the request's tenant (policy.as_tenant). `drain`: the drain's state, which its
+    driver holds too (app.state.drain; a new one if not given)."""
     triton = triton or Triton(triton_url)
     exposed = frozenset(expose)
+    drain = drain or Drain()
 
-    def tenant(request: Request) -> str | None:
+    def admit(request: Request) -> str | None:
+        """The request's tenant, once it may come in. The drain is checked before the
+        key: a draining server's 503 tells a caller without a key nothing that /health
+        (no key) does not say, and the refusal is the same for every caller."""
+        if drain.draining:
+            raise server_draining(RETRY_AFTER_S)
         return None if api_keys is None else tenant_of(api_keys, request.headers)
 
     async def generate(request: Request, parse) -> Response:
-        name = tenant(request)  # a 401 before a byte of the body is read
+        name = admit(request)  # a 401 before a byte of the body is read
         generation = parse(await _body(request, limits), request.headers, limits)
         model, generation = resolve(as_tenant(generation, name), exposed)
-        return await _generate(triton, request, model, generation, limits)
+        if drain.cut:  # admitted before the drain, its body still arriving at cut_off()
+            raise server_shutdown()
+        return await _generate(triton, request, model, generation, limits, drain)
 
     @asynccontextmanager
     async def lifespan(_app):
+        drain.bind(asyncio.get_running_loop())
         yield
         await triton.close()
 
@@ -89,6 +109,7 @@ def create_app(
         openapi_url=None,
     )
     app.state.triton = triton
+    app.state.drain = drain
 
     @app.exception_handler(OpenAIError)
     @app.exception_handler(HTTPException)
@@ -98,12 +119,22 @@ def create_app(
 
     @app.get("/health")
     async def health():
+        """Readiness: a load balancer sends no more work once this fails."""
+        if drain.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        await triton.models(fresh=True)
+        return {"status": "ok"}
+
+    @app.get("/health/live")
+    async def live():
+        """Liveness: the process serves (a drain included: it must not be killed for
+        draining) and Triton answers."""
         await triton.models(fresh=True)
         return {"status": "ok"}
 
     @app.get("/v1/models")
     async def list_models(request: Request):
-        tenant(request)
+        admit(request)
         models = await triton.models(fresh=True)
         created = int(time.time())
         return {
@@ -116,7 +147,7 @@ def create_app(
 
     @app.get("/v1/models/{model}")
     async def get_model(model: str, request: Request):
-        tenant(request)
+        admit(request)
         if model not in exposed:
             raise model_not_found(model)
         await triton.info(model)
@@ -132,14 +163,23 @@ def create_app(
 
     def lane(parse):
         """The same as the route above, straight from ASGI (asgi.py: every request and
-        token of a generation would otherwise pass FastAPI's layers)."""
+        token of a generation would otherwise pass FastAPI's layers). LaneApp answers
+        every POST to these paths here, so this is where in_flight is counted: from
+        admission until the answer's last byte was sent (or its client left)."""
 
         async def handle(scope, receive, send) -> None:
+            if drain.draining:  # refused before it is counted: in_flight is the admitted
+                await error_response(server_draining(RETRY_AFTER_S))(scope, receive, send)
+                return
+            drain.in_flight += 1
             try:
-                response = await generate(Request(scope, receive), parse)
-            except Exception as error:
-                response = error_response(error)
-            await response(scope, receive, send)
+                try:
+                    response = await generate(Request(scope, receive), parse)
+                except Exception as error:
+                    response = error_response(error)
+                await response(scope, receive, send)
+            finally:
+                drain.in_flight -= 1
 
         return handle
 
@@ -151,7 +191,7 @@ def create_app(
 def error_response(error: Exception) -> JSONResponse:
     """An error in OpenAI's shape with its status; an unexpected one is logged."""
     if isinstance(error, OpenAIError):
-        return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
     if isinstance(error, HTTPException):
         kind = "invalid_request_error" if error.status_code < 500 else "server_error"
         return JSONResponse(
@@ -184,13 +224,19 @@ async def _body(request: Request, limits: Limits):
 
 
 async def _generate(
-    triton: Triton, request: Request, model: str, generation: Generation, limits: Limits
+    triton: Triton,
+    request: Request,
+    model: str,
+    generation: Generation,
+    limits: Limits,
+    drain: Drain,
 ):
     info = await triton.info(model)
     check_max_tokens(generation.max_tokens, generation.max_tokens_param, info.name, limits)
     if choices.needed(generation):  # n > 1 or logprobs: choices.py's path
-        return await choices.respond(triton, request, generation, info)
+        return await choices.respond(triton, request, generation, info, drain)
     call = triton.stream(generation, info)
+    drain.track(call)  # cut_off() ends it with an error, whole or streamed
     answer = Answer(generation)
     watcher = asyncio.ensure_future(_cancel_on_disconnect(request, call))
     try:

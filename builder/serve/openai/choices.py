@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from builder.serve.openai import tools as chat_tools
 from builder.serve.openai.answers import Answer, usage
 from builder.serve.openai.asgi import SSEResponse
+from builder.serve.openai.draining import Drain
 from builder.serve.openai.errors import OpenAIError, client_closed, no_finish_reason
 from builder.serve.openai.protocol import Generation
 from builder.serve.openai.tensors import ModelInfo, Piece
@@ -52,9 +53,12 @@ def choice_generations(generation: Generation) -> list[Generation]:
     ]
 
 
-async def respond(triton, request: Request, generation: Generation, info: ModelInfo):
-    """The answer (JSONResponse or StreamingResponse) of a request that needs() this."""
+async def respond(triton, request: Request, generation: Generation, info: ModelInfo, drain: Drain):
+    """The answer (JSONResponse or StreamingResponse) of a request that needs() this.
+    Each call is tracked by the drain, so that its cut_off() ends the answer."""
     calls = [triton.stream(g, info) for g in choice_generations(generation)]
+    for call in calls:
+        drain.track(call)
     answer = Answer(generation)
     watcher = asyncio.ensure_future(_cancel_on_disconnect(request, calls))
     feed = None

@@ -4,11 +4,9 @@ I/O (the table is read from its source file once, at import)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
-from types import ModuleType
+
+from builder import runtime_modules
 
 
 class OpenAIError(Exception):
@@ -21,10 +19,12 @@ class OpenAIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.type = status, message, type
         self.param, self.code = param, code
+        self.headers = headers  # sent with the answer (Retry-After)
 
     def body(self) -> dict:
         return {
@@ -79,26 +79,7 @@ def too_large(what: str, limit: int, unit: str = "bytes") -> OpenAIError:
     )
 
 
-def _load_table() -> ModuleType:
-    """trident_common/error_classes.py, the table the router and the engine models use:
-    loaded from its file, as builder.render.context loads the tensor interface
-    (trident_common is copied into model folders, not installed as a package)."""
-    path = (
-        Path(__file__).resolve().parents[3]
-        / "python_backends"
-        / "trident_common"
-        / "error_classes.py"
-    )
-    spec = importlib.util.spec_from_file_location("trident_error_classes", path)
-    # A .py path always has a spec and a source loader (None is for unknown suffixes).
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while made
-    spec.loader.exec_module(module)
-    return module
-
-
-TABLE = sys.modules.get("trident_error_classes") or _load_table()
+TABLE = runtime_modules.load("error_classes")  # the table the stubs use too
 # Triton's own words, not trident's: a model it does not know (unloaded since the
 # frontend's index was read), and the request id Triton puts before a message.
 TRITON_UNKNOWN_MODEL = "Request for unknown model"
@@ -145,6 +126,32 @@ def unknown_adapter(name: str, model: str) -> OpenAIError:
         "lora_name",
         f"unknown adapter '{name}': model '{model}' has no adapter of that name",
         "adapter_not_found",
+    )
+
+
+def server_draining(retry_after_s: int) -> OpenAIError:
+    """New work while the server drains: 503, retry on another server."""
+    draining = TABLE.DRAINING
+    return OpenAIError(
+        draining.status,
+        "the server is draining (it is stopping or restarting) and takes no new "
+        "requests: retry on another server",
+        draining.openai_type,
+        None,
+        draining.openai_code,
+        {"Retry-After": str(retry_after_s)},
+    )
+
+
+def server_shutdown() -> OpenAIError:
+    """An answer the drain's timeout ended before it was done."""
+    shutdown = TABLE.SHUTDOWN
+    return OpenAIError(
+        shutdown.status,
+        "the server is stopping: the drain timeout ended this answer before it was done",
+        shutdown.openai_type,
+        None,
+        shutdown.openai_code,
     )
 
 

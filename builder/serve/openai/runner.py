@@ -1,26 +1,35 @@
 """Run the OpenAI frontend: in the foreground (`trident openai`) or in a thread beside
 the tritonserver that `trident serve --openai-port` runs (started once Triton is ready,
-stopped with it)."""
+drained and stopped with it).
+
+The drain (draining.py): in the foreground the first SIGTERM or SIGINT starts it and the
+process exits 0 once it is over; a second one stops at once. Beside `trident serve`, the
+server's own drain calls Frontend.drain(), watches in_flight and calls cut_off()."""
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 
 from builder.errors import TridentError
+from builder.serve.drain import CUTOFF_GRACE_S
 from builder.serve.openai.app import create_app
+from builder.serve.openai.draining import Drain
 from builder.serve.openai.guard import guarded
 from builder.serve.openai.limits import Limits
 from builder.serve.openai.policy import DEFAULT_EXPOSE
 from builder.serve.openai.repository import context_tokens
 from builder.serve.openai.triton import Triton
 from builder.serve.server import port_in_use
+from builder.spec import ServerSpec
+
+POLL_S = 0.1  # how often the drain looks at in_flight (a thread's sleep, not the loop's)
 
 
 class FrontendError(TridentError):
@@ -36,14 +45,17 @@ def _config(
     limits: Limits,
     admin_key: str | None = None,
     triton: Triton | None = None,
+    drain: Drain | None = None,
 ) -> uvicorn.Config:
-    """uvicorn's configuration (`triton`: a stand-in, for tests)."""
+    """uvicorn's configuration (`triton`: a stand-in, for tests; `drain`: the drain's
+    state, held by whoever drives it)."""
     app = create_app(
         triton_url,
         triton or Triton(triton_url, admin_key),
         api_keys=api_keys,
         expose=expose,
         limits=limits,
+        drain=drain,
     )
     # The HTTP protocol: a connection's bounds (guard.py), and a streamed answer's headers
     # and first chunk in one write (coalesce.py says why).
@@ -81,22 +93,61 @@ def run(
     expose: Iterable[str] = DEFAULT_EXPOSE,
     limits: Limits = Limits(),
     repo: Path | None = None,
+    drain_timeout_s: float = ServerSpec.drain_timeout_s,
 ) -> None:
-    """Serve until Ctrl-C or SIGTERM (uvicorn handles both). `repo`: the repository
-    Triton serves, read for the models' context lengths."""
+    """Serve until SIGTERM or Ctrl-C, then drain (DrainingServer) and return. `repo`:
+    the repository Triton serves, read for the models' context lengths."""
     check_port(host, port)
-    server = uvicorn.Server(
-        _config(triton_url, host, port, api_keys, expose, with_repository(limits, repo))
+    drain = Drain()
+    config = _config(
+        triton_url, host, port, api_keys, expose, with_repository(limits, repo), drain=drain
     )
-    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the
-    # handler it found: make that one a no-op, so SIGTERM exits 0 (as `trident serve`).
-    previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
-    try:
-        server.run()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    server = DrainingServer(config, drain, drain_timeout_s)
+    server.run()
     if not server.started:
         raise FrontendError(f"the OpenAI frontend did not start on {host}:{port}")
+
+
+def finish_drain(
+    drain: Drain, timeout_s: float, grace_s: float = CUTOFF_GRACE_S, poll_s: float = POLL_S
+) -> None:
+    """The drain after its start: wait until no answer is in flight or timeout_s passed,
+    cut off what is left (cut_off() also refuses a request still arriving), and give
+    those answers up to grace_s to send their end."""
+    deadline = time.monotonic() + timeout_s
+    while drain.in_flight and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    drain.cut_off()
+    deadline = time.monotonic() + grace_s
+    while drain.in_flight and time.monotonic() < deadline:
+        time.sleep(poll_s)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, with the drain as its answer to SIGTERM and SIGINT. uvicorn's own
+    (Server.handle_exit, installed by Server.run on the main thread) stops listening at
+    once, waits 5 s for the connections, and raises the signal again; here the first
+    signal starts the drain and the server keeps listening, refusing new work in words,
+    until finish_drain() is over (in a thread: it sleeps); a second signal stops at
+    once. No signal is raised again: the process exits 0, as `trident serve` does."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain, timeout_s: float):
+        super().__init__(config)
+        self.drain, self.timeout_s = drain, timeout_s
+        self.drainer: threading.Thread | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.drainer is not None:
+            self.should_exit = self.force_exit = True
+            return
+        self.drain.start()
+        self.drainer = threading.Thread(target=self._drain_and_exit, name="openai-drain")
+        self.drainer.daemon = True
+        self.drainer.start()
+
+    def _drain_and_exit(self) -> None:
+        finish_drain(self.drain, self.timeout_s)
+        self.should_exit = True
 
 
 class Frontend:
@@ -112,18 +163,37 @@ class Frontend:
         limits: Limits = Limits(),
         repo: Path | None = None,
         admin_key: str | None = None,
+        triton: Triton | None = None,
     ):
         self.triton_url, self.host, self.port = triton_url, host, port
+        self._triton = triton  # a stand-in, for tests
         self.admin_key = admin_key  # the server's (builder/serve/admin.py)
         # none named: the default (`trident serve` passes --expose as given)
         self.expose = tuple(expose) or DEFAULT_EXPOSE
         self.api_keys, self.limits = api_keys, with_repository(limits, repo)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
+        self._drain = Drain()
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def drain(self) -> None:
+        """Enter the drain (idempotent, from any thread): /health and new /v1 requests
+        are 503 from the next request on; the answers in flight go on."""
+        self._drain.start()
+
+    @property
+    def in_flight(self) -> int:
+        """The generation requests admitted and not yet fully answered."""
+        return self._drain.in_flight
+
+    def cut_off(self) -> None:
+        """End every answer still running (from any thread): a stream with one
+        `server_shutdown` error event, then [DONE]. Then give them a moment (watch
+        in_flight) before stop()."""
+        self._drain.cut_off()
 
     def start(self, timeout_s: float = 15.0) -> Frontend:
         check_port(self.host, self.port)
@@ -136,6 +206,8 @@ class Frontend:
                 self.expose,
                 self.limits,
                 self.admin_key,
+                self._triton,
+                self._drain,
             )
         )
         # uvicorn installs signal handlers only on the main thread: none here.

@@ -212,7 +212,7 @@ class Call:
         """Every Piece that arrived since the last batch (never an empty batch), up to
         the one with a finish reason; raises OpenAIError for an error response (or an
         `error` output mid-stream) once the pieces before it are taken."""
-        if self._reader is None:
+        if self._reader is None and not self._ended:  # (ended: cut off before it began)
             self._reader = asyncio.ensure_future(self._read())
         # Looked up once per stream, not once per chunk: Python 3.11's
         # get_running_loop() makes a getpid() system call each time (its fork check).
@@ -245,7 +245,7 @@ class Call:
                     return
                 except Exception as e:  # grpc.aio.AioRpcError: cancelled, or the server left
                     self.done = True
-                    if not self.cancelled:
+                    if not self.cancelled and self._failure is None:  # (not cut off)
                         self._failure = TritonUnavailable(self.triton.url, _rpc_reason(e))
                     return
                 if response is grpc.aio.EOF:
@@ -293,6 +293,21 @@ class Call:
         if not self.done:
             self.done = True
             self.triton._keep_draining(self)
+
+    def cut_off(self, error: OpenAIError) -> None:
+        """The drain's timeout: end the answer now with `error`. The consumer gets what
+        was read, then the error, at once (a stream waiting for its next token is woken
+        by the reader's end); Triton cancels the request. An answer already complete or
+        abandoned is left alone."""
+        if self.done or self._ended:
+            return
+        self._failure = error
+        self.done = True
+        self._stream.cancel()
+        if self._reader is not None:
+            self._reader.cancel()  # its finally ends batches() with the failure
+        else:
+            self._ended = True
 
     def cancel(self) -> None:
         """Cancel the gRPC call: Triton cancels the request, and trident's models abort
