@@ -79,15 +79,16 @@ def expose_option():
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt():
-    """SIGTERM raises KeyboardInterrupt for the duration, so a job cleans up after itself
-    as on Ctrl-C (and exits 130)."""
+def sigterm_as_interrupt(*more: int):
+    """SIGTERM (and the signals in `more`) raise KeyboardInterrupt for the duration, so a
+    job cleans up after itself as on Ctrl-C (and exits 130)."""
 
-    def on_sigterm(_signum, _frame):
+    def on_signal(_signum, _frame):
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, *more)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -24,7 +24,7 @@ from engine_cache.redact import redact
 
 COMMAND_MODULES = [
     repository,  # repo, validate, schema, assets
-    serve,  # serve, infer
+    serve,  # serve, infer, drain
     openai,  # openai (the OpenAI-compatible HTTP frontend)
     placement,  # plan, mig check|plan
     engines,  # engines plan|build|prebuild, cache ls|stats|verify|gc

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -80,6 +82,16 @@ LOOPBACK = "127.0.0.1"  # as builder.serve.server's, not imported: `--help` stay
 )
 @expose_option()
 @click.option(
+    "--drain-timeout",
+    type=click.FloatRange(0, 600),
+    default=ServerSpec.drain_timeout_s,
+    show_default=True,
+    metavar="SECONDS",
+    help="on SIGTERM, Ctrl-C or `trident drain`: how long the answers in flight may "
+    "take to finish while new requests are refused (what still runs then is ended "
+    "with an error); a second signal stops at once",
+)
+@click.option(
     "--no-self-test",
     is_flag=True,
     help="skip the start-up check that the server's Python stub passes strings "
@@ -99,13 +111,17 @@ def serve(
     openai_host: str,
     api_keys_file: str | None,
     expose: tuple[str, ...],
+    drain_timeout: float,
     no_self_test: bool,
 ) -> int:
     """Run tritonserver on a model repository.
 
     Triton's ports bind to 127.0.0.1 unless --triton-host says otherwise. The models load
-    one after another, engine models before the router. Serves until Ctrl-C or SIGTERM
-    (exit 0). A model whose stub process or engine dies is reloaded alone, with backoff
+    one after another, engine models before the router. Serves until SIGTERM, Ctrl-C or
+    `trident drain`, then drains: /health and new requests are refused (503, UNAVAILABLE
+    "draining"), the answers in flight finish within --drain-timeout, then tritonserver
+    stops (exit 0). After `trident drain` it waits for SIGTERM to exit; a second signal
+    stops at once. A model whose stub process or engine dies is reloaded alone, with backoff
     (a line on stderr says so); after 5 restarts in a row it is unloaded and the other
     models keep serving. Exits 1 when tritonserver itself exits, so a supervisor can
     restart it. Uses tritonserver from PATH when there is one, else the bundled one.
@@ -113,6 +129,7 @@ def serve(
     second server with the same binary and stub; exits 1 if it comes back changed (the
     bundled Python 3.12 stub corrupts strings).
     """
+    from builder.serve.drain import Drain, DrainRequested, drain_on_signal
     from builder.serve.server import Ports, TritonServer, is_loopback
 
     repo_dir = Path(repo)
@@ -151,8 +168,13 @@ def serve(
     if expose and openai_port is None:
         raise TridentError("--expose needs --openai-port", EXIT_USAGE)
 
+    drain = Drain(drain_timeout)
+    server.drain_folder = drain.folder  # the models watch it (trident_common/drain.py)
+    report = lambda line: click.echo(line, err=True)  # noqa: E731
     try:
-        with sigterm_as_interrupt():
+        drain.create()
+        # Until it serves there is nothing to drain: any of these signals stops it.
+        with sigterm_as_interrupt(signal.SIGUSR1):
             server.start()
             server.wait_ready(timeout)
             click.echo(
@@ -169,18 +191,31 @@ def serve(
                     repo=repo_dir,
                     admin_key=server.admin_key,
                 ).start()
+                drain.frontend = frontend
                 click.echo(f"OpenAI API: {frontend.url}/v1")
             sys.stdout.flush()
-            # Returns only by raising, when tritonserver exits; a model that dies
-            # meanwhile is reloaded alone, and each event is one line on stderr.
-            server.monitor(lambda line: click.echo(line, err=True))
+        with drain_on_signal():  # from here a signal drains; a second one stops at once
+            try:
+                # Returns only by raising, when tritonserver exits; a model that dies
+                # meanwhile is reloaded alone, and each event is one line on stderr.
+                server.monitor(report)
+            except DrainRequested as asked:
+                drain.run(report)
+                if asked.signum == signal.SIGUSR1:
+                    # `trident drain` (a preStop hook) returns now; the kubelet's SIGTERM
+                    # comes after it, and stops what is left at once.
+                    report("drained: waiting for SIGTERM")
+                    while server.process is not None and server.process.poll() is None:
+                        time.sleep(0.5)
     except KeyboardInterrupt:
-        click.echo("stopping tritonserver", err=True)
-        return 0
+        pass
     finally:
+        if server.process is not None and server.process.poll() is None:
+            click.echo("stopping tritonserver", err=True)
         if frontend is not None:
             frontend.stop()
         server.stop()
+        drain.remove()
     return 0
 
 
@@ -231,4 +266,41 @@ def _print_chunk(text: str) -> None:
     sys.stdout.flush()
 
 
-COMMANDS = [serve, infer]
+@click.command()
+@click.option(
+    "--pid",
+    type=int,
+    default=None,
+    help="the `trident serve` to drain (default: the only one running here)",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0, 3600),
+    default=None,
+    metavar="SECONDS",
+    help="how long to wait for the drain (default: the server's drain timeout, plus "
+    "the cut-off after it)",
+)
+def drain(pid: int | None, timeout: float | None) -> int:
+    """Drain a `trident serve` on this machine and wait until it is drained.
+
+    The server refuses new requests from now on (/health and new OpenAI requests 503,
+    Triton's ports UNAVAILABLE "draining"), its answers in flight finish within its
+    --drain-timeout, and what still runs then is ended with an error. The server then
+    waits for SIGTERM (it stops at once). Made for a Kubernetes preStop hook: the
+    kubelet's SIGTERM comes after this returns. Only the server's own user may drain
+    it (the request is a signal). Exit 1 when the wait timed out.
+    """
+    from builder.serve.drain import DrainError, ask_to_drain, find_server
+
+    try:
+        target = find_server(pid)
+    except DrainError as e:
+        raise TridentError(str(e), EXIT_USAGE) from None
+    if not ask_to_drain(target, timeout):
+        raise TridentError(f"trident serve {target} did not finish its drain in time")
+    click.echo(f"drained: trident serve {target}")
+    return 0
+
+
+COMMANDS = [serve, infer, drain]

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from builder.render.context import INTERFACE
 from builder.serve import admin, keeper, loading, selftest
+from builder.serve.drain import STOP_GRACE_S, TRITON_EXIT_TIMEOUT_S
 from builder.serve.install import (  # noqa: F401
     ServeError,
     TritonInstall,
@@ -107,6 +108,8 @@ class TritonServer:
     self_test: bool = True
     process: subprocess.Popen | None = None
     output: OutputTail | None = None
+    # The folder through which `trident serve` tells the models it drains (drain.py).
+    drain_folder: Path | None = None
     # Per start (an operator's own from the environment is kept); on Triton's command line.
     admin_key: str = field(default_factory=lambda: admin.key_from(os.environ), repr=False)
 
@@ -140,7 +143,7 @@ class TritonServer:
             # Models are loaded by wait_ready(), one at a time: see loading.py.
             "--model-control-mode=explicit",
             "--disable-auto-complete-config",
-            "--exit-timeout-secs=5",
+            f"--exit-timeout-secs={TRITON_EXIT_TIMEOUT_S}",
             "--log-verbose=0",
             *admin.server_args(self.admin_key),
         ]
@@ -159,6 +162,8 @@ class TritonServer:
         if not env.get(INTERFACE.ROUTER_SECRET_ENV):
             env[INTERFACE.ROUTER_SECRET_ENV] = secrets.token_urlsafe(32)
         env.pop(admin.KEY_ENV, None)  # Triton takes it on its command line; stubs need none
+        if self.drain_folder is not None:
+            env[INTERFACE.DRAIN_DIR_ENV] = str(self.drain_folder)
         if needs_trtllm_orchestrator(Path(self.repository)):
             env["TRTLLM_ORCHESTRATOR"] = "1"
         return env
@@ -356,7 +361,7 @@ class TritonServer:
         code = keeper.keep_serving(self, report, interval_s)
         raise ServeError(f"tritonserver exited with status {code}")
 
-    def stop(self, grace_s: float = 10.0) -> int | None:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
         """SIGTERM the process group, SIGKILL it after grace_s; remove the shared-memory
         regions this server's processes had mapped and left behind."""
         if self.process is None:

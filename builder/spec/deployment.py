@@ -64,6 +64,10 @@ class ServerSpec:
     metrics_port: int = field(default=8002, metadata=rule(**_PORT))
     # The OpenAI frontend's port in a deployment (`trident k8s`): None, no frontend.
     openai_port: int | None = field(default=None, metadata=rule(**_PORT))
+    # On SIGTERM (or `trident drain`) the server refuses new work and gives the answers in
+    # flight this long to finish; what is still running then is ended with an error.
+    # Spot nodes get about 2 minutes' notice: the bound leaves room for the exit after it.
+    drain_timeout_s: float = field(default=30.0, metadata=rule(minimum=0, maximum=600))
 
 
 @dataclass(frozen=True)
@@ -282,11 +286,12 @@ def _check_tenant_counters(
 def _parse_server(node: _Node) -> ServerSpec:
     ports = {key: node.field(ServerSpec, key) for key in ("http_port", "grpc_port", "metrics_port")}
     openai_port = node.field(ServerSpec, "openai_port")
+    drain_timeout_s = node.field(ServerSpec, "drain_timeout_s")
     node.done()
     used = [*ports.values(), *([openai_port] if openai_port is not None else [])]
     if len(set(used)) != len(used):
         raise node.error("http_port, grpc_port, metrics_port and openai_port must differ")
-    return ServerSpec(**ports, openai_port=openai_port)
+    return ServerSpec(**ports, openai_port=openai_port, drain_timeout_s=drain_timeout_s)
 
 
 def _parse_hardware(node: _Node) -> HardwareSpec:

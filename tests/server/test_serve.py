@@ -3,16 +3,11 @@ on this machine are left out with explicit model control, never by editing the o
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from builder.render.context import INTERFACE
 from builder.serve import client as infer
 from builder.serve.server import (
     SHM_DIR,
@@ -23,11 +18,7 @@ from builder.serve.server import (
     shm_regions_of_group,
 )
 from tests.helpers.servers import (
-    free_ports,
-    listening_addresses,
-    record_spawn,
     render,
-    serve_argv,
 )
 
 server_test = pytest.mark.server
@@ -114,84 +105,11 @@ def test_failed_model_load_is_explained(tmp_path, pool):
     assert "tritonserver.log" in message  # the server's log, where the rest is
 
 
-@server_test
-def test_trident_serve_serves_the_router_alone_then_stops_on_sigterm(mixed_repo, tmp_path):
-    """`--load-model router` is ready fast with the other models present, not loaded;
-    SIGTERM stops the server and removes what it left."""
-    ports = free_ports()
-    env = {k: v for k, v in os.environ.items() if k != INTERFACE.ROUTER_SECRET_ENV}
-    argv = serve_argv(mixed_repo, ports, "--load-model", "router", "--no-self-test")
-    started = record_spawn(argv, None, "serve: trident serve stopped by SIGTERM")
-    began = time.monotonic()
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    said = []
-    try:
-        for line in proc.stdout:
-            said.append(line)
-            if line.startswith("ready:"):
-                started.ready()
-                assert f"127.0.0.1:{ports.grpc}" in line
-                break
-        else:
-            pytest.fail("trident serve never printed ready")
-        assert time.monotonic() - began < 30
-        ready = {
-            model: TritonServer(mixed_repo, ports).http_get(f"/v2/models/{model}/ready")
-            for model in ("router", "tiny", "rag")
-        }
-        assert ready == {"router": 200, "tiny": 400, "rag": 400}  # present, not loaded
-        server_pid = _server_pid(ports)
-        # Triton's ports are private: bound to loopback, not to every interface.
-        assert {
-            (address, port)
-            for address, port in listening_addresses(server_pid)
-            if port in (ports.http, ports.grpc, ports.metrics)
-        } == {("127.0.0.1", ports.http), ("127.0.0.1", ports.grpc), ("127.0.0.1", ports.metrics)}
-        # The router secret is in the server's environment, made for this start.
-        environ = Path(f"/proc/{server_pid}/environ").read_bytes().split(b"\0")
-        secret = [
-            v.split(b"=", 1)[1]
-            for v in environ
-            if v.startswith(INTERFACE.ROUTER_SECRET_ENV.encode() + b"=")
-        ]
-        assert len(secret) == 1 and len(secret[0]) >= 32
-        regions = shm_regions_of_group(server_pid)
-        assert regions  # the router's stub maps at least one region
-        stopping = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
-        assert time.monotonic() - stopping < 15
-        said += proc.stdout.readlines()
-        assert not any(secret[0].decode() in line for line in said)  # never printed
-    finally:
-        if proc.poll() is None:  # the test failed: leave no server behind
-            proc.kill()
-            subprocess.run(["pkill", "-KILL", "-f", "--", f"--http-port={ports.http}"])
-    server_procs = subprocess.run(
-        ["pgrep", "-f", "--", f"--http-port={ports.http}"], capture_output=True, text=True
-    ).stdout.split()
-    assert server_procs == []
-    assert not any((SHM_DIR / name).exists() for name in regions)
-
-
 def test_serve_missing_repository_exits_2(tmp_path, capsys):
     from builder.cli.main import main
 
     assert main(["serve", "--repo", str(tmp_path / "nope")]) == 2
     assert "no such model repository" in capsys.readouterr().err
-
-
-def _server_pid(ports: Ports) -> int:
-    found = subprocess.run(
-        ["pgrep", "-f", "--", f"--http-port={ports.http}"], capture_output=True, text=True
-    ).stdout.split()
-    return int(found[0])
 
 
 # -- a load that does not finish is named, with its stage -----------------------------------

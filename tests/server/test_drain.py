@@ -1,0 +1,235 @@
+"""The drain of `trident serve` on a real tritonserver (builder/serve/drain.py, the
+models' side in trident_common/drain.py, the frontend's in builder/serve/openai/
+draining.py): the scenario of the drain's issue, with trident's SGLang model on the
+SGLang double paced at 20 tokens/s behind the router, and the OpenAI frontend on.
+
+Eight OpenAI SSE streams and eight gRPC streams through `router` (160 tokens: 8 s) and
+one long stream of each kind (1,000 tokens: 50 s) are running when SIGTERM comes one
+second in. Then: /health answers 503 at once; a new OpenAI request gets 503 with
+Retry-After, a new gRPC request to the router or to the engine model a refusal in words;
+the sixteen streams finish whole; at the drain timeout (12 s) the two long ones get an
+explicit end (an SSE `server_shutdown` error event, a gRPC error with the final flag);
+serve exits 0 soon after, leaving no process, shared memory or drain folder behind.
+
+A private `trident serve` (its subject is the process's own end). It is also where the
+`--load-model` subset, the loopback binds and the per-start router secret of a served
+repository are checked (they were a `trident serve` of their own before)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+
+from builder.render.context import INTERFACE
+from builder.serve.drain import run_dir
+from builder.serve.server import SHM_DIR, TritonServer, free_port, shm_regions_of_group
+from support.pacing import Rate
+from support.sglang_double import SHIM, paced_shim
+from support.vllm_double import write_rate
+from tests.helpers import wait_for
+from tests.helpers.servers import (
+    free_ports,
+    listening_addresses,
+    record_spawn,
+    render,
+    serve_argv,
+    served_pid,
+)
+from tests.helpers.streams import Stream
+
+pytestmark = pytest.mark.server
+
+TOKENS, LONG_TOKENS, STREAMS = 160, 1000, 8
+DRAIN_TIMEOUT_S = 12
+SPEC = {
+    "name": "drain",
+    "hardware": {"gpu": "cpu"},
+    "models": [
+        {"name": "qwen", "engine": "sglang", "model": "/models/test-double"},
+        {"name": "idle", "engine": "sglang", "model": "/models/test-double"},
+    ],
+    "router": {"default": ["qwen"]},
+}
+
+
+class Sse(threading.Thread):
+    """One OpenAI chat stream through the frontend, in a thread: its words, its finish
+    reason, or the error that ended it, and when it ended."""
+
+    def __init__(self, base_url: str, max_tokens: int):
+        super().__init__(daemon=True)
+        self.client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
+        self.max_tokens = max_tokens
+        self.words: list[str] = []
+        self.finish_reason: str | None = None
+        self.error: openai.APIError | None = None
+        self.ended_at: float | None = None
+        self.first = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        try:
+            stream = self.client.chat.completions.create(
+                model="router",
+                messages=[{"role": "user", "content": "Hello"}],
+                max_tokens=self.max_tokens,
+                temperature=0,
+                stream=True,
+            )
+            for chunk in stream:
+                choice = chunk.choices[0]
+                self.words += (choice.delta.content or "").split()
+                self.first.set()
+                self.finish_reason = choice.finish_reason or self.finish_reason
+        except openai.APIError as e:
+            self.error = e
+        finally:
+            self.ended_at = time.monotonic()
+            self.first.set()
+
+
+def get(url: str) -> tuple[int, dict, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return answer.status, dict(answer.headers), answer.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read().decode()
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("drain")
+    repo = render(SPEC, tmp / "repo")
+    control = tmp / "rate.json"
+    write_rate(control, Rate(ttft_s=0.05, tokens_per_s=20.0))
+    (repo / "qwen" / "1" / "sglang.py").write_text(paced_shim(control, LONG_TOKENS))
+    (repo / "idle" / "1" / "sglang.py").write_text(SHIM)
+    ports, port = free_ports(), free_port()
+    output = tmp / "serve.out"
+    # No router secret from the environment: serve makes one per start.
+    env = {k: v for k, v in os.environ.items() if k != INTERFACE.ROUTER_SECRET_ENV}
+    argv = serve_argv(
+        repo,
+        ports,
+        *("--load-model", "router", "--load-model", "qwen", "--openai-port", str(port)),
+        *("--drain-timeout", str(DRAIN_TIMEOUT_S), "--no-self-test"),
+    )
+    started = record_spawn(argv, output, "drain: trident serve drained by SIGTERM")
+    with open(output, "w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_for(lambda: "OpenAI API:" in output.read_text() or proc.poll() is not None, 180)
+        assert proc.poll() is None, output.read_text()
+        started.ready()
+        yield repo, ports, port, proc, output
+    finally:
+        if proc.poll() is None:  # a test failed: leave no server behind
+            proc.kill()
+            subprocess.run(["pkill", "-KILL", "-f", "--", f"--http-port={ports.http}"])
+
+
+def test_the_served_repository_is_private_and_only_what_was_asked_is_loaded(serving):
+    repo, ports, _, _, _ = serving
+    server = TritonServer(repo, ports)
+    ready = {model: server.http_get(f"/v2/models/{model}/ready") for model in SPEC_MODELS}
+    assert ready == {"router": 200, "qwen": 200, "idle": 400}  # present, not loaded
+    pid = served_pid(ports)
+    # Triton's ports are private: bound to loopback, not to every interface.
+    assert {
+        (address, port)
+        for address, port in listening_addresses(pid)
+        if port in (ports.http, ports.grpc, ports.metrics)
+    } == {("127.0.0.1", ports.http), ("127.0.0.1", ports.grpc), ("127.0.0.1", ports.metrics)}
+    # The router secret is in the server's environment, made for this start.
+    assert len(router_secret(pid)) >= 32
+
+
+SPEC_MODELS = ("router", "qwen", "idle")
+
+
+def router_secret(pid: int) -> bytes:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    (secret,) = [
+        v.split(b"=", 1)[1]
+        for v in environ
+        if v.startswith(INTERFACE.ROUTER_SECRET_ENV.encode() + b"=")
+    ]
+    return secret
+
+
+def test_sigterm_drains_every_stream_refuses_new_work_in_words_and_exits_0(serving):
+    repo, ports, port, proc, output = serving
+    server, base = TritonServer(repo, ports), f"http://127.0.0.1:{port}"
+    pid, drain_folder = served_pid(ports), run_dir(proc.pid)
+    secret, regions = router_secret(pid), shm_regions_of_group(pid)
+    assert drain_folder.is_dir() and regions
+    grpc = [Stream(server, max_tokens=TOKENS) for _ in range(STREAMS)]
+    sse = [Sse(base + "/v1", TOKENS) for _ in range(STREAMS)]
+    long_grpc, long_sse = Stream(server, max_tokens=LONG_TOKENS), Sse(base + "/v1", LONG_TOKENS)
+    for stream in (*grpc, long_grpc):
+        stream.wait_first_text(30)
+    for thread in (*sse, long_sse):
+        assert thread.first.wait(30) and thread.error is None, thread.error
+
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: get(base + "/health")[0] == 503, timeout_s=5, interval_s=0.02)
+    health_503_s = time.monotonic() - signalled
+    assert get(base + "/health/live")[0] == 200  # a drain never fails liveness
+    refused = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as new_request:
+        refused.completions.create(model="router", prompt="Hi", max_tokens=4)
+    assert new_request.value.status_code == 503
+    assert int(new_request.value.response.headers["Retry-After"]) > 0
+    assert new_request.value.code == "server_draining"
+    time.sleep(0.5)  # the models see the drain within their poll (0.1 s)
+    for model in ("router", "qwen"):
+        late = Stream(server, model=model, max_tokens=4)
+        assert late.pump(10), model
+        assert [e for e in late.errors if e.startswith("draining: ")], (model, late.errors)
+        assert not late.texts, model
+
+    for stream in grpc:
+        assert stream.pump(30), "a gRPC stream never got its final flag"
+        assert not stream.errors and len("".join(stream.texts).split()) == TOKENS
+    for thread in sse:
+        thread.join(30)
+        assert thread.error is None, thread.error
+        assert (thread.finish_reason, len(thread.words)) == ("length", TOKENS)
+
+    # The long ones: an explicit end at the drain timeout, never a silent cut.
+    assert long_grpc.pump(DRAIN_TIMEOUT_S + 10) and long_grpc.finals == 1
+    assert [e for e in long_grpc.errors if e.startswith("server shutdown: ")], long_grpc.errors
+    long_sse.join(DRAIN_TIMEOUT_S + 10)
+    assert long_sse.error is not None and long_sse.error.code == "server_shutdown"
+    assert len(long_sse.words) < LONG_TOKENS
+
+    for stream in (*grpc, long_grpc):
+        stream.close()
+    assert proc.wait(timeout=30) == 0
+    exited = time.monotonic()
+    last_end = max(long_sse.ended_at or 0, max(t.ended_at or 0 for t in sse))
+    said = output.read_text()
+    print(
+        f"drain: /health 503 after {health_503_s:.2f} s; serve exited "
+        f"{exited - last_end:.1f} s after the last stream ended"
+    )
+    assert "drained in" in said and "drain timeout: ending the answers" in said
+    assert secret.decode() not in said  # never printed
+    assert (
+        subprocess.run(
+            ["pgrep", "-f", "--", f"--http-port={ports.http}"], capture_output=True
+        ).stdout.split()
+        == []
+    )
+    assert not any((SHM_DIR / name).exists() for name in regions)
+    assert not drain_folder.exists()
