@@ -114,12 +114,22 @@ def public_ports(spec: DeploymentSpec, options) -> tuple[str, ...]:
     return ("http", "grpc", "metrics", *openai)
 
 
-def health_check(options) -> tuple[str, str, str]:
-    """(path, port, what) of the probes: Triton's own health endpoints when its HTTP
-    port is reachable from the kubelet, else the frontend's (it answers only once
-    Triton is ready, and asks Triton on every call)."""
-    if keyed(options):
-        return "/health", "openai", "/health"
+def health_check(spec: DeploymentSpec) -> tuple[str, str, str]:
+    """(readiness path, port, liveness path) of the probes.
+
+    With the frontend in the pod, keys or not, its endpoints: `/health` answers only
+    once Triton is ready and asks Triton on every call, so readiness still reflects
+    Triton, and it also answers 503 from the first moment of a drain, which Triton's
+    /v2/health/ready does not. Kubernetes takes a terminating pod out of the Service's
+    ready endpoints anyway, but the EndpointSlice's `serving` condition of a terminating
+    endpoint follows readiness, and kube-proxy sends new connections to serving
+    terminating endpoints when a Service has no ready one left (a single replica during
+    its rollout): with Triton's probe a draining pod would keep getting requests it can
+    only refuse. `/health/live` stays 200 while draining, so a drain never fails
+    liveness and gets the container restarted mid-drain. Without the frontend, Triton's
+    own endpoints on `http` (not drain-aware: docs/kubernetes.md)."""
+    if spec.server.openai_port is not None:
+        return "/health", "openai", "/health/live"
     return "/v2/health/ready", "http", "/v2/health/live"
 
 

@@ -19,6 +19,7 @@ from builder.k8s import access, names
 from builder.k8s.names import K8sError
 from builder.plan.model import ModelPlan, Plan
 from builder.plan.replicas import routed_replicas
+from builder.serve.drain import shutdown_budget_s
 from builder.spec import DeploymentSpec
 
 SPEC_DIR = "/etc/trident"
@@ -27,11 +28,19 @@ TOPOLOGY_KEY = "topology.txt"
 WORK_DIR = "/var/lib/trident"  # HOME of both containers: repository + engine cache
 REPO_DIR = f"{WORK_DIR}/model_repository"
 RAY_PORT = 6379
-# `trident serve` runs tritonserver with --exit-timeout-secs=5 and SIGKILLs its process
-# group 10 s after SIGTERM; the pod waits for both, twice over.
-TRITON_EXIT_TIMEOUT_S = 5
-SERVE_KILL_AFTER_S = 10
-GRACE_PERIOD_S = 2 * (TRITON_EXIT_TIMEOUT_S + SERVE_KILL_AFTER_S)
+# The serving container's preStop hook: it asks the local `trident serve` to drain and
+# returns when the drain is over; the kubelet's SIGTERM after it then only stops
+# tritonserver (builder/serve/drain.py).
+DRAIN_COMMAND = ["trident", "drain"]
+# Kubernetes counts the preStop hook's time against terminationGracePeriodSeconds, so a
+# serving pod's grace period is the whole of `trident serve`'s shutdown from the drain's
+# start (shutdown_budget_s) plus this margin: the hook's own start (an exec into the
+# container, a Python interpreter, finding the server) before the drain begins, and the
+# kubelet's SIGTERM after the hook returns.
+PRESTOP_MARGIN_S = 5
+# A Ray worker (`ray start --block`) serves nothing and has nothing to drain: it stops its
+# processes on SIGTERM. Kubernetes' own default.
+WORKER_GRACE_PERIOD_S = 30
 # Engine loading (weights from disk, CUDA graphs, TRT-LLM engines) may take long.
 STARTUP_BUDGET_S = 1800
 STARTUP_PERIOD_S = 10
@@ -223,10 +232,24 @@ def _serve_command(
         *access.serve_args(spec, options, expose),
         "--timeout",
         str(STARTUP_BUDGET_S),
+        "--drain-timeout",
+        seconds(spec.server.drain_timeout_s),
     ]
     for model in load or ():
         command += ["--load-model", model]
     return command
+
+
+def seconds(value: float) -> str:
+    """A number of seconds on a command line: `30` for 30.0, else the float as written."""
+    return str(int(value)) if value == int(value) else repr(value)
+
+
+def grace_period_s(spec: DeploymentSpec) -> int:
+    """terminationGracePeriodSeconds of a pod running `trident serve`: its drain, the
+    cutoff, tritonserver's exit and the kill after it (shutdown_budget_s), plus the
+    preStop hook's margin; the kubelet SIGKILLs nothing that is still draining."""
+    return shutdown_budget_s(spec.server.drain_timeout_s) + PRESTOP_MARGIN_S
 
 
 def _server_container(
@@ -251,12 +274,13 @@ def _server_container(
     if quantities:
         container["resources"] = {"requests": dict(quantities), "limits": dict(quantities)}
     if serving:
-        ready, port, live = access.health_check(options)
+        ready, port, live = access.health_check(spec)
         container["startupProbe"] = _probe(
             ready, port, STARTUP_PERIOD_S, STARTUP_BUDGET_S // STARTUP_PERIOD_S
         )
         container["readinessProbe"] = _probe(ready, port, 5, 3)
         container["livenessProbe"] = _probe(live, port, 10, 3)
+        container["lifecycle"] = {"preStop": {"exec": {"command": list(DRAIN_COMMAND)}}}
     container["volumeMounts"] = [
         {"name": "work", "mountPath": WORK_DIR},
         {"name": "dshm", "mountPath": "/dev/shm"},
@@ -272,9 +296,10 @@ def _pod_spec(
     init: bool,
     shm: str,
     mig: bool,
+    grace_s: int,
     secrets: Sequence[dict] = (),
 ) -> dict:
-    pod: dict = {"terminationGracePeriodSeconds": GRACE_PERIOD_S}
+    pod: dict = {"terminationGracePeriodSeconds": grace_s}
     if mig:
         pod["nodeSelector"] = {"nvidia.com/mig.config": mig_config_name(spec)}
     if spec.hardware.gpu != "cpu":
@@ -341,6 +366,7 @@ def server_statefulset(spec: DeploymentSpec, plan: Plan, lay: Layout, options: O
         True,
         shm_size(plan, lay.single, gpus),
         _uses_mig(plan, lay.single),
+        grace_period_s(spec),
         volumes,
     )
     return {
@@ -398,6 +424,7 @@ def model_leaderworkerset(
         True,
         shm,
         False,
+        grace_period_s(spec),
         [v for v in volumes if v["name"] == "api-keys"],
     )
     worker = _pod_spec(
@@ -407,6 +434,7 @@ def model_leaderworkerset(
         False,
         shm,
         False,
+        WORKER_GRACE_PERIOD_S,
     )
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
