@@ -129,7 +129,13 @@ def serve(
     second server with the same binary and stub; exits 1 if it comes back changed (the
     bundled Python 3.12 stub corrupts strings).
     """
-    from builder.serve.drain import Drain, DrainRequested, drain_on_signal
+    from builder.serve.drain import (
+        STOP_GRACE_S,
+        TRITON_EXIT_TIMEOUT_S,
+        Drain,
+        DrainRequested,
+        drain_on_signal,
+    )
     from builder.serve.server import Ports, TritonServer, is_loopback
 
     repo_dir = Path(repo)
@@ -171,6 +177,7 @@ def serve(
     drain = Drain(drain_timeout)
     server.drain_folder = drain.folder  # the models watch it (trident_common/drain.py)
     report = lambda line: click.echo(line, err=True)  # noqa: E731
+    drained = False
     try:
         drain.create()
         # Until it serves there is nothing to drain: any of these signals stops it.
@@ -201,6 +208,7 @@ def serve(
                 server.monitor(report)
             except DrainRequested as asked:
                 drain.run(report)
+                drained = True
                 if asked.signum == signal.SIGUSR1:
                     # `trident drain` (a preStop hook) returns now; the kubelet's SIGTERM
                     # comes after it, and stops what is left at once.
@@ -214,7 +222,10 @@ def serve(
             click.echo("stopping tritonserver", err=True)
         if frontend is not None:
             frontend.stop()
-        server.stop()
+        # After a drain nothing is in flight, yet tritonserver 2.51 may not unload a model
+        # while a client keeps open the gRPC stream of a request that ended in an error,
+        # and its gRPC shutdown waits for that stream: its exit timeout, then the kill.
+        server.stop(grace_s=TRITON_EXIT_TIMEOUT_S + 1 if drained else STOP_GRACE_S)
         drain.remove()
     return 0
 
