@@ -197,6 +197,7 @@ def serve(
                     expose,
                     repo=repo_dir,
                     admin_key=server.admin_key,
+                    metrics_url=server.metrics_url,
                 ).start()
                 drain.frontend = frontend
                 click.echo(f"OpenAI API: {frontend.url}/v1")

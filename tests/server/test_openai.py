@@ -15,13 +15,18 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
 import tritonclient.grpc as grpcclient
+from prometheus_client.parser import text_string_to_metric_families
 
 from builder.serve.client import build_inputs, first_output
+from builder.serve.openai.pod_metrics import KV_USAGE, RUNNING, WAITING
 from builder.serve.openai.runner import Frontend
 from builder.serve.server import free_port
 from tests.helpers import metric_value, wait_for
@@ -40,7 +45,9 @@ def server(default_server):
 
 @pytest.fixture(scope="module")
 def frontend(server):
-    with Frontend(server.grpc_url, port=free_port(), repo=server.repository) as frontend:
+    with Frontend(
+        server.grpc_url, port=free_port(), repo=server.repository, metrics_url=server.metrics_url
+    ) as frontend:
         yield frontend
 
 
@@ -359,3 +366,32 @@ def test_the_openai_command_serves_standalone(server, tmp_path):
         process.terminate()
         assert process.wait(15) == 0, (tmp_path / "openai.log").read_text()
         log.close()
+
+
+def pod_gauges(frontend) -> dict[str, float]:
+    with urllib.request.urlopen(frontend.url + "/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_the_pods_load_on_metrics_rises_under_load_and_falls_back(frontend, client):
+    """What an endpoint picker reads on the inference port (pod_metrics.py), from the
+    real vLLM engine's own gauges: running requests rise while four streams run and fall
+    back to 0 after them, nothing waits after them, and the KV usage is a fraction."""
+    assert set(pod_gauges(frontend)) == {WAITING, RUNNING, KV_USAGE}
+    seen = []
+    with ThreadPoolExecutor(4) as pool:
+        answers = [pool.submit(chat, client, max_tokens=48) for _ in range(4)]
+        while not all(a.done() for a in answers):
+            seen.append(pod_gauges(frontend))
+            time.sleep(0.05)
+    assert all(a.result().choices[0].message.content for a in answers)
+    assert max(g[RUNNING] for g in seen) >= 1, seen[-3:]
+    assert all(0 <= g[KV_USAGE] <= 1 for g in seen)
+    assert max(g[KV_USAGE] for g in seen) > 0  # the streams held KV blocks
+    wait_for(lambda: pod_gauges(frontend)[RUNNING] == 0, timeout_s=10)
+    assert pod_gauges(frontend)[WAITING] == 0

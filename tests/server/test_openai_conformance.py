@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -25,9 +26,12 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from builder.serve.openai.pod_metrics import KV_USAGE, RUNNING, WAITING
 from builder.serve.openai.runner import Frontend
 from builder.serve.server import free_port
+from tests.helpers import wait_for
 from tests.server.client_matrix import engine_modes, engine_streams, real_modes
+from tests.server.test_openai import pod_gauges
 from tests.server.test_triton_sampling import sampled_ids
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
@@ -64,6 +68,7 @@ def frontends(servers):
                 port=free_port(),
                 repo=server.repository,
                 admin_key=getattr(server, "admin_key", None),
+                metrics_url=server.metrics_url,
             )
             started[engine] = frontend.__enter__()
             stack.append(frontend)
@@ -420,3 +425,21 @@ def test_a_token_id_outside_the_vocabulary_is_the_clients_400(url, engine):
     with pytest.raises(openai.BadRequestError) as caught:
         ask(url, "chat", "sync", False, max_tokens=2, logit_bias={"99999999": 5})
     assert "99999999" in caught.value.message or "logit_bias" in caught.value.message
+
+
+@pytest.mark.uses_server("sglang_server")
+def test_the_pods_load_is_served_for_an_engine_without_vllms_gauges(frontends):
+    """trident's SGLang model has no queue or KV gauge of its own: the pod's load counts
+    its requests in flight as running (pod_metrics.py; the rise under load is checked on
+    real vLLM in test_openai.py: this double answers faster than a scrape), 0 when idle,
+    and no KV usage."""
+    frontend = frontends("sglang")
+    client = openai.OpenAI(base_url=frontend.url + "/v1", api_key="unused", max_retries=0)
+    with ThreadPoolExecutor(4) as pool:
+        answers = [
+            pool.submit(client.completions.create, model="router", prompt=PROMPT, max_tokens=50)
+            for _ in range(4)
+        ]
+    assert all(a.result().choices[0].text for a in answers)
+    wait_for(lambda: pod_gauges(frontend)[RUNNING] == 0, timeout_s=10)
+    assert pod_gauges(frontend) == {WAITING: 0, RUNNING: 0, KV_USAGE: 0}

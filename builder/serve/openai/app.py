@@ -52,6 +52,7 @@ from builder.serve.openai.limits import (
     check_max_tokens,
     declared_length,
 )
+from builder.serve.openai.pod_metrics import CONTENT_TYPE, pod_load
 from builder.serve.openai.policy import DEFAULT_EXPOSE, as_tenant, resolve
 from builder.serve.openai.protocol import Generation, parse_chat, parse_completion
 from builder.serve.openai.tensors import Piece
@@ -124,6 +125,14 @@ def create_app(
             return JSONResponse({"status": "draining"}, status_code=503)
         await triton.models(fresh=True)
         return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        """The pod's load for an endpoint picker (pod_metrics.py): no key, no tenant."""
+        if triton.metrics_url is None:
+            raise OpenAIError(404, "this frontend was given no Triton metrics port", "not_found")
+        load = pod_load(await triton.metrics_text(), await triton.models())
+        return Response(load.exposition(), media_type=CONTENT_TYPE)
 
     @app.get("/health/live")
     async def live():

@@ -46,12 +46,13 @@ def _config(
     admin_key: str | None = None,
     triton: Triton | None = None,
     drain: Drain | None = None,
+    metrics_url: str | None = None,
 ) -> uvicorn.Config:
     """uvicorn's configuration (`triton`: a stand-in, for tests; `drain`: the drain's
     state, held by whoever drives it)."""
     app = create_app(
         triton_url,
-        triton or Triton(triton_url, admin_key),
+        triton or Triton(triton_url, admin_key, metrics_url),
         api_keys=api_keys,
         expose=expose,
         limits=limits,
@@ -164,8 +165,10 @@ class Frontend:
         repo: Path | None = None,
         admin_key: str | None = None,
         triton: Triton | None = None,
+        metrics_url: str | None = None,
     ):
         self.triton_url, self.host, self.port = triton_url, host, port
+        self.metrics_url = metrics_url  # Triton's, for the pod's load on /metrics
         self._triton = triton  # a stand-in, for tests
         self.admin_key = admin_key  # the server's (builder/serve/admin.py)
         # none named: the default (`trident serve` passes --expose as given)
@@ -208,6 +211,7 @@ class Frontend:
                 self.admin_key,
                 self._triton,
                 self._drain,
+                self.metrics_url,
             )
         )
         # uvicorn installs signal handlers only on the main thread: none here.

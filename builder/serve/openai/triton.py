@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -34,6 +36,9 @@ from builder.serve.openai.protocol import Generation
 from builder.serve.openai.tensors import ModelInfo, Piece, build_inputs, read_response
 
 INDEX_TTL_S = 2.0  # how long the repository index (ready models) is believed
+# How long Triton's metrics text is reused: the endpoint picker may scrape every 50 ms, and
+# each read is the whole text of Triton's metrics port.
+METRICS_TTL_S = 0.2
 DRAIN_TIMEOUT_S = 10.0  # after the finish reason: wait this long for the call to end
 # As tritonclient's channel: no limit of gRPC's own on a prompt's or answer's size (the
 # frontend's limits.py bounds what a client may send).
@@ -72,8 +77,12 @@ class Triton:
     tritonclient aio client beside it was a second channel, with its own connection to
     the same server, for two calls every INDEX_TTL_S)."""
 
-    def __init__(self, url: str, admin_key: str | None = None):
+    def __init__(self, url: str, admin_key: str | None = None, metrics_url: str | None = None):
         self.url = url
+        # Triton's metrics port, for the pod's load on /metrics (pod_metrics.py); None:
+        # the frontend serves no /metrics.
+        self.metrics_url = metrics_url
+        self._metrics: tuple[float, str] = (-METRICS_TTL_S, "")
         # The index is behind trident's admin key (builder/serve/admin.py): `trident
         # serve` hands its own in; a separate frontend takes the operator's.
         self._admin = admin.grpc_headers(admin_key or os.environ.get(admin.KEY_ENV))
@@ -126,6 +135,15 @@ class Triton:
                 self._models = await self._read_index()
                 self._index_at = time.monotonic()
         return self._models
+
+    async def metrics_text(self) -> str:
+        """The text of Triton's metrics port (briefly cached); "" when it does not answer."""
+        at, text = self._metrics
+        if self.metrics_url is None or time.monotonic() - at < METRICS_TTL_S:
+            return text
+        text = await asyncio.to_thread(_read_text, self.metrics_url)
+        self._metrics = (time.monotonic(), text)
+        return text
 
     async def _read_index(self) -> dict[str, ModelInfo]:
         try:
@@ -340,3 +358,11 @@ def _rpc_reason(error: Exception) -> str:
         except Exception:
             pass
     return str(error) or type(error).__name__
+
+
+def _read_text(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return answer.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return ""
