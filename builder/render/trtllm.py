@@ -20,6 +20,7 @@ from builder.engines.jobs import spec_path
 from builder.plan import placement as placement_mod
 from builder.render.context import (
     BACKENDS_DIR,
+    COMMON_PACKAGE,
     INTERFACE,
     VERSION,
     RenderContext,
@@ -152,6 +153,10 @@ def render(ctx: RenderContext, model: ModelSpec) -> dict[str, bytes]:
         )
         files.update(copy_tree(BACKENDS_DIR / "tensorrt_llm" / role, f"{n[role]}/{VERSION}"))
         files.update(copy_tree(BACKENDS_DIR / "tensorrt_llm" / "common", f"{n[role]}/{VERSION}"))
+    # its refusals (an unknown adapter) are marked through trident_common/error_classes.py
+    files.update(
+        copy_tree(BACKENDS_DIR / COMMON_PACKAGE, f"{n['preprocessing']}/{VERSION}/{COMMON_PACKAGE}")
+    )
     files.update(lora.get("files", {}))
     return files
 

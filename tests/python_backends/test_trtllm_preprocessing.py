@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from support.lora import write_adapter
 from tests.fakes import fake_pb_utils as pb
 from tests.helpers.modules import stub_imports
 from tests.render.test_trtllm import model, render
+from trident_common import error_classes
 
 _MODULES = ("model", "lora_adapters", "tokenizing")
 
@@ -142,11 +144,42 @@ def test_other_sampling_parameters_are_refused_not_ignored(repo):
     )
 
 
-def test_an_unknown_adapter_fails_alone_listing_the_adapters(repo):
-    with loaded(repo) as m:
-        bad, good = m.execute([request("nope"), request("legal")])
+def test_an_unknown_adapter_fails_alone_as_a_client_error_on_lora_name(repo, caplog):
+    """The client learns its adapter is unknown, not which ones the server holds: those
+    are in the server's log, written at load."""
+    with caplog.at_level(logging.INFO, logger="trident.llama_preprocessing"):
+        with loaded(repo) as m:
+            bad, good = m.execute([request("nope"), request("legal")])
     assert bad.has_error() and bad.error().message() == (
-        "invalid request: unknown adapter 'nope' (lora_name): model llama has adapters: "
-        "legal, support"
+        "invalid request: [lora_name] unknown adapter 'nope': model llama has no adapter "
+        "of that name"
     )
+    found = error_classes.parse(bad.error().message())
+    assert (found.error_class, found.param) == (error_classes.CLIENT, "lora_name")
+    assert bad.error().code() == pb.TritonError.INVALID_ARG
+    assert "legal" not in bad.error().message()
+    assert "model llama has adapters: legal, support" in caplog.text
     assert outputs(good)["LORA_TASK_ID"].tolist() == [[1]]
+
+
+def test_an_adapter_named_to_a_model_without_any_is_a_client_error_on_lora_name(repo):
+    parameters = parse_config(repo / "repo/llama_preprocessing/config.pbtxt").parameters
+    kept = {
+        k: {"string_value": v.string_value}
+        for k, v in parameters.items()
+        if k not in ("lora_adapters", "lora_send_weights")
+    }
+    with loaded(repo, {"parameters": kept}) as m:
+        bad, base = m.execute([request("legal"), request()])
+    assert bad.error().message() == (
+        "invalid request: [lora_name] unknown adapter 'legal': the model has no adapters"
+    )
+    assert bad.error().code() == pb.TritonError.INVALID_ARG
+    assert "LORA_TASK_ID" not in outputs(base)
+
+
+def test_other_refusals_keep_their_unmarked_message_and_internal_code(repo):
+    with loaded(repo) as m:
+        response = m.execute([request(sampling={"top_k": 3})])[0]
+    assert error_classes.classify(response.error().message()) is error_classes.INTERNAL
+    assert response.error().code() == pb.TritonError.INTERNAL

@@ -95,6 +95,8 @@ def test_four_models_render_and_validate(tmp_path):
     for name in names:
         assert parse_config(tmp_path / "repo" / name / "config.pbtxt").name == name
     assert "llama_preprocessing/1/tokenizing.py" in files
+    # lora_adapters.py marks its refusals through the runtime error table
+    assert "llama_preprocessing/1/trident_common/error_classes.py" in files
 
 
 def test_engine_model_parameters():

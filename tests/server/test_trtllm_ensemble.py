@@ -98,7 +98,7 @@ def test_lora_tensors_reach_the_engine_step(tmp_path, pool):
         text, error = generate(client, "nope")
         assert (
             text is None
-            and "unknown adapter 'nope' (lora_name): model llama has adapters: legal, support"
+            and "[lora_name] unknown adapter 'nope': model llama has no adapter of that name"
             in error
         )
         assert generate(client, sampling={"lora_name": "legal"})[1] is None

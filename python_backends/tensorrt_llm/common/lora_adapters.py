@@ -8,7 +8,8 @@ engine gets
 `lora_task_id` and, the first time this instance sends that task, its weights and config:
 the tensorrtllm backend caches adapters by task id (its host cache is sized to hold them
 all). With `lora_send_weights: always` (several engine instances, each with its own
-cache) every request carries them. Free of Triton types.
+cache) every request carries them. Free of Triton types; its refusals are marked through
+trident_common/error_classes.py, which `trident repo` ships beside it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from trident_common.error_classes import CLIENT
+
 Array = npt.NDArray[Any]
 
 WEIGHTS_NPY = "model.lora_weights.npy"
@@ -29,7 +32,9 @@ CONFIG_NPY = "model.lora_config.npy"
 
 
 class UnknownAdapter(ValueError):
-    """A request named an adapter the model does not hold (a client error)."""
+    """A request named an adapter the model does not hold (a client error, marked with
+    CLIENT and its `[lora_name]` tag). The client is not told which adapters the model
+    does hold: the server's log says that (the pre-processing model, at load)."""
 
 
 class LoraTable:
@@ -69,8 +74,10 @@ class LoraTable:
         task = self.task_ids.get(name)
         if task is None:
             raise UnknownAdapter(
-                f"invalid request: unknown adapter {name!r} (lora_name): model "
-                f"{self.model} has adapters: {', '.join(sorted(self.task_ids))}"
+                CLIENT.mark(
+                    f"unknown adapter {name!r}: model {self.model} has no adapter of that name",
+                    "lora_name",
+                )
             )
         with self._lock:
             if task in self._sent and not self.send_always:
@@ -133,7 +140,7 @@ def engine_tensors(table: LoraTable | None, name: str | None, batch: int) -> dic
         return {}
     if table is None:
         raise UnknownAdapter(
-            f"invalid request: unknown adapter {name!r} (lora_name): the model has no adapters"
+            CLIENT.mark(f"unknown adapter {name!r}: the model has no adapters", "lora_name")
         )
     task, weights, config = table.select(name)
     out: dict[str, Array] = {"LORA_TASK_ID": np.full((batch, 1), task, dtype=np.uint64)}

@@ -17,6 +17,8 @@ import triton_python_backend_utils as pb_utils
 
 from lora_adapters import LoraTable, engine_tensors, requested_name
 from tokenizing import Array, encode_batch, load_tokenizer, special_ids
+from trident_common.error_classes import triton_error
+from trident_common.log import Log
 
 
 def _parameter(config: dict[str, Any], key: str) -> str:
@@ -42,6 +44,10 @@ class TritonPythonModel:
         self.adapters = LoraTable.from_parameters(
             model, parameters, Path(__file__).resolve().parent / "lora"
         )
+        if self.adapters is not None:  # a client naming another is told only "unknown"
+            Log(config["name"]).info(
+                f"model {model} has adapters: {', '.join(sorted(self.adapters.task_ids))}"
+            )
 
     def execute(
         self, requests: list[pb_utils.InferenceRequest]
@@ -60,7 +66,8 @@ class TritonPythonModel:
             ids, lengths = encode_batch(self.tokenizer, query, self.pad_id)
             lora = engine_tensors(self.adapters, _lora_name(request), ids.shape[0])
         except Exception as e:  # a bad request fails alone, never the model
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
+            # its marker (an unknown adapter's CLIENT) sets the code; none is INTERNAL
+            return pb_utils.InferenceResponse(error=triton_error(pb_utils, str(e)))
         batch = ids.shape[0]
         return pb_utils.InferenceResponse(
             output_tensors=[
