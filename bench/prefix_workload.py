@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 CONVERSATIONS, TURNS = 16, 6
 # Each turn's answer is 16 +- 8 tokens (answer_tokens), not 16 for all: answers of one
 # length end a replica's conversations on the same decode step, their next turns arrive
-# together and prefill in one long step (the lockstep the engines' trace showed;
-# docs/performance.md), a rhythm no real chat traffic has.
+# together and prefill in one long step (the lockstep the engines' trace showed:
+# docs/results/2026-12-02-prefix-routing-engine-trace.md), a rhythm no real chat traffic has.
 ANSWER_TOKENS, ANSWER_SPREAD = 16, 8
 SYSTEM_WORDS = 940  # ~7,600 characters: ~1,000 SmolLM2 tokens (747 for 700 words)
 QUESTION_WORDS = 40  # ~50 tokens a turn
