@@ -58,9 +58,11 @@ from trident_common.error_classes import (
     triton_error,
 )
 from trident_common.interface import (
+    CACHE_SALT,
     DRAIN_DIR_ENV,
     ERRORS_IN_BAND,
     HINT_NAMES,
+    PRIORITY,
     RETURNABLE,
     ROUTER_PROOF,
     ROUTER_SECRET_ENV,
@@ -494,7 +496,7 @@ class TritonPythonModel:
             return outgoing
         values = {t.name(): first_scalar(t.as_numpy()) for t in added}
         outgoing[ROUTER_PROOF] = trust.generate_proof(
-            self.proof_key, request_id, values.get("priority"), values.get("cache_salt")
+            self.proof_key, request_id, values.get(PRIORITY), values.get(CACHE_SALT)
         )
         return outgoing
 

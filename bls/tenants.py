@@ -32,6 +32,7 @@ from tenant_names import TENANT_RE
 from tenant_outbox import Outbox
 from tenant_store import Limits, LocalStore, RedisStore, Store, StoreUnavailable
 from trident_common.error_classes import CLIENT, FORBIDDEN, RATE_LIMIT, UNAVAILABLE
+from trident_common.interface import CACHE_SALT, PRIORITY
 from trident_common.metrics import COUNTER, GAUGE
 from trident_common.trust import tenant_salt
 
@@ -281,10 +282,10 @@ class Tenants:
         tenant = self.known.get(str(name)) if name else None
         if tenant is None:
             tenant = self.identify(name)  # admitted already: it does not raise
-        tensors = [pb_utils.Tensor("priority", np.array([tenant.priority], dtype=np.int32))]
+        tensors = [pb_utils.Tensor(PRIORITY, np.array([tenant.priority], dtype=np.int32))]
         if tenant.salt is not None:
             tensors.append(
-                pb_utils.Tensor("cache_salt", np.array([tenant.salt.encode()], dtype=np.object_))
+                pb_utils.Tensor(CACHE_SALT, np.array([tenant.salt.encode()], dtype=np.object_))
             )
         if inbound.returns is not None:
             tensors += [pb_utils.Tensor(flag, np.array([True])) for flag in Tally.FLAGS]

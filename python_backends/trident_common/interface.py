@@ -65,8 +65,10 @@ CONTROL_INPUTS = (_text(REQUEST_ID), _text(ABORT_REQUEST_ID))
 HINT_NAMES = ("route", "task", "family", "tenant", "tier", "conversation_id", "shared_prefix")
 
 # Set by the router from the spec's `tenants:` (bls/tenants.py), never by a client: the
-# tenant's tier as vLLM's request priority, and its prefix-cache salt.
-TENANT_INPUTS = (Tensor("priority", "TYPE_INT32", (1,), True), _text("cache_salt"))
+# tenant's tier as vLLM's request priority, and its prefix-cache salt (the router's proof
+# covers both, trust.py).
+PRIORITY, CACHE_SALT = "priority", "cache_salt"
+TENANT_INPUTS = (Tensor(PRIORITY, "TYPE_INT32", (1,), True), _text(CACHE_SALT))
 
 # The environment variable holding the per-server secret the router proves itself with to the
 # engine models (trident_common/trust.py). `trident serve` sets it per start when absent; the

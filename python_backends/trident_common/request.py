@@ -18,7 +18,14 @@ from trident_common.faults import CLIENT_FAULT_PREFIX as CLIENT_FAULT_PREFIX
 from trident_common.faults import BadRequest as BadRequest
 from trident_common.faults import describe as describe
 from trident_common.faults import show as _show
-from trident_common.interface import RETURNABLE, UNPROVEN_PRIORITY
+from trident_common.interface import (
+    ABORT_REQUEST_ID,
+    CACHE_SALT,
+    PRIORITY,
+    REQUEST_ID,
+    RETURNABLE,
+    UNPROVEN_PRIORITY,
+)
 from trident_common.sampling import SAMPLING_TYPES as SAMPLING_TYPES
 from trident_common.sampling import check_range as check_range
 from trident_common.sampling import check_sampling_keys as check_sampling_keys
@@ -85,7 +92,7 @@ def parse_generate(
     `parameters` are the request's Triton parameters: vllm_backend clients may send
     sampling values there instead of a sampling_parameters tensor, and the router its
     proof (trust.py), checked with `proof_key` (None: no caller is the router)."""
-    abort_id = first_scalar(get("abort_request_id"))
+    abort_id = first_scalar(get(ABORT_REQUEST_ID))
     if abort_id:
         if not proves_abort(proof_key, parameters, str(abort_id)):
             # Anyone could end anyone's stream by its id: only the router may, for the
@@ -130,7 +137,7 @@ def parse_generate(
             "streaming with exclude_input_in_output=false is not supported: "
             "streamed responses carry only the new text"
         )
-    request_id = str(first_scalar(get("request_id")) or "")
+    request_id = str(first_scalar(get(REQUEST_ID)) or "")
     priority, cache_salt, proven = _router_values(get, parameters, proof_key, request_id)
     return GenerateRequest(
         prompt=prompt,
@@ -160,12 +167,12 @@ def _router_values(
     request without the router's proof for exactly these values may not set them (a
     salt would read another tenant's prefix cache, a priority jump every tier's queue)
     and is scheduled at UNPROVEN_PRIORITY."""
-    priority = first_scalar(get("priority"))
-    check_range("priority", priority)
-    cache_salt = first_scalar(get("cache_salt")) or None
+    priority = first_scalar(get(PRIORITY))
+    check_range(PRIORITY, priority)
+    cache_salt = first_scalar(get(CACHE_SALT)) or None
     if proves_generate(proof_key, parameters, request_id, priority, cache_salt):
         return (0 if priority is None else int(priority)), cache_salt, True
-    for name, value in (("cache_salt", cache_salt), ("priority", priority)):
+    for name, value in ((CACHE_SALT, cache_salt), (PRIORITY, priority)):
         if value is not None:
             raise BadRequest(
                 f"{name} is set by the router only (no valid router proof): "

@@ -34,6 +34,7 @@ from starlette.responses import Response
 from builder.serve.openai import choices
 from builder.serve.openai.answers import Answer
 from builder.serve.openai.asgi import LaneApp, SSEResponse
+from builder.serve.openai.choices import DONE, SERVED_BY_HEADER
 from builder.serve.openai.draining import RETRY_AFTER_S, Drain
 from builder.serve.openai.errors import (
     OpenAIError,
@@ -60,7 +61,6 @@ from builder.serve.openai.triton import Call, Triton
 
 log = logging.getLogger("trident.openai")
 OWNER = "trident"
-SERVED_BY_HEADER = "X-Trident-Served-By"
 
 
 def create_app(
@@ -311,9 +311,6 @@ async def _whole(answer: Answer, pieces: AsyncIterator[Piece], call: Call) -> tu
 
 def _sse(data) -> bytes:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
-
-
-DONE = b"data: [DONE]\n\n"
 
 
 async def _events(

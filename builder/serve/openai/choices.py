@@ -31,8 +31,8 @@ from builder.serve.openai.errors import OpenAIError, client_closed, no_finish_re
 from builder.serve.openai.protocol import Generation
 from builder.serve.openai.tensors import ModelInfo, Piece
 
-SERVED_BY_HEADER = "X-Trident-Served-By"
-DONE = b"data: [DONE]\n\n"
+SERVED_BY_HEADER = "X-Trident-Served-By"  # which engine model answered
+DONE = b"data: [DONE]\n\n"  # an SSE stream's last event (app.py's path ends with it too)
 
 
 def needed(generation: Generation) -> bool:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from builder import runtime_modules
 from builder.serve.openai import tools as chat_tools
 from builder.serve.openai.errors import invalid
 from builder.serve.openai.limits import INT32_MAX, Limits
@@ -20,8 +21,10 @@ from builder.serve.openai.structured import response_format
 
 DEFAULT_LIMITS = Limits()
 
-# Router inputs a request may set; the body wins over the header of the same name.
-HINTS = ("route", "task", "family", "tenant", "tier", "conversation_id", "shared_prefix")
+# Router inputs a request may set; the body wins over the header of the same name. The
+# router's own list (trident_common/interface.py), loaded by path as errors.py loads the
+# error table: builder.render.context would bring jinja2 and the spec into the frontend.
+HINTS: tuple[str, ...] = tuple(runtime_modules.load("interface").HINT_NAMES)
 HINT_HEADER_PREFIX = "x-trident-"  # x-trident-route, x-trident-conversation-id ...
 ROLES = {
     "system": "system",
