@@ -92,6 +92,15 @@ LOOPBACK = "127.0.0.1"  # as builder.serve.server's, not imported: `--help` stay
     "with an error); a second signal stops at once",
 )
 @click.option(
+    "--otlp-traces-endpoint",
+    default=None,
+    metavar="URL",
+    help="export OpenTelemetry traces (OTLP over HTTP) of the frontend and tritonserver "
+    "here; default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT "
+    "(OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES and OTEL_TRACES_SAMPLER are honoured); "
+    "none: nothing is traced",
+)
+@click.option(
     "--no-self-test",
     is_flag=True,
     help="skip the start-up check that the server's Python stub passes strings "
@@ -112,6 +121,7 @@ def serve(
     api_keys_file: str | None,
     expose: tuple[str, ...],
     drain_timeout: float,
+    otlp_traces_endpoint: str | None,
     no_self_test: bool,
 ) -> int:
     """Run tritonserver on a model repository.
@@ -137,6 +147,7 @@ def serve(
         drain_on_signal,
     )
     from builder.serve.server import Ports, TritonServer, is_loopback
+    from builder.serve.tracing import from_environment
 
     repo_dir = Path(repo)
     if not repo_dir.is_dir():
@@ -158,6 +169,10 @@ def serve(
         host=triton_host,
         metrics_host=metrics_host,
     )
+    tracing = from_environment(otlp_traces_endpoint)  # TracingError: one line, exit 2
+    if tracing is not None:
+        server.extra_args = (*server.extra_args, *tracing.triton_args())
+    traces = tracing.provider() if tracing is not None and openai_port is not None else None
     frontend = None
     if openai_port is not None:
         from builder.serve.openai.runner import Frontend, check_port
@@ -198,6 +213,7 @@ def serve(
                     repo=repo_dir,
                     admin_key=server.admin_key,
                     metrics_url=server.metrics_url,
+                    tracer=traces.get_tracer("trident.openai") if traces else None,
                 ).start()
                 drain.frontend = frontend
                 click.echo(f"OpenAI API: {frontend.url}/v1")
@@ -223,6 +239,8 @@ def serve(
             click.echo("stopping tritonserver", err=True)
         if frontend is not None:
             frontend.stop()
+        if traces is not None:
+            traces.shutdown()  # the spans still batched leave now
         # After a drain nothing is in flight, yet tritonserver 2.51 may not unload a model
         # while a client keeps open the gRPC stream of a request that ended in an error,
         # and its gRPC shutdown waits for that stream: its exit timeout, then the kill.

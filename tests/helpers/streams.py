@@ -29,6 +29,7 @@ class Stream:
         hints=None,
         parameters=None,
         raw_inputs=None,
+        headers=None,
     ):
         self.events: queue.Queue = queue.Queue()
         self.texts, self.errors, self.finals, self.served_by = [], [], 0, set()
@@ -36,7 +37,8 @@ class Stream:
         self.chunk_times: list[float] = []
         self.client = grpcclient.InferenceServerClient(server.grpc_url)
         self.client.start_stream(
-            callback=lambda result, error: self.events.put((result, error, time.monotonic()))
+            callback=lambda result, error: self.events.put((result, error, time.monotonic())),
+            headers=headers,  # gRPC metadata of the stream (a traceparent, say)
         )
         messages = [{"role": "user", "content": prompt}] if chat else None
         inputs = raw_inputs or build_inputs(

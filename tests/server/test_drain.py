@@ -13,7 +13,11 @@ serve exits 0 soon after, leaving no process, shared memory or drain folder behi
 
 A private `trident serve` (its subject is the process's own end). It is also where the
 `--load-model` subset, the loopback binds and the per-start router secret of a served
-repository are checked (they were a `trident serve` of their own before)."""
+repository are checked (they were a `trident serve` of their own before), and where
+traces are (builder/serve/tracing.py): the process exports OpenTelemetry spans to a
+loopback OTLP collector (support/otlp_collector.py), and one request's spans, from the
+client's traceparent through the frontend to the router's request in Triton, are one
+trace (the engine model's are not yet: builder/serve/tracing.py says why)."""
 
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ import pytest
 from builder.render.context import INTERFACE
 from builder.serve.drain import run_dir
 from builder.serve.server import SHM_DIR, TritonServer, free_port, shm_regions_of_group
+from support.otlp_collector import Collector
 from support.pacing import Rate
 from support.sglang_double import SHIM, paced_shim
 from support.vllm_double import write_rate
@@ -50,6 +55,8 @@ pytestmark = pytest.mark.server
 
 TOKENS, LONG_TOKENS, STREAMS = 160, 1000, 8
 DRAIN_TIMEOUT_S = 12
+SERVICE = "trident-test"
+CLIENT_TRACE, CLIENT_SPAN = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
 SPEC = {
     "name": "drain",
     "hardware": {"gpu": "cpu"},
@@ -115,8 +122,15 @@ def serving(tmp_path_factory):
     (repo / "idle" / "1" / "sglang.py").write_text(SHIM)
     ports, port = free_ports(), free_port()
     output = tmp / "serve.out"
+    collector = Collector().__enter__()
     # No router secret from the environment: serve makes one per start.
     env = {k: v for k, v in os.environ.items() if k != INTERFACE.ROUTER_SECRET_ENV}
+    # Traces on, by the standard environment; the frontend's batches leave every 0.2 s.
+    env |= {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.endpoint,
+        "OTEL_SERVICE_NAME": SERVICE,
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+    }
     argv = serve_argv(
         repo,
         ports,
@@ -130,15 +144,16 @@ def serving(tmp_path_factory):
         wait_for(lambda: "OpenAI API:" in output.read_text() or proc.poll() is not None, 180)
         assert proc.poll() is None, output.read_text()
         started.ready()
-        yield repo, ports, port, proc, output
+        yield repo, ports, port, proc, output, collector
     finally:
+        collector.__exit__(None, None, None)
         if proc.poll() is None:  # a test failed: leave no server behind
             proc.kill()
             subprocess.run(["pkill", "-KILL", "-f", "--", f"--http-port={ports.http}"])
 
 
 def test_the_served_repository_is_private_and_only_what_was_asked_is_loaded(serving):
-    repo, ports, _, _, _ = serving
+    repo, ports, _, _, _, _ = serving
     server = TritonServer(repo, ports)
     ready = {model: server.http_get(f"/v2/models/{model}/ready") for model in SPEC_MODELS}
     assert ready == {"router": 200, "qwen": 200, "idle": 400}  # present, not loaded
@@ -166,8 +181,59 @@ def router_secret(pid: int) -> bytes:
     return secret
 
 
+def test_one_request_is_one_trace_from_the_client_through_the_router(serving):
+    repo, ports, port, _, _, collector = serving
+    server = TritonServer(repo, ports)
+    traceparent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1",
+        api_key="none",
+        max_retries=0,
+        default_headers={"traceparent": traceparent},
+    )
+    assert client.completions.create(model="router", prompt="Hi", max_tokens=4).choices[0].text
+
+    def trace() -> dict:
+        spans = [s for s in collector.spans if s.trace_id == CLIENT_TRACE]
+        return {(s.service, s.name): s for s in spans}
+
+    def ancestors(span) -> list[str]:
+        by_id = {s.span_id: s for s in collector.spans if s.trace_id == CLIENT_TRACE}
+        chain = []
+        while span.parent_id in by_id:
+            span = by_id[span.parent_id]
+            chain.append(span.name)
+        return chain
+
+    # Triton's spans (its own service name) hang under the frontend's: the router
+    # model's, under the request's. Each is exported as it ends, in its own time.
+    router = (f"{SERVICE}-triton", "router")
+    wait_for(
+        lambda: (
+            router in trace()
+            and ancestors(trace()[router]) == ["InferRequest", "POST /v1/completions"]
+        ),
+        timeout_s=20,
+    )
+    frontend = trace()[(SERVICE, "POST /v1/completions")]
+    assert frontend.parent_id == CLIENT_SPAN  # the client's span is its parent
+    assert frontend.attributes["http.response.status_code"] == 200
+
+    # A Triton gRPC client's traceparent starts the trace just as well.
+    other = "4bf92f3577b34da6a3ce929d0e0e4736"
+    stream = Stream(
+        server, max_tokens=4, headers={"traceparent": f"00-{other}-00f067aa0ba902b7-01"}
+    )
+    assert stream.pump(30) and not stream.errors
+    stream.close()
+    wait_for(
+        lambda: "router" in {s.name for s in collector.spans if s.trace_id == other},
+        timeout_s=20,
+    )
+
+
 def test_sigterm_drains_every_stream_refuses_new_work_in_words_and_exits_0(serving):
-    repo, ports, port, proc, output = serving
+    repo, ports, port, proc, output, _ = serving
     server, base = TritonServer(repo, ports), f"http://127.0.0.1:{port}"
     pid, drain_folder = served_pid(ports), run_dir(proc.pid)
     secret, regions = router_secret(pid), shm_regions_of_group(pid)

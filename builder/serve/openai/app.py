@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -57,6 +58,7 @@ from builder.serve.openai.pod_metrics import CONTENT_TYPE, pod_load
 from builder.serve.openai.policy import DEFAULT_EXPOSE, as_tenant, resolve
 from builder.serve.openai.protocol import Generation, parse_chat, parse_completion
 from builder.serve.openai.tensors import Piece
+from builder.serve.openai.traces import finish, request_span
 from builder.serve.openai.triton import Call, Triton
 
 log = logging.getLogger("trident.openai")
@@ -70,12 +72,14 @@ def create_app(
     expose: Iterable[str] = DEFAULT_EXPOSE,
     limits: Limits = Limits(),
     drain: Drain | None = None,
+    tracer: Any = None,
 ) -> FastAPI:
     """The application for the Triton at triton_url (`triton`: a stand-in, for tests),
     serving the models in `expose` only. With api_keys (key → tenant,
     builder.serve.openai.keys), every /v1 request needs one of the keys, and its tenant
     is the request's tenant (policy.as_tenant). `drain`: the drain's state, which its
-    driver holds too (app.state.drain; a new one if not given)."""
+    driver holds too (app.state.drain; a new one if not given). `tracer`: an
+    OpenTelemetry tracer when traces are on (builder/serve/tracing.py), else None."""
     triton = triton or Triton(triton_url)
     exposed = frozenset(expose)
     drain = drain or Drain()
@@ -182,13 +186,22 @@ def create_app(
                 return
             drain.in_flight += 1
             try:
-                try:
-                    response = await generate(Request(scope, receive), parse)
-                except Exception as error:
-                    response = error_response(error)
-                await response(scope, receive, send)
+                if tracer is None:
+                    await answer(scope, receive, send)
+                else:
+                    with request_span(tracer, scope) as span:
+                        finish(span, await answer(scope, receive, send))
             finally:
                 drain.in_flight -= 1
+
+        async def answer(scope, receive, send) -> int:
+            """Generate and send the answer; its HTTP status."""
+            try:
+                response = await generate(Request(scope, receive), parse)
+            except Exception as error:
+                response = error_response(error)
+            await response(scope, receive, send)
+            return response.status_code
 
         return handle
 

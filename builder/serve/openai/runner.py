@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -47,6 +48,7 @@ def _config(
     triton: Triton | None = None,
     drain: Drain | None = None,
     metrics_url: str | None = None,
+    tracer: Any = None,
 ) -> uvicorn.Config:
     """uvicorn's configuration (`triton`: a stand-in, for tests; `drain`: the drain's
     state, held by whoever drives it)."""
@@ -57,6 +59,7 @@ def _config(
         expose=expose,
         limits=limits,
         drain=drain,
+        tracer=tracer,
     )
     # The HTTP protocol: a connection's bounds (guard.py), and a streamed answer's headers
     # and first chunk in one write (coalesce.py says why).
@@ -166,9 +169,11 @@ class Frontend:
         admin_key: str | None = None,
         triton: Triton | None = None,
         metrics_url: str | None = None,
+        tracer: Any = None,
     ):
         self.triton_url, self.host, self.port = triton_url, host, port
         self.metrics_url = metrics_url  # Triton's, for the pod's load on /metrics
+        self.tracer = tracer  # OpenTelemetry's, when traces are on (builder/serve/tracing.py)
         self._triton = triton  # a stand-in, for tests
         self.admin_key = admin_key  # the server's (builder/serve/admin.py)
         # none named: the default (`trident serve` passes --expose as given)
@@ -212,6 +217,7 @@ class Frontend:
                 self._triton,
                 self._drain,
                 self.metrics_url,
+                self.tracer,
             )
         )
         # uvicorn installs signal handlers only on the main thread: none here.

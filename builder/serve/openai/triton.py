@@ -34,6 +34,7 @@ from builder.serve import admin
 from builder.serve.openai.errors import OpenAIError, from_triton, model_not_found
 from builder.serve.openai.protocol import Generation
 from builder.serve.openai.tensors import ModelInfo, Piece, build_inputs, read_response
+from builder.serve.openai.traces import TRACEPARENT
 
 INDEX_TTL_S = 2.0  # how long the repository index (ready models) is believed
 # How long Triton's metrics text is reused: the endpoint picker may scrape every 50 ms, and
@@ -109,8 +110,12 @@ class Triton:
 
     def open_stream(self, request: service_pb2.ModelInferRequest):
         """A ModelStreamInfer call carrying `request` (grpc.aio's unary-stream call:
-        read, cancel). The request leaves as soon as the loop runs."""
-        return self._rpc("ModelStreamInfer")(request)
+        read, cancel). The request leaves as soon as the loop runs. A traced request's
+        traceparent goes along: Triton's spans are its children (traces.py)."""
+        traceparent = TRACEPARENT.get()
+        if traceparent is None:
+            return self._rpc("ModelStreamInfer")(request)
+        return self._rpc("ModelStreamInfer")(request, metadata=(("traceparent", traceparent),))
 
     async def _unary(self, name: str, request, headers: dict[str, str]) -> dict:
         """One unary call's answer as JSON (protobuf's field names, as tritonclient's

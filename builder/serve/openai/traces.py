@@ -1,0 +1,51 @@
+"""The frontend's span of one request (builder/serve/tracing.py says what is traced and
+how it is configured): a SERVER span from the client's `traceparent` (a new trace
+without one), open from admission to the answer's last byte, whose own traceparent the
+request's gRPC call to Triton carries (TRACEPARENT, read by triton.py), so Triton's spans
+of the router and the engine model are its children. opentelemetry is imported only
+when a tracer exists: with tracing off the frontend pays one `is None` per request."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+# The traceparent of the request being served, for its calls to Triton (None: untraced).
+TRACEPARENT: ContextVar[str | None] = ContextVar("trident_traceparent", default=None)
+
+
+@contextmanager
+def request_span(tracer: Any, scope: dict) -> Iterator[Any]:
+    """The span of the ASGI request `scope`, current for the duration."""
+    from opentelemetry.trace import SpanKind
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    propagator = TraceContextTextMapPropagator()
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
+    with tracer.start_as_current_span(
+        f"{scope.get('method', 'POST')} {scope.get('path', '')}",
+        context=propagator.extract(headers),
+        kind=SpanKind.SERVER,
+        attributes={
+            "http.request.method": scope.get("method", ""),
+            "url.path": scope.get("path", ""),
+        },
+    ) as span:
+        carrier: dict[str, str] = {}
+        propagator.inject(carrier)  # this span's own context, for Triton
+        token = TRACEPARENT.set(carrier.get("traceparent"))
+        try:
+            yield span
+        finally:
+            TRACEPARENT.reset(token)
+
+
+def finish(span: Any, status: int) -> None:
+    """The answer's status on its span (a 5xx marks the span as failed)."""
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_attribute("http.response.status_code", status)
+    if status >= 500:
+        span.set_status(Status(StatusCode.ERROR))

@@ -1,0 +1,119 @@
+"""OpenTelemetry traces of `trident serve`: one trace per request, from the client's
+`traceparent` through the OpenAI frontend, tritonserver (the router's request, its BLS
+call to the engine model, the engine model's request) to the engine.
+
+Configured by the standard OpenTelemetry environment, or `--otlp-traces-endpoint`:
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces),
+OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER (always_on, always_off,
+traceidratio and their parentbased_ forms) with OTEL_TRACES_SAMPLER_ARG. With no endpoint
+nothing is traced: no tracer is made and Triton runs without --trace-config, so nothing
+is spent. OTLP over HTTP (protobuf), the one transport Triton's exporter speaks.
+
+Tritonserver exports its own spans (its `--trace-config mode=opentelemetry`): it reads
+`traceparent` from the gRPC metadata the frontend sends, so its spans of the router's
+request are the frontend span's children. The frontend exports its spans through
+opentelemetry-sdk, made only when traces are on. Not yet in the trace: the engine
+model's request, which the router makes over BLS. python_backend's way to carry a trace
+into a BLS call (`InferenceRequest(..., trace=request.trace())`) crashed the bundled
+tritonserver 2.51 in TRITONSERVER_ServerInferAsync when the trace came from a
+traceparent (seen here); the router does not pass it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from builder.errors import TridentError
+
+TRACES_PATH = "/v1/traces"
+FRONTEND_SERVICE = "trident-openai"
+TRITON_SERVICE = "tritonserver"
+
+
+class TracingError(TridentError):
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Tracing:
+    endpoint: str  # OTLP/HTTP traces URL
+    service: str  # the frontend's service.name (Triton's gets "-triton" after it)
+    resource: Mapping[str, str]
+    ratio: float  # the share of new traces sampled (a client's sampled flag is honoured)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], endpoint: str | None = None) -> Tracing | None:
+        """The settings, or None when no traces endpoint is set (tracing off)."""
+        url = endpoint or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        if not url and environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            url = environ["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + TRACES_PATH
+        if not url:
+            return None
+        if not url.startswith(("http://", "https://")):
+            raise TracingError(f"--otlp-traces-endpoint: {url!r} is not an http(s) URL")
+        resource = {}
+        for item in filter(None, environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",")):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise TracingError(
+                    f"OTEL_RESOURCE_ATTRIBUTES: {item!r} is not key=value (comma-separated)"
+                )
+            resource[key.strip()] = value.strip()
+        service = environ.get("OTEL_SERVICE_NAME") or resource.pop("service.name", "") or "trident"
+        return cls(url, service, resource, _ratio(environ))
+
+    def triton_args(self) -> tuple[str, ...]:
+        """tritonserver's --trace-config for these settings."""
+        rate = 0 if self.ratio <= 0 else max(1, round(1 / self.ratio))  # 1 in `rate`
+        resources = [f"service.name={self.service}-triton"] + [
+            f"{k}={v}" for k, v in self.resource.items()
+        ]
+        args = ["mode=opentelemetry", "level=TIMESTAMPS", f"rate={rate}", "count=-1"]
+        args += [f"opentelemetry,url={self.endpoint}"]
+        args += [f"opentelemetry,resource={r}" for r in resources]
+        return tuple(arg for setting in args for arg in ("--trace-config", setting))
+
+    def provider(self) -> Any:
+        """The frontend's tracer provider (opentelemetry-sdk, OTLP over HTTP, batched):
+        its get_tracer() for the spans, its shutdown() sends what is left."""
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+        provider = TracerProvider(
+            resource=Resource.create({**self.resource, "service.name": self.service}),
+            sampler=ParentBased(TraceIdRatioBased(self.ratio)),
+        )
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(self.endpoint)))
+        return provider
+
+
+def _ratio(environ: Mapping[str, str]) -> float:
+    sampler = environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").lower()
+    name = sampler.removeprefix("parentbased_")
+    if name == "always_on":
+        return 1.0
+    if name == "always_off":
+        return 0.0
+    if name == "traceidratio":
+        raw = environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0")
+        try:
+            ratio = float(raw)
+        except ValueError:
+            ratio = -1.0
+        if not 0.0 <= ratio <= 1.0:
+            raise TracingError(f"OTEL_TRACES_SAMPLER_ARG: {raw!r} is not a ratio in [0, 1]")
+        return ratio
+    raise TracingError(
+        f"OTEL_TRACES_SAMPLER: {sampler!r} is not one of always_on, always_off, "
+        "traceidratio (or parentbased_ of them)"
+    )
+
+
+def from_environment(endpoint: str | None = None) -> Tracing | None:
+    return Tracing.from_env(os.environ, endpoint)
