@@ -37,6 +37,13 @@ if TYPE_CHECKING:
     Split = tuple[str | None, pb_utils.InferenceResponse | None, bool]
 
 
+class Unsupported(ValueError):
+    """The request asks what this engine's model has no input for (chat messages, or a
+    sampling value, for the TRT-LLM ensemble): not this backend's failure, and another
+    backend of the route may take it (the router's DoesNotFit). A ValueError still, as
+    before it had a name."""
+
+
 def _string_tensor(name: str, value: str, shape: tuple[int, ...] = (1,)) -> pb_utils.Tensor:
     return pb_utils.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_).reshape(shape))
 
@@ -94,7 +101,7 @@ class TrtllmAdapter:
         sampling_parameters or a request parameter), sent as the lora_name input."""
         values = {t.name(): t.as_numpy() for t in inputs}
         if "messages" in values:
-            raise ValueError("the TRT-LLM ensemble takes text_input, not messages")
+            raise Unsupported("the TRT-LLM ensemble takes text_input, not messages")
         if "tools" in values or "tool_choice" in values:  # never dropped on the way
             raise BadRequest(
                 "[tools] the TRT-LLM ensemble takes no tools: tool calling "
@@ -123,7 +130,7 @@ class TrtllmAdapter:
             out.append(_string_tensor("lora_name", adapter, (1, 1)))
         for key, value in sampling.items():
             if key not in TRTLLM_SAMPLING:
-                raise ValueError(
+                raise Unsupported(
                     f"sampling parameter {key!r} is not supported by TRT-LLM "
                     f"(supported: {', '.join(sorted(TRTLLM_SAMPLING))})"
                 )

@@ -24,6 +24,7 @@ nothing else.
 from __future__ import annotations
 
 import asyncio
+import enum
 import faulthandler
 import json
 import os
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from adapters import ROUTER_ONLY_INPUTS, Adapters  # siblings in the model's directory
+from adapters import ROUTER_ONLY_INPUTS, Adapters, Unsupported  # siblings in the model's directory
 from breaker import HALF_OPEN
 from control import SILENCE_PROBE_S, Controls
 from inbound import Inbound
@@ -120,6 +121,13 @@ class DoesNotFit(BackendFailed):
 
 class ClientCancelled(Exception):
     """The client cancelled; the backend was told to abort."""
+
+
+class Late(enum.Enum):
+    """watch's answer when its deadline passed: a kind of outcome, not words that could
+    equal a backend's problem (the caller says what the deadline was)."""
+
+    DEADLINE = "deadline"
 
 
 class TritonPythonModel:
@@ -259,8 +267,7 @@ class TritonPythonModel:
             return self.fail(sender, CLIENT.mark(str(e), e.param), "unknown_route")
         except BadRequest as e:  # the messages tensor is not what the interface says
             return self.fail(sender, CLIENT.mark(str(e), e.param or "messages"), "bad_request")
-        except ValueError as e:
-            return self.fail(sender, CLIENT.mark(str(e)), "bad_request")
+        # Any other error is the router's (handle: "router error", internal), never a 400.
         if not candidates:
             return self.refuse(sender, route, inbound.features)
         work = self.attempt(request, inbound, sender, route, candidates, arrival, attempts)
@@ -444,7 +451,7 @@ class TritonPythonModel:
         except BadRequest as e:  # a value no engine could take (out of range)
             self.fail(sender, e.marked(), "bad_request")
             return False
-        except ValueError as e:  # the request does not fit this engine's interface
+        except Unsupported as e:  # the request does not fit this engine's interface
             raise DoesNotFit(str(e)) from None
         relay = Relay(sender, adapter, backend, self.loop, not inbound.stream, self.retired)
         relay.tally = self.tenants.tally(inbound)
@@ -459,16 +466,17 @@ class TritonPythonModel:
             # a first-token timer would time the generation. The deadline bounds it (and a
             # silent engine fails the health probe meanwhile, see watch).
             first_by, late = arrival + self.deadline_s, f"deadline of {self.deadline_s} s exceeded"
-        problem = await self.watch(relay, relay.first, backend, first_by, late, request_id)
+        problem = await self.watch(relay, relay.first, backend, first_by, request_id)
         # abandon() fails once the relay sent the first response: the stream is on.
         if problem is not None and relay.abandon():
-            if problem == late:
+            if problem is Late.DEADLINE:
                 self.controls.abort(backend, request_id)
                 if not inbound.stream:
                     # The engine may have generated all along: another backend would
                     # start over with no time left. Not the backend's failure either.
                     self.fail(sender, late, "deadline")
                     return False
+                raise BackendFailed(late)
             raise BackendFailed(problem)
         outcome = await relay.first
         if outcome == REFUSED:
@@ -502,12 +510,11 @@ class TritonPythonModel:
 
     async def finish(self, relay: Relay, backend: str, request_id: str, arrival: float) -> bool:
         """Supervise a started stream until it ends; returns True (outcome recorded)."""
-        late = f"deadline of {self.deadline_s} s exceeded"
         problem = await self.watch(
-            relay, relay.done, backend, arrival + self.deadline_s, late, request_id
+            relay, relay.done, backend, arrival + self.deadline_s, request_id
         )
-        if problem == late:
-            relay.close(late)
+        if problem is Late.DEADLINE:
+            relay.close(f"deadline of {self.deadline_s} s exceeded")
             self.controls.abort(backend, request_id)  # not the backend's failure
         elif problem is not None:
             relay.close(f"{backend} failed mid-stream: {problem}")
@@ -522,12 +529,12 @@ class TritonPythonModel:
         until: asyncio.Future[Any],
         backend: str,
         deadline: float,
-        late: str,
         request_id: str,
-    ) -> str | None:
+    ) -> Late | str | None:
         """Wait for the future `until`; meanwhile abort on a client cancel (raises
-        ClientCancelled), and return `late` at the deadline or the problem of a backend
-        that went silent and fails a health probe. None when `until` is done."""
+        ClientCancelled), and return Late.DEADLINE at the deadline or the problem (its
+        words) of a backend that went silent and fails a health probe. None when `until`
+        is done."""
         seen, quiet_since = relay.chunks, time.monotonic()
         interval = FIRST_TOKEN_WATCH_S
         while True:
@@ -541,7 +548,7 @@ class TritonPythonModel:
                 raise ClientCancelled
             now = time.monotonic()
             if now >= deadline:
-                return late
+                return Late.DEADLINE
             if relay.chunks != seen:
                 seen, quiet_since = relay.chunks, now
             elif now - quiet_since >= SILENCE_PROBE_S:

@@ -28,7 +28,7 @@ import pytest
 from bls.policy import router_config
 from builder.spec import parse_spec
 from tests.fakes import fake_pb_utils as pb
-from trident_common import interface
+from trident_common import error_classes, interface
 from trident_common.request import CLIENT_FAULT_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -701,6 +701,38 @@ def test_malformed_messages_are_bad_requests(router, messages, expected):
     run(model, request)
     (error,) = request.errors()
     assert expected in error and request.sender.final_flags() == 1
+
+
+def _raise_value_error(*args, **kwargs):
+    raise ValueError("setting an array element with a sequence")  # as numpy would
+
+
+def test_an_unexpected_value_error_reading_a_request_is_a_router_error_not_a_400(router):
+    # Before: any ValueError while reading the request was the client's 400.
+    primary = FakeBackend("primary")
+    model = router(backends=[primary])
+    model.tenants.set_tier = _raise_value_error  # a step of the router's inbound parsing
+    request = ClientRequest()
+    run(model, request)
+    (error,) = [r.error() for r in request.sender.responses() if r.has_error()]
+    assert error.message() == "router error: setting an array element with a sequence"
+    assert error_classes.classify(error.message()) is error_classes.INTERNAL
+    assert error.code() == pb.TritonError.INTERNAL
+    assert request.sender.final_flags() == 1 and primary.calls == 0
+
+
+def test_an_unexpected_value_error_building_a_backend_request_is_not_a_fallback(router):
+    # Before: it was DoesNotFit, so the next candidate got a request the router broke.
+    primary, backup = FakeBackend("primary"), FakeBackend("backup")
+    model = router(backends=[primary, backup])
+    model.adapters["primary"].inputs = _raise_value_error
+    request = ClientRequest()
+    run(model, request)
+    (error,) = [r.error() for r in request.sender.responses() if r.has_error()]
+    assert error_classes.classify(error.message()) is error_classes.INTERNAL
+    assert error.message().startswith("router error: ")
+    assert request.sender.final_flags() == 1 and primary.calls == backup.calls == 0
+    assert model.inflight["primary"] == 0  # the attempt's slot was given back
 
 
 def test_fallbacks_and_breaker_transitions_are_logged(router, caplog):
