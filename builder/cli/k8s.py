@@ -46,6 +46,31 @@ _ttft_option = click.option(
     "the OpenAI frontend's keys (`KEY TENANT` lines); needs server.openai_port. "
     "Triton's HTTP/gRPC ports then stay inside the pod; referenced, never read",
 )
+@click.option(
+    "--inference-pool",
+    is_flag=True,
+    help="also render an InferencePool (Gateway API Inference Extension) per serving "
+    "workload and its endpoint picker (Deployment, Service, RBAC, config); needs "
+    "server.openai_port (docs/kubernetes.md)",
+)
+@click.option(
+    "--pool-name",
+    metavar="NAME",
+    help="the InferencePool's name (default trident-<name>; NAME-<workload> when the "
+    "spec has several serving workloads)",
+)
+@click.option(
+    "--epp-image",
+    metavar="IMAGE",
+    help="the endpoint picker's image, with a tag "
+    "(default registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0)",
+)
+@click.option(
+    "--epp-failure-mode",
+    metavar="MODE",
+    help="what the gateway does while the picker does not answer: FailOpen (its own "
+    "choice among the pool's pods; default) or FailClose (refuse)",
+)
 @_ttft_option
 def k8s(
     spec: str,
@@ -54,17 +79,32 @@ def k8s(
     image: str | None,
     cache_secret: str | None,
     api_keys_secret: str | None,
+    inference_pool: bool,
+    pool_name: str | None,
+    epp_image: str | None,
+    epp_failure_mode: str | None,
     ttft_p99: float,
 ) -> int:
     """Render Kubernetes manifests for a spec: `kubectl apply -k DIR`."""
-    from builder.k8s import access, render
+    from builder.k8s import access, pool, render
     from builder.plan.planner import plan_for_spec
     from builder.render import output_dir
     from builder.spec import load_spec
 
     loaded = load_spec(spec)
-    options = render.options(namespace, image, cache_secret, ttft_p99, api_keys_secret)
+    options = render.options(
+        namespace,
+        image,
+        cache_secret,
+        ttft_p99,
+        api_keys_secret,
+        inference_pool=inference_pool,
+        pool_name=pool_name,
+        epp_image=epp_image,
+        epp_failure_mode=epp_failure_mode,
+    )
     access.check(loaded, options)  # before planning: cheap to refuse
+    pool.check(loaded, options)
     output_dir.check_target(Path(out), [loaded.file])
     with sigterm_as_interrupt():
         written = render.write_manifests(loaded, plan_for_spec(loaded), options, Path(out))

@@ -10,8 +10,20 @@ from builder.errors import TridentError, printable
 EXIT_USAGE = 2
 DEFAULT_IMAGE = "trident:0.1.0"
 PART_OF = "trident"
+# The Gateway API Inference Extension (GIE) release whose endpoint picker `trident k8s
+# --inference-pool` renders (builder/k8s/pool.py): its image, and the pod label by which
+# that picker's metrics extractor chooses the metric names of a pod's engine.
+GIE_VERSION = "v1.5.0"
+DEFAULT_EPP_IMAGE = f"registry.k8s.io/gateway-api-inference-extension/epp:{GIE_VERSION}"
+ENGINE_TYPE_LABEL = "inference.networking.k8s.io/engine-type"
+ENGINE_TYPE = "trident"
+# An InferencePool's name: its picker's objects are named `<pool>[-<component>]-epp`, a
+# Service among them (an RFC 1035 label of at most 63 characters); a component is at most
+# 20 characters (workloads.layout).
+POOL_NAME_LIMIT = 63 - len("-epp") - 21
 
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_LABEL_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _SUBDOMAIN = re.compile(
     r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?"
     r"(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -62,9 +74,31 @@ def check_secret(value: str, where: str) -> str:
     return value
 
 
-def check_image(value: str) -> str:
+def check_image(value: str, where: str = "--image") -> str:
     if len(value) > 512 or not _IMAGE.fullmatch(value):
-        raise K8sError(f"--image: {printable(value)} is not an image reference")
+        raise K8sError(f"{where}: {printable(value)} is not an image reference")
+    return value
+
+
+def check_pinned_image(value: str, where: str) -> str:
+    """An image reference with a tag or a digest: an upstream component trident did not
+    build runs the version the manifests were written for, not whatever `latest` is."""
+    check_image(value, where)
+    last = value.split("@", 1)[0].rsplit("/", 1)[-1]
+    if ":" not in last and "@" not in value:
+        raise K8sError(
+            f"{where}: {printable(value)} has no tag (pin the version, e.g. {DEFAULT_EPP_IMAGE})"
+        )
+    return value
+
+
+def check_pool_name(value: str) -> str:
+    if len(value) > POOL_NAME_LIMIT or not _LABEL_1035.fullmatch(value):
+        raise K8sError(
+            f"--pool-name: {printable(value)} is not a DNS label for an InferencePool "
+            f"(lower-case letters, digits and '-', starting with a letter, at most "
+            f"{POOL_NAME_LIMIT} characters: its picker's objects add '-<workload>-epp')"
+        )
     return value
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from builder.k8s import access, monitoring, names, workloads
+from builder.k8s import access, monitoring, names, pool, workloads
 from builder.k8s.workloads import Options
 from builder.plan.model import Plan
 from builder.render.write import write_repository
@@ -47,6 +47,7 @@ def dump(objects: list[dict]) -> bytes:
 def manifests(spec: DeploymentSpec, plan: Plan, options: Options) -> dict[str, list[dict]]:
     """File name → the objects in it, in apply order (config, workloads, monitoring)."""
     access.check(spec, options)
+    pool.check(spec, options)
     lay = workloads.layout(spec, plan)
     ns = options.namespace
     files: dict[str, list[dict]] = {
@@ -60,6 +61,8 @@ def manifests(spec: DeploymentSpec, plan: Plan, options: Options) -> dict[str, l
         ]
     files["services.yaml"] = workloads.services(spec, lay, options)
     files["poddisruptionbudgets.yaml"] = workloads.disruption_budgets(lay, options)
+    if options.inference_pool:
+        files.update(pool.manifests(spec, lay, options))
     files["podmonitor.yaml"] = [monitoring.pod_monitor(lay.app, ns)]
     files["prometheusrule.yaml"] = [
         monitoring.prometheus_rule(spec, lay.app, ns, options.ttft_p99_s)
@@ -128,8 +131,24 @@ def options(
     cache_secret: str | None,
     ttft_p99_s: float,
     api_keys_secret: str | None = None,
+    inference_pool: bool = False,
+    pool_name: str | None = None,
+    epp_image: str | None = None,
+    epp_failure_mode: str | None = None,
 ) -> Options:
     """Options from the command line, each checked (one-line errors, exit 2)."""
+    for flag, value in (
+        ("--pool-name", pool_name),
+        ("--epp-image", epp_image),
+        ("--epp-failure-mode", epp_failure_mode),
+    ):
+        if value is not None and not inference_pool:
+            raise names.K8sError(f"{flag}: only with --inference-pool")
+    if epp_failure_mode is not None and epp_failure_mode not in pool.FAILURE_MODES:
+        raise names.K8sError(
+            f"--epp-failure-mode: {epp_failure_mode!r} is not one of "
+            f"{', '.join(pool.FAILURE_MODES)}"
+        )
     return Options(
         namespace=names.check_namespace(namespace) if namespace else None,
         image=names.check_image(image) if image else names.DEFAULT_IMAGE,
@@ -138,4 +157,10 @@ def options(
         if api_keys_secret
         else None,
         ttft_p99_s=ttft_p99_s,
+        inference_pool=inference_pool,
+        pool_name=names.check_pool_name(pool_name) if pool_name is not None else None,
+        epp_image=names.check_pinned_image(epp_image, "--epp-image")
+        if epp_image is not None
+        else names.DEFAULT_EPP_IMAGE,
+        epp_failure_mode=epp_failure_mode or pool.FAILURE_MODES[0],
     )

@@ -53,6 +53,13 @@ class Options:
     cache_secret: str | None = None  # --cache-secret, else engine_cache.credentials_secret
     api_keys_secret: str | None = None  # --api-keys-secret: the OpenAI frontend requires keys
     ttft_p99_s: float = 2.0  # the TTFT alert's threshold
+    # --inference-pool: the serving pods as InferencePools behind GIE's endpoint picker
+    # (builder/k8s/pool.py); the pool's name (else the app's), the picker's image and
+    # what the gateway does when the picker does not answer.
+    inference_pool: bool = False
+    pool_name: str | None = None
+    epp_image: str = names.DEFAULT_EPP_IMAGE
+    epp_failure_mode: str = "FailOpen"
 
 
 @dataclass(frozen=True)
@@ -359,6 +366,7 @@ def server_statefulset(spec: DeploymentSpec, plan: Plan, lay: Layout, options: O
         ),
     ]
     labels = names.labels(lay.app, "server")
+    pod_labels = {**labels, **pool_member_labels(options)}
     pod = _pod_spec(
         spec,
         lay.app,
@@ -378,9 +386,16 @@ def server_statefulset(spec: DeploymentSpec, plan: Plan, lay: Layout, options: O
             "replicas": 1,
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": names.selector(lay.app, "server")},
-            "template": {"metadata": {"labels": labels}, "spec": pod},
+            "template": {"metadata": {"labels": pod_labels}, "spec": pod},
         },
     }
+
+
+def pool_member_labels(options: Options) -> dict[str, str]:
+    """The labels only a serving pod of an InferencePool carries: the engine type by which
+    the endpoint picker reads trident's metric names on it (builder/k8s/pool.py). Added to
+    the pod template only, never to a selector (a StatefulSet's is immutable)."""
+    return {names.ENGINE_TYPE_LABEL: names.ENGINE_TYPE} if options.inference_pool else {}
 
 
 def _with_replicas(spec: DeploymentSpec, plan: Plan, models: tuple[str, ...]) -> tuple[str, ...]:
@@ -446,7 +461,10 @@ def model_leaderworkerset(
             "leaderWorkerTemplate": {
                 "size": placed.nodes,
                 "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": {"metadata": {"labels": labels}, "spec": leader},
+                "leaderTemplate": {
+                    "metadata": {"labels": {**labels, **pool_member_labels(options)}},
+                    "spec": leader,
+                },
                 "workerTemplate": {"metadata": {"labels": labels}, "spec": worker},
             },
         },
@@ -470,16 +488,27 @@ def services(spec: DeploymentSpec, lay: Layout, options: Options) -> list[dict]:
         )
     for model in lay.spanning:
         component = lay.component[model]
-        select = {
-            **names.selector(lay.app, component),
-            "leaderworkerset.sigs.k8s.io/worker-index": "0",
-        }  # leaders serve
+        select = serving_selector(lay, component)
         out.append(
             _service(
                 f"{lay.app}-{component}", names.labels(lay.app, component), select, ports, options
             )
         )
     return out
+
+
+def serving_components(lay: Layout) -> list[str]:
+    """The workloads whose pods serve requests: the server, then each spanning model."""
+    return (["server"] if lay.single else []) + [lay.component[m] for m in lay.spanning]
+
+
+def serving_selector(lay: Layout, component: str) -> dict[str, str]:
+    """The labels of the pods of `component` that serve: all of the StatefulSet's, only
+    the leaders of a LeaderWorkerSet (the LWS controller labels them worker-index 0)."""
+    select = names.selector(lay.app, component)
+    if component != "server":
+        select["leaderworkerset.sigs.k8s.io/worker-index"] = "0"
+    return select
 
 
 def _service(name, labels, select, ports, options, headless=False) -> dict:
@@ -498,7 +527,7 @@ def _service(name, labels, select, ports, options, headless=False) -> dict:
 def disruption_budgets(lay: Layout, options: Options) -> list[dict]:
     """At most one pod of a workload down for voluntary disruptions (drains); pods still
     starting (not ready) may always be evicted."""
-    components = (["server"] if lay.single else []) + [lay.component[m] for m in lay.spanning]
+    components = serving_components(lay)
     return [
         {
             "apiVersion": "policy/v1",

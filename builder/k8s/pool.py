@@ -1,0 +1,390 @@
+"""`trident k8s --inference-pool`: the serving pods as InferencePools of the Gateway API
+Inference Extension (GIE, inference.networking.k8s.io/v1), each behind its own endpoint
+picker (EPP) of GIE's release names.GIE_VERSION.
+
+A gateway that implements GIE (Envoy Gateway, kgateway, Istio, GKE's) asks the picker,
+over Envoy's ext-proc, which pod of the pool takes each request. The picker scores the
+pool's Ready pods by the prefixes it has sent them (its own approximate index), their
+queue, their running requests and their KV-cache usage, which it reads every 50 ms from
+`GET /metrics` on each pod's target port: trident's OpenAI frontend serves there the
+three pod-wide gauges of builder/serve/openai/pod_metrics.py, mapped by the picker's
+`engineConfigs` entry `trident`, chosen by the pod label names.ENGINE_TYPE_LABEL. Inside
+the pod, trident's router then places the request on a model and a replica.
+
+One pool per serving workload: the StatefulSet's pods (the server with its router), and
+each LeaderWorkerSet's leaders (a model spanning nodes; its workers serve nothing). Each
+pool has its own picker (a picker serves exactly one pool: `--pool-name`) with its
+ServiceAccount and Role, its configuration in a ConfigMap, its Deployment and Service.
+
+What was read in GIE's source at tag v1.5.0 (commit df9f8909) to write this:
+- config/charts/inferencepool/values.yaml, templates/inferencepool.yaml, rbac.yaml and
+  config/charts/epplib/templates/_deployment.yaml, _service.yaml, _rbac.yaml,
+  _config.yaml: the image, arguments, ports (ext-proc 9002, gRPC health 9003, metrics
+  9090), probes, resources, the Recreate strategy and the Role's rules;
+- pkg/epp/server/options.go: the flags (the old metric-name flags are refused);
+- apix/config/v1alpha1/endpointpickerconfig_types.go, pkg/epp/config/loader/: the
+  EndpointPickerConfig (decoded strictly), its defaults, the dataLayer wiring;
+- pkg/epp/framework/plugins/datalayer/extractor/metrics/factories.go: the
+  `core-metrics-extractor`'s engineLabelKey/defaultEngine/engineConfigs;
+- pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/: the
+  prefix-cache scorer's parameters (given to its producer: blockSizeTokens, autoTune).
+Pure: spec + layout + options -> objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+from builder.errors import printable
+from builder.k8s import names, workloads
+from builder.k8s.names import K8sError
+from builder.k8s.workloads import Layout, Options
+from builder.spec import DeploymentSpec
+from builder.spec import trtllm as trtllm_spec
+
+POOL_API = "inference.networking.k8s.io/v1"
+POOL_GROUP = "inference.networking.k8s.io"
+GIE_ALPHA_GROUP = "inference.networking.x-k8s.io"  # InferenceObjective, InferenceModelRewrite
+CONFIG_API = "inference.networking.x-k8s.io/v1alpha1"
+FAILURE_MODES = ("FailOpen", "FailClose")
+EXT_PROC_PORT = 9002
+HEALTH_PORT = 9003
+EPP_METRICS_PORT = 9090
+CONFIG_DIR = "/config"
+CONFIG_KEY = "epp-config.yaml"
+# The Prometheus gauges trident's frontend serves on the OpenAI port
+# (builder/serve/openai/pod_metrics.py; a test holds the two equal: this module must not
+# import the frontend's dependencies).
+WAITING = "trident:num_requests_waiting"
+RUNNING = "trident:num_requests_running"
+KV_USAGE = "trident:kv_cache_usage_perc"
+# The picker's default KV block size, and vLLM's (approximateprefix/types.go).
+DEFAULT_BLOCK_TOKENS = 16
+# Scorer weights: GIE's defaults (queue 2, KV 2, prefix 3; pkg/epp/config/loader/
+# defaults.go) plus the running requests at 1, the only load an SGLang model reports.
+WEIGHTS = {"queue": 2, "kv": 2, "running": 1, "prefix": 3}
+# Sized by GIE's chart for high QPS (p90 scheduling within 100 ms): no CPU limit.
+EPP_RESOURCES = {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"memory": "16Gi"}}
+# Which of the pod's gauges carry an engine's load (pod_metrics.py): vLLM's own
+# waiting/running/KV; any other trident Python engine (SGLang) its requests in flight,
+# counted as running; TensorRT-LLM (Triton's tensorrtllm backend) nothing.
+REPORTED = {"vllm": ("waiting", "running", "kv"), "sglang": ("running",), "tensorrt_llm": ()}
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    component: str  # the workload: "server", or a spanning model's component
+    models: tuple[str, ...]  # the spec's models its pods serve
+    selector: dict
+
+    @property
+    def picker(self) -> str:
+        return f"{self.name}-epp"
+
+
+def check(spec: DeploymentSpec, options: Options) -> None:
+    """What --inference-pool needs from the spec alone, before planning (one line)."""
+    if options.inference_pool and spec.server.openai_port is None:
+        raise K8sError(
+            f"{spec.file}: server.openai_port: --inference-pool needs the OpenAI "
+            "frontend's port: it is the pool's target port, where the picker sends "
+            "requests and reads the pod's load (GET /metrics)"
+        )
+
+
+def pools(spec: DeploymentSpec, lay: Layout, options: Options) -> list[Pool]:
+    components = workloads.serving_components(lay)
+    base = options.pool_name or lay.app
+    out = []
+    for component in components:
+        models = lay.single if component == "server" else _spanning_model(lay, component)
+        name = base if len(components) == 1 else f"{base}-{component}"
+        out.append(Pool(name, component, models, workloads.serving_selector(lay, component)))
+    return out
+
+
+def _spanning_model(lay: Layout, component: str) -> tuple[str, ...]:
+    return tuple(m for m in lay.spanning if lay.component[m] == component)
+
+
+def reported(spec: DeploymentSpec, pool: Pool) -> set[str]:
+    """The gauges that carry load for the pool's models; refused when none does."""
+    gauges = {g for m in pool.models for g in REPORTED[spec.model(m).engine]}
+    if not gauges:
+        first = next(i for i, m in enumerate(spec.models) if m.name == pool.models[0])
+        raise K8sError(
+            f"{spec.file}: models[{first}].engine: --inference-pool: the pods of pool "
+            f"{pool.name} serve only tensorrt_llm models "
+            f"({', '.join(printable(m) for m in pool.models)}), whose queue, running "
+            "requests and KV usage trident's /metrics does not report: the picker "
+            "would see them idle; serve the pool from vllm or sglang models"
+        )
+    return gauges
+
+
+def block_tokens(spec: DeploymentSpec, models: tuple[str, ...]) -> int:
+    """The prefix-cache scorer's block size: the smallest KV block of the pool's engines
+    (the finest granularity at which any of them reuses a prefix). vLLM:
+    engine_args.block_size, else its default 16; TensorRT-LLM: the served profile's
+    plugins.tokens_per_block (default 64); SGLang pages its radix cache by 1 token by
+    default (page_size, not an argument trident passes): the picker's default 16, as a
+    per-token block would cut its index to the first 256 tokens of a prompt."""
+    sizes = []
+    for name in models:
+        model = spec.model(name)
+        if model.engine == "vllm":
+            sizes.append(int(model.engine_args.get("block_size", DEFAULT_BLOCK_TOKENS)))
+        elif model.engine == "tensorrt_llm":
+            sizes.append(trtllm_spec.serving_profile(model.extra).plugins.tokens_per_block)
+        else:
+            sizes.append(DEFAULT_BLOCK_TOKENS)
+    return min(sizes, default=DEFAULT_BLOCK_TOKENS)
+
+
+def picker_config(spec: DeploymentSpec, pool: Pool) -> dict:
+    """The EndpointPickerConfig: trident's metric names, the scorers and a picker."""
+    gauges = reported(spec, pool)
+    weights = dict(WEIGHTS)
+    if "kv" not in gauges:  # the gauge reads 0: weigh nothing on it
+        weights["kv"] = 0
+    scorers = [
+        ("queue-scorer", weights["queue"]),
+        ("kv-cache-utilization-scorer", weights["kv"]),
+        ("running-requests-size-scorer", weights["running"]),
+        ("prefix-cache-scorer", weights["prefix"]),
+    ]
+    return {
+        "apiVersion": CONFIG_API,
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            {"type": "metrics-data-source", "parameters": {"scheme": "http", "path": "/metrics"}},
+            {
+                "type": "core-metrics-extractor",
+                "parameters": {
+                    "engineLabelKey": names.ENGINE_TYPE_LABEL,
+                    # Every pod of the pool is trident's, labelled or not.
+                    "defaultEngine": names.ENGINE_TYPE,
+                    "engineConfigs": [
+                        {
+                            "name": names.ENGINE_TYPE,
+                            "queuedRequestsSpec": WAITING,
+                            "runningRequestsSpec": RUNNING,
+                            "kvUsageSpec": KV_USAGE,
+                            "loraSpec": "",  # no LoRA gauge: off
+                            "cacheInfoSpec": "",  # no cache-config gauge: off
+                        }
+                    ],
+                },
+            },
+            {"type": "queue-scorer"},
+            {"type": "kv-cache-utilization-scorer"},
+            {"type": "running-requests-size-scorer"},
+            {
+                "type": "prefix-cache-scorer",
+                # autoTune reads the block size from a cache-config gauge trident does
+                # not serve: fixed instead.
+                "parameters": {
+                    "autoTune": False,
+                    "blockSizeTokens": block_tokens(spec, pool.models),
+                },
+            },
+            {"type": "max-score-picker"},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    *({"pluginRef": ref, "weight": weight} for ref, weight in scorers),
+                    {"pluginRef": "max-score-picker"},
+                ],
+            }
+        ],
+        "dataLayer": {
+            "sources": [
+                {
+                    "pluginRef": "metrics-data-source",
+                    "extractors": [{"pluginRef": "core-metrics-extractor"}],
+                }
+            ]
+        },
+    }
+
+
+def inference_pool(spec: DeploymentSpec, lay: Layout, pool: Pool, options: Options) -> dict:
+    return {
+        "apiVersion": POOL_API,
+        "kind": "InferencePool",
+        "metadata": names.metadata(
+            pool.name, options.namespace, names.labels(lay.app, pool.component)
+        ),
+        "spec": {
+            "selector": {"matchLabels": dict(pool.selector)},
+            "targetPorts": [{"number": spec.server.openai_port}],
+            "appProtocol": "http",
+            "endpointPickerRef": {
+                "kind": "Service",
+                "name": pool.picker,
+                "port": {"number": EXT_PROC_PORT},
+                "failureMode": options.epp_failure_mode,
+            },
+        },
+    }
+
+
+def picker_objects(spec: DeploymentSpec, lay: Layout, pool: Pool, options: Options) -> list[dict]:
+    """ServiceAccount, Role, RoleBinding, ConfigMap, Deployment and Service of the pool's
+    picker, in apply order."""
+    component = f"{pool.component}-epp"
+    labels = names.labels(lay.app, component)
+    select = names.selector(lay.app, component)
+    ns = options.namespace
+    meta = names.metadata(pool.picker, ns, labels)
+    config = yaml.safe_dump(picker_config(spec, pool), sort_keys=False)
+    rules = [  # GIE v1.5.0's chart: rbac.yaml and epplib's _rbac.yaml, one Role
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "watch", "list"]},
+        {
+            "apiGroups": [POOL_GROUP],
+            "resources": ["inferencepools"],
+            "verbs": ["get", "watch", "list"],
+        },
+        {
+            "apiGroups": [GIE_ALPHA_GROUP],
+            "resources": ["inferenceobjectives", "inferencemodelrewrites"],
+            "verbs": ["get", "watch", "list"],
+        },
+    ]
+    container = {
+        "name": "epp",
+        "image": options.epp_image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": [
+            "--pool-name",
+            pool.name,
+            "--pool-group",
+            POOL_GROUP,
+            # --pool-namespace: left to the NAMESPACE variable, the picker's own
+            # namespace, so a kustomization's namespace holds.
+            "--config-file",
+            f"{CONFIG_DIR}/{CONFIG_KEY}",
+            "--grpc-port",
+            str(EXT_PROC_PORT),
+            "--grpc-health-port",
+            str(HEALTH_PORT),
+            "--metrics-port",
+            str(EPP_METRICS_PORT),
+            "--zap-encoder",
+            "json",
+            "--v",
+            "1",
+            "--tracing=false",
+            # Its metrics as trident's own: readable without a token in the cluster
+            # (a token review would need a ClusterRole; trident renders none).
+            "--metrics-endpoint-auth=false",
+        ],
+        "env": [
+            {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        ],
+        "ports": [
+            {"name": "grpc", "containerPort": EXT_PROC_PORT, "protocol": "TCP"},
+            {"name": "grpc-health", "containerPort": HEALTH_PORT, "protocol": "TCP"},
+            # Not `metrics`: trident's PodMonitor scrapes that port name on every pod of
+            # the deployment.
+            {"name": "http-metrics", "containerPort": EPP_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "livenessProbe": {
+            "grpc": {"port": HEALTH_PORT, "service": "inference-extension"},
+            "initialDelaySeconds": 5,
+            "periodSeconds": 10,
+        },
+        "readinessProbe": {
+            "grpc": {"port": HEALTH_PORT, "service": "inference-extension"},
+            "periodSeconds": 2,
+        },
+        "resources": {k: dict(v) for k, v in EPP_RESOURCES.items()},
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+    }
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": dict(meta),
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": dict(meta),
+            "subjects": [{"kind": "ServiceAccount", "name": pool.picker, **_namespace(ns)}],
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": pool.picker,
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": dict(meta),
+            "data": {CONFIG_KEY: config},
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": dict(meta),
+            "spec": {
+                # One picker: its prefix index lives in its memory. Recreate, as GIE's
+                # chart: the old one goes at once (the gateway's failure mode meanwhile).
+                "replicas": 1,
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": select},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": pool.picker,
+                        # GIE: as long as the pool's pods' (streams pass through it).
+                        "terminationGracePeriodSeconds": workloads.grace_period_s(spec),
+                        "containers": [container],
+                        "volumes": [{"name": "config", "configMap": {"name": pool.picker}}],
+                    },
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": dict(meta),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": dict(select),
+                "ports": [
+                    _service_port("grpc-ext-proc", EXT_PROC_PORT),
+                    _service_port("grpc-health", HEALTH_PORT),
+                    _service_port("http-metrics", EPP_METRICS_PORT),
+                ],
+            },
+        },
+    ]
+
+
+def _namespace(ns: str | None) -> dict:
+    return {"namespace": ns} if ns else {}
+
+
+def _service_port(name: str, port: int) -> dict:
+    return {"name": name, "port": port, "targetPort": port, "protocol": "TCP"}
+
+
+def manifests(spec: DeploymentSpec, lay: Layout, options: Options) -> dict[str, list[dict]]:
+    """File name -> objects: the pools, then their pickers."""
+    check(spec, options)
+    found = pools(spec, lay, options)
+    pickers = [o for pool in found for o in picker_objects(spec, lay, pool, options)]
+    return {
+        "inferencepool.yaml": [inference_pool(spec, lay, p, options) for p in found],
+        "endpointpicker.yaml": pickers,
+    }
