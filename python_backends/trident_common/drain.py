@@ -61,6 +61,10 @@ class DrainWatch:
                 os.unlink(os.path.join(self.folder, self.busy_file))
             except OSError:
                 pass
+        # The callbacks hold the model (a cycle through it): let go of them, so the model
+        # is freed when Triton drops it. Left to the garbage collector, it would be freed
+        # at the stub's exit, after its link to the server is gone: a segfault there.
+        self.busy, self.on_cutoff = _nothing_busy, _nothing
 
     def _watch(self) -> None:
         assert self.folder is not None
@@ -89,3 +93,11 @@ class DrainWatch:
             f.write(str(count))
         os.replace(path + ".tmp", path)  # the server never reads half a number
         self.published = count
+
+
+def _nothing_busy() -> int:
+    return 0
+
+
+def _nothing() -> None:
+    return None

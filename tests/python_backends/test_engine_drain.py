@@ -84,3 +84,27 @@ def test_without_the_drain_folder_nothing_is_watched(repo, monkeypatch):  # noqa
     for served in _serve(repo, monkeypatch):
         assert served.model.drain.thread is None and not served.model.drain.draining
         assert served.run(text_input="hi", stream=True).final_flags() == 1
+
+
+def test_a_closed_watch_lets_go_of_its_model(tmp_path):
+    """The watch's callbacks hold the model: close() (the model's finalize) drops them,
+    so the model is freed by its last reference, not by the garbage collector at the
+    stub's exit, when freeing a model's Triton objects segfaults (seen: the router's stub
+    at every unload, and one unload that never ended)."""
+    import gc
+    import weakref
+
+    class Model:
+        def __init__(self):
+            self.handling = 0
+            self.watch = drain.DrainWatch(str(tmp_path), "m_0_0", lambda: self.handling)
+
+    model = Model()
+    gone = weakref.ref(model)
+    model.watch.close()
+    gc.disable()
+    try:
+        del model
+        assert gone() is None
+    finally:
+        gc.enable()
