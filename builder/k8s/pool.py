@@ -41,6 +41,9 @@ from builder.errors import printable
 from builder.k8s import names, workloads
 from builder.k8s.names import K8sError
 from builder.k8s.workloads import Layout, Options
+
+# The gauges trident's frontend serves on the OpenAI port, by the names it serves them.
+from builder.serve.openai.pod_metrics import KV_USAGE, RUNNING, WAITING
 from builder.spec import DeploymentSpec
 from builder.spec import trtllm as trtllm_spec
 
@@ -54,12 +57,6 @@ HEALTH_PORT = 9003
 EPP_METRICS_PORT = 9090
 CONFIG_DIR = "/config"
 CONFIG_KEY = "epp-config.yaml"
-# The Prometheus gauges trident's frontend serves on the OpenAI port
-# (builder/serve/openai/pod_metrics.py; a test holds the two equal: this module must not
-# import the frontend's dependencies).
-WAITING = "trident:num_requests_waiting"
-RUNNING = "trident:num_requests_running"
-KV_USAGE = "trident:kv_cache_usage_perc"
 # The picker's default KV block size, and vLLM's (approximateprefix/types.go).
 DEFAULT_BLOCK_TOKENS = 16
 # Scorer weights: GIE's defaults (queue 2, KV 2, prefix 3; pkg/epp/config/loader/

@@ -13,6 +13,8 @@ finish reason and token counts.
     keys.py       API keys: the keys file, the bearer check
     triton.py     the gRPC side (tritonclient.grpc.aio): models, configs, one stream
     draining.py   the drain: new work refused, answers in flight finished or cut off
+    pod_metrics.py  GET /metrics: the pod's load for an endpoint picker
+    traces.py     a request's OpenTelemetry span, when traces are on
     app.py        the FastAPI application: /v1/models, /v1/chat/completions, /v1/completions
     runner.py     run it standalone (`trident openai`) or beside `trident serve`
 """

@@ -12,16 +12,14 @@ They are read from Triton's metrics port and summed over the pod's READY engine 
 KV usage is the fullest engine's: the router keeps a conversation with the engine that
 holds its cache, so the pod is as full as that engine. A model that is not READY (an
 unloaded one, whose series Triton keeps) counts for nothing. No tenant or model name
-leaves: only the three pod-wide numbers (docs/security.md).
+leaves: only the three pod-wide numbers (docs/security.md). prometheus_client is imported
+when a scrape comes: `trident k8s` reads the names here without it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 WAITING = "trident:num_requests_waiting"
 RUNNING = "trident:num_requests_running"
@@ -44,6 +42,8 @@ class PodLoad:
 
     def exposition(self) -> bytes:
         """The Prometheus text of the three gauges."""
+        from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
         registry = CollectorRegistry()
         for name, what, value in (
             (WAITING, "Requests waiting in the pod's engines", self.waiting),
@@ -56,6 +56,8 @@ class PodLoad:
 
 def pod_load(triton_metrics: str, engine_models: Iterable[str]) -> PodLoad:
     """The pod's load from Triton's metrics text, over the READY `engine_models`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     wanted = set(engine_models)
     lines = "\n".join(line for line in triton_metrics.splitlines() if line.startswith(READ))
     values: dict[str, dict[str, float]] = {name: {} for name in READ}
