@@ -104,7 +104,9 @@ class Stream:
         return "".join(self.texts)
 
     def close(self, cancel=False):
-        self.client.stop_stream(cancel_requests=cancel)
+        # A request without its final response is cancelled: stop_stream would otherwise
+        # wait for it for ever, and a test whose server failed it would hang the run.
+        self.client.stop_stream(cancel_requests=cancel or self.finals == 0)
         self.client.close()
 
 

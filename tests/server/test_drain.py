@@ -140,16 +140,22 @@ def serving(tmp_path_factory):
     started = record_spawn(argv, output, "drain: trident serve drained by SIGTERM")
     with open(output, "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    pid = None
     try:
         wait_for(lambda: "OpenAI API:" in output.read_text() or proc.poll() is not None, 180)
         assert proc.poll() is None, output.read_text()
         started.ready()
+        pid = served_pid(ports)
         yield repo, ports, port, proc, output, collector
     finally:
         collector.__exit__(None, None, None)
         if proc.poll() is None:  # a test failed: leave no server behind
             proc.kill()
-            subprocess.run(["pkill", "-KILL", "-f", "--", f"--http-port={ports.http}"])
+        if pid is not None:  # tritonserver's group: its stubs too
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_the_served_repository_is_private_and_only_what_was_asked_is_loaded(serving):
