@@ -12,6 +12,8 @@ import signal
 import click
 from click.shell_completion import CompletionItem
 
+from builder.spec import ServerSpec
+
 EXIT_OK = 0
 EXIT_FAILURE = 1  # the job failed: invalid repository, server down, build failed
 EXIT_USAGE = 2  # bad input: a spec defect, a bad argument
@@ -52,6 +54,20 @@ def api_keys_option(help: str):
     """--api-keys-file: the OpenAI frontend requires keys (builder.serve.openai.keys)."""
     return click.option(
         "--api-keys-file", type=click.Path(dir_okay=False), default=None, metavar="FILE", help=help
+    )
+
+
+def drain_timeout_option(help: str):
+    """--drain-timeout (into `drain_timeout_s`): how long a drain lets the answers in
+    flight finish (builder/serve/drain.py); the spec's default, as Kubernetes renders it."""
+    return click.option(
+        "--drain-timeout",
+        "drain_timeout_s",
+        type=click.FloatRange(0, 600),
+        default=ServerSpec.drain_timeout_s,
+        show_default=True,
+        metavar="SECONDS",
+        help=help,
     )
 
 

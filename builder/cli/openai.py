@@ -6,7 +6,12 @@ from pathlib import Path
 
 import click
 
-from builder.cli.common import api_keys_option, complete_dir, expose_option
+from builder.cli.common import (
+    api_keys_option,
+    complete_dir,
+    drain_timeout_option,
+    expose_option,
+)
 from builder.spec import ServerSpec
 
 
@@ -52,15 +57,9 @@ from builder.spec import ServerSpec
     help="the repository Triton serves: max_tokens above a model's context "
     "length (its max_model_len) is then a 400",
 )
-@click.option(
-    "--drain-timeout",
-    "drain_timeout_s",
-    type=click.FloatRange(0, 600),
-    default=ServerSpec.drain_timeout_s,
-    show_default=True,
-    metavar="SECONDS",
-    help="on SIGTERM or Ctrl-C: refuse new requests (503) and give the answers in flight "
-    "this long to finish; what is left then ends with a `server_shutdown` error",
+@drain_timeout_option(
+    "on SIGTERM or Ctrl-C: refuse new requests (503) and give the answers in flight "
+    "this long to finish; what is left then ends with a `server_shutdown` error"
 )
 def openai_command(
     triton_url: str,

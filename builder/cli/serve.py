@@ -13,6 +13,7 @@ from builder.cli.common import (
     EXIT_USAGE,
     api_keys_option,
     complete_dir,
+    drain_timeout_option,
     expose_option,
     sigterm_as_interrupt,
 )
@@ -81,15 +82,10 @@ LOOPBACK = "127.0.0.1"  # as builder.serve.server's, not imported: `--help` stay
     "the OpenAI API requires keys: one `KEY TENANT` per line (see `trident openai --help`)"
 )
 @expose_option()
-@click.option(
-    "--drain-timeout",
-    type=click.FloatRange(0, 600),
-    default=ServerSpec.drain_timeout_s,
-    show_default=True,
-    metavar="SECONDS",
-    help="on SIGTERM, Ctrl-C or `trident drain`: how long the answers in flight may "
+@drain_timeout_option(
+    "on SIGTERM, Ctrl-C or `trident drain`: how long the answers in flight may "
     "take to finish while new requests are refused (what still runs then is ended "
-    "with an error); a second signal stops at once",
+    "with an error); a second signal stops at once"
 )
 @click.option(
     "--otlp-traces-endpoint",
@@ -120,7 +116,7 @@ def serve(
     openai_host: str,
     api_keys_file: str | None,
     expose: tuple[str, ...],
-    drain_timeout: float,
+    drain_timeout_s: float,
     otlp_traces_endpoint: str | None,
     no_self_test: bool,
 ) -> int:
@@ -189,7 +185,7 @@ def serve(
     if expose and openai_port is None:
         raise TridentError("--expose needs --openai-port", EXIT_USAGE)
 
-    drain = Drain(drain_timeout)
+    drain = Drain(drain_timeout_s)
     server.drain_folder = drain.folder  # the models watch it (trident_common/drain.py)
     report = lambda line: click.echo(line, err=True)  # noqa: E731
     drained = False
