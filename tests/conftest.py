@@ -23,6 +23,7 @@ from builder.serve import selftest  # noqa: E402
 from builder.serve.server import TritonServer  # noqa: E402
 from support.redis_server import RedisServer  # noqa: E402
 from tests.helpers.ledger import LEDGER, LEDGER_CACHE_KEY, Start  # noqa: E402
+from trident_common.interface import DRAIN_DIR_ENV  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +37,17 @@ def redis():
     server = RedisServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def drain_folder(tmp_path, monkeypatch) -> Path:
+    """A `trident serve` drain folder (builder/serve/drain.py), named in the environment
+    as tritonserver names it to its stubs: the models under test watch it
+    (trident_common/drain.py)."""
+    path = tmp_path / "drain"
+    path.mkdir()
+    monkeypatch.setenv(DRAIN_DIR_ENV, str(path))
+    return path
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -8,25 +8,14 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from tests.bls import test_model
 from tests.bls.test_model import ClientRequest, FakeBackend, gauge, run
 from tests.fakes import fake_pb_utils as pb
 from trident_common import drain
 from trident_common.error_classes import DRAINING, SHUTDOWN, classify
-from trident_common.interface import DRAIN_DIR_ENV
 
 router = test_model.router  # the fixture: the real router with the stub's doubles
 STOPPING = SHUTDOWN.mark("qwen: the server is stopping and its drain timeout ended this answer")
-
-
-@pytest.fixture
-def folder(tmp_path, monkeypatch):
-    path = tmp_path / "drain"
-    path.mkdir()
-    monkeypatch.setenv(DRAIN_DIR_ENV, str(path))
-    return path
 
 
 def enter(model, folder):
@@ -38,10 +27,10 @@ def busy(folder) -> list[str]:
     return [p.read_text() for p in folder.glob(drain.BUSY_PREFIX + "*") if p.suffix != ".tmp"]
 
 
-def test_a_new_request_is_refused_in_words(router, folder):
+def test_a_new_request_is_refused_in_words(router, drain_folder):
     primary = FakeBackend("primary")
     model = router(backends=[primary])
-    enter(model, folder)
+    enter(model, drain_folder)
     request = ClientRequest()
     run(model, request)
     (error,) = request.errors()
@@ -51,25 +40,25 @@ def test_a_new_request_is_refused_in_words(router, folder):
     assert pb.metric("trident_router_errors_total", router="router", reason="draining").value() >= 1
 
 
-def test_a_stream_admitted_before_the_drain_finishes_whole(router, folder):
+def test_a_stream_admitted_before_the_drain_finishes_whole(router, drain_folder):
     model = router(backends=[FakeBackend("primary", chunks=list("abcdef"), delay_s=0.02)])
     admitted, late = ClientRequest(), ClientRequest()
 
     async def drain_then_ask():
         while not admitted.texts():
             await asyncio.sleep(0.002)
-        enter(model, folder)
-        assert busy(folder) == ["1"]
+        enter(model, drain_folder)
+        assert busy(drain_folder) == ["1"]
         await model.execute([late])
 
     run(model, admitted, during=drain_then_ask)
     assert admitted.texts() == list("abcdef") and not admitted.errors()
     assert classify(late.errors()[0]) is DRAINING
     model.drain.check()
-    assert busy(folder) == ["0"]
+    assert busy(drain_folder) == ["0"]
 
 
-def test_an_admitted_request_keeps_its_fallback(router, folder):
+def test_an_admitted_request_keeps_its_fallback(router, drain_folder):
     # The primary goes silent before its first token; the drain starts meanwhile: the
     # first-token timeout still falls back to the backup.
     primary, backup = FakeBackend("primary", die_after=0), FakeBackend("backup")
@@ -78,7 +67,7 @@ def test_an_admitted_request_keeps_its_fallback(router, folder):
 
     async def drain_meanwhile():
         await asyncio.sleep(0.05)
-        enter(model, folder)
+        enter(model, drain_folder)
 
     run(model, request, during=drain_meanwhile)
     assert request.served_by() == {"backup"} and not request.errors()
@@ -107,10 +96,10 @@ def test_a_shutdown_mid_stream_reaches_the_client_unchanged(router):
     assert gauge(model, "primary") == 0
 
 
-def test_while_the_server_serves_nothing_is_refused_or_written(router, folder):
+def test_while_the_server_serves_nothing_is_refused_or_written(router, drain_folder):
     model = router(backends=[FakeBackend("primary")])
     model.drain.check()
     request = ClientRequest()
     run(model, request)
     assert request.texts() == ["a", "b", "c"] and not request.errors()
-    assert busy(folder) == []
+    assert busy(drain_folder) == []

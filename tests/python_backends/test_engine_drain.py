@@ -17,15 +17,7 @@ from trident_common.interface import DRAIN_DIR_ENV
 
 
 @pytest.fixture
-def folder(tmp_path, monkeypatch):
-    path = tmp_path / "drain"
-    path.mkdir()
-    monkeypatch.setenv(DRAIN_DIR_ENV, str(path))
-    return path
-
-
-@pytest.fixture
-def served(repo, folder, monkeypatch):  # noqa: F811
+def served(repo, drain_folder, monkeypatch):  # noqa: F811
     yield from _serve(repo, monkeypatch)
 
 
@@ -39,8 +31,8 @@ def busy(folder) -> list[str]:
     return [p.read_text() for p in folder.glob(drain.BUSY_PREFIX + "*") if p.suffix != ".tmp"]
 
 
-def test_a_direct_clients_new_request_is_refused_with_the_drains_class(served, folder):
-    enter(served, folder, drain.DRAINING)
+def test_a_direct_clients_new_request_is_refused_with_the_drains_class(served, drain_folder):
+    enter(served, drain_folder, drain.DRAINING)
     sender = served.run(text_input="hi", stream=True)
     (response,) = sender.responses()
     error = response.error()
@@ -49,25 +41,25 @@ def test_a_direct_clients_new_request_is_refused_with_the_drains_class(served, f
     assert sender.final_flags() == 1 and served.engine.calls == []
 
 
-def test_the_routers_requests_are_still_served_and_counted_busy(served, folder):
-    enter(served, folder, drain.DRAINING)
-    assert busy(folder) == ["0"]
+def test_the_routers_requests_are_still_served_and_counted_busy(served, drain_folder):
+    enter(served, drain_folder, drain.DRAINING)
+    assert busy(drain_folder) == ["0"]
     served.engine.hold_after = 1
     stream = served.send(True, text_input="long answer", stream=True, request_id="router-1")
     wait_for(lambda: stream.responses())
     served.model.drain.check()
-    assert busy(folder) == ["1"]
+    assert busy(drain_folder) == ["1"]
     served.engine.release()
     stream.wait_closed()
     assert not any(r.has_error() for r in stream.responses()) and stream.final_flags() == 1
-    wait_for(lambda: (served.model.drain.check(), busy(folder))[1] == ["0"])
+    wait_for(lambda: (served.model.drain.check(), busy(drain_folder))[1] == ["0"])
 
 
-def test_at_the_cutoff_a_running_stream_ends_with_the_shutdown_error(served, folder):
+def test_at_the_cutoff_a_running_stream_ends_with_the_shutdown_error(served, drain_folder):
     served.engine.hold_after = 1
     stream = served.send(True, text_input="long answer", stream=True, request_id="router-2")
     wait_for(lambda: stream.responses())
-    enter(served, folder, drain.DRAINING, drain.CUTOFF)
+    enter(served, drain_folder, drain.DRAINING, drain.CUTOFF)
     stream.wait_closed()
     ended = stream.responses()[-1]
     message = ended.value("error") if not ended.has_error() else ended.error().message()
