@@ -25,7 +25,7 @@ from openai import APIError, APIStatusError, OpenAI
 from tritonclient.grpc import service_pb2
 
 from builder.serve.openai.app import create_app
-from builder.serve.openai.draining import RETRY_AFTER_S, Drain
+from builder.serve.openai.draining import RETRY_AFTER_S, DrainGate
 from builder.serve.openai.errors import OpenAIError, model_not_found, server_shutdown
 from builder.serve.openai.protocol import parse_chat
 from builder.serve.openai.runner import DrainingServer, Frontend, finish_drain
@@ -152,8 +152,8 @@ def refused(answer: httpx.Response) -> None:
     assert "draining" in error["message"] and "another server" in error["message"]
 
 
-class Counted(Drain):
-    """A Drain that records every value in_flight takes."""
+class Counted(DrainGate):
+    """A DrainGate that records every value in_flight takes."""
 
     def __init__(self):
         self.counts: list[int] = []
@@ -340,7 +340,7 @@ def test_a_call_cut_off_before_its_reader_began_ends_with_the_error():
 # -- `trident openai`'s signals ---------------------------------------------------------------
 
 
-def draining_server(drain: Drain, timeout_s: float = 30.0) -> DrainingServer:
+def draining_server(drain: DrainGate, timeout_s: float = 30.0) -> DrainingServer:
     return DrainingServer(uvicorn.Config(create_app("unused", FakeTriton([]))), drain, timeout_s)
 
 
@@ -381,7 +381,7 @@ def test_trident_openai_drains_on_sigterm_then_exits_0():
 
 
 def test_the_first_signal_drains_until_nothing_is_in_flight_then_exits():
-    drain = Drain()
+    drain = DrainGate()
     drain.in_flight = 1  # an answer is being sent
     server = draining_server(drain)
     server.handle_exit(signal.SIGTERM, None)
@@ -395,7 +395,7 @@ def test_the_first_signal_drains_until_nothing_is_in_flight_then_exits():
 
 
 def test_a_second_signal_stops_at_once():
-    drain = Drain()
+    drain = DrainGate()
     drain.in_flight = 1
     server = draining_server(drain)
     server.handle_exit(signal.SIGINT, None)
@@ -406,7 +406,7 @@ def test_a_second_signal_stops_at_once():
 def test_the_drain_timeout_cuts_off_what_is_left_then_waits_a_moment():
     cut_at = []
 
-    class Recorded(Drain):
+    class Recorded(DrainGate):
         def cut_off(self):
             cut_at.append(time.monotonic())
             super().cut_off()
@@ -421,7 +421,7 @@ def test_the_drain_timeout_cuts_off_what_is_left_then_waits_a_moment():
 
 def test_cut_off_from_another_thread_runs_on_the_apps_loop():
     async def scenario():
-        drain = Drain()
+        drain = DrainGate()
         drain.bind(asyncio.get_running_loop())
         call = StandIn().stream(parse_chat({**CHAT, "stream": True}), ROUTER)
         drain.track(call)

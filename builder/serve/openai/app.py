@@ -36,7 +36,7 @@ from builder.serve.openai import choices
 from builder.serve.openai.answers import Answer
 from builder.serve.openai.asgi import LaneApp, SSEResponse
 from builder.serve.openai.choices import DONE, SERVED_BY_HEADER
-from builder.serve.openai.draining import RETRY_AFTER_S, Drain
+from builder.serve.openai.draining import RETRY_AFTER_S, DrainGate
 from builder.serve.openai.errors import (
     OpenAIError,
     client_closed,
@@ -71,7 +71,7 @@ def create_app(
     api_keys: Mapping[str, str] | None = None,
     expose: Iterable[str] = DEFAULT_EXPOSE,
     limits: Limits = Limits(),
-    drain: Drain | None = None,
+    drain: DrainGate | None = None,
     tracer: Any = None,
 ) -> FastAPI:
     """The application for the Triton at triton_url (`triton`: a stand-in, for tests),
@@ -82,7 +82,7 @@ def create_app(
     OpenTelemetry tracer when traces are on (builder/serve/tracing.py), else None."""
     triton = triton or Triton(triton_url)
     exposed = frozenset(expose)
-    drain = drain or Drain()
+    drain = drain or DrainGate()
 
     def admit(request: Request) -> str | None:
         """The request's tenant, once it may come in. The drain is checked before the
@@ -251,7 +251,7 @@ async def _generate(
     model: str,
     generation: Generation,
     limits: Limits,
-    drain: Drain,
+    drain: DrainGate,
 ):
     info = await triton.info(model)
     check_max_tokens(generation.max_tokens, generation.max_tokens_param, info.name, limits)

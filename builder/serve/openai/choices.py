@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse
 from builder.serve.openai import tools as chat_tools
 from builder.serve.openai.answers import Answer, usage
 from builder.serve.openai.asgi import SSEResponse
-from builder.serve.openai.draining import Drain
+from builder.serve.openai.draining import DrainGate
 from builder.serve.openai.errors import OpenAIError, client_closed, no_finish_reason
 from builder.serve.openai.protocol import Generation
 from builder.serve.openai.tensors import ModelInfo, Piece
@@ -53,7 +53,9 @@ def choice_generations(generation: Generation) -> list[Generation]:
     ]
 
 
-async def respond(triton, request: Request, generation: Generation, info: ModelInfo, drain: Drain):
+async def respond(
+    triton, request: Request, generation: Generation, info: ModelInfo, drain: DrainGate
+):
     """The answer (JSONResponse or StreamingResponse) of a request that needs() this.
     Each call is tracked by the drain, so that its cut_off() ends the answer."""
     calls = [triton.stream(g, info) for g in choice_generations(generation)]

@@ -2,7 +2,7 @@
 the answers in flight finish, and at the drain's timeout what still runs is ended with
 an explicit error, never a silent cut.
 
-`Drain` is shared by the app (on its event loop) and whoever drives the drain from
+`DrainGate` is shared by the app (on its event loop) and whoever drives the drain from
 another thread (`trident serve`'s main thread on SIGTERM, runner.run's signal
 handler). Its flags are plain attributes: a bool or int store is atomic in CPython, so
 start() needs no lock, and the hot path pays one attribute read per request plus the
@@ -31,7 +31,7 @@ class Cuttable(Protocol):
     def cut_off(self, error: OpenAIError) -> None: ...
 
 
-class Drain:
+class DrainGate:
     """The drain's state. `draining`: new /v1 requests and /health are refused (503);
     `in_flight`: the generation requests admitted and not yet fully answered (a stream
     until its last event left or its client went away); `cut`: cut_off() was called."""

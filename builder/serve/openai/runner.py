@@ -21,7 +21,7 @@ import uvicorn
 from builder.errors import TridentError
 from builder.serve.drain import CUTOFF_GRACE_S
 from builder.serve.openai.app import create_app
-from builder.serve.openai.draining import Drain
+from builder.serve.openai.draining import DrainGate
 from builder.serve.openai.guard import guarded
 from builder.serve.openai.limits import Limits
 from builder.serve.openai.policy import DEFAULT_EXPOSE
@@ -46,7 +46,7 @@ def _config(
     limits: Limits,
     admin_key: str | None = None,
     triton: Triton | None = None,
-    drain: Drain | None = None,
+    drain: DrainGate | None = None,
     metrics_url: str | None = None,
     tracer: Any = None,
 ) -> uvicorn.Config:
@@ -102,7 +102,7 @@ def run(
     """Serve until SIGTERM or Ctrl-C, then drain (DrainingServer) and return. `repo`:
     the repository Triton serves, read for the models' context lengths."""
     check_port(host, port)
-    drain = Drain()
+    drain = DrainGate()
     config = _config(
         triton_url, host, port, api_keys, expose, with_repository(limits, repo), drain=drain
     )
@@ -113,7 +113,7 @@ def run(
 
 
 def finish_drain(
-    drain: Drain, timeout_s: float, grace_s: float = CUTOFF_GRACE_S, poll_s: float = POLL_S
+    drain: DrainGate, timeout_s: float, grace_s: float = CUTOFF_GRACE_S, poll_s: float = POLL_S
 ) -> None:
     """The drain after its start: wait until no answer is in flight or timeout_s passed,
     cut off what is left (cut_off() also refuses a request still arriving), and give
@@ -135,7 +135,7 @@ class DrainingServer(uvicorn.Server):
     until finish_drain() is over (in a thread: it sleeps); a second signal stops at
     once. No signal is raised again: the process exits 0, as `trident serve` does."""
 
-    def __init__(self, config: uvicorn.Config, drain: Drain, timeout_s: float):
+    def __init__(self, config: uvicorn.Config, drain: DrainGate, timeout_s: float):
         super().__init__(config)
         self.drain, self.timeout_s = drain, timeout_s
         self.drainer: threading.Thread | None = None
@@ -181,7 +181,7 @@ class Frontend:
         self.api_keys, self.limits = api_keys, with_repository(limits, repo)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
-        self._drain = Drain()
+        self._drain = DrainGate()
 
     @property
     def url(self) -> str:
