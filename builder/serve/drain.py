@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from builder import runtime_modules
 from builder.errors import TridentError
 
 # tritonserver's own --exit-timeout-secs: what is left in flight when it is told to stop
@@ -39,6 +39,14 @@ def shutdown_budget_s(drain_timeout_s: float) -> int:
 
 # -- the server's side of the drain folder -----------------------------------------------
 
+# The files the server writes and the models read (or the reverse), and how often the
+# models look: trident_common/drain.py, the models' side, owns them (runtime_modules).
+_MODELS_SIDE = runtime_modules.load("drain")
+DRAINING: str = _MODELS_SIDE.DRAINING
+CUTOFF: str = _MODELS_SIDE.CUTOFF
+BUSY_PREFIX: str = _MODELS_SIDE.BUSY_PREFIX
+POLL_S: float = _MODELS_SIDE.POLL_S
+
 RUN_DIR_PREFIX = "trident-serve-"  # + the pid: where `trident drain` finds a server
 DRAINED = "drained"  # written when the drain is over (`trident drain` waits for it)
 TIMEOUT_FILE = "drain_timeout_s"  # the server's drain timeout, for `trident drain`
@@ -47,13 +55,6 @@ WAIT_STEP_S = 0.1
 
 class DrainError(TridentError):
     """`trident drain` found no server to drain, or several; the message says which."""
-
-
-def _files() -> ModuleType:
-    """trident_common/drain.py, the models' side: the names of its files, one place."""
-    from builder import runtime_modules
-
-    return runtime_modules.load("drain")
 
 
 def run_dir(pid: int) -> Path:
@@ -86,14 +87,13 @@ class Drain:
         poll (trident_common/drain.py POLL_S)."""
         if self.frontend is not None:
             self.frontend.drain()
-        (self.folder / _files().DRAINING).touch()
+        (self.folder / DRAINING).touch()
 
     def in_flight(self) -> int:
         """Requests still running: the frontend's, and each live model instance's."""
         count = self.frontend.in_flight if self.frontend is not None else 0
-        files = _files()
-        for path in self.folder.glob(files.BUSY_PREFIX + "*"):
-            pid = path.name[len(files.BUSY_PREFIX) :].split(".", 1)[0]
+        for path in self.folder.glob(BUSY_PREFIX + "*"):
+            pid = path.name[len(BUSY_PREFIX) :].split(".", 1)[0]
             if path.suffix == ".tmp" or not pid.isdigit() or not _alive(int(pid)):
                 continue  # half written, or a stub that died (its requests died with it)
             try:
@@ -105,7 +105,7 @@ class Drain:
     def wait(self, until: float) -> bool:
         """Wait for nothing in flight until the clock reaches `until`; True if so. The
         first look is after the models' poll, so each has said how busy it is."""
-        time.sleep(3 * _files().POLL_S)
+        time.sleep(3 * POLL_S)
         while self.in_flight() > 0:
             if self.clock() >= until:
                 return False
@@ -128,7 +128,7 @@ class Drain:
                 f"drain timeout: ending the answers still running "
                 f"({self.in_flight()} requests in flight across the hops)"
             )
-            (self.folder / _files().CUTOFF).touch()
+            (self.folder / CUTOFF).touch()
             self.wait(self.clock() + CUTOFF_GRACE_S - 1)
             if self.frontend is not None:
                 self.frontend.cut_off()  # what the models did not end, the frontend does

@@ -12,10 +12,16 @@ import time
 import pytest
 
 from builder.cli.main import main
-from builder.serve import drain as serve_drain
-from builder.serve.drain import DRAINED, Drain, DrainError, ask_to_drain, find_server, run_dir
-
-FILES = serve_drain._files()
+from builder.serve.drain import (
+    DRAINED,
+    RUN_DIR_PREFIX,
+    Drain,
+    DrainError,
+    ask_to_drain,
+    find_server,
+    run_dir,
+)
+from trident_common.drain import BUSY_PREFIX, CUTOFF, DRAINING  # the models' side's names
 
 
 class Frontend:
@@ -42,7 +48,7 @@ def test_a_drain_with_nothing_in_flight_ends_at_once(folder):
     assert drain.run(lines.append) is True
     assert time.monotonic() - began < 2
     assert frontend.draining and not frontend.cut
-    assert (folder / FILES.DRAINING).exists() and not (folder / FILES.CUTOFF).exists()
+    assert (folder / DRAINING).exists() and not (folder / CUTOFF).exists()
     assert (folder / DRAINED).exists() and lines[-1].startswith("drained in")
     drain.remove()
     assert not folder.exists()
@@ -51,17 +57,17 @@ def test_a_drain_with_nothing_in_flight_ends_at_once(folder):
 def test_it_waits_for_the_models_busy_counts_then_cuts_off_at_the_timeout(folder):
     frontend, lines = Frontend(in_flight=1), []
     drain = Drain(0.5, folder=folder, frontend=frontend).create()
-    (folder / f"{FILES.BUSY_PREFIX}{os.getpid()}.qwen_0_0").write_text("2")
-    (folder / f"{FILES.BUSY_PREFIX}999999999.gone_0_0").write_text("7")  # a dead stub's
+    (folder / f"{BUSY_PREFIX}{os.getpid()}.qwen_0_0").write_text("2")
+    (folder / f"{BUSY_PREFIX}999999999.gone_0_0").write_text("7")  # a dead stub's
     assert drain.in_flight() == 3
     assert drain.run(lines.append) is False
-    assert (folder / FILES.CUTOFF).exists() and frontend.cut
+    assert (folder / CUTOFF).exists() and frontend.cut
     assert any(line.startswith("drain timeout: ending the answers") for line in lines)
 
 
 def test_trident_drain_signals_the_server_and_waits_for_its_drain(tmp_path):
     # A stand-in for `trident serve`: its run folder, and SIGUSR1 -> `drained` a moment later.
-    parent, prefix = str(run_dir(0).parent), serve_drain.RUN_DIR_PREFIX
+    parent, prefix = str(run_dir(0).parent), RUN_DIR_PREFIX
     script = (
         "import os, signal, time, pathlib\n"
         f"folder = pathlib.Path({parent!r}) / f'{prefix}{{os.getpid()}}'\n"
