@@ -6,12 +6,13 @@ a cycle.
 
 from __future__ import annotations
 
-import contextlib
 import signal
+from contextlib import AbstractContextManager
 
 import click
 from click.shell_completion import CompletionItem
 
+from builder import signals
 from builder.spec import ServerSpec
 
 EXIT_OK = 0
@@ -94,17 +95,7 @@ def expose_option():
     )
 
 
-@contextlib.contextmanager
-def sigterm_as_interrupt(*more: int):
+def sigterm_as_interrupt(*more: int) -> AbstractContextManager[None]:
     """SIGTERM (and the signals in `more`) raise KeyboardInterrupt for the duration, so a
     job cleans up after itself as on Ctrl-C (and exits 130)."""
-
-    def on_signal(_signum, _frame):
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, *more)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return signals.handling((signal.SIGTERM, *more), signals.interrupt)

@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-from builder import runtime_modules
+from builder import runtime_modules, signals
 from builder.errors import TridentError
 
 # tritonserver's own --exit-timeout-secs: what is left in flight when it is told to stop
@@ -153,18 +154,14 @@ def drain_on_signal() -> Iterator[None]:
     signal after it raises KeyboardInterrupt (stop at once)."""
     seen: list[int] = []
 
-    def handler(signum: int, _frame: object) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         if seen:
-            raise KeyboardInterrupt
+            signals.interrupt(signum, frame)
         seen.append(signum)
         raise DrainRequested(signum)
 
-    previous = {sig: signal.signal(sig, handler) for sig in DRAIN_SIGNALS}
-    try:
+    with signals.handling(DRAIN_SIGNALS, handler):
         yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 # SIGUSR1: `trident drain` (a preStop hook), so that the kubelet's SIGTERM after it is

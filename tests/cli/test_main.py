@@ -4,14 +4,17 @@ shell completion, and the entry points (main(), python -m builder.cli[.main]).""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import click
 import pytest
 
 from builder.cli import main as cli_main
+from builder.cli.common import sigterm_as_interrupt
 from builder.cli.main import cli, main
 from builder.errors import TridentError
 from engine_cache.errors import CacheError
@@ -236,3 +239,11 @@ def test_help_does_not_import_the_heavy_clients():
     result = _run("-c", code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_job_takes_sigterm_as_ctrl_c_and_gives_the_handler_back():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises at once, in this thread
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -5,6 +5,7 @@ and `trident drain` against a stand-in process that drains on SIGUSR1 as serve d
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,7 +18,9 @@ from builder.serve.drain import (
     RUN_DIR_PREFIX,
     Drain,
     DrainError,
+    DrainRequested,
     ask_to_drain,
+    drain_on_signal,
     find_server,
     run_dir,
 )
@@ -94,3 +97,17 @@ def test_trident_drain_without_a_server_is_a_usage_error(capsys):
         find_server(999999999)
     assert main(["drain", "--pid", "999999999"]) == 2
     assert "no trident serve with pid 999999999" in capsys.readouterr().err
+
+
+def test_while_serving_the_first_signal_drains_and_a_second_stops():
+    """drain_on_signal (SIGTERM here: pytest's faulthandler holds SIGUSR1); the handler
+    it replaced is back after it."""
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), drain_on_signal():
+        with pytest.raises(DrainRequested) as asked:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises at once, in this thread
+        assert asked.value.signum == signal.SIGTERM
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    assert signal.getsignal(signal.SIGTERM) is before
