@@ -57,28 +57,14 @@ def _adapters(folder: Path) -> None:
     write_adapter(folder / "adapters" / "france", seed=2, scale=1.0)
 
 
-def lora_spec(folder: Path) -> dict:
-    """Two random PEFT adapters on SmolLM2 in vLLM, an engine double without adapters
-    beside it (the router's default), and `router` in front."""
-    return {
-        "name": "lora",
-        "models": [
-            {"name": "plain", "engine": "sglang", "model": "/models/test-double"},
-            {
-                "name": "smollm2",
-                "engine": "vllm",
-                "model": "builtin:smollm2-135m-instruct",
-                "family": "llama",
-                "engine_args": {"max_model_len": 1024},
-                "adapters": {
-                    "paris": str(folder / "adapters" / "paris"),
-                    "france": str(folder / "adapters" / "france"),
-                },
-                "lora": {"max_loras": 2, "max_lora_rank": 8},
-            },
-        ],
-        "router": {"default": ["plain"]},
-    }
+def fallback_spec(folder: Path) -> dict:
+    """deploy/examples/cpu-fallback.yaml, with two random PEFT adapters on `primary`
+    (test_lora: `backup`, tiny-llama, holds none, so the router must pick a holder)."""
+    spec = _spec_file(ROOT / "deploy" / "examples" / "cpu-fallback.yaml")
+    primary = next(model for model in spec["models"] if model["name"] == "primary")
+    primary["adapters"] = {name: str(folder / "adapters" / name) for name in ("paris", "france")}
+    primary["lora"] = {"max_loras": 2, "max_lora_rank": 8}
+    return spec
 
 
 def _shim(text: str, model: str = "qwen"):
@@ -92,20 +78,16 @@ def _shim(text: str, model: str = "qwen"):
 
 
 DEFAULT = ServerConfig("default_server", default_spec, real_vllm=True)
-# deploy/examples/cpu-fallback.yaml: SmolLM2 as `primary`, tiny-llama as `backup`, both on
-# real vLLM, behind `router`. backup has vllm_backend's health check (test_vllm_metrics
-# kills its engine last, and it unloads itself).
+# deploy/examples/cpu-fallback.yaml: SmolLM2 as `primary`, with the LoRA tests' two
+# adapters, and tiny-llama as `backup`, both on real vLLM, behind `router`. backup has
+# vllm_backend's health check (test_vllm_metrics kills its engine last, and it unloads
+# itself). The adapters ride on this server rather than a third real-vLLM one: one
+# engine load and one tritonserver start fewer per run (tests/helpers/ledger.py).
 FALLBACK = ServerConfig(
     "fallback_server",
-    lambda folder: _spec_file(ROOT / "deploy" / "examples" / "cpu-fallback.yaml"),
-    prepare=(("ENABLE_VLLM_HEALTH_CHECK on backup", _health_check("backup")),),
-    real_vllm=True,
-)
-LORA = ServerConfig(
-    "lora_server",
-    lora_spec,
+    fallback_spec,
     before=(("adapters paris (seed 4, 1.0) and france (seed 2, 1.0)", _adapters),),
-    prepare=(("SGLang double for plain", _shim(sglang_double.SHIM, "plain")),),
+    prepare=(("ENABLE_VLLM_HEALTH_CHECK on backup", _health_check("backup")),),
     real_vllm=True,
 )
 
@@ -229,5 +211,5 @@ VLLM_DOUBLE = ServerConfig(
     prepare=(("the paced AsyncLLM double for smollm2 (0.2 s, 50 tokens/s)", _vllm_double),),
     timeout_s=60,
 )
-CONFIGS = [DEFAULT, FALLBACK, LORA, SGLANG, SGLANG_TOOLS, SGLANG_CHECK, VLLM_DOUBLE]
+CONFIGS = [DEFAULT, FALLBACK, SGLANG, SGLANG_TOOLS, SGLANG_CHECK, VLLM_DOUBLE]
 check_distinct(CONFIGS)

@@ -1,7 +1,7 @@
 """The server tests' shared servers: each configuration once, one server each per run.
 
 A test asks for a server by its fixture (`default_server`, `fallback_server`,
-`lora_server`); the pool (tests/helpers/pool.py) serves it on first use and lets it go
+`sglang_server`, ...); the pool (tests/helpers/pool.py) serves it on first use and lets it go
 after the last test that asks for it, its tritonserver then serving the next
 configuration. Tests are ordered here by the server they use, so each is served once,
 and within one server the tests marked `destructive` (they kill, unload or stop what
@@ -23,6 +23,7 @@ from _pytest.nodeid import NodeId
 
 from tests.helpers.pool import Pool
 from tests.server import configs
+from tests.server import served as served_process
 
 SERVER_TESTS = Path(__file__).resolve().parent
 _BY_NAME = {config.name: config for config in configs.CONFIGS}
@@ -52,6 +53,13 @@ def _pooled(config: configs.ServerConfig):
 # One session fixture per configuration, named as the configuration: default_server, ...
 for _config in configs.CONFIGS:
     globals()[_config.name] = _pooled(_config)
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory):
+    """The one `trident serve` subprocess of the tests whose subject is that process
+    (tests/server/served.py); its drain test ends it, last."""
+    yield from served_process.serve(tmp_path_factory.mktemp("served"))
 
 
 # -- ordering: by server, destructive tests last, and each server stopped after its last --

@@ -1,6 +1,7 @@
 """Multi-LoRA for real: two random PEFT adapters on SmolLM2 in vLLM (CPU) inside
-tritonserver, an engine double without adapters beside it (`plain`, the router's
-default), and `router` in front: the session's lora_server (tests/server/conftest.py)."""
+tritonserver as `primary`, a second real vLLM engine without adapters beside it
+(`backup`, tiny-llama, where the free tier's rule routes), and `router` in front: the
+session's fallback_server (tests/server/configs.py), whose other tests send no adapter."""
 
 from __future__ import annotations
 
@@ -17,48 +18,52 @@ pytestmark = [pytest.mark.server, pytest.mark.vllm]
 PROMPT = "What is the capital of France?"
 
 
-def ask(server, model="smollm2", adapter=None, prompt=PROMPT, max_tokens=16):
+def ask(server, model="primary", adapter=None, prompt=PROMPT, max_tokens=16, hints=None):
     sampling = {"temperature": 0}
     if adapter is not None:
         sampling["lora_name"] = adapter
     return infer.stream_generate(
-        server.grpc_url, model, prompt, max_tokens=max_tokens, sampling=sampling
+        server.grpc_url, model, prompt, max_tokens=max_tokens, sampling=sampling, hints=hints
     )
 
 
-def test_an_adapter_broken_after_rendering_fails_alone(lora_server):
+# cpu-fallback.yaml's rule for free tenants: `backup`, which holds no adapter.
+FREE = {"tier": "free"}
+
+
+def test_an_adapter_broken_after_rendering_fails_alone(fallback_server):
     """First in this module, before any request has loaded `france`: its file is garbage
     by the time a request names it (changed after `trident repo` checked it). vLLM used to
     load it inside its engine core, whose death failed every later request of every
     client; now that request is the client's error, again on a second try, and the engine
     serves the others. Then the file is written back as it was, for the tests below."""
-    adapters = Path(lora_server.repository).parent / "adapters"  # configs.LORA wrote them
+    adapters = Path(fallback_server.repository).parent / "adapters"  # configs.FALLBACK wrote them
     weights = adapters / "france" / "adapter_model.safetensors"
     good = weights.read_bytes()
     weights.write_bytes(b"garbage")
     try:
         for _ in range(2):
             with pytest.raises(infer.InferError) as broken:
-                ask(lora_server, adapter="france")
+                ask(fallback_server, adapter="france")
             assert "invalid request: adapter 'france' cannot be loaded" in str(broken.value)
-        assert ask(lora_server).served_by == "smollm2"
-        assert ask(lora_server, model="router").served_by == "plain"
+        assert ask(fallback_server).served_by == "primary"
+        assert ask(fallback_server, model="router", hints=FREE).served_by == "backup"
     finally:
         weights.write_bytes(good)
 
 
-def test_an_adapter_changes_the_answer_and_leaves_the_base_alone(lora_server):
-    base = ask(lora_server)
-    paris = ask(lora_server, adapter="paris")
-    france = ask(lora_server, adapter="france")
+def test_an_adapter_changes_the_answer_and_leaves_the_base_alone(fallback_server):
+    base = ask(fallback_server)
+    paris = ask(fallback_server, adapter="paris")
+    france = ask(fallback_server, adapter="france")
     assert len({base.text, paris.text, france.text}) == 3, (base.text, paris.text, france.text)
     assert (base.served_by, paris.served_by, france.served_by) == (
-        "smollm2",
-        "smollm2:paris",
-        "smollm2:france",
+        "primary",
+        "primary:paris",
+        "primary:france",
     )
-    assert ask(lora_server).text == base.text  # the base is unchanged afterwards
-    assert ask(lora_server, adapter="paris").text == paris.text
+    assert ask(fallback_server).text == base.text  # the base is unchanged afterwards
+    assert ask(fallback_server, adapter="paris").text == paris.text
 
 
 def concurrent(server, order):
@@ -66,11 +71,11 @@ def concurrent(server, order):
         return list(pool.map(lambda name: (name, ask(server, adapter=name)), order))
 
 
-def test_interleaved_concurrent_requests_each_get_their_adapter(lora_server):
-    alone = {name: ask(lora_server, adapter=name).text for name in ("paris", "france")}
-    for name, result in concurrent(lora_server, ["paris", "france"] * 4):
+def test_interleaved_concurrent_requests_each_get_their_adapter(fallback_server):
+    alone = {name: ask(fallback_server, adapter=name).text for name in ("paris", "france")}
+    for name, result in concurrent(fallback_server, ["paris", "france"] * 4):
         assert result.text == alone[name], name
-        assert result.served_by == f"smollm2:{name}"
+        assert result.served_by == f"primary:{name}"
 
 
 @pytest.mark.xfail(
@@ -82,57 +87,61 @@ def test_interleaved_concurrent_requests_each_get_their_adapter(lora_server):
         "requests the base ones get an adapter. The GPU kernels skip index -1."
     ),
 )
-def test_base_requests_batched_with_adapter_requests_keep_the_base_answer(lora_server):
-    alone = ask(lora_server).text
-    results = concurrent(lora_server, [None, "paris", "france"] * 2)
+def test_base_requests_batched_with_adapter_requests_keep_the_base_answer(fallback_server):
+    alone = ask(fallback_server).text
+    results = concurrent(fallback_server, [None, "paris", "france"] * 2)
     assert [r.text for name, r in results if name is None] == [alone, alone]
 
 
-def test_an_unknown_adapter_is_a_clear_error_and_the_server_keeps_serving(lora_server):
+def test_an_unknown_adapter_is_a_clear_error_and_the_server_keeps_serving(fallback_server):
     with pytest.raises(infer.InferError) as direct:
-        ask(lora_server, adapter="nope")
+        ask(fallback_server, adapter="nope")
     assert "unknown adapter 'nope'" in str(direct.value)
-    assert "model smollm2 has adapters: france, paris" in str(direct.value)
+    assert "model primary has adapters: france, paris" in str(direct.value)
     with pytest.raises(infer.InferError) as routed:
-        ask(lora_server, model="router", adapter="nope")
-    assert "no backend holds it (adapters: france (smollm2), paris (smollm2))" in str(routed.value)
+        ask(fallback_server, model="router", adapter="nope")
+    assert "no backend holds it (adapters: france (primary), paris (primary))" in str(routed.value)
     with pytest.raises(infer.InferError, match="has adapters: none"):
-        ask(lora_server, model="plain", adapter="paris")
-    assert ask(lora_server, adapter="paris").served_by == "smollm2:paris"
+        ask(fallback_server, model="backup", adapter="paris")
+    assert ask(fallback_server, adapter="paris").served_by == "primary:paris"
 
 
-def test_the_router_sends_adapter_requests_only_to_holders(lora_server):
-    assert ask(lora_server, model="router").served_by == "plain"  # the default route
+def test_the_router_sends_adapter_requests_only_to_holders(fallback_server):
+    # The free tier's rule names backup alone; an adapter request goes to a holder all the
+    # same, unless the client named the route itself.
+    assert ask(fallback_server, model="router", hints=FREE).served_by == "backup"
     for _ in range(3):
-        routed = ask(lora_server, model="router", adapter="france")
-        assert routed.served_by == "smollm2:france"
-    assert routed.text == ask(lora_server, adapter="france").text
+        routed = ask(fallback_server, model="router", adapter="france", hints=FREE)
+        assert routed.served_by == "primary:france"
+    with pytest.raises(infer.InferError, match="route 'fast' has no backend holding adapter"):
+        ask(fallback_server, model="router", adapter="france", hints={"route": "fast"})
+    assert routed.text == ask(fallback_server, adapter="france").text
     router_json = json.loads(
-        (Path(lora_server.repository) / "router" / "1" / "router.json").read_text()
+        (Path(fallback_server.repository) / "router" / "1" / "router.json").read_text()
     )
-    assert router_json["backends"]["smollm2"]["adapters"] == ["france", "paris"]
-    assert router_json["backends"]["plain"]["adapters"] == []
+    assert router_json["backends"]["primary"]["adapters"] == ["france", "paris"]
+    assert router_json["backends"]["backup"]["adapters"] == []
     # The engine counted every adapter request among its own.
     assert (
         metric_value(
-            lora_server.metrics_url,
+            fallback_server.metrics_url,
             "trident_adapter_requests_total",
-            model="smollm2",
+            model="primary",
             adapter="france",
         )
         >= 4
     )
 
 
-def test_the_openai_frontend_passes_the_adapter_a_client_names(lora_server):
-    # Before: the frontend dropped `lora_name` and the base model (plain) answered.
+def test_the_openai_frontend_passes_the_adapter_a_client_names(fallback_server):
+    # Before: the frontend dropped `lora_name` and the base model answered.
     import openai
 
     from builder.serve.openai.runner import Frontend
     from builder.serve.server import free_port
 
-    grpc = ask(lora_server, model="router", adapter="paris")
-    with Frontend(lora_server.grpc_url, port=free_port()) as frontend:
+    grpc = ask(fallback_server, model="router", adapter="paris")
+    with Frontend(fallback_server.grpc_url, port=free_port()) as frontend:
         client = openai.OpenAI(
             base_url=frontend.url + "/v1", api_key="unused", max_retries=0, timeout=120
         )
@@ -146,5 +155,5 @@ def test_the_openai_frontend_passes_the_adapter_a_client_names(lora_server):
                 temperature=0,
                 **kwargs,
             )
-            assert answer.headers["x-trident-served-by"] == "smollm2:paris"
+            assert answer.headers["x-trident-served-by"] == "primary:paris"
             assert answer.parse().choices[0].message.content == grpc.text
