@@ -24,16 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # What one full run may cost: the counts of the last full run that changed them (each
-# run prints its own beside these). The tritonservers: one process each for the three
-# real-vLLM configurations; one process in the servers lane serving every other pooled
-# repository in turn (tests/helpers/pool.py), plus the second of test_tenants' two
-# servers and, when a repository's model would not unload, a replacement; and the
-# `trident serve` subprocesses whose subject is a process of its own (demo, self-test,
-# SIGTERM, blast radius, the restricted API and its flood). The fifth real vLLM load is
-# test_vllm_kv_events' engine outside any server. These numbers only come down.
+# run prints its own beside these). The tritonservers: one process each for the two
+# real-vLLM configurations (default, fallback); one process in the servers lane serving
+# every other pooled repository in turn (tests/helpers/pool.py), plus the second of
+# test_tenants' two servers and, when a repository's model would not unload, a
+# replacement; and the `trident serve` subprocesses whose subject is a process of its
+# own: the demo and the self-test refusal (each with its self-test's server), blast
+# radius, the shared `served` process (tests/server/served.py), and the self-test's two
+# throwaway servers. The fourth real vLLM load is test_vllm_kv_events' engine outside
+# any server. These numbers only come down (issue 33 asked for at most 12 and 4).
 BUDGET = {
-    "tritonserver starts": 15,
-    "real vLLM loads": 5,
+    "tritonserver starts": 12,
+    "real vLLM loads": 4,
     "vLLM reloads": 2,
 }
 SLOWEST_SHOWN = 8

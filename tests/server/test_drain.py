@@ -11,17 +11,16 @@ the sixteen streams finish whole; at the drain timeout (12 s) the two long ones 
 explicit end (an SSE `server_shutdown` error event, a gRPC error with the final flag);
 serve exits 0 soon after, leaving no process, shared memory or drain folder behind.
 
-A private `trident serve` (its subject is the process's own end). It is also where the
-`--load-model` subset, the loopback binds and the per-start router secret of a served
-repository are checked (they were a `trident serve` of their own before), and where
-traces are (builder/serve/tracing.py): the process exports OpenTelemetry spans to a
-loopback OTLP collector (support/otlp_collector.py), and one request's spans, from the
-client's traceparent through the frontend to the router's request in Triton, are one
-trace (the engine model's are not yet: builder/serve/tracing.py says why)."""
+The shared `served` process (tests/server/served.py), whose end is this module's last
+test (after test_restricted_api's). Here too are the `--load-model` subset, the loopback
+binds and the per-start router secret of a served repository, and its traces
+(builder/serve/tracing.py): the process exports OpenTelemetry spans to a loopback OTLP
+collector (support/otlp_collector.py), and one request's spans, from the client's
+traceparent through the frontend to the router's request in Triton, are one trace (the
+engine model's are not yet: builder/serve/tracing.py says why)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import threading
@@ -35,37 +34,16 @@ import pytest
 
 from builder.render.context import INTERFACE
 from builder.serve.drain import run_dir
-from builder.serve.server import SHM_DIR, TritonServer, free_port, shm_regions_of_group
-from support.otlp_collector import Collector
-from support.pacing import Rate
-from support.sglang_double import SHIM, paced_shim
-from support.vllm_double import write_rate
+from builder.serve.server import SHM_DIR, TritonServer, shm_regions_of_group
 from tests.helpers import wait_for
-from tests.helpers.servers import (
-    free_ports,
-    listening_addresses,
-    record_spawn,
-    render,
-    serve_argv,
-    served_pid,
-)
+from tests.helpers.servers import listening_addresses
 from tests.helpers.streams import Stream
+from tests.server.served import DRAIN_TIMEOUT_S, LONG_TOKENS, SERVICE, SPEC
 
 pytestmark = pytest.mark.server
 
-TOKENS, LONG_TOKENS, STREAMS = 160, 1000, 8
-DRAIN_TIMEOUT_S = 12
-SERVICE = "trident-test"
+TOKENS, STREAMS = 160, 8
 CLIENT_TRACE, CLIENT_SPAN = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
-SPEC = {
-    "name": "drain",
-    "hardware": {"gpu": "cpu"},
-    "models": [
-        {"name": "qwen", "engine": "sglang", "model": "/models/test-double"},
-        {"name": "idle", "engine": "sglang", "model": "/models/test-double"},
-    ],
-    "router": {"default": ["qwen"]},
-}
 
 
 class Sse(threading.Thread):
@@ -112,58 +90,13 @@ def get(url: str) -> tuple[int, dict, str]:
         return e.code, dict(e.headers), e.read().decode()
 
 
-@pytest.fixture(scope="module")
-def serving(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("drain")
-    repo = render(SPEC, tmp / "repo")
-    control = tmp / "rate.json"
-    write_rate(control, Rate(ttft_s=0.05, tokens_per_s=20.0))
-    (repo / "qwen" / "1" / "sglang.py").write_text(paced_shim(control, LONG_TOKENS))
-    (repo / "idle" / "1" / "sglang.py").write_text(SHIM)
-    ports, port = free_ports(), free_port()
-    output = tmp / "serve.out"
-    collector = Collector().__enter__()
-    # No router secret from the environment: serve makes one per start.
-    env = {k: v for k, v in os.environ.items() if k != INTERFACE.ROUTER_SECRET_ENV}
-    # Traces on, by the standard environment; the frontend's batches leave every 0.2 s.
-    env |= {
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.endpoint,
-        "OTEL_SERVICE_NAME": SERVICE,
-        "OTEL_BSP_SCHEDULE_DELAY": "200",
-    }
-    argv = serve_argv(
-        repo,
-        ports,
-        *("--load-model", "router", "--load-model", "qwen", "--openai-port", str(port)),
-        *("--drain-timeout", str(DRAIN_TIMEOUT_S), "--no-self-test"),
-    )
-    started = record_spawn(argv, output, "drain: trident serve drained by SIGTERM")
-    with open(output, "w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-    pid = None
-    try:
-        wait_for(lambda: "OpenAI API:" in output.read_text() or proc.poll() is not None, 180)
-        assert proc.poll() is None, output.read_text()
-        started.ready()
-        pid = served_pid(ports)
-        yield repo, ports, port, proc, output, collector
-    finally:
-        collector.__exit__(None, None, None)
-        if proc.poll() is None:  # a test failed: leave no server behind
-            proc.kill()
-        if pid is not None:  # tritonserver's group: its stubs too
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def test_the_served_repository_is_private_and_only_what_was_asked_is_loaded(serving):
-    repo, ports, _, _, _, _ = serving
-    server = TritonServer(repo, ports)
-    ready = {model: server.http_get(f"/v2/models/{model}/ready") for model in SPEC_MODELS}
-    assert ready == {"router": 200, "qwen": 200, "idle": 400}  # present, not loaded
-    pid = served_pid(ports)
+def test_the_served_repository_is_private_and_only_what_was_asked_is_loaded(served):
+    ports, pid = served.ports, served.pid
+    server = TritonServer(served.repo, ports)
+    models = [model["name"] for model in SPEC["models"]] + ["router"]
+    ready = {model: server.http_get(f"/v2/models/{model}/ready") for model in models}
+    # What serve was told to load; `idle` is present, not loaded.
+    assert ready == {"router": 200, "qwen": 200, "qa": 200, "idle": 400}
     # Triton's ports are private: bound to loopback, not to every interface.
     assert {
         (address, port)
@@ -172,9 +105,6 @@ def test_the_served_repository_is_private_and_only_what_was_asked_is_loaded(serv
     } == {("127.0.0.1", ports.http), ("127.0.0.1", ports.grpc), ("127.0.0.1", ports.metrics)}
     # The router secret is in the server's environment, made for this start.
     assert len(router_secret(pid)) >= 32
-
-
-SPEC_MODELS = ("router", "qwen", "idle")
 
 
 def router_secret(pid: int) -> bytes:
@@ -187,12 +117,11 @@ def router_secret(pid: int) -> bytes:
     return secret
 
 
-def test_one_request_is_one_trace_from_the_client_through_the_router(serving):
-    repo, ports, port, _, _, collector = serving
-    server = TritonServer(repo, ports)
+def test_one_request_is_one_trace_from_the_client_through_the_router(served):
+    server, collector = TritonServer(served.repo, served.ports), served.collector
     traceparent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
     client = openai.OpenAI(
-        base_url=f"http://127.0.0.1:{port}/v1",
+        base_url=served.openai_url + "/v1",
         api_key="none",
         max_retries=0,
         default_headers={"traceparent": traceparent},
@@ -242,10 +171,11 @@ def test_one_request_is_one_trace_from_the_client_through_the_router(serving):
         stream.close()
 
 
-def test_sigterm_drains_every_stream_refuses_new_work_in_words_and_exits_0(serving):
-    repo, ports, port, proc, output, _ = serving
-    server, base = TritonServer(repo, ports), f"http://127.0.0.1:{port}"
-    pid, drain_folder = served_pid(ports), run_dir(proc.pid)
+@pytest.mark.destructive(stops=True)  # it ends `served`: after every other test of it
+def test_sigterm_drains_every_stream_refuses_new_work_in_words_and_exits_0(served):
+    ports, proc, output, pid = served.ports, served.proc, served.output, served.pid
+    server, base = TritonServer(served.repo, ports), served.openai_url
+    drain_folder = run_dir(proc.pid)
     secret, regions = router_secret(pid), shm_regions_of_group(pid)
     assert drain_folder.is_dir() and regions
     grpc = [Stream(server, max_tokens=TOKENS) for _ in range(STREAMS)]

@@ -1,5 +1,6 @@
-"""What a client without keys can do to `trident serve` on a real tritonserver (one
-SGLang-double model behind the router, the OpenAI frontend on):
+"""What a client without keys can do to `trident serve` on a real tritonserver: the
+shared `served` process (tests/server/served.py: SGLang-double models behind the
+router, the OpenAI frontend on):
 
 - Triton's model control answers trident only. A client that reaches Triton's ports
   without the admin key cannot load, unload or list models, nor change the log
@@ -17,8 +18,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from contextlib import ExitStack
@@ -31,20 +30,12 @@ from tritonclient.utils import InferenceServerException
 from builder.render.context import INTERFACE
 from builder.serve import admin, client
 from builder.serve.openai.guard import RESERVED_FDS
-from builder.serve.server import free_port
 from builder.serve.watch import stub_processes
-from support.sglang_double import SHIM
 from tests.helpers import wait_for
-from tests.helpers.servers import free_ports, record_spawn, render, serve_argv, served_pid
+from tests.helpers.servers import served_pid
+from tests.server.served import FD_LIMIT
 
 pytestmark = pytest.mark.server
-
-SPEC = {
-    "name": "restricted",
-    "hardware": {"gpu": "cpu"},
-    "models": [{"name": "qa", "engine": "sglang", "model": "/models/test-double"}],
-    "router": {"default": ["qa"]},
-}
 
 
 def http(url: str, path: str, headers=None, data: bytes | None = b"{}") -> tuple[int, str]:
@@ -58,16 +49,6 @@ def http(url: str, path: str, headers=None, data: bytes | None = b"{}") -> tuple
         return e.code, e.read().decode()
 
 
-# The serve process's descriptor limit: its frontend keeps connections below it
-# (guard.py's RESERVED_FDS), so a flood cannot starve the keeper or the gRPC channel.
-FD_LIMIT = 1024
-LOWER_FD_LIMIT = (
-    "import os, resource, sys; "
-    f"resource.setrlimit(resource.RLIMIT_NOFILE, ({FD_LIMIT}, resource.getrlimit("
-    "resource.RLIMIT_NOFILE)[1])); os.execv(sys.argv[1], sys.argv[1:])"
-)
-
-
 def ready(url: str, model: str) -> bool:
     return http(url, f"/v2/models/{model}/ready", data=None)[0] == 200  # health: open
 
@@ -78,47 +59,8 @@ def refused_over_grpc(call) -> str:
     return str(refusal.value)
 
 
-@pytest.fixture(scope="module")
-def serving(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("restricted")
-    repo = render(SPEC, tmp / "repo")
-    (repo / "qa" / "1" / "sglang.py").write_text(SHIM)
-    ports, openai = free_ports(), free_port()
-    output = tmp / "serve.out"
-    env = {k: v for k, v in os.environ.items() if k != admin.KEY_ENV}
-    argv = serve_argv(repo, ports, "--openai-port", str(openai), "--no-self-test")
-    started = record_spawn(argv, output, "restricted-api: trident serve")
-    argv = [sys.executable, "-c", LOWER_FD_LIMIT, *argv]
-    with open(output, "w") as out:
-        proc = subprocess.Popen(
-            argv,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    pid = None
-    try:
-        wait_for(lambda: "OpenAI API:" in output.read_text() or proc.poll() is not None, 180)
-        assert proc.poll() is None, output.read_text()
-        started.ready()
-        pid = served_pid(ports)
-        yield ports, openai, pid, output, proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        if pid is not None:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def test_model_control_without_the_key_is_refused_over_http(serving):
-    ports, _, _, _, _ = serving
-    url = f"http://127.0.0.1:{ports.http}"
+def test_model_control_without_the_key_is_refused_over_http(served):
+    url = f"http://127.0.0.1:{served.ports.http}"
     for headers in (None, {admin.HEADER: "not-the-key-" * 4}):
         for path in (
             "/v2/repository/models/qa/unload",
@@ -139,9 +81,8 @@ def test_model_control_without_the_key_is_refused_over_http(serving):
     assert ready(url, "qa") and ready(url, "router")
 
 
-def test_model_control_without_the_key_is_refused_over_grpc(serving):
-    ports, _, _, _, _ = serving
-    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+def test_model_control_without_the_key_is_refused_over_grpc(served):
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{served.ports.grpc}")
     try:
         for call in (
             lambda: grpc.unload_model("qa"),
@@ -154,36 +95,37 @@ def test_model_control_without_the_key_is_refused_over_grpc(serving):
         assert grpc.is_model_ready("qa")
     finally:
         grpc.close()
-    assert ready(f"http://127.0.0.1:{ports.http}", "qa")
+    assert ready(f"http://127.0.0.1:{served.ports.http}", "qa")
 
 
-def test_inference_and_the_frontend_need_no_key(serving):
-    ports, openai, _, _, _ = serving
+def test_inference_and_the_frontend_need_no_key(served):
     answer = client.stream_generate(
-        f"127.0.0.1:{ports.grpc}", "router", "hi", max_tokens=4, timeout_s=60
+        f"127.0.0.1:{served.ports.grpc}", "router", "hi", max_tokens=4, timeout_s=60
     )
-    assert answer.text and answer.served_by == "qa"
+    assert answer.text and answer.served_by == "qwen"
     # The frontend lists models through the (restricted) index: it carries the key.
-    code, said = http(f"http://127.0.0.1:{openai}", "/v1/models", data=None)
+    code, said = http(served.openai_url, "/v1/models", data=None)
     assert code == 200 and [m["id"] for m in json.loads(said)["data"]] == ["router"]
 
 
-def test_the_key_is_on_the_command_line_the_router_secret_is_not(serving):
-    ports, _, pid, _, _ = serving
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+def test_the_key_is_on_the_command_line_the_router_secret_is_not(served):
+    argv = Path(f"/proc/{served.pid}/cmdline").read_bytes().decode().split("\0")
     key = [a for a in argv if a.startswith("--http-restricted-api=")][0].rsplit("=", 1)[1]
     environ = dict(
         line.split("=", 1)
-        for line in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        for line in Path(f"/proc/{served.pid}/environ")
+        .read_bytes()
+        .decode(errors="replace")
+        .split("\0")
         if "=" in line
     )
     secret = environ[INTERFACE.ROUTER_SECRET_ENV]
     assert len(key) >= 32 and key != secret and secret not in "\0".join(argv)
     assert admin.KEY_ENV not in environ
     # The key is what opens model control: an operator on the host may use it.
-    url = f"http://127.0.0.1:{ports.http}"
+    url = f"http://127.0.0.1:{served.ports.http}"
     code, said = http(url, "/v2/repository/index", admin.http_headers(key))
-    assert code == 200 and {m["name"] for m in json.loads(said)} == {"qa", "router"}
+    assert code == 200 and {m["name"] for m in json.loads(said)} == {"qa", "qwen", "idle", "router"}
 
 
 def _half_sent(port: int) -> socket.socket:
@@ -206,8 +148,14 @@ def _rss_kib(pid: int) -> int:
     return int(status.split("VmRSS:")[1].split()[0])
 
 
-def test_a_keyless_flood_is_refused_in_words_and_costs_nothing_else(serving):
-    ports, openai, pid, output, proc = serving
+def test_a_keyless_flood_is_refused_in_words_and_costs_nothing_else(served):
+    ports, openai, pid, output, proc = (
+        served.ports,
+        served.openai_port,
+        served.pid,
+        served.output,
+        served.proc,
+    )
     cap = FD_LIMIT - RESERVED_FDS  # the frontend's connection cap under this limit
     with ExitStack() as held:
         flood = [held.enter_context(_half_sent(openai)) for _ in range(cap + 100)]
@@ -236,9 +184,10 @@ def test_a_keyless_flood_is_refused_in_words_and_costs_nothing_else(serving):
     assert "keeper cannot watch" not in output.read_text()
 
 
-def test_the_keeper_still_reloads_a_killed_model(serving):
-    ports, _, pid, output, _ = serving
-    url = f"127.0.0.1:{ports.grpc}"
+@pytest.mark.destructive  # a stub killed: after the other tests of `served`, before its drain
+def test_the_keeper_still_reloads_a_killed_model(served):
+    pid, output = served.pid, served.output
+    url = f"127.0.0.1:{served.ports.grpc}"
     victim = [s for s in stub_processes(pid).values() if s.model == "qa"][0]
     os.kill(victim.pid, signal.SIGKILL)
     wait_for(lambda: "model 'qa' is back" in output.read_text(), 90, interval_s=0.5)
