@@ -45,9 +45,7 @@ class Inbound:
         self.returns = returns
 
 
-def inflight_limit(configured: int, capacity: int | None, instances: int = 1) -> int:
-    """One router instance's limit for one backend: the spec's, capped by the engine's,
-    shared out among the router's instances (each counts its own requests; rounded up,
-    so every instance may send at least one)."""
-    limit = configured if capacity is None else min(configured, QUEUE_FACTOR * capacity)
-    return -(-limit // max(1, instances))
+def inflight_limit(configured: int, capacity: int | None) -> int:
+    """The router's limit for one backend, over all its instances (bls/inflight.py): the
+    spec's, capped by the engine's."""
+    return configured if capacity is None else min(configured, QUEUE_FACTOR * capacity)

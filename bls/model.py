@@ -40,6 +40,7 @@ from adapters import ROUTER_ONLY_INPUTS, Adapters, Unsupported  # siblings in th
 from breaker import HALF_OPEN
 from control import SILENCE_PROBE_S, Controls
 from inbound import Inbound
+from inflight import Inflight
 from policy import ADAPTER_KEYS, Policy, UnknownRoute, features_from
 from relay import REFUSED, CallSlots, Relay, Retired
 from replicas import Replicas, tenant_salt
@@ -167,7 +168,18 @@ class TritonPythonModel:
         # breakers, in-flight counts and limits (one engine's) are per replica.
         self.replicas = Replicas(self.config, self.metrics)
         self.metrics.replicas_loaded(self.replicas.of, time.time())
-        self.targets = Targets(self.config, self.replicas, self.adapters, self.metrics, self.log)
+        instance = args.get("model_instance_name")
+        drain_dir = os.environ.get(DRAIN_DIR_ENV)
+        self.targets = Targets(
+            self.config,
+            self.replicas,
+            self.adapters,
+            self.metrics,
+            self.log,
+            lambda names: Inflight.shared(
+                names, self.config.instances, instance, drain_dir, self.name
+            ),
+        )
         self.breakers, self.inflight = self.targets.breakers, self.targets.inflight
         self.deadline_s = self.config.deadline_s
         self.first_token_timeout_s = self.config.first_token_timeout_s
@@ -322,7 +334,7 @@ class TritonPythonModel:
                     self.log.warning(f"{backend} failed before its first token, falling back: {e}")
                     self.metrics.fallback(backend)
             finally:
-                self.inflight[backend] -= 1
+                self.targets.release(backend)
                 if probe and not recorded:
                     self.breakers[backend].release_probe()
         if not tried:  # each was taken (full, breaker) while this request waited

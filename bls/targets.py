@@ -1,16 +1,19 @@
 """The models the router calls, each with its circuit breaker, its in-flight count and its
 limit: every backend of router.json, or in its place a replicated backend's replicas
 (bls/replicas.py). A replicated backend is available while any of its replicas is, and
-full when all are. Touched from the router's event loop only.
+full when all are. The in-flight counts are the router's over all its instances
+(bls/inflight.py), the breakers this instance's. Touched from the router's event loop only.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from breaker import OPEN, BreakerConfig, CircuitBreaker
 from inbound import QUEUE_FACTOR, inflight_limit
+from inflight import Inflight
 from replicas import Replicas
 from router_config import RouterConfig
 
@@ -23,18 +26,20 @@ class Targets:
         adapters: dict[str, Any],
         metrics: Any,
         log: Any,
+        counts: Callable[[list[str]], Inflight] = Inflight,
     ):
+        """`counts` makes the in-flight counts for the targets' names (Inflight.shared
+        when the router has several instances)."""
         self.replicas, self.metrics, self.log = replicas, metrics, log
         self.configured = config.max_inflight_per_backend
         targets = replicas.targets(config.backends, adapters)
         breaker_config = BreakerConfig.from_dict(dict(config.breaker))
         self.breakers = {name: CircuitBreaker(breaker_config, time.monotonic) for name in targets}
-        self.inflight = dict.fromkeys(targets, 0)
+        self.inflight = counts(list(targets))
         # The engine's capacity as the builder wrote it (one replica's, or the model's
-        # over its instances), shared among this router's instances.
+        # over its instances), for the router as a whole (over its instances).
         self.max_inflight = {
-            name: inflight_limit(self.configured, info.capacity, config.instances)
-            for name, info in targets.items()
+            name: inflight_limit(self.configured, info.capacity) for name, info in targets.items()
         }
         for name, breaker in self.breakers.items():
             metrics.breaker_state(name, breaker.state)
@@ -66,8 +71,12 @@ class Targets:
     def claim(self, name: str) -> bool:
         if self.full(name) or not self.breakers[name].allow():
             return False
-        self.inflight[name] += 1
+        self.inflight.add(name, 1)
         return True
+
+    def release(self, name: str) -> None:
+        """A claimed request ended (its attempt is over)."""
+        self.inflight.add(name, -1)
 
     def record(self, name: str, ok: bool) -> None:
         breaker, before = self.breakers[name], self.breakers[name].state

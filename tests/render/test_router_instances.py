@@ -1,5 +1,6 @@
 """The router's instance count reaches its rendered config.pbtxt (instance_group count,
-KIND_CPU) and router.json (each instance's share of the in-flight limits)."""
+KIND_CPU) and router.json; a backend's in-flight limit is the router's as a whole,
+whatever its instance count (bls/inflight.py shares the counts)."""
 
 from __future__ import annotations
 
@@ -58,11 +59,8 @@ def test_explicit_count_is_rendered(tmp_path):
     assert [g.count for g in groups] == [3] and router_json["instances"] == 3
 
 
-def test_each_instance_gets_its_share_of_a_backends_limit():
+def test_a_backends_limit_is_the_whole_routers():
     # The spec's 256, capped at twice an engine running 32: 64 for the whole router,
-    # split over its instances, rounded up so none is left with 0.
+    # not split over its instances (they share their counts).
     assert inflight_limit(256, 32) == 64
-    assert inflight_limit(256, 32, 2) == 32
-    assert inflight_limit(256, 32, 3) == 22
-    assert inflight_limit(10, None, 4) == 3
-    assert inflight_limit(1, None, 8) == 1
+    assert inflight_limit(10, None) == 10
