@@ -30,7 +30,11 @@ def write_spec(folder: Path, source: Path, **changes) -> Path:
         shutil.copy(TOPOLOGY, folder / "topo.txt")
         data["hardware"]["topology"] = "topo.txt"
     for key, value in changes.items():
-        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+        if isinstance(value, dict):  # merged into the example's; None removes a key
+            merged = {**data.get(key, {}), **value}
+            data[key] = {k: v for k, v in merged.items() if v is not None}
+        else:
+            data[key] = value
     path = folder / "spec.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -152,7 +156,7 @@ def test_every_rendered_serve_command_parses(tmp_path):
 
 
 def test_api_keys_need_the_frontend(tmp_path):
-    spec = write_spec(tmp_path, H100X8)
+    spec = write_spec(tmp_path, H100X8, server={"openai_port": None})
     assert "server.openai_port" in refused(spec, tmp_path / "out", "--api-keys-secret", "k")
 
 

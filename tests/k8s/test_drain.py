@@ -199,7 +199,7 @@ def test_with_the_frontend_the_probes_are_its_drain_aware_endpoints(h100, multin
 
 def test_without_the_frontend_the_probes_are_tritons(h100, multinode):
     for spec in (h100, multinode):
-        for role, pod in pods(objects(spec)).items():
+        for role, pod in pods(objects(with_server(spec, openai_port=None))).items():
             if role == "worker":
                 continue
             assert probes(pod["containers"][0]) == {

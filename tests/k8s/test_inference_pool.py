@@ -26,7 +26,7 @@ H100X8 = ROOT / "deploy/examples/h100x8.yaml"
 MULTINODE = ROOT / "deploy/examples/multinode.yaml"
 CRD_FILE = Path(__file__).resolve().parent / "crds/inference.networking.k8s.io_inferencepools.yaml"
 K8S_VERSION = "1.30.0"
-OPENAI_PORT = 9000  # neither example sets server.openai_port: the tests add it
+OPENAI_PORT = 9000  # both examples' server.openai_port: the pool's target port
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 CUSTOM_KINDS = {"InferencePool", "LeaderWorkerSet", "PodMonitor", "PrometheusRule", "Kustomization"}
 
@@ -89,7 +89,7 @@ SOURCE_FIELDS = {"scheme", "path", "insecureSkipVerify"}
 
 
 def objects(tmp_path: Path, source: Path, *extra: str, **changes) -> list[dict]:
-    spec = write_spec(tmp_path, source, server={"openai_port": OPENAI_PORT}, **changes)
+    spec = write_spec(tmp_path, source, **changes)
     return render(spec, tmp_path / "out", "--inference-pool", *extra)
 
 
@@ -105,12 +105,14 @@ def one(docs: list[dict], kind: str) -> dict:
 
 @pytest.fixture(scope="module")
 def h100(tmp_path_factory) -> list[dict]:
-    return objects(tmp_path_factory.mktemp("pool"), H100X8, "--namespace", "llm")
+    # The example file itself, as `trident k8s --spec deploy/examples/h100x8.yaml` reads it.
+    out = tmp_path_factory.mktemp("pool") / "out"
+    return render(H100X8, out, "--inference-pool", "--namespace", "llm")
 
 
 @pytest.fixture(scope="module")
 def multinode(tmp_path_factory) -> list[dict]:
-    return objects(tmp_path_factory.mktemp("pool"), MULTINODE)
+    return render(MULTINODE, tmp_path_factory.mktemp("pool") / "out", "--inference-pool")
 
 
 # ---------------------------------------------------------------------------------------
@@ -347,8 +349,16 @@ def test_the_selector_matches_exactly_the_serving_pods_on_their_openai_port(exam
         assert labels[LWS_WORKER_INDEX] == "0"
 
 
+@pytest.mark.parametrize("source", [H100X8, MULTINODE])
+def test_the_examples_as_shipped_set_the_frontends_port(source):
+    """Both examples serve OpenAI clients: the pool's target port is in the file, so
+    `trident k8s --inference-pool --spec deploy/examples/...` renders as it is (the
+    fixtures above render the files themselves)."""
+    assert yaml.safe_load(source.read_text())["server"]["openai_port"] == OPENAI_PORT
+
+
 def test_without_the_flag_nothing_changes(tmp_path):
-    spec = write_spec(tmp_path, H100X8, server={"openai_port": OPENAI_PORT})
+    spec = write_spec(tmp_path, H100X8)
     docs = render(spec, tmp_path / "out")
     assert not {"InferencePool", "Role", "Deployment"} & {d["kind"] for d in docs}
     for labels, _pod in _serving_pods(docs):
@@ -508,7 +518,6 @@ def test_block_size_follows_the_engines(tmp_path):
     data = yaml.safe_load(MULTINODE.read_text())
     data["models"][0]["engine_args"]["block_size"] = 32
     spec = tmp_path / "spec.yaml"
-    data["server"]["openai_port"] = OPENAI_PORT
     spec.write_text(yaml.safe_dump(data))
     config = picker_config(render(spec, tmp_path / "out", "--inference-pool"))
     prefix = next(p for p in config["plugins"] if p["type"] == "prefix-cache-scorer")
@@ -519,7 +528,6 @@ def _server_and_spanning(tmp_path: Path) -> Path:
     """multinode.yaml on 3 nodes with an SGLang model on the third: a server pool with
     no KV gauge, and the LeaderWorkerSet's pool."""
     data = yaml.safe_load(MULTINODE.read_text())
-    data["server"]["openai_port"] = OPENAI_PORT
     data["hardware"]["nodes"] = 3
     data["models"].append(
         {
@@ -576,7 +584,7 @@ def test_options_reach_the_objects(tmp_path):
 
 
 def test_rerender_is_byte_identical(tmp_path):
-    spec = write_spec(tmp_path, H100X8, server={"openai_port": OPENAI_PORT})
+    spec = write_spec(tmp_path, H100X8)
     render(spec, tmp_path / "a", "--inference-pool")
     render(spec, tmp_path / "b", "--inference-pool")
 
@@ -594,7 +602,6 @@ def test_rerender_is_byte_identical(tmp_path):
 
 def _trtllm_only(tmp_path: Path) -> Path:
     data = yaml.safe_load(H100X8.read_text())
-    data["server"]["openai_port"] = OPENAI_PORT
     data["models"] = [m for m in data["models"] if m["engine"] == "tensorrt_llm"]
     del data["router"]
     data["hardware"].pop("topology")
@@ -616,13 +623,13 @@ def _trtllm_only(tmp_path: Path) -> Path:
     ],
 )
 def test_bad_options_are_one_line_exit_2(tmp_path, extra, field):
-    spec = write_spec(tmp_path, H100X8, server={"openai_port": OPENAI_PORT})
+    spec = write_spec(tmp_path, H100X8)
     line = refused(spec, tmp_path / "out", "--inference-pool", *extra)
     assert line.startswith(f"error: {field}:"), line
 
 
 def test_pool_options_need_the_flag(tmp_path):
-    spec = write_spec(tmp_path, H100X8, server={"openai_port": OPENAI_PORT})
+    spec = write_spec(tmp_path, H100X8)
     for extra in (["--pool-name", "p"], ["--epp-image", "x:1"], ["--epp-failure-mode", "FailOpen"]):
         line = refused(spec, tmp_path / "out", *extra)
         assert line.startswith(f"error: {extra[0]}: only with --inference-pool"), line
@@ -630,7 +637,7 @@ def test_pool_options_need_the_flag(tmp_path):
 
 @pytest.mark.parametrize("source", [H100X8, MULTINODE])
 def test_no_openai_port_is_refused_naming_the_field(tmp_path, source):
-    spec = write_spec(tmp_path, source)
+    spec = write_spec(tmp_path, source, server={"openai_port": None})
     line = refused(spec, tmp_path / "out", "--inference-pool")
     assert "server.openai_port" in line and "--inference-pool" in line
 

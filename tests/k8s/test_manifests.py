@@ -103,15 +103,22 @@ def test_pod_shape(h100):
     assert pod["initContainers"][0]["command"][:2] == ["trident", "repo"]
     assert pod["initContainers"][0]["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
     assert "envFrom" not in triton  # only the init container talks to S3
-    assert triton["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-    assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    # The example serves OpenAI clients (server.openai_port): the frontend in the pod,
+    # on every address, and its drain-aware endpoints as the probes.
+    assert load_spec(H100X8).server.openai_port == 9000
+    argv = triton["command"]
+    assert argv[argv.index("--openai-port") + 1] == "9000"
+    assert argv[argv.index("--openai-host") + 1] == "0.0.0.0"
+    assert {"name": "openai", "containerPort": 9000, "protocol": "TCP"} in triton["ports"]
+    assert triton["readinessProbe"]["httpGet"] == {"path": "/health", "port": "openai"}
+    assert triton["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "openai"}
     startup = triton["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
     assert pod["terminationGracePeriodSeconds"] > 5  # Triton's --exit-timeout-secs
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]
     assert shm["medium"] == "Memory"
     service = next(d for d in objects if d["kind"] == "Service")
-    assert [p["name"] for p in service["spec"]["ports"]] == ["http", "grpc", "metrics"]
+    assert [p["name"] for p in service["spec"]["ports"]] == ["http", "grpc", "metrics", "openai"]
     assert {d["kind"] for d in objects} >= {
         "PodDisruptionBudget",
         "PodMonitor",
