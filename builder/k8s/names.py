@@ -56,6 +56,11 @@ def dns_label(text: str, what: str, limit: int = 63) -> str:
     return label
 
 
+def _shown(value: str) -> str:
+    """The value as an error line shows it: on one line, and an empty one said so."""
+    return printable(value) if value else "an empty value"
+
+
 def check_namespace(value: str) -> str:
     if len(value) > 63 or not _LABEL.fullmatch(value):
         raise K8sError(
@@ -76,7 +81,7 @@ def check_secret(value: str, where: str) -> str:
 
 def check_image(value: str, where: str = "--image") -> str:
     if len(value) > 512 or not _IMAGE.fullmatch(value):
-        raise K8sError(f"{where}: {printable(value)} is not an image reference")
+        raise K8sError(f"{where}: {_shown(value)} is not an image reference")
     return value
 
 
@@ -95,7 +100,7 @@ def check_pinned_image(value: str, where: str) -> str:
 def check_pool_name(value: str) -> str:
     if len(value) > POOL_NAME_LIMIT or not _LABEL_1035.fullmatch(value):
         raise K8sError(
-            f"--pool-name: {printable(value)} is not a DNS label for an InferencePool "
+            f"--pool-name: {_shown(value)} is not a DNS label for an InferencePool "
             f"(lower-case letters, digits and '-', starting with a letter, at most "
             f"{POOL_NAME_LIMIT} characters: its picker's objects add '-<workload>-epp')"
         )

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from builder.k8s import names, pool
 from builder.serve.openai import pod_metrics
+from tests.helpers import hostile_specs as hs
 from tests.k8s.test_access import refused, render, write_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -618,7 +619,16 @@ def _trtllm_only(tmp_path: Path) -> Path:
         (["--pool-name", "a" * 39], "--pool-name"),
         (["--epp-image", "registry.k8s.io/gateway-api-inference-extension/epp"], "--epp-image"),
         (["--epp-image", "localhost:5000/epp"], "--epp-image"),  # a port is not a tag
-        (["--epp-image", "epp:"], "--epp-image"),
+        (["--epp-image", "epp:"], "--epp-image"),  # an empty tag
+        (["--epp-image", "img@@x"], "--epp-image"),
+        (["--epp-image", "epp:v1@"], "--epp-image"),  # an empty digest
+        (["--epp-image", "epp@sha256:abc"], "--epp-image"),  # not a digest
+        (["--epp-image", "epp:v1\n--v=9"], "--epp-image"),  # a second line
+        (["--epp-image", ""], "--epp-image"),
+        (["--pool-name", ""], "--pool-name"),
+        (["--pool-name", "pool-"], "--pool-name"),
+        (["--pool-name", "a.b"], "--pool-name"),  # a subdomain, not a label
+        (["--pool-name", "a\nb"], "--pool-name"),
         (["--epp-failure-mode", "FailSometimes"], "--epp-failure-mode"),
     ],
 )
@@ -626,6 +636,34 @@ def test_bad_options_are_one_line_exit_2(tmp_path, extra, field):
     spec = write_spec(tmp_path, H100X8)
     line = refused(spec, tmp_path / "out", "--inference-pool", *extra)
     assert line.startswith(f"error: {field}:"), line
+    if extra[1] == "":
+        assert "empty" in line, line  # not `--pool-name:  is not ...`
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--inference-pool", "--pool-name", "Bad_Name"],  # refused before planning
+        ["--inference-pool", "--epp-image", "img@@x"],
+        ["--inference-pool"],  # refused while rendering: the pool serves TensorRT-LLM only
+    ],
+)
+def test_a_refusal_leaves_an_earlier_render_as_it_was(tmp_path, extra):
+    """Nothing written: the output directory of an earlier `trident k8s` keeps every
+    byte, and no temporary sibling is left beside it."""
+    spec = _trtllm_only(tmp_path)
+    out = tmp_path / "out"
+    render(spec, out)
+    before, siblings = _tree(out), sorted(p.name for p in tmp_path.iterdir())
+    code, stderr = hs.call_cli(["k8s", "--spec", str(spec), "--out", str(out), *extra])
+    lines = stderr.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), stderr
+    assert _tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == siblings
 
 
 def test_pool_options_need_the_flag(tmp_path):
@@ -647,3 +685,20 @@ def test_a_pool_of_tensorrt_llm_models_only_is_refused(tmp_path):
     picker would see such pods idle forever."""
     line = refused(_trtllm_only(tmp_path), tmp_path / "out", "--inference-pool")
     assert "models[0].engine" in line and "tensorrt_llm" in line
+
+
+def test_the_refusal_names_the_model_of_the_pool_without_gauges(tmp_path):
+    """multinode.yaml on 3 nodes with h100x8's TensorRT-LLM model on the third: the
+    LeaderWorkerSet's pool (vLLM) would do, the server's pool would not; the line names
+    the server's model by its index in the spec."""
+    data = yaml.safe_load(MULTINODE.read_text())
+    data["hardware"]["nodes"] = 3
+    trt = next(
+        m for m in yaml.safe_load(H100X8.read_text())["models"] if m["engine"] == "tensorrt_llm"
+    )
+    data["models"].append({**trt, "instances": 1})
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    line = refused(spec, tmp_path / "out", "--inference-pool")
+    assert line.startswith(f"error: {spec}: models[1].engine: "), line
+    assert "trident-multinode-server" in line and "llama70b-trtllm" in line
