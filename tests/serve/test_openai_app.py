@@ -233,3 +233,17 @@ def test_max_tokens_above_the_models_context_is_400_naming_the_field():
         assert "2048" in response.json()["error"]["message"]
     assert not triton.calls
     assert client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2048}).status_code == 200
+
+
+def test_an_unknown_body_field_is_400_on_both_endpoints_and_the_next_request_is_served():
+    # Issue 34: unknown fields were taken and ignored without a word.
+    client, triton = client_for(ANSWER)
+    prompt = {"model": "router", "prompt": "Hi"}
+    for path, body in (("/v1/chat/completions", CHAT), ("/v1/completions", prompt)):
+        response = client.post(path, json={**body, "max_toknes": 5})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "max_toknes" and error["code"] == "unknown_parameter"
+        assert "unknown" in error["message"] and "\n" not in error["message"]
+        assert client.post(path, json={**body, "max_tokens": 5}).status_code == 200
+    assert len(triton.calls) == 2  # the refused ones never reached Triton

@@ -126,8 +126,6 @@ def test_a_keyed_client_cannot_set_its_tier_or_any_tenant_input():
             **CHAT,
             "tier": "premium",
             "tenant": "bob",
-            "priority": -100,
-            "cache_salt": "bobs-salt",
             "conversation_id": "c-1",
         },
         headers={
@@ -147,6 +145,15 @@ def test_a_keyed_client_cannot_set_its_tier_or_any_tenant_input():
     }
     sent = {t.name() for t in build_inputs(generation, ModelInfo("router", inputs, False))}
     assert sent == {"messages", "tenant", "conversation_id"}
+    # The engine's tenant inputs in the body are refused, naming them (issue 34: they were
+    # dropped without a word); their X-Trident-* headers above are no hint, and ignored.
+    for name, value in (("priority", -100), ("cache_salt", "bobs-salt")):
+        response = client.post(
+            "/v1/chat/completions",
+            json={**CHAT, name: value},
+            headers={"Authorization": f"Bearer {SECRET}"},
+        )
+        assert response.status_code == 400 and response.json()["error"]["param"] == name
     # Without keys the network is trusted: the client's own hints pass.
     triton = RecordingTriton([Piece("Hi", "stop", 1, 1)])
     TestClient(create_app("unused", triton)).post(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -333,3 +334,118 @@ def test_an_unknown_adapter_is_400_naming_it_and_no_backend(message):
     error = from_triton(message, "router", {"lora_name": "nope"})
     assert (error.status, error.param, error.code) == (400, "lora_name", "adapter_not_found")
     assert "'nope'" in error.message and "smollm2" not in error.message
+
+
+# -- unknown body fields (issue 34: they were taken and ignored without a word) -------------
+
+PROMPT = {"model": "m", "prompt": "Once"}
+
+
+@pytest.mark.parametrize(
+    "parse, body, field",
+    [
+        (parse_chat, {"model": "router", "messages": HELLO}, "max_token"),  # a typo
+        (parse_chat, {"model": "router", "messages": HELLO}, "guided_json"),  # vLLM's, not ours
+        (parse_chat, {"model": "router", "messages": HELLO}, "chat_template_kwargs"),
+        (parse_chat, {"model": "router", "messages": HELLO}, "echo"),  # completions' field
+        (parse_chat, {"model": "router", "messages": HELLO}, "prompt"),
+        (parse_completion, PROMPT, "max_completion_tokens"),  # chat's field
+        (parse_completion, PROMPT, "response_format"),
+        (parse_completion, PROMPT, "messages"),
+        (parse_completion, PROMPT, "extra_body"),  # the SDK's argument sent as a field
+    ],
+)
+def test_an_unknown_body_field_is_400_naming_it(parse, body, field):
+    for value in (1, None, {"x": 1}):  # a null is no excuse: OpenAI refuses it too
+        error = error_of(parse, {**body, field: value})
+        assert error.status == 400 and error.param == field
+        assert error.code == "unknown_parameter" and error.type == "invalid_request_error"
+        assert "unknown" in error.message and field in error.message
+        assert "\n" not in error.message
+
+
+def test_an_unknown_fields_name_is_shown_on_one_line_and_bounded():
+    name = "x\n" * 1000
+    error = error_of(chat, **{name: 1, "other": 2})
+    assert error.code == "unknown_parameter" and "\n" not in error.message
+    assert len(error.message) < 400 and len(error.param) <= 103
+    assert "1 more" in error.message
+
+
+@pytest.mark.parametrize("field", ["priority", "cache_salt"])
+def test_a_tenant_input_in_the_body_is_400_naming_it(field):
+    # The router sets them from the spec's tenants (interface.py TENANT_INPUTS); a client's
+    # were dropped without a word.
+    for parse, body in (
+        (parse_chat, {"model": "router", "messages": HELLO}),
+        (parse_completion, PROMPT),
+    ):
+        error = error_of(parse, {**body, field: 0})
+        assert error.status == 400 and error.param == field
+        assert error.code == "unsupported_parameter" and "tenant" in error.message
+
+
+def sdk_fields(module) -> set:
+    """Every body field the openai SDK's create() can send for an endpoint."""
+    params = module.CompletionCreateParamsStreaming
+    return set(params.__required_keys__ | params.__optional_keys__)
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_no_field_the_openai_sdk_sends_is_refused_as_unknown(kind):
+    openai_types = pytest.importorskip("openai.types")
+    if kind == "chat":
+        from openai.types.chat import completion_create_params as params
+
+        parse, body = parse_chat, {"model": "router", "messages": HELLO}
+    else:
+        params = openai_types.completion_create_params
+        parse, body = parse_completion, PROMPT
+    fields = sdk_fields(params)
+    assert {"model", "stream", "temperature"} <= fields
+    for field in sorted(fields - set(body)):
+        try:
+            parse({**body, field: None})
+        except OpenAIError as error:  # refused for its own reason (`stream: null`) only
+            assert error.code != "unknown_parameter", (field, error.message)
+
+
+def test_every_field_the_parser_reads_is_a_known_field():
+    # A field read from the body (body.get("...")) that the known fields lack would be
+    # refused before it is read.
+    from pathlib import Path
+
+    import builder.serve.openai as package
+    from builder.serve.openai.protocol import KNOWN_FIELDS
+
+    folder = Path(package.__file__).parent
+    read = set()
+    for name in ("protocol.py", "tools.py", "structured.py"):
+        read |= set(re.findall(r'body\.get\("([a-z_]+)"', (folder / name).read_text()))
+    assert {"messages", "prompt", "lora_name", "tools", "echo"} <= read
+    assert read <= KNOWN_FIELDS["chat"] | KNOWN_FIELDS["completion"], read - (
+        KNOWN_FIELDS["chat"] | KNOWN_FIELDS["completion"]
+    )
+
+
+def test_the_extensions_are_accepted_on_both_endpoints():
+    extensions = {
+        "lora_name": "fr",
+        "top_k": 5,
+        "min_p": 0.1,
+        "repetition_penalty": 1.1,
+        "min_tokens": 1,
+        "ignore_eos": True,
+        "stop_token_ids": [2],
+        "include_stop_str_in_output": True,
+        "skip_special_tokens": False,
+        "route": "fast",
+        "task": "chat",
+        "family": "small",
+        "tenant": "acme",
+        "tier": "gold",
+        "conversation_id": "c1",
+        "shared_prefix": "p",
+    }
+    for g in (chat(**extensions), parse_completion({**PROMPT, **extensions})):
+        assert g.lora_name == "fr" and g.sampling["top_k"] == 5 and g.hints["route"] == "fast"

@@ -21,10 +21,15 @@ from builder.serve.openai.structured import response_format
 
 DEFAULT_LIMITS = Limits()
 
-# Router inputs a request may set; the body wins over the header of the same name. The
-# router's own list (trident_common/interface.py), loaded by path as errors.py loads the
-# error table: builder.render.context would bring jinja2 and the spec into the frontend.
-HINTS: tuple[str, ...] = tuple(runtime_modules.load("interface").HINT_NAMES)
+# trident's tensor interface (trident_common/interface.py), loaded by path as errors.py
+# loads the error table: builder.render.context would bring jinja2 and the spec into the
+# frontend.
+_INTERFACE = runtime_modules.load("interface")
+# Router inputs a request may set; the body wins over the header of the same name.
+HINTS: tuple[str, ...] = tuple(_INTERFACE.HINT_NAMES)
+# The engine's tenant inputs (priority, cache_salt): the router sets them from the spec's
+# tenants, never from a request, so a body field of these names is refused (not dropped).
+TENANT_ONLY: tuple[str, ...] = tuple(tensor.name for tensor in _INTERFACE.TENANT_INPUTS)
 HINT_HEADER_PREFIX = "x-trident-"  # x-trident-route, x-trident-conversation-id ...
 ROLES = {
     "system": "system",
@@ -59,6 +64,88 @@ EXTRAS = {
     "include_stop_str_in_output": "bool",
     "skip_special_tokens": "bool",
 }
+# OpenAI's request fields, per endpoint, as the API reference and the openai SDK's
+# create() send them (openai/types/chat/completion_create_params.py and
+# openai/types/completion_create_params.py; tests/serve/test_openai_protocol.py checks
+# that the installed SDK sends none missing here). Those in UNSUPPORTED are refused by
+# name; OpenAI's own bookkeeping and features without an engine counterpart here
+# (metadata, store, service_tier, prompt_cache_*, safety_identifier, moderation,
+# reasoning_effort, verbosity, function_call without functions) are taken and not
+# acted on.
+OPENAI_FIELDS = {
+    "chat": frozenset(
+        {
+            "model",
+            "messages",
+            "stream",
+            "stream_options",
+            "n",
+            "max_completion_tokens",
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "seed",
+            "stop",
+            "logit_bias",
+            "logprobs",
+            "top_logprobs",
+            "user",
+            "tools",
+            "tool_choice",
+            "parallel_tool_calls",
+            "response_format",
+            "modalities",
+            "functions",
+            "function_call",
+            "audio",
+            "prediction",
+            "web_search_options",
+            "metadata",
+            "store",
+            "service_tier",
+            "prompt_cache_key",
+            "prompt_cache_options",
+            "prompt_cache_retention",
+            "safety_identifier",
+            "moderation",
+            "reasoning_effort",
+            "verbosity",
+        }
+    ),
+    "completion": frozenset(
+        {
+            "model",
+            "prompt",
+            "stream",
+            "stream_options",
+            "n",
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "seed",
+            "stop",
+            "logit_bias",
+            "logprobs",
+            "user",
+            "echo",
+            "best_of",
+            "suffix",
+        }
+    ),
+}
+# trident's extensions, on both endpoints (`extra_body`): the adapter, vLLM's sampling
+# extras and the router's hints.
+EXTENSIONS = frozenset({"lora_name", *EXTRAS, *HINTS})
+# Every body field an endpoint knows; any other is a 400 `unknown_parameter` naming it.
+# TENANT_ONLY are known in order to be refused with their reason.
+KNOWN_FIELDS = {
+    kind: fields | EXTENSIONS | frozenset(TENANT_ONLY) for kind, fields in OPENAI_FIELDS.items()
+}
+PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 # A LoRA adapter's name (trident's spec allows letters, digits, `_`, `-`, `.`).
 ADAPTER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
@@ -90,7 +177,7 @@ class Generation:
 def parse_chat(
     body: Any, headers: Mapping[str, str] = {}, limits: Limits = DEFAULT_LIMITS
 ) -> Generation:
-    body = _object(body)
+    body = _object(body, "chat")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("messages", "'messages' must be a non-empty list of messages")
@@ -124,7 +211,7 @@ def parse_chat(
 def parse_completion(
     body: Any, headers: Mapping[str, str] = {}, limits: Limits = DEFAULT_LIMITS
 ) -> Generation:
-    body = _object(body)
+    body = _object(body, "completion")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -176,13 +263,37 @@ def parse_completion(
 # -- request parts --------------------------------------------------------------------------
 
 
-def _object(body: Any) -> dict:
+def _object(body: Any, kind: str) -> dict:
+    """The body, once it is an object of fields this endpoint knows: an unknown field,
+    an unsupported one or a tenant input is a 400 naming it, never ignored."""
     if not isinstance(body, dict):
         raise invalid(None, "the request body must be a JSON object")
     for name, what in UNSUPPORTED.items():
         if body.get(name) not in (None, [], False):
             raise invalid(name, f"{what} is not supported", "unsupported_parameter")
+    for name in TENANT_ONLY:
+        if name in body:
+            raise invalid(
+                name,
+                f"'{name}' is set by the router from the tenant (the spec's tenants), "
+                "never by a request",
+                "unsupported_parameter",
+            )
+    unknown = [name for name in body if name not in KNOWN_FIELDS[kind]]
+    if unknown:
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        raise invalid(
+            _bounded(unknown[0]),
+            f"unknown parameter {_show(unknown[0], 80)}{more}: {PATHS[kind]} takes "
+            "OpenAI's parameters and trident's extensions (docs/openai.md, Parameters)",
+            "unknown_parameter",
+        )
     return body
+
+
+def _bounded(name: str, limit: int = 100) -> str:
+    """A client's field name as `param`, cut to a length fit to send back."""
+    return name if len(name) <= limit else name[:limit] + "..."
 
 
 def _model(body: dict) -> str:
