@@ -72,6 +72,12 @@ def drain_timeout_option(help: str):
     )
 
 
+def otlp_traces_option(help: str):
+    """--otlp-traces-endpoint: where OpenTelemetry traces go (builder/serve/tracing.py),
+    over the standard OTEL_* environment."""
+    return click.option("--otlp-traces-endpoint", default=None, metavar="URL", help=help)
+
+
 def _model_names(_ctx, _param, values: tuple) -> tuple:
     for value in values:
         if not value or not all(c.isalnum() or c in "_-." for c in value):

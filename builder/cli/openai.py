@@ -11,6 +11,7 @@ from builder.cli.common import (
     complete_dir,
     drain_timeout_option,
     expose_option,
+    otlp_traces_option,
 )
 from builder.spec import ServerSpec
 
@@ -61,6 +62,12 @@ from builder.spec import ServerSpec
     "on SIGTERM or Ctrl-C: refuse new requests (503) and give the answers in flight "
     "this long to finish; what is left then ends with a `server_shutdown` error"
 )
+@otlp_traces_option(
+    "export OpenTelemetry traces (OTLP over HTTP) of the frontend here: a span per "
+    "request, child of the client's traceparent, whose own traceparent goes to Triton; "
+    "default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT (the other "
+    "OTEL_* settings as `trident serve` reads them); none: nothing is traced"
+)
 def openai_command(
     triton_url: str,
     port: int,
@@ -70,6 +77,7 @@ def openai_command(
     max_body_bytes: int | None,
     repo: str | None,
     drain_timeout_s: float,
+    otlp_traces_endpoint: str | None,
 ) -> int:
     """Serve OpenAI's API (/v1/models, /v1/chat/completions, /v1/completions) for the
     exposed models of a running tritonserver (`router` unless --expose names others),
@@ -87,7 +95,9 @@ def openai_command(
     from builder.serve.openai.limits import Limits
     from builder.serve.openai.policy import DEFAULT_EXPOSE
     from builder.serve.openai.runner import run
+    from builder.serve.tracing import from_environment
 
+    tracing = from_environment(otlp_traces_endpoint)  # TracingError: one line, exit 2
     keys = None if api_keys_file is None else load_keys(api_keys_file)
     limits = Limits() if max_body_bytes is None else Limits(max_body_bytes=max_body_bytes)
     expose = expose or DEFAULT_EXPOSE
@@ -105,6 +115,7 @@ def openai_command(
         limits,
         None if repo is None else Path(repo),
         drain_timeout_s,
+        tracing.provider() if tracing is not None else None,
     )
     return 0
 

@@ -15,6 +15,7 @@ from builder.cli.common import (
     complete_dir,
     drain_timeout_option,
     expose_option,
+    otlp_traces_option,
     sigterm_as_interrupt,
 )
 from builder.errors import TridentError
@@ -87,14 +88,11 @@ LOOPBACK = "127.0.0.1"  # as builder.serve.server's, not imported: `--help` stay
     "take to finish while new requests are refused (what still runs then is ended "
     "with an error); a second signal stops at once"
 )
-@click.option(
-    "--otlp-traces-endpoint",
-    default=None,
-    metavar="URL",
-    help="export OpenTelemetry traces (OTLP over HTTP) of the frontend and tritonserver "
+@otlp_traces_option(
+    "export OpenTelemetry traces (OTLP over HTTP) of the frontend and tritonserver "
     "here; default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT "
     "(OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES and OTEL_TRACES_SAMPLER are honoured); "
-    "none: nothing is traced",
+    "none: nothing is traced"
 )
 @click.option(
     "--no-self-test",
@@ -172,6 +170,7 @@ def serve(
     frontend = None
     if openai_port is not None:
         from builder.serve.openai.runner import Frontend, check_port
+        from builder.serve.openai.traces import TRACER
 
         check_port(openai_host, openai_port)  # before minutes of model loading
     if api_keys_file is not None:
@@ -209,7 +208,7 @@ def serve(
                     repo=repo_dir,
                     admin_key=server.admin_key,
                     metrics_url=server.metrics_url,
-                    tracer=traces.get_tracer("trident.openai") if traces else None,
+                    tracer=traces.get_tracer(TRACER) if traces else None,
                 ).start()
                 drain.frontend = frontend
                 click.echo(f"OpenAI API: {frontend.url}/v1")

@@ -26,6 +26,7 @@ from builder.serve.openai.guard import guarded
 from builder.serve.openai.limits import Limits
 from builder.serve.openai.policy import DEFAULT_EXPOSE
 from builder.serve.openai.repository import context_tokens
+from builder.serve.openai.traces import TRACER
 from builder.serve.openai.triton import Triton
 from builder.serve.server import port_in_use
 from builder.spec import ServerSpec
@@ -98,16 +99,29 @@ def run(
     limits: Limits = Limits(),
     repo: Path | None = None,
     drain_timeout_s: float = ServerSpec.drain_timeout_s,
+    traces: Any = None,
 ) -> None:
     """Serve until SIGTERM or Ctrl-C, then drain (DrainingServer) and return. `repo`:
-    the repository Triton serves, read for the models' context lengths."""
+    the repository Triton serves, read for the models' context lengths; `traces`: an
+    OpenTelemetry tracer provider (builder/serve/tracing.py) when traces are on."""
     check_port(host, port)
     drain = DrainGate()
     config = _config(
-        triton_url, host, port, api_keys, expose, with_repository(limits, repo), drain=drain
+        triton_url,
+        host,
+        port,
+        api_keys,
+        expose,
+        with_repository(limits, repo),
+        drain=drain,
+        tracer=traces.get_tracer(TRACER) if traces is not None else None,
     )
     server = DrainingServer(config, drain, drain_timeout_s)
-    server.run()
+    try:
+        server.run()
+    finally:
+        if traces is not None:
+            traces.shutdown()  # the spans still batched leave now
     if not server.started:
         raise FrontendError(f"the OpenAI frontend did not start on {host}:{port}")
 

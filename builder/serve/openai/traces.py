@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+TRACER = "trident.openai"  # the frontend's tracer (instrumentation scope) name
+
 # The traceparent of the request being served, for its calls to Triton (None: untraced).
 TRACEPARENT: ContextVar[str | None] = ContextVar("trident_traceparent", default=None)
 
