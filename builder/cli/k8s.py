@@ -71,6 +71,12 @@ _ttft_option = click.option(
     help="what the gateway does while the picker does not answer: FailOpen (its own "
     "choice among the pool's pods; default) or FailClose (refuse)",
 )
+@click.option(
+    "--gateway-class",
+    metavar="NAME",
+    help="with --inference-pool: also a Gateway of this GatewayClass (one HTTP listener, "
+    "port 80) and an HTTPRoute from it to the pool (gateway.networking.k8s.io/v1)",
+)
 @_ttft_option
 def k8s(
     spec: str,
@@ -83,6 +89,7 @@ def k8s(
     pool_name: str | None,
     epp_image: str | None,
     epp_failure_mode: str | None,
+    gateway_class: str | None,
     ttft_p99: float,
 ) -> int:
     """Render Kubernetes manifests for a spec: `kubectl apply -k DIR`."""
@@ -102,6 +109,7 @@ def k8s(
         pool_name=pool_name,
         epp_image=epp_image,
         epp_failure_mode=epp_failure_mode,
+        gateway_class=gateway_class,
     )
     access.check(loaded, options)  # before planning: cheap to refuse
     pool.check(loaded, options)

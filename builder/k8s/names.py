@@ -97,6 +97,16 @@ def check_pinned_image(value: str, where: str) -> str:
     return value
 
 
+def check_gateway_class(value: str) -> str:
+    """A GatewayClass's name: an object name (a DNS subdomain)."""
+    if not _SUBDOMAIN.fullmatch(value):
+        raise K8sError(
+            f"--gateway-class: {_shown(value)} is not a GatewayClass name (lower-case "
+            "letters, digits, '-' and '.', at most 253 characters)"
+        )
+    return value
+
+
 def check_pool_name(value: str) -> str:
     if len(value) > POOL_NAME_LIMIT or not _LABEL_1035.fullmatch(value):
         raise K8sError(

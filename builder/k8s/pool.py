@@ -15,6 +15,9 @@ One pool per serving workload: the StatefulSet's pods (the server with its route
 each LeaderWorkerSet's leaders (a model spanning nodes; its workers serve nothing). Each
 pool has its own picker (a picker serves exactly one pool: `--pool-name`) with its
 ServiceAccount and Role, its configuration in a ConfigMap, its Deployment and Service.
+With `tenants:` in the spec, an InferenceObjective per tenant tier and pool (the priority
+a client asks for with the header OBJECTIVE_HEADER); with `--gateway-class`, a Gateway
+(gateway.networking.k8s.io/v1) of that class and an HTTPRoute from it to the pool.
 
 What was read in GIE's source at tag v1.5.0 (commit df9f8909) to write this:
 - config/charts/inferencepool/values.yaml, templates/inferencepool.yaml, rbac.yaml and
@@ -27,7 +30,20 @@ What was read in GIE's source at tag v1.5.0 (commit df9f8909) to write this:
 - pkg/epp/framework/plugins/datalayer/extractor/metrics/factories.go: the
   `core-metrics-extractor`'s engineLabelKey/defaultEngine/engineConfigs;
 - pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/: the
-  prefix-cache scorer's parameters (given to its producer: blockSizeTokens, autoTune).
+  prefix-cache scorer's parameters (given to its producer: blockSizeTokens, autoTune);
+- pkg/epp/controller/inferenceobjective_reconciler.go, pkg/epp/handlers/request.go,
+  pkg/epp/metadata/consts.go, pkg/epp/requestcontrol/director.go and admission.go,
+  pkg/common/error/error.go: a picker keeps the InferenceObjectives whose poolRef (name
+  and group) is its pool, by name; a request names one in the header
+  `x-gateway-inference-objective` (none, or an unknown name: priority 0); without flow
+  control (a feature gate, off) the priority matters only when negative: such a request
+  is refused with 429 while the pool is saturated
+  (pkg/epp/framework/plugins/flowcontrol/saturationdetector/utilization/detector.go: the
+  mean over the candidate pods of max(waiting / 5, KV usage / 0.8), a pod whose metrics
+  are over 200 ms old counting 1, reaches 1);
+- config/charts/inferencepool/templates/httproute.yaml, inferenceobjectives.yaml and
+  config/manifests/gateway/*/gateway.yaml: the HTTPRoute (PathPrefix /, the pool as its
+  backendRef, a 300 s request timeout except on GKE) and the Gateway (listener `http`, 80).
 Pure: spec + layout + options -> objects.
 """
 
@@ -51,6 +67,23 @@ POOL_API = "inference.networking.k8s.io/v1"
 POOL_GROUP = "inference.networking.k8s.io"
 GIE_ALPHA_GROUP = "inference.networking.x-k8s.io"  # InferenceObjective, InferenceModelRewrite
 CONFIG_API = "inference.networking.x-k8s.io/v1alpha1"
+OBJECTIVE_API = "inference.networking.x-k8s.io/v1alpha2"
+GATEWAY_GROUP = "gateway.networking.k8s.io"
+GATEWAY_API = f"{GATEWAY_GROUP}/v1"
+# The header by which a request names its InferenceObjective (GIE v1.5.0's
+# pkg/epp/metadata/consts.go).
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+# A tenant tier (builder/spec/tenants.py's TIERS) -> its InferenceObjective's priority:
+# higher is more important; a request without an objective counts as 0, as standard
+# does. Batch is negative, so sheddable: refused with 429 while the pool is saturated
+# (its pods, on average, at 5 waiting requests or 0.8 KV usage: GIE's defaults) instead
+# of queueing in the pods.
+OBJECTIVE_PRIORITY = {"premium": 1, "standard": 0, "batch": -1}
+# The Gateway's one listener, and the HTTPRoute's request timeout (GIE's chart: 300 s;
+# left out for GKE's gateway classes, which do not support it, as the chart does).
+GATEWAY_LISTENER = {"name": "http", "port": 80, "protocol": "HTTP"}
+REQUEST_TIMEOUT = "300s"
+GKE_CLASS_PREFIX = "gke-l7-"
 FAILURE_MODES = ("FailOpen", "FailClose")
 EXT_PROC_PORT = 9002
 HEALTH_PORT = 9003
@@ -376,12 +409,79 @@ def _service_port(name: str, port: int) -> dict:
     return {"name": name, "port": port, "targetPort": port, "protocol": "TCP"}
 
 
+def objectives(spec: DeploymentSpec, lay: Layout, pool: Pool, options: Options) -> list[dict]:
+    """An InferenceObjective `<pool>-<tier>` per tenant tier of the spec, most important
+    first; none without `tenants:`. A client asks for one with the header
+    OBJECTIVE_HEADER: the gateway cannot tell a tenant from its key (trident's frontend,
+    inside the pod, does), and the router still applies the tenant's own tier there."""
+    if spec.tenants is None:
+        return []
+    tiers = sorted(spec.tenants.tiers(), key=lambda tier: -OBJECTIVE_PRIORITY[tier])
+    return [
+        {
+            "apiVersion": OBJECTIVE_API,
+            "kind": "InferenceObjective",
+            "metadata": names.metadata(
+                f"{pool.name}-{tier}", options.namespace, names.labels(lay.app, pool.component)
+            ),
+            "spec": {
+                "priority": OBJECTIVE_PRIORITY[tier],
+                # The picker compares the group too: stated, not left to the default.
+                "poolRef": {"group": POOL_GROUP, "kind": "InferencePool", "name": pool.name},
+            },
+        }
+        for tier in tiers
+    ]
+
+
+def gateway_objects(lay: Layout, pool: Pool, options: Options) -> list[dict]:
+    """A Gateway of --gateway-class with one HTTP listener, and an HTTPRoute from it to
+    the pool (every path: the OpenAI API), both named after the pool."""
+    gateway_class = options.gateway_class
+    assert gateway_class is not None
+    labels = names.labels(lay.app, f"{pool.component}-gateway")
+    rule: dict = {
+        "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+        "backendRefs": [{"group": POOL_GROUP, "kind": "InferencePool", "name": pool.name}],
+    }
+    if not gateway_class.startswith(GKE_CLASS_PREFIX):
+        rule["timeouts"] = {"request": REQUEST_TIMEOUT}
+    return [
+        {
+            "apiVersion": GATEWAY_API,
+            "kind": "Gateway",
+            "metadata": names.metadata(pool.name, options.namespace, labels),
+            "spec": {"gatewayClassName": gateway_class, "listeners": [dict(GATEWAY_LISTENER)]},
+        },
+        {
+            "apiVersion": GATEWAY_API,
+            "kind": "HTTPRoute",
+            "metadata": names.metadata(pool.name, options.namespace, labels),
+            "spec": {
+                "parentRefs": [{"group": GATEWAY_GROUP, "kind": "Gateway", "name": pool.name}],
+                "rules": [rule],
+            },
+        },
+    ]
+
+
 def manifests(spec: DeploymentSpec, lay: Layout, options: Options) -> dict[str, list[dict]]:
-    """File name -> objects: the pools, then their pickers."""
+    """File name -> objects: the pools, their objectives, their pickers, the gateway."""
     check(spec, options)
     found = pools(spec, lay, options)
+    if options.gateway_class is not None and len(found) > 1:
+        raise K8sError(
+            f"--gateway-class: the spec has {len(found)} serving workloads "
+            f"(pools {', '.join(p.name for p in found)}), which serve different models: a "
+            "Gateway cannot tell them apart by path (the model is in the request body); "
+            "render without --gateway-class and route to each pool yourself"
+        )
     pickers = [o for pool in found for o in picker_objects(spec, lay, pool, options)]
-    return {
-        "inferencepool.yaml": [inference_pool(spec, lay, p, options) for p in found],
-        "endpointpicker.yaml": pickers,
-    }
+    files = {"inferencepool.yaml": [inference_pool(spec, lay, p, options) for p in found]}
+    wanted = [o for pool in found for o in objectives(spec, lay, pool, options)]
+    if wanted:
+        files["inferenceobjectives.yaml"] = wanted
+    files["endpointpicker.yaml"] = pickers
+    if options.gateway_class is not None:
+        files["gateway.yaml"] = gateway_objects(lay, found[0], options)
+    return files

@@ -135,12 +135,14 @@ def options(
     pool_name: str | None = None,
     epp_image: str | None = None,
     epp_failure_mode: str | None = None,
+    gateway_class: str | None = None,
 ) -> Options:
     """Options from the command line, each checked (one-line errors, exit 2)."""
     for flag, value in (
         ("--pool-name", pool_name),
         ("--epp-image", epp_image),
         ("--epp-failure-mode", epp_failure_mode),
+        ("--gateway-class", gateway_class),
     ):
         if value is not None and not inference_pool:
             raise names.K8sError(f"{flag}: only with --inference-pool")
@@ -163,4 +165,7 @@ def options(
         if epp_image is not None
         else names.DEFAULT_EPP_IMAGE,
         epp_failure_mode=epp_failure_mode or pool.FAILURE_MODES[0],
+        gateway_class=names.check_gateway_class(gateway_class)
+        if gateway_class is not None
+        else None,
     )

@@ -60,6 +60,7 @@ class Options:
     pool_name: str | None = None
     epp_image: str = names.DEFAULT_EPP_IMAGE
     epp_failure_mode: str = "FailOpen"
+    gateway_class: str | None = None  # a Gateway of this class and an HTTPRoute to the pool
 
 
 @dataclass(frozen=True)
