@@ -68,6 +68,7 @@ from trident_common.interface import (
     RETURNABLE,
     ROUTER_PROOF,
     ROUTER_SECRET_ENV,
+    TRACEPARENT,
 )
 from trident_common.log import Log
 from trident_common.request import BadRequest, first_scalar, parse_messages
@@ -100,13 +101,13 @@ def forwardable(parameters: dict[str, Any] | None) -> dict[str, Any] | None:
     """Request parameters as a BLS request takes them: the stub accepts bool, int and
     str values only, so a float travels as its text (the engine models convert sampling
     values sent as text, as vllm_backend does). A client's ROUTER_PROOF is dropped: the
-    proof is the router's own (trust.py). None when there are none."""
+    proof is the router's own (trust.py), and so is a TRACEPARENT. None when there are none."""
     if not parameters:
         return None
     return {
         k: str(v) if isinstance(v, float) else v
         for k, v in parameters.items()
-        if isinstance(v, (bool, int, str, float)) and k != ROUTER_PROOF
+        if isinstance(v, (bool, int, str, float)) and k not in (ROUTER_PROOF, TRACEPARENT)
     }
 
 
@@ -458,7 +459,7 @@ class TritonPythonModel:
                 model_name=backend,
                 inputs=adapter.inputs(inputs, request_id, inbound.features.adapter),
                 requested_output_names=adapter.outputs,
-                parameters=self.signed(inbound.parameters, request_id, added),
+                parameters=self.signed(inbound.parameters, request_id, added, request),
             )
         except BadRequest as e:  # a value no engine could take (out of range)
             self.fail(sender, e.marked(), "bad_request")
@@ -505,13 +506,23 @@ class TritonPythonModel:
         return await self.finish(relay, backend, request_id, arrival)
 
     def signed(
-        self, parameters: dict[str, Any] | None, request_id: str, added: list[pb_utils.Tensor]
+        self,
+        parameters: dict[str, Any] | None,
+        request_id: str,
+        added: list[pb_utils.Tensor],
+        request: pb_utils.InferenceRequest | None = None,
     ) -> dict[str, Any]:
         """The parameters for a backend request: the client's, errors asked in band
-        (interface.ERRORS_IN_BAND: this relay could not read an error response), and the
-        router's proof for its id and the tenant values it sets (the tensors `added`)
-        when it has a key."""
+        (interface.ERRORS_IN_BAND: this relay could not read an error response), the
+        traceparent of this request's span when Triton traces it (the engine model's span
+        joins the trace: trident_common/tracing.py), and the router's proof for its id and
+        the tenant values it sets (the tensors `added`) when it has a key."""
         outgoing = {**(parameters or {}), ERRORS_IN_BAND: True}
+        traced = request.trace().get_context() if request is not None else None  # ~1 us
+        if traced:  # '{"traceparent": "00-..."}'; None when untraced
+            traceparent = json.loads(traced).get("traceparent")
+            if traceparent:
+                outgoing[TRACEPARENT] = traceparent
         if self.proof_key is None:
             return outgoing
         values = {t.name(): first_scalar(t.as_numpy()) for t in added}

@@ -166,6 +166,7 @@ def serve(
     tracing = from_environment(otlp_traces_endpoint)  # TracingError: one line, exit 2
     if tracing is not None:
         server.extra_args = (*server.extra_args, *tracing.triton_args())
+        server.extra_env = tracing.stub_environment()
     traces = tracing.provider() if tracing is not None and openai_port is not None else None
     frontend = None
     if openai_port is not None:

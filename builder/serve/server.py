@@ -110,6 +110,8 @@ class TritonServer:
     output: OutputTail | None = None
     # The folder through which `trident serve` tells the models it drains (drain.py).
     drain_folder: Path | None = None
+    # More of tritonserver's environment (its stubs inherit it): tracing's settings.
+    extra_env: dict[str, str] = field(default_factory=dict)
     # Per start (an operator's own from the environment is kept); on Triton's command line.
     admin_key: str = field(default_factory=lambda: admin.key_from(os.environ), repr=False)
 
@@ -166,7 +168,7 @@ class TritonServer:
             env[INTERFACE.DRAIN_DIR_ENV] = str(self.drain_folder)
         if needs_trtllm_orchestrator(Path(self.repository)):
             env["TRTLLM_ORCHESTRATOR"] = "1"
-        return env
+        return env | self.extra_env
 
     def start(self) -> None:
         taken = [

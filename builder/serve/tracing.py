@@ -12,11 +12,14 @@ is spent. OTLP over HTTP (protobuf), the one transport Triton's exporter speaks.
 Tritonserver exports its own spans (its `--trace-config mode=opentelemetry`): it reads
 `traceparent` from the gRPC metadata the frontend sends, so its spans of the router's
 request are the frontend span's children. The frontend exports its spans through
-opentelemetry-sdk, made only when traces are on. Not yet in the trace: the engine
-model's request, which the router makes over BLS. python_backend's way to carry a trace
+opentelemetry-sdk, made only when traces are on. The engine model's request, which the
+router makes over BLS, is not in Triton's trace: python_backend's way to carry a trace
 into a BLS call (`InferenceRequest(..., trace=request.trace())`) crashed the bundled
 tritonserver 2.51 in TRITONSERVER_ServerInferAsync when the trace came from a
-traceparent (seen here); the router does not pass it.
+traceparent (seen here). Instead the router hands the engine model its own span's
+traceparent (`request.trace().get_context()`, a request parameter), and the engine model
+exports its span itself (python_backends/trident_common/tracing.py), with the settings
+serve puts in tritonserver's environment (stub_environment). Not yet: vLLM's own spans.
 """
 
 from __future__ import annotations
@@ -65,16 +68,32 @@ class Tracing:
         service = environ.get("OTEL_SERVICE_NAME") or resource.pop("service.name", "") or "trident"
         return cls(url, service, resource, _ratio(environ))
 
+    @property
+    def triton_service(self) -> str:
+        """The service.name of tritonserver's spans and of its engine models'."""
+        return f"{self.service}-triton"
+
     def triton_args(self) -> tuple[str, ...]:
         """tritonserver's --trace-config for these settings."""
         rate = 0 if self.ratio <= 0 else max(1, round(1 / self.ratio))  # 1 in `rate`
-        resources = [f"service.name={self.service}-triton"] + [
+        resources = [f"service.name={self.triton_service}"] + [
             f"{k}={v}" for k, v in self.resource.items()
         ]
         args = ["mode=opentelemetry", "level=TIMESTAMPS", f"rate={rate}", "count=-1"]
         args += [f"opentelemetry,url={self.endpoint}"]
         args += [f"opentelemetry,resource={r}" for r in resources]
         return tuple(arg for setting in args for arg in ("--trace-config", setting))
+
+    def stub_environment(self) -> dict[str, str]:
+        """What tritonserver's environment tells its engine models, whose stubs inherit
+        it, for their own spans (python_backends/trident_common/tracing.py): where to
+        send them, under Triton's service name. Their sampling follows the router's
+        traceparent (the parent's sampled flag)."""
+        return {
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": self.endpoint,
+            "OTEL_SERVICE_NAME": self.triton_service,
+            "OTEL_RESOURCE_ATTRIBUTES": ",".join(f"{k}={v}" for k, v in self.resource.items()),
+        }
 
     def provider(self) -> Any:
         """The frontend's tracer provider (opentelemetry-sdk, OTLP over HTTP, batched):

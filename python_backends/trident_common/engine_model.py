@@ -22,12 +22,12 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trident_common import trust
+from trident_common import tracing, trust
 from trident_common.aborts import Aborts
 from trident_common.deltas import Delta
 from trident_common.drain import DrainWatch
 from trident_common.error_classes import DRAINING, SHUTDOWN
-from trident_common.interface import DRAIN_DIR_ENV, ROUTER_SECRET_ENV
+from trident_common.interface import DRAIN_DIR_ENV, ROUTER_SECRET_ENV, TRACEPARENT
 from trident_common.log import Log
 from trident_common.outbox import Outbox, Outlet, quietly
 from trident_common.placement import apply_device_placement
@@ -88,6 +88,12 @@ class _Active:
     cut: bool = False  # the drain's timeout ended it (drain.py)
     send_error: Exception | None = None  # sending one of its responses raised
     in_band: bool = False  # its caller takes errors in band (interface.ERRORS_IN_BAND)
+    # Its span, when traces are on and the router sent a traceparent (tracing.py), and
+    # what the span says when it ends.
+    span: Any = None
+    final: Delta | None = None
+    ttft_s: float | None = None
+    error: str | None = None
 
 
 class AsyncEngineModel(abc.ABC):
@@ -141,6 +147,7 @@ class AsyncEngineModel(abc.ABC):
                 "cache_salt or abort_request_id"
             )
         self.responses = ResponseFactory(self.model_name)
+        self.traces = tracing.EngineTraces.from_env(os.environ, self.model_name)
         self._adapter_responses: dict[str, ResponseFactory] = {}  # served_by model:adapter
         self.metrics = LlmMetrics(self.model_name)
         self.outbox = Outbox(
@@ -210,7 +217,10 @@ class AsyncEngineModel(abc.ABC):
                 self._count(None, self.metrics.errors)
                 quietly(send_error, sender, self.responses, self._refusal(), False, False, in_band)
             else:
-                self.loop.call_soon_threadsafe(self._start, parsed, sender, arrival, in_band)
+                trace = None
+                if self.traces is not None and parameters.get(TRACEPARENT):
+                    trace = (str(parameters[TRACEPARENT]), time.time_ns())
+                self.loop.call_soon_threadsafe(self._start, parsed, sender, arrival, in_band, trace)
         return None
 
     def finalize(self) -> None:
@@ -225,6 +235,8 @@ class AsyncEngineModel(abc.ABC):
             self._stop_loop()
             self.outbox.close(OUTBOX_CLOSE_S)  # the final flags of the cancelled ones
             self.metrics.finalize()
+            if self.traces is not None:
+                self.traces.close()
             gc.collect()  # any sender left in cyclic garbage: freed while the stub lives
 
     def _stop_loop(self) -> None:
@@ -268,16 +280,21 @@ class AsyncEngineModel(abc.ABC):
         sender: pb_utils.ResponseSender,
         arrival: float,
         in_band: bool = False,
+        trace: tuple[str, int] | None = None,
     ) -> None:
         """On the loop: register the generation and start its task in one step, so an
         abort queued after this request always finds it. Only the router's requests are
-        registered by id: a direct client stops its own by cancelling its stream."""
+        registered by id: a direct client stops its own by cancelling its stream.
+        `trace`: the router's traceparent and the arrival (ns since the epoch), for the
+        request's span."""
         client_id = request.request_id if request.proven else ""
         if client_id and self._aborts.overtaken(client_id):
             self._count(None, self.metrics.aborted)  # aborted before it arrived: never start
             quietly(sender.send, None, FINAL)
             return
         active = _Active(f"{self.model_name}-{next(self._ids)}", client_id, sender, in_band=in_band)
+        if trace is not None and self.traces is not None:
+            active.span = self.traces.start(*trace, client_id or active.engine_id)
         active.outlet = Outlet(
             sender,
             None,  # type: ignore[arg-type]  # _relay sets build before it pushes a delta
@@ -297,6 +314,17 @@ class AsyncEngineModel(abc.ABC):
 
     def _finished(self, active: _Active) -> None:
         self._close(active)
+        if active.span is not None:
+            final = active.final
+            tracing.end(
+                active.span,
+                final.input_tokens if final else None,
+                final.output_tokens if final else None,
+                final.finish_reason if final else None,
+                active.ttft_s,
+                active.error,
+            )
+            active.span = None
         self._later(active, self.metrics.in_flight.increment, -1)
         self._running.discard(active)
         self._aborts.unregister(active.client_id, active)
@@ -433,11 +461,12 @@ class AsyncEngineModel(abc.ABC):
         async for delta in self.stream(prompt, sampling, active.engine_id):
             if first_at is None and delta.output_tokens:
                 first_at = time.monotonic()  # written after this token's send (defer)
+                active.ttft_s = first_at - arrival
                 self.outbox.defer(
                     active.outlet, functools.partial(self.metrics.ttft.observe, first_at - arrival)
                 )
             if delta.finish_reason:
-                final = delta
+                final = active.final = delta
             if request.stream:
                 active.closed = final is not None  # the outlet sends its final flag
                 self.outbox.push(active.outlet, delta)
@@ -493,6 +522,7 @@ class AsyncEngineModel(abc.ABC):
     def _fail(self, active: _Active, message: str, client_fault: bool = False) -> None:
         """End a request with an error (and the final flag), once."""
         self._count(active, self.metrics.errors)
+        active.error = active.error or message
         if not client_fault:
             self.log.error(f"Request {active.client_id or active.engine_id} failed: {message}")
         if active.closed:

@@ -88,6 +88,11 @@ ROUTER_PROOF = "trident_router_proof"
 # request) and another call's iterator may get the error. A direct client may set it too:
 # it changes only how its own errors reach it.
 ERRORS_IN_BAND = "trident_errors_in_band"
+# The request parameter by which the router hands a backend request the W3C traceparent
+# of its own span in Triton's trace (traces on: builder/serve/tracing.py), so the engine
+# model's span (trident_common/tracing.py) joins the request's trace. The router never
+# forwards a client's parameter of this name.
+TRACEPARENT = "trident_traceparent"
 # The priority of a request without the router's proof: the least urgent tenant tier's
 # (batch, builder/spec/tenants.py TIERS; lower is scheduled first), so a direct caller,
 # who is nobody's tenant, never goes ahead of any tenant.

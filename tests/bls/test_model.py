@@ -240,7 +240,9 @@ class ClientInputs(dict):
 class ClientRequest:
     """A request Triton hands the router's execute()."""
 
-    def __init__(self, prompt="Hello", hints=None, parameters=None, messages=None, stream=True):
+    def __init__(
+        self, prompt="Hello", hints=None, parameters=None, messages=None, stream=True, traced=None
+    ):
         inputs = ClientInputs()
         if prompt is not None:
             inputs["text_input"] = string_tensor("text_input", prompt)
@@ -252,9 +254,14 @@ class ClientRequest:
         self.inputs = inputs
         self._parameters = json.dumps(parameters or {})
         self.sender = pb.ResponseSender()
+        # What Triton's trace.get_context() gives: None untraced, else its traceparent.
+        self.context = None if traced is None else json.dumps({"traceparent": traced})
 
     def get_response_sender(self):
         return self.sender
+
+    def trace(self):
+        return types.SimpleNamespace(get_context=lambda: self.context)
 
     def is_cancelled(self):
         return self.sender.cancelled
@@ -958,6 +965,17 @@ def test_request_parameters_travel_to_the_backend(router):
     assert sorted(backend.parameters[-1]) == sorted(
         [interface.ERRORS_IN_BAND, interface.ROUTER_PROOF]
     )
+
+
+def test_a_traced_request_hands_its_traceparent_to_the_backend_and_only_its_own(router):
+    backend = FakeBackend("primary")
+    model = router(backends=[backend])
+    ours = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    forged = {interface.TRACEPARENT: "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    run(model, ClientRequest(traced=ours, parameters=forged))
+    assert backend.parameters[-1][interface.TRACEPARENT] == ours
+    run(model, ClientRequest(parameters=forged))  # untraced: the client's is never passed on
+    assert interface.TRACEPARENT not in backend.parameters[-1]
 
 
 @pytest.mark.parametrize("finish_reason, sends", [("length", 3), ("None", 4), ("", 4)])

@@ -16,8 +16,8 @@ test (after test_restricted_api's). Here too are the `--load-model` subset, the 
 binds and the per-start router secret of a served repository, and its traces
 (builder/serve/tracing.py): the process exports OpenTelemetry spans to a loopback OTLP
 collector (support/otlp_collector.py), and one request's spans, from the client's
-traceparent through the frontend to the router's request in Triton, are one trace (the
-engine model's are not yet: builder/serve/tracing.py says why)."""
+traceparent through the frontend to the router's request in Triton and the engine
+model's own span under it, are one trace."""
 
 from __future__ import annotations
 
@@ -150,6 +150,12 @@ def test_one_request_is_one_trace_from_the_client_through_the_router(served):
         ),
         timeout_s=20,
     )
+    # The engine model's own span (trident_common/tracing.py), under the router's.
+    engine = (f"{SERVICE}-triton", "generate qwen")
+    wait_for(lambda: engine in trace(), timeout_s=20)
+    print("engine span's ancestors:", ancestors(trace()[engine]))
+    assert "router" in ancestors(trace()[engine])
+    assert trace()[engine].attributes["gen_ai.usage.output_tokens"] == 4
     frontend = trace()[(SERVICE, "POST /v1/completions")]
     assert frontend.parent_id == CLIENT_SPAN  # the client's span is its parent
     assert frontend.attributes["http.response.status_code"] == 200
