@@ -134,8 +134,8 @@ def serve(
     bundled Python 3.12 stub corrupts strings).
     """
     from builder.serve.drain import (
+        DRAINED_EXIT_GRACE_S,
         STOP_GRACE_S,
-        TRITON_EXIT_TIMEOUT_S,
         Drain,
         DrainRequested,
         drain_on_signal,
@@ -233,14 +233,13 @@ def serve(
     finally:
         if server.process is not None and server.process.poll() is None:
             click.echo("stopping tritonserver", err=True)
+            if drained:  # nothing in flight: Triton's exit runs while the frontend stops
+                server.terminate()
         if frontend is not None:
             frontend.stop()
         if traces is not None:
             traces.shutdown()  # the spans still batched leave now
-        # After a drain nothing is in flight, yet tritonserver 2.51 may not unload a model
-        # while a client keeps open the gRPC stream of a request that ended in an error,
-        # and its gRPC shutdown waits for that stream: its exit timeout, then the kill.
-        server.stop(grace_s=TRITON_EXIT_TIMEOUT_S + 1 if drained else STOP_GRACE_S)
+        server.stop(grace_s=DRAINED_EXIT_GRACE_S if drained else STOP_GRACE_S)
         drain.remove()
     return 0
 

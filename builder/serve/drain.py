@@ -28,6 +28,13 @@ from builder.errors import TridentError
 TRITON_EXIT_TIMEOUT_S = 5
 # TritonServer.stop: SIGKILL for the process group this long after its SIGTERM.
 STOP_GRACE_S = 10
+# After a drain nothing is in flight, so nothing is lost when tritonserver is killed: it
+# gets this long to unload its models (a double's in ~1 s), then its process group (the
+# stubs and their engines' processes) is killed. Triton 2.51 waits its whole exit timeout
+# whenever a client keeps open the gRPC stream of a request that ended in an error (the
+# drain's refusals), and unloads one model after another: a drained pod would take 5 s
+# or more to go where 1 s will do.
+DRAINED_EXIT_GRACE_S = 1.0
 # After the drain timeout the models end every answer still running with an error
 # (`server shutdown: `); they get this long to send it before tritonserver is stopped.
 CUTOFF_GRACE_S = 3
@@ -133,7 +140,10 @@ class Drain:
             self.wait(self.clock() + CUTOFF_GRACE_S - 1)
             if self.frontend is not None:
                 self.frontend.cut_off()  # what the models did not end, the frontend does
-                time.sleep(0.5)  # its last events on their way
+                # Its last events on their way: until it has none in flight, 0.5 s at most.
+                ends = self.clock() + 0.5
+                while self.frontend.in_flight and self.clock() < ends:
+                    time.sleep(WAIT_STEP_S)
         (self.folder / DRAINED).touch()
         report(f"drained in {self.clock() - began:.1f} s")
         return finished

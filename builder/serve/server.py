@@ -112,6 +112,7 @@ class TritonServer:
     drain_folder: Path | None = None
     # More of tritonserver's environment (its stubs inherit it): tracing's settings.
     extra_env: dict[str, str] = field(default_factory=dict)
+    _regions: set[str] = field(default_factory=set, repr=False)  # noted by terminate()
     # Per start (an operator's own from the environment is kept); on Triton's command line.
     admin_key: str = field(default_factory=lambda: admin.key_from(os.environ), repr=False)
 
@@ -363,12 +364,19 @@ class TritonServer:
         code = keeper.keep_serving(self, report, interval_s)
         raise ServeError(f"tritonserver exited with status {code}")
 
+    def terminate(self) -> None:
+        """SIGTERM the process group now, without waiting (stop() waits, then kills);
+        the shared memory its processes map is noted first, for stop() to remove."""
+        if self.process is not None and self.process.poll() is None:
+            self._regions = shm_regions_of_group(self.process.pid)
+            _signal_group(self.process.pid, signal.SIGTERM)
+
     def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
         """SIGTERM the process group, SIGKILL it after grace_s; remove the shared-memory
         regions this server's processes had mapped and left behind."""
         if self.process is None:
             return None
-        regions = shm_regions_of_group(self.process.pid)
+        regions = shm_regions_of_group(self.process.pid) | self._regions
         code = self.process.poll()
         if code is None:
             _signal_group(self.process.pid, signal.SIGTERM)
