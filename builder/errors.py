@@ -1,10 +1,16 @@
-"""The one base class of trident's own failures: the CLI prints them as one line."""
+"""The one base class of trident's own failures: the CLI prints them as one line; and
+trident's exit codes, defined here only."""
+
+EXIT_OK = 0
+EXIT_FAILURE = 1  # the job failed: invalid repository, server down, build failed
+EXIT_USAGE = 2  # bad input: a spec defect, a bad argument
+EXIT_INTERRUPTED = 130
 
 
 class TridentError(Exception):
-    """A failure to report without a traceback. exit_code 2 means bad input."""
+    """A failure to report without a traceback. exit_code EXIT_USAGE means bad input."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILURE
 
     def __init__(self, message: str = "", exit_code: int | None = None):
         super().__init__(message)

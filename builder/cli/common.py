@@ -1,4 +1,4 @@
-"""What the command modules share: exit codes, the group class, common options.
+"""What the command modules share: the group class, common options.
 
 Command modules import this, never builder.cli.main, so main can import them all without
 a cycle.
@@ -14,11 +14,6 @@ from click.shell_completion import CompletionItem
 
 from builder import signals
 from builder.spec import ServerSpec
-
-EXIT_OK = 0
-EXIT_FAILURE = 1  # the job failed: invalid repository, server down, build failed
-EXIT_USAGE = 2  # bad input: a spec defect, a bad argument
-EXIT_INTERRUPTED = 130
 
 
 class TridentGroup(click.Group):

@@ -14,8 +14,8 @@ import time
 
 import click
 
-from builder.cli.common import EXIT_USAGE, complete_dir, group, spec_option
-from builder.errors import TridentError
+from builder.cli.common import complete_dir, group, spec_option
+from builder.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, TridentError
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -135,7 +135,7 @@ def prebuild(spec: str, cache: str | None, local_cache: str | None) -> int:
         + ", ".join(f"{n} {word}" for word, n in counts.items())
         + f" of {len(outcomes)} engine(s)"
     )
-    return 1 if counts["failed"] else 0
+    return EXIT_FAILURE if counts["failed"] else EXIT_OK
 
 
 @engines.command("plan")
@@ -230,9 +230,9 @@ def verify(spec: str | None, cache: str | None, local_cache: str | None, key: st
         click.echo(problem, err=True)
     if problems:
         click.echo(f"{len(problems)} problem(s)", err=True)
-        return 1
+        return EXIT_FAILURE
     click.echo("OK")
-    return 0
+    return EXIT_OK
 
 
 @cache_group.command()

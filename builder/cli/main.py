@@ -17,8 +17,8 @@ import sys
 import click
 
 from builder.cli import completion, engines, k8s, logs, openai, placement, repository, serve
-from builder.cli.common import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, TridentGroup
-from builder.errors import TridentError, printable
+from builder.cli.common import TridentGroup
+from builder.errors import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, TridentError, printable
 from engine_cache.errors import CacheError
 from engine_cache.redact import redact
 

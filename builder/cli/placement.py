@@ -11,8 +11,8 @@ from pathlib import Path
 import click
 import yaml
 
-from builder.cli.common import EXIT_FAILURE, EXIT_USAGE, complete_file, group, spec_option
-from builder.errors import TridentError
+from builder.cli.common import complete_file, group, spec_option
+from builder.errors import EXIT_FAILURE, EXIT_USAGE, TridentError
 from builder.plan.topology import topology_candidates
 from builder.render import output_dir
 from builder.spec import load_spec

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from builder.cli.common import EXIT_FAILURE, complete_dir, sigterm_as_interrupt, spec_option
+from builder.cli.common import complete_dir, sigterm_as_interrupt, spec_option
+from builder.errors import EXIT_FAILURE
 
 
 @click.command()

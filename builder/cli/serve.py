@@ -10,7 +10,6 @@ from pathlib import Path
 import click
 
 from builder.cli.common import (
-    EXIT_USAGE,
     api_keys_option,
     complete_dir,
     drain_timeout_option,
@@ -18,7 +17,7 @@ from builder.cli.common import (
     otlp_traces_option,
     sigterm_as_interrupt,
 )
-from builder.errors import TridentError
+from builder.errors import EXIT_USAGE, TridentError
 from builder.spec import ServerSpec
 
 LOOPBACK = "127.0.0.1"  # as builder.serve.server's, not imported: `--help` stays fast

@@ -22,7 +22,7 @@ from builder.engines import lora as lora_mod
 from builder.engines import trtllm_build
 from builder.engines.lora import LoraBuild
 from builder.engines.trtllm_build import MachineProbe, Progress, Target, Tools
-from builder.errors import TridentError
+from builder.errors import EXIT_USAGE, TridentError
 from builder.plan import gpus
 from builder.spec import DeploymentSpec, EngineCacheSpec, ModelSpec
 from builder.spec import trtllm as trtllm_spec
@@ -157,7 +157,7 @@ def plan_jobs(
 ) -> list[EngineJob]:
     models = trtllm_models(spec)
     if not models:
-        raise TridentError(f"{spec.file}: no tensorrt_llm model to build", 2)
+        raise TridentError(f"{spec.file}: no tensorrt_llm model to build", EXIT_USAGE)
     jobs = [
         plan_job(spec, model, p, target, digest)
         for model in models
@@ -168,7 +168,7 @@ def plan_jobs(
         raise TridentError(
             f"{spec.file}: no tensorrt_llm model has a profile {profile!r} "
             f"(profiles: {', '.join(known)})",
-            2,
+            EXIT_USAGE,
         )
     return jobs
 
@@ -210,7 +210,7 @@ class CheckpointDigests:
             for rel, obj in _s3_objects(self.s3_client(), uri)
         ]
         if not records:
-            raise TridentError(f"checkpoint {uri}: no objects under this prefix", 2)
+            raise TridentError(f"checkpoint {uri}: no objects under this prefix", EXIT_USAGE)
         return hashlib.sha256(json.dumps(records, separators=(",", ":")).encode()).hexdigest()
 
 

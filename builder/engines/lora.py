@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from builder.errors import TridentError
+from builder.errors import EXIT_USAGE, TridentError
 from builder.spec import adapters as adapters_spec
 
 # Hugging Face module name → TRT-LLM's LoRA module (llama-style models).
@@ -62,7 +62,7 @@ _KEY = re.compile(r".*\.layers\.(\d+)\.(?:self_attn|mlp)\.([a-z_]+)\.lora_([AB])
 class AdapterError(TridentError):
     """An adapter folder that cannot be turned into TRT-LLM's LoRA format."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from builder.engines import lora as lora_mod
 from builder.engines.lora import LoraBuild
-from builder.errors import TridentError
+from builder.errors import EXIT_USAGE, TridentError
 from builder.spec.trtllm import BuildSettings, Checkpoint, Profile
 
 TRTLLM_TARGET_VERSION = "0.16"
@@ -51,7 +51,7 @@ SPECULATIVE_BUILD_MODES = {
 class ToolchainError(TridentError):
     """The build machine's TensorRT-LLM / TensorRT / GPU cannot be determined or disagree."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class BuildStepFailed(TridentError):

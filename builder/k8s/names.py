@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import re
 
-from builder.errors import TridentError, printable
+from builder.errors import EXIT_USAGE, TridentError, printable
 
-EXIT_USAGE = 2
 DEFAULT_IMAGE = "trident:0.1.0"
 PART_OF = "trident"
 # The Gateway API Inference Extension (GIE) release whose endpoint picker `trident k8s

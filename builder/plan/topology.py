@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import textfile
-from builder.errors import TridentError, printable
+from builder.errors import EXIT_USAGE, TridentError, printable
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _GPU_NAME = re.compile(r"^GPU(\d+)$")
@@ -34,7 +34,7 @@ CROSS_NUMA_SCORE = _PCIE_SCORES["SYS"]
 class TopologyError(TridentError):
     """Unreadable or inconsistent `nvidia-smi topo -m` output."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 def link_score(link: str) -> int:

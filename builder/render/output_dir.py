@@ -19,11 +19,10 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from builder.errors import TridentError, printable
+from builder.errors import EXIT_USAGE, TridentError, printable
 from builder.spec.yaml_loader import MAX_BYTES
 
 MARKER = ".trident-repository"
-EXIT_USAGE = 2
 
 
 class OutputDirError(TridentError):

@@ -24,7 +24,7 @@ import re
 import secrets
 from collections.abc import Mapping
 
-from builder.errors import TridentError
+from builder.errors import EXIT_USAGE, TridentError
 
 HEADER = "trident-admin"
 # Triton 2.51 looks for a restricted gRPC protocol's value under this prefixed metadata
@@ -40,7 +40,7 @@ _KEY_CHARS = re.compile(r"[A-Za-z0-9_.~-]+")
 class AdminKeyError(TridentError):
     """An operator's admin key that Triton could not take or that is too short."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 def new_key() -> str:

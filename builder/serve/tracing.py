@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from builder.errors import TridentError
+from builder.errors import EXIT_USAGE, TridentError
 
 TRACES_PATH = "/v1/traces"
 FRONTEND_SERVICE = "trident-openai"
@@ -37,7 +37,7 @@ TRITON_SERVICE = "tritonserver"
 
 
 class TracingError(TridentError):
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from builder.errors import TridentError, printable
+from builder.errors import EXIT_USAGE, TridentError, printable
 from builder.spec.rules import default_of, kind_of, rule_of
 
 _REQUIRED = object()
@@ -30,7 +30,7 @@ def anchored(pattern: str) -> str:
 class SpecError(TridentError):
     """A defect in a spec file: `file: field.path: reason`."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
     def __init__(self, file: str, path: str, reason: str):
         self.file, self.path, self.reason = file, path, reason

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bls.tenant_names import TENANT_RE
 from builder import textfile
-from builder.errors import TridentError, printable
+from builder.errors import EXIT_USAGE, TridentError, printable
 from builder.serve.openai.errors import OpenAIError
 
 # 16 MiB: a line is a key (~50 bytes), a tenant name and a newline, so this holds well
@@ -31,7 +31,7 @@ MAX_KEYS_BYTES = 16 << 20
 class KeysFileError(TridentError):
     """The keys file cannot be used; the message says why (never a key)."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 def load_keys(path: str | Path) -> dict:
