@@ -20,6 +20,12 @@ traceparent (seen here). Instead the router hands the engine model its own span'
 traceparent (`request.trace().get_context()`, a request parameter), and the engine model
 exports its span itself (python_backends/trident_common/tracing.py), with the settings
 serve puts in tritonserver's environment (stub_environment). Not yet: vLLM's own spans.
+
+A collector that is down, slow or refusing costs a request nothing: the frontend's spans
+leave through the same bounded export as the engine models' (trident_common/tracing.py
+export_processor: bounded queue, short export timeout, on the SDK's thread), and the
+spans it loses are counted in LOSSES, served on the frontend's GET /metrics
+(loss_exposition).
 """
 
 from __future__ import annotations
@@ -29,11 +35,43 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from builder import runtime_modules
 from builder.errors import EXIT_USAGE, TridentError
+
+_common = runtime_modules.load("tracing")  # trident_common/tracing.py (no SDK import)
 
 TRACES_PATH = "/v1/traces"
 FRONTEND_SERVICE = "trident-openai"
 TRITON_SERVICE = "tritonserver"
+
+
+# The frontend's spans lost on their way out, over the process (every provider() of it).
+LOSSES = _common.SpanLosses()
+SPANS_DROPPED = "trident:trace_spans_dropped_total"
+SPANS_EXPORT_FAILED = "trident:trace_spans_export_failed_total"
+
+
+def loss_exposition() -> bytes:
+    """The Prometheus text of the frontend's two loss counters (no labels)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily
+
+    class Losses:
+        def collect(self) -> Any:
+            yield CounterMetricFamily(
+                SPANS_DROPPED.removesuffix("_total"),
+                "Spans of the OpenAI frontend dropped: its trace export queue was full",
+                value=LOSSES.dropped,
+            )
+            yield CounterMetricFamily(
+                SPANS_EXPORT_FAILED.removesuffix("_total"),
+                "Spans of the OpenAI frontend the collector refused or did not take in time",
+                value=LOSSES.failed,
+            )
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Losses())
+    return generate_latest(registry)
 
 
 class TracingError(TridentError):
@@ -98,17 +136,17 @@ class Tracing:
     def provider(self) -> Any:
         """The frontend's tracer provider (opentelemetry-sdk, OTLP over HTTP, batched):
         its get_tracer() for the spans, its shutdown() sends what is left."""
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
         provider = TracerProvider(
             resource=Resource.create({**self.resource, "service.name": self.service}),
             sampler=ParentBased(TraceIdRatioBased(self.ratio)),
         )
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(self.endpoint)))
+        # Bounded and counted (trident_common/tracing.py): a dead collector never slows a
+        # request, and LOSSES says how many spans it cost.
+        provider.add_span_processor(_common.export_processor(self.endpoint, LOSSES))
         return provider
 
 

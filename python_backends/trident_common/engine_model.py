@@ -150,6 +150,8 @@ class AsyncEngineModel(abc.ABC):
         self.traces = tracing.EngineTraces.from_env(os.environ, self.model_name)
         self._adapter_responses: dict[str, ResponseFactory] = {}  # served_by model:adapter
         self.metrics = LlmMetrics(self.model_name)
+        # The spans lost on their way out, written with the health gauge (_watch_health).
+        self._trace_losses = self.metrics.trace_losses() if self.traces is not None else None
         self.outbox = Outbox(
             f"{self.engine_name}-send",
             lambda active, error: self.loop.call_soon_threadsafe(self._client_left, active, error),
@@ -408,6 +410,10 @@ class AsyncEngineModel(abc.ABC):
         while True:
             dead = self.engine_dead()
             self.metrics.engine_healthy.set(0 if dead else 1)
+            if self.traces is not None and self._trace_losses is not None:
+                for metric, lost in zip(self._trace_losses, self.traces.losses.take(), strict=True):
+                    if lost:
+                        metric.increment(lost)
             if dead is not None and not reported:
                 reported = True
                 self.log.error(f"The engine of model {self.model_name} died: {dead}")

@@ -221,6 +221,23 @@ class LlmMetrics:
             )
         return self._adapters[adapter]
 
+    def trace_losses(self) -> tuple[Metric, Metric]:
+        """The engine model's spans lost on their way to the collector (traces on only:
+        trident_common/tracing.py): dropped at a full export queue, failed to export."""
+        return tuple(  # type: ignore[return-value]
+            self._set.metric(name, description, COUNTER, {"model": self._model})
+            for name, description in (
+                (
+                    "trident_trace_spans_dropped_total",
+                    "Spans of the engine model dropped: its export queue was full",
+                ),
+                (
+                    "trident_trace_spans_export_failed_total",
+                    "Spans of the engine model the collector refused or did not take in time",
+                ),
+            )
+        )
+
     def finalize(self) -> None:
         """Stop writing; the series stay for the model's next instance."""
         self._set.close()

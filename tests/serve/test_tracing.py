@@ -1,25 +1,35 @@
 """Tracing's settings (builder/serve/tracing.py) from the standard OpenTelemetry
 environment: off unless an endpoint is set, Triton's --trace-config from them, and bad
 values refused in one line; `trident openai`'s span of a request, exported to a loopback
-collector. The traces through Triton: tests/server/test_drain.py."""
+collector; a dead or hanging collector fails no request and the spans it cost are
+counted. The traces through Triton: tests/server/test_drain.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
 import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
+from builder import runtime_modules
 from builder.cli.main import main
+from builder.serve.openai.app import create_app
+from builder.serve.openai.tensors import Piece
+from builder.serve.openai.traces import TRACER
 from builder.serve.server import free_port
-from builder.serve.tracing import Tracing, TracingError
+from builder.serve.tracing import SPANS_DROPPED, SPANS_EXPORT_FAILED, Tracing, TracingError
 from support.otlp_collector import Collector
 from tests.helpers import wait_for
+from tests.serve.test_pod_metrics import MeteredTriton
 
 
 def test_without_an_endpoint_nothing_is_traced():
@@ -137,3 +147,55 @@ def _status(url: str) -> int:
         return e.code
     except (urllib.error.URLError, OSError):
         return 0
+
+
+def _losses(client) -> tuple[float, float]:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    samples = {
+        s.name: s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+    return samples[SPANS_DROPPED], samples[SPANS_EXPORT_FAILED]
+
+
+def test_a_dead_collector_fails_no_request_and_the_lost_spans_are_counted():
+    """200 requests through the frontend with every span sampled and the collector down
+    (a port nobody listens on): all are answered, and once the provider has tried to
+    send what it holds, /metrics counts every one of the 200 spans as lost."""
+    provider = Tracing(f"http://127.0.0.1:{free_port()}/v1/traces", "t", {}, 1.0).provider()
+    triton = MeteredTriton([Piece("Hello", "stop", 3, 1, "smollm2")])
+    client = TestClient(create_app("unused", triton, tracer=provider.get_tracer(TRACER)))
+    before = _losses(client)
+    body = {"model": "router", "prompt": "Hi", "max_tokens": 4}
+    statuses = [client.post("/v1/completions", json=body).status_code for _ in range(200)]
+    assert statuses == [200] * 200
+    provider.shutdown()  # the spans still queued are sent now: refused, counted
+    dropped, failed = (after - was for after, was in zip(_losses(client), before, strict=True))
+    assert dropped + failed == 200
+
+
+def test_a_hanging_collector_costs_an_ended_span_nothing_and_a_full_queue_drops_counted():
+    """A collector that takes the connection and never answers holds the SDK's export
+    thread for the export timeout; meanwhile spans end at once, what the bounded queue
+    cannot hold is dropped, and every span is counted as sent, dropped or failed."""
+    common = runtime_modules.load("tracing")
+    from opentelemetry.sdk.trace import TracerProvider
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # connections are taken by the kernel, never answered
+        losses = common.SpanLosses(capacity=8)
+        provider = TracerProvider()
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}/v1/traces"
+        provider.add_span_processor(common.export_processor(endpoint, losses))
+        tracer = provider.get_tracer("test")
+        started = time.monotonic()
+        for i in range(200):
+            tracer.start_span(f"span {i}").end()
+        assert time.monotonic() - started < 1.0  # never waited for the collector
+        provider.shutdown()
+    assert losses.dropped >= 200 - 2 * 8  # the queue, and one batch being sent
+    assert losses.dropped + losses.failed == 200
+    assert losses.take() == (losses.dropped, losses.failed) and losses.take() == (0, 0)

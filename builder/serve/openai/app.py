@@ -132,11 +132,19 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics():
-        """The pod's load for an endpoint picker (pod_metrics.py): no key, no tenant."""
-        if triton.metrics_url is None:
+        """The pod's load for an endpoint picker (pod_metrics.py): no key, no tenant.
+        With traces on, the frontend's lost spans too (builder/serve/tracing.py)."""
+        text = b""
+        if tracer is not None:
+            from builder.serve.tracing import loss_exposition
+
+            text = loss_exposition()
+        elif triton.metrics_url is None:
             raise OpenAIError(404, "this frontend was given no Triton metrics port", "not_found")
-        load = pod_load(await triton.metrics_text(), await triton.models())
-        return Response(load.exposition(), media_type=CONTENT_TYPE)
+        if triton.metrics_url is not None:
+            load = pod_load(await triton.metrics_text(), await triton.models())
+            text = load.exposition() + text
+        return Response(text, media_type=CONTENT_TYPE)
 
     @app.get("/health/live")
     async def live():
