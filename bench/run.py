@@ -22,6 +22,7 @@ BENCHMARKS = [
     "vllm_backend",
     "anchor",
     "openai_frontend",
+    "trace_cost",
     "lora",
     "tenant_check",
     "cache_restore",

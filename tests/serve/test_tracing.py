@@ -199,3 +199,19 @@ def test_a_hanging_collector_costs_an_ended_span_nothing_and_a_full_queue_drops_
     assert losses.dropped >= 200 - 2 * 8  # the queue, and one batch being sent
     assert losses.dropped + losses.failed == 200
     assert losses.take() == (losses.dropped, losses.failed) and losses.take() == (0, 0)
+
+
+def test_an_unsampled_request_hands_triton_no_traceparent():
+    """tritonserver 2.51 traces any request carrying a traceparent, sampled or not
+    (bench/trace_cost.py): the frontend passes one on only for a sampled span."""
+    from builder.serve.openai.traces import TRACEPARENT, request_span
+
+    scope = {"method": "POST", "path": "/v1/completions", "headers": []}
+    for ratio, handed in ((0.0, False), (1.0, True)):
+        provider = Tracing(f"http://127.0.0.1:{free_port()}/v1/traces", "t", {}, ratio).provider()
+        with request_span(provider.get_tracer(TRACER), scope):
+            assert (TRACEPARENT.get() is not None) == handed
+        unsampled = [(b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")]
+        with request_span(provider.get_tracer(TRACER), {**scope, "headers": unsampled}):
+            assert TRACEPARENT.get() is None  # the client's unsampled parent is honoured
+        provider.shutdown()

@@ -37,7 +37,11 @@ def request_span(tracer: Any, scope: dict) -> Iterator[Any]:
     ) as span:
         carrier: dict[str, str] = {}
         propagator.inject(carrier)  # this span's own context, for Triton
-        token = TRACEPARENT.set(carrier.get("traceparent"))
+        # Only a sampled one: tritonserver 2.51 traces every request that carries a
+        # traceparent, its sampled flag and its own rate notwithstanding (bench/trace_cost.py
+        # counted Triton's spans of unsampled requests).
+        sampled = span.get_span_context().trace_flags.sampled
+        token = TRACEPARENT.set(carrier.get("traceparent") if sampled else None)
         try:
             yield span
         finally:

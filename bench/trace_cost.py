@@ -1,0 +1,214 @@
+"""What traces cost a request: TTFT p50 through the OpenAI frontend with traces off, on
+but unsampled, and on and sampled, side by side in one run (issue 38).
+
+Three servers of bench/zero_cost.py's deployment (the SGLang double behind `router`: a
+first token in a few ms, so what is left is Triton, the router, the frontend and what
+tracing adds to them), each with its own `trident openai`:
+- off: no endpoint (no tracer, tritonserver without --trace-config);
+- unsampled: an endpoint and OTEL_TRACES_SAMPLER=traceidratio, _ARG=0 (the frontend's
+  ParentBased(TraceIdRatioBased(0)); tritonserver's --trace-config rate=0, the engine
+  models' span only under a sampled traceparent);
+- sampled: the same with _ARG=1 (every request: the frontend's span, Triton's spans of
+  the router's request, the engine model's span).
+Every config's spans go to one loopback OTLP collector (support/otlp_collector.py) in a
+process of its own, which counts what came per service: none should come unsampled.
+
+Single streamed requests over bench/openai_frontend.py's raw HTTP client (one keep-alive
+connection per config), the three configs in turn per round, their order rotating, after
+a warm-up of each. Targets (issue 38): unsampled TTFT p50 <= off + 1%, sampled <= +3%.
+Usage: .venv/bin/python -m bench.trace_cost [OUT_DIR]  (about 1.5 minutes)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.common import bench_result
+from bench.openai_frontend import MAX_TOKENS, RawHTTP, stop_frontend
+from bench.zero_cost import deployment
+from builder.pipeline import build_repository
+from builder.serve import admin
+from builder.serve.server import TritonServer, free_port, start_on_free_ports
+from builder.serve.tracing import Tracing
+from builder.spec import parse_spec
+from support import sglang_double
+
+ROOT = Path(__file__).resolve().parent.parent
+OFF, UNSAMPLED, SAMPLED = "off", "unsampled", "sampled"
+CONFIGS = (OFF, UNSAMPLED, SAMPLED)
+RATIO = {UNSAMPLED: "0", SAMPLED: "1"}
+TARGET_PCT = {UNSAMPLED: 1.0, SAMPLED: 3.0}
+REQUESTS = 400  # per config, interleaved
+WARM_UP = 20
+
+# The collector, alone in its process: its endpoint on the first line, then, once its
+# stdin closes, the spans it got per service (JSON).
+COLLECTOR = """
+import collections, json, sys
+from support.otlp_collector import Collector
+with Collector() as c:
+    print(c.endpoint, flush=True)
+    sys.stdin.read()
+    print(json.dumps(collections.Counter(s.service for s in c.spans)), flush=True)
+"""
+
+
+def start_config(
+    name: str, endpoint: str, work: Path, out_dir: Path
+) -> tuple[TritonServer, subprocess.Popen, str]:
+    """One server and its frontend, traced as `name` says."""
+    repo = work / f"repo_{name}"
+    build_repository(parse_spec(deployment(), "<bench>"), repo)
+    (repo / sglang_double.MODEL / "1" / "sglang.py").write_text(
+        sglang_double.zero_cost_shim(MAX_TOKENS * 2)
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    kwargs: dict = {}
+    if name != OFF:
+        env |= {
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint,
+            "OTEL_SERVICE_NAME": f"bench-{name}",
+            "OTEL_TRACES_SAMPLER": "traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": RATIO[name],
+        }
+        tracing = Tracing.from_env(env)
+        assert tracing is not None
+        kwargs = {"extra_args": tracing.triton_args(), "extra_env": tracing.stub_environment()}
+    server = start_on_free_ports(
+        repo, out_dir / f"trace_cost.{name}.tritonserver.log", timeout_s=120, **kwargs
+    )
+    port = free_port()
+    log_path = out_dir / f"trace_cost.{name}.frontend.log"
+    with open(log_path, "ab") as log:
+        frontend = subprocess.Popen(
+            [sys.executable, "-m", "builder.cli", "openai", "--triton", server.grpc_url]
+            + ["--port", str(port)],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env | {admin.KEY_ENV: server.admin_key},
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if frontend.poll() is not None:
+            raise RuntimeError(f"{name}: trident openai exited (log: {log_path})")
+        try:
+            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                return server, frontend, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{name}: trident openai did not answer within 60 s (log: {log_path})")
+
+
+async def measure(urls: dict[str, str]) -> dict[str, list[float]]:
+    """TTFT s of REQUESTS single requests per config, the configs' order rotating."""
+    clients = {name: RawHTTP(url) for name, url in urls.items()}
+    ttft: dict[str, list[float]] = {name: [] for name in urls}
+    try:
+        for name in urls:
+            for _ in range(WARM_UP):
+                await clients[name].stream("go")
+        for i in range(REQUESTS):
+            order = CONFIGS[i % 3 :] + CONFIGS[: i % 3]
+            for name in order:
+                ttft[name].append((await clients[name].stream("go"))[0])
+    finally:
+        for client in clients.values():
+            await client.close()
+    return ttft
+
+
+def rows_from(ttft: dict[str, list[float]], spans: dict[str, int]) -> list[dict]:
+    off = statistics.median(ttft[OFF]) * 1000
+    rows = [
+        {
+            "metric": "TTFT p50 ms, traces off",
+            "ours": off,
+            "direct": off,
+            "ratio": 1.0,
+            "target": "baseline",
+            "met": None,
+        }
+    ]
+    for name in (UNSAMPLED, SAMPLED):
+        ms = statistics.median(ttft[name]) * 1000
+        added = (ms / off - 1) * 100
+        got = sum(n for service, n in spans.items() if service.startswith(f"bench-{name}"))
+        rows.append(
+            {
+                "metric": f"TTFT p50 ms, traces on, {name} ({added:+.1f}%, {got} spans)",
+                "ours": ms,
+                "direct": off,
+                "ratio": ms / off,
+                "target": f"<= off + {TARGET_PCT[name]:g}%",
+                "met": added <= TARGET_PCT[name],
+            }
+        )
+    return rows
+
+
+def run(out_dir: Path) -> dict:
+    out_dir = Path(out_dir)
+    load_before = os.getloadavg()
+    collector = subprocess.Popen(
+        [sys.executable, "-c", COLLECTOR],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert collector.stdin is not None and collector.stdout is not None
+    endpoint = collector.stdout.readline().strip()
+    started: list[tuple[TritonServer, subprocess.Popen]] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="trident-bench-trace-") as tmp:
+            urls = {}
+            for name in CONFIGS:
+                server, frontend, urls[name] = start_config(name, endpoint, Path(tmp), out_dir)
+                started.append((server, frontend))
+            ttft = asyncio.run(measure(urls))
+            for server, frontend in started:  # their last spans leave as they stop
+                stop_frontend(frontend)
+                server.stop()
+            started = []
+    finally:
+        for server, frontend in started:
+            stop_frontend(frontend)
+            server.stop()
+        time.sleep(2)  # the engine stubs' last batches (sent at their finalize)
+        collector.stdin.close()
+        spans = json.loads(collector.stdout.readline() or "{}")
+        collector.wait(10)
+    return bench_result(
+        "trace_cost",
+        rows_from(ttft, spans),
+        {
+            "engine": "SGLang test double (zero cost)",
+            "requests": REQUESTS,
+            "max_tokens": MAX_TOKENS,
+            "client": "raw HTTP/1.1, one keep-alive connection per config",
+        },
+        {"ttft_s": ttft, "spans": spans, "load_average_before": load_before},
+    )
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "bench_results")
+    out.mkdir(parents=True, exist_ok=True)
+    result = run(out)
+    (out / "trace_cost.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["rows"], indent=2))
+    print("load average before/after:", result["raw"]["load_average_before"], os.getloadavg())
