@@ -82,6 +82,22 @@ def structured_outputs_settings(given: object) -> dict[str, Any]:
     return settings
 
 
+# The host memory vLLM's xgrammar compiler keeps compiled grammars in, per engine, in MB
+# (vLLM 0.32's VLLM_XGRAMMAR_CACHE_MB, read where the engine core builds its backend;
+# vLLM's default is 512). A compiled grammar held SmolLM2 (49k tokens) to 0.03-0.3 MB
+# for an everyday schema and 2.5-4 MB for a heavy one (1,000 optional or 2,000 required
+# properties); a 150k-token vocabulary makes them about 3x.
+# 64 MB keeps a couple of hundred everyday grammars of such a model and a dozen of the
+# largest, while a stream of distinct heavy schemas (issue 34: the engines grew by 3 GB
+# and never gave it back) costs each replica 64 MB, not 512; a miss only compiles again.
+XGRAMMAR_CACHE_MB = "64"
+
+
+def grammar_cache_default(environ: MutableMapping[str, str]) -> None:
+    """Bound the engine's grammar cache (XGRAMMAR_CACHE_MB) unless the operator did."""
+    environ.setdefault("VLLM_XGRAMMAR_CACHE_MB", XGRAMMAR_CACHE_MB)
+
+
 # The KV cache of a CPU instance when neither the spec (engine_args.kv_cache_memory_bytes)
 # nor the operator (VLLM_CPU_KVCACHE_SPACE) sizes it: vLLM's own default is a share of
 # the machine's memory, which two replicas on a small box would both claim.
@@ -158,6 +174,7 @@ class TritonPythonModel(AsyncEngineModel):
     async def start_engine(self, config: dict[str, Any]) -> None:
         if self._on_cpu:  # before vLLM is imported: it reads these as it starts
             cpu_engine_defaults(config, os.environ)
+        grammar_cache_default(os.environ)  # the engine core (a child process) inherits it
         from vllm import AsyncEngineArgs, SamplingParams
         from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams

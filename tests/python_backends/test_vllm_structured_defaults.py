@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +99,26 @@ def test_compact_json_only_on_a_backend_that_allows_it(module):
     assert module.structured_outputs_settings({"backend": "outlines"}) == {"backend": "outlines"}
     with pytest.raises(ValueError, match="structured_outputs_config must be an object"):
         module.structured_outputs_settings('{"backend": "xgrammar"}')
+
+
+CACHE = "VLLM_XGRAMMAR_CACHE_MB"
+
+
+def test_the_engines_grammar_cache_is_bounded(module, double_vllm, monkeypatch):
+    """vLLM keeps 512 MB of compiled grammars per engine by default (issue 34: heavy
+    schemas grew the engines by 3 GB): the model sets the bound before the engine starts,
+    where the engine core (a child process) inherits it, unless the operator set one."""
+    monkeypatch.delenv(CACHE, raising=False)
+    started(module, monkeypatch, {})
+    assert os.environ[CACHE] == module.XGRAMMAR_CACHE_MB == "64"
+    monkeypatch.setenv(CACHE, "256")
+    started(module, monkeypatch, {})
+    assert os.environ[CACHE] == "256"
+
+
+def test_the_grammar_cache_variable_is_this_vllms():
+    """The name is vLLM 0.32's (vllm/envs.py), read without importing vLLM."""
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations
+    envs = Path(list(spec.submodule_search_locations)[0]) / "envs.py"
+    assert f'"{CACHE}"' in envs.read_text()
