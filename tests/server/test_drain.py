@@ -142,17 +142,24 @@ def test_one_request_is_one_trace_from_the_client_through_the_router(served):
 
     # Triton's spans (its own service name) hang under the frontend's: the router
     # model's, under the request's. Each is exported as it ends, in its own time.
+    def seen() -> str:  # what came, for a failure's message
+        chains = {key: ancestors(span) for key, span in trace().items()}
+        return f"spans of the trace: {chains}; batches the collector lost: {collector.errors}"
+
     router = (f"{SERVICE}-triton", "router")
-    wait_for(
-        lambda: (
-            router in trace()
-            and ancestors(trace()[router]) == ["InferRequest", "POST /v1/completions"]
-        ),
-        timeout_s=20,
-    )
-    # The engine model's own span (trident_common/tracing.py), under the router's.
-    engine = (f"{SERVICE}-triton", "generate qwen")
-    wait_for(lambda: engine in trace(), timeout_s=20)
+    try:
+        wait_for(
+            lambda: (
+                router in trace()
+                and ancestors(trace()[router]) == ["InferRequest", "POST /v1/completions"]
+            ),
+            timeout_s=30,
+        )
+        # The engine model's own span (trident_common/tracing.py), under the router's.
+        engine = (f"{SERVICE}-triton", "generate qwen")
+        wait_for(lambda: engine in trace(), timeout_s=30)
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {seen()}") from None
     print("engine span's ancestors:", ancestors(trace()[engine]))
     assert "router" in ancestors(trace()[engine])
     assert trace()[engine].attributes["gen_ai.usage.output_tokens"] == 4
