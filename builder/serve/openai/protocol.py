@@ -72,71 +72,24 @@ EXTRAS = {
 # (metadata, store, service_tier, prompt_cache_*, safety_identifier, moderation,
 # reasoning_effort, verbosity, function_call without functions) are taken and not
 # acted on.
+_BOTH_ENDPOINTS = frozenset(
+    {
+        "model", "stream", "stream_options", "n", "max_tokens", "temperature", "top_p",
+        "presence_penalty", "frequency_penalty", "seed", "stop", "logit_bias", "logprobs",
+        "user",
+    }
+)  # fmt: skip
 OPENAI_FIELDS = {
-    "chat": frozenset(
-        {
-            "model",
-            "messages",
-            "stream",
-            "stream_options",
-            "n",
-            "max_completion_tokens",
-            "max_tokens",
-            "temperature",
-            "top_p",
-            "presence_penalty",
-            "frequency_penalty",
-            "seed",
-            "stop",
-            "logit_bias",
-            "logprobs",
-            "top_logprobs",
-            "user",
-            "tools",
-            "tool_choice",
-            "parallel_tool_calls",
-            "response_format",
-            "modalities",
-            "functions",
-            "function_call",
-            "audio",
-            "prediction",
-            "web_search_options",
-            "metadata",
-            "store",
-            "service_tier",
-            "prompt_cache_key",
-            "prompt_cache_options",
-            "prompt_cache_retention",
-            "safety_identifier",
-            "moderation",
-            "reasoning_effort",
-            "verbosity",
-        }
-    ),
-    "completion": frozenset(
-        {
-            "model",
-            "prompt",
-            "stream",
-            "stream_options",
-            "n",
-            "max_tokens",
-            "temperature",
-            "top_p",
-            "presence_penalty",
-            "frequency_penalty",
-            "seed",
-            "stop",
-            "logit_bias",
-            "logprobs",
-            "user",
-            "echo",
-            "best_of",
-            "suffix",
-        }
-    ),
-}
+    "chat": _BOTH_ENDPOINTS
+    | {
+        "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+        "parallel_tool_calls", "response_format", "modalities", "functions",
+        "function_call", "audio", "prediction", "web_search_options", "metadata", "store",
+        "service_tier", "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention",
+        "safety_identifier", "moderation", "reasoning_effort", "verbosity",
+    },
+    "completion": _BOTH_ENDPOINTS | {"prompt", "echo", "best_of", "suffix"},
+}  # fmt: skip
 # trident's extensions, on both endpoints (`extra_body`): the adapter, vLLM's sampling
 # extras and the router's hints.
 EXTENSIONS = frozenset({"lora_name", *EXTRAS, *HINTS})
