@@ -56,6 +56,15 @@ for name in sys.argv[2:]:
         (dest / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(dist.locate_file(f), dest / f)
 EOF
+# (c) the builtin models' config.json alone: the paced AsyncLLM double reads no weights, but
+# the render resolves a builtin model to its folder (builder/engines/assets.py: a folder with a
+# config.json is taken as built; building it needs torch, which the bundle leaves out)
+MODELS=$("$PY" -c 'from builder.engines.assets import models_dir; print(models_dir())')
+rm -rf .device/models
+for config in "$MODELS"/*/config.json; do
+  mkdir -p ".device/models/$(basename "$(dirname "$config")")"
+  cp "$config" ".device/models/$(basename "$(dirname "$config")")/"
+done
 # debug symbols off the few unstripped libraries (libpython 23 -> 4 MB, uvloop, ml_dtypes)
 # (only files with .debug_* sections: the auditwheel-patched ones are left as they are)
 find "$STAGE/py" -name '*.so*' -type f | while read -r f; do
