@@ -25,7 +25,12 @@ sequences (prompt + reply tokens) and reports the longest shared token prefix of
 prompt as cached_tokens.
 
 Scripting for tests: `fail_before_first`, `fail_after_chunks`, `abort_with_status`,
-`hold_after` (+ `release()`), `tokens_per_chunk`. Records: `calls`, `aborts`,
+`hold_after` (+ `release()`), `tokens_per_chunk`; `compile_s`, the seconds a request with
+a constraint (json_schema other than any object, regex, ebnf, structural_tag) waits for
+its grammar before its first chunk, as SGLang's scheduler holds it in its grammar queue,
+and `grammar_timeout_s`, after which SGLang gives up on that compile and aborts the
+request with status 400 in its own words (grammar_manager.py, SGLANG_GRAMMAR_MAX_POLL_
+ITERATIONS: the schema quoted whole). Records: `calls`, `aborts`,
 `shut_down`. Pacing for benchmarks: with PACE (a support.pacing.RateSource) set before the
 engine is made, tokens come at that rate, as from a GPU (TTFT, tokens/s per stream, a
 batch-wide limit), and a chunk holds every token made since the last one.
@@ -187,6 +192,8 @@ class Engine:
         self.abort_with_status: tuple[int, str] | None = None
         self.hold_after: int | None = None
         self.tokens_per_chunk = 1
+        self.compile_s = 0.0
+        self.grammar_timeout_s: float | None = None
         self._released = threading.Event()
         # records
         self.calls: list[dict] = []
@@ -272,6 +279,18 @@ class Engine:
         try:
             if self.fail_before_first is not None:
                 raise self.fail_before_first
+            key = _grammar_key(params)
+            if key is not None and self.compile_s:
+                timed_out = await self._compile(state)
+                if timed_out:
+                    reason = {
+                        "type": "abort",
+                        "message": f"Grammar preprocessing timed out: req.grammar_key={key!r}",
+                        "status_code": 400,
+                    }
+                    meta = {"id": rid, "finish_reason": reason, "prompt_tokens": 0}
+                    yield {"text": "", "output_ids": [], "meta_info": meta}
+                    return
             emitted: list[str] = []
             sent_text = ""
             chunks = 0
@@ -320,6 +339,18 @@ class Engine:
             self.tokenizer_manager.rid_to_state.pop(rid, None)
             if paced is not None and not paced.done:
                 self._batch.abort(paced)
+
+    async def _compile(self, state: dict) -> bool:
+        """Wait out the scripted compile; True when SGLang's own timeout ends it first.
+        An abort meanwhile lets the request go on to its abort chunk."""
+        loop = asyncio.get_running_loop()
+        done = loop.time() + self.compile_s
+        limit = None if self.grammar_timeout_s is None else loop.time() + self.grammar_timeout_s
+        while loop.time() < done and not state["aborted"]:
+            if limit is not None and loop.time() >= limit:
+                return True
+            await asyncio.sleep(0.005)
+        return False
 
     def _paced(self, tokens: int):
         """This request's paced tokens (None: unpaced). The step clock is made on first
@@ -395,6 +426,18 @@ def _logprobs(emitted: list[str], top: int, start: int) -> dict:
             + [(logprob - 1 - j, token_id(w), None) for j, w in enumerate(others)]
         )
     return {"output_token_logprobs": sampled, "output_top_logprobs": tops}
+
+
+def _grammar_key(params: dict) -> tuple[str, str] | None:
+    """The constraint SGLang compiles for these sampling params (its grammar_key), or
+    None; any JSON object is SGLang's built-in grammar, nothing to compile."""
+    schema = params.get("json_schema")
+    if schema is not None and json.loads(schema) != {"type": "object"}:
+        return ("json", schema)
+    for kind in ("regex", "ebnf", "structural_tag"):
+        if params.get(kind) is not None:
+            return (kind, params[kind])
+    return None
 
 
 def _as_list(value) -> list:

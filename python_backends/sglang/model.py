@@ -10,14 +10,22 @@ and the prefix (radix) cache's cached-token counts as a metric.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from trident_common.deltas import Delta
 from trident_common.engine_model import AsyncEngineModel
 from trident_common.request import BadRequest, GenerateRequest, check_adapter, check_sampling_keys
 from trident_common.sglang_logprobs import Positions, request_args
-from trident_common.structured import check_json_schema, to_sglang, with_tools
+from trident_common.structured import (
+    RESPONSE_FORMAT,
+    check_json_schema,
+    compiler_words,
+    needs_compile,
+    to_sglang,
+    with_tools,
+)
 from trident_common.tool_calls import Extract, call, collect, forced_calls
 
 # trident's sampling names (vLLM's, as clients of vllm_backend send them) → SGLang's
@@ -54,9 +62,21 @@ LOGPROBS = "logprobs"
 # out of memory, ...); an abort we asked for carries none.
 _CLIENT_ERROR = range(400, 500)
 
-# What make_sampling hands stream: SGLang's sampling_params, the LoRA adapter's name (None:
-# the base model), and how tool calls are read out of the answer (None: no tools).
-Sampling = tuple[dict[str, Any], str | None, Extract | None]
+# SGLang's words (sglang 0.5.23, constrained/grammar_manager.py) for a constraint its
+# scheduler could not compile, or gave up compiling (SGLANG_GRAMMAR_MAX_POLL_ITERATIONS):
+# aborts with status 400, whose message holds the whole schema (grammar_key).
+_GRAMMAR_TIMED_OUT = "Grammar preprocessing timed out"
+_GRAMMAR_FAILED = re.compile(r"Failed to compile (\w+) grammar: (.*)", re.S)
+
+
+class Sampling(NamedTuple):
+    """What make_sampling hands stream."""
+
+    params: dict[str, Any]  # SGLang's sampling_params
+    lora: str | None  # the LoRA adapter's name (None: the base model)
+    tools: Extract | None  # how tool calls are read out of the answer (None: no tools)
+    constraint: str = ""  # the parameter tag of its constraint ("" for none)
+    bounded: bool = False  # its constraint needs compiling (compile_bound.py)
 
 
 def map_sampling(params: dict[str, Any], max_tokens: int) -> dict[str, Any]:
@@ -144,9 +164,12 @@ class TritonPythonModel(AsyncEngineModel):
         lora = check_adapter(request.lora_name, self.loras, self.model_name)
         values, tag = with_tools(request.sampling, request.tool_plan)
         params = map_sampling(values, request.max_tokens)
+        tag = tag or RESPONSE_FORMAT  # SGLang's own json_schema etc. too
         if params.get("json_schema"):
-            check_json_schema(params["json_schema"], tag or "[response_format] ")
-        return params, lora, self._extractor(request)
+            check_json_schema(params["json_schema"], tag)
+        bounded = needs_compile(params)
+        constrained = bounded or bool(params.get("json_schema"))
+        return Sampling(params, lora, self._extractor(request), tag if constrained else "", bounded)
 
     def _extractor(self, request: GenerateRequest) -> Extract | None:
         """How the calls are read out of this request's answer (None: no tools): the
@@ -198,14 +221,13 @@ class TritonPythonModel(AsyncEngineModel):
             raise BadRequest(f"cannot apply the chat template: {e}") from None
 
     def stream(self, prompt: str, sampling: Sampling, engine_id: str) -> AsyncIterator[Delta]:
-        params, lora, tools = sampling
-        deltas = self._deltas(prompt, params, lora, engine_id)
-        return deltas if tools is None else collect(deltas, tools)
+        deltas = self._deltas(prompt, sampling, engine_id)
+        return deltas if sampling.tools is None else collect(deltas, sampling.tools)
 
     async def _deltas(
-        self, prompt: str, params: dict[str, Any], lora: str | None, engine_id: str
+        self, prompt: str, sampling: Sampling, engine_id: str
     ) -> AsyncIterator[Delta]:
-        params = dict(params)
+        params, lora = dict(sampling.params), sampling.lora
         logprobs = request_args(params.pop(LOGPROBS, None))
         positions = Positions(self._incremental, self._decode)
         chunks = await self.engine.async_generate(
@@ -219,10 +241,14 @@ class TritonPythonModel(AsyncEngineModel):
         texts = TextDeltas(self._incremental)
         cached, counted = 0, False
         try:
-            chunk = await _first_chunk(chunks)
+            # SGLang compiles a constraint before it schedules the request: the first
+            # chunk waits for the compile, bounded from here (compile_bound.py).
+            chunk = await self.first_outputs.first(
+                engine_id, _first_chunk(chunks), sampling.constraint if sampling.bounded else ""
+            )
             while chunk is not None:
                 cached = int((chunk.get("meta_info") or {}).get("cached_tokens") or cached)
-                delta = delta_from_chunk(chunk, texts)
+                delta = _delta(chunk, texts, sampling.constraint)
                 if logprobs:
                     delta.logprobs = positions.next(chunk.get("meta_info") or {})
                 if delta.finish_reason:
@@ -253,6 +279,31 @@ class TritonPythonModel(AsyncEngineModel):
         engine = getattr(self, "engine", None)  # None when the engine failed to start
         if engine is not None:
             engine.shutdown()
+
+
+def _delta(chunk: dict[str, Any], texts: TextDeltas, constraint: str) -> Delta:
+    """delta_from_chunk; SGLang's refusal of a constraint names the parameter it came
+    from (`constraint`, its tag), in words without the schema SGLang quotes."""
+    try:
+        return delta_from_chunk(chunk, texts)
+    except BadRequest as e:
+        refusal = grammar_refusal(str(e), constraint) if constraint else None
+        if refusal is None:
+            raise
+        raise BadRequest(refusal) from None
+
+
+def grammar_refusal(message: str, tag: str) -> str | None:
+    """trident's words for SGLang's abort of a constraint (None: not one of those)."""
+    if message.startswith(_GRAMMAR_TIMED_OUT):
+        return (
+            f"{tag}SGLang gave up compiling the constraint into a grammar (it took too "
+            "long): a simpler schema compiles in well under a second"
+        )
+    failed = _GRAMMAR_FAILED.match(message)
+    if failed:
+        return f"{tag}the {failed[1]} constraint cannot be compiled: {compiler_words(failed[2])}"
+    return None
 
 
 async def _first_chunk(chunks: AsyncIterator[dict[str, Any]]) -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from trident_common import tracing, trust
 from trident_common.aborts import Aborts
+from trident_common.compile_bound import CompileTimeout, FirstOutputs
 from trident_common.deltas import Delta
 from trident_common.drain import DrainWatch
 from trident_common.error_classes import DRAINING, SHUTDOWN
@@ -159,6 +160,9 @@ class AsyncEngineModel(abc.ABC):
         self._ids = itertools.count()
         self._running: set[_Active] = set()
         self._aborts = Aborts()  # the router's request ids, and its early aborts
+        # The subclasses' stream() awaits each request's first engine output through it:
+        # a constraint that compiles too long is the client's error (compile_bound.py).
+        self.first_outputs = FirstOutputs()
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(
             target=self.loop.run_forever, name=f"{self.engine_name}-loop", daemon=True
@@ -371,6 +375,12 @@ class AsyncEngineModel(abc.ABC):
                 self._count(active, self.metrics.aborted)
                 self._close(active)  # now: the engine's abort below may be slow
         except BadRequest as e:
+            if isinstance(e, CompileTimeout):  # the engine may go on compiling it a while
+                self.log.warning(
+                    f"Request {active.client_id or active.engine_id}: no output within "
+                    f"{self.first_outputs.timeout_s:g} s for a constrained request: "
+                    "ended as the client's error"
+                )
             self._fail(active, str(e), client_fault=True)
         except Exception as e:
             self._failed(active, e)

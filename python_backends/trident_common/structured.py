@@ -29,6 +29,8 @@ _VLLM_TUNING = {
     "whitespace_pattern",
 }
 _ANY_OBJECT = '{"type": "object"}'
+_ANY_OBJECT_SCHEMA = {"type": "object"}
+_SGLANG_KINDS = ("json_schema", "regex", "ebnf", "structural_tag")
 # xgrammar's messages start with the time and its source line: not the client's business.
 _XGRAMMAR_WHERE = re.compile(r"\[[\d:]+\] \S+?:\d+: ")
 
@@ -53,6 +55,31 @@ def with_tools(values: dict[str, Any], plan: ToolPlan | None) -> tuple[dict[str,
             "cannot go together"
         )
     return {**values, "structured_outputs": {"json": forced_schema(plan)}}, TOOLS
+
+
+def needs_compile(values: dict[str, Any]) -> bool:
+    """Whether sampling values hold a constraint an engine has to compile, in vLLM's words
+    (structured_outputs) or SGLang's (json_schema, regex, ebnf, structural_tag): any but
+    json_object (any JSON object), whose grammar every engine compiles once and keeps."""
+    structured = values.get("structured_outputs")
+    kinds = {}
+    if isinstance(structured, dict):
+        kinds = {
+            k: v for k, v in structured.items() if k not in _VLLM_TUNING and v not in (None, False)
+        }
+    kinds.update({name: values[name] for name in _SGLANG_KINDS if values.get(name)})
+    if len(kinds) != 1:
+        return bool(kinds)
+    ((kind, value),) = kinds.items()
+    if kind == "json_object":
+        return False
+    if kind in ("json", "json_schema"):
+        try:
+            schema = json.loads(value) if isinstance(value, str) else value
+        except ValueError:
+            return True
+        return bool(schema != _ANY_OBJECT_SCHEMA)
+    return True
 
 
 def check_json_schema(text: str, tag: str) -> None:

@@ -34,7 +34,12 @@ from trident_common.request import (  # noqa: E402
 )
 from trident_common.returns import logprobs_json, wants_logprobs  # noqa: E402
 from trident_common.sampling import check_token_ids  # noqa: E402
-from trident_common.structured import compiler_words, with_tools  # noqa: E402
+from trident_common.structured import (  # noqa: E402
+    FIELD,
+    compiler_words,
+    needs_compile,
+    with_tools,
+)
 from trident_common.tool_calls import Extract, ToolPlan, collect, forced_calls  # noqa: E402
 from trident_common.tool_calls import call as tool_call  # noqa: E402
 from trident_common.triton_io import (  # noqa: E402
@@ -255,6 +260,7 @@ class TritonPythonModel(AsyncEngineModel):
         check_sampling_keys(request.sampling, self._sampling_fields, "vllm")
         check_token_ids(request.sampling, self._vocabulary, self.model_name)
         values, constraint = with_tools(dict(request.sampling), request.tool_plan)
+        bounded = needs_compile(values)  # before structured_outputs becomes vLLM's class
         plan = request.tool_plan
         if plan is not None and not plan.forced:
             if self._tool_parser is None:
@@ -289,6 +295,8 @@ class TritonPythonModel(AsyncEngineModel):
             request.cache_salt,
             self.lora_for(request.lora_name),
             self._extractor(request),
+            constraint,
+            bounded,
         )
 
     def _check_constraint(self, params: SamplingParams, tag: str) -> None:
@@ -381,7 +389,13 @@ class TritonPythonModel(AsyncEngineModel):
             )
         )
         try:
-            first = await outputs.__anext__()
+            # The engine core compiles a constraint before it schedules the request: the
+            # first output waits for the compile, bounded from here (compile_bound.py).
+            first = await self.first_outputs.first(
+                engine_id, outputs.__anext__(), sampling.constraint if sampling.bounded else ""
+            )
+        except BadRequest:  # a ValueError too: the compile bound's, as it is
+            raise
         except self._client_errors as e:  # vLLM's request checks, e.g. prompt too long
             raise BadRequest(describe(e)) from None
         except self._generate_error as e:
@@ -398,6 +412,8 @@ class TritonPythonModel(AsyncEngineModel):
                 input_tokens = len(output.prompt_token_ids)
             completion = output.outputs[0]
             output_tokens += len(completion.token_ids)
+            if completion.finish_reason == "error":
+                raise _engine_error(sampling.constraint, output_tokens)
             yield Delta(
                 completion.text,
                 completion.finish_reason,
@@ -464,6 +480,22 @@ class _Call(NamedTuple):
     cache_salt: str | None
     lora: LoRARequest | None = None  # None for the base model
     tools: Extract | None = None  # text -> (content, calls): the tool calls' reader, if any
+    constraint: str = ""  # the parameter tag of its structured output ("" for none)
+    bounded: bool = False  # its constraint needs compiling (compile_bound.py)
+
+
+def _engine_error(constraint: str, output_tokens: int) -> Exception:
+    """vLLM's finish_reason "error" (its FINISHED_ERROR, which its own server answers
+    with a 500). Before any token of a constrained request, the engine core failed to
+    compile the constraint: vLLM finishes such a request so when the compile raised,
+    its regex compile timeout (VLLM_REGEX_COMPILATION_TIMEOUT_S) included. That is the
+    client's error, named; anything else is the engine's."""
+    if constraint and output_tokens == 0:
+        return BadRequest(
+            f"{constraint}{FIELD} cannot be compiled: the engine failed to compile it "
+            "into a grammar, or gave up on it taking too long"
+        )
+    return RuntimeError("the engine ended the request with an error (finish_reason error)")
 
 
 def _refuse_unhealthy(
