@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.helpers import wait_for
 from tests.python_backends.test_sglang_model import _serve, repo  # noqa: F401 (fixture)
 from tests.python_backends.test_vllm_health import module as vllm_module  # noqa: F401
 from trident_common import error_classes
@@ -134,7 +135,8 @@ def test_sglang_a_compile_past_the_bound_is_a_client_error_and_is_aborted(served
     assert (refused.error_class, refused.param) == (error_classes.CLIENT, param)
     assert f"no output within {BOUND_S:g} s" in refused.reason
     assert sender.final_flags() == 1
-    assert served.engine.aborts == [served.engine.calls[-1]["rid"]]  # stopped in the engine
+    rid = served.engine.calls[-1]["rid"]
+    wait_for(lambda: served.engine.aborts == [rid])  # stopped in the engine, after the answer
     # The engine goes on serving: the next request is answered.
     served.engine.compile_s = 0.0
     assert not served.run(messages=MESSAGES, **inputs).responses()[-1].has_error()

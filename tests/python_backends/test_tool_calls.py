@@ -266,3 +266,61 @@ def test_a_compilers_message_loses_where_in_its_source_it_was_raised():
 
     raw = "ValueError: [09:14:02] /workspace/cpp/json_schema_converter.cc:811: minimum > maximum"
     assert compiler_words(raw) == "ValueError: minimum > maximum"
+
+
+def _optional(n: int, prefix: str = "p") -> dict:
+    return {"type": "object", "properties": {f"{prefix}{i}": {"type": "string"} for i in range(n)}}
+
+
+@pytest.mark.parametrize(
+    "schema, words",
+    [
+        # 3,000 optional properties compiled for 31 s (constraint_bounds.py): a small
+        # schema's worth of text, far below the size and property bounds.
+        (_optional(3_000), "3000 optional object properties"),
+        (
+            {
+                "type": "object",
+                "properties": {"a": _optional(600, "a"), "b": _optional(600, "b")},
+                "required": ["a", "b"],
+            },
+            "1200 optional object properties",
+        ),
+        # 42 characters that took xgrammar over two minutes to convert.
+        ({"type": "string", "pattern": "a{1,50000}"}, "add up to 50000"),
+        (
+            {
+                "type": "object",
+                "properties": {
+                    "x": {"type": "string", "pattern": "^[a-z]{1,1500}$"},
+                    "y": {"type": "string", "pattern": "^[0-9]{1000}$"},
+                },
+                "required": ["x", "y"],
+            },
+            "add up to 2500",
+        ),
+        ({"type": "object", "patternProperties": {"^k{3000}$": {}}}, "add up to 3000"),
+    ],
+)
+def test_what_compiles_slowly_for_its_size_is_bounded_too(schema, words):
+    """Issue 34: optional properties and pattern repetitions cost far more compile time
+    than their text: refused as the client's error naming the parameter."""
+    for values, param in [
+        ({"structured_outputs": {"json": schema}}, "response_format"),
+        ({"json_schema": json.dumps(schema)}, "json_schema"),
+    ]:
+        with pytest.raises(BadRequest) as refused:
+            with_tools(values, None)
+        assert param_of(refused.value) == param and words in str(refused.value)
+
+
+def test_required_properties_escaped_braces_and_regex_constraints_are_not_counted():
+    required = _optional(2_000)
+    required["required"] = list(required["properties"])
+    assert with_tools({"structured_outputs": {"json": required}}, None)
+    assert with_tools({"structured_outputs": {"json": _optional(1_000)}}, None)
+    dates = {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$ \{99999\}"}
+    assert with_tools({"structured_outputs": {"json": dates}}, None)
+    # A regex or grammar constraint repeats cheaply (a{1,50000} compiles in 6 ms).
+    assert with_tools({"structured_outputs": {"regex": "a{1,50000}"}}, None)
+    assert with_tools({"regex": "a{1,50000}"}, None)
