@@ -99,3 +99,5 @@ class FirstOutputs:
             if not task.done():
                 task.cancel()
                 await asyncio.wait({task}, timeout=UNWIND_S)
+                if task.done() and not task.cancelled():
+                    task.exception()  # what it raised unwinding: retrieved, not logged
