@@ -60,6 +60,7 @@ from trident_common.error_classes import (
     triton_error,
 )
 from trident_common.interface import (
+    BLS_CALL_SLOTS,
     CACHE_SALT,
     DRAIN_DIR_ENV,
     ERRORS_IN_BAND,
@@ -90,11 +91,6 @@ READ_INPUTS = frozenset((*HINT_KEYS, *RETURN_FLAGS, "text_input", "messages", "s
 FIRST_TOKEN_WATCH_S = 0.02
 STREAM_WATCH_S = 0.2
 CONTROL_THREADS = 64  # BLS calls beyond the streams: aborts, probes, drains
-# The server side of BLS holds a thread of the Python backend's pool (thread-pool-size,
-# 32 by default) per call until that call's first response. Requests queued in an engine
-# would hold them all, and aborts and health probes then wait behind them: at most this
-# many requests wait for a first response at once, the rest wait in the router.
-BLS_CALL_SLOTS = 24
 
 
 def forwardable(parameters: dict[str, Any] | None) -> dict[str, Any] | None:

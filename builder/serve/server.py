@@ -148,6 +148,9 @@ class TritonServer:
             "--disable-auto-complete-config",
             f"--exit-timeout-secs={TRITON_EXIT_TIMEOUT_S}",
             "--log-verbose=0",
+            # Room in each model instance's pool for the router's BLS calls awaiting a first
+            # response and for every response sent meanwhile (interface.py says why).
+            f"--backend-config=python,thread-pool-size={INTERFACE.PYTHON_THREAD_POOL_SIZE}",
             *admin.server_args(self.admin_key),
         ]
         if install.backend_dir is not None:

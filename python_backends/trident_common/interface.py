@@ -93,6 +93,15 @@ ERRORS_IN_BAND = "trident_errors_in_band"
 # model's span (trident_common/tracing.py) joins the request's trace. The router never
 # forwards a client's parameter of this name.
 TRACEPARENT = "trident_traceparent"
+# How many of a router instance's BLS calls wait for their engine's first response at once
+# (the rest wait in the router, bls/model.py). In tritonserver each such call holds a thread
+# of the Python backend's per-instance pool until that response, and the same pool carries
+# every response the instance sends, so `trident serve` sizes the pool (python_backend's
+# `thread-pool-size`, 32 by default) at twice this (builder/serve/server.py). 24 calls in
+# Triton's default pool made 64 streams start in waves: +46 to +63 ms TTFT p50 over direct at
+# 64 x 100 tokens/s on 16 cores (docs/results/2026-12-04-gpu-rate-h200.md).
+BLS_CALL_SLOTS = 64
+PYTHON_THREAD_POOL_SIZE = 2 * BLS_CALL_SLOTS
 # The priority of a request without the router's proof: the least urgent tenant tier's
 # (batch, builder/spec/tenants.py TIERS; lower is scheduled first), so a direct caller,
 # who is nobody's tenant, never goes ahead of any tenant.

@@ -98,6 +98,15 @@ def test_model_control_without_the_key_is_refused_over_grpc(served):
     assert ready(f"http://127.0.0.1:{served.ports.http}", "qa")
 
 
+def test_each_model_instance_has_a_pool_sized_for_the_routers_bls_calls(served):
+    # python_backend makes one pool of thread-pool-size threads per model instance (one
+    # stub each) in tritonserver, at the instance's load: 32 each by Triton's default.
+    stubs = stub_processes(served.pid)
+    threads = len(os.listdir(f"/proc/{served.pid}/task"))
+    assert len(stubs) >= 2
+    assert threads >= len(stubs) * INTERFACE.PYTHON_THREAD_POOL_SIZE
+
+
 def test_inference_and_the_frontend_need_no_key(served):
     answer = client.stream_generate(
         f"127.0.0.1:{served.ports.grpc}", "router", "hi", max_tokens=4, timeout_s=60
