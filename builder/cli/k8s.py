@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from builder.cli.common import sigterm_as_interrupt, spec_option
+from builder.cli.common import otlp_traces_option, sigterm_as_interrupt, spec_option
 
 _ttft_option = click.option(
     "--ttft-p99-seconds",
@@ -77,6 +77,11 @@ _ttft_option = click.option(
     help="with --inference-pool: also a Gateway of this GatewayClass (one HTTP listener, "
     "port 80) and an HTTPRoute from it to the pool (gateway.networking.k8s.io/v1)",
 )
+@otlp_traces_option(
+    "the serving pods send OpenTelemetry traces here (OTLP over HTTP), with resource "
+    "attributes naming the pod, its workload, the deployment and the spec's digest "
+    "(docs/kubernetes.md)"
+)
 @_ttft_option
 def k8s(
     spec: str,
@@ -90,6 +95,7 @@ def k8s(
     epp_image: str | None,
     epp_failure_mode: str | None,
     gateway_class: str | None,
+    otlp_traces_endpoint: str | None,
     ttft_p99: float,
 ) -> int:
     """Render Kubernetes manifests for a spec: `kubectl apply -k DIR`."""
@@ -110,6 +116,7 @@ def k8s(
         epp_image=epp_image,
         epp_failure_mode=epp_failure_mode,
         gateway_class=gateway_class,
+        otlp_traces_endpoint=otlp_traces_endpoint,
     )
     access.check(loaded, options)  # before planning: cheap to refuse
     pool.check(loaded, options)

@@ -16,6 +16,7 @@ from builder.k8s import access, monitoring, names, pool, workloads
 from builder.k8s.workloads import Options
 from builder.plan.model import Plan
 from builder.render.write import write_repository
+from builder.serve.tracing import Tracing
 from builder.spec import DeploymentSpec
 
 KUSTOMIZATION = "kustomization.yaml"
@@ -136,6 +137,7 @@ def options(
     epp_image: str | None = None,
     epp_failure_mode: str | None = None,
     gateway_class: str | None = None,
+    otlp_traces_endpoint: str | None = None,
 ) -> Options:
     """Options from the command line, each checked (one-line errors, exit 2)."""
     for flag, value in (
@@ -168,4 +170,17 @@ def options(
         gateway_class=names.check_gateway_class(gateway_class)
         if gateway_class is not None
         else None,
+        otlp_traces_endpoint=_traces_endpoint(otlp_traces_endpoint),
     )
+
+
+def _traces_endpoint(url: str | None) -> str | None:
+    """--otlp-traces-endpoint checked as `trident serve` in the pod will check it
+    (builder/serve/tracing.py): refused here, in one line, rather than by a pod that then
+    never starts."""
+    if url is None:
+        return None
+    if not url or not url.isprintable():
+        raise names.K8sError("--otlp-traces-endpoint: empty or not one printable line")
+    Tracing.from_env({}, url)  # raises the serve command's own one-line error
+    return url

@@ -10,6 +10,7 @@ credentials only as a reference to a Secret), then the server container runs
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -61,6 +62,8 @@ class Options:
     epp_image: str = names.DEFAULT_EPP_IMAGE
     epp_failure_mode: str = "FailOpen"
     gateway_class: str | None = None  # a Gateway of this class and an HTTPRoute to the pool
+    # --otlp-traces-endpoint: where the serving pods send their traces (tracing_env)
+    otlp_traces_endpoint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -260,6 +263,47 @@ def grace_period_s(spec: DeploymentSpec) -> int:
     return shutdown_budget_s(spec.server.drain_timeout_s) + PRESTOP_MARGIN_S
 
 
+# The pod's own name and namespace in the serving container's environment (the downward
+# API), which OTEL_RESOURCE_ATTRIBUTES then names as $(VAR): Kubernetes expands a variable
+# defined earlier in the same list.
+POD_NAME_ENV, POD_NAMESPACE_ENV = "TRIDENT_POD_NAME", "TRIDENT_POD_NAMESPACE"
+
+
+def tracing_env(spec: DeploymentSpec, options: Options, workload: str) -> list[dict]:
+    """The serving container's OpenTelemetry settings when --otlp-traces-endpoint is given
+    (`trident serve` reads the standard environment, builder/serve/tracing.py): the
+    endpoint, and resource attributes saying which pod of which workload, deployment and
+    spec served a request, so a slow trace leads to its pod and its rollout. Ray workers
+    serve nothing and get none."""
+    if options.otlp_traces_endpoint is None:
+        return []
+    attributes = {
+        "k8s.pod.name": f"$({POD_NAME_ENV})",
+        "k8s.namespace.name": f"$({POD_NAMESPACE_ENV})",
+        "trident.workload": workload,
+        "trident.deployment": spec.name,
+        "trident.spec.sha256": spec_digest(spec),
+    }
+    return [
+        {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {
+            "name": POD_NAMESPACE_ENV,
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        },
+        {"name": "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "value": options.otlp_traces_endpoint},
+        {
+            "name": "OTEL_RESOURCE_ATTRIBUTES",
+            "value": ",".join(f"{key}={value}" for key, value in attributes.items()),
+        },
+    ]
+
+
+def spec_digest(spec: DeploymentSpec) -> str:
+    """The first 16 hex digits of the SHA-256 of the spec as its ConfigMap carries it: two
+    pods with the same digest render the same repository."""
+    return hashlib.sha256(Path(spec.file).read_bytes()).hexdigest()[:16]
+
+
 def _server_container(
     spec: DeploymentSpec,
     options: Options,
@@ -362,7 +406,10 @@ def server_statefulset(spec: DeploymentSpec, plan: Plan, lay: Layout, options: O
             options,
             _serve_command(spec, options, load, expose),
             resources,
-            env=access.server_env(spec, lay.app),
+            env=[
+                *access.server_env(spec, lay.app),
+                *tracing_env(spec, options, f"{lay.app}-server"),
+            ],
             mounts=mounts,
         ),
     ]
@@ -435,7 +482,14 @@ def model_leaderworkerset(
         lay.app,
         [
             _init_container(spec, options),
-            _server_container(spec, options, leader_command, resources, mounts=keys),
+            _server_container(
+                spec,
+                options,
+                leader_command,
+                resources,
+                env=tracing_env(spec, options, f"{lay.app}-{component}"),
+                mounts=keys,
+            ),
         ],
         True,
         shm,
