@@ -12,7 +12,7 @@ import re
 import pytest
 
 from builder.serve.tracing import Tracing
-from tests.k8s.test_access import H100X8, MULTINODE, render, refused, validate, write_spec
+from tests.k8s.test_access import H100X8, MULTINODE, refused, render, validate, write_spec
 
 ENDPOINT = "http://otel-collector.observability:4318/v1/traces"
 
@@ -39,9 +39,7 @@ def as_the_kubelet_sets_it(container: dict, pod: str, namespace: str) -> dict[st
         if "valueFrom" in item:
             env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
         else:
-            env[item["name"]] = re.sub(
-                r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), item["value"]
-            )
+            env[item["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), item["value"])
     return env
 
 
