@@ -216,7 +216,13 @@ class TritonPythonModel(AsyncEngineModel):
         loggers: list[Any] = []
         # vLLM computes no stats with disable_log_stats: then there is nothing to export.
         if self._report_stats and not engine_args.disable_log_stats:
-            self._stats = VllmStats(self._labels, self._max_model_len(engine_args))
+            self._stats = VllmStats(
+                self._labels,
+                self._max_model_len(engine_args),
+                adapters=self.loras,
+                # vLLM's own default when the spec's lora section leaves it out.
+                max_loras=engine_args.max_loras if self.loras else 0,
+            )
             loggers.append(self._stats.logger_factory)
         self.engine = AsyncLLM.from_engine_args(engine_args, stat_loggers=loggers or None)
         self.tokenizer = self.engine.get_tokenizer()

@@ -121,6 +121,16 @@ FAMILIES = [
 ]
 SUCCESS = ("vllm:request_success_total", "Count of successfully processed requests.")
 SUCCESS_PREFIX = "success:"
+# With adapters: per adapter, its requests running and waiting in the engine (vLLM's
+# SchedulerStats.running_lora_adapters / waiting_lora_adapters, the counts behind vLLM's
+# own vllm:lora_requests_info), and the adapters the engine holds at once (max_loras).
+# Trident's names: vllm_backend exports none of these. One series per adapter of the
+# spec (a bounded set), where vLLM's info gauge leaves one behind per combination; the
+# frontend's GET /metrics turns them into the pod's info gauge (pod_metrics.py).
+LORA_RUNNING = ("trident_lora_requests_running", "Requests running with the LoRA adapter.")
+LORA_WAITING = ("trident_lora_requests_waiting", "Requests waiting with the LoRA adapter.")
+LORA_MAX = ("trident_lora_max", "LoRA adapters the engine holds on its GPUs at once.")
+LORA_RUNNING_PREFIX, LORA_WAITING_PREFIX = "lora_running:", "lora_waiting:"
 
 
 class Update(NamedTuple):
@@ -130,12 +140,23 @@ class Update(NamedTuple):
 
 
 def updates(
-    scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
+    scheduler_stats: SchedulerStats | None,
+    iteration_stats: IterationStats | None,
+    adapters: Iterable[str] = (),
 ) -> list[Update]:
     """What one engine step's stats change, in vLLM's own terms (its Prometheus logger
-    counts the same fields into the same names)."""
+    counts the same fields into the same names). `adapters`: the model's LoRA adapters,
+    each set every step (vLLM drops an adapter from its counts once its last request
+    ends: then it reads 0)."""
     out: list[Update] = []
     if scheduler_stats is not None:
+        adapters = tuple(adapters)
+        if adapters:
+            running = scheduler_stats.running_lora_adapters
+            waiting = scheduler_stats.waiting_lora_adapters
+        for adapter in adapters:
+            out.append(Update(LORA_RUNNING_PREFIX + adapter, "set", running.get(adapter, 0)))
+            out.append(Update(LORA_WAITING_PREFIX + adapter, "set", waiting.get(adapter, 0)))
         out.append(Update("running", "set", scheduler_stats.num_running_reqs))
         out.append(
             Update(
@@ -208,8 +229,17 @@ class VllmStats:
     """The vllm:* series of one model instance and the thread that writes them. Give
     `logger_factory` to AsyncLLM's stat_loggers; call close() in finalize()."""
 
-    def __init__(self, labels: Mapping[str, str], max_model_len: int):
+    def __init__(
+        self,
+        labels: Mapping[str, str],
+        max_model_len: int,
+        adapters: Iterable[str] = (),
+        max_loras: int = 0,
+    ):
+        """`adapters`: the LoRA adapters' names as vLLM knows them (the spec's), whose
+        requests are counted per adapter; `max_loras`: the engine's (with adapters)."""
         self._set, self._labels = MetricSet(), dict(labels)
+        self._adapters = tuple(adapters)
         self.series: dict[str, Metric] = {
             key: self._set.metric(
                 name,
@@ -221,6 +251,16 @@ class VllmStats:
             )
             for key, name, description, kind, buckets in FAMILIES
         }
+        for adapter in self._adapters:
+            for prefix, (name, description) in (
+                (LORA_RUNNING_PREFIX, LORA_RUNNING),
+                (LORA_WAITING_PREFIX, LORA_WAITING),
+            ):
+                self.series[prefix + adapter] = self._set.metric(
+                    name, description, GAUGE, {**self._labels, "adapter": adapter}
+                )
+        if self._adapters:
+            self._set.metric(*LORA_MAX, GAUGE, self._labels).set(max_loras)
         self._writer = Writer("vllm-stats", self._apply, merge=coalesce)
 
     def logger_factory(self, vllm_config: object, engine_index: int = 0) -> StatLogger:
@@ -229,7 +269,7 @@ class VllmStats:
     def record(
         self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
     ) -> None:
-        batch = updates(scheduler_stats, iteration_stats)
+        batch = updates(scheduler_stats, iteration_stats, self._adapters)
         if batch:
             self._writer.put(batch)
 

@@ -150,6 +150,50 @@ def test_updates_read_the_installed_vllms_stats_classes(stats_module):
             num_generation_tokens=4,
         )
     )
-    updates = stats_module.updates(SchedulerStats(num_running_reqs=1), iteration)
+    scheduler = SchedulerStats(num_running_reqs=1)
+    scheduler.running_lora_adapters["paris"] = 1
+    updates = stats_module.updates(scheduler, iteration, ("paris",))
     keys = {u.key for u in updates}
     assert {"running", "waiting", "generation_tokens", "ttft", "e2e", "success:stop"} <= keys
+    assert {u.key: u.value for u in updates if u.key.startswith("lora_")} == {
+        "lora_running:paris": 1,
+        "lora_waiting:paris": 0,
+    }
+
+
+def test_each_adapter_reads_its_running_and_waiting_requests_every_step(stats_module):
+    """Per adapter of the model, vLLM's own counts (SchedulerStats.*_lora_adapters); an
+    adapter vLLM no longer lists (its last request ended) reads 0, not its last count."""
+    stats = stats_module.VllmStats(
+        LABELS, max_model_len=64, adapters=("paris", "france"), max_loras=2
+    )
+    logger = stats.logger_factory(vllm_config=None)
+    scheduler, iteration = step()
+    scheduler.running_lora_adapters = {"paris": 2, "france": 0}
+    scheduler.waiting_lora_adapters = {"paris": 0, "france": 3}
+    logger.record(scheduler, iteration)
+    stats.close()
+    assert series("trident_lora_requests_running", adapter="paris").value() == 2
+    assert series("trident_lora_requests_waiting", adapter="france").value() == 3
+    assert series("trident_lora_max").value() == 2
+
+    later, _ = step()
+    later.running_lora_adapters, later.waiting_lora_adapters = {}, {"paris": 1}
+    keyed = {u.key: u.value for u in stats_module.updates(later, None, ("paris", "france"))}
+    assert keyed == {
+        "lora_running:paris": 0,
+        "lora_waiting:paris": 1,
+        "lora_running:france": 0,
+        "lora_waiting:france": 0,
+        "running": 1,
+        "waiting": 0,
+        "kv_cache_usage": 0.0,
+    }
+
+
+def test_a_model_without_adapters_has_no_adapter_series(stats_module):
+    plain = {"model": "no_adapters", "version": "1"}  # series outlive a test: its own
+    stats = stats_module.VllmStats(plain, max_model_len=64)
+    stats.close()
+    assert pb.metric("vllm:num_requests_running", **plain) is not None
+    assert pb.metric("trident_lora_max", **plain) is None
