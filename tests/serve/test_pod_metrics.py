@@ -5,11 +5,20 @@ Triton's metrics text, with nothing else in them. Live servers: tests/server/tes
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from builder.serve.openai.app import create_app
-from builder.serve.openai.pod_metrics import KV_USAGE, RUNNING, WAITING, PodLoad, pod_load
+from builder.serve.openai.pod_metrics import (
+    KV_USAGE,
+    LORA_INFO,
+    RUNNING,
+    WAITING,
+    PodLoad,
+    pod_load,
+)
 from tests.serve.test_openai_app import FakeTriton
 
 TRITON = """# HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -31,6 +40,7 @@ trident_tenant_admitted_total{router="router",tenant="alice"} 7
 nv_inference_count{model="smollm2",version="1"} 11
 """
 READY = ("router", "smollm2", "qwen", "other")
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def gauges(text: str) -> dict[str, float]:
@@ -48,6 +58,82 @@ def test_the_load_is_summed_over_the_ready_engines_only():
     assert pod_load(TRITON, READY) == PodLoad(waiting=3, running=2 + 4, kv_usage=0.5)
     assert pod_load(TRITON, ("router",)) == PodLoad()
     assert pod_load("", READY) == PodLoad()
+
+
+# Triton's tensorrtllm backend for the TensorRT-LLM model `llama` (its engine is the Triton
+# model llama_tensorrt_llm): the families as tensorrtllm_backend's README shows them (the
+# kind in a label), with the test's values; `gone_tensorrt_llm` is not READY.
+TRT_LLM = (FIXTURES / "triton_trtllm_metrics.txt").read_text()
+
+
+def test_tensorrt_llm_counts_its_waiting_scheduled_and_kv_fraction():
+    # GIE's triton-tensorrt-llm mapping: waiting -> queue, scheduled -> running,
+    # fraction -> KV usage; the other kinds (max, active, tokens_per, ...) count for
+    # nothing, nor does a model that is not READY.
+    ready = ("router", "llama", "llama_tensorrt_llm")
+    assert pod_load(TRT_LLM, ready) == PodLoad(waiting=4, running=6, kv_usage=0.75)
+    # With the vLLM and SGLang models of TRITON: summed, the fullest engine's KV.
+    mixed = pod_load(TRITON + TRT_LLM, READY + ready)
+    assert mixed == PodLoad(waiting=3 + 4, running=2 + 4 + 6, kv_usage=0.75)
+
+
+# The vLLM model `primary` with adapters paris and france, and `backup` with paris
+# (python_backends/vllm/stats.py's series); `old` is not READY.
+LORA = """# TYPE trident_lora_requests_running gauge
+trident_lora_requests_running{model="primary",version="1",adapter="paris"} 2
+trident_lora_requests_running{model="primary",version="1",adapter="france"} 0
+trident_lora_requests_running{model="backup",version="1",adapter="paris"} 1
+trident_lora_requests_running{model="old",version="1",adapter="berlin"} 1
+# TYPE trident_lora_requests_waiting gauge
+trident_lora_requests_waiting{model="primary",version="1",adapter="paris"} 0
+trident_lora_requests_waiting{model="primary",version="1",adapter="france"} 3
+trident_lora_requests_waiting{model="backup",version="1",adapter="paris"} 0
+trident_lora_requests_waiting{model="old",version="1",adapter="berlin"} 2
+# TYPE trident_lora_max gauge
+trident_lora_max{model="primary",version="1"} 2
+trident_lora_max{model="backup",version="1"} 1
+trident_lora_max{model="old",version="1"} 8
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model="primary",version="1"} 2
+vllm:num_requests_running{model="backup",version="1"} 1
+"""
+
+
+def test_adapters_in_use_are_named_as_clients_name_them():
+    # Through the router (exposed, no engine): router:ADAPTER; an adapter with requests
+    # both running and waiting on different engines is in both lists; the pod holds at
+    # most the sum of its engines' max_loras; the unloaded model's adapters are gone.
+    load = pod_load(LORA, ("router", "primary", "backup"), ("router",))
+    assert load.running_adapters == ("router:paris",)
+    assert load.waiting_adapters == ("router:france",)
+    assert load.max_lora == 2 + 1
+    # An engine model exposed itself is named by its own name too (primary:france), and a
+    # model that is not exposed reaches nothing by its own name.
+    load = pod_load(LORA, ("router", "primary", "backup"), ("router", "primary"))
+    assert load.running_adapters == ("primary:paris", "router:paris")
+    assert load.waiting_adapters == ("primary:france", "router:france")
+    # No engine with adapters: no LoRA at all.
+    assert pod_load(TRITON, READY, ("router",)).max_lora == 0
+
+
+def test_the_lora_info_is_vllms_shape_and_the_latest_series():
+    """What GIE's core-metrics-extractor reads through loraSpec (extractor.go
+    populateLoRAMetrics): the labels running_lora_adapters and waiting_lora_adapters,
+    comma-separated, and max_lora, an integer; the series with the latest value."""
+    load = PodLoad(
+        running_adapters=("router:a", "router:b"), waiting_adapters=("router:c",), max_lora=4
+    )
+    families = {f.name: f for f in text_string_to_metric_families(load.exposition().decode())}
+    (sample,) = families[LORA_INFO].samples
+    assert families[LORA_INFO].type == "gauge"
+    assert sample.labels == {
+        "running_lora_adapters": "router:a,router:b",
+        "waiting_lora_adapters": "router:c",
+        "max_lora": "4",
+    }
+    assert sample.value > 1.7e9  # a Unix time: the extractor keeps the latest series
+    # Without adapters the family is not served (the rendered loraSpec is then empty).
+    assert LORA_INFO not in PodLoad(waiting=1).exposition().decode()
 
 
 def test_the_exposition_is_three_unlabelled_gauges():
@@ -85,3 +171,21 @@ def test_without_a_triton_metrics_port_there_is_no_metrics_endpoint():
 
     response = TestClient(create_app("unused", Unmetered([]))).get("/metrics")
     assert response.status_code == 404 and "metrics port" in response.json()["error"]["message"]
+
+
+def test_get_metrics_names_the_adapters_by_the_exposed_models():
+    class AdapterTriton(MeteredTriton):
+        async def metrics_text(self):
+            return LORA.replace('model="primary"', 'model="smollm2"')
+
+    response = TestClient(create_app("unused", AdapterTriton([]))).get("/metrics")
+    (sample,) = [
+        s
+        for f in text_string_to_metric_families(response.text)
+        for s in f.samples
+        if s.name == LORA_INFO
+    ]
+    assert sample.labels["running_lora_adapters"] == "router:paris"
+    assert sample.labels["waiting_lora_adapters"] == "router:france"
+    assert sample.labels["max_lora"] == "2"
+    assert "smollm2" not in response.text  # the engine model is not exposed

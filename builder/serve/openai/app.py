@@ -142,7 +142,7 @@ def create_app(
         elif triton.metrics_url is None:
             raise OpenAIError(404, "this frontend was given no Triton metrics port", "not_found")
         if triton.metrics_url is not None:
-            load = pod_load(await triton.metrics_text(), await triton.models())
+            load = pod_load(await triton.metrics_text(), await triton.models(), exposed)
             text = load.exposition() + text
         return Response(text, media_type=CONTENT_TYPE)
 
