@@ -7,7 +7,7 @@ over Envoy's ext-proc, which pod of the pool takes each request. The picker scor
 pool's Ready pods by the prefixes it has sent them (its own approximate index), their
 queue, their running requests and their KV-cache usage, which it reads every 50 ms from
 `GET /metrics` on each pod's target port: trident's OpenAI frontend serves there the
-three pod-wide gauges of builder/serve/openai/pod_metrics.py, mapped by the picker's
+pod-wide gauges of builder/serve/openai/pod_metrics.py, mapped by the picker's
 `engineConfigs` entry `trident`, chosen by the pod label names.ENGINE_TYPE_LABEL. Inside
 the pod, trident's router then places the request on a model and a replica.
 
@@ -53,15 +53,15 @@ from dataclasses import dataclass
 
 import yaml
 
-from builder.errors import printable
 from builder.k8s import names, workloads
 from builder.k8s.names import K8sError
 from builder.k8s.workloads import Layout, Options
 
 # The gauges trident's frontend serves on the OpenAI port, by the names it serves them.
-from builder.serve.openai.pod_metrics import KV_USAGE, RUNNING, WAITING
+from builder.serve.openai.pod_metrics import KV_USAGE, LORA_INFO, RUNNING, WAITING
 from builder.spec import DeploymentSpec
 from builder.spec import trtllm as trtllm_spec
+from builder.spec.adapters import adapters_of
 
 POOL_API = "inference.networking.k8s.io/v1"
 POOL_GROUP = "inference.networking.k8s.io"
@@ -93,14 +93,24 @@ CONFIG_KEY = "epp-config.yaml"
 # The picker's default KV block size, and vLLM's (approximateprefix/types.go).
 DEFAULT_BLOCK_TOKENS = 16
 # Scorer weights: GIE's defaults (queue 2, KV 2, prefix 3; pkg/epp/config/loader/
-# defaults.go) plus the running requests at 1, the only load an SGLang model reports.
-WEIGHTS = {"queue": 2, "kv": 2, "running": 1, "prefix": 3}
+# defaults.go) plus the running requests at 1, the only load an SGLang model reports,
+# and, where the pods report their adapters, LoRA affinity at 1 (GIE sets no default;
+# below the prefix: a pod that holds the conversation's prefix holds its adapter too).
+WEIGHTS = {"queue": 2, "kv": 2, "running": 1, "prefix": 3, "lora": 1}
 # Sized by GIE's chart for high QPS (p90 scheduling within 100 ms): no CPU limit.
 EPP_RESOURCES = {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"memory": "16Gi"}}
 # Which of the pod's gauges carry an engine's load (pod_metrics.py): vLLM's own
-# waiting/running/KV; any other trident Python engine (SGLang) its requests in flight,
-# counted as running; TensorRT-LLM (Triton's tensorrtllm backend) nothing.
-REPORTED = {"vllm": ("waiting", "running", "kv"), "sglang": ("running",), "tensorrt_llm": ()}
+# waiting/running/KV (and its adapters: `lora`, for a model with adapters); TensorRT-LLM's
+# from Triton's nv_trt_llm_* gauges (waiting, scheduled, KV block fraction); any other
+# trident Python engine (SGLang) its requests in flight, counted as running.
+REPORTED = {
+    "vllm": ("waiting", "running", "kv"),
+    "sglang": ("running",),
+    "tensorrt_llm": ("waiting", "running", "kv"),
+}
+# The engines whose adapters' requests the pod's LORA_INFO reports (the vLLM model's
+# per-adapter counts; SGLang's and TensorRT-LLM's adapters are not in it).
+LORA_REPORTED = ("vllm",)
 
 
 @dataclass(frozen=True)
@@ -141,17 +151,12 @@ def _spanning_model(lay: Layout, component: str) -> tuple[str, ...]:
 
 
 def reported(spec: DeploymentSpec, pool: Pool) -> set[str]:
-    """The gauges that carry load for the pool's models; refused when none does."""
+    """The gauges that carry load for the pool's models (`lora`: the adapters in use)."""
     gauges = {g for m in pool.models for g in REPORTED[spec.model(m).engine]}
-    if not gauges:
-        first = next(i for i, m in enumerate(spec.models) if m.name == pool.models[0])
-        raise K8sError(
-            f"{spec.file}: models[{first}].engine: --inference-pool: the pods of pool "
-            f"{pool.name} serve only tensorrt_llm models "
-            f"({', '.join(printable(m) for m in pool.models)}), whose queue, running "
-            "requests and KV usage trident's /metrics does not report: the picker "
-            "would see them idle; serve the pool from vllm or sglang models"
-        )
+    for name in pool.models:
+        model = spec.model(name)
+        if model.engine in LORA_REPORTED and adapters_of(model):
+            gauges.add("lora")
     return gauges
 
 
@@ -186,6 +191,9 @@ def picker_config(spec: DeploymentSpec, pool: Pool) -> dict:
         ("running-requests-size-scorer", weights["running"]),
         ("prefix-cache-scorer", weights["prefix"]),
     ]
+    lora = "lora" in gauges
+    if lora:  # without the gauge every pod would score 0 (no room for an adapter)
+        scorers.append(("lora-affinity-scorer", weights["lora"]))
     return {
         "apiVersion": CONFIG_API,
         "kind": "EndpointPickerConfig",
@@ -203,7 +211,9 @@ def picker_config(spec: DeploymentSpec, pool: Pool) -> dict:
                             "queuedRequestsSpec": WAITING,
                             "runningRequestsSpec": RUNNING,
                             "kvUsageSpec": KV_USAGE,
-                            "loraSpec": "",  # no LoRA gauge: off
+                            # Off ("") where no model of the pool reports adapters:
+                            # pod_metrics.py serves no LORA_INFO then.
+                            "loraSpec": LORA_INFO if lora else "",
                             "cacheInfoSpec": "",  # no cache-config gauge: off
                         }
                     ],
@@ -212,6 +222,7 @@ def picker_config(spec: DeploymentSpec, pool: Pool) -> dict:
             {"type": "queue-scorer"},
             {"type": "kv-cache-utilization-scorer"},
             {"type": "running-requests-size-scorer"},
+            *([{"type": "lora-affinity-scorer"}] if lora else []),
             {
                 "type": "prefix-cache-scorer",
                 # autoTune reads the block size from a cache-config gauge trident does

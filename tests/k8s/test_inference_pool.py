@@ -492,7 +492,9 @@ def test_the_config_scores_by_prefix_queue_and_kv_with_tridents_metric_names(exa
     assert engine["queuedRequestsSpec"] == pod_metrics.WAITING == pool.WAITING
     assert engine["runningRequestsSpec"] == pod_metrics.RUNNING == pool.RUNNING
     assert engine["kvUsageSpec"] == pod_metrics.KV_USAGE == pool.KV_USAGE
+    # No adapters in either example: no LoRA gauge is read, no affinity scored.
     assert engine["loraSpec"] == "" and engine["cacheInfoSpec"] == ""
+    assert "lora-affinity-scorer" not in weights
     prefix = next(p for p in config["plugins"] if p["type"] == "prefix-cache-scorer")
     # vLLM's default block (h100x8: min of TRT-LLM's 64, vLLM's 16, SGLang's 16)
     assert prefix["parameters"] == {"autoTune": False, "blockSizeTokens": 16}
@@ -649,13 +651,14 @@ def _tree(folder: Path) -> dict[str, bytes]:
     [
         ["--inference-pool", "--pool-name", "Bad_Name"],  # refused before planning
         ["--inference-pool", "--epp-image", "img@@x"],
-        ["--inference-pool"],  # refused while rendering: the pool serves TensorRT-LLM only
+        # refused while rendering: a Gateway for the spec's two pools
+        ["--inference-pool", "--gateway-class", "eg"],
     ],
 )
 def test_a_refusal_leaves_an_earlier_render_as_it_was(tmp_path, extra):
     """Nothing written: the output directory of an earlier `trident k8s` keeps every
     byte, and no temporary sibling is left beside it."""
-    spec = _trtllm_only(tmp_path)
+    spec = _server_and_spanning(tmp_path)
     out = tmp_path / "out"
     render(spec, out)
     before, siblings = _tree(out), sorted(p.name for p in tmp_path.iterdir())
@@ -680,25 +683,38 @@ def test_no_openai_port_is_refused_naming_the_field(tmp_path, source):
     assert "server.openai_port" in line and "--inference-pool" in line
 
 
-def test_a_pool_of_tensorrt_llm_models_only_is_refused(tmp_path):
-    """Trident's /metrics carries no load for TensorRT-LLM models (pod_metrics.py): a
-    picker would see such pods idle forever."""
-    line = refused(_trtllm_only(tmp_path), tmp_path / "out", "--inference-pool")
-    assert "models[0].engine" in line and "tensorrt_llm" in line
+def test_a_pool_of_tensorrt_llm_models_only_scores_their_load_and_kv(tmp_path):
+    """Trident's /metrics carries a TensorRT-LLM model's waiting, scheduled and KV usage
+    from Triton's nv_trt_llm_* gauges (pod_metrics.py): such a pool is scored on all
+    three, at the engine's KV block (the profile's tokens_per_block, 64)."""
+    docs = render(_trtllm_only(tmp_path), tmp_path / "out", "--inference-pool")
+    config = picker_config(docs)
+    validate_picker_config(config)
+    weights = _weights(config)
+    assert weights["kv-cache-utilization-scorer"] > 0 and weights["queue-scorer"] > 0
+    prefix = next(p for p in config["plugins"] if p["type"] == "prefix-cache-scorer")
+    assert prefix["parameters"]["blockSizeTokens"] == 64
+    assert _trident_engine(config)["loraSpec"] == ""  # TensorRT-LLM's adapters: not reported
 
 
-def test_the_refusal_names_the_model_of_the_pool_without_gauges(tmp_path):
-    """multinode.yaml on 3 nodes with h100x8's TensorRT-LLM model on the third: the
-    LeaderWorkerSet's pool (vLLM) would do, the server's pool would not; the line names
-    the server's model by its index in the spec."""
+def test_a_pool_with_vllm_adapters_reads_the_lora_gauge_and_scores_affinity(tmp_path):
+    """multinode.yaml's vLLM model with adapters: the engine config reads the pod's
+    LORA_INFO and the lora-affinity-scorer weighs it; the gauge the frontend serves has
+    the labels GIE's extractor reads (populateLoRAMetrics), one series, a Unix time."""
     data = yaml.safe_load(MULTINODE.read_text())
-    data["hardware"]["nodes"] = 3
-    trt = next(
-        m for m in yaml.safe_load(H100X8.read_text())["models"] if m["engine"] == "tensorrt_llm"
-    )
-    data["models"].append({**trt, "instances": 1})
+    data["models"][0]["adapters"] = {"paris": "/srv/lora/paris", "france": "/srv/lora/france"}
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(data, sort_keys=False))
-    line = refused(spec, tmp_path / "out", "--inference-pool")
-    assert line.startswith(f"error: {spec}: models[1].engine: "), line
-    assert "trident-multinode-server" in line and "llama70b-trtllm" in line
+    config = picker_config(render(spec, tmp_path / "out", "--inference-pool"))
+    validate_picker_config(config)
+    engine = _trident_engine(config)
+    assert engine["loraSpec"] == pod_metrics.LORA_INFO == pool.LORA_INFO
+    assert _weights(config)["lora-affinity-scorer"] == pool.WEIGHTS["lora"]
+    load = pod_metrics.PodLoad(running_adapters=("router:paris",), max_lora=4)
+    families = {f.name: f for f in text_string_to_metric_families(load.exposition().decode())}
+    (sample,) = families[engine["loraSpec"]].samples
+    assert sample.labels == {
+        "running_lora_adapters": "router:paris",
+        "waiting_lora_adapters": "",
+        "max_lora": "4",
+    }
