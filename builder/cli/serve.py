@@ -94,6 +94,14 @@ LOOPBACK = "127.0.0.1"  # as builder.serve.server's, not imported: `--help` stay
     "none: nothing is traced"
 )
 @click.option(
+    "--restart-limit",
+    type=click.IntRange(0, 100),
+    default=3,
+    show_default=True,
+    help="when tritonserver itself dies, start it again in place this many times in a "
+    "row (the OpenAI API answers 503 meanwhile), then exit 1; 0: exit at once",
+)
+@click.option(
     "--no-self-test",
     is_flag=True,
     help="skip the start-up check that the server's Python stub passes strings "
@@ -115,6 +123,7 @@ def serve(
     expose: tuple[str, ...],
     drain_timeout_s: float,
     otlp_traces_endpoint: str | None,
+    restart_limit: int,
     no_self_test: bool,
 ) -> int:
     """Run tritonserver on a model repository.
@@ -126,8 +135,10 @@ def serve(
     stops (exit 0). After `trident drain` it waits for SIGTERM to exit; a second signal
     stops at once. A model whose stub process or engine dies is reloaded alone, with backoff
     (a line on stderr says so); after 5 restarts in a row it is unloaded and the other
-    models keep serving. Exits 1 when tritonserver itself exits, so a supervisor can
-    restart it. Uses tritonserver from PATH when there is one, else the bundled one.
+    models keep serving. When tritonserver itself dies it is started again in place, with
+    backoff, up to --restart-limit times in a row (the OpenAI API answers 503 meanwhile);
+    then serve exits 1, so a supervisor can restart it. Uses tritonserver from PATH when
+    there is one, else the bundled one.
     Before it reports ready, one string goes through an echo model on a short-lived
     second server with the same binary and stub; exits 1 if it comes back changed (the
     bundled Python 3.12 stub corrupts strings).
@@ -215,9 +226,16 @@ def serve(
             sys.stdout.flush()
         with drain_on_signal():  # from here a signal drains; a second one stops at once
             try:
-                # Returns only by raising, when tritonserver exits; a model that dies
-                # meanwhile is reloaded alone, and each event is one line on stderr.
-                server.monitor(report)
+                # Returns only by raising, when tritonserver exits for good; a model
+                # that dies meanwhile is reloaded alone, a tritonserver that dies is
+                # started again, and each event is one line on stderr.
+                server.monitor(
+                    report,
+                    restart_limit=restart_limit,
+                    ready_timeout_s=timeout,
+                    down=frontend.pause if frontend is not None else lambda: None,
+                    up=frontend.resume if frontend is not None else lambda: None,
+                )
             except DrainRequested as asked:
                 drain.run(report)
                 drained = True

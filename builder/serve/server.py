@@ -23,6 +23,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,6 +91,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# How often `trident serve` starts a tritonserver that died again, in a row, before it
+# exits 1 and leaves the restart to its supervisor (monitor).
+RESTART_LIMIT = 3
+TRITONSERVER = "tritonserver"  # its key in the restarts' count (keeper.Restarts)
 
 
 @dataclass
@@ -360,12 +367,49 @@ class TritonServer:
                 continue  # being replaced (a re-render): the next check sees it
         return models
 
-    def monitor(self, report, interval_s: float = WATCH_INTERVAL_S) -> None:
-        """Serve until tritonserver exits, then raise ServeError. A model whose stub or
-        engine dies meanwhile is reloaded alone (keeper.py); `report` gets one line per
-        such event. The caller stops the server."""
-        code = keeper.keep_serving(self, report, interval_s)
-        raise ServeError(f"tritonserver exited with status {code}")
+    def monitor(
+        self,
+        report,
+        interval_s: float = WATCH_INTERVAL_S,
+        restart_limit: int = RESTART_LIMIT,
+        ready_timeout_s: float = 120.0,
+        down: Callable[[], None] = lambda: None,
+        up: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Serve until tritonserver exits for good, then raise ServeError. A model whose
+        stub or engine dies meanwhile is reloaded alone (keeper.py). When tritonserver
+        itself dies (Triton 2.51 aborts now and then when a stub dies under load: a
+        boost lock_exception), it is started again in place, on the same ports and
+        repository with the same admin key, with backoff, at most `restart_limit` times in
+        a row (a server that served STABLE_S since its restart starts the count afresh);
+        `down` runs before and `up` after each (the frontend refuses new work meanwhile).
+        `report` gets one line per event. The caller stops the server."""
+        restarts = keeper.Restarts(limit=restart_limit)
+        while True:
+            code = keeper.keep_serving(self, report, interval_s)
+            delay = restarts.after_death(TRITONSERVER, time.monotonic())
+            if delay is None:
+                raise ServeError(
+                    f"tritonserver exited with status {code}"
+                    + (f" (--restart-limit {restart_limit} reached)" if restart_limit else "")
+                )
+            report(
+                f"trident serve: tritonserver exited with status {code}; every model is down: "
+                f"restarting it in {delay:.0f} s (restart {restarts.counts[TRITONSERVER]} of "
+                f"{restart_limit})"
+            )
+            down()
+            self.stop()  # what is left of its process group, and its shared memory
+            time.sleep(delay)
+            began = time.monotonic()
+            self.start()
+            self.wait_ready(ready_timeout_s)
+            restarts.came_back(TRITONSERVER, time.monotonic())
+            up()
+            report(
+                f"trident serve: tritonserver is back, every model loaded (restarted in "
+                f"{time.monotonic() - began:.1f} s)"
+            )
 
     def terminate(self) -> None:
         """SIGTERM the process group now, without waiting (stop() waits, then kills);

@@ -97,12 +97,13 @@ def listening_addresses(pid: int) -> set[tuple[str, int]]:
     return found
 
 
-def record_spawn(argv: list[str], output: Path | None, label: str) -> Start:
+def record_spawn(argv: list[str], output: Path | None, label: str, restarts: int = 0) -> Start:
     """Note a `trident serve` (or demo) subprocess in the run's ledger: it starts its
-    tritonserver, and its self-test's first unless told --no-self-test. The caller marks
-    the entry ready() when the process says so; its log (output) names its engine loads."""
+    tritonserver, and its self-test's first unless told --no-self-test, and once more per
+    restart of a tritonserver the test kills. The caller marks the entry ready() when the
+    process says so; its log (output) names its engine loads."""
     self_tests = 0 if "--no-self-test" in argv else 1
-    return LEDGER.record("trident serve", label, output, tritonservers=1 + self_tests)
+    return LEDGER.record("trident serve", label, output, tritonservers=1 + self_tests + restarts)
 
 
 def served_pid(ports: Ports) -> int:

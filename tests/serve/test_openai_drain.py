@@ -189,6 +189,26 @@ def test_new_work_is_a_503_with_retry_after_and_reaches_no_model():
     assert caught.value.status_code == 503 and caught.value.code == "server_draining"
 
 
+def test_a_pause_refuses_new_work_until_resumed_and_a_drain_outlasts_it():
+    # `trident serve` pauses the frontend while it restarts a tritonserver that died.
+    from tests.serve.test_openai_app import ANSWER
+
+    app = create_app("unused", FakeTriton(ANSWER))
+    gate = app.state.drain
+    with TestClient(app) as client:
+        gate.pause()
+        refused(client.post("/v1/chat/completions", json=CHAT))
+        assert client.get("/health").status_code == 503
+        gate.resume()
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+        assert client.get("/health").status_code == 200
+        gate.pause()
+        gate.start()  # a SIGTERM during the restart
+        gate.resume()  # the restart ends: the drain goes on
+        refused(client.post("/v1/chat/completions", json=CHAT))
+        assert client.get("/health").status_code == 503
+
+
 def test_without_a_drain_nothing_changes():
     from tests.serve.test_openai_app import ANSWER
 

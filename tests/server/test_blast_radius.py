@@ -2,22 +2,26 @@
 two engine models (the SGLang double, light enough for CI) behind the router. One model's
 stub is killed while streams go to the other model and to the router: they keep
 answering, the killed model is reloaded in place and answers again within 60 s, and the
-tritonserver process is the same one throughout. Only tritonserver's own death ends
-`trident serve` (exit 1).
+tritonserver process is the same one throughout. When tritonserver itself dies, serve
+starts it again in place (the OpenAI face answers 503 meanwhile, then serves again);
+once its --restart-limit is spent, the next death ends `trident serve` (exit 1).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
 
 from builder.serve import admin, client
+from builder.serve.server import free_port
 from builder.serve.watch import stub_processes
 from support.sglang_double import SHIM
 from tests.helpers import wait_for
@@ -72,10 +76,13 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
     repo = render(SPEC, tmp_path / "repo")
     for model in ("qa", "qb"):
         (repo / model / "1" / "sglang.py").write_text(SHIM)
-    ports = free_ports()
+    ports, openai_port = free_ports(), free_port()
     output = tmp_path / "serve.out"
-    argv = serve_argv(repo, ports, "--no-self-test")
-    started = record_spawn(argv, output, "blast-radius: trident serve")
+    argv = serve_argv(
+        repo, ports, "--no-self-test", "--openai-port", str(openai_port), "--restart-limit", "1"
+    )
+    # The restart of the tritonserver the test kills is a second start: its subject.
+    started = record_spawn(argv, output, "blast-radius: trident serve", restarts=1)
     with open(output, "w") as out:
         proc = subprocess.Popen(
             argv,
@@ -125,8 +132,29 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
         time.sleep(4)  # four watch intervals
         assert "model 'qb'" not in output.read_text()
 
-        os.kill(pid, signal.SIGKILL)  # tritonserver itself: now serve exits
-        code = proc.wait(timeout=30)
+        # tritonserver itself: serve starts it again in place; the OpenAI face refuses
+        # new work in words until every model is back, then serves again.
+        health = f"http://127.0.0.1:{openai_port}/health"
+        assert _status(health) == 200
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: _status(health) == 503, 10, interval_s=0.05)  # Triton is away
+        wait_for(lambda: "restarting it" in output.read_text(), 10, interval_s=0.05)
+        refused = urllib.request.Request(
+            f"http://127.0.0.1:{openai_port}/v1/completions",
+            data=json.dumps({"model": "router", "prompt": "hi", "max_tokens": 4}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as during:
+            urllib.request.urlopen(refused, timeout=10)
+        assert during.value.code == 503 and during.value.headers["Retry-After"]
+        assert "retry on another server" in json.loads(during.value.read())["error"]["message"]
+        wait_for(lambda: "tritonserver is back" in output.read_text(), 120)
+        restarted = served_pid(ports)
+        assert restarted != pid and proc.poll() is None
+        assert _status(health) == 200 and answers(url, "router") and answers(url, "qa")
+        pid = restarted
+        os.kill(pid, signal.SIGKILL)  # again: --restart-limit 1 is spent, serve exits
+        code = proc.wait(timeout=60)
     finally:
         for asker in askers:
             asker.stopping.set()
@@ -142,8 +170,20 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
     assert code == 1, said
     assert "trident serve: the stub of model 'qa'" in said and "reloading it in" in said
     assert "trident serve: model 'qa' is back" in said
-    assert "tritonserver exited with status -9" in said
+    assert "tritonserver exited with status -9; every model is down: restarting it" in said
+    assert "tritonserver exited with status -9 (--restart-limit 1 reached)" in said
     assert "Traceback" not in said
+
+
+def _status(url: str) -> int | None:
+    """The HTTP status of a GET (None: no answer at all)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
 
 
 def _control(ports, model: str, action: str) -> None:

@@ -37,7 +37,10 @@ class DrainGate:
     until its last event left or its client went away); `cut`: cut_off() was called."""
 
     def __init__(self) -> None:
+        # Read per request: new work is refused while it is set, by the drain for good,
+        # by pause() until resume().
         self.draining = False
+        self.stopping = False  # start() was called: resume() no longer lets work in
         self.cut = False
         self.in_flight = 0  # changed on the app's loop only, read from any thread
         # The Triton calls of the answers being made. Weak: a call leaves once its
@@ -51,7 +54,17 @@ class DrainGate:
 
     def start(self) -> None:
         """Enter the drain (idempotent, from any thread)."""
+        self.stopping = self.draining = True
+
+    def pause(self) -> None:
+        """Refuse new work as the drain does, for a while: `trident serve` restarts a
+        tritonserver that died, and nothing can be answered until its models are back.
+        The answers in flight end with Triton's own error."""
         self.draining = True
+
+    def resume(self) -> None:
+        """Take new work again after pause(), unless the drain began meanwhile."""
+        self.draining = self.stopping
 
     def track(self, call: Cuttable) -> None:
         """A Triton call that cut_off() ends if it is still running then."""

@@ -206,6 +206,14 @@ class Frontend:
         are 503 from the next request on; the answers in flight go on."""
         self._drain.start()
 
+    def pause(self) -> None:
+        """While tritonserver restarts (from any thread): /health and new /v1 requests
+        are 503, as in a drain, until resume()."""
+        self._drain.pause()
+
+    def resume(self) -> None:
+        self._drain.resume()
+
     @property
     def in_flight(self) -> int:
         """The generation requests admitted and not yet fully answered."""
