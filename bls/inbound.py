@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import triton_python_backend_utils as pb_utils
 
     from policy import RequestFeatures
+    from tenant_store import FanOut
 
 # Requests the router lets wait for one backend: its engine's concurrent sequences
 # (× instances) running, as many again queued in the engine. More only wait longer for a
@@ -22,7 +23,7 @@ QUEUE_FACTOR = 2
 class Inbound:
     """What the router reads from a client's request, once."""
 
-    __slots__ = ("features", "stream", "replaced", "returns", "parameters", "prompt")
+    __slots__ = ("features", "stream", "replaced", "returns", "parameters", "prompt", "fan_out")
 
     def __init__(
         self,
@@ -32,6 +33,7 @@ class Inbound:
         prompt: tuple[str | None, list[Any] | None],
         returns: dict[str, bool] | None = None,
         parameters: dict[str, Any] | None = None,
+        fan_out: FanOut | None = None,
     ) -> None:
         self.features, self.stream, self.replaced = features, stream, replaced
         # The prompt's parts, (text, messages): the replicas' prefix index makes its key
@@ -43,6 +45,9 @@ class Inbound:
         # The return_* flags the client sent, name → value (None: it sent none; then
         # the engine reports running token totals, else per-response counts).
         self.returns = returns
+        # The OpenAI request's fan-out this request is one choice of (None: not one);
+        # its tenant admits the n together (tenants.py).
+        self.fan_out = fan_out
 
 
 def inflight_limit(configured: int, capacity: int | None) -> int:

@@ -48,7 +48,7 @@ from router_config import FILE_NAME as ROUTER_CONFIG
 from router_config import load as load_router_config
 from router_metrics import RouterMetrics
 from targets import Targets
-from tenants import Tenants
+from tenants import FAN_OUT_KEYS, Tenants, fan_out_of
 from trident_common import trust
 from trident_common.drain import DrainWatch
 from trident_common.error_classes import (
@@ -97,13 +97,15 @@ def forwardable(parameters: dict[str, Any] | None) -> dict[str, Any] | None:
     """Request parameters as a BLS request takes them: the stub accepts bool, int and
     str values only, so a float travels as its text (the engine models convert sampling
     values sent as text, as vllm_backend does). A client's ROUTER_PROOF is dropped: the
-    proof is the router's own (trust.py), and so is a TRACEPARENT. None when there are none."""
+    proof is the router's own (trust.py), and so is a TRACEPARENT; the fan-out's are the
+    router's to read (tenants.fan_out_of). None when there are none."""
     if not parameters:
         return None
     return {
         k: str(v) if isinstance(v, float) else v
         for k, v in parameters.items()
-        if isinstance(v, (bool, int, str, float)) and k not in (ROUTER_PROOF, TRACEPARENT)
+        if isinstance(v, (bool, int, str, float))
+        and k not in (ROUTER_PROOF, TRACEPARENT, *FAN_OUT_KEYS)
     }
 
 
@@ -274,13 +276,15 @@ class TritonPythonModel:
             route, candidates = self.policy.candidates(inbound.features, self.targets.available)
         except UnknownRoute as e:
             return self.fail(sender, CLIENT.mark(str(e), e.param), "unknown_route")
-        except BadRequest as e:  # the messages tensor is not what the interface says
+        except BadRequest as e:  # the messages or a fan-out parameter not as the interface says
             return self.fail(sender, CLIENT.mark(str(e), e.param or "messages"), "bad_request")
         # Any other error is the router's (handle: "router error", internal), never a 400.
         if not candidates:
             return self.refuse(sender, route, inbound.features)
         work = self.attempt(request, inbound, sender, route, candidates, arrival, attempts)
-        await self.tenants.run(inbound.features.tenant, work, attempts, sender, self.fail)
+        await self.tenants.run(
+            inbound.features.tenant, work, attempts, sender, self.fail, inbound.fan_out
+        )
 
     async def attempt(
         self,
@@ -412,6 +416,7 @@ class TritonPythonModel:
             (text, messages),
             returns,
             forwardable(loaded),
+            fan_out_of(loaded),
         )
 
     def fail(self, sender: pb_utils.ResponseSender, message: str, reason: str) -> None:

@@ -42,6 +42,9 @@ from redis.exceptions import NoScriptError, RedisError
 
 PERIOD_MS = 60_000.0
 REASONS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
+# A fan-out's call whose choice was admitted already: only a client that forged the
+# frontend's fan-out parameters sends one (tenants.FanOut).
+CHOICE_TAKEN = "choice_taken"
 # The budget of one call. A healthy call measured on the 2-core machine under 16 and 32
 # CPU burners (16 calls at once) took up to 0.34 s and 0.80 s (docs/router.md,
 # "Tenants"): 50 ms, the budget before, was blown there with Redis healthy. A budget
@@ -67,11 +70,38 @@ class Limits:
         self.rpm, self.tpm, self.max_concurrent = rpm or 0, tpm or 0, max_concurrent or 0
 
 
+class FanOut:
+    """One of the n calls of a fan-out (an OpenAI request's n choices): the calls of one
+    `group` are admitted as one unit. The first of them to reach a store admits all n
+    (n requests against the rate limit, n concurrency leases, or none of either) and the
+    store keeps that verdict for the group; each call then takes the lease of its own
+    `index`, once. A refused group charges nothing."""
+
+    __slots__ = ("group", "n", "index")
+
+    def __init__(self, group: str, n: int, index: int) -> None:
+        self.group, self.n, self.index = group, n, index
+
+    def lease(self, index: int) -> str:
+        return f"{self.group}:{index}"
+
+    def leases(self) -> list[str]:
+        return [self.lease(i) for i in range(self.n)]
+
+
 class Store(Protocol):
     """What a tenant store does (LocalStore, RedisStore): take a lease when the limits
-    admit a request, and release it and charge the tokens when the request ends."""
+    admit a request (or a fan-out's n), and release it and charge the tokens when the
+    request ends."""
 
-    async def admit(self, tenant: str, limits: Limits, lease_id: str, lease_ms: float) -> str: ...
+    async def admit(
+        self,
+        tenant: str,
+        limits: Limits,
+        lease_id: str,
+        lease_ms: float,
+        fan_out: FanOut | None = None,
+    ) -> str: ...
 
     async def finish(self, tenant: str, limits: Limits, lease_id: str, tokens: int) -> None: ...
 
@@ -85,22 +115,53 @@ class LocalStore:
         self.clock = clock
         self.tats: dict[tuple[str, str], float] = {}  # (tenant, "rpm" | "tpm") → TAT in ms
         self.leases: dict[str, dict[str, float]] = {}  # tenant → {lease id: expiry in ms}
+        # (tenant, fan-out group) → (its verdict, the indexes that took their lease,
+        # when the entry expires in ms): what the Lua below keeps in the group's key.
+        self.fan_outs: dict[tuple[str, str], tuple[str, set[int], float]] = {}
 
-    async def admit(self, tenant: str, limits: Limits, lease_id: str, lease_ms: float) -> str:
-        """'' when admitted (a lease is taken), else the limit that refused it."""
+    async def admit(
+        self,
+        tenant: str,
+        limits: Limits,
+        lease_id: str,
+        lease_ms: float,
+        fan_out: FanOut | None = None,
+    ) -> str:
+        """'' when admitted (a lease is taken), else the limit that refused it. A
+        fan-out's call: the group's verdict, taken for all n by its first call."""
         now = self.clock() * 1000.0
         self._prune(now)
+        if fan_out is None:
+            return self._admit(tenant, limits, [lease_id], lease_ms, now)
+        key = (tenant, fan_out.group)
+        entry = self.fan_outs.get(key)
+        if entry is None or entry[2] <= now:
+            verdict = self._admit(tenant, limits, fan_out.leases(), lease_ms, now)
+            entry = self.fan_outs[key] = (verdict, set(), now + lease_ms)
+        verdict, taken, _ = entry
+        if verdict:
+            return verdict
+        if fan_out.index in taken:
+            return CHOICE_TAKEN
+        taken.add(fan_out.index)
+        return ""
+
+    def _admit(
+        self, tenant: str, limits: Limits, lease_ids: list[str], lease_ms: float, now: float
+    ) -> str:
+        """Admit len(lease_ids) requests at once, or none."""
+        weight = len(lease_ids)
         if limits.tpm and self.tats.get((tenant, "tpm"), now) - now > PERIOD_MS:
             return "tokens_per_minute"
         if limits.rpm:
-            tat = max(self.tats.get((tenant, "rpm"), now), now) + PERIOD_MS / limits.rpm
+            tat = max(self.tats.get((tenant, "rpm"), now), now) + weight * PERIOD_MS / limits.rpm
             if tat - now > PERIOD_MS:
                 return "requests_per_minute"
         if limits.max_concurrent:
             leases = {k: v for k, v in self.leases.get(tenant, {}).items() if v > now}
-            if len(leases) >= limits.max_concurrent:
+            if len(leases) + weight > limits.max_concurrent:
                 return "max_concurrent"
-            leases[lease_id] = now + lease_ms
+            leases.update({lease_id: now + lease_ms for lease_id in lease_ids})
             self.leases[tenant] = leases
         if limits.rpm:
             self.tats[(tenant, "rpm")] = tat
@@ -117,9 +178,10 @@ class LocalStore:
     def _prune(self, now: float) -> None:
         """Forget full buckets and empty lease sets (what Redis's expiry does), so
         tenants that come and go do not grow the dicts."""
-        if len(self.tats) + len(self.leases) < 4096:
+        if len(self.tats) + len(self.leases) + len(self.fan_outs) < 4096:
             return
         self.tats = {k: v for k, v in self.tats.items() if v > now}
+        self.fan_outs = {k: v for k, v in self.fan_outs.items() if v[2] > now}
         self.leases = {
             k: v for k, v in self.leases.items() if any(expiry > now for expiry in v.values())
         }
@@ -131,28 +193,51 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local period = 60000
 """
-# KEYS: requests TAT, tokens TAT, leases. ARGV: rpm, tpm, max_concurrent, lease id, lease ms.
+# KEYS: requests TAT, tokens TAT, leases, and for a fan-out's call its group's key.
+# ARGV: rpm, tpm, max_concurrent, lease ms, the call's index in its fan-out ('' for none),
+# then the lease ids the admission takes: the request's one, or the fan-out's n.
+# A group's key holds its verdict: the limit that refused it, or one character per choice
+# ('-' its lease not taken yet, '+' taken); GET and SET only, so the documented ACL serves.
 ADMIT = (
     _NOW
     + """
 local rpm, tpm, maxc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-if tpm > 0 and (tonumber(redis.call('GET', KEYS[2])) or now) - now > period then
-  return 'tokens_per_minute'
+local lease_ms, n = tonumber(ARGV[4]), #ARGV - 5
+local function admit()
+  if tpm > 0 and (tonumber(redis.call('GET', KEYS[2])) or now) - now > period then
+    return 'tokens_per_minute'
+  end
+  local tat = 0
+  if rpm > 0 then
+    tat = math.max(tonumber(redis.call('GET', KEYS[1])) or now, now) + n * period / rpm
+    if tat - now > period then return 'requests_per_minute' end
+  end
+  if maxc > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+    if redis.call('ZCARD', KEYS[3]) + n > maxc then return 'max_concurrent' end
+    for i = 6, #ARGV do redis.call('ZADD', KEYS[3], now + lease_ms, ARGV[i]) end
+    redis.call('PEXPIRE', KEYS[3], lease_ms)
+  end
+  if rpm > 0 then
+    redis.call('SET', KEYS[1], tostring(tat), 'PX', math.ceil(tat - now) + 1)
+  end
+  return ''
 end
-local tat = 0
-if rpm > 0 then
-  tat = math.max(tonumber(redis.call('GET', KEYS[1])) or now, now) + period / rpm
-  if tat - now > period then return 'requests_per_minute' end
+if #KEYS < 4 then return admit() end
+local verdict = redis.call('GET', KEYS[4])
+if not verdict then
+  verdict = admit()
+  if verdict == '' then verdict = string.rep('-', n) end
+  redis.call('SET', KEYS[4], verdict, 'PX', lease_ms)
 end
-if maxc > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  if redis.call('ZCARD', KEYS[3]) >= maxc then return 'max_concurrent' end
-  redis.call('ZADD', KEYS[3], now + tonumber(ARGV[5]), ARGV[4])
-  redis.call('PEXPIRE', KEYS[3], ARGV[5])
-end
-if rpm > 0 then
-  redis.call('SET', KEYS[1], tostring(tat), 'PX', math.ceil(tat - now) + 1)
-end
+local first = string.sub(verdict, 1, 1)
+if first ~= '-' and first ~= '+' then return verdict end
+local at = tonumber(ARGV[5]) + 1
+if string.sub(verdict, at, at) ~= '-' then return '"""
+    + CHOICE_TAKEN
+    + """' end
+redis.call('SET', KEYS[4], string.sub(verdict, 1, at - 1) .. '+' .. string.sub(verdict, at + 1),
+           'KEEPTTL')
 return ''
 """
 )
@@ -214,18 +299,32 @@ class RedisStore:
         self.failing, self.probing = False, False
         self.retry_at, self.last_error = 0.0, ""
 
-    def keys(self, tenant: str) -> tuple[str, str, str]:
+    def base(self, tenant: str) -> str:
         # The braces make a Redis Cluster hash tag: a tenant's keys share one slot. (%
         # keeps triple braces out of the source: render's leftover-placeholder check.)
-        base = "trident:%s:{%s}" % (self.namespace, tenant)  # noqa: UP031
+        return "trident:%s:{%s}" % (self.namespace, tenant)  # noqa: UP031
+
+    def keys(self, tenant: str) -> tuple[str, str, str]:
+        base = self.base(tenant)
         return f"{base}:rpm", f"{base}:tpm", f"{base}:leases"
 
-    async def admit(self, tenant: str, limits: Limits, lease_id: str, lease_ms: float) -> str:
-        rpm, tpm, leases = self.keys(tenant)
+    async def admit(
+        self,
+        tenant: str,
+        limits: Limits,
+        lease_id: str,
+        lease_ms: float,
+        fan_out: FanOut | None = None,
+    ) -> str:
+        keys: tuple[str, ...] = self.keys(tenant)
+        index, lease_ids = "", [lease_id]
+        if fan_out is not None:
+            keys = (*keys, f"{self.base(tenant)}:fan:{fan_out.group}")
+            index, lease_ids = str(fan_out.index), fan_out.leases()
         reply = await self.call(
             ADMIT,
-            (rpm, tpm, leases),
-            (limits.rpm, limits.tpm, limits.max_concurrent, lease_id, int(lease_ms)),
+            keys,
+            (limits.rpm, limits.tpm, limits.max_concurrent, int(lease_ms), index, *lease_ids),
         )
         return reply.decode() if isinstance(reply, bytes) else ""
 

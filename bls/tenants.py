@@ -28,11 +28,27 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from router_config import TenantLimitsConfig, TenantsConfig
 from tenant_names import TENANT_RE
 from tenant_outbox import Outbox
-from tenant_store import Limits, LocalStore, RedisStore, Store, StoreUnavailable
+from tenant_store import (
+    CHOICE_TAKEN,
+    FanOut,
+    Limits,
+    LocalStore,
+    RedisStore,
+    Store,
+    StoreUnavailable,
+)
 from trident_common.error_classes import CLIENT, FORBIDDEN, RATE_LIMIT, UNAVAILABLE
-from trident_common.interface import CACHE_SALT, PRIORITY
+from trident_common.faults import BadRequest
+from trident_common.interface import (
+    CACHE_SALT,
+    FAN_OUT_GROUP,
+    FAN_OUT_INDEX,
+    FAN_OUT_N,
+    PRIORITY,
+)
 from trident_common.metrics import COUNTER, GAUGE
 from trident_common.trust import tenant_salt
 
@@ -51,6 +67,8 @@ LEASE_MARGIN_S = 5.0
 CLOSE_FLUSH_S = 2.0  # at unload, how long queued releases and charges may take
 ANONYMOUS = "_anonymous"  # the bucket of requests that name no tenant
 OTHER = "_other"  # metric label of tenants not in the spec (clients pick names)
+FAN_OUT_KEYS = (FAN_OUT_GROUP, FAN_OUT_N, FAN_OUT_INDEX)
+MAX_GROUP_CHARS = 64  # the frontend's group ids are 32 hex digits
 UNITS = {
     "requests_per_minute": "requests per minute",
     "tokens_per_minute": "tokens per minute",
@@ -75,16 +93,31 @@ class MetricSource(Protocol):
 class Tenant:
     __slots__ = ("name", "label", "limits", "quota", "tier", "priority", "salt")
 
-    def __init__(self, name: str, label: str, entry: Mapping[str, Any], shared: bool) -> None:
+    def __init__(self, name: str, label: str, entry: TenantLimitsConfig, shared: bool) -> None:
         self.name, self.label = name, label
         self.quota = entry  # the spec's numbers, for messages
         self.limits = Limits(
-            entry["requests_per_minute"], entry["tokens_per_minute"], entry["max_concurrent"]
+            entry.requests_per_minute, entry.tokens_per_minute, entry.max_concurrent
         )
-        self.tier: str = entry["tier"]
-        self.priority: int = entry["priority"]
+        self.tier = entry.tier
+        self.priority = entry.priority
         # Secret: a keyed HMAC of the name (trust.py), so no one can compute another's.
         self.salt = None if shared else tenant_salt(name)
+
+    def most_at_once(self) -> tuple[int, str] | None:
+        """The most requests this tenant can ever have admitted at once, and the limit
+        that says so (None: no limit does): max_concurrent, and requests_per_minute,
+        whose bucket holds a minute's requests when full. tokens_per_minute is charged
+        after the answers and bounds no count of requests."""
+        bounds = [
+            (limit, reason)
+            for limit, reason in (
+                (self.limits.max_concurrent, "max_concurrent"),
+                (self.limits.rpm, "requests_per_minute"),
+            )
+            if limit
+        ]
+        return min(bounds) if bounds else None
 
 
 class Ticket:
@@ -102,23 +135,45 @@ class Refused(Exception):
         self.label, self.reason = label, reason
 
 
-def read_password(config: Mapping[str, Any]) -> str | None:
+def fan_out_of(parameters: Mapping[str, Any] | None) -> FanOut | None:
+    """The fan-out a request belongs to, from its request parameters (the frontend's, one
+    call per choice of an OpenAI request's n); None when it names none. Raises BadRequest
+    naming the parameter for a malformed one: all three or none, n >= 1, 0 <= index < n."""
+    if not parameters or not any(key in parameters for key in FAN_OUT_KEYS):
+        return None
+    group, n, index = (parameters.get(key) for key in FAN_OUT_KEYS)
+    if not isinstance(group, str) or not 0 < len(group) <= MAX_GROUP_CHARS:
+        raise BadRequest(
+            f"{FAN_OUT_GROUP} must be a text of 1 to {MAX_GROUP_CHARS} characters with "
+            f"{FAN_OUT_N} and {FAN_OUT_INDEX}",
+            FAN_OUT_GROUP,
+        )
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise BadRequest(f"{FAN_OUT_N} must be an integer of 1 or more", FAN_OUT_N)
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
+        raise BadRequest(
+            f"{FAN_OUT_INDEX} must be an integer from 0 to {FAN_OUT_N} - 1 ({n - 1})",
+            FAN_OUT_INDEX,
+        )
+    return FanOut(group, n, index)
+
+
+def read_password(config: TenantsConfig) -> str | None:
     """The Redis password from the environment or a file; raises if named but absent."""
-    if config.get("password_env"):
-        value = os.environ.get(config["password_env"])
+    if config.password_env:
+        value = os.environ.get(config.password_env)
         if not value:
             raise RuntimeError(
-                f"tenants.password_env: the environment variable "
-                f"{config['password_env']} is not set"
+                f"tenants.password_env: the environment variable {config.password_env} is not set"
             )
         return value
-    if config.get("password_file"):
+    if config.password_file:
         try:
-            with open(config["password_file"]) as f:
+            with open(config.password_file) as f:
                 return f.read().strip()
         except OSError as e:
             raise RuntimeError(
-                f"tenants.password_file: cannot read {config['password_file']}: {e.strerror}"
+                f"tenants.password_file: cannot read {config.password_file}: {e.strerror}"
             ) from None
     return None
 
@@ -128,7 +183,7 @@ class Tenants:
 
     def __init__(
         self,
-        config: Mapping[str, Any] | None,
+        config: TenantsConfig | None,
         router_metrics: MetricSource,
         deadline_s: float,
         store: Store | None = None,
@@ -137,23 +192,22 @@ class Tenants:
         self.enabled = config is not None
         self.warn = warn  # the router's log: what the store said when it failed
         self.store_trouble = ""  # the last store error logged (each said once)
-        # Disabled: {} stands in for the section, and no method reads it then.
-        self.config: Mapping[str, Any] = config if config is not None else {}
         if config is None:
             return
+        # Only an enabled gate has one: no method reads it when the gate is disabled.
+        self.config = config
         self.lease_ms = (deadline_s + LEASE_MARGIN_S) * 1000.0
-        shared = set(config["share_prefix_cache"])
+        shared = set(config.share_prefix_cache)
         self.known = {
-            name: Tenant(name, name, entry, name in shared)
-            for name, entry in config["limits"].items()
+            name: Tenant(name, name, entry, name in shared) for name, entry in config.limits.items()
         }
         self.metrics = TenantMetrics(router_metrics)
-        if store is None and config["redis"]:
+        if store is None and config.redis:
             store = RedisStore(
-                config["redis"],
+                config.redis,
                 read_password(config),
-                config["namespace"],
-                username=config.get("username"),
+                config.namespace,
+                username=config.username,
             )
         self.store = store or LocalStore()
         self.outbox = Outbox(
@@ -175,7 +229,7 @@ class Tenants:
             return
         name = hints.get("tenant")
         tenant = self.known.get(str(name)) if name else None
-        hints["tier"] = tenant.tier if tenant is not None else self.config["default"]["tier"]
+        hints["tier"] = tenant.tier if tenant is not None else self.config.default.tier
 
     def identify(self, name: object) -> Tenant:
         """The request's Tenant; raises Refused (unknown or malformed name)."""
@@ -196,26 +250,49 @@ class Tenants:
                     "tenant",
                 ),
             )
-        if self.config["unknown"] == "reject":
+        if self.config.unknown == "reject":
             what = (
                 "the request names no tenant (give the `tenant` input or parameter)"
                 if name == ANONYMOUS
                 else f"tenant {name!r} is not known"
             )
             raise Refused(label, "unknown_tenant", FORBIDDEN.mark(what))
-        tenant = Tenant(
-            name, label, self.config["default"], name in self.config["share_prefix_cache"]
-        )
+        tenant = Tenant(name, label, self.config.default, name in self.config.share_prefix_cache)
         return tenant
 
-    async def admit(self, name: object) -> Ticket:
-        """A Ticket, or raises Refused naming the tenant and the limit."""
+    def check_fan_out(self, tenant: Tenant, fan_out: FanOut) -> None:
+        """Raises Refused (the client's error, naming `n`) for a fan-out of more choices
+        than the tenant can ever have at once: waiting would never admit it."""
+        most = tenant.most_at_once()
+        if most is None or fan_out.n <= most[0]:
+            return
+        limit, reason = most
+        raise Refused(
+            tenant.label,
+            "too_many_choices",
+            CLIENT.mark(
+                f"n is {fan_out.n}, and each choice is a request of its own: tenant "
+                f"{tenant.name!r} may never have more than {limit} at once (its {reason} "
+                f"is {limit}); ask for n of {limit} or fewer",
+                "n",
+            ),
+        )
+
+    async def admit(self, name: object, fan_out: FanOut | None = None) -> Ticket:
+        """A Ticket, or raises Refused naming the tenant and the limit. A fan-out's call
+        is admitted with its group (all n or none; tenant_store.FanOut)."""
         tenant = self.identify(name)
-        lease_id = secrets.token_hex(8)
+        if fan_out is not None:
+            self.check_fan_out(tenant, fan_out)
+            lease_id = fan_out.lease(fan_out.index)
+        else:
+            lease_id = secrets.token_hex(8)
         try:
-            reason = await self.store.admit(tenant.name, tenant.limits, lease_id, self.lease_ms)
+            reason = await self.store.admit(
+                tenant.name, tenant.limits, lease_id, self.lease_ms, fan_out
+            )
         except StoreUnavailable as e:
-            decision = self.config["on_redis_error"]
+            decision = self.config.on_redis_error
             self.metrics.redis_failure(decision)
             if str(e) != self.store_trouble:
                 self.store_trouble = str(e)
@@ -232,13 +309,22 @@ class Tenants:
                     ),
                 ) from None
             reason = ""
-        if reason:
-            limit = tenant.quota[reason]
+        if reason == CHOICE_TAKEN and fan_out is not None:
             raise Refused(
                 tenant.label,
                 reason,
-                RATE_LIMIT.mark(f"tenant {tenant.name!r} is over {limit} {UNITS[reason]}"),
+                CLIENT.mark(
+                    f"choice {fan_out.index} of fan-out {fan_out.group[:MAX_GROUP_CHARS]!r} "
+                    "was admitted already",
+                    FAN_OUT_INDEX,
+                ),
             )
+        if reason:
+            limit = tenant.quota.limit(reason)
+            over = f"tenant {tenant.name!r} is over {limit} {UNITS[reason]}"
+            if fan_out is not None:
+                over += f" with {fan_out.n} choices (n), admitted together or not at all"
+            raise Refused(tenant.label, reason, RATE_LIMIT.mark(over))
         self.metrics.admitted(tenant.label)
         return Ticket(tenant, lease_id)
 
@@ -249,14 +335,15 @@ class Tenants:
         attempts: Sequence[object],
         sender: pb_utils.ResponseSender,
         fail: Callable[[pb_utils.ResponseSender, str, str], _T],
+        fan_out: FanOut | None = None,
     ) -> _T:
         """Await the coroutine `work` (the request's attempts) if the tenant is admitted,
         else close it and answer with `fail` (the router's); release the ticket however
-        the request ends."""
+        the request ends. `fan_out`: the fan-out the request is one call of."""
         if not self.enabled:
             return await work
         try:
-            ticket = await self.admit(name)
+            ticket = await self.admit(name, fan_out)
         except Refused as e:
             work.close()
             self.metrics.rejected(e.label, e.reason)

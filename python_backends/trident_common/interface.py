@@ -63,6 +63,11 @@ CONTROL_INPUTS = (_text(REQUEST_ID), _text(ABORT_REQUEST_ID))
 # Routing hints: the router reads them (as inputs or request parameters) and never
 # forwards them; bls/policy.py gives each its meaning.
 HINT_NAMES = ("route", "task", "family", "tenant", "tier", "conversation_id", "shared_prefix")
+# One choice of an OpenAI request's n (the frontend's fan-out: one Triton request per
+# choice): request parameters the frontend sets on each of the n, read by the router,
+# which admits the n under the tenant's limits as one unit (bls/tenants.py) and never
+# forwards them. The group is a random id per OpenAI request, the same on its n calls.
+FAN_OUT_GROUP, FAN_OUT_N, FAN_OUT_INDEX = "fan_out_group", "fan_out_n", "fan_out_index"
 
 # Set by the router from the spec's `tenants:` (bls/tenants.py), never by a client: the
 # tenant's tier as vLLM's request priority, and its prefix-cache salt (the router's proof

@@ -17,10 +17,16 @@ import pytest
 
 from bls import tenant_store
 from bls.policy import router_config
+from bls.router_config import TenantsConfig
 from bls.tenant_store import Limits, RedisStore, StoreUnavailable
 from builder.spec import parse_spec
 from support.redis_server import RedisServer
 from tests.bls.test_model import SPEC, router_modules
+from tests.bls.test_tenants import (
+    fan_out,
+    fan_out_concurrency_scenario,
+    fan_out_rate_scenario,
+)
 
 LEASE_MS = 60_000
 # What the router needs and nothing more (docs/router.md, "Tenants").
@@ -95,6 +101,19 @@ def test_leases_of_a_dead_router_expire(redis):
     asyncio.run(go())
 
 
+def test_a_fan_out_split_across_two_routers_is_admitted_whole_and_refused_whole(redis):
+    """Issue 34: a fan-out's n calls may reach different routers; the group's verdict,
+    taken by its first call, lives in Redis beside the tenant's counters."""
+    for scenario in (fan_out_rate_scenario, fan_out_concurrency_scenario):
+        namespace = scenario.__name__
+        stores = [RedisStore(redis.url, None, namespace) for _ in range(2)]
+        asyncio.run(scenario(stores))
+        # The group's key expires with its leases (the router's deadline).
+        keys = redis.command("KEYS", f"trident:{namespace}:*:fan:*").decode()
+        assert "fan:g" in keys
+    assert 0 < pttl(redis, "trident:fan_out_rate_scenario:{t}:fan:g1") <= LEASE_MS
+
+
 def test_a_password_and_a_wrong_one():
     server = RedisServer(password="s3cret-pw").start()
     try:
@@ -117,6 +136,9 @@ def test_an_acl_user_with_only_what_the_router_needs():
         try:
             first = await store.admit("t", limits, "a", LEASE_MS)
             await store.finish("t", limits, "a", 150)
+            # A fan-out's script runs on what the documented ACL allows too.
+            whole = await fan_out([store], "u", Limits(max_concurrent=2), "g", 2)
+            assert whole == ["", ""], whole
             return first, await store.admit("t", limits, "b", LEASE_MS)
         except StoreUnavailable as e:
             return e
@@ -277,7 +299,11 @@ def tenants_over(redis, deadline_s=10.0, **entry):
         )
         yield (
             tenants_module,
-            tenants_module.Tenants(config, metrics_module.RouterMetrics("router"), deadline_s),
+            tenants_module.Tenants(
+                TenantsConfig.from_dict(config),
+                metrics_module.RouterMetrics("router"),
+                deadline_s,
+            ),
         )
 
 
@@ -311,7 +337,7 @@ def test_a_lease_expires_with_the_routers_deadline(redis):
     with tenants_over(redis, deadline_s=10.0, max_concurrent=1) as (module, tenants):
         ticket = asyncio.run(tenants.admit("dave"))
         assert ticket is not None
-        ttl = pttl(redis, f"trident:{tenants.config['namespace']}:{{dave}}:leases")
+        ttl = pttl(redis, f"trident:{tenants.config.namespace}:{{dave}}:leases")
         assert 10_000 < ttl <= 10_000 + module.LEASE_MARGIN_S * 1000 <= 15_000
 
 

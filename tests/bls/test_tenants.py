@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bls.policy import router_config
-from bls.tenant_store import Limits, LocalStore
+from bls.tenant_store import CHOICE_TAKEN, FanOut, Limits, LocalStore
 from builder.spec import parse_spec
 from tests.bls.test_model import (
     SPEC,
@@ -300,3 +300,193 @@ def test_a_redis_outage_under_deny_is_a_503_that_does_not_show_where_redis_is(
         run(model, ClientRequest(hints={"tenant": "alice"}))
     said = [r.getMessage() for r in caplog.records if "tenant store:" in r.getMessage()]
     assert len(said) == 1 and "127.0.0.1:1" in said[0], said
+
+
+# -- a fan-out (an OpenAI request's n choices) admitted as one unit -------------------------
+# Issue 34: a 5-per-minute tenant sending n=6 was charged 5 and got a 429 and nothing else;
+# a max_concurrent: 2 tenant could never succeed with n=3, and was told it was "over 2
+# concurrent requests" while nothing of its ran. The scenarios take the stores the calls
+# go to in turn: one LocalStore here, two routers' RedisStores in test_tenant_redis.py.
+
+
+async def fan_out(stores, tenant, limits, group, n, indexes=None):
+    """Each call of fan-out `group` (n choices), sent to the stores in turn."""
+    return [
+        await stores[i % len(stores)].admit(
+            tenant, limits, f"{group}:{i}", LEASE_MS, FanOut(group, n, i)
+        )
+        for i in (range(n) if indexes is None else indexes)
+    ]
+
+
+async def fan_out_rate_scenario(stores):
+    """5 requests per minute: n=3 admitted whole; the next n=3 refused whole, and
+    charged nothing: two single requests still fit, a third does not."""
+    limits = Limits(rpm=5)
+    assert await fan_out(stores, "t", limits, "g1", 3) == ["", "", ""]
+    assert await fan_out(stores, "t", limits, "g2", 3) == ["requests_per_minute"] * 3
+    singles = [await stores[0].admit("t", limits, f"s{i}", LEASE_MS) for i in range(3)]
+    assert singles == ["", "", "requests_per_minute"]
+
+
+async def fan_out_concurrency_scenario(stores):
+    """max_concurrent 3, one request running: n=3 refused whole (no lease taken), n=2
+    admitted whole (both leases taken at its first call); a choice's lease returns when
+    that choice ends; a choice admitted twice is refused the second time."""
+    limits = Limits(max_concurrent=3)
+    assert await stores[0].admit("t", limits, "running", LEASE_MS) == ""
+    assert await fan_out(stores, "t", limits, "g3", 3) == ["max_concurrent"] * 3
+    assert await fan_out(stores, "t", limits, "g4", 2, indexes=[0]) == [""]
+    # g4's second lease is held for its second call, which has not come yet:
+    assert await stores[-1].admit("t", limits, "single", LEASE_MS) == "max_concurrent"
+    assert await fan_out(stores, "t", limits, "g4", 2, indexes=[1, 1]) == ["", CHOICE_TAKEN]
+    await stores[0].finish("t", limits, "g4:0", 0)
+    assert await stores[-1].admit("t", limits, "single", LEASE_MS) == ""
+
+
+def test_local_fan_out_is_admitted_whole_and_a_refused_one_is_not_charged():
+    store = LocalStore(Clock())
+    asyncio.run(fan_out_rate_scenario([store]))
+
+
+def test_local_fan_out_takes_its_n_leases_at_once():
+    store = LocalStore(Clock())
+    asyncio.run(fan_out_concurrency_scenario([store]))
+
+
+def test_local_fan_out_verdict_expires_with_the_lease():
+    clock = Clock()
+    store = LocalStore(clock)
+    limits = Limits(max_concurrent=2)
+
+    async def go():
+        assert await fan_out([store], "t", limits, "g", 2, indexes=[0]) == [""]
+        clock.now += LEASE_MS / 1000 + 1  # its leases and its verdict are gone
+        assert await fan_out([store], "t", limits, "other", 2) == ["", ""]
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    ("limits", "most"),
+    [
+        ({"requests_per_minute": 5}, (5, "requests_per_minute")),
+        ({"max_concurrent": 2, "requests_per_minute": 5}, (2, "max_concurrent")),
+        ({"tokens_per_minute": 10}, None),  # charged after the answers: no count bound
+        ({}, None),
+    ],
+)
+def test_the_most_a_tenant_can_have_at_once(limits, most):
+    entry = {
+        "requests_per_minute": None,
+        "tokens_per_minute": None,
+        "max_concurrent": None,
+        "tier": "standard",
+        "priority": 0,
+        **limits,
+    }
+    assert tenants_module().Tenant("t", "t", entry, shared=True).most_at_once() == most
+
+
+def tenants_module():
+    with router_modules():
+        sys.modules.pop("tenants", None), sys.modules.pop("tenant_store", None)
+        import tenants
+
+        return tenants
+
+
+@pytest.mark.parametrize(
+    ("parameters", "wrong"),
+    [
+        ({"fan_out_group": "g", "fan_out_n": 2}, "fan_out_index"),
+        ({"fan_out_n": 2, "fan_out_index": 0}, "fan_out_group"),
+        ({"fan_out_group": "g" * 65, "fan_out_n": 2, "fan_out_index": 0}, "fan_out_group"),
+        ({"fan_out_group": "g", "fan_out_n": 0, "fan_out_index": 0}, "fan_out_n"),
+        ({"fan_out_group": "g", "fan_out_n": True, "fan_out_index": 0}, "fan_out_n"),
+        ({"fan_out_group": "g", "fan_out_n": 2, "fan_out_index": 2}, "fan_out_index"),
+        ({"fan_out_group": "g", "fan_out_n": 2, "fan_out_index": "0"}, "fan_out_index"),
+    ],
+)
+def test_a_malformed_fan_out_names_its_parameter(parameters, wrong):
+    tenants = tenants_module()
+    with pytest.raises(ValueError) as refused:
+        tenants.fan_out_of(parameters)
+    assert refused.value.param == wrong and wrong in str(refused.value)
+
+
+def test_no_fan_out_parameters_is_no_fan_out():
+    tenants = tenants_module()
+    assert tenants.fan_out_of(None) is None and tenants.fan_out_of({"tenant": "a"}) is None
+    found = tenants.fan_out_of({"fan_out_group": "g", "fan_out_n": 3, "fan_out_index": 2})
+    assert (found.group, found.n, found.index) == ("g", 3, 2)
+
+
+def fan_out_requests(tenant, n, group="grp"):
+    return [
+        ClientRequest(
+            hints={"tenant": tenant},
+            parameters={"fan_out_group": group, "fan_out_n": n, "fan_out_index": i},
+        )
+        for i in range(n)
+    ]
+
+
+FAN_OUT_TENANTS = {
+    "default": {"requests_per_minute": 100},
+    "limits": {"alice": {"requests_per_minute": 2}, "bob": {"max_concurrent": 1}},
+    "unknown": "reject",
+}
+
+
+def test_a_fan_out_over_what_the_tenant_can_ever_have_is_a_400_naming_n(tenant_router):
+    backend = FakeBackend("primary")
+    model = tenant_router([backend], tenants=FAN_OUT_TENANTS)
+    before = rejected("alice", "too_many_choices")
+    over_rate = fan_out_requests("alice", 3)  # alice: 2 requests per minute
+    over_concurrency = fan_out_requests("bob", 2, "other")  # bob: max_concurrent 1
+    run(model, *over_rate, *over_concurrency)
+    for request in over_rate:
+        assert request.errors() == [
+            "invalid request: [n] n is 3, and each choice is a request of its own: tenant "
+            "'alice' may never have more than 2 at once (its requests_per_minute is 2); ask "
+            "for n of 2 or fewer"
+        ]
+        assert request.sender.responses()[0].error().code() == pb.TritonError.INVALID_ARG
+    for request in over_concurrency:
+        assert "more than 1 at once (its max_concurrent is 1)" in request.errors()[0]
+    assert backend.calls == 0 and rejected("alice", "too_many_choices") == before + 3
+    # Nothing was charged: alice's two requests of the minute are still hers.
+    singles = [ClientRequest(hints={"tenant": "alice"}) for _ in range(2)]
+    run(model, *singles)
+    assert [r.errors() for r in singles] == [[], []] and backend.calls == 2
+
+
+def test_a_fan_out_is_admitted_whole_and_its_parameters_go_no_further(tenant_router):
+    backend = FakeBackend("primary")
+    model = tenant_router([backend], tenants=FAN_OUT_TENANTS)
+    whole = fan_out_requests("alice", 2)
+    run(model, *whole)
+    assert [r.errors() for r in whole] == [[], []] and backend.calls == 2
+    assert all(not any(k.startswith("fan_out") for k in (p or {})) for p in backend.parameters)
+    # Its minute is spent: the next fan-out of two is refused whole, as a limit (429).
+    refused = fan_out_requests("alice", 2, "next")
+    run(model, *refused)
+    for request in refused:
+        assert request.errors() == [
+            "rate limit: tenant 'alice' is over 2 requests per minute with 2 choices (n), "
+            "admitted together or not at all"
+        ]
+    assert backend.calls == 2
+
+
+def test_a_malformed_fan_out_is_refused_before_any_backend(tenant_router):
+    backend = FakeBackend("primary")
+    model = tenant_router([backend])
+    request = ClientRequest(
+        hints={"tenant": "alice"},
+        parameters={"fan_out_group": "g", "fan_out_n": 2, "fan_out_index": 5},
+    )
+    run(model, request)
+    assert request.errors()[0].startswith("invalid request: [fan_out_index] fan_out_index must")
+    assert backend.calls == 0

@@ -33,6 +33,8 @@ TENANTS = {
         "carol": {"max_concurrent": 1},
         "dave": {"tokens_per_minute": 20},
         "eve": {"requests_per_minute": 5},
+        "frank": {"requests_per_minute": 5},
+        "gina": {"max_concurrent": 2},
     },
 }
 
@@ -58,8 +60,8 @@ def servers(redis, tmp_path_factory, pool):
         yield {"allow": allow, "deny": deny}
 
 
-def ask(server, tenant, max_tokens=2, timeout_s=30):
-    stream = Stream(server, hints={"tenant": tenant}, max_tokens=max_tokens)
+def ask(server, tenant, max_tokens=2, timeout_s=30, parameters=None):
+    stream = Stream(server, hints={"tenant": tenant}, max_tokens=max_tokens, parameters=parameters)
     try:
         assert stream.pump(timeout_s), "no final response"
         return stream
@@ -99,6 +101,52 @@ def test_three_requests_per_minute_hold_across_two_servers(servers):
         router_instance="router_0_0",
     )
     assert breaker == 0
+
+
+def fan_out(servers, tenant, n, group):
+    """The n calls of one fan-out as the OpenAI frontend sends them (one per choice, its
+    request parameters naming the group), at once, alternating between the servers."""
+    pair = [servers["allow"], servers["deny"]]
+    with ThreadPoolExecutor(n) as pool:
+        calls = [
+            pool.submit(
+                ask,
+                pair[i % 2],
+                tenant,
+                parameters={"fan_out_group": group, "fan_out_n": n, "fan_out_index": i},
+            )
+            for i in range(n)
+        ]
+        return [call.result() for call in calls]
+
+
+def test_a_fan_out_is_admitted_whole_across_two_servers_and_refused_whole(servers):
+    """Issue 34: a 5-per-minute tenant sending n=6 was charged 5 and got a 429 and
+    nothing else; a max_concurrent: 2 tenant could never succeed with n=3 and was told
+    it was over 2 concurrent requests."""
+    never = fan_out(servers, "frank", 6, "never-rate")
+    assert [a.errors for a in never] == [
+        [
+            "invalid request: [n] n is 6, and each choice is a request of its own: tenant "
+            "'frank' may never have more than 5 at once (its requests_per_minute is 5); "
+            "ask for n of 5 or fewer"
+        ]
+    ] * 6
+    too_wide = fan_out(servers, "gina", 3, "never-concurrent")
+    assert all("(its max_concurrent is 2)" in a.errors[0] for a in too_wide)
+    whole = fan_out(servers, "frank", 3, "whole")
+    assert [a.errors for a in whole] == [[]] * 3 and all(a.text for a in whole)
+    refused = fan_out(servers, "frank", 3, "refused")  # 2 of the minute's 5 are left
+    assert [a.errors for a in refused] == [
+        [
+            "rate limit: tenant 'frank' is over 5 requests per minute with 3 choices (n), "
+            "admitted together or not at all"
+        ]
+    ] * 3
+    # Nothing of the refused ones was charged: the last two of the minute are frank's.
+    assert [ask(servers["deny"], "frank").errors for _ in range(2)] == [[], []]
+    assert ask(servers["allow"], "frank").errors  # and then the minute is spent
+    assert [a.errors for a in fan_out(servers, "gina", 2, "two")] == [[], []]
 
 
 def test_tokens_are_charged_after_the_response(servers):
