@@ -18,6 +18,7 @@ from builder.serve.openai.choices import choice_generations
 from builder.serve.openai.errors import OpenAIError
 from builder.serve.openai.protocol import parse_chat, parse_completion
 from builder.serve.openai.tensors import ModelInfo, Piece, build_inputs
+from builder.serve.openai.triton import fan_out_parameters, request_of
 from tests.serve.test_openai_app import FakeCall, FakeTriton
 
 CHAT = {"model": "router", "messages": [{"role": "user", "content": "Hi"}]}
@@ -218,3 +219,26 @@ def test_each_choice_gets_its_own_seed_only_when_there_is_one():
     assert [g.sampling["seed"] for g in seeded] == [2, 3, 4]
     unseeded = choice_generations(parse_chat({**CHAT, "n": 2}))
     assert len(unseeded) == 2 and all("seed" not in g.sampling for g in unseeded)
+
+
+def test_the_n_choices_name_one_fan_out_and_a_router_gets_it_as_parameters():
+    """Issue 34: the router's tenant gate admits the n calls of one request as one unit;
+    it knows them by these request parameters (bls/tenants.py, fan_out_of)."""
+    choices = choice_generations(parse_chat({**CHAT, "n": 3}))
+    groups = {g.choice[0] for g in choices}
+    assert len(groups) == 1 and [g.choice[1] for g in choices] == [0, 1, 2]
+    (group,) = groups
+    assert (
+        len(group) == 32 and choice_generations(parse_chat({**CHAT, "n": 2}))[0].choice[0] != group
+    )
+    assert choice_generations(parse_chat(CHAT))[0].choice is None  # n = 1: no fan-out
+    router = ModelInfo("router", {"messages": "TYPE_STRING", "tenant": "TYPE_STRING"}, False)
+    engine = ModelInfo("smollm2", {"messages": "TYPE_STRING"}, False)
+    parameters = fan_out_parameters(choices[2], router)
+    assert parameters == {"fan_out_group": group, "fan_out_n": 3, "fan_out_index": 2}
+    assert fan_out_parameters(choices[2], engine) is None  # no tenant gate there
+    request = request_of("router", build_inputs(choices[2], router), "id", parameters)
+    assert request.parameters["fan_out_group"].string_param == group
+    assert request.parameters["fan_out_n"].int64_param == 3
+    assert request.parameters["fan_out_index"].int64_param == 2
+    assert not request_of("router", build_inputs(choices[2], router), "id").parameters

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import secrets
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -43,12 +44,21 @@ def needed(generation: Generation) -> bool:
 
 
 def choice_generations(generation: Generation) -> list[Generation]:
-    """One generation per choice: the same request, the seed moved on per choice."""
+    """One generation per choice: the same request, the seed moved on per choice, each
+    choice marked with the fan-out's group (a random id per request) and its index, so
+    that a router's tenant gate admits the n as one unit (bls/tenants.py)."""
+    if generation.n == 1:
+        return [generation]
     seed = generation.sampling.get("seed")
-    if generation.n == 1 or seed is None:
-        return [generation] * generation.n
+    group = secrets.token_hex(16)
     return [
-        dataclasses.replace(generation, sampling={**generation.sampling, "seed": seed + i})
+        dataclasses.replace(
+            generation,
+            sampling=generation.sampling
+            if seed is None
+            else {**generation.sampling, "seed": seed + i},
+            choice=(group, i),
+        )
         for i in range(generation.n)
     ]
 

@@ -122,6 +122,9 @@ class Generation:
     tools: list | None = None  # chat: OpenAI's tools (tools.py)
     tool_choice: str | None = None  # none / auto / required / a function's name
     n: int = 1  # choices asked for (each a generation of its own)
+    # One of the n choices: (the fan-out's group id, this choice's index), which a router
+    # with tenants reads to admit the n together (choices.py); None for the request itself.
+    choice: tuple[str, int] | None = None
     # Logprobs asked for: how many alternatives per token beside the sampled one (chat's
     # top_logprobs, completions' logprobs); None: no logprobs.
     logprobs: int | None = None

@@ -30,11 +30,15 @@ import grpc  # type: ignore[import-untyped]  # no stubs in the venv
 from google.protobuf.json_format import MessageToDict
 from tritonclient.grpc import service_pb2
 
+from builder import runtime_modules
 from builder.serve import admin
 from builder.serve.openai.errors import OpenAIError, from_triton, model_not_found
 from builder.serve.openai.protocol import Generation
 from builder.serve.openai.tensors import ModelInfo, Piece, build_inputs, read_response
 from builder.serve.openai.traces import TRACEPARENT
+
+# trident's tensor interface, loaded by path (protocol.py says why).
+_INTERFACE = runtime_modules.load("interface")
 
 INDEX_TTL_S = 2.0  # how long the repository index (ready models) is believed
 # How long Triton's metrics text is reused: the endpoint picker may scrape every 50 ms, and
@@ -198,7 +202,8 @@ class Triton:
 
     def stream(self, generation: Generation, info: ModelInfo) -> Call:
         asked = {"lora_name": generation.lora_name, "route": generation.hints.get("route")}
-        return Call(self, info.name, build_inputs(generation, info), asked)
+        inputs = build_inputs(generation, info)
+        return Call(self, info.name, inputs, asked, fan_out_parameters(generation, info))
 
     def _keep_draining(self, call: Call) -> None:
         task = asyncio.ensure_future(call.drain())
@@ -217,7 +222,14 @@ class Call:
     client's socket, not the response's bytes); an idle path still hands each response
     on the moment it arrives, never holding one back for company."""
 
-    def __init__(self, triton: Triton, model: str, inputs: list, asked: dict | None = None):
+    def __init__(
+        self,
+        triton: Triton,
+        model: str,
+        inputs: list,
+        asked: dict | None = None,
+        parameters: dict[str, str | int] | None = None,
+    ):
         self.triton, self.model = triton, model
         self.asked = asked  # what the client named (errors.from_triton)
         self.request_id = uuid.uuid4().hex
@@ -229,7 +241,7 @@ class Call:
         self._wake: asyncio.Future | None = None  # batches() waits on it
         self._reader: asyncio.Task | None = None
 
-        self._stream = triton.open_stream(request_of(model, inputs, self.request_id))
+        self._stream = triton.open_stream(request_of(model, inputs, self.request_id, parameters))
 
     async def batches(self) -> AsyncIterator[list[Piece]]:
         """Every Piece that arrived since the last batch (never an empty batch), up to
@@ -342,11 +354,31 @@ class Call:
             self._reader.cancel()
 
 
-def request_of(model: str, inputs: list, request_id: str) -> service_pb2.ModelInferRequest:
+def fan_out_parameters(generation: Generation, info: ModelInfo) -> dict[str, str | int] | None:
+    """The request parameters of one of a fan-out's n choices, for a model that takes
+    the tenant (a router: its tenant gate admits the n as one unit); None otherwise."""
+    if generation.choice is None or "tenant" not in info.inputs:
+        return None
+    group, index = generation.choice
+    return {
+        _INTERFACE.FAN_OUT_GROUP: group,
+        _INTERFACE.FAN_OUT_N: generation.n,
+        _INTERFACE.FAN_OUT_INDEX: index,
+    }
+
+
+def request_of(
+    model: str, inputs: list, request_id: str, parameters: dict[str, str | int] | None = None
+) -> service_pb2.ModelInferRequest:
     """One inference request of tritonclient InferInputs, as tritonclient's own
     stream_infer builds it (each input's tensor and raw contents, from the accessors
-    tritonclient's request builder reads)."""
+    tritonclient's request builder reads), with its request parameters."""
     request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    for name, value in (parameters or {}).items():
+        if isinstance(value, str):
+            request.parameters[name].string_param = value
+        else:
+            request.parameters[name].int64_param = value
     for tensor in inputs:
         request.inputs.append(tensor._get_tensor())
         content = tensor._get_content()
