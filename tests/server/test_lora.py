@@ -9,10 +9,11 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from builder.serve import client as infer
-from tests.helpers import metric_value
+from tests.helpers import metric_value, wait_for
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 PROMPT = "What is the capital of France?"
@@ -157,3 +158,62 @@ def test_the_openai_frontend_passes_the_adapter_a_client_names(fallback_server):
             )
             assert answer.headers["x-trident-served-by"] == "primary:paris"
             assert answer.parse().choices[0].message.content == grpc.text
+
+
+def test_the_pods_lora_gauge_names_the_adapters_in_use_as_clients_name_them(fallback_server):
+    """What the endpoint picker's LoRA affinity reads on the inference port (the rendered
+    loraSpec, pod_metrics.LORA_INFO): while `router:paris` streams run, paris is among
+    the running adapters under the name the clients used; max_lora is primary's
+    max_loras (backup has no adapters); after them, no adapter is in use."""
+    import time
+
+    import openai
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from builder.k8s import pool
+    from builder.serve.openai.pod_metrics import LORA_INFO
+    from builder.serve.openai.runner import Frontend
+    from builder.serve.server import free_port
+
+    assert pool.LORA_INFO == LORA_INFO  # the name the rendered picker config reads
+
+    def lora_info(frontend) -> dict[str, str]:
+        text = httpx.get(frontend.url + "/metrics", timeout=10).text
+        (sample,) = [
+            s
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == LORA_INFO
+        ]
+        assert sample.value > time.time() - 60  # the time it was set: this scrape's
+        return sample.labels
+
+    with Frontend(
+        fallback_server.grpc_url, port=free_port(), metrics_url=fallback_server.metrics_url
+    ) as frontend:
+        client = openai.OpenAI(
+            base_url=frontend.url + "/v1", api_key="unused", max_retries=0, timeout=120
+        )
+        seen = []
+        with ThreadPoolExecutor(3) as streams:
+            answers = [
+                streams.submit(
+                    client.chat.completions.create,
+                    model="router:paris",
+                    messages=[{"role": "user", "content": PROMPT}],
+                    max_tokens=48,
+                )
+                for _ in range(3)
+            ]
+            while not all(a.done() for a in answers):
+                seen.append(lora_info(frontend))
+                time.sleep(0.05)
+        assert all(a.result().choices[0].message.content for a in answers)
+        assert any("router:paris" in s["running_lora_adapters"].split(",") for s in seen), seen
+        assert {s["max_lora"] for s in seen} == {"2"}
+        assert not any("france" in s["running_lora_adapters"] for s in seen)
+        wait_for(
+            lambda: lora_info(frontend)["running_lora_adapters"] == "",
+            timeout_s=10,
+        )
+        assert lora_info(frontend)["waiting_lora_adapters"] == ""
