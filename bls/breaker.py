@@ -11,24 +11,16 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+# Annotations only: its config is router.json's `breaker` section, typed and checked
+# where router.json is read (router_config.py); the breaker itself imports nothing, so
+# the builder can import it as bls.breaker, where the stub's sibling name does not resolve.
+if TYPE_CHECKING:
+    from router_config import BreakerConfig
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 STATE_VALUES = {CLOSED: 0, HALF_OPEN: 1, OPEN: 2}  # for the breaker-state gauge
-
-
-@dataclass(frozen=True)
-class BreakerConfig:
-    error_rate: float = 0.05
-    window_s: float = 30.0
-    min_requests: int = 20
-    consecutive_failures: int = 5
-    cooldown_s: float = 10.0
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BreakerConfig:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
 class CircuitBreaker:

@@ -60,18 +60,80 @@ class RuleConfig:
 
 
 @dataclass(frozen=True)
+class BreakerConfig:
+    """router.json's `breaker`: when a backend's circuit breaker opens (breaker.py). The
+    defaults are the router's own; the spec takes its defaults from here."""
+
+    error_rate: float = 0.05
+    window_s: float = 30.0
+    min_requests: int = 20
+    consecutive_failures: int = 5
+    cooldown_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class TenantLimitsConfig:
+    """One tenant's entry of router.json's `tenants` (or its `default`): what tenants.py
+    admits it by. A limit of None is no limit."""
+
+    tier: str
+    priority: int  # vLLM's request priority for the tier (lower is scheduled first)
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrent: int | None = None
+
+    def limit(self, name: str) -> int | None:
+        """The limit a refusal names (tenant_store's reasons are these fields' names)."""
+        return {
+            "requests_per_minute": self.requests_per_minute,
+            "tokens_per_minute": self.tokens_per_minute,
+            "max_concurrent": self.max_concurrent,
+        }[name]
+
+
+@dataclass(frozen=True)
+class TenantsConfig:
+    """router.json's `tenants` (builder/spec/tenants.py writes it, tenants.py enforces it):
+    no secret, only where the router finds the Redis password."""
+
+    namespace: str  # the deployment's name: the prefix of its Redis keys
+    on_redis_error: str  # ON_REDIS_ERROR: when Redis is down or slow
+    default: TenantLimitsConfig  # a tenant not under `limits`
+    limits: Mapping[str, TenantLimitsConfig]
+    unknown: str  # UNKNOWN: what a tenant not under `limits` gets
+    share_prefix_cache: tuple[str, ...] = ()  # tenants that share one prefix cache
+    redis: str | None = None  # None: the counters are this router's own
+    username: str | None = None
+    password_env: str | None = None
+    password_file: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TenantsConfig:
+        """The section alone (as router.json's `tenants` holds it), checked as `load`
+        checks it; RouterConfigError names the field."""
+        tenants = _tenants(data, "tenants")
+        if tenants is None:
+            raise _error("tenants", "expected a JSON object, got null")
+        return tenants
+
+
+ON_REDIS_ERROR = ("allow", "deny")
+UNKNOWN = ("default", "reject")
+
+
+@dataclass(frozen=True)
 class RouterConfig:
     name: str
     backends: Mapping[str, BackendConfig]
     default: tuple[str, ...]
     rules: tuple[RuleConfig, ...]
     fallback: Mapping[str, tuple[str, ...]]
-    breaker: Mapping[str, float]  # breaker.BreakerConfig's fields
+    breaker: BreakerConfig
     short_prompt_tokens: int
     deadline_s: float
     first_token_timeout_s: float
     max_inflight_per_backend: int
-    tenants: Mapping[str, Any] | None = None  # read by tenants.py, which checks it
+    tenants: TenantsConfig | None = None  # None: no tenant gate (tenants.py)
     instances: int = 1  # the router's instances: each takes its share of a limit
     _rules_by_name: Mapping[str, RuleConfig] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -105,17 +167,12 @@ class RouterConfig:
                     for name, chain in _mapping(top.get("fallback"), "fallback").items()
                 }
             ),
-            breaker=MappingProxyType(
-                {
-                    key: _number(value, f"breaker.{key}")
-                    for key, value in _mapping(top.get("breaker"), "breaker").items()
-                }
-            ),
+            breaker=_breaker(top.get("breaker"), "breaker"),
             short_prompt_tokens=top.count("short_prompt_tokens", minimum=0),
             deadline_s=top.seconds("deadline_s"),
             first_token_timeout_s=top.seconds("first_token_timeout_s"),
             max_inflight_per_backend=top.count("max_inflight_per_backend"),
-            tenants=_optional_mapping(top.get("tenants", None), "tenants"),
+            tenants=_tenants(top.get("tenants", None), "tenants"),
             instances=top.count("instances", default=1),
         )
         top.done()
@@ -137,12 +194,12 @@ class RouterConfig:
                 for r in self.rules
             ],
             "fallback": {name: list(chain) for name, chain in self.fallback.items()},
-            "breaker": dict(self.breaker),
+            "breaker": _breaker_dict(self.breaker),
             "short_prompt_tokens": self.short_prompt_tokens,
             "deadline_s": self.deadline_s,
             "first_token_timeout_s": self.first_token_timeout_s,
             "max_inflight_per_backend": self.max_inflight_per_backend,
-            "tenants": _plain(self.tenants),
+            "tenants": None if self.tenants is None else _tenants_dict(self.tenants),
             "instances": self.instances,
         }
 
@@ -219,6 +276,12 @@ class _Fields:
             raise _error(self._path(key), f"expected seconds > 0, got {value!r}")
         return value
 
+    def choice(self, key: str, choices: tuple[str, ...]) -> str:
+        value = self.text(key)
+        if value not in choices:
+            raise _error(self._path(key), f"expected one of {', '.join(choices)}, got {value!r}")
+        return value
+
     def done(self) -> None:
         unknown = sorted(set(self.data) - self.taken)
         if unknown:
@@ -243,10 +306,6 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _error(where, f"expected a JSON object, got {_kind(value)}")
     return value
-
-
-def _optional_mapping(value: Any, where: str) -> Mapping[str, Any] | None:
-    return None if value is None else MappingProxyType(_mapping(value, where))
 
 
 def _list(value: Any, where: str) -> list[Any]:
@@ -319,10 +378,91 @@ def _backend_dict(b: BackendConfig) -> dict[str, Any]:
     return entry
 
 
-def _plain(value: Any) -> Any:
-    """A read-only mapping (and what it holds) back as JSON's dicts and lists."""
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+def _breaker(data: Any, where: str) -> BreakerConfig:
+    f = _Fields(data, where)
+    error_rate = _number(f.get("error_rate"), f"{where}.error_rate")
+    if not 0 < error_rate <= 1:
+        raise _error(f"{where}.error_rate", f"expected a fraction in (0, 1], got {error_rate!r}")
+    breaker = BreakerConfig(
+        error_rate=error_rate,
+        window_s=f.seconds("window_s"),
+        min_requests=f.count("min_requests"),
+        consecutive_failures=f.count("consecutive_failures"),
+        cooldown_s=f.seconds("cooldown_s"),
+    )
+    f.done()
+    return breaker
+
+
+def _breaker_dict(b: BreakerConfig) -> dict[str, Any]:
+    return {
+        "error_rate": b.error_rate,
+        "window_s": b.window_s,
+        "min_requests": b.min_requests,
+        "consecutive_failures": b.consecutive_failures,
+        "cooldown_s": b.cooldown_s,
+    }
+
+
+def _tenant_limits(data: Any, where: str) -> TenantLimitsConfig:
+    f = _Fields(data, where)
+    limits = TenantLimitsConfig(
+        tier=f.text("tier"),
+        requests_per_minute=f.optional_count("requests_per_minute"),
+        tokens_per_minute=f.optional_count("tokens_per_minute"),
+        max_concurrent=f.optional_count("max_concurrent"),
+        priority=f.count("priority", minimum=0),
+    )
+    f.done()
+    return limits
+
+
+def _tenants(data: Any, where: str) -> TenantsConfig | None:
+    if data is None:
+        return None
+    f = _Fields(data, where)
+    limits = _mapping(f.get("limits"), f"{where}.limits")
+    tenants = TenantsConfig(
+        namespace=f.text("namespace"),
+        redis=f.optional_text("redis"),
+        username=f.optional_text("username"),
+        password_env=f.optional_text("password_env"),
+        password_file=f.optional_text("password_file"),
+        on_redis_error=f.choice("on_redis_error", ON_REDIS_ERROR),
+        default=_tenant_limits(f.get("default"), f"{where}.default"),
+        limits=MappingProxyType(
+            {
+                name: _tenant_limits(entry, f"{where}.limits.{name}")
+                for name, entry in limits.items()
+            }
+        ),
+        unknown=f.choice("unknown", UNKNOWN),
+        share_prefix_cache=_texts(f.get("share_prefix_cache"), f"{where}.share_prefix_cache"),
+    )
+    f.done()
+    return tenants
+
+
+def _tenant_limits_dict(t: TenantLimitsConfig) -> dict[str, Any]:
+    return {
+        "tier": t.tier,
+        "requests_per_minute": t.requests_per_minute,
+        "tokens_per_minute": t.tokens_per_minute,
+        "max_concurrent": t.max_concurrent,
+        "priority": t.priority,
+    }
+
+
+def _tenants_dict(t: TenantsConfig) -> dict[str, Any]:
+    return {
+        "namespace": t.namespace,
+        "redis": t.redis,
+        "username": t.username,
+        "password_env": t.password_env,
+        "password_file": t.password_file,
+        "on_redis_error": t.on_redis_error,
+        "default": _tenant_limits_dict(t.default),
+        "limits": {name: _tenant_limits_dict(entry) for name, entry in t.limits.items()},
+        "unknown": t.unknown,
+        "share_prefix_cache": list(t.share_prefix_cache),
+    }

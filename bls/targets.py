@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from breaker import OPEN, BreakerConfig, CircuitBreaker
+from breaker import OPEN, CircuitBreaker
 from inbound import QUEUE_FACTOR, inflight_limit
 from inflight import Inflight
 from replicas import Replicas
@@ -33,8 +33,7 @@ class Targets:
         self.replicas, self.metrics, self.log = replicas, metrics, log
         self.configured = config.max_inflight_per_backend
         targets = replicas.targets(config.backends, adapters)
-        breaker_config = BreakerConfig.from_dict(dict(config.breaker))
-        self.breakers = {name: CircuitBreaker(breaker_config, time.monotonic) for name in targets}
+        self.breakers = {name: CircuitBreaker(config.breaker, time.monotonic) for name in targets}
         self.inflight = counts(list(targets))
         # The engine's capacity as the builder wrote it (one replica's, or the model's
         # over its instances), for the router as a whole (over its instances).

@@ -33,7 +33,7 @@ def alert_rules(spec: DeploymentSpec, ttft_p99_s: float) -> list[dict]:
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
     )
-    # Without a router, the alert's threshold is the breaker's own default (bls/breaker.py).
+    # Without a router, the alert's threshold is the breaker's own default (bls/router_config.py).
     error_rate = (spec.router.breaker if spec.router else BreakerSpec()).error_rate
     text = env.get_template("alerts.yaml.j2").render(
         error_rate=_threshold(error_rate, "router.breaker.error_rate"),

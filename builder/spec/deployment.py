@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from bls.breaker import BreakerConfig
+from bls.router_config import BreakerConfig
 from builder.engines import assets
 from builder.engines.traits import ENGINES, REPLICA_ENGINES, TRAITS, traits
 from builder.plan import gpus
@@ -144,7 +144,7 @@ class RuleSpec:
     policy: str | None = field(default=None, metadata=rule(choices=POLICIES))
 
 
-_BREAKER = BreakerConfig()  # the router's own defaults (bls/breaker.py, pure Python)
+_BREAKER = BreakerConfig()  # the router's own defaults (bls/router_config.py, pure Python)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bls.breaker import CLOSED, HALF_OPEN, OPEN, STATE_VALUES, BreakerConfig, CircuitBreaker
+from bls.breaker import CLOSED, HALF_OPEN, OPEN, STATE_VALUES, CircuitBreaker
+from bls.router_config import BreakerConfig
 
 
 class Clock:
@@ -56,12 +57,6 @@ def test_the_spec_takes_its_breaker_defaults_from_the_router():
         "t.yaml",
     )
     assert asdict(spec.router.breaker) == asdict(BreakerSpec()) == asdict(BreakerConfig())
-    assert BreakerConfig.from_dict(asdict(spec.router.breaker)) == BreakerConfig()
-
-
-def test_from_dict_ignores_unknown_keys_and_keeps_defaults():
-    config = BreakerConfig.from_dict({"window_s": 3.0, "something": 1})
-    assert config == BreakerConfig(window_s=3.0)
 
 
 def test_state_gauge_values():

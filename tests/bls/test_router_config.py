@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from bls.router_config import BackendConfig, RouterConfig, RouterConfigError, load
+from bls.router_config import (
+    BackendConfig,
+    BreakerConfig,
+    RouterConfig,
+    RouterConfigError,
+    TenantsConfig,
+    load,
+)
 from builder.plan.planner import plan_for_spec
 from builder.render.context import RenderContext, RenderError, render_router_json
 from builder.render.repository import render_files
@@ -79,9 +86,13 @@ def test_the_builder_writes_capacity_replicas_and_engines_for_the_router():
     assert router.backends["rag"].capacity is None  # the spec leaves it to SGLang
     assert router.backends["rag"].engine == "sglang"
     assert router.rule("docs") is not None and router.rule("docs").backends == ("rag",)
-    assert router.tenants is not None and router.tenants["redis"].startswith("redis://")
+    assert router.tenants is not None and router.tenants.redis.startswith("redis://")
     forwarder = RouterConfig.from_dict(json.loads(files["chat/1/router.json"]))
     assert list(forwarder.backends) == ["chat"] and forwarder.instances == 1
+    acme = router.tenants.limits["acme"]
+    assert (acme.max_concurrent, acme.requests_per_minute, acme.tier) == (2, None, "standard")
+    assert router.tenants.default.priority == 1 and router.tenants.unknown == "default"
+    assert router.breaker == BreakerConfig()  # the spec's defaults are the router's
 
 
 def rendered() -> dict:
@@ -124,7 +135,25 @@ DEFECTS = [
     (_set("rules.0.backends", ["gone"]), "rules[0].backends[0]: 'gone' is not one of"),
     (_set("rules.0.match", []), "rules[0].match: expected a JSON object, got list"),
     (_set("breaker.cooldown_s", "1"), "breaker.cooldown_s: expected a number, got str"),
+    # The breaker and tenants sections are checked field by field at load, as the rest
+    # (before, a missing tenants field was a KeyError at the first request or at load).
+    (_set("breaker.cooldown_s", _DELETE), "breaker.cooldown_s: is missing"),
+    (_set("breaker.cooldown_s", 0), "breaker.cooldown_s: expected seconds > 0, got 0"),
+    (_set("breaker.error_rate", 1.5), "breaker.error_rate: expected a fraction in (0, 1]"),
+    (_set("breaker.min_requests", 0.5), "breaker.min_requests: expected an integer >= 1"),
+    (_set("breaker.window", 3), "breaker.window: unknown field"),
     (_set("tenants", []), "tenants: expected a JSON object, got list"),
+    (_set("tenants.namespace", _DELETE), "tenants.namespace: is missing"),
+    (_set("tenants.limits", _DELETE), "tenants.limits: is missing"),
+    (_set("tenants.default", _DELETE), "tenants.default: is missing"),
+    (_set("tenants.default.tier", _DELETE), "tenants.default.tier: is missing"),
+    (_set("tenants.limits.acme.priority", _DELETE), "tenants.limits.acme.priority: is missing"),
+    (_set("tenants.limits.acme.max_concurrent", 0), "tenants.limits.acme.max_concurrent: "),
+    (_set("tenants.limits.acme.burst", 1), "tenants.limits.acme.burst: unknown field"),
+    (_set("tenants.on_redis_error", "retry"), "tenants.on_redis_error: expected one of allow"),
+    (_set("tenants.unknown", _DELETE), "tenants.unknown: is missing"),
+    (_set("tenants.share_prefix_cache", "acme"), "tenants.share_prefix_cache: expected a list"),
+    (_set("tenants.redis", 6379), "tenants.redis: expected a string, got int"),
     (_set("backends", None), "backends: expected a JSON object, got null"),
     (_set("surprise", 1), "surprise: unknown field (a router older than its builder?)"),
 ]
@@ -155,6 +184,14 @@ def test_the_builder_refuses_to_write_what_the_router_would_refuse():
     config["backends"]["chat"]["capacity"] = 0
     with pytest.raises(RenderError, match=r"^router: router\.json: backends\.chat\.capacity: "):
         render_router_json(config)
+
+
+def test_the_tenants_section_alone_is_checked_as_load_checks_it():
+    section = rendered()["tenants"]
+    assert TenantsConfig.from_dict(section) == RouterConfig.from_dict(rendered()).tenants
+    del section["default"]["priority"]
+    with pytest.raises(RouterConfigError, match=r"^router\.json: tenants\.default\.priority: "):
+        TenantsConfig.from_dict(section)
 
 
 def test_the_config_is_read_only():

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from bls.policy import router_config
+from bls.router_config import TenantLimitsConfig
 from bls.tenant_store import CHOICE_TAKEN, FanOut, Limits, LocalStore
 from builder.spec import parse_spec
 from tests.bls.test_model import (
@@ -377,14 +378,7 @@ def test_local_fan_out_verdict_expires_with_the_lease():
     ],
 )
 def test_the_most_a_tenant_can_have_at_once(limits, most):
-    entry = {
-        "requests_per_minute": None,
-        "tokens_per_minute": None,
-        "max_concurrent": None,
-        "tier": "standard",
-        "priority": 0,
-        **limits,
-    }
+    entry = TenantLimitsConfig(tier="standard", priority=0, **limits)
     assert tenants_module().Tenant("t", "t", entry, shared=True).most_at_once() == most
 
 
