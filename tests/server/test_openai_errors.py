@@ -83,7 +83,7 @@ def server(redis, tmp_path_factory, pool):
     spec = deployment()
     spec["tenants"] = {
         "default": {"requests_per_minute": 1000},
-        "limits": {"eve": {"requests_per_minute": 1}},
+        "limits": {"eve": {"requests_per_minute": 1}, "finn": {"requests_per_minute": 5}},
         "redis": redis.url,
     }
     repo = render(spec, tmp / "repo")
@@ -157,6 +157,21 @@ def test_a_tenant_over_its_limit_is_429(client):
     with pytest.raises(openai.RateLimitError) as caught:
         ask(client, tenant="eve")
     assert caught.value.body["code"] == "rate_limit_exceeded"
+
+
+def test_n_over_what_the_tenant_can_ever_have_is_a_400_naming_n_and_charges_nothing(client):
+    """Issue 34: a 5-per-minute tenant sending n=6 was charged 5 and got a 429 and
+    nothing else. The n choices reach the router as one fan-out (its parameters), which
+    refuses n=6 at once; the tenant's 5 of the minute are still its own. (Admitted whole
+    and refused whole: test_tenants.py; this router takes one request at a time.)"""
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(client, tenant="finn", n=6)
+    body = caught.value.body
+    assert body["param"] == "n" and body["code"] == "invalid_value", body
+    assert "tenant 'finn' may never have more than 5 at once" in body["message"]
+    assert [len(ask(client, tenant="finn").choices) for _ in range(5)] == [1] * 5
+    with pytest.raises(openai.RateLimitError):
+        ask(client, tenant="finn")
 
 
 def test_every_backend_at_its_limit_is_503_overloaded(server, client):
