@@ -120,8 +120,9 @@ def router_secret(pid: int) -> bytes:
 @pytest.mark.xfail(
     strict=False,
     reason=(
-        "open, intermittent: in 2 of this stop's CI checks tritonserver 2.51 exported none of "
-        "its spans of the request (only the frontend's came within 30 s); passes otherwise"
+        "tritonserver 2.51 at times loses the traceparent it was sent (its gRPC carrier "
+        "reads the metadata value past its end: bench/trace_parent_loss.py) and traces the "
+        "request as a new root, outside the client's trace: 1 to 5 of 120 requests there"
     ),
 )
 def test_one_request_is_one_trace_from_the_client_through_the_router(served):
@@ -151,7 +152,14 @@ def test_one_request_is_one_trace_from_the_client_through_the_router(served):
     # model's, under the request's. Each is exported as it ends, in its own time.
     def seen() -> str:  # what came, for a failure's message
         chains = {key: ancestors(span) for key, span in trace().items()}
-        return f"spans of the trace: {chains}; batches the collector lost: {collector.errors}"
+        # Triton's request traced as a new root (its parent lost) shows as one of these.
+        roots = [
+            s.trace_id for s in collector.spans if s.name == "InferRequest" and not s.parent_id
+        ]
+        return (
+            f"spans of the trace: {chains}; Triton's roots without a parent: {roots}; "
+            f"batches the collector lost: {collector.errors}"
+        )
 
     router = (f"{SERVICE}-triton", "router")
     try:

@@ -1,0 +1,91 @@
+"""How often tritonserver 2.51 loses a traced request's parent: each request carries a
+valid W3C traceparent (OpenAI requests through the frontend, and Triton gRPC streams of
+`router`), and Triton's spans of it should hang under that parent. Counted here: the
+requests whose Triton `router` span is in their own trace, those whose is not, and
+Triton's `InferRequest` spans with no parent at all (every request sent had one).
+
+Why they are lost (read in server r24.10, src/grpc/infer_handler.h): Triton's gRPC
+carrier returns the metadata value as `string_ref::data()`, which is not NUL-terminated,
+into a string_view made with strlen; when the byte after the value in Triton's memory is
+not 0 the traceparent reads longer than 55 characters, opentelemetry-cpp's
+HttpTraceContext rejects it, and (rate=1) Triton traces the request as a new root: the
+symptom counted here. It depends on what Triton's memory held before: PAD short gRPC
+calls with a non-NUL metadata value of about a traceparent's length before each traced
+request make it likelier (none lost in 80 without them, in one fresh process).
+
+Runs the server tests' `served` process (tests/server/served.py) with its loopback
+collector. Usage: PAD=20 .venv/bin/python -m bench.trace_parent_loss 60
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import openai
+import tritonclient.grpc as grpcclient
+
+from builder.serve.server import TritonServer
+from tests.helpers.streams import Stream
+from tests.server import served
+
+EXPORT_WAIT_S = 12  # past Triton's batch span processor delay (5 s by default)
+
+
+def main(pairs: int, pad: int) -> None:
+    process = served.serve(Path(tempfile.mkdtemp(prefix="trace_parent_loss")))
+    serve = next(process)
+    try:
+        server = TritonServer(serve.repo, serve.ports)
+        padder = grpcclient.InferenceServerClient(server.grpc_url)
+
+        def churn() -> None:
+            for k in range(pad):
+                padder.is_server_live(headers={"x-pad": "A" * (50 + k % 20)})
+
+        sent: dict[str, str] = {}  # trace id -> face
+        for _ in range(pairs):
+            churn()
+            trace = secrets.token_hex(16)
+            client = openai.OpenAI(
+                base_url=serve.openai_url + "/v1",
+                api_key="none",
+                max_retries=0,
+                default_headers={"traceparent": f"00-{trace}-{secrets.token_hex(8)}-01"},
+            )
+            client.completions.create(model="router", prompt="Hi", max_tokens=2)
+            sent[trace] = "openai"
+            churn()
+            trace = secrets.token_hex(16)
+            stream = Stream(
+                server,
+                max_tokens=2,
+                headers={"traceparent": f"00-{trace}-{secrets.token_hex(8)}-01"},
+            )
+            try:
+                assert stream.pump(30) and not stream.errors, stream.errors
+            finally:
+                stream.close()
+            sent[trace] = "grpc"
+        time.sleep(EXPORT_WAIT_S)
+        spans = list(serve.collector.spans)
+        routed = {s.trace_id for s in spans if s.name == "router"}
+        linked = collections.Counter(face for trace, face in sent.items() if trace in routed)
+        lost = collections.Counter(face for trace, face in sent.items() if trace not in routed)
+        roots = sum(1 for s in spans if s.name == "InferRequest" and not s.parent_id)
+        print(
+            f"traced requests {len(sent)} (pad {pad}): linked {dict(linked)}, "
+            f"lost {dict(lost)}, Triton roots without a parent {roots}, "
+            f"batches the collector could not read {len(serve.collector.errors)}"
+        )
+    finally:
+        process.close()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 60, int(os.environ.get("PAD", "20")))
