@@ -13,7 +13,11 @@ They are read from Triton's metrics port and summed over the pod's READY engine 
   `triton-tensorrt-llm` engine config reads them: waiting is
   nv_trt_llm_request_metrics{request_type="waiting"}, running
   {request_type="scheduled"}, KV usage
-  nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"};
+  nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}. What they are
+  (tensorrtllm_backend's inflight_batcher_llm/src/model_instance_state.cc): scheduled is
+  the executor's requests scheduled in its last iteration, waiting its active requests
+  less those (paused or not yet fitted), fraction its used KV blocks over their maximum;
+  requests still queued ahead of the executor's active set are in neither count;
 - any other trident engine model (SGLang) says only how many requests it has in flight
   (trident_requests_in_flight): they count as running, none as waiting, and it adds no
   KV usage (none is known).
