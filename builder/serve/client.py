@@ -120,6 +120,7 @@ def stream_generate(
     responses: queue.Queue = queue.Queue()
     result = GenerateResult()
     start = time.perf_counter()
+    finished = False
     try:
         client.start_stream(
             callback=lambda result, error: responses.put((result, error, time.perf_counter()))
@@ -137,6 +138,7 @@ def stream_generate(
                     raise _unreachable(model, url, error)
                 raise InferError(f"{model}: {error.message()}")
             if _absorb(result, response, at - start, on_text):
+                finished = True
                 break
     except grpcclient.InferenceServerException as e:
         # A stream that never opened (nothing listening, say) reports why to the
@@ -146,7 +148,10 @@ def stream_generate(
             raise _unreachable(model, url, cause) from None
         raise InferError(f"{model} at {url}: {cause.message()}") from None
     finally:
-        client.stop_stream()
+        # Leaving early (a timeout, an error, Ctrl-C), the request is cancelled: closing
+        # the stream otherwise waits for the server to end it, for ever if it never does
+        # (Triton 2.51 never ends the streams of a router request whose stub was killed).
+        client.stop_stream(cancel_requests=not finished)
         if own_client:
             client.close()
     result.total_s = time.perf_counter() - start

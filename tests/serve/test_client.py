@@ -1,0 +1,52 @@
+"""builder/serve/client.py against a real gRPC server that accepts a streamed request and
+never answers it (as Triton 2.51 does with a router request whose stub was killed): the
+client's timeout ends the call, cancelling the request, instead of waiting for ever."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+from tritonclient.grpc import service_pb2_grpc
+
+from builder.serve import client
+from builder.serve.server import free_port
+
+
+class SilentTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Takes a stream's requests and never sends a response; notes each cancelled call."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+
+    def ModelStreamInfer(self, request_iterator, context):
+        context.add_callback(self.cancelled.set)
+        for _request in request_iterator:
+            pass  # read them all, answer none
+        while context.is_active():
+            time.sleep(0.05)
+        return iter(())
+
+
+@pytest.fixture
+def silent():
+    servicer = SilentTriton()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    yield f"127.0.0.1:{port}", servicer
+    server.stop(0)
+
+
+def test_a_stream_the_server_never_ends_is_cancelled_at_the_timeout(silent):
+    url, servicer = silent
+    started = time.monotonic()
+    with pytest.raises(client.InferError, match="no response from router within 1 s"):
+        client.stream_generate(url, "router", "hi", max_tokens=4, timeout_s=1.0)
+    assert time.monotonic() - started < 10
+    assert servicer.cancelled.wait(5)  # the server saw the call end
