@@ -279,9 +279,17 @@ class TritonPythonModel:
         except BadRequest as e:  # the messages or a fan-out parameter not as the interface says
             return self.fail(sender, CLIENT.mark(str(e), e.param or "messages"), "bad_request")
         # Any other error is the router's (handle: "router error", internal), never a 400.
-        if not candidates:
-            return self.refuse(sender, route, inbound.features)
-        work = self.attempt(request, inbound, sender, route, candidates, arrival, attempts)
+        if not candidates and (inbound.fan_out is None or not self.tenants.enabled):
+            return self.refuse(sender, route, inbound.features)  # not charged
+        work = (
+            self.attempt(request, inbound, sender, route, candidates, arrival, attempts)
+            if candidates
+            # One choice of a fan-out: the group's first call may have reserved this
+            # choice's lease already. Refused once admitted, it gives the lease back
+            # now rather than hold it until it expires (deadline_s + 5 s); the group's
+            # charge of n requests stands, as the choices that run were admitted by it.
+            else self.refuse_admitted(sender, route, inbound.features)
+        )
         await self.tenants.run(
             inbound.features.tenant, work, attempts, sender, self.fail, inbound.fan_out
         )
@@ -357,6 +365,11 @@ class TritonPythonModel:
             "every backend failed before its first token: " + "; ".join(errors),
             "all_failed",
         )
+
+    async def refuse_admitted(
+        self, sender: pb_utils.ResponseSender, route: str, features: RequestFeatures
+    ) -> None:
+        self.refuse(sender, route, features)
 
     def refuse(
         self, sender: pb_utils.ResponseSender, route: str, features: RequestFeatures

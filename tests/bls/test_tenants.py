@@ -119,11 +119,12 @@ def tenant_router(tmp_path):
         sys.modules.pop("tenants", None), sys.modules.pop("tenant_store", None)
         models = []
 
-        def make(backends, tenants=TENANTS, rules=None):
+        def make(backends, tenants=TENANTS, rules=None, **router):
             data = json.loads(json.dumps(SPEC))
             data["tenants"] = tenants
             if rules is not None:
                 data["router"]["rules"] = rules
+            data["router"].update(router)
             (tmp_path / "1").mkdir(exist_ok=True)
             (tmp_path / "1" / "router.json").write_text(
                 json.dumps(router_config(parse_spec(data, "<test>")))
@@ -416,10 +417,10 @@ def test_no_fan_out_parameters_is_no_fan_out():
     assert (found.group, found.n, found.index) == ("g", 3, 2)
 
 
-def fan_out_requests(tenant, n, group="grp"):
+def fan_out_requests(tenant, n, group="grp", **hints):
     return [
         ClientRequest(
-            hints={"tenant": tenant},
+            hints={"tenant": tenant, **hints},
             parameters={"fan_out_group": group, "fan_out_n": n, "fan_out_index": i},
         )
         for i in range(n)
@@ -428,7 +429,11 @@ def fan_out_requests(tenant, n, group="grp"):
 
 FAN_OUT_TENANTS = {
     "default": {"requests_per_minute": 100},
-    "limits": {"alice": {"requests_per_minute": 2}, "bob": {"max_concurrent": 1}},
+    "limits": {
+        "alice": {"requests_per_minute": 2},
+        "bob": {"max_concurrent": 1},
+        "cara": {"max_concurrent": 2},
+    },
     "unknown": "reject",
 }
 
@@ -484,3 +489,15 @@ def test_a_malformed_fan_out_is_refused_before_any_backend(tenant_router):
     run(model, request)
     assert request.errors()[0].startswith("invalid request: [fan_out_index] fan_out_index must")
     assert backend.calls == 0
+
+
+def test_a_choice_refused_as_overloaded_gives_back_the_lease_its_group_reserved(tenant_router):
+    """The group's first call reserves n leases; a choice the router then cannot route
+    (its backend full) must not hold its lease until it expires (deadline_s + 5 s)."""
+    backend = FakeBackend("solo", chunks=["x"] * 5, delay_s=0.02)
+    model = tenant_router([backend], tenants=FAN_OUT_TENANTS, max_inflight_per_backend=1)
+    first, second = fan_out_requests("cara", 2, route="alone")
+    run(model, first, second)
+    assert first.errors() == [] and second.errors()[0].startswith("overloaded: ")
+    assert model.tenants.outbox.pending() == 0
+    assert model.tenants.store.leases["cara"] == {}  # both choices' leases are back
