@@ -235,6 +235,7 @@ def serve(
                     ready_timeout_s=timeout,
                     down=frontend.pause if frontend is not None else lambda: None,
                     up=frontend.resume if frontend is not None else lambda: None,
+                    lost=frontend.abandon if frontend is not None else lambda _model: None,
                 )
             except DrainRequested as asked:
                 drain.run(report)

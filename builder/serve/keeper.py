@@ -98,9 +98,11 @@ def keep_serving(
     interval_s: float = 1.0,
     restarts: Restarts | None = None,
     reload_model: Callable[[str, str, Mapping[str, str]], None] = reload,
+    lost: Callable[[str], None] = lambda _model: None,
 ) -> int:
     """Watch the server's models until tritonserver exits; returns its exit status.
-    `report` gets one line per event (a death, a reload, a model given up)."""
+    `report` gets one line per event (a death, a reload, a model given up); `lost(model)`
+    is told of each death first (the frontend ends what it still waits for from it)."""
     restarts = restarts or Restarts()
     process = server.process
     assert process is not None, "keep_serving needs a started server"
@@ -118,6 +120,7 @@ def keep_serving(
     failing: str | None = None  # the keeper's own trouble, reported once until it passes
 
     def died(model: str, reason: str, now: float) -> None:
+        lost(model)
         delay = restarts.after_death(model, now)
         if delay is None:
             given_up[model] = False

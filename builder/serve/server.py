@@ -375,6 +375,7 @@ class TritonServer:
         ready_timeout_s: float = 120.0,
         down: Callable[[], None] = lambda: None,
         up: Callable[[], None] = lambda: None,
+        lost: Callable[[str], None] = lambda _model: None,
     ) -> None:
         """Serve until tritonserver exits for good, then raise ServeError. A model whose
         stub or engine dies meanwhile is reloaded alone (keeper.py). When tritonserver
@@ -382,11 +383,12 @@ class TritonServer:
         boost lock_exception), it is started again in place, on the same ports and
         repository with the same admin key, with backoff, at most `restart_limit` times in
         a row (a server that served STABLE_S since its restart starts the count afresh);
-        `down` runs before and `up` after each (the frontend refuses new work meanwhile).
-        `report` gets one line per event. The caller stops the server."""
+        `down` runs before and `up` after each (the frontend refuses new work meanwhile);
+        `lost(model)` is told of each model's death (keeper.keep_serving). `report` gets
+        one line per event. The caller stops the server."""
         restarts = keeper.Restarts(limit=restart_limit)
         while True:
-            code = keeper.keep_serving(self, report, interval_s)
+            code = keeper.keep_serving(self, report, interval_s, lost=lost)
             delay = restarts.after_death(TRITONSERVER, time.monotonic())
             if delay is None:
                 raise ServeError(

@@ -57,10 +57,17 @@ def test_a_model_that_keeps_dying_is_reloaded_with_backoff_then_given_up(monkeyp
 
     server = Server(checks=60)
     policy = keeper.Restarts(limit=2, first_delay_s=0, max_delay_s=0)
+    lost: list[str] = []  # told of each death, before anything else (the frontend's)
     code = keeper.keep_serving(
-        server, lines.append, interval_s=0.001, restarts=policy, reload_model=reload_fails
+        server,
+        lines.append,
+        interval_s=0.001,
+        restarts=policy,
+        reload_model=reload_fails,
+        lost=lost.append,
     )
     assert code == 0  # returns when tritonserver exits
+    assert lost == ["qa", "qa", "qa"]  # the death, then each failed reload
     assert reloads == ["qa", "qa"] and unloads == [("qa", Server.admin_headers)]
     assert lines[0] == (
         "trident serve: the stub of model 'qa' died; reloading it in 0 s (restart 1 of 2)"

@@ -278,6 +278,27 @@ def test_cut_off_ends_a_stream_waiting_for_its_token_with_one_shutdown_event(fro
     until(lambda: running.in_flight == 0)
 
 
+def test_a_dead_models_answers_in_flight_end_in_words_and_new_ones_still_come(frontend):
+    # `trident serve`'s keeper saw the router's stub die: Triton 2.51 would never end
+    # these calls. Only that model's calls end; the frontend keeps serving.
+    running, triton = frontend
+    with httpx.Client(base_url=running.url, timeout=5) as http:
+        with http.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as a:
+            events = a.iter_lines()
+            assert "Hel" in next(e for e in events if e)
+            running.abandon("another-model")  # not this call's model: nothing ends
+            running.abandon("router")
+            rest = [e[len("data: ") :] for e in events if e]
+        with http.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as b:
+            assert "Hel" in next(e for e in b.iter_lines() if e)  # a new one is answered
+    assert rest[-1] == "[DONE]" and len(rest) == 2
+    error = json.loads(rest[0])["error"]
+    assert (error["code"], error["type"]) == ("unavailable", "server_error")
+    assert "router" in error["message"] and "process died" in error["message"]
+    assert triton.wires[0].cancelled and len(triton.wires) == 2
+    until(lambda: running.in_flight == 0)
+
+
 def test_cut_off_ends_a_whole_answer_and_a_request_not_yet_answered(frontend):
     running, triton = frontend
     sdk = OpenAI(base_url=running.url + "/v1", api_key="unused", max_retries=0, timeout=5)

@@ -16,7 +16,7 @@ import asyncio
 import weakref
 from typing import Protocol
 
-from builder.serve.openai.errors import OpenAIError, server_shutdown
+from builder.serve.openai.errors import OpenAIError, model_died, server_shutdown
 
 # Retry-After on a refusal while draining, in seconds. Kubernetes probes readiness every
 # 5 s (builder/k8s/workloads.py) and takes a terminating pod out of its Service's
@@ -27,6 +27,8 @@ RETRY_AFTER_S = 5
 
 class Cuttable(Protocol):
     """A Triton call (triton.Call) as the drain ends it."""
+
+    model: str
 
     def cut_off(self, error: OpenAIError) -> None: ...
 
@@ -75,22 +77,31 @@ class DrainGate:
         `server_shutdown` error event, then [DONE]; an answer not yet started gets a
         503 of that code; a request still arriving is refused with it."""
         self.draining = self.cut = True
+        self._on_loop(self._cut_calls, server_shutdown(), None)
+
+    def abandon(self, model: str) -> None:
+        """End the answers in flight from `model` now (from any thread), with an error
+        saying its process died: Triton 2.51 never ends the requests a killed stub held
+        (its clients would wait for ever), and none of them can still be answered."""
+        self._on_loop(self._cut_calls, model_died(model), model)
+
+    def _on_loop(self, work, *args) -> None:
         loop = self._loop
         try:
             here = asyncio.get_running_loop()
         except RuntimeError:
             here = None
         if loop is None or loop is here:
-            self._cut_calls()
+            work(*args)
             return
         try:
             # The calls are asyncio objects: they are ended on their loop, which wakes
             # a stream waiting for its next token at once.
-            loop.call_soon_threadsafe(self._cut_calls)
+            loop.call_soon_threadsafe(work, *args)
         except RuntimeError:
             pass  # the loop is closed: the server has stopped, nothing runs
 
-    def _cut_calls(self) -> None:
-        error = server_shutdown()
+    def _cut_calls(self, error: OpenAIError, model: str | None) -> None:
         for call in list(self._calls):
-            call.cut_off(error)
+            if model is None or call.model == model:
+                call.cut_off(error)

@@ -155,6 +155,20 @@ def server_shutdown() -> OpenAIError:
     )
 
 
+def model_died(model: str) -> OpenAIError:
+    """An answer lost with the process of the model that made it (`trident serve`'s
+    keeper saw the stub die and reloads it): 503, the request may be sent again."""
+    unavailable = TABLE.UNAVAILABLE
+    return OpenAIError(
+        unavailable.status,
+        f"{model}: the model's process died while answering (it is being restarted): "
+        "send the request again",
+        unavailable.openai_type,
+        None,
+        unavailable.openai_code,
+    )
+
+
 def _param_of(reason: str) -> str | None:
     """For a client error without a `[param]` tag: the parameter an engine's complaint
     starts with (`sampling_parameters.seed: ...`, `messages[0] must be ...`,

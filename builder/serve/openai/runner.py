@@ -214,6 +214,11 @@ class Frontend:
     def resume(self) -> None:
         self._drain.resume()
 
+    def abandon(self, model: str) -> None:
+        """`model`'s stub died (from any thread): its answers in flight end now with a
+        503 in words (DrainGate.abandon)."""
+        self._drain.abandon(model)
+
     @property
     def in_flight(self) -> int:
         """The generation requests admitted and not yet fully answered."""
