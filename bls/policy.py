@@ -1,9 +1,9 @@
 """The routing policy: (request features, backend health) → ordered candidate backends.
 
 Pure: no Triton, no clock. The router model extracts RequestFeatures from a request once,
-asks `Policy.candidates`, and tries the candidates in order. The policy's config is the
-JSON that `trident repo` renders beside the router (router.json), built by
-`router_config` from the spec, so nothing is re-parsed per request.
+asks `Policy.candidates`, and tries the candidates in order. The policy's config is
+router.json's RouterConfig (router_config.py), which `trident repo` renders beside the
+router (builder/render/router_json.py) and the router reads once at load.
 """
 
 from __future__ import annotations
@@ -246,41 +246,3 @@ def _affinity_order(backends: list[str], conversation_id: str) -> list[str]:
     while different conversations spread across the group."""
     start = zlib.crc32(conversation_id.encode()) % len(backends)
     return backends[start:] + backends[:start]
-
-
-def router_config(spec: Any) -> dict[str, Any]:
-    """The router's JSON config from a DeploymentSpec (duck-typed: this module is also
-    imported inside the Triton stub, where trident's builder is not installed)."""
-    router = spec.router
-
-    def drop_none(match: Any) -> dict[str, Any]:
-        return {k: v for k, v in vars(match).items() if v is not None}
-
-    return {
-        "name": router.name,
-        "backends": {
-            m.name: {
-                "engine": m.engine,
-                "family": m.family,
-                "tasks": list(m.tasks),
-                "speculative": m.speculative,
-                "adapters": sorted(getattr(m, "extra", {}).get("adapters", ())),
-            }
-            for m in spec.models
-        },
-        "default": list(router.default),
-        "rules": [
-            {"name": r.name, "match": drop_none(r.match), "backends": list(r.backends)}
-            for r in router.rules
-        ],
-        "fallback": {k: list(v) for k, v in router.fallback.items()},
-        "breaker": dict(vars(router.breaker)),
-        "short_prompt_tokens": router.short_prompt_tokens,
-        "deadline_s": router.deadline_s,
-        "first_token_timeout_s": router.first_token_timeout_s,
-        "max_inflight_per_backend": router.max_inflight_per_backend,
-        # Read by bls/tenants.py, written by builder/spec/tenants.py (it holds no secret).
-        "tenants": (
-            spec.tenants.router_config(spec.name) if getattr(spec, "tenants", None) else None
-        ),
-    }

@@ -1,7 +1,7 @@
 """router.json, typed: the one file the builder writes for the router and the router
 reads at load.
 
-Both sides go through this module: the builder (builder/render/repository.py) makes a
+Both sides go through this module: the builder (builder/render/router_json.py) makes a
 RouterConfig and writes `to_dict()`; the router (model.py) reads it back with `load`,
 which checks every field and fails the model's load with one line naming the field
 (`router.json: backends.chat.capacity: expected ...`) instead of a KeyError deep inside

@@ -75,15 +75,15 @@ def render_template(name: str, **values: Any) -> bytes:
         raise RenderError(f"template {name}: {e}") from e
 
 
-def render_router_json(config: dict[str, Any]) -> bytes:
-    """A router.json file, through the router's own reader (bls/router_config.py): what
-    the router would refuse at load fails the render instead, and the file holds exactly
-    what RouterConfig writes."""
+def render_router_json(config: RouterConfig) -> bytes:
+    """A router.json file: what RouterConfig writes, read back by the router's own reader
+    (bls/router_config.py), so what the router would refuse at load fails the render."""
+    written = config.to_dict()
     try:
-        typed = RouterConfig.from_dict(config)
+        RouterConfig.from_dict(written)
     except RouterConfigError as e:
-        raise RenderError(f"{config.get('name', 'router')}: {e}") from None
-    return render_template("router/router.json.j2", router_config=typed.to_dict())
+        raise RenderError(f"{config.name}: {e}") from None
+    return render_template("router/router.json.j2", router_config=written)
 
 
 def copy_tree(source: Path, target: str) -> dict[str, bytes]:

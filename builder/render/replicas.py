@@ -11,19 +11,15 @@ renders as:
   chooser, under the same tenant checks, as a call through the router. No new runtime
   code: the router and the forwarder differ only in their router.json.
 
-router.json (the router's and the forwarder's) gives each backend its replica `policy`
-and `capacity` (sequences one of its Triton models runs at once, from its engine
-arguments; null when the spec leaves it to the engine), and a backend with replicas its
-`replicas`; each rule its own `policy` (null: the backend's).
+router.json (the router's and the forwarder's) is built by builder/render/router_json.py,
+given the replicas the plan routes to and the router's instance count.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from bls.policy import router_config  # the router owns the shape of its own config
-from builder.engines.traits import traits
+from bls.router_config import RouterConfig
 from builder.plan import replicas as replicas_plan
 from builder.plan.model import Plan
 from builder.plan.router_instances import router_instances
@@ -35,8 +31,8 @@ from builder.render.context import (
     render_router_json,
     render_template,
 )
+from builder.render.router_json import forwarder_config, router_config
 from builder.spec import ModelSpec
-from builder.spec.router_policy import backend_policy
 
 # (context, model as served, the spec's model, plan) → that engine model's files.
 EngineRenderer = Callable[[RenderContext, ModelSpec, ModelSpec, Plan], dict[str, bytes]]
@@ -44,54 +40,15 @@ EngineRenderer = Callable[[RenderContext, ModelSpec, ModelSpec, Plan], dict[str,
 CommonPackage = Callable[[str], dict[str, bytes]]
 
 
-def capacity(model: ModelSpec, instances: int) -> int | None:
-    """Sequences a Triton model of `instances` instances of `model` runs at once."""
-    key = traits(model.engine).capacity_arg
-    per_instance = model.engine_args.get(key) if key else None
-    if not isinstance(per_instance, int) or isinstance(per_instance, bool):
-        return None
-    return per_instance * instances
-
-
-def router_json(ctx: RenderContext) -> dict[str, Any]:
-    """The router's router.json: bls/policy.py's config, each backend's replicas,
-    policy and capacity, each rule's policy, and this router's instance count."""
-    spec, router = ctx.spec, ctx.spec.router
-    # Only a spec with a router renders one (or replicas, which the spec requires one for).
-    assert router is not None
-    config = router_config(spec)
-    routed = replicas_plan.routed_replicas(spec, ctx.plan)
-    for model in spec.models:
-        entry = config["backends"][model.name]
-        entry["policy"] = backend_policy(router, model.name)
-        if model.name in routed:  # each replica has one instance
-            entry["capacity"] = capacity(model, 1)
-            entry["replicas"] = list(routed[model.name])
-        else:
-            entry["capacity"] = capacity(model, model.instances)
-    for rule, rendered in zip(router.rules, config["rules"], strict=True):
-        rendered["policy"] = rule.policy
+def router_json(ctx: RenderContext) -> RouterConfig:
+    """The router's router.json: the spec's router, the replicas the plan routes to,
+    and this router's instance count."""
     # Each instance is its own stub with its own in-flight counts: the router divides
     # each backend's limit among them (docs/router.md, "Router instances").
-    instances = router_instances(spec)
+    instances = router_instances(ctx.spec)
     assert instances is not None  # None only for a spec without a router
-    config["instances"] = instances.count
-    return config
-
-
-def forwarder_json(router: dict, model: str) -> dict:
-    """`<model>`'s router.json: the router's, narrowed to the one backend, no rules and
-    no fallback (a direct call names the model: another model must never answer it),
-    one instance."""
-    return {
-        **router,
-        "name": model,
-        "backends": {model: router["backends"][model]},
-        "default": [model],
-        "rules": [],
-        "fallback": {},
-        "instances": 1,
-    }
+    routed = replicas_plan.routed_replicas(ctx.spec, ctx.plan)
+    return router_config(ctx.spec, routed, instances.count)
 
 
 def render(
@@ -108,7 +65,7 @@ def render(
                 "python_llm/parameters.pbtxt.j2", parameters=share
             )
         files.update(replica_files)
-    config = forwarder_json(router_json(ctx), model.name)
+    config = forwarder_config(router_json(ctx), model.name)
     files[f"{model.name}/config.pbtxt"] = render_template(
         "router/config.pbtxt.j2",
         router={"name": model.name},

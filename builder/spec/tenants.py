@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from bls.router_config import TenantLimitsConfig, TenantsConfig
 from bls.tenant_names import TENANT_NAME
 from builder.spec.node import SpecError, _Node
 from builder.spec.rules import Rule, rule, rule_of
@@ -66,26 +67,31 @@ class TenantsSpec:
     def tiers(self) -> set[str]:
         return {self.default.tier} | {t.tier for t in self.limits.values()}
 
-    def router_config(self, namespace: str) -> dict:
+    def router_config(self, namespace: str) -> TenantsConfig:
         """The router's `tenants` config (router.json): no secret, only where to find
         one; `namespace` (the deployment's name) prefixes its Redis keys."""
 
-        def limits(entry: TenantLimits) -> dict:
-            values = {f.name: getattr(entry, f.name) for f in fields(entry)}
-            return {**values, "priority": TIERS[entry.tier]}
+        def limits(entry: TenantLimits) -> TenantLimitsConfig:
+            return TenantLimitsConfig(
+                tier=entry.tier,
+                priority=TIERS[entry.tier],
+                requests_per_minute=entry.requests_per_minute,
+                tokens_per_minute=entry.tokens_per_minute,
+                max_concurrent=entry.max_concurrent,
+            )
 
-        return {
-            "namespace": namespace,
-            "redis": self.redis,
-            "username": self.username,
-            "password_env": self.password_env,
-            "password_file": self.password_file,
-            "on_redis_error": self.on_redis_error,
-            "default": limits(self.default),
-            "limits": {name: limits(entry) for name, entry in self.limits.items()},
-            "unknown": self.unknown,
-            "share_prefix_cache": list(self.share_prefix_cache),
-        }
+        return TenantsConfig(
+            namespace=namespace,
+            redis=self.redis,
+            username=self.username,
+            password_env=self.password_env,
+            password_file=self.password_file,
+            on_redis_error=self.on_redis_error,
+            default=limits(self.default),
+            limits=MappingProxyType({name: limits(e) for name, e in self.limits.items()}),
+            unknown=self.unknown,
+            share_prefix_cache=tuple(self.share_prefix_cache),
+        )
 
 
 SCHEMA_CLASSES = (TenantLimits, TenantsSpec)

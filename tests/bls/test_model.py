@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bls.policy import router_config
+from builder.render.router_json import router_config
 from builder.spec import parse_spec
 from tests.fakes import fake_pb_utils as pb
 from trident_common import error_classes, interface
@@ -388,7 +388,7 @@ def make_router(
     if tenants is not None:
         data["tenants"] = tenants
     (tmp_path / "1").mkdir(exist_ok=True)
-    config = router_config(parse_spec(data, "<test>"))
+    config = router_config(parse_spec(data, "<test>")).to_dict()
     for backend, names in (replicas or {}).items():
         config["backends"][backend]["replicas"] = list(names)
     for backend, policy in (policies or {}).items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,9 @@ from bls.policy import (
     UnknownRoute,
     estimate_tokens,
     features_from,
-    router_config,
 )
-from bls.router_config import RouterConfig
+from bls.router_config import BackendConfig, BreakerConfig, RouterConfig, RuleConfig
+from builder.render.router_json import router_config
 from builder.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ def make_policy(rules=(), default=("a",), fallback=None, backends=None, short=25
                     for name, match, bs in rules
                 ],
                 "fallback": fallback or {},
-                "breaker": {},
+                "breaker": dataclasses.asdict(BreakerConfig()),  # unused by the policy
                 "short_prompt_tokens": short,
                 "deadline_s": 300,
                 "first_token_timeout_s": 60,
@@ -368,21 +369,23 @@ def test_no_affinity_keeps_configured_order():
 def test_router_config_of_the_cpu_fallback_example():
     spec = load_spec(ROOT / "deploy" / "examples" / "cpu-fallback.yaml")
     config = router_config(spec)
-    assert config["name"] == "router"
-    assert set(config["backends"]) == {"primary", "backup"}
-    assert config["backends"]["primary"] == {
-        "engine": "vllm",
-        "family": "llama",
-        "tasks": ["chat"],
-        "speculative": False,
-        "adapters": [],
-    }
-    assert config["default"] == ["primary"]
-    assert config["fallback"] == {"primary": ["backup"]}
-    assert [r["name"] for r in config["rules"]] == ["fast", "free-tier", "long-prompt", "chat"]
-    assert config["rules"][0] == {"name": "fast", "match": {"hint": "fast"}, "backends": ["backup"]}
-    assert config["breaker"]["consecutive_failures"] == 2
-    policy = Policy(RouterConfig.from_dict(config))
+    assert config.name == "router"
+    assert set(config.backends) == {"primary", "backup"}
+    assert config.backends["primary"] == BackendConfig(
+        engine="vllm",
+        family="llama",
+        tasks=("chat",),
+        speculative=False,
+        adapters=(),
+        policy="prefix_aware",
+        capacity=config.backends["primary"].capacity,  # the engine's (test_repository)
+    )
+    assert config.default == ("primary",)
+    assert config.fallback == {"primary": ("backup",)}
+    assert [r.name for r in config.rules] == ["fast", "free-tier", "long-prompt", "chat"]
+    assert config.rules[0] == RuleConfig(name="fast", match={"hint": "fast"}, backends=("backup",))
+    assert config.breaker.consecutive_failures == 2
+    policy = Policy(config)
     assert policy.candidates(features_from("hi", None, {"route": "fast"})) == ("fast", ["backup"])
     assert policy.candidates(features_from("hi", None, {"tier": "free"})) == (
         "free-tier",
@@ -431,40 +434,32 @@ def test_router_config_carries_every_spec_field():
         "<test>",
     )
     config = router_config(spec)
-    assert config["name"] == "front"
-    assert config["backends"]["m1"]["speculative"] is True
-    assert config["backends"]["m2"] == {
-        "engine": "vllm",
-        "family": "",
-        "tasks": ["rag"],
-        "speculative": False,
-        "adapters": [],
-    }
+    assert config.name == "front"
+    assert config.backends["m1"].speculative is True
+    assert config.backends["m2"] == BackendConfig(
+        engine="vllm", family="", tasks=("rag",), speculative=False, policy="prefix_aware"
+    )
     # unnamed rules get positional names; unset match fields are left out
-    assert config["rules"] == [
-        {"name": "rule0", "match": {"min_turns": 2, "shared_prefix": True}, "backends": ["m1"]}
-    ]
-    assert config["breaker"] == {
-        "error_rate": 0.2,
-        "window_s": 5.0,
-        "min_requests": 3,
-        "consecutive_failures": 7,
-        "cooldown_s": 1.5,
-    }
+    assert config.rules == (
+        RuleConfig(name="rule0", match={"min_turns": 2, "shared_prefix": True}, backends=("m1",)),
+    )
+    assert config.breaker == BreakerConfig(
+        error_rate=0.2, window_s=5.0, min_requests=3, consecutive_failures=7, cooldown_s=1.5
+    )
     assert (
-        config["short_prompt_tokens"],
-        config["deadline_s"],
-        config["first_token_timeout_s"],
-        config["max_inflight_per_backend"],
+        config.short_prompt_tokens,
+        config.deadline_s,
+        config.first_token_timeout_s,
+        config.max_inflight_per_backend,
     ) == (64, 9.0, 2.0, 4)
-    assert config["fallback"] == {}
+    assert config.fallback == {}
 
 
 def test_router_config_is_json_serialisable():
     import json
 
-    spec = load_spec(ROOT / "deploy" / "default.yaml")
-    assert json.loads(json.dumps(router_config(spec))) == router_config(spec)
+    config = router_config(load_spec(ROOT / "deploy" / "default.yaml"))
+    assert RouterConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
 
 
 def test_malformed_messages_do_not_crash_routing():

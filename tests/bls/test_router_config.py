@@ -5,6 +5,7 @@ refused at load with one line naming the field."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def test_every_rendered_router_json_reads_back_and_writes_back_the_same_bytes(na
         written = json.loads(data)
         config = RouterConfig.from_dict(written)
         assert config.to_dict() == written, path  # nothing dropped, nothing added
-        assert render_router_json(config.to_dict()) == data, path
+        assert render_router_json(config) == data, path
 
 
 def test_the_builder_writes_capacity_replicas_and_engines_for_the_router():
@@ -180,8 +181,9 @@ def test_load_names_a_file_it_cannot_read_or_parse(tmp_path):
 
 
 def test_the_builder_refuses_to_write_what_the_router_would_refuse():
-    config = rendered()
-    config["backends"]["chat"]["capacity"] = 0
+    config = RouterConfig.from_dict(rendered())
+    chat = dataclasses.replace(config.backends["chat"], capacity=0)
+    config = dataclasses.replace(config, backends={**config.backends, "chat": chat})
     with pytest.raises(RenderError, match=r"^router: router\.json: backends\.chat\.capacity: "):
         render_router_json(config)
 

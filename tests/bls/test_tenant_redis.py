@@ -16,9 +16,9 @@ import time
 import pytest
 
 from bls import tenant_store
-from bls.policy import router_config
 from bls.router_config import TenantsConfig
 from bls.tenant_store import Limits, RedisStore, StoreUnavailable
+from builder.render.router_json import router_config
 from builder.spec import parse_spec
 from support.redis_server import RedisServer
 from tests.bls.test_model import SPEC, router_modules
@@ -160,8 +160,9 @@ def test_the_spec_names_the_acl_user_and_the_router_uses_it():
         "username": "trident",
         "password_env": "TRIDENT_REDIS_PASSWORD",
     }
-    config = router_config(parse_spec(data, "t.yaml"))["tenants"]
-    assert (config["username"], config["password_env"]) == ("trident", "TRIDENT_REDIS_PASSWORD")
+    config = router_config(parse_spec(data, "t.yaml")).tenants
+    assert config is not None
+    assert (config.username, config.password_env) == ("trident", "TRIDENT_REDIS_PASSWORD")
     data["tenants"]["username"] = "has space"
     with pytest.raises(Exception) as caught:
         parse_spec(data, "t.yaml")

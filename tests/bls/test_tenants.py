@@ -12,9 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-from bls.policy import router_config
 from bls.router_config import TenantLimitsConfig
 from bls.tenant_store import CHOICE_TAKEN, FanOut, Limits, LocalStore
+from builder.render.router_json import router_config
 from builder.spec import parse_spec
 from tests.bls.test_model import (
     SPEC,
@@ -127,7 +127,7 @@ def tenant_router(tmp_path):
             data["router"].update(router)
             (tmp_path / "1").mkdir(exist_ok=True)
             (tmp_path / "1" / "router.json").write_text(
-                json.dumps(router_config(parse_spec(data, "<test>")))
+                json.dumps(router_config(parse_spec(data, "<test>")).to_dict())
             )
             BlsRequest.backends = {b.name: b for b in backends}
             model = module.TritonPythonModel()

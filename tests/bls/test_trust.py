@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bls.policy import router_config
+from builder.render.router_json import router_config
 from builder.spec import parse_spec
 from tests.bls.conftest import TEST_SECRET
 from tests.bls.test_model import (
@@ -61,7 +61,7 @@ def make(tmp_path):
             data = json.loads(json.dumps(SPEC))
             if tenants is not None:
                 data["tenants"] = tenants
-            config = router_config(parse_spec(data, "<test>"))
+            config = router_config(parse_spec(data, "<test>")).to_dict()
             for name, engine in (engines or {}).items():
                 config["backends"][name]["engine"] = engine
             (tmp_path / "1").mkdir(exist_ok=True)

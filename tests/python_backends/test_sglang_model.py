@@ -610,8 +610,8 @@ def test_finalize_shuts_the_engine_down_and_keeps_the_metrics(repo, monkeypatch)
 
 
 def test_all_turns_of_a_conversation_go_to_the_same_sglang_backend():
-    from bls.policy import Policy, features_from, router_config
-    from bls.router_config import RouterConfig
+    from bls.policy import Policy, features_from
+    from builder.render.router_json import router_config
 
     data = sglang_spec()
     data["models"] = [{**data["models"][0], "name": f"qwen{i}"} for i in range(3)]
@@ -621,7 +621,7 @@ def test_all_turns_of_a_conversation_go_to_the_same_sglang_backend():
             {"name": "chat", "match": {"task": "chat"}, "backends": ["qwen0", "qwen1", "qwen2"]}
         ],
     }
-    policy = Policy(RouterConfig.from_dict(router_config(parse_spec(data, "<test>"))))
+    policy = Policy(router_config(parse_spec(data, "<test>")))
     firsts = {}
     for conversation in (f"conv-{i}" for i in range(12)):
         messages = []

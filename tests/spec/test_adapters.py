@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import yaml
 
-from bls.policy import Policy, RequestFeatures, UnknownAdapter, adapter_name, router_config
+from bls.policy import Policy, RequestFeatures, UnknownAdapter, adapter_name
 from bls.router_config import RouterConfig
 from builder.cli.main import main as trident
+from builder.render.router_json import router_config
 from builder.spec import parse_spec
 from builder.spec.adapter_weights import base_shape
 from builder.spec.adapters import LoraSettings, adapter_problem, engine_args
@@ -443,7 +444,7 @@ def _policy():
             "rules": [{"name": "only-base", "match": {"hint": "only-base"}, "backends": ["base"]}],
         },
     )
-    config = json.loads(json.dumps(router_config(spec)))  # as router.json carries it
+    config = router_config(spec).to_dict()  # as router.json carries it
     assert config["backends"]["m2"]["adapters"] == ["a", "b"]
     return Policy(RouterConfig.from_dict(config))
 

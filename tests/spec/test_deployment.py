@@ -292,10 +292,10 @@ def test_each_engine_marks_speculative_decoding_by_its_own_switch():
 
 
 def test_short_prompts_skip_the_speculative_backends_of_every_engine():
-    from bls.policy import Policy, RequestFeatures, router_config
-    from bls.router_config import RouterConfig
+    from bls.policy import Policy, RequestFeatures
+    from builder.render.router_json import router_config
 
-    policy = Policy(RouterConfig.from_dict(router_config(parse_spec(SPECULATIVE, "s.yaml"))))
+    policy = Policy(router_config(parse_spec(SPECULATIVE, "s.yaml")))
     assert policy.candidates(RequestFeatures(prompt_tokens=1))[1] == ["plain"]
     assert policy.candidates(RequestFeatures(prompt_tokens=10_000))[1] == [
         "vllm-spec",
