@@ -19,7 +19,7 @@ AIPERF_VERSION := 0.13.0
 # leaves the lock's --extra-index-url line out.
 TORCH_PIN := $(shell grep -m1 '^torch==' requirements.lock)
 
-.PHONY: install redis-server repo validate serve run test test-fast bench aiperf plan clean
+.PHONY: install redis-server repo validate serve run test test-fast bench stress aiperf plan clean
 
 # Fast when nothing changed: the stamp depends on the lock file and the package metadata.
 install: $(STAMP)
@@ -79,6 +79,11 @@ bench: install
 	  $(MAKE) --no-print-directory aiperf || echo "make bench: AIPerf did not install \
 	(see above); aiperf_point will report it" >&2;; esac
 	$(BIN)/python -m bench.run $(BENCH)
+
+# Stub deaths under traffic (bench/stub_kills.py): 30 kills beside 2 CPU burners, about
+# 10 minutes; not a benchmark of speed, so not in `make bench`.
+stress: install
+	$(BIN)/python -m bench.stub_kills --kills 30 --burn 2 --out bench_results/stub_kills
 
 # AIPerf (NVIDIA's load generator) for bench/aiperf_point.py, in its own virtual
 # environment: its pins (numpy, protobuf, transformers, ...) clash with requirements.lock,
