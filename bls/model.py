@@ -24,6 +24,7 @@ nothing else.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import faulthandler
 import json
@@ -49,7 +50,7 @@ from router_config import load as load_router_config
 from router_metrics import RouterMetrics
 from targets import Targets
 from tenants import FAN_OUT_KEYS, Tenants, fan_out_of
-from trident_common import trust
+from trident_common import tracing, trust
 from trident_common.drain import DrainWatch
 from trident_common.error_classes import (
     CLIENT,
@@ -91,6 +92,12 @@ READ_INPUTS = frozenset((*HINT_KEYS, *RETURN_FLAGS, "text_input", "messages", "s
 FIRST_TOKEN_WATCH_S = 0.02
 STREAM_WATCH_S = 0.2
 CONTROL_THREADS = 64  # BLS calls beyond the streams: aborts, probes, drains
+# The routing record of the request this task handles (tracing.RouteRecord), only when
+# Triton traces it: each request is its own task (execute's gather), so it is that
+# request's; None, the default, costs an untraced request one lookup per attempt.
+ROUTE_RECORD: contextvars.ContextVar[tracing.RouteRecord | None] = contextvars.ContextVar(
+    "route_record", default=None
+)
 
 
 def forwardable(parameters: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -148,6 +155,12 @@ class TritonPythonModel:
         self.log = Log(self.name)
         # The key the router proves its requests to the engine models with (trust.py).
         self.proof_key = trust.proof_key(os.environ)  # SecretError: one line, load fails
+        # The router's own span per traced request (tracing.RouteRecord), exported like
+        # the engine models' when tritonserver's environment names an endpoint; None:
+        # traces off, and a request pays one `is None` for it.
+        self.traces = tracing.EngineTraces.from_env(os.environ, self.name)
+        secret = trust.read_secret(os.environ)
+        self.tenant_key = None if secret is None else trust.derive(secret, tracing.TENANT_HASH)
         if self.proof_key is None and self.config.tenants:
             raise RuntimeError(
                 f"tenants need {ROUTER_SECRET_ENV} in tritonserver's "
@@ -224,6 +237,8 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.drain.close()
+        if self.traces is not None:
+            self.traces.close()
         # Queued lease releases and token charges would die with this process.
         self.tenants.close(self.loop)
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -241,6 +256,10 @@ class TritonPythonModel:
             # cutoff the engine models end what still runs, with SHUTDOWN's marker.)
             return self.fail(sender, self.refusal(), "draining")
         attempts: list[Relay] = []
+        record = None
+        if self.traces is not None:
+            record = self.traces.route(request.trace().get_context())
+            ROUTE_RECORD.set(record)
         self.handling += 1
         try:
             await self.route(request, sender, arrival, attempts)
@@ -255,6 +274,8 @@ class TritonPythonModel:
                 self.fail(sender, f"router error: {e}", "internal")
         finally:
             self.handling -= 1
+            if record is not None:
+                record.end()
 
     def refusal(self) -> str:
         """Why a draining server's router takes no new request (error_classes.py)."""
@@ -279,6 +300,12 @@ class TritonPythonModel:
         except BadRequest as e:  # the messages or a fan-out parameter not as the interface says
             return self.fail(sender, CLIENT.mark(str(e), e.param or "messages"), "bad_request")
         # Any other error is the router's (handle: "router error", internal), never a 400.
+        record = ROUTE_RECORD.get()
+        if record is not None:
+            record.route, record.candidates = route, tuple(candidates)
+            tenant = inbound.features.tenant
+            if tenant is not None and self.tenant_key is not None:
+                record.tenant = tracing.tenant_hash(self.tenant_key, str(tenant))
         if not candidates and (inbound.fan_out is None or not self.tenants.enabled):
             return self.refuse(sender, route, inbound.features)  # not charged
         work = (
@@ -307,6 +334,11 @@ class TritonPythonModel:
         errors: list[str]
         choices: dict[str, Choice] | None
         errors, tried, choices, misfits = [], False, None, 0
+        record = ROUTE_RECORD.get()
+        if record is not None:
+            if self.tenants.enabled:  # this coroutine runs only once the tenant is admitted
+                record.admission = "admitted"
+            record.failures = errors  # each candidate that failed or was unavailable, why
         if any(name in self.replicas.of for name in candidates):
             # Replicated backends: their replicas, in the chooser's order (chosen once the
             # tenant is admitted: a refused request leaves no record). The prompt's key is
@@ -320,12 +352,16 @@ class TritonPythonModel:
                 lambda name: self.breakers[name].available(),
                 self.inflight,
             )
+            if record is not None:
+                record.candidates = tuple(candidates)  # the replicas, in the chooser's order
         for attempt, backend in enumerate(candidates):
             if not self.targets.claim(backend):
                 errors.append(self.targets.unavailable_reason(backend))
                 continue
             tried = True
             probe = self.breakers[backend].state == HALF_OPEN  # this request is the probe
+            if record is not None:
+                record.backend, record.breaker = backend, self.breakers[backend].state
             recorded = False
             try:
                 recorded = await self.serve(
@@ -438,6 +474,11 @@ class TritonPythonModel:
         The message's marker (error_classes.py) is its class and sets the Triton code;
         an unmarked one is internal."""
         self.metrics.error(reason)
+        record = ROUTE_RECORD.get()
+        if record is not None:
+            record.outcome = reason
+            if reason == "tenant":
+                record.admission = "refused"
         error = triton_error(pb_utils, message)
         if reason in ("all_failed", "internal"):  # not the client's doing
             self.log.error(message)
@@ -532,11 +573,15 @@ class TritonPythonModel:
         joins the trace: trident_common/tracing.py), and the router's proof for its id and
         the tenant values it sets (the tensors `added`) when it has a key."""
         outgoing = {**(parameters or {}), ERRORS_IN_BAND: True}
-        traced = request.trace().get_context() if request is not None else None  # ~1 us
-        if traced:  # '{"traceparent": "00-..."}'; None when untraced
-            traceparent = json.loads(traced).get("traceparent")
-            if traceparent:
-                outgoing[TRACEPARENT] = traceparent
+        record = ROUTE_RECORD.get()
+        if record is not None:  # the engine model's span is the router's span's child
+            outgoing[TRACEPARENT] = record.traceparent
+        elif self.traces is None:  # the router exports nothing: Triton's span is the parent
+            traced = request.trace().get_context() if request is not None else None  # ~1 us
+            if traced:  # '{"traceparent": "00-..."}'; None when untraced
+                traceparent = json.loads(traced).get("traceparent")
+                if traceparent:
+                    outgoing[TRACEPARENT] = traceparent
         if self.proof_key is None:
             return outgoing
         values = {t.name(): first_scalar(t.as_numpy()) for t in added}

@@ -110,4 +110,6 @@ def _as_base64(match: re.Match) -> str:
 
 def _value(value) -> object:
     kind = value.WhichOneof("value")
+    if kind == "array_value":  # a list attribute (the router's candidates, say)
+        return [_value(item) for item in value.array_value.values]
     return getattr(value, kind) if kind else None

@@ -1,8 +1,9 @@
-"""The engine model's span of one request, when traces are on.
+"""The router's and the engine model's spans of one request, when traces are on.
 
 `trident serve` with traces on (builder/serve/tracing.py) names the OTLP endpoint and
-Triton's service name in tritonserver's environment, which the stubs inherit, and the
-router hands each backend request the traceparent of its own span in Triton's trace (the
+Triton's service name in tritonserver's environment, which the stubs inherit. The router
+gives each request Triton traces a span of its own (RouteRecord: its decision), child of
+Triton's span of it, and hands each backend request that span's traceparent (the
 request parameter interface.TRACEPARENT). A request that carries one gets a span here,
 its child: from the request's arrival to its end, with the model, the router's request
 id, the token counts, the finish reason and the time to the first token (OpenTelemetry's
@@ -19,11 +20,16 @@ trident_trace_spans_{dropped,export_failed}_total, the frontend's on its GET /me
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+TENANT_HASH = "trace-tenant"  # the purpose of the key tenants are hashed with (trust.derive)
 
 # The export's bounds, explicit rather than the SDK's defaults (OTEL_BSP_*), for the
 # frontend and the engine models alike. The queue holds at most MAX_QUEUED_SPANS ended
@@ -173,8 +179,80 @@ class EngineTraces:
             },
         )
 
+    def route(self, triton_context: str | None) -> RouteRecord | None:
+        """The router's span of a request Triton traces (`triton_context`: what
+        `request.trace().get_context()` gave, '{"traceparent": ...}', None untraced),
+        child of Triton's span of it; None for an untraced request."""
+        if not triton_context:
+            return None
+        parent = json.loads(triton_context).get("traceparent")
+        if not parent:
+            return None
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        span = self.tracer.start_span(
+            f"route {self.model}",
+            context=TraceContextTextMapPropagator().extract({"traceparent": parent}),
+        )
+        return RouteRecord(span)
+
     def close(self) -> None:
         self.provider.shutdown()  # what is still batched leaves now
+
+
+@dataclass
+class RouteRecord:
+    """What the router decided for one traced request, set as it decides, written on its
+    span at the end (attributes()): the route (the rule that matched, "default", or the
+    backend a client pinned), the candidates in the order they were to be tried, each
+    failed or unavailable candidate with why, the backend that answered and its breaker
+    state when it was claimed, the tenant as a keyed hash (never its name or key), the
+    tenant admission, and the outcome (the router's error reason, or "answered")."""
+
+    span: Any
+    route: str | None = None
+    candidates: tuple[str, ...] = ()
+    failures: list[str] = field(default_factory=list)
+    backend: str | None = None
+    breaker: str | None = None
+    tenant: str | None = None
+    admission: str | None = None  # "admitted" or "refused"; None: no tenants configured
+    outcome: str = "answered"
+
+    @property
+    def traceparent(self) -> str:
+        """This span's traceparent: the parent the router hands its backend request."""
+        context = self.span.get_span_context()
+        return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+
+    def attributes(self) -> dict[str, Any]:
+        attributes: dict[str, Any] = {"trident.route.outcome": self.outcome}
+        optional = {
+            "trident.route": self.route,
+            "trident.route.candidates": list(self.candidates) or None,
+            "trident.route.failures": list(self.failures) or None,
+            "trident.route.backend": self.backend,
+            "trident.route.breaker_state": self.breaker,
+            "trident.tenant.hash": self.tenant,
+            "trident.tenant.admission": self.admission,
+        }
+        attributes.update({k: v for k, v in optional.items() if v is not None})
+        return attributes
+
+    def end(self) -> None:
+        self.span.set_attributes(self.attributes())
+        if self.outcome != "answered":
+            from opentelemetry.trace import Status, StatusCode
+
+            self.span.set_status(Status(StatusCode.ERROR, self.outcome))
+        self.span.end()
+
+
+def tenant_hash(key: bytes, tenant: str) -> str:
+    """A tenant as the router's spans name it: keyed (the router's secret), so a reader
+    of the traces can tell requests of one tenant apart from another's but not learn,
+    or confirm a guess of, who it is. 16 hex digits."""
+    return hmac.new(key, tenant.encode(), hashlib.sha256).hexdigest()[:16]
 
 
 def end(

@@ -170,13 +170,22 @@ def test_one_request_is_one_trace_from_the_client_through_the_router(served):
             ),
             timeout_s=30,
         )
-        # The engine model's own span (trident_common/tracing.py), under the router's.
+        # The router's own span with its decision, and the engine model's span under it
+        # (trident_common/tracing.py), both under Triton's span of the router.
+        route = (f"{SERVICE}-triton", "route router")
         engine = (f"{SERVICE}-triton", "generate qwen")
-        wait_for(lambda: engine in trace(), timeout_s=30)
+        wait_for(lambda: route in trace() and engine in trace(), timeout_s=30)
     except AssertionError as e:
         raise AssertionError(f"{e}: {seen()}") from None
-    print("engine span's ancestors:", ancestors(trace()[engine]))
-    assert "router" in ancestors(trace()[engine])
+    assert ancestors(trace()[route])[:2] == ["router", "InferRequest"]
+    assert ancestors(trace()[engine])[:3] == ["route router", "router", "InferRequest"]
+    assert trace()[route].attributes == {
+        "trident.route.outcome": "answered",
+        "trident.route": "default",
+        "trident.route.candidates": ["qwen"],
+        "trident.route.backend": "qwen",
+        "trident.route.breaker_state": "closed",
+    }
     assert trace()[engine].attributes["gen_ai.usage.output_tokens"] == 4
     frontend = trace()[(SERVICE, "POST /v1/completions")]
     assert frontend.parent_id == CLIENT_SPAN  # the client's span is its parent
@@ -191,10 +200,14 @@ def test_one_request_is_one_trace_from_the_client_through_the_router(served):
         assert stream.pump(30) and not stream.errors
         # Open until its spans came: Triton ends a request's trace when it releases the
         # request, which may be after the client had its final response.
-        wait_for(
-            lambda: "router" in {s.name for s in collector.spans if s.trace_id == other},
-            timeout_s=30,
-        )
+        try:
+            wait_for(
+                lambda: "router" in {s.name for s in collector.spans if s.trace_id == other},
+                timeout_s=30,
+            )
+        except AssertionError as e:
+            spans = [(s.name, s.trace_id, s.parent_id) for s in collector.spans]
+            raise AssertionError(f"{e}: the collector's spans {spans}") from None
     finally:
         stream.close()
 

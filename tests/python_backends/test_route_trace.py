@@ -1,0 +1,93 @@
+"""The router's span of a traced request (trident_common/tracing.py's RouteRecord): its
+parent, the traceparent it hands the backend, and the decision written on it. The span
+as the served process exports it is checked end to end in tests/server/test_drain.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from trident_common import tracing
+
+TRITON_TRACE, TRITON_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+
+
+@pytest.fixture
+def traces():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield tracing.EngineTraces(provider, "router", tracing.SpanLosses()), exporter
+    provider.shutdown()
+
+
+def triton_context(flags: str = "01") -> str:
+    return json.dumps({"traceparent": f"00-{TRITON_TRACE}-{TRITON_SPAN}-{flags}"})
+
+
+def test_an_untraced_request_gets_no_record(traces):
+    router, exporter = traces
+    assert router.route(None) is None
+    assert router.route("{}") is None
+    assert exporter.get_finished_spans() == ()
+
+
+def test_the_span_is_the_child_of_tritons_and_the_backend_gets_its_own_traceparent(traces):
+    router, exporter = traces
+    record = router.route(triton_context())
+    version, trace_id, span_id, flags = record.traceparent.split("-")
+    assert (version, trace_id, flags) == ("00", TRITON_TRACE, "01")
+    assert span_id != TRITON_SPAN  # the router's own span, not Triton's
+    record.end()
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "route router"
+    assert format(span.parent.span_id, "016x") == TRITON_SPAN
+    assert format(span.context.span_id, "016x") == span_id
+
+
+def test_a_fallback_answered_request_names_the_failed_backend_and_the_one_that_answered(traces):
+    router, exporter = traces
+    record = router.route(triton_context())
+    record.route, record.candidates = "default", ("qwen", "qwen-backup")
+    record.failures.append("qwen: connection refused")
+    record.backend, record.breaker = "qwen-backup", "closed"
+    record.tenant, record.admission = tracing.tenant_hash(b"k" * 32, "acme"), "admitted"
+    record.end()
+    (span,) = exporter.get_finished_spans()
+    assert dict(span.attributes) == {
+        "trident.route.outcome": "answered",
+        "trident.route": "default",
+        "trident.route.candidates": ("qwen", "qwen-backup"),
+        "trident.route.failures": ("qwen: connection refused",),
+        "trident.route.backend": "qwen-backup",
+        "trident.route.breaker_state": "closed",
+        "trident.tenant.hash": tracing.tenant_hash(b"k" * 32, "acme"),
+        "trident.tenant.admission": "admitted",
+    }
+    assert span.status.status_code is StatusCode.UNSET
+
+
+def test_a_refused_request_is_an_error_span_with_the_reason_and_no_backend(traces):
+    router, exporter = traces
+    record = router.route(triton_context())
+    record.route, record.outcome, record.admission = "default", "tenant", "refused"
+    record.end()
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes["trident.route.outcome"] == "tenant"
+    assert span.attributes["trident.tenant.admission"] == "refused"
+    assert "trident.route.backend" not in span.attributes
+    assert span.status.status_code is StatusCode.ERROR
+
+
+def test_the_tenant_hash_is_keyed_and_names_no_tenant():
+    key, other = b"k" * 32, b"o" * 32
+    digest = tracing.tenant_hash(key, "acme")
+    assert len(digest) == 16 and "acme" not in digest
+    assert digest == tracing.tenant_hash(key, "acme")  # one tenant, one name in the traces
+    assert digest != tracing.tenant_hash(key, "acme2")
+    assert digest != tracing.tenant_hash(other, "acme")  # without the key, no guess confirms
