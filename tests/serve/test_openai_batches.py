@@ -120,6 +120,32 @@ def test_cancel_ends_the_batches_and_cancels_the_grpc_call():
     asyncio.run(scenario())
 
 
+def test_cancel_after_triton_answered_drains_the_call_instead_of_cancelling_it():
+    """The tools path cancels its calls on any error, the refused one too. Triton has
+    answered that one (its error response; the finish reason likewise) and ends the call
+    on its own within a millisecond: a cancel then races the request's final flag, which
+    Triton 2.51 loses, keeping the request and so its model, which never unloads
+    (issue 33: the router after test_openai_tools' refusals)."""
+
+    async def scenario(last):
+        triton = Triton()
+        call = Call(triton, "router", [])
+        triton.stream.queue.put_nowait(last)
+        try:
+            async for _ in call.pieces():
+                pass
+        except OpenAIError:
+            pass  # the refusal: the tools path cancels every call on it
+        call.cancel()
+        return triton, call
+
+    refusal = service_pb2.ModelStreamInferResponse(error_message="invalid request: [tools] no")
+    for last in (refusal, result("Hi", "stop")):
+        triton, call = asyncio.run(scenario(last))
+        assert not triton.stream.cancelled and not call.cancelled
+        assert triton.drained == [call]
+
+
 def test_the_call_carries_the_one_request_as_tritonclient_would_build_it():
     from tritonclient.grpc._utils import _get_inference_request
 

@@ -346,7 +346,14 @@ class Call:
 
     def cancel(self) -> None:
         """Cancel the gRPC call: Triton cancels the request, and trident's models abort
-        it in the engine."""
+        it in the engine. A call Triton already answered to its end (the finish reason,
+        or an error response: the reader stopped there) is finished instead, its final
+        flag drained: Triton 2.51 leaks a stream whose cancel races that final flag, and
+        the request it keeps holds its model, which then never unloads (after the tools
+        path cancelled a refused call: issue 33)."""
+        if self._ended and not self.done:
+            self.finish()
+            return
         if not self.done:
             self.done = self.cancelled = True
             self._stream.cancel()
