@@ -2,7 +2,10 @@
 valid W3C traceparent (OpenAI requests through the frontend, and Triton gRPC streams of
 `router`), and Triton's spans of it should hang under that parent. Counted here: the
 requests whose Triton `router` span is in their own trace, those whose is not, and
-Triton's `InferRequest` spans with no parent at all (every request sent had one).
+Triton's `InferRequest` spans with no parent at all (every request sent had one); and
+the router's own spans (`route router`) in their caller's trace, those of them that
+found Triton's parent lost (trident.triton_parent_lost: the caller's traceparent, sent
+as a request parameter too, kept them in it), and any outside it.
 
 Why they are lost (read in server r24.10, src/grpc/infer_handler.h): Triton's gRPC
 carrier returns the metadata value as `string_ref::data()`, which is not NUL-terminated,
@@ -30,6 +33,7 @@ from pathlib import Path
 import openai
 import tritonclient.grpc as grpcclient
 
+from builder.render.context import INTERFACE
 from builder.serve.server import TritonServer
 from tests.helpers.streams import Stream
 from tests.server import served
@@ -62,10 +66,12 @@ def main(pairs: int, pad: int) -> None:
             sent[trace] = "openai"
             churn()
             trace = secrets.token_hex(16)
+            traceparent = f"00-{trace}-{secrets.token_hex(8)}-01"
             stream = Stream(
                 server,
                 max_tokens=2,
-                headers={"traceparent": f"00-{trace}-{secrets.token_hex(8)}-01"},
+                headers={"traceparent": traceparent},
+                parameters={INTERFACE.TRACEPARENT: traceparent},  # as the frontend sends it
             )
             try:
                 assert stream.pump(30) and not stream.errors, stream.errors
@@ -78,10 +84,15 @@ def main(pairs: int, pad: int) -> None:
         linked = collections.Counter(face for trace, face in sent.items() if trace in routed)
         lost = collections.Counter(face for trace, face in sent.items() if trace not in routed)
         roots = sum(1 for s in spans if s.name == "InferRequest" and not s.parent_id)
+        routes = [s for s in spans if s.name == "route router"]
+        kept = sum(1 for s in routes if s.trace_id in sent)
+        recovered = sum(1 for s in routes if s.attributes.get("trident.triton_parent_lost"))
         print(
             f"traced requests {len(sent)} (pad {pad}): linked {dict(linked)}, "
             f"lost {dict(lost)}, Triton roots without a parent {roots}, "
-            f"batches the collector could not read {len(serve.collector.errors)}"
+            f"batches the collector could not read {len(serve.collector.errors)}; "
+            f"router spans in their caller's trace {kept} of {len(routes)}, "
+            f"of them kept there when Triton lost the parent {recovered}"
         )
     finally:
         process.close()

@@ -100,6 +100,15 @@ ROUTE_RECORD: contextvars.ContextVar[tracing.RouteRecord | None] = contextvars.C
 )
 
 
+def sent_traceparent(parameters: str) -> str | None:
+    """The traceparent a traced request's caller sent as a parameter besides its
+    metadata (the OpenAI frontend does: tracing.EngineTraces.route says why)."""
+    if not parameters or parameters == "{}":
+        return None
+    value = json.loads(parameters).get(TRACEPARENT)
+    return value if isinstance(value, str) else None
+
+
 def forwardable(parameters: dict[str, Any] | None) -> dict[str, Any] | None:
     """Request parameters as a BLS request takes them: the stub accepts bool, int and
     str values only, so a float travels as its text (the engine models convert sampling
@@ -258,8 +267,10 @@ class TritonPythonModel:
         attempts: list[Relay] = []
         record = None
         if self.traces is not None:
-            record = self.traces.route(request.trace().get_context())
-            ROUTE_RECORD.set(record)
+            context = request.trace().get_context()  # None: untraced
+            if context:
+                record = self.traces.route(context, sent_traceparent(request.parameters()))
+                ROUTE_RECORD.set(record)
         self.handling += 1
         try:
             await self.route(request, sender, arrival, attempts)

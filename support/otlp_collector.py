@@ -26,6 +26,7 @@ class Span:
     span_id: str
     parent_id: str
     attributes: dict
+    links: tuple[tuple[str, str], ...] = ()  # (trace id, span id) of each linked span
 
 
 class Collector:
@@ -89,6 +90,7 @@ class Collector:
                                 span.span_id.hex(),
                                 span.parent_span_id.hex(),
                                 {a.key: _value(a.value) for a in span.attributes},
+                                tuple((k.trace_id.hex(), k.span_id.hex()) for k in span.links),
                             )
                         )
 

@@ -179,20 +179,35 @@ class EngineTraces:
             },
         )
 
-    def route(self, triton_context: str | None) -> RouteRecord | None:
+    def route(self, triton_context: str | None, sent: str | None = None) -> RouteRecord | None:
         """The router's span of a request Triton traces (`triton_context`: what
         `request.trace().get_context()` gave, '{"traceparent": ...}', None untraced),
-        child of Triton's span of it; None for an untraced request."""
+        child of Triton's span of it; None for an untraced request.
+
+        `sent`: the traceparent the caller also sent as a request parameter (the OpenAI
+        frontend does). When it is of another trace than Triton's span, tritonserver
+        lost the one the caller's metadata carried and traced the request as a new root
+        (bench/trace_parent_loss.py): the router's span is then the child of `sent`,
+        keeping the caller's trace whole, linked to Triton's span and marked
+        trident.triton_parent_lost."""
         if not triton_context:
             return None
         parent = json.loads(triton_context).get("traceparent")
         if not parent:
             return None
+        from opentelemetry.trace import Link, get_current_span
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+        propagator = TraceContextTextMapPropagator()
+        context = propagator.extract({"traceparent": parent})
+        links, attributes = [], {}
+        if sent and _trace_id(sent) != _trace_id(parent):
+            callers = propagator.extract({"traceparent": sent})
+            if get_current_span(callers).get_span_context().is_valid:
+                links = [Link(get_current_span(context).get_span_context())]
+                context, attributes = callers, {"trident.triton_parent_lost": True}
         span = self.tracer.start_span(
-            f"route {self.model}",
-            context=TraceContextTextMapPropagator().extract({"traceparent": parent}),
+            f"route {self.model}", context=context, links=links, attributes=attributes
         )
         return RouteRecord(span)
 
@@ -246,6 +261,10 @@ class RouteRecord:
 
             self.span.set_status(Status(StatusCode.ERROR, self.outcome))
         self.span.end()
+
+
+def _trace_id(traceparent: str) -> str:
+    return traceparent.split("-")[1] if traceparent.count("-") == 3 else ""
 
 
 def tenant_hash(key: bytes, tenant: str) -> str:

@@ -91,3 +91,35 @@ def test_the_tenant_hash_is_keyed_and_names_no_tenant():
     assert digest == tracing.tenant_hash(key, "acme")  # one tenant, one name in the traces
     assert digest != tracing.tenant_hash(key, "acme2")
     assert digest != tracing.tenant_hash(other, "acme")  # without the key, no guess confirms
+
+
+CALLER_TRACE, CALLER_SPAN = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+CALLERS = f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"
+
+
+def test_when_triton_lost_the_callers_parent_the_span_joins_the_callers_trace(traces):
+    # Triton traced the request as a new root (TRITON_TRACE) though the caller's
+    # metadata named CALLER_TRACE: the router's span keeps the caller's trace whole.
+    router, exporter = traces
+    record = router.route(triton_context(), sent=CALLERS)
+    assert record.traceparent.split("-")[1] == CALLER_TRACE  # the engine's span follows
+    record.end()
+    (span,) = exporter.get_finished_spans()
+    assert format(span.parent.trace_id, "032x") == CALLER_TRACE
+    assert format(span.parent.span_id, "016x") == CALLER_SPAN
+    (link,) = span.links  # Triton's orphaned span, still reachable
+    assert format(link.context.trace_id, "032x") == TRITON_TRACE
+    assert format(link.context.span_id, "016x") == TRITON_SPAN
+    assert span.attributes["trident.triton_parent_lost"] is True
+
+
+@pytest.mark.parametrize(
+    "sent", [f"00-{TRITON_TRACE}-{CALLER_SPAN}-01", None, "", "not a traceparent", "00-0-0-01"]
+)
+def test_otherwise_tritons_span_is_the_parent(traces, sent):
+    # The same trace (Triton kept the parent), none sent, or one that is no traceparent.
+    router, exporter = traces
+    router.route(triton_context(), sent=sent).end()
+    (span,) = exporter.get_finished_spans()
+    assert format(span.parent.span_id, "016x") == TRITON_SPAN
+    assert not span.links and "trident.triton_parent_lost" not in span.attributes

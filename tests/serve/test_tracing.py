@@ -215,3 +215,26 @@ def test_an_unsampled_request_hands_triton_no_traceparent():
         with request_span(provider.get_tracer(TRACER), {**scope, "headers": unsampled}):
             assert TRACEPARENT.get() is None  # the client's unsampled parent is honoured
         provider.shutdown()
+
+
+def test_a_traced_requests_call_to_triton_carries_its_traceparent_twice():
+    # In the gRPC metadata (Triton's spans) and as the request parameter the router's
+    # span falls back on when tritonserver 2.51 loses the metadata's (bls/model.py).
+    from builder.serve.openai import triton as frontend_triton
+    from builder.serve.openai.traces import TRACEPARENT
+
+    calls = []
+    client = frontend_triton.Triton("127.0.0.1:1")
+    client._rpc = lambda name: lambda request, **kw: calls.append((request, kw))  # type: ignore[method-assign]
+    ours = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    token = TRACEPARENT.set(ours)
+    try:
+        client.open_stream(frontend_triton.request_of("router", [], "r1"))
+    finally:
+        TRACEPARENT.reset(token)
+    client.open_stream(frontend_triton.request_of("router", [], "r2"))  # untraced
+    (traced, kw), (untraced, untraced_kw) = calls
+    assert kw["metadata"] == (("traceparent", ours),)
+    interface = runtime_modules.load("interface")
+    assert traced.parameters[interface.TRACEPARENT].string_param == ours
+    assert interface.TRACEPARENT not in untraced.parameters and not untraced_kw

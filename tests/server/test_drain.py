@@ -117,14 +117,6 @@ def router_secret(pid: int) -> bytes:
     return secret
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "tritonserver 2.51 at times loses the traceparent it was sent (its gRPC carrier "
-        "reads the metadata value past its end: bench/trace_parent_loss.py) and traces the "
-        "request as a new root, outside the client's trace: 1 to 5 of 120 requests there"
-    ),
-)
 def test_one_request_is_one_trace_from_the_client_through_the_router(served):
     server, collector = TritonServer(served.repo, served.ports), served.collector
     traceparent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
@@ -161,24 +153,30 @@ def test_one_request_is_one_trace_from_the_client_through_the_router(served):
             f"batches the collector lost: {collector.errors}"
         )
 
-    router = (f"{SERVICE}-triton", "router")
+    # The router's own span with its decision, and the engine model's span under it
+    # (trident_common/tracing.py), both under Triton's span of the router.
+    route = (f"{SERVICE}-triton", "route router")
+    engine = (f"{SERVICE}-triton", "generate qwen")
     try:
-        wait_for(
-            lambda: (
-                router in trace()
-                and ancestors(trace()[router]) == ["InferRequest", "POST /v1/completions"]
-            ),
-            timeout_s=30,
-        )
-        # The router's own span with its decision, and the engine model's span under it
-        # (trident_common/tracing.py), both under Triton's span of the router.
-        route = (f"{SERVICE}-triton", "route router")
-        engine = (f"{SERVICE}-triton", "generate qwen")
         wait_for(lambda: route in trace() and engine in trace(), timeout_s=30)
+        if trace()[route].attributes.pop("trident.triton_parent_lost", False):
+            # tritonserver 2.51 lost the frontend's traceparent at times and traced the
+            # request as a new root (bench/trace_parent_loss.py): the router's span is
+            # the frontend's child then, linked to Triton's span of the router's request.
+            (linked,) = trace()[route].links
+            wait_for(lambda: any((s.trace_id, s.span_id) == linked for s in collector.spans))
+            assert ancestors(trace()[route]) == ["POST /v1/completions"]
+        else:
+            # Triton's spans (its own service name) hang under the frontend's.
+            wait_for(
+                lambda: (
+                    ancestors(trace()[route]) == ["router", "InferRequest", "POST /v1/completions"]
+                ),
+                timeout_s=30,
+            )
     except AssertionError as e:
         raise AssertionError(f"{e}: {seen()}") from None
-    assert ancestors(trace()[route])[:2] == ["router", "InferRequest"]
-    assert ancestors(trace()[engine])[:3] == ["route router", "router", "InferRequest"]
+    assert ancestors(trace()[engine])[0] == "route router"
     assert trace()[route].attributes == {
         "trident.route.outcome": "answered",
         "trident.route": "default",
@@ -191,10 +189,16 @@ def test_one_request_is_one_trace_from_the_client_through_the_router(served):
     assert frontend.parent_id == CLIENT_SPAN  # the client's span is its parent
     assert frontend.attributes["http.response.status_code"] == 200
 
-    # A Triton gRPC client's traceparent starts the trace just as well.
+    # A Triton gRPC client's traceparent starts the trace just as well; sent as the
+    # request parameter too (as the frontend does), the router's span stays in it when
+    # Triton loses the metadata's.
     other = "4bf92f3577b34da6a3ce929d0e0e4736"
+    sent = f"00-{other}-00f067aa0ba902b7-01"
     stream = Stream(
-        server, max_tokens=4, headers={"traceparent": f"00-{other}-00f067aa0ba902b7-01"}
+        server,
+        max_tokens=4,
+        headers={"traceparent": sent},
+        parameters={INTERFACE.TRACEPARENT: sent},
     )
     try:
         assert stream.pump(30) and not stream.errors
@@ -202,7 +206,10 @@ def test_one_request_is_one_trace_from_the_client_through_the_router(served):
         # request, which may be after the client had its final response.
         try:
             wait_for(
-                lambda: "router" in {s.name for s in collector.spans if s.trace_id == other},
+                lambda: (
+                    {"route router", "generate qwen"}
+                    <= {s.name for s in collector.spans if s.trace_id == other}
+                ),
                 timeout_s=30,
             )
         except AssertionError as e:

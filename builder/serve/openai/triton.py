@@ -115,10 +115,13 @@ class Triton:
     def open_stream(self, request: service_pb2.ModelInferRequest):
         """A ModelStreamInfer call carrying `request` (grpc.aio's unary-stream call:
         read, cancel). The request leaves as soon as the loop runs. A traced request's
-        traceparent goes along: Triton's spans are its children (traces.py)."""
+        traceparent goes along: Triton's spans are its children (traces.py). It goes as a
+        request parameter too (interface.TRACEPARENT), for the router's span when
+        tritonserver 2.51 loses the metadata's (bench/trace_parent_loss.py)."""
         traceparent = TRACEPARENT.get()
         if traceparent is None:
             return self._rpc("ModelStreamInfer")(request)
+        request.parameters[_INTERFACE.TRACEPARENT].string_param = traceparent
         return self._rpc("ModelStreamInfer")(request, metadata=(("traceparent", traceparent),))
 
     async def _unary(self, name: str, request, headers: dict[str, str]) -> dict:
