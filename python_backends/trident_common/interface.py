@@ -96,7 +96,9 @@ ERRORS_IN_BAND = "trident_errors_in_band"
 # The request parameter by which the router hands a backend request the W3C traceparent
 # of its own span in Triton's trace (traces on: builder/serve/tracing.py), so the engine
 # model's span (trident_common/tracing.py) joins the request's trace. The router never
-# forwards a client's parameter of this name.
+# forwards a client's parameter of this name; the OpenAI frontend sends the router its own
+# span's in it, which the router's span falls back on when tritonserver loses the gRPC
+# metadata's (tracing.EngineTraces.route).
 TRACEPARENT = "trident_traceparent"
 # How many of a router instance's BLS calls wait for their engine's first response at once
 # (the rest wait in the router, bls/model.py). In tritonserver each such call holds a thread
