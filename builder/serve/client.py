@@ -134,6 +134,10 @@ def stream_generate(
             except queue.Empty:
                 raise InferError(f"no response from {model} within {timeout_s:.0f} s") from None
             if error is not None:
+                # The server answered (its final flag follows): the stream ends on its
+                # own, so it is closed, not cancelled. Triton 2.51 keeps a request whose
+                # cancel races that final flag, and its model then never unloads.
+                finished = True
                 if error.status() == _UNREACHABLE:
                     raise _unreachable(model, url, error)
                 raise InferError(f"{model}: {error.message()}")
@@ -148,9 +152,10 @@ def stream_generate(
             raise _unreachable(model, url, cause) from None
         raise InferError(f"{model} at {url}: {cause.message()}") from None
     finally:
-        # Leaving early (a timeout, an error, Ctrl-C), the request is cancelled: closing
-        # the stream otherwise waits for the server to end it, for ever if it never does
-        # (Triton 2.51 never ends the streams of a router request whose stub was killed).
+        # Leaving before the server answered (a timeout, Ctrl-C), the request is
+        # cancelled: closing the stream otherwise waits for the server to end it, for
+        # ever if it never does (Triton 2.51 never ends the streams of a router request
+        # whose stub was killed).
         client.stop_stream(cancel_requests=not finished)
         if own_client:
             client.close()
