@@ -187,7 +187,7 @@ class EngineTraces:
         `sent`: the traceparent the caller also sent as a request parameter (the OpenAI
         frontend does). When it is of another trace than Triton's span, tritonserver
         lost the one the caller's metadata carried and traced the request as a new root
-        (bench/trace_parent_loss.py): the router's span is then the child of `sent`,
+        (tests/server/trace_parent_loss.py): the router's span is then the child of `sent`,
         keeping the caller's trace whole, linked to Triton's span and marked
         trident.triton_parent_lost."""
         if not triton_context:

@@ -161,7 +161,7 @@ def test_one_request_is_one_trace_from_the_client_through_the_router(served):
         wait_for(lambda: route in trace() and engine in trace(), timeout_s=30)
         if trace()[route].attributes.pop("trident.triton_parent_lost", False):
             # tritonserver 2.51 lost the frontend's traceparent at times and traced the
-            # request as a new root (bench/trace_parent_loss.py): the router's span is
+            # request as a new root (tests/server/trace_parent_loss.py): the router's span is
             # the frontend's child then, linked to Triton's span of the router's request.
             (linked,) = trace()[route].links
             wait_for(lambda: any((s.trace_id, s.span_id) == linked for s in collector.spans))

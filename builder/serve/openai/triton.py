@@ -117,7 +117,7 @@ class Triton:
         read, cancel). The request leaves as soon as the loop runs. A traced request's
         traceparent goes along: Triton's spans are its children (traces.py). It goes as a
         request parameter too (interface.TRACEPARENT), for the router's span when
-        tritonserver 2.51 loses the metadata's (bench/trace_parent_loss.py)."""
+        tritonserver 2.51 loses the metadata's (tests/server/trace_parent_loss.py)."""
         traceparent = TRACEPARENT.get()
         if traceparent is None:
             return self._rpc("ModelStreamInfer")(request)

@@ -17,7 +17,9 @@ calls with a non-NUL metadata value of about a traceparent's length before each 
 request make it likelier (none lost in 80 without them, in one fresh process).
 
 Runs the server tests' `served` process (tests/server/served.py) with its loopback
-collector. Usage: PAD=20 .venv/bin/python -m bench.trace_parent_loss 60
+collector: a diagnosis of that process's trace test, so it lives beside it (benchmarks
+import nothing from tests/).
+Usage: PAD=20 .venv/bin/python -m tests.server.trace_parent_loss 60
 """
 
 from __future__ import annotations
