@@ -34,7 +34,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from adapters import ROUTER_ONLY_INPUTS, Adapters, Unsupported  # siblings in the model's directory
@@ -42,14 +41,15 @@ from breaker import HALF_OPEN
 from control import SILENCE_PROBE_S, Controls
 from inbound import Inbound
 from inflight import Inflight
-from policy import ADAPTER_KEYS, Policy, UnknownRoute, features_from
+from policy import Policy, UnknownRoute
+from read_request import read_request, sent_traceparent
 from relay import REFUSED, CallSlots, Relay, Retired
 from replicas import Replicas, tenant_salt
 from router_config import FILE_NAME as ROUTER_CONFIG
 from router_config import load as load_router_config
 from router_metrics import RouterMetrics
 from targets import Targets
-from tenants import FAN_OUT_KEYS, Tenants, fan_out_of
+from tenants import Tenants
 from trident_common import tracing, trust
 from trident_common.drain import DrainWatch
 from trident_common.error_classes import (
@@ -65,15 +65,13 @@ from trident_common.interface import (
     CACHE_SALT,
     DRAIN_DIR_ENV,
     ERRORS_IN_BAND,
-    HINT_NAMES,
     PRIORITY,
-    RETURNABLE,
     ROUTER_PROOF,
     ROUTER_SECRET_ENV,
     TRACEPARENT,
 )
 from trident_common.log import Log
-from trident_common.request import BadRequest, first_scalar, parse_messages
+from trident_common.request import BadRequest, first_scalar
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -82,9 +80,6 @@ if TYPE_CHECKING:
     from replicas import Choice
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-HINT_KEYS = (*HINT_NAMES, *ADAPTER_KEYS)  # the hints, and the adapter's (policy.adapter_name)
-RETURN_FLAGS = tuple(f"return_{name}" for name in RETURNABLE)
-READ_INPUTS = frozenset((*HINT_KEYS, *RETURN_FLAGS, "text_input", "messages", "stream"))
 # How often the loop checks a stream for a client cancel, its deadline and silence: the
 # first check after FIRST_TOKEN_WATCH_S, then twice as long each time up to
 # STREAM_WATCH_S. Each check asks Triton (an IPC round trip): dozens of queued streams
@@ -98,31 +93,6 @@ CONTROL_THREADS = 64  # BLS calls beyond the streams: aborts, probes, drains
 ROUTE_RECORD: contextvars.ContextVar[tracing.RouteRecord | None] = contextvars.ContextVar(
     "route_record", default=None
 )
-
-
-def sent_traceparent(parameters: str) -> str | None:
-    """The traceparent a traced request's caller sent as a parameter besides its
-    metadata (the OpenAI frontend does: tracing.EngineTraces.route says why)."""
-    if not parameters or parameters == "{}":
-        return None
-    value = json.loads(parameters).get(TRACEPARENT)
-    return value if isinstance(value, str) else None
-
-
-def forwardable(parameters: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Request parameters as a BLS request takes them: the stub accepts bool, int and
-    str values only, so a float travels as its text (the engine models convert sampling
-    values sent as text, as vllm_backend does). A client's ROUTER_PROOF is dropped: the
-    proof is the router's own (trust.py), and so is a TRACEPARENT; the fan-out's are the
-    router's to read (tenants.fan_out_of). None when there are none."""
-    if not parameters:
-        return None
-    return {
-        k: str(v) if isinstance(v, float) else v
-        for k, v in parameters.items()
-        if isinstance(v, (bool, int, str, float))
-        and k not in (ROUTER_PROOF, TRACEPARENT, *FAN_OUT_KEYS)
-    }
 
 
 class BackendFailed(Exception):
@@ -304,7 +274,7 @@ class TritonPythonModel:
         attempts: list[Relay],
     ) -> None:
         try:
-            inbound = self.inbound(request)
+            inbound = read_request(request, self.tenants.set_tier)
             route, candidates = self.policy.candidates(inbound.features, self.targets.available)
         except UnknownRoute as e:
             return self.fail(sender, CLIENT.mark(str(e), e.param), "unknown_route")
@@ -436,47 +406,6 @@ class TritonPythonModel:
             sender,
             UNAVAILABLE.mark(f"no backend available for route {route!r}: {reasons}"),
             "no_backend",
-        )
-
-    def inbound(self, request: pb_utils.InferenceRequest) -> Inbound:
-        """Routing features, whether the client streams, and inputs to forward in a
-        normalised form; from one pass over the request's inputs."""
-        hints: dict[str, Any]
-        loaded: dict[str, Any] | None
-        hints, loaded = {}, None
-        params = request.parameters()
-        if params and params != "{}":
-            loaded = json.loads(params)
-            hints.update({k: loaded[k] for k in HINT_KEYS if k in loaded})
-        values = {t.name(): t for t in request.inputs() if t.name() in READ_INPUTS}
-        for name in HINT_KEYS:
-            if name in values:
-                hints[name] = first_scalar(values[name].as_numpy())
-        self.tenants.set_tier(hints)  # the spec's tier, never the client's
-        text = first_scalar(values["text_input"].as_numpy()) if "text_input" in values else None
-        messages: list[dict[str, Any]] | None
-        replaced: dict[str, pb_utils.Tensor]
-        messages, replaced = None, {}
-        if "messages" in values:
-            messages, normalised = parse_messages(values["messages"].as_numpy())
-            if normalised is not None:
-                replaced["messages"] = pb_utils.Tensor(
-                    "messages", np.array([normalised.encode("utf-8")], dtype=np.object_)
-                )
-        stream = bool(first_scalar(values["stream"].as_numpy())) if "stream" in values else False
-        returns = {
-            name: bool(first_scalar(values[name].as_numpy()))
-            for name in RETURN_FLAGS
-            if name in values
-        } or None
-        return Inbound(
-            features_from(text, messages, hints),
-            stream,
-            replaced,
-            (text, messages),
-            returns,
-            forwardable(loaded),
-            fan_out_of(loaded),
         )
 
     def fail(self, sender: pb_utils.ResponseSender, message: str, reason: str) -> None:
