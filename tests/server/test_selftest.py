@@ -1,7 +1,9 @@
-"""The start-up self-test against real tritonservers: it passes with this machine's
-stub, and a model that corrupts strings (chosen through the test-only TRIDENT_SELFTEST_MODEL)
-or kills its stub makes it fail; `trident serve` then exits 1 with the reason and leaves
-no server behind."""
+"""The start-up self-test against real tritonservers: a model that corrupts strings
+(chosen through the test-only TRIDENT_SELFTEST_MODEL) or kills its stub makes it fail;
+`trident serve` then exits 1 with the reason and leaves no server behind. That it passes
+with this machine's stub is the demo's to show (tests/server/test_demo.py): its `trident
+serve` runs the self-test before it reports ready, and would exit 1 otherwise (the
+refusal below), so a second server for the passing case is not spent here."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from builder.serve import selftest
@@ -38,14 +39,6 @@ class TritonPythonModel:
     def execute(self, requests):
         os._exit(1)
 """
-
-
-def test_the_self_test_passes_here_in_about_a_second():
-    started = time.monotonic()
-    assert selftest.run(_self_test_server) is None
-    took = time.monotonic() - started
-    print(f"self-test: {took:.2f} s")
-    assert took < 10  # ~0.5 s on an idle 2-core machine
 
 
 def test_a_dying_stub_fails_the_self_test(tmp_path, monkeypatch):
