@@ -165,7 +165,8 @@ def test_one_request_is_one_trace_from_the_client_through_the_router(served):
             # the frontend's child then, linked to Triton's span of the router's request.
             (linked,) = trace()[route].links
             wait_for(lambda: any((s.trace_id, s.span_id) == linked for s in collector.spans))
-            assert ancestors(trace()[route]) == ["POST /v1/completions"]
+            # The frontend's span leaves in its own batch, maybe after the router's.
+            wait_for(lambda: ancestors(trace()[route]) == ["POST /v1/completions"], timeout_s=30)
         else:
             # Triton's spans (its own service name) hang under the frontend's.
             wait_for(
