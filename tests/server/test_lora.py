@@ -79,8 +79,11 @@ def test_interleaved_concurrent_requests_each_get_their_adapter(fallback_server)
         assert result.served_by == f"primary:{name}"
 
 
+# Not strict: the defect shows only when vLLM batches a base request with adapter ones,
+# which six concurrent requests make likely but cannot force (a loaded CI run once served
+# them apart, and the test passed).
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,
     reason=(
         "vLLM 0.32 on CPU: the torch-native punica ops (vllm/lora/ops/torch_ops/lora_ops.py, "
         "bgmv_shrink/bgmv_expand) index the LoRA weights with -1 for tokens without an "
