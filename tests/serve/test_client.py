@@ -7,6 +7,7 @@ and its model never unloads)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent import futures
@@ -34,16 +35,25 @@ class SilentTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         return iter(())
 
 
-@pytest.fixture
-def silent():
-    servicer = SilentTriton()
+@contextlib.contextmanager
+def serving(servicer):
+    """A real gRPC server of Triton's service on a free loopback port; yields its URL."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     port = free_port()
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
-    yield f"127.0.0.1:{port}", servicer
-    server.stop(0)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(0)
+
+
+@pytest.fixture
+def silent():
+    servicer = SilentTriton()
+    with serving(servicer) as url:
+        yield url, servicer
 
 
 def test_a_stream_the_server_never_ends_is_cancelled_at_the_timeout(silent):
@@ -72,15 +82,8 @@ class RefusingTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 def test_an_error_answer_is_not_cancelled_the_stream_ends_on_its_own():
     servicer = RefusingTriton()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
-    port = free_port()
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    server.start()
-    try:
+    with serving(servicer) as url:
         with pytest.raises(client.InferError, match="unknown route"):
-            client.stream_generate(f"127.0.0.1:{port}", "router", "hi", timeout_s=5.0)
+            client.stream_generate(url, "router", "hi", timeout_s=5.0)
         threading.Event().wait(0.2)  # the handler's last line
         assert servicer.cancelled_early == [False]
-    finally:
-        server.stop(0)
