@@ -56,6 +56,8 @@ def test_loads_reloads_and_a_load_that_never_finished(tmp_path, monkeypatch):
     assert any("never ready" in line for line in runs.summary())
     monkeypatch.setattr(ledger, "BUDGET", {"tritonserver starts": 3, "real vLLM loads": 1})
     assert runs.over_budget() == ["real vLLM loads: 2 > budget 1 (tests/helpers/ledger.py)"]
+    every = runs.every_start()  # what an over-budget run prints: each start and its test
+    assert len(every) == 2 and "x2 a subprocess" in every[1]
 
 
 def test_the_vllm_doubles_loads_and_failed_loads_are_no_real_vllm_loads(tmp_path):

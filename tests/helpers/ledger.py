@@ -218,6 +218,14 @@ class Ledger:
             if counts[what] > limit
         ]
 
+    def every_start(self) -> list[str]:
+        """Each start (per worker, in order) with the test it began in: which was extra."""
+        return [
+            f"  {s.kind:14} x{s.tritonservers} {s.label}  <- {s.test}"
+            for s in self.starts
+            if s.tritonservers
+        ]
+
     def summary(self) -> list[str]:
         """The lines printed at the end of the run."""
         counts = self.counts()
