@@ -1,8 +1,9 @@
 """The benchmarks' bare BLS relays (support/bls_floor.py) answer exactly as the engine
 model they front, in a real tritonserver: the same text, finish reason and token count,
-streamed in more than one chunk, and an engine's refusal relayed as the client's error. Their TTFT is the floor the router's is
-read against (bench/zero_cost.py, bench/router_overhead.py), so a relay that answered
-differently, or less, would make that floor a lie. One SGLang engine double: seconds."""
+streamed in more than one chunk, and an engine's refusal relayed as the client's error.
+Their TTFT is the floor the router's is read against (bench/zero_cost.py,
+bench/router_overhead.py), so a relay that answered differently, or less, would make
+that floor a lie. One SGLang engine double: seconds."""
 
 from __future__ import annotations
 
