@@ -113,6 +113,7 @@ class Pool:
         self._live: dict[str, tuple[TritonServer, _Process]] = {}  # name -> (its view, process)
         self._stopped: set[str] = set()
         self._idle: list[_Process] = []
+        self._dead: set[str] = set()  # names whose dead process was reported (deaths)
 
     def get(self, config: ServerConfig) -> TritonServer:
         """The server of a configuration (tests/server/configs.py), served on first use."""
@@ -202,6 +203,18 @@ class Pool:
             self._idle.append(process)
         else:
             process.server.stop()  # its shared memory, and what is left of its group
+
+    def deaths(self) -> list[tuple[str, int, Path | None]]:
+        """The served names whose process has died since last asked, each once: (name,
+        exit code, its log). A dead server fails every later test of its lane, and the
+        CI log keeps no files: the first failure's report carries the cause."""
+        dead = []
+        for name, (view, process) in self._live.items():
+            code = None if process.server.process is None else process.server.process.poll()
+            if code is not None and name not in self._dead:
+                self._dead.add(name)
+                dead.append((name, code, view.log_path))
+        return dead
 
     def close(self) -> None:
         for name in list(self._live):

@@ -152,6 +152,25 @@ def pytest_collection_modifyitems(config, items):
         item.stash.setdefault(_RELEASE, []).append(name)
 
 
+DEATH_TAIL_LINES = 80  # of a dead server's log, in the report of the test that saw it
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test whose server died gets that server's last log lines in its report:
+    the cause of a death (a stub's segfault, Triton's abort) is otherwise lost with the
+    run's temporary folders."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    for pool in _pools:
+        for name, code, log in pool.deaths():
+            text = log.read_text(errors="replace") if log is not None and log.exists() else ""
+            tail = "\n".join(text.splitlines()[-DEATH_TAIL_LINES:]) or "(no log)"
+            report.sections.append((f"{name}: tritonserver exited {code}; its log ends", tail))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     yield
