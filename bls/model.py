@@ -257,6 +257,9 @@ class TritonPythonModel:
             self.handling -= 1
             if record is not None:
                 record.end()
+                # Counted here, per traced request: a failed export (later, on the SDK's
+                # thread) shows with the next one; with none, no span is being lost.
+                self.metrics.trace_losses(*self.traces.losses.take())  # type: ignore[union-attr]
 
     def refusal(self) -> str:
         """Why a draining server's router takes no new request (error_classes.py)."""

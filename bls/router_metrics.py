@@ -102,6 +102,18 @@ class RouterMetrics:
             "relaying its first response)",
             HISTOGRAM,
         ),
+        # Traces on only (trident_common/tracing.py): the router's spans that never
+        # reached the collector, as the engine models count theirs.
+        "trace_dropped": (
+            "trident_router_trace_spans_dropped_total",
+            "Spans of the router dropped: its export queue was full",
+            COUNTER,
+        ),
+        "trace_failed": (
+            "trident_router_trace_spans_export_failed_total",
+            "Spans of the router the collector refused or did not take in time",
+            COUNTER,
+        ),
         # Replicas (bls/replicas.py): how each request's replica was chosen.
         "replica_requests": (
             "trident_router_replica_requests_total",
@@ -190,6 +202,13 @@ class RouterMetrics:
 
     def breaker_state(self, backend: str, state: str) -> None:
         self.metric("breaker", (("backend", backend),)).set(STATE_VALUES[state])
+
+    def trace_losses(self, dropped: int, failed: int) -> None:
+        """Spans lost since the last call (SpanLosses.take); nothing written when none."""
+        if dropped:
+            self.metric("trace_dropped", ()).increment(dropped)
+        if failed:
+            self.metric("trace_failed", ()).increment(failed)
 
     def added_latency(self, seconds: float) -> None:
         self._latency.observe(seconds)

@@ -76,3 +76,15 @@ def test_a_request_every_backend_failed_is_an_error_span_with_the_reason(traced)
     assert span.attributes["trident.route.outcome"] == "all_failed"
     assert span.attributes["trident.route.failures"] == ("primary: p", "backup: b")
     assert span.status.status_code is StatusCode.ERROR
+
+
+def test_the_spans_the_router_lost_are_counted_as_its_traced_requests_end(traced):
+    make, _ = traced
+    model = make([FakeBackend("primary")])
+    counted = []
+    model.metrics.trace_losses = lambda dropped, failed: counted.append((dropped, failed))
+    model.traces.losses.dropped, model.traces.losses.failed = 2, 1  # as the exporter counts
+    run(model, ClientRequest(traced=TRITONS))
+    run(model, ClientRequest())  # untraced: no span, nothing taken
+    run(model, ClientRequest(traced=TRITONS))
+    assert counted == [(2, 1), (0, 0)]  # each loss once, on the next traced request's end

@@ -63,3 +63,20 @@ def test_the_merge_keeps_sets_and_observations_in_order():
             (b, "set", 0),
             (c, "observe", 0.2),
         ]
+
+
+def test_the_routers_lost_spans_are_counted_and_nothing_is_written_when_none_were():
+    with router_modules():
+        metrics = sys.modules["router_metrics"].RouterMetrics("router")
+        try:
+            metrics.trace_losses(0, 0)  # the common case: no series made, nothing written
+            assert not {("trace_dropped", ()), ("trace_failed", ())} & set(metrics.metrics)
+            dropped = metrics.metric("trace_dropped", ())
+            dropped.metric = Recorded()
+            metrics.trace_losses(3, 0)
+            metrics.trace_losses(2, 0)
+            assert metrics.writes.flush()
+            assert dropped.metric.value == 5
+            assert ("trace_failed", ()) not in metrics.metrics  # no failure: no series
+        finally:
+            metrics.finalize()
