@@ -359,6 +359,8 @@ class AsyncEngineModel(abc.ABC):
                 # parse_generate: a request without a prompt has messages
                 prompt = await self.render_chat(request.messages, request.tools)  # type: ignore[arg-type]
             sampling = self.make_sampling(request)
+            if active.span is not None:  # this task's context only: its engine's spans' parent
+                tracing.ENGINE_SPAN.set(active.span)
             active.submitted = True
             await self._relay(request, prompt, sampling, active, arrival)
             self._later(active, self._count_relayed, active.outlet)

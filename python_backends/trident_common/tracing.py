@@ -24,11 +24,16 @@ import hashlib
 import hmac
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+# The engine model's span of the request its task serves, set in that task's context only
+# (engine_model.py): an engine that exports spans of its own (vLLM) gets its traceparent
+# as their parent (engine_trace_headers), so its spans join the request's trace.
+ENGINE_SPAN: ContextVar[Any] = ContextVar("trident_engine_span", default=None)
 TENANT_HASH = "trace-tenant"  # the purpose of the key tenants are hashed with (trust.derive)
 
 # The export's bounds, explicit rather than the SDK's defaults (OTEL_BSP_*), for the
@@ -141,6 +146,42 @@ def export_processor(endpoint: str, losses: SpanLosses) -> Any:
         export_timeout_millis=EXPORT_TIMEOUT_S * 1000,
     )
     return BoundedProcessor(batches)
+
+
+# vLLM's exporter speaks OTLP/gRPC unless told otherwise; trident's endpoint is OTLP/HTTP.
+VLLM_PROTOCOL_ENV, OTLP_HTTP = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"
+
+
+def vllm_tracing_defaults(config: dict[str, Any], environ: MutableMapping[str, str]) -> None:
+    """Have vLLM export its own spans (its `llm_request` span: queue time, prefill, decode,
+    per request) to trident's endpoint, unless traces are off or the spec's engine_args
+    name another endpoint. The protocol is set for vLLM only when trident's endpoint is
+    the one used: an operator's own endpoint keeps the operator's protocol. Not with
+    disable_log_stats: vLLM 0.32 times its span from the stats it then never makes, and
+    the output processor's assert would fail every request (output_processor.py,
+    do_tracing)."""
+    endpoint = environ.get(ENDPOINT_ENV)
+    if (
+        endpoint
+        and config.get("otlp_traces_endpoint") is None
+        and not config.get("disable_log_stats")
+    ):
+        config["otlp_traces_endpoint"] = endpoint
+        environ[VLLM_PROTOCOL_ENV] = OTLP_HTTP
+
+
+def engine_trace_headers() -> dict[str, str] | None:
+    """The W3C headers naming the engine model's span of this task's request as the
+    parent (vLLM's `trace_headers`); None when the request has no span."""
+    span = ENGINE_SPAN.get()
+    if span is None:
+        return None
+    from opentelemetry.trace import set_span_in_context
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    headers: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(headers, context=set_span_in_context(span))
+    return headers or None
 
 
 class EngineTraces:

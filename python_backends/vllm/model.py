@@ -21,6 +21,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from cpu_binding import bind_share  # noqa: E402   (copied beside, as stats.py)
 from stats import VllmStats  # noqa: E402   (python_backends/vllm/stats.py, copied beside)
+from trident_common import tracing  # noqa: E402
 from trident_common.deltas import Delta  # noqa: E402
 from trident_common.engine_model import AsyncEngineModel  # noqa: E402
 from trident_common.error_classes import UNAVAILABLE  # noqa: E402
@@ -180,6 +181,7 @@ class TritonPythonModel(AsyncEngineModel):
         if self._on_cpu:  # before vLLM is imported: it reads these as it starts
             cpu_engine_defaults(config, os.environ)
         grammar_cache_default(os.environ)  # the engine core (a child process) inherits it
+        tracing.vllm_tracing_defaults(config, os.environ)
         from vllm import AsyncEngineArgs, SamplingParams
         from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
@@ -392,6 +394,7 @@ class TritonPythonModel(AsyncEngineModel):
                 engine_id,
                 priority=sampling.priority,
                 lora_request=sampling.lora,
+                trace_headers=tracing.engine_trace_headers(),
             )
         )
         try:

@@ -179,7 +179,10 @@ class LateEngine:
         self.aborted: list[str] = []
         self.closed: list[str] = []
 
-    async def generate(self, prompt, params, request_id, priority=0, lora_request=None):
+    async def generate(
+        self, prompt, params, request_id, priority=0, lora_request=None, trace_headers=None
+    ):
+        self.trace_headers = trace_headers
         try:
             await asyncio.sleep(self.first_s)
             completion = SimpleNamespace(

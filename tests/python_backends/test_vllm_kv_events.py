@@ -1,6 +1,10 @@
 """vLLM's KV-cache events run on this CPU build: a real engine (SmolLM2, 32-token blocks)
 publishes BlockStored batches over ZMQ whose hashes chain across prompts that share a
 prefix, AllBlocksCleared after a prefix-cache reset, and replays its buffer on request.
+The same engine, its exporter set as trident's vLLM model sets it
+(tracing.vllm_tracing_defaults), sends its own `llm_request` span of a request to an
+OTLP/HTTP receiver as the child of the traceparent it was given (issue 38's "vLLM's own
+spans"; the engine model hands its span's: tests/python_backends/test_vllm_tracing.py).
 
 The engine runs in a child process (vLLM wants its own process and ~9 s of imports);
 the child subscribes with pyzmq, decodes each frame with vLLM's own msgspec classes
@@ -21,7 +25,9 @@ import time
 import pytest
 
 from builder.engines import assets
+from support.otlp_collector import Collector
 from tests.helpers.ledger import LEDGER
+from trident_common import tracing
 
 pytestmark = pytest.mark.vllm
 
@@ -39,7 +45,8 @@ from vllm.distributed.kv_events import KVEventBatch
 
 endpoint, replay = f"ipc://{run_dir}/kv.sock", f"ipc://{run_dir}/kv-replay.sock"
 llm = LLM(model=model, max_model_len=512, block_size=__BLOCK__, enforce_eager=True,
-          enable_prefix_caching=True, seed=0,
+          enable_prefix_caching=True, seed=0, otlp_traces_endpoint=sys.argv[3],
+          disable_log_stats=False,  # LLM's default is True; vLLM's span needs the stats
           kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
                                           endpoint=endpoint, replay_endpoint=replay,
                                           topic="replica-0"))
@@ -92,33 +99,62 @@ while True:
     if int.from_bytes(seq, "big", signed=True) == -1:
         break
     print(json.dumps({"step": "replay", **frame((topic, seq, payload))}), flush=True)
+# vLLM's span of a request, child of the given traceparent (exported at exit).
+engine = llm.llm_engine
+engine.add_request("traced", sky, greedy, trace_headers={"traceparent": sys.argv[4]})
+while engine.has_unfinished_requests():
+    engine.step()
 """
+# The caller's span vLLM's span must hang off (test_vllms_own_span_is_the_callers_child).
+CALLER_TRACE, CALLER_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 
 
 @pytest.fixture(scope="module")
-def published(tmp_path_factory):
-    """Every line the engine's child printed, in order."""
+def engine_run(tmp_path_factory):
+    """Every line the engine's child printed, in order, and the spans it exported."""
     run_dir = tmp_path_factory.mktemp("kv")
     env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
     env.pop("PYTHONHASHSEED", None)  # it would replace vLLM's fixed seed of the chain
     env.setdefault("VLLM_CACHE_ROOT", str(run_dir / "vllm-cache"))
     started = time.monotonic()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            ENGINE.replace("__BLOCK__", str(BLOCK)),
-            str(assets.ensure(assets.SMOLLM2)),
-            str(run_dir),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-    )
+    with Collector() as collector:
+        config: dict = {}
+        tracing.vllm_tracing_defaults(config, env | {tracing.ENDPOINT_ENV: collector.endpoint})
+        env[tracing.VLLM_PROTOCOL_ENV] = tracing.OTLP_HTTP
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                ENGINE.replace("__BLOCK__", str(BLOCK)),
+                str(assets.ensure(assets.SMOLLM2)),
+                str(run_dir),
+                config["otlp_traces_endpoint"],
+                f"00-{CALLER_TRACE}-{CALLER_SPAN}-01",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=env,
+        )
+        spans = list(collector.spans)
     LEDGER.engine_without_server("vllm", "kv-events: SmolLM2", time.monotonic() - started)
     assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return lines, spans
+
+
+@pytest.fixture(scope="module")
+def published(engine_run):
+    return engine_run[0]
+
+
+def test_vllms_own_span_is_the_callers_child(engine_run):
+    requests = [s for s in engine_run[1] if s.name == "llm_request"]
+    # Every request gets one; those given no traceparent are roots of their own.
+    (span,) = [s for s in requests if s.trace_id == CALLER_TRACE]
+    assert span.parent_id == CALLER_SPAN
+    assert span.attributes["gen_ai.request.id"] == "traced"
+    assert span.attributes["gen_ai.usage.completion_tokens"] == 4
 
 
 def at(lines, step):
