@@ -279,6 +279,14 @@ class TritonServer:
                     f"{self._log_hint()}"
                 )
         if done and done[0] is not None:
+            if _refused(done[0]):
+                # The server stopped listening: it is on its way out (a port another
+                # process took first fails the metrics service after the models began
+                # to load). Its exit says why, and start_on_free_ports retries a taken port.
+                try:
+                    self.process.wait(TRITON_EXIT_TIMEOUT_S + STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    pass
             self._check_running()
             raise ServeError(f"model '{model}' failed to load: {done[0]}{self._log_hint()}")
 
@@ -489,6 +497,11 @@ def start_on_free_ports(
 
 def _self_test_server(repository: Path, log_path: Path) -> TritonServer:
     return start_on_free_ports(repository, log_path, timeout_s=selftest.TIMEOUT_S, self_test=False)
+
+
+def _refused(error: BaseException) -> bool:
+    """A model-control call the server did not even accept: nothing listens any more."""
+    return isinstance(getattr(error, "reason", error), ConnectionRefusedError)
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -96,3 +96,25 @@ def test_keys_with_a_public_triton_host_are_refused_in_one_line(tmp_path, capsys
     assert err.count("\n") == 1 and "--triton-host 0.0.0.0" in err
     assert "--allow-open-triton" in err and "Traceback" not in err
     assert "sk-test" not in err
+
+
+def test_a_load_refused_by_a_server_on_its_way_out_reports_the_exit(tmp_path, monkeypatch):
+    """A port another process took first can fail tritonserver's metrics service after
+    its models began to load: the next load is refused while it shuts down. The error is
+    then its exit (with the log's "already in use", which start_on_free_ports retries on
+    new ports), not the refused load."""
+    import subprocess
+    import sys
+    import urllib.error
+
+    from builder.serve import server as serving
+    from builder.serve.install import ServeError
+
+    def refused(url, model, headers, done):
+        done.append(urllib.error.URLError(ConnectionRefusedError(111, "Connection refused")))
+
+    monkeypatch.setattr(serving, "_load_into", refused)
+    server = TritonServer(tmp_path, Ports(1, 2, 3))
+    server.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1); exit(1)"])
+    with pytest.raises(ServeError, match="exited with status 1 before it was ready"):
+        server.load("router", deadline=float("inf"), timeout_s=30)
