@@ -26,16 +26,16 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 from builder.pipeline import build_repository
-from builder.serve import admin, client, loading
+from builder.serve import admin, loading
 from builder.serve.server import Ports, free_port
 from builder.serve.watch import stub_processes
 from builder.spec import parse_spec
+from support.serve_traffic import Traffic, serve_argv
 from support.sglang_double import SHIM
 
 REPLICAS = ("qwen__r0", "qwen__r1")
@@ -56,55 +56,16 @@ SPEC = {
 }
 VICTIMS = (*REPLICAS, "router")  # in turn
 RELOAD_WAIT_S = 120.0
+TIMEOUT_S = 60.0  # per streamed answer
 # An operator's key (builder/serve/admin.py): the keeper gives a model up after 5 deaths in
 # a row within 2 minutes of each other, and this run kills faster than that, so it loads
 # a given-up model again as an operator would (the keeper then watches it again).
 ADMIN_KEY = "stub-kills-operator-key-" + "0" * 16
 
 
-class Traffic(threading.Thread):
-    """Streams short answers from one model, back to back, until stopped."""
-
-    def __init__(self, url: str, model: str):
-        super().__init__(daemon=True)
-        self.url, self.model = url, model
-        self.answers = 0
-        self.failures: Counter[str] = Counter()
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                result = client.stream_generate(
-                    self.url, self.model, "hi", max_tokens=8, timeout_s=60
-                )
-                if result.text:
-                    self.answers += 1
-                else:
-                    self.failures["empty answer"] += 1
-            except Exception as e:  # every failure is counted, of any kind
-                self.failures[str(e).splitlines()[0][:160]] += 1
-                time.sleep(0.05)
-
-
 def serve(repo: Path, ports: Ports, log: Path) -> subprocess.Popen:
-    argv = [
-        sys.executable,
-        "-m",
-        "builder.cli.main",
-        "serve",
-        "--repo",
-        str(repo),
-        "--http-port",
-        str(ports.http),
-        "--grpc-port",
-        str(ports.grpc),
-        "--metrics-port",
-        str(ports.metrics),
-        "--no-self-test",
-        "--restart-limit",
-        "100",  # every tritonserver death is counted, none ends the run
-    ]
+    # --restart-limit: every tritonserver death is counted, none ends the run
+    argv = serve_argv(repo, ports, "--no-self-test", "--restart-limit", "100")
     with open(log, "w") as out:
         return subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, admin.KEY_ENV: ADMIN_KEY}
@@ -177,7 +138,9 @@ def run(kills: int, burn: int, streams: int, out: Path) -> dict:
         if proc.poll() is not None:
             raise SystemExit(f"stub_kills: trident serve exited: {log.read_text()[-2000:]}")
         url = f"127.0.0.1:{ports.grpc}"
-        traffic = [Traffic(url, "router") for _ in range(streams)] + [Traffic(url, "qb")]
+        traffic = [Traffic(url, "router", TIMEOUT_S) for _ in range(streams)] + [
+            Traffic(url, "qb", TIMEOUT_S)
+        ]
         for thread in traffic:
             thread.start()
         wait(lambda: all(t.answers >= 2 for t in traffic), 60)

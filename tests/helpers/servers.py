@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,25 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def free_ports() -> Ports:
     return Ports(free_port(), free_port(), free_port())
-
-
-def serve_argv(repo: Path, ports: Ports, *extra: str) -> list[str]:
-    """`trident serve` on repo and ports, as a subprocess's argv (extra options after)."""
-    return [
-        sys.executable,
-        "-m",
-        "builder.cli.main",
-        "serve",
-        "--repo",
-        str(repo),
-        "--http-port",
-        str(ports.http),
-        "--grpc-port",
-        str(ports.grpc),
-        "--metrics-port",
-        str(ports.metrics),
-        *extra,
-    ]
 
 
 def render(spec_path_or_data, out: Path) -> Path:

@@ -27,10 +27,11 @@ from builder.serve import admin
 from builder.serve.server import Ports, free_port
 from support.otlp_collector import Collector
 from support.pacing import Rate
+from support.serve_traffic import serve_argv
 from support.sglang_double import SHIM, paced_shim
 from support.vllm_double import write_rate
 from tests.helpers import wait_for
-from tests.helpers.servers import free_ports, record_spawn, render, serve_argv, served_pid
+from tests.helpers.servers import free_ports, record_spawn, render, served_pid
 
 LONG_TOKENS = 1000  # the paced double's longest answer (50 s at 20 tokens/s)
 DRAIN_TIMEOUT_S = 12

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,9 +22,10 @@ import pytest
 from builder.serve import admin, client
 from builder.serve.server import free_port
 from builder.serve.watch import stub_processes
+from support.serve_traffic import Traffic, serve_argv
 from support.sglang_double import SHIM
 from tests.helpers import wait_for
-from tests.helpers.servers import free_ports, record_spawn, render, serve_argv, served_pid
+from tests.helpers.servers import free_ports, record_spawn, render, served_pid
 
 pytestmark = pytest.mark.server
 # The operator's own admin key (builder/serve/admin.py): the test unloads a model by hand.
@@ -40,29 +40,6 @@ SPEC = {
     ],
     "router": {"default": ["qa"], "fallback": {"qa": ["qb"]}},
 }
-
-
-class Asker(threading.Thread):
-    """Asks one model for short streamed answers, back to back, until stopped."""
-
-    def __init__(self, url: str, model: str):
-        super().__init__(daemon=True)
-        self.url, self.model = url, model
-        self.answers, self.failures = 0, []
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                result = client.stream_generate(
-                    self.url, self.model, "hi", max_tokens=8, timeout_s=30
-                )
-                if result.text and result.finish_reason:
-                    self.answers += 1
-                else:
-                    self.failures.append(f"empty answer: {result}")
-            except Exception as e:  # the test reports every failure, of any kind
-                self.failures.append(str(e)[:200])
 
 
 def answers(url: str, model: str) -> bool:
@@ -96,7 +73,7 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
         assert proc.poll() is None, output.read_text()
         started.ready()
         url, pid = f"127.0.0.1:{ports.grpc}", served_pid(ports)
-        askers = [Asker(url, "qb"), Asker(url, "router")]
+        askers = [Traffic(url, "qb"), Traffic(url, "router")]
         for asker in askers:
             asker.start()
         wait_for(lambda: all(a.answers >= 3 for a in askers), 60)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from builder.serve import selftest
 from builder.serve.server import _self_test_server
-from tests.helpers.servers import free_ports, record_spawn, serve_argv
+from support.serve_traffic import serve_argv
+from tests.helpers.servers import free_ports, record_spawn
 
 # What the bundled 3.12 stub does on the GPU box: every byte of the input becomes 0x02.
 CORRUPTING = """
