@@ -9,14 +9,18 @@ tracing adds to them), each with its own `trident openai`:
   ParentBased(TraceIdRatioBased(0)); tritonserver's --trace-config rate=0, the engine
   models' span only under a sampled traceparent);
 - sampled: the same with _ARG=1 (every request: the frontend's span, Triton's spans of
-  the router's request, the engine model's span).
+  the router's request, the engine model's span);
+- collector stopped: sampled, its endpoint a loopback port nobody listens on; after the
+  run, the spans trident counted as lost (the frontend's /metrics, the router's and the
+  engine model's counters on Triton's metrics port), read until they stop growing.
 Every config's spans go to one loopback OTLP collector (support/otlp_collector.py) in a
 process of its own, which counts what came per service: none should come unsampled.
 
 Single streamed requests over bench/openai_frontend.py's raw HTTP client (one keep-alive
 connection per config), the three configs in turn per round, their order rotating, after
-a warm-up of each. Targets (issue 38): unsampled TTFT p50 <= off + 1%, sampled <= +3%.
-Usage: .venv/bin/python -m bench.trace_cost [OUT_DIR]  (about 1.5 minutes)
+a warm-up of each. Targets (issue 38): unsampled TTFT p50 <= off + 1%, sampled and
+collector stopped <= +3% (a dead collector costs no more than a live one).
+Usage: .venv/bin/python -m bench.trace_cost [OUT_DIR]  (about 2.5 minutes)
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import bench_result
 from bench.openai_frontend import MAX_TOKENS, RawHTTP, stop_frontend
@@ -44,10 +49,24 @@ from builder.spec import parse_spec
 from support import sglang_double
 
 ROOT = Path(__file__).resolve().parent.parent
-OFF, UNSAMPLED, SAMPLED = "off", "unsampled", "sampled"
-CONFIGS = (OFF, UNSAMPLED, SAMPLED)
-RATIO = {UNSAMPLED: "0", SAMPLED: "1"}
-TARGET_PCT = {UNSAMPLED: 1.0, SAMPLED: 3.0}
+# No spaces: a config's name is in its repository's path, which the Python backend's
+# stub cannot take with a space (it aborts parsing its arguments: `stol`).
+OFF, UNSAMPLED, SAMPLED, STOPPED = "off", "unsampled", "sampled", "collector_stopped"
+CONFIGS = (OFF, UNSAMPLED, SAMPLED, STOPPED)
+RATIO = {UNSAMPLED: "0", SAMPLED: "1", STOPPED: "1"}
+TARGET_PCT = {UNSAMPLED: 1.0, SAMPLED: 3.0, STOPPED: 3.0}
+# The counters of spans trident lost (trident_common/tracing.py, builder/serve/tracing.py).
+LOST = (
+    "trident:trace_spans_dropped",
+    "trident:trace_spans_export_failed",
+    "trident_trace_spans_dropped",
+    "trident_trace_spans_export_failed",
+    "trident_router_trace_spans_dropped",
+    "trident_router_trace_spans_export_failed",
+)
+# A failed batch is counted when its export gives up (EXPORT_TIMEOUT_S, 10 s, retrying
+# meanwhile): the counters are settled once unchanged for longer than that.
+LOST_QUIET_S, LOST_SETTLE_S = 12.0, 90.0
 REQUESTS = 400  # per config, interleaved
 WARM_UP = 20
 
@@ -122,7 +141,8 @@ async def measure(urls: dict[str, str]) -> dict[str, list[float]]:
             for _ in range(WARM_UP):
                 await clients[name].stream("go")
         for i in range(REQUESTS):
-            order = CONFIGS[i % 3 :] + CONFIGS[: i % 3]
+            turn = i % len(CONFIGS)
+            order = CONFIGS[turn:] + CONFIGS[:turn]
             for name in order:
                 ttft[name].append((await clients[name].stream("go"))[0])
     finally:
@@ -131,7 +151,31 @@ async def measure(urls: dict[str, str]) -> dict[str, list[float]]:
     return ttft
 
 
-def rows_from(ttft: dict[str, list[float]], spans: dict[str, int]) -> list[dict]:
+def lost_spans(frontend_url: str, server: TritonServer) -> dict[str, float]:
+    """The lost-span counters of one config's frontend and Triton, read until they stop
+    growing (or LOST_SETTLE_S): {counter: value}, the counters present only."""
+
+    def read() -> dict[str, float]:
+        found: dict[str, float] = {}
+        for url in (frontend_url + "/metrics", f"http://127.0.0.1:{server.ports.metrics}/metrics"):
+            text = httpx.get(url, timeout=5).text
+            for family in text_string_to_metric_families(text):
+                if family.name in LOST:
+                    found[family.name] = sum(s.value for s in family.samples)
+        return found
+
+    last, changed, deadline = read(), time.monotonic(), time.monotonic() + LOST_SETTLE_S
+    while time.monotonic() < deadline and time.monotonic() - changed < LOST_QUIET_S:
+        time.sleep(2)
+        now = read()
+        if now != last:
+            last, changed = now, time.monotonic()
+    return last
+
+
+def rows_from(
+    ttft: dict[str, list[float]], spans: dict[str, int], lost: dict[str, float] | None = None
+) -> list[dict]:
     off = statistics.median(ttft[OFF]) * 1000
     rows = [
         {
@@ -143,13 +187,22 @@ def rows_from(ttft: dict[str, list[float]], spans: dict[str, int]) -> list[dict]
             "met": None,
         }
     ]
-    for name in (UNSAMPLED, SAMPLED):
+    for name in CONFIGS[1:]:
+        if name not in ttft:
+            continue
         ms = statistics.median(ttft[name]) * 1000
         added = (ms / off - 1) * 100
-        got = sum(n for service, n in spans.items() if service.startswith(f"bench-{name}"))
+        got = sum(n for s, n in spans.items() if s.startswith(f"bench-{name}"))
+        what = f"{got} spans"
+        if name == STOPPED:
+            sampled = spans.get(f"bench-{SAMPLED}", 0)  # the frontend's: one per request
+            what = (
+                f"{got} spans arrived, {sum((lost or {}).values()):.0f} counted lost of "
+                f"{3 * sampled} (frontend, router, engine model)"
+            )
         rows.append(
             {
-                "metric": f"TTFT p50 ms, traces on, {name} ({added:+.1f}%, {got} spans)",
+                "metric": f"TTFT p50 ms, traces on, {name} ({added:+.1f}%, {what})",
                 "ours": ms,
                 "direct": off,
                 "ratio": ms / off,
@@ -177,9 +230,11 @@ def run(out_dir: Path) -> dict:
         with tempfile.TemporaryDirectory(prefix="trident-bench-trace-") as tmp:
             urls = {}
             for name in CONFIGS:
-                server, frontend, urls[name] = start_config(name, endpoint, Path(tmp), out_dir)
+                where = endpoint if name != STOPPED else f"http://127.0.0.1:{free_port()}/v1/traces"
+                server, frontend, urls[name] = start_config(name, where, Path(tmp), out_dir)
                 started.append((server, frontend))
             ttft = asyncio.run(measure(urls))
+            lost = lost_spans(urls[STOPPED], started[CONFIGS.index(STOPPED)][0])
             for server, frontend in started:  # their last spans leave as they stop
                 stop_frontend(frontend)
                 server.stop()
@@ -194,14 +249,14 @@ def run(out_dir: Path) -> dict:
         collector.wait(10)
     return bench_result(
         "trace_cost",
-        rows_from(ttft, spans),
+        rows_from(ttft, spans, lost),
         {
             "engine": "SGLang test double (zero cost)",
             "requests": REQUESTS,
             "max_tokens": MAX_TOKENS,
             "client": "raw HTTP/1.1, one keep-alive connection per config",
         },
-        {"ttft_s": ttft, "spans": spans, "load_average_before": load_before},
+        {"ttft_s": ttft, "spans": spans, "lost": lost, "load_average_before": load_before},
     )
 
 

@@ -134,10 +134,6 @@ class TritonPythonModel:
         self.log = Log(self.name)
         # The key the router proves its requests to the engine models with (trust.py).
         self.proof_key = trust.proof_key(os.environ)  # SecretError: one line, load fails
-        # The router's own span per traced request (tracing.RouteRecord), exported like
-        # the engine models' when tritonserver's environment names an endpoint; None:
-        # traces off, and a request pays one `is None` for it.
-        self.traces = tracing.EngineTraces.from_env(os.environ, self.name)
         secret = trust.read_secret(os.environ)
         self.tenant_key = None if secret is None else trust.derive(secret, tracing.TENANT_HASH)
         if self.proof_key is None and self.config.tenants:
@@ -155,6 +151,13 @@ class TritonPythonModel:
         self.adapters = Adapters.from_config(self.config.backends)
         # Gauges carry the instance's name (router_0_1): each instance sets its own.
         self.metrics = RouterMetrics(self.name, args.get("model_instance_name"))
+        # The router's own span per traced request (tracing.RouteRecord), exported like
+        # the engine models' when tritonserver's environment names an endpoint, its lost
+        # spans counted as they are lost; None: traces off, and a request pays one
+        # `is None` for it.
+        self.traces = tracing.EngineTraces.from_env(
+            os.environ, self.name, on_loss=self.metrics.trace_losses
+        )
         # A backend rendered as replicas is called through them, never by its own name:
         # breakers, in-flight counts and limits (one engine's) are per replica.
         self.replicas = Replicas(self.config, self.metrics)
@@ -257,9 +260,6 @@ class TritonPythonModel:
             self.handling -= 1
             if record is not None:
                 record.end()
-                # Counted here, per traced request: a failed export (later, on the SDK's
-                # thread) shows with the next one; with none, no span is being lost.
-                self.metrics.trace_losses(*self.traces.losses.take())  # type: ignore[union-attr]
 
     def refusal(self) -> str:
         """Why a draining server's router takes no new request (error_classes.py)."""

@@ -204,7 +204,8 @@ class RouterMetrics:
         self.metric("breaker", (("backend", backend),)).set(STATE_VALUES[state])
 
     def trace_losses(self, dropped: int, failed: int) -> None:
-        """Spans lost since the last call (SpanLosses.take); nothing written when none."""
+        """Spans just lost (SpanLosses' on_loss, on the thread that counted them: the
+        writes are queued); a zero is not written."""
         if dropped:
             self.metric("trace_dropped", ()).increment(dropped)
         if failed:

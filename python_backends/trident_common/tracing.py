@@ -24,7 +24,7 @@ import hashlib
 import hmac
 import json
 import threading
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,10 +54,16 @@ EXPORT_TIMEOUT_S = 10.0
 class SpanLosses:
     """The sampled spans that never reached the collector, counted from any thread:
     `dropped` found the export queue full (`capacity` spans waiting), `failed` were in
-    a batch the collector refused or did not take in time."""
+    a batch the collector refused or did not take in time. `on_loss(dropped, failed)`,
+    if given, is told of each loss as it is counted, on the thread that counts it (the
+    router writes its counters so: it has no periodic task to take() them)."""
 
-    def __init__(self, capacity: int = MAX_QUEUED_SPANS):
-        self.capacity = capacity
+    def __init__(
+        self,
+        capacity: int = MAX_QUEUED_SPANS,
+        on_loss: Callable[[int, int], None] | None = None,
+    ):
+        self.capacity, self.on_loss = capacity, on_loss
         self.dropped = self.failed = 0
         self._queued = 0  # handed to the batch processor, not yet to the exporter
         self._taken = (0, 0)  # (dropped, failed) at the last take()
@@ -66,11 +72,14 @@ class SpanLosses:
     def admit(self) -> bool:
         """Whether an ended span may join the queue (else it is counted as dropped)."""
         with self._lock:
-            if self._queued >= self.capacity:
+            admitted = self._queued < self.capacity
+            if admitted:
+                self._queued += 1
+            else:
                 self.dropped += 1
-                return False
-            self._queued += 1
-            return True
+        if not admitted and self.on_loss is not None:
+            self.on_loss(1, 0)
+        return admitted
 
     def exporting(self, count: int) -> None:
         with self._lock:
@@ -79,6 +88,8 @@ class SpanLosses:
     def failed_export(self, count: int) -> None:
         with self._lock:
             self.failed += count
+        if self.on_loss is not None:
+            self.on_loss(0, count)
 
     def take(self) -> tuple[int, int]:
         """(dropped, failed) since the last take(): for counters written elsewhere."""
@@ -190,8 +201,14 @@ class EngineTraces:
         self.tracer = provider.get_tracer("trident.engine")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str], model: str) -> EngineTraces | None:
-        """None unless the environment names an OTLP traces endpoint."""
+    def from_env(
+        cls,
+        environ: Mapping[str, str],
+        model: str,
+        on_loss: Callable[[int, int], None] | None = None,
+    ) -> EngineTraces | None:
+        """None unless the environment names an OTLP traces endpoint. `on_loss`: see
+        SpanLosses."""
         endpoint = environ.get(ENDPOINT_ENV)
         if not endpoint:
             return None
@@ -200,7 +217,7 @@ class EngineTraces:
 
         # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES itself.
         provider = TracerProvider(resource=Resource.create({"trident.model": model}))
-        losses = SpanLosses()
+        losses = SpanLosses(on_loss=on_loss)
         provider.add_span_processor(export_processor(endpoint, losses))
         return cls(provider, model, losses)
 

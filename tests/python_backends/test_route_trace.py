@@ -123,3 +123,12 @@ def test_otherwise_tritons_span_is_the_parent(traces, sent):
     (span,) = exporter.get_finished_spans()
     assert format(span.parent.span_id, "016x") == TRITON_SPAN
     assert not span.links and "trident.triton_parent_lost" not in span.attributes
+
+
+def test_each_loss_is_told_as_it_is_counted():
+    told = []
+    losses = tracing.SpanLosses(capacity=1, on_loss=lambda d, f: told.append((d, f)))
+    assert losses.admit() and not losses.admit()  # the second finds the queue full
+    losses.failed_export(3)
+    assert told == [(1, 0), (0, 3)]
+    assert losses.take() == (1, 3)  # the totals stay for take()'s readers
