@@ -94,24 +94,8 @@ def parse_generate(
     proof (trust.py), checked with `proof_key` (None: no caller is the router)."""
     abort_id = first_scalar(get(ABORT_REQUEST_ID))
     if abort_id:
-        if not proves_abort(proof_key, parameters, str(abort_id)):
-            # Anyone could end anyone's stream by its id: only the router may, for the
-            # ids it sent. A client stops its own request by cancelling its stream.
-            raise BadRequest(
-                "abort_request_id is the router's own input (no valid router "
-                "proof): cancel your stream to stop your request"
-            )
-        return AbortRequest(str(abort_id))
-    prompt = _text_input(get, "text_input")
-    messages_value = get("messages")
-    has_messages = bool(_elements(messages_value))
-    if prompt is None and not has_messages:
-        raise BadRequest("missing input: one of 'text_input' or 'messages' is required")
-    if prompt is not None and has_messages:
-        raise BadRequest("give either 'text_input' or 'messages', not both")
-    if prompt == "":
-        raise BadRequest("text_input is empty")
-    messages = parse_messages(messages_value)[0] if has_messages else None
+        return _abort(str(abort_id), parameters, proof_key)
+    prompt, messages, has_messages = _prompt(get)
     tools, tool_plan = read_tools(
         first_scalar(get("tools")), first_scalar(get("tool_choice")), has_messages
     )
@@ -122,13 +106,7 @@ def parse_generate(
         sampling = coerce_sampling(parse_sampling(sampling_json))
     # vllm_backend's dialect: the adapter is named among the sampling values.
     lora_name = sampling.pop("lora_name", None) or None
-    max_tokens = first_scalar(get("max_tokens"))
-    if max_tokens is None:
-        max_tokens = sampling.pop("max_tokens", DEFAULT_MAX_TOKENS)
-    else:
-        sampling.pop("max_tokens", None)
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise BadRequest(f"max_tokens must be a positive integer, got {_show(max_tokens)}")
+    max_tokens = _max_tokens(first_scalar(get("max_tokens")), sampling)
     stream = bool(first_scalar(get("stream")) or False)
     exclude = first_scalar(get("exclude_input_in_output"))
     if stream and exclude is not None and not exclude:
@@ -155,6 +133,46 @@ def parse_generate(
         tools=tools,
         tool_plan=tool_plan,
     )
+
+
+def _abort(
+    abort_id: str, parameters: dict[str, Any] | None, proof_key: bytes | None
+) -> AbortRequest:
+    if not proves_abort(proof_key, parameters, abort_id):
+        # Anyone could end anyone's stream by its id: only the router may, for the ids
+        # it sent. A client stops its own request by cancelling its stream.
+        raise BadRequest(
+            "abort_request_id is the router's own input (no valid router "
+            "proof): cancel your stream to stop your request"
+        )
+    return AbortRequest(abort_id)
+
+
+def _prompt(get: Callable[[str], Any]) -> tuple[str | None, list[dict[str, Any]] | None, bool]:
+    """(text_input, messages, whether messages were given): exactly one of the two."""
+    prompt = _text_input(get, "text_input")
+    messages_value = get("messages")
+    has_messages = bool(_elements(messages_value))
+    if prompt is None and not has_messages:
+        raise BadRequest("missing input: one of 'text_input' or 'messages' is required")
+    if prompt is not None and has_messages:
+        raise BadRequest("give either 'text_input' or 'messages', not both")
+    if prompt == "":
+        raise BadRequest("text_input is empty")
+    messages = parse_messages(messages_value)[0] if has_messages else None
+    return prompt, messages, has_messages
+
+
+def _max_tokens(given: Any, sampling: dict[str, Any]) -> int:
+    """The max_tokens input, else the sampling values' (vllm_backend's dialect), else the
+    default; a positive integer. Taken out of `sampling` either way."""
+    if given is None:
+        given = sampling.pop("max_tokens", DEFAULT_MAX_TOKENS)
+    else:
+        sampling.pop("max_tokens", None)
+    if not isinstance(given, int) or isinstance(given, bool) or given < 1:
+        raise BadRequest(f"max_tokens must be a positive integer, got {_show(given)}")
+    return given
 
 
 def _router_values(
