@@ -123,24 +123,8 @@ class ReplicaChooser:
         start = self._turn % len(replicas)
         self._turn += 1
         rotation = [*replicas[start:], *replicas[:start]]
-        load: dict[str, int] = {}
-        full: list[str] = []  # KV cache nearly full: past the bound whatever its load
-        for r in rotation:
-            given = loads.get(r)
-            load[r] = 0 if given is None else given.requests
-            usage = None if given is None else given.kv_usage
-            if usage is not None and usage >= self.kv_full:
-                full.append(r)
-        least = min(load.values())
-        over = self.balance.over
-        eligible = rotation
-        # `over` grows with the load, so when the most loaded replica is not past the
-        # bound none is, and the per-replica checks are skipped: the common case (on
-        # bench.prefix_decision's decisions: choose's p99 26-37 us before, 18-31 after).
-        if full or over(max(load.values()), least):
-            eligible = [r for r in rotation if not over(load[r], least) and r not in full]
-            if not eligible:  # every replica's KV cache is full: load alone decides
-                eligible = rotation
+        load, full = self._loads(rotation, loads)
+        eligible = self._eligible(rotation, load, full)
         matched = (
             self.index.match(hashes, rotation)
             if self.index is not None and hashes
@@ -158,21 +142,63 @@ class ReplicaChooser:
         elif policy == "least_loaded":
             chosen, reason = min(eligible, key=load.__getitem__), "load"
         else:
-            # blocks to prefill plus load_weight per request there; the first of equals
-            # wins, so the rotation order breaks ties
-            weight, blocks = self.load_weight, len(hashes)
-            chosen, best = eligible[0], None
-            for r in eligible:
-                cost = blocks - matched[r] + weight * load[r]
-                if best is None or cost < best:
-                    chosen, best = r, cost
-            reason = "prefix" if matched[chosen] else "load"
-            if len(eligible) < len(rotation):  # was a replica holding more left out?
-                held = matched[chosen]
-                spilled = spilled or any(matched[r] > held for r in rotation if r not in eligible)
+            chosen, reason, left_out = self._by_prefix(
+                rotation, eligible, load, matched, len(hashes)
+            )
+            spilled = spilled or left_out
         if spilled:
             reason = "spill"
         return self._decision(chosen, reason, rotation, load, matched)
+
+    def _loads(
+        self, rotation: list[str], loads: Mapping[str, ReplicaLoad]
+    ) -> tuple[dict[str, int], list[str]]:
+        """Each replica's requests, and those whose KV cache is nearly full (past the
+        bound whatever their load)."""
+        load: dict[str, int] = {}
+        full: list[str] = []
+        for r in rotation:
+            given = loads.get(r)
+            load[r] = 0 if given is None else given.requests
+            usage = None if given is None else given.kv_usage
+            if usage is not None and usage >= self.kv_full:
+                full.append(r)
+        return load, full
+
+    def _eligible(self, rotation: list[str], load: dict[str, int], full: list[str]) -> list[str]:
+        """The replicas within the balance bound and not full; all when none is."""
+        least, over = min(load.values()), self.balance.over
+        # `over` grows with the load, so when the most loaded replica is not past the
+        # bound none is, and the per-replica checks are skipped: the common case (on
+        # bench.prefix_decision's decisions: choose's p99 26-37 us before, 18-31 after).
+        if not full and not over(max(load.values()), least):
+            return rotation
+        eligible = [r for r in rotation if not over(load[r], least) and r not in full]
+        return eligible or rotation  # every replica's KV cache full: load alone decides
+
+    def _by_prefix(
+        self,
+        rotation: list[str],
+        eligible: list[str],
+        load: dict[str, int],
+        matched: Mapping[str, int],
+        blocks: int,
+    ) -> tuple[str, str, bool]:
+        """The prefix policy: the least cost of blocks to prefill plus load_weight per
+        request there; the first of equals wins, so the rotation order breaks ties.
+        Returns (chosen, reason, whether a replica holding more was left out)."""
+        weight = self.load_weight
+        chosen, best = eligible[0], None
+        for r in eligible:
+            cost = blocks - matched[r] + weight * load[r]
+            if best is None or cost < best:
+                chosen, best = r, cost
+        reason = "prefix" if matched[chosen] else "load"
+        left_out = False
+        if len(eligible) < len(rotation):  # was a replica holding more left out?
+            held = matched[chosen]
+            left_out = any(matched[r] > held for r in rotation if r not in eligible)
+        return chosen, reason, left_out
 
     def routed(self, replica: str, hashes: Sequence[int]) -> None:
         """The replica that took the request (the first that answered, after any
