@@ -132,21 +132,7 @@ class TritonPythonModel:
         self.config = load_router_config(os.path.join(version_dir, ROUTER_CONFIG))
         self.name = self.config.name
         self.log = Log(self.name)
-        # The key the router proves its requests to the engine models with (trust.py).
-        self.proof_key = trust.proof_key(os.environ)  # SecretError: one line, load fails
-        secret = trust.read_secret(os.environ)
-        self.tenant_key = None if secret is None else trust.derive(secret, tracing.TENANT_HASH)
-        if self.proof_key is None and self.config.tenants:
-            raise RuntimeError(
-                f"tenants need {ROUTER_SECRET_ENV} in tritonserver's "
-                "environment (`trident serve` sets one per start): set it "
-                "to a long random value"
-            )
-        if self.proof_key is None:
-            self.log.warning(
-                f"no {ROUTER_SECRET_ENV}: the engine models will refuse this "
-                "router's aborts (a cancelled request runs to its end there)"
-            )
+        self._read_secret()
         self.policy = Policy(self.config)
         self.adapters = Adapters.from_config(self.config.backends)
         # Gauges carry the instance's name (router_0_1): each instance sets its own.
@@ -162,18 +148,7 @@ class TritonPythonModel:
         # breakers, in-flight counts and limits (one engine's) are per replica.
         self.replicas = Replicas(self.config, self.metrics)
         self.metrics.replicas_loaded(self.replicas.of, time.time())
-        instance = args.get("model_instance_name")
-        drain_dir = os.environ.get(DRAIN_DIR_ENV)
-        self.targets = Targets(
-            self.config,
-            self.replicas,
-            self.adapters,
-            self.metrics,
-            self.log,
-            lambda names: Inflight.shared(
-                names, self.config.instances, instance, drain_dir, self.name
-            ),
-        )
+        self.targets = self._targets(args.get("model_instance_name"))
         self.breakers, self.inflight = self.targets.breakers, self.targets.inflight
         self.deadline_s = self.config.deadline_s
         self.first_token_timeout_s = self.config.first_token_timeout_s
@@ -202,6 +177,39 @@ class TritonPythonModel:
             args.get("model_instance_name") or self.name,
             lambda: self.handling,
         )
+
+    def _targets(self, instance: str | None) -> Targets:
+        """The backends' breakers and in-flight limits, the counts shared by this router's
+        instances (bls/inflight.py)."""
+        drain_dir = os.environ.get(DRAIN_DIR_ENV)
+        return Targets(
+            self.config,
+            self.replicas,
+            self.adapters,
+            self.metrics,
+            self.log,
+            lambda names: Inflight.shared(
+                names, self.config.instances, instance, drain_dir, self.name
+            ),
+        )
+
+    def _read_secret(self) -> None:
+        """The key the router proves its requests to the engine models with (trust.py),
+        and the one tenants are hashed with in traces; SecretError: one line, load fails."""
+        self.proof_key = trust.proof_key(os.environ)
+        secret = trust.read_secret(os.environ)
+        self.tenant_key = None if secret is None else trust.derive(secret, tracing.TENANT_HASH)
+        if self.proof_key is None and self.config.tenants:
+            raise RuntimeError(
+                f"tenants need {ROUTER_SECRET_ENV} in tritonserver's "
+                "environment (`trident serve` sets one per start): set it "
+                "to a long random value"
+            )
+        if self.proof_key is None:
+            self.log.warning(
+                f"no {ROUTER_SECRET_ENV}: the engine models will refuse this "
+                "router's aborts (a cancelled request runs to its end there)"
+            )
 
     async def execute(self, requests: list[pb_utils.InferenceRequest]) -> None:
         # Breakers, counters and control requests are only touched on this loop.
