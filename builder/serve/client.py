@@ -99,6 +99,33 @@ def _stream_error(
             return error
 
 
+def _next_response(responses: queue.Queue, model: str, timeout_s: float) -> tuple:
+    """The stream's next (result, error, arrival time); InferError when none comes in time."""
+    try:
+        return responses.get(timeout=timeout_s)
+    except queue.Empty:
+        raise InferError(f"no response from {model} within {timeout_s:.0f} s") from None
+
+
+def _answered_error(model: str, url: str, error: grpcclient.InferenceServerException) -> InferError:
+    """The InferError for an error response the stream's callback got."""
+    if error.status() == _UNREACHABLE:
+        return _unreachable(model, url, error)
+    return InferError(f"{model}: {error.message()}")
+
+
+def _stream_failure(
+    model: str, url: str, responses: queue.Queue, e: grpcclient.InferenceServerException
+) -> InferError:
+    """The InferError for a stream that failed: the cause its callback got, else e."""
+    # A stream that never opened (nothing listening, say) reports why to the
+    # callback; the exception itself only says the stream is no longer valid.
+    cause = _stream_error(responses) or e
+    if cause.status() == _UNREACHABLE:
+        return _unreachable(model, url, cause)
+    return InferError(f"{model} at {url}: {cause.message()}")
+
+
 def stream_generate(
     url: str,
     model: str,
@@ -129,28 +156,18 @@ def stream_generate(
             model, inputs, request_id=uuid.uuid4().hex, enable_empty_final_response=True
         )
         while True:
-            try:
-                response, error, at = responses.get(timeout=timeout_s)
-            except queue.Empty:
-                raise InferError(f"no response from {model} within {timeout_s:.0f} s") from None
+            response, error, at = _next_response(responses, model, timeout_s)
             if error is not None:
                 # The server answered (its final flag follows): the stream ends on its
                 # own, so it is closed, not cancelled. Triton 2.51 keeps a request whose
                 # cancel races that final flag, and its model then never unloads.
                 finished = True
-                if error.status() == _UNREACHABLE:
-                    raise _unreachable(model, url, error)
-                raise InferError(f"{model}: {error.message()}")
+                raise _answered_error(model, url, error)
             if _absorb(result, response, at - start, on_text):
                 finished = True
                 break
     except grpcclient.InferenceServerException as e:
-        # A stream that never opened (nothing listening, say) reports why to the
-        # callback; the exception here only says the stream is no longer valid.
-        cause = _stream_error(responses) or e
-        if cause.status() == _UNREACHABLE:
-            raise _unreachable(model, url, cause) from None
-        raise InferError(f"{model} at {url}: {cause.message()}") from None
+        raise _stream_failure(model, url, responses, e) from None
     finally:
         # Leaving before the server answered (a timeout, Ctrl-C), the request is
         # cancelled: closing the stream otherwise waits for the server to end it, for
