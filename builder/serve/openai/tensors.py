@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,19 +81,48 @@ class OneValue(InferInput):
 def build_inputs(generation: Generation, info: ModelInfo) -> list:
     """Triton inputs for one generation; raises OpenAIError (400) for what this model
     cannot take."""
-    tensors: list = []
-
     shape = [1, 1] if info.batched else [1]
 
-    def add(name: str, value) -> None:
-        dtype, np_dtype = DTYPES[info.inputs.get(name, "TYPE_STRING")]
-        if np_dtype is np.object_:
-            data = str(value).encode()
-            raw = len(data).to_bytes(4, "little") + data  # Triton's BYTES: length, bytes
-        else:
-            raw = np.array([value], dtype=np_dtype).tobytes()
-        tensors.append(OneValue(name, shape, dtype, raw))
+    def tensors_of(values) -> list:
+        return [_one_value(info, shape, name, value) for name, value in values]
 
+    # Values become tensors group by group, in order, so one that fails to convert
+    # raises before a later one is refused.
+    tensors = tensors_of(_prompt_values(generation, info))
+    tensors += tensors_of(_tool_values(generation, info))
+    if "stream" in info.inputs:
+        tensors += tensors_of([("stream", generation.stream)])
+    if generation.max_tokens is not None:
+        tensors += tensors_of([("max_tokens", generation.max_tokens)])
+    if "exclude_input_in_output" in info.inputs:
+        tensors += tensors_of([("exclude_input_in_output", True)])
+    sampling = generation.sampling
+    if generation.logprobs is not None:
+        # vLLM's `logprobs`: alternatives per token beside the sampled one; the engine
+        # models then add the `logprobs` output to their usual ones (returns.py).
+        sampling = {**sampling, "logprobs": generation.logprobs}
+    if generation.lora_name is not None:
+        lora_values, sampling = _lora_values(generation.lora_name, info, sampling)
+        tensors += tensors_of(lora_values)
+    tensors += tensors_of(_sampling_values(sampling, info))
+    # A model without a router ignores routing hints.
+    tensors += tensors_of((n, v) for n, v in generation.hints.items() if n in info.inputs)
+    return tensors
+
+
+def _one_value(info: ModelInfo, shape: list[int], name: str, value) -> OneValue:
+    """One input tensor of one element, in the data type the model's config gives it."""
+    dtype, np_dtype = DTYPES[info.inputs.get(name, "TYPE_STRING")]
+    if np_dtype is np.object_:
+        data = str(value).encode()
+        raw = len(data).to_bytes(4, "little") + data  # Triton's BYTES: length, bytes
+    else:
+        raw = np.array([value], dtype=np_dtype).tobytes()
+    return OneValue(name, shape, dtype, raw)
+
+
+def _prompt_values(generation: Generation, info: ModelInfo) -> list[tuple[str, object]]:
+    """The chat messages or the text prompt, as the model takes them."""
     if generation.kind == "chat":
         if "messages" not in info.inputs:
             raise invalid(
@@ -100,69 +130,64 @@ def build_inputs(generation: Generation, info: ModelInfo) -> list:
                 f"model '{info.name}' takes no chat messages (use /v1/completions, or the router)",
                 "unsupported_model",
             )
-        add("messages", json.dumps(generation.messages))
-    else:
-        if "text_input" not in info.inputs:
+        return [("messages", json.dumps(generation.messages))]
+    if "text_input" not in info.inputs:
+        raise invalid(
+            "model",
+            f"model '{info.name}' takes no text prompt (use /v1/chat/completions)",
+            "unsupported_model",
+        )
+    return [("text_input", generation.prompt)]
+
+
+def _tool_values(generation: Generation, info: ModelInfo) -> list[tuple[str, object]]:
+    """The tools and tool choice, when the request names tools."""
+    if generation.tools is None:
+        return []
+    if "tools" not in info.inputs:
+        raise invalid(
+            "tools",
+            f"model '{info.name}' takes no tools (tool calling "
+            "needs a vLLM or SGLang model, or the router)",
+            "unsupported_parameter",
+        )
+    return list(chat_tools.inputs(generation.tools, generation.tool_choice).items())
+
+
+def _lora_values(
+    lora_name: str, info: ModelInfo, sampling: dict
+) -> tuple[list[tuple[str, object]], dict]:
+    """The adapter as a tensor of its own, or in the sampling parameters (returned)."""
+    # The adapter goes where vllm_backend's clients put it, and where the router and
+    # trident's engine models read it: `lora_name` in sampling_parameters; a TRT-LLM
+    # ensemble with adapters also takes it as a tensor of its own.
+    if "lora_name" in info.inputs:
+        return [("lora_name", lora_name)], sampling
+    if "sampling_parameters" in info.inputs:
+        return [], {**sampling, "lora_name": lora_name}
+    raise invalid("lora_name", f"model '{info.name}' takes no adapters", "unsupported_parameter")
+
+
+def _sampling_values(sampling: dict, info: ModelInfo) -> Iterator[tuple[str, object]]:
+    """The sampling values: one JSON tensor, or one tensor per value (a TRT-LLM ensemble)."""
+    if not sampling:
+        return
+    if "sampling_parameters" in info.inputs:
+        yield "sampling_parameters", json.dumps(sampling)
+        return
+    if "structured_outputs" in sampling:
+        raise invalid(
+            "response_format",
+            f"model '{info.name}' has no structured "
+            "outputs (a vLLM or SGLang model has, or the router)",
+            "unsupported_parameter",
+        )
+    for name, value in sampling.items():
+        if name not in info.inputs or isinstance(value, (list, dict)):
             raise invalid(
-                "model",
-                f"model '{info.name}' takes no text prompt (use /v1/chat/completions)",
-                "unsupported_model",
+                name, f"model '{info.name}' does not take '{name}'", "unsupported_parameter"
             )
-        add("text_input", generation.prompt)
-    if generation.tools is not None:
-        if "tools" not in info.inputs:
-            raise invalid(
-                "tools",
-                f"model '{info.name}' takes no tools (tool calling "
-                "needs a vLLM or SGLang model, or the router)",
-                "unsupported_parameter",
-            )
-        for name, value in chat_tools.inputs(generation.tools, generation.tool_choice).items():
-            add(name, value)
-    if "stream" in info.inputs:
-        add("stream", generation.stream)
-    if generation.max_tokens is not None:
-        add("max_tokens", generation.max_tokens)
-    if "exclude_input_in_output" in info.inputs:
-        add("exclude_input_in_output", True)
-    sampling = generation.sampling
-    if generation.logprobs is not None:
-        # vLLM's `logprobs`: alternatives per token beside the sampled one; the engine
-        # models then add the `logprobs` output to their usual ones (returns.py).
-        sampling = {**sampling, "logprobs": generation.logprobs}
-    if generation.lora_name is not None:
-        # The adapter goes where vllm_backend's clients put it, and where the router and
-        # trident's engine models read it: `lora_name` in sampling_parameters; a TRT-LLM
-        # ensemble with adapters also takes it as a tensor of its own.
-        if "lora_name" in info.inputs:
-            add("lora_name", generation.lora_name)
-        elif "sampling_parameters" in info.inputs:
-            sampling = {**sampling, "lora_name": generation.lora_name}
-        else:
-            raise invalid(
-                "lora_name", f"model '{info.name}' takes no adapters", "unsupported_parameter"
-            )
-    if sampling and "sampling_parameters" in info.inputs:
-        add("sampling_parameters", json.dumps(sampling))
-    elif sampling:
-        # A model with one tensor per sampling value (a TRT-LLM ensemble).
-        if "structured_outputs" in sampling:
-            raise invalid(
-                "response_format",
-                f"model '{info.name}' has no structured "
-                "outputs (a vLLM or SGLang model has, or the router)",
-                "unsupported_parameter",
-            )
-        for name, value in sampling.items():
-            if name not in info.inputs or isinstance(value, (list, dict)):
-                raise invalid(
-                    name, f"model '{info.name}' does not take '{name}'", "unsupported_parameter"
-                )
-            add(name, value)
-    for name, value in generation.hints.items():
-        if name in info.inputs:  # a model without a router ignores routing hints
-            add(name, value)
-    return tensors
+        yield name, value
 
 
 # One element of a numeric output, straight from its raw bytes (little-endian).
