@@ -103,88 +103,14 @@ def keep_serving(
     """Watch the server's models until tritonserver exits; returns its exit status.
     `report` gets one line per event (a death, a reload, a model given up); `lost(model)`
     is told of each death first (the frontend ends what it still waits for from it)."""
-    restarts = restarts or Restarts()
     process = server.process
     assert process is not None, "keep_serving needs a started server"
     try:
         watch = StubWatch(stub_processes(process.pid))
     except OSError:  # out of file descriptors: a READY model without a stub is seen later
         watch = StubWatch({})
-    due: dict[str, float] = {}  # model → when to reload it
-    reloading: dict[str, float] = {}  # model → when its reload began (one at a time)
-    results: queue.Queue = queue.Queue()
-    # Models given up → whether they were seen unloaded since: one READY again after
-    # that was loaded by an operator, and is watched again.
-    given_up: dict[str, bool] = {}
-    grace: dict[str, float] = {}  # model → until when a gauge-only death is ignored
+    keeper = _Keeper(server, process.pid, report, restarts or Restarts(), reload_model, lost, watch)
     failing: str | None = None  # the keeper's own trouble, reported once until it passes
-
-    def died(model: str, reason: str, now: float) -> None:
-        lost(model)
-        delay = restarts.after_death(model, now)
-        if delay is None:
-            given_up[model] = False
-            report(
-                f"trident serve: {reason}; giving up on model '{model}' after "
-                f"{restarts.limit} restarts: it is unloaded, the other models keep "
-                "serving"
-            )
-            threading.Thread(
-                target=_unload_quietly,
-                daemon=True,
-                args=(server.http_url, model, server.admin_headers),
-            ).start()
-            return
-        due[model] = now + delay
-        report(
-            f"trident serve: {reason}; reloading it in {delay:.0f} s (restart "
-            f"{restarts.counts[model]} of {restarts.limit})"
-        )
-
-    def look(now: float) -> None:
-        while not results.empty():
-            model, error = results.get()
-            started = reloading.pop(model)
-            if error is None:
-                restarts.came_back(model, now)
-                grace[model] = now + GAUGE_GRACE_S
-                report(
-                    f"trident serve: model '{model}' is back (reloaded in {now - started:.1f} s)"
-                )
-            else:
-                died(model, f"reloading model '{model}' failed: {error}", now)
-        alive = stub_processes(process.pid)
-        ready = server.ready_models()
-        if ready is None:
-            return  # busy or shutting down: look again next time
-        for model, seen_gone in list(given_up.items()):
-            if model not in ready:
-                given_up[model] = True
-            elif seen_gone:
-                del given_up[model]
-                restarts.counts[model] = 0
-                report(f"trident serve: model '{model}' was loaded again; watching it again")
-        busy = set(due) | set(reloading) | set(given_up)
-        for death in watch.check(
-            alive, (ready & server.stub_models()) - busy, unhealthy_engines(server.metrics_text())
-        ):
-            gauge_only = HEALTH_GAUGE in death.reason
-            if death.model in busy or (gauge_only and now < grace.get(death.model, 0)):
-                continue
-            died(death.model, death.reason, now)
-        if not reloading:
-            ready_now = sorted((at, model) for model, at in due.items() if at <= now)
-            if ready_now:
-                model = ready_now[0][1]
-                del due[model]
-                reloading[model] = now
-                threading.Thread(
-                    target=_reload_into,
-                    daemon=True,
-                    name=f"reload-{model}",
-                    args=(reload_model, server, model, results),
-                ).start()
-
     while True:
         try:
             return process.wait(interval_s)
@@ -193,7 +119,7 @@ def keep_serving(
         # The keeper's own failures (out of file descriptors, threads or memory; a
         # bug) never end the server: it serves on unwatched, and the keeper tries again.
         try:
-            look(time.monotonic())
+            keeper.look(time.monotonic())
         except Exception as e:  # noqa: BLE001 - whatever it is, the server outlives it
             problem = f"{type(e).__name__}: {e}"
             if problem != failing:
@@ -203,6 +129,106 @@ def keep_serving(
             if failing is not None:
                 report("trident serve: the keeper watches the models again")
             failing = None
+
+
+@dataclass
+class _Keeper:
+    """keep_serving's watch of the models: what each look at the server shares."""
+
+    server: Server
+    pid: int
+    report: Callable[[str], None]
+    restarts: Restarts
+    reload_model: Callable[[str, str, Mapping[str, str]], None]
+    lost: Callable[[str], None]
+    watch: StubWatch
+    due: dict[str, float] = field(default_factory=dict)  # model → when to reload it
+    # model → when its reload began (one at a time)
+    reloading: dict[str, float] = field(default_factory=dict)
+    results: queue.Queue = field(default_factory=queue.Queue)
+    # Models given up → whether they were seen unloaded since: one READY again after
+    # that was loaded by an operator, and is watched again.
+    given_up: dict[str, bool] = field(default_factory=dict)
+    # model → until when a gauge-only death is ignored
+    grace: dict[str, float] = field(default_factory=dict)
+
+    def died(self, model: str, reason: str, now: float) -> None:
+        self.lost(model)
+        delay = self.restarts.after_death(model, now)
+        if delay is None:
+            self.given_up[model] = False
+            self.report(
+                f"trident serve: {reason}; giving up on model '{model}' after "
+                f"{self.restarts.limit} restarts: it is unloaded, the other models keep "
+                "serving"
+            )
+            threading.Thread(
+                target=_unload_quietly,
+                daemon=True,
+                args=(self.server.http_url, model, self.server.admin_headers),
+            ).start()
+            return
+        self.due[model] = now + delay
+        self.report(
+            f"trident serve: {reason}; reloading it in {delay:.0f} s (restart "
+            f"{self.restarts.counts[model]} of {self.restarts.limit})"
+        )
+
+    def look(self, now: float) -> None:
+        self.take_reload_results(now)
+        alive = stub_processes(self.pid)
+        ready = self.server.ready_models()
+        if ready is None:
+            return  # busy or shutting down: look again next time
+        self.check_given_up(ready)
+        busy = set(self.due) | set(self.reloading) | set(self.given_up)
+        for death in self.watch.check(
+            alive,
+            (ready & self.server.stub_models()) - busy,
+            unhealthy_engines(self.server.metrics_text()),
+        ):
+            gauge_only = HEALTH_GAUGE in death.reason
+            if death.model in busy or (gauge_only and now < self.grace.get(death.model, 0)):
+                continue
+            self.died(death.model, death.reason, now)
+        if not self.reloading:
+            self.start_due_reload(now)
+
+    def take_reload_results(self, now: float) -> None:
+        while not self.results.empty():
+            model, error = self.results.get()
+            started = self.reloading.pop(model)
+            if error is None:
+                self.restarts.came_back(model, now)
+                self.grace[model] = now + GAUGE_GRACE_S
+                self.report(
+                    f"trident serve: model '{model}' is back (reloaded in {now - started:.1f} s)"
+                )
+            else:
+                self.died(model, f"reloading model '{model}' failed: {error}", now)
+
+    def check_given_up(self, ready: set[str]) -> None:
+        for model, seen_gone in list(self.given_up.items()):
+            if model not in ready:
+                self.given_up[model] = True
+            elif seen_gone:
+                del self.given_up[model]
+                self.restarts.counts[model] = 0
+                self.report(f"trident serve: model '{model}' was loaded again; watching it again")
+
+    def start_due_reload(self, now: float) -> None:
+        ready_now = sorted((at, model) for model, at in self.due.items() if at <= now)
+        if not ready_now:
+            return
+        model = ready_now[0][1]
+        del self.due[model]
+        self.reloading[model] = now
+        threading.Thread(
+            target=_reload_into,
+            daemon=True,
+            name=f"reload-{model}",
+            args=(self.reload_model, self.server, model, self.results),
+        ).start()
 
 
 def _reload_into(reload_model, server: Server, model: str, results: queue.Queue) -> None:
