@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -85,12 +85,7 @@ def create_app(
     drain = drain or DrainGate()
 
     def admit(request: Request) -> str | None:
-        """The request's tenant, once it may come in. The drain is checked before the
-        key: a draining server's 503 tells a caller without a key nothing that /health
-        (no key) does not say, and the refusal is the same for every caller."""
-        if drain.draining:
-            raise server_draining(RETRY_AFTER_S)
-        return None if api_keys is None else tenant_of(api_keys, request.headers)
+        return _admit(request, drain, api_keys)
 
     async def generate(request: Request, parse) -> Response:
         name = admit(request)  # a 401 before a byte of the body is read
@@ -100,15 +95,9 @@ def create_app(
             raise server_shutdown()
         return await _generate(triton, request, model, generation, limits, drain)
 
-    @asynccontextmanager
-    async def lifespan(_app):
-        drain.bind(asyncio.get_running_loop())
-        yield
-        await triton.close()
-
     app = LaneApp(
         title="trident OpenAI frontend",
-        lifespan=lifespan,
+        lifespan=_lifespan(triton, drain),
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
@@ -116,11 +105,46 @@ def create_app(
     app.state.triton = triton
     app.state.drain = drain
 
-    @app.exception_handler(OpenAIError)
-    @app.exception_handler(HTTPException)
-    @app.exception_handler(Exception)
-    async def failed(_request, error: Exception):
-        return error_response(error)
+    for kind in (Exception, HTTPException, OpenAIError):
+        app.add_exception_handler(kind, _failed)
+    _add_probes(app, triton, drain, tracer, exposed)
+    _add_model_routes(app, triton, admit, exposed)
+    _add_generation_routes(app, generate)
+    app.lane("/v1/chat/completions", _lane(parse_chat, generate, drain, tracer))
+    app.lane("/v1/completions", _lane(parse_completion, generate, drain, tracer))
+    return app
+
+
+def _admit(request: Request, drain: DrainGate, api_keys: Mapping[str, str] | None) -> str | None:
+    """The request's tenant, once it may come in. The drain is checked before the
+    key: a draining server's 503 tells a caller without a key nothing that /health
+    (no key) does not say, and the refusal is the same for every caller."""
+    if drain.draining:
+        raise server_draining(RETRY_AFTER_S)
+    return None if api_keys is None else tenant_of(api_keys, request.headers)
+
+
+def _lifespan(triton: Triton, drain: DrainGate):
+    """The app's lifespan: the drain bound to the server's loop, Triton's client closed
+    at the end."""
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        drain.bind(asyncio.get_running_loop())
+        yield
+        await triton.close()
+
+    return lifespan
+
+
+async def _failed(_request, error: Exception):
+    return error_response(error)
+
+
+def _add_probes(
+    app: FastAPI, triton: Triton, drain: DrainGate, tracer: Any, exposed: frozenset
+) -> None:
+    """/health, /metrics and /health/live: no key, no tenant."""
 
     @app.get("/health")
     async def health():
@@ -153,6 +177,12 @@ def create_app(
         await triton.models(fresh=True)
         return {"status": "ok"}
 
+
+def _add_model_routes(
+    app: FastAPI, triton: Triton, admit: Callable[[Request], str | None], exposed: frozenset
+) -> None:
+    """/v1/models and /v1/models/{model}."""
+
     @app.get("/v1/models")
     async def list_models(request: Request):
         admit(request)
@@ -174,6 +204,10 @@ def create_app(
         await triton.info(model)
         return {"id": model, "object": "model", "created": int(time.time()), "owned_by": OWNER}
 
+
+def _add_generation_routes(app: FastAPI, generate: Callable[..., Awaitable[Response]]) -> None:
+    """The generation routes through FastAPI (LaneApp answers their POSTs first: _lane)."""
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await generate(request, parse_chat)
@@ -182,40 +216,37 @@ def create_app(
     async def completions(request: Request):
         return await generate(request, parse_completion)
 
-    def lane(parse):
-        """The same as the route above, straight from ASGI (asgi.py: every request and
-        token of a generation would otherwise pass FastAPI's layers). LaneApp answers
-        every POST to these paths here, so this is where in_flight is counted: from
-        admission until the answer's last byte was sent (or its client left)."""
 
-        async def handle(scope, receive, send) -> None:
-            if drain.draining:  # refused before it is counted: in_flight is the admitted
-                await error_response(server_draining(RETRY_AFTER_S))(scope, receive, send)
-                return
-            drain.in_flight += 1
-            try:
-                if tracer is None:
-                    await answer(scope, receive, send)
-                else:
-                    with request_span(tracer, scope) as span:
-                        finish(span, await answer(scope, receive, send))
-            finally:
-                drain.in_flight -= 1
+def _lane(parse, generate: Callable[..., Awaitable[Response]], drain: DrainGate, tracer: Any):
+    """The same as _add_generation_routes' routes, straight from ASGI (asgi.py: every
+    request and token of a generation would otherwise pass FastAPI's layers). LaneApp
+    answers every POST to these paths here, so this is where in_flight is counted: from
+    admission until the answer's last byte was sent (or its client left)."""
 
-        async def answer(scope, receive, send) -> int:
-            """Generate and send the answer; its HTTP status."""
-            try:
-                response = await generate(Request(scope, receive), parse)
-            except Exception as error:
-                response = error_response(error)
-            await response(scope, receive, send)
-            return response.status_code
+    async def handle(scope, receive, send) -> None:
+        if drain.draining:  # refused before it is counted: in_flight is the admitted
+            await error_response(server_draining(RETRY_AFTER_S))(scope, receive, send)
+            return
+        drain.in_flight += 1
+        try:
+            if tracer is None:
+                await answer(scope, receive, send)
+            else:
+                with request_span(tracer, scope) as span:
+                    finish(span, await answer(scope, receive, send))
+        finally:
+            drain.in_flight -= 1
 
-        return handle
+    async def answer(scope, receive, send) -> int:
+        """Generate and send the answer; its HTTP status."""
+        try:
+            response = await generate(Request(scope, receive), parse)
+        except Exception as error:
+            response = error_response(error)
+        await response(scope, receive, send)
+        return response.status_code
 
-    app.lane("/v1/chat/completions", lane(parse_chat))
-    app.lane("/v1/completions", lane(parse_completion))
-    return app
+    return handle
 
 
 def error_response(error: Exception) -> JSONResponse:
