@@ -143,28 +143,11 @@ def serve(
     second server with the same binary and stub; exits 1 if it comes back changed (the
     bundled Python 3.12 stub corrupts strings).
     """
-    from builder.serve.drain import (
-        DRAINED_EXIT_GRACE_S,
-        STOP_GRACE_S,
-        Drain,
-        DrainRequested,
-        drain_on_signal,
-    )
-    from builder.serve.server import Ports, TritonServer, is_loopback
-    from builder.serve.tracing import from_environment
+    from builder.serve.drain import Drain, DrainRequested, drain_on_signal
+    from builder.serve.server import Ports, TritonServer
 
     repo_dir = Path(repo)
-    if not repo_dir.is_dir():
-        raise TridentError(
-            f"{repo_dir}: no such model repository (run `trident repo` first)", EXIT_USAGE
-        )
-    if api_keys_file is not None and not is_loopback(triton_host) and not allow_open_triton:
-        raise TridentError(
-            f"trident serve: --triton-host {triton_host} is not a loopback "
-            "address: with --api-keys-file, clients reaching Triton's ports "
-            "would bypass the keys (add --allow-open-triton to mean it)",
-            EXIT_USAGE,
-        )
+    _check_repo_and_host(repo_dir, triton_host, api_keys_file, allow_open_triton)
     server = TritonServer(
         repo_dir,
         Ports(http_port, grpc_port, metrics_port),
@@ -173,27 +156,10 @@ def serve(
         host=triton_host,
         metrics_host=metrics_host,
     )
-    tracing = from_environment(otlp_traces_endpoint)  # TracingError: one line, exit 2
-    if tracing is not None:
-        server.extra_args = (*server.extra_args, *tracing.triton_args())
-        server.extra_env = tracing.stub_environment()
+    tracing = _traced(server, otlp_traces_endpoint)
     traces = tracing.provider() if tracing is not None and openai_port is not None else None
     frontend = None
-    if openai_port is not None:
-        from builder.serve.openai.runner import Frontend, check_port
-        from builder.serve.openai.traces import TRACER
-
-        check_port(openai_host, openai_port)  # before minutes of model loading
-    if api_keys_file is not None:
-        if openai_port is None:
-            raise TridentError("--api-keys-file needs --openai-port", EXIT_USAGE)
-        from builder.serve.openai.keys import load_keys
-
-        api_keys = load_keys(api_keys_file)  # before loading too: a bad file fails now
-    else:
-        api_keys = None
-    if expose and openai_port is None:
-        raise TridentError("--expose needs --openai-port", EXIT_USAGE)
+    api_keys = _openai_options(openai_host, openai_port, api_keys_file, expose)
 
     drain = Drain(drain_timeout_s)
     server.drain_folder = drain.folder  # the models watch it (trident_common/drain.py)
@@ -210,17 +176,9 @@ def serve(
                 f"metrics {server.metrics_url}"
             )
             if openai_port is not None:
-                frontend = Frontend(
-                    server.grpc_url,
-                    openai_host,
-                    openai_port,
-                    api_keys,
-                    expose,
-                    repo=repo_dir,
-                    admin_key=server.admin_key,
-                    metrics_url=server.metrics_url,
-                    tracer=traces.get_tracer(TRACER) if traces else None,
-                ).start()
+                frontend = _start_frontend(
+                    server, openai_host, openai_port, api_keys, expose, repo_dir, traces
+                )
                 drain.frontend = frontend
                 click.echo(f"OpenAI API: {frontend.url}/v1")
             sys.stdout.flush()
@@ -233,9 +191,7 @@ def serve(
                     report,
                     restart_limit=restart_limit,
                     ready_timeout_s=timeout,
-                    down=frontend.pause if frontend is not None else lambda: None,
-                    up=frontend.resume if frontend is not None else lambda: None,
-                    lost=frontend.abandon if frontend is not None else lambda _model: None,
+                    **_frontend_hooks(frontend),
                 )
             except DrainRequested as asked:
                 drain.run(report)
@@ -243,23 +199,112 @@ def serve(
                 if asked.signum == signal.SIGUSR1:
                     # `trident drain` (a preStop hook) returns now; the kubelet's SIGTERM
                     # comes after it, and stops what is left at once.
-                    report("drained: waiting for SIGTERM")
-                    while server.process is not None and server.process.poll() is None:
-                        time.sleep(0.5)
+                    _wait_for_exit(server, report)
     except KeyboardInterrupt:
         pass
     finally:
-        if server.process is not None and server.process.poll() is None:
-            click.echo("stopping tritonserver", err=True)
-            if drained:  # nothing in flight: Triton's exit runs while the frontend stops
-                server.terminate()
-        if frontend is not None:
-            frontend.stop()
-        if traces is not None:
-            traces.shutdown()  # the spans still batched leave now
-        server.stop(grace_s=DRAINED_EXIT_GRACE_S if drained else STOP_GRACE_S)
-        drain.remove()
+        _stop(server, frontend, traces, drain, drained)
     return 0
+
+
+def _check_repo_and_host(
+    repo_dir: Path, triton_host: str, api_keys_file: str | None, allow_open_triton: bool
+) -> None:
+    """Refuse a missing repository, and keys that Triton's open ports would bypass."""
+    from builder.serve.server import is_loopback
+
+    if not repo_dir.is_dir():
+        raise TridentError(
+            f"{repo_dir}: no such model repository (run `trident repo` first)", EXIT_USAGE
+        )
+    if api_keys_file is not None and not is_loopback(triton_host) and not allow_open_triton:
+        raise TridentError(
+            f"trident serve: --triton-host {triton_host} is not a loopback "
+            "address: with --api-keys-file, clients reaching Triton's ports "
+            "would bypass the keys (add --allow-open-triton to mean it)",
+            EXIT_USAGE,
+        )
+
+
+def _traced(server, otlp_traces_endpoint: str | None):
+    """The tracing the environment asks for (None: none), Triton and its stubs set to
+    export to it."""
+    from builder.serve.tracing import from_environment
+
+    tracing = from_environment(otlp_traces_endpoint)  # TracingError: one line, exit 2
+    if tracing is not None:
+        server.extra_args = (*server.extra_args, *tracing.triton_args())
+        server.extra_env = tracing.stub_environment()
+    return tracing
+
+
+def _openai_options(
+    openai_host: str, openai_port: int | None, api_keys_file: str | None, expose: tuple
+) -> dict | None:
+    """The OpenAI frontend's options checked, and its API keys (None: no keys)."""
+    if openai_port is not None:
+        from builder.serve.openai.runner import check_port
+
+        check_port(openai_host, openai_port)  # before minutes of model loading
+    if api_keys_file is not None:
+        if openai_port is None:
+            raise TridentError("--api-keys-file needs --openai-port", EXIT_USAGE)
+        from builder.serve.openai.keys import load_keys
+
+        api_keys = load_keys(api_keys_file)  # before loading too: a bad file fails now
+    else:
+        api_keys = None
+    if expose and openai_port is None:
+        raise TridentError("--expose needs --openai-port", EXIT_USAGE)
+    return api_keys
+
+
+def _start_frontend(server, openai_host, openai_port, api_keys, expose, repo_dir, traces):
+    """The OpenAI frontend, started, on the ready server."""
+    from builder.serve.openai.runner import Frontend
+    from builder.serve.openai.traces import TRACER
+
+    return Frontend(
+        server.grpc_url,
+        openai_host,
+        openai_port,
+        api_keys,
+        expose,
+        repo=repo_dir,
+        admin_key=server.admin_key,
+        metrics_url=server.metrics_url,
+        tracer=traces.get_tracer(TRACER) if traces else None,
+    ).start()
+
+
+def _frontend_hooks(frontend) -> dict:
+    """monitor's down, up and lost: the frontend's pause, resume and abandon."""
+    if frontend is None:
+        return {"down": lambda: None, "up": lambda: None, "lost": lambda _model: None}
+    return {"down": frontend.pause, "up": frontend.resume, "lost": frontend.abandon}
+
+
+def _wait_for_exit(server, report) -> None:
+    """After `trident drain`: wait until tritonserver is gone (SIGTERM stops it)."""
+    report("drained: waiting for SIGTERM")
+    while server.process is not None and server.process.poll() is None:
+        time.sleep(0.5)
+
+
+def _stop(server, frontend, traces, drain, drained: bool) -> None:
+    """Stop tritonserver, the frontend and the traces, and remove the drain's folder."""
+    from builder.serve.drain import DRAINED_EXIT_GRACE_S, STOP_GRACE_S
+
+    if server.process is not None and server.process.poll() is None:
+        click.echo("stopping tritonserver", err=True)
+        if drained:  # nothing in flight: Triton's exit runs while the frontend stops
+            server.terminate()
+    if frontend is not None:
+        frontend.stop()
+    if traces is not None:
+        traces.shutdown()  # the spans still batched leave now
+    server.stop(grace_s=DRAINED_EXIT_GRACE_S if drained else STOP_GRACE_S)
+    drain.remove()
 
 
 @click.command()
