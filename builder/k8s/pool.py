@@ -281,10 +281,25 @@ def picker_objects(spec: DeploymentSpec, lay: Layout, pool: Pool, options: Optio
     component = f"{pool.component}-epp"
     labels = names.labels(lay.app, component)
     select = names.selector(lay.app, component)
-    ns = options.namespace
-    meta = names.metadata(pool.picker, ns, labels)
+    meta = names.metadata(pool.picker, options.namespace, labels)
     config = yaml.safe_dump(picker_config(spec, pool), sort_keys=False)
-    rules = [  # GIE v1.5.0's chart: rbac.yaml and epplib's _rbac.yaml, one Role
+    return [
+        *_picker_access(meta, pool.picker, options.namespace),
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": dict(meta),
+            "data": {CONFIG_KEY: config},
+        },
+        _picker_deployment(spec, meta, labels, select, pool, _picker_container(pool, options)),
+        _picker_service(meta, select),
+    ]
+
+
+def _picker_access(meta: dict, picker: str, ns: str | None) -> list[dict]:
+    """The picker's ServiceAccount, and the Role (GIE v1.5.0's chart: rbac.yaml and
+    epplib's _rbac.yaml, one Role) bound to it."""
+    rules = [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "watch", "list"]},
         {
             "apiGroups": [POOL_GROUP],
@@ -297,7 +312,31 @@ def picker_objects(spec: DeploymentSpec, lay: Layout, pool: Pool, options: Optio
             "verbs": ["get", "watch", "list"],
         },
     ]
-    container = {
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": dict(meta),
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": dict(meta),
+            "subjects": [{"kind": "ServiceAccount", "name": picker, **_namespace(ns)}],
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": picker,
+            },
+        },
+    ]
+
+
+def _picker_container(pool: Pool, options: Options) -> dict:
+    """The endpoint picker's container: GIE's image and flags, its ports and probes."""
+    return {
         "name": "epp",
         "image": options.epp_image,
         "imagePullPolicy": "IfNotPresent",
@@ -348,68 +387,50 @@ def picker_objects(spec: DeploymentSpec, lay: Layout, pool: Pool, options: Optio
         "resources": {k: dict(v) for k, v in EPP_RESOURCES.items()},
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": dict(meta),
-            "rules": rules,
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": dict(meta),
-            "subjects": [{"kind": "ServiceAccount", "name": pool.picker, **_namespace(ns)}],
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "Role",
-                "name": pool.picker,
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": dict(meta),
-            "data": {CONFIG_KEY: config},
-        },
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": dict(meta),
-            "spec": {
-                # One picker: its prefix index lives in its memory. Recreate, as GIE's
-                # chart: the old one goes at once (the gateway's failure mode meanwhile).
-                "replicas": 1,
-                "strategy": {"type": "Recreate"},
-                "selector": {"matchLabels": select},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "serviceAccountName": pool.picker,
-                        # GIE: as long as the pool's pods' (streams pass through it).
-                        "terminationGracePeriodSeconds": workloads.grace_period_s(spec),
-                        "containers": [container],
-                        "volumes": [{"name": "config", "configMap": {"name": pool.picker}}],
-                    },
+
+
+def _picker_deployment(
+    spec: DeploymentSpec, meta: dict, labels: dict, select: dict, pool: Pool, container: dict
+) -> dict:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": dict(meta),
+        "spec": {
+            # One picker: its prefix index lives in its memory. Recreate, as GIE's
+            # chart: the old one goes at once (the gateway's failure mode meanwhile).
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": select},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": pool.picker,
+                    # GIE: as long as the pool's pods' (streams pass through it).
+                    "terminationGracePeriodSeconds": workloads.grace_period_s(spec),
+                    "containers": [container],
+                    "volumes": [{"name": "config", "configMap": {"name": pool.picker}}],
                 },
             },
         },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": dict(meta),
-            "spec": {
-                "type": "ClusterIP",
-                "selector": dict(select),
-                "ports": [
-                    _service_port("grpc-ext-proc", EXT_PROC_PORT),
-                    _service_port("grpc-health", HEALTH_PORT),
-                    _service_port("http-metrics", EPP_METRICS_PORT),
-                ],
-            },
+    }
+
+
+def _picker_service(meta: dict, select: dict) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": dict(meta),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": dict(select),
+            "ports": [
+                _service_port("grpc-ext-proc", EXT_PROC_PORT),
+                _service_port("grpc-health", HEALTH_PORT),
+                _service_port("http-metrics", EPP_METRICS_PORT),
+            ],
         },
-    ]
+    }
 
 
 def _namespace(ns: str | None) -> dict:
