@@ -199,26 +199,7 @@ def picker_config(spec: DeploymentSpec, pool: Pool) -> dict:
         "kind": "EndpointPickerConfig",
         "plugins": [
             {"type": "metrics-data-source", "parameters": {"scheme": "http", "path": "/metrics"}},
-            {
-                "type": "core-metrics-extractor",
-                "parameters": {
-                    "engineLabelKey": names.ENGINE_TYPE_LABEL,
-                    # Every pod of the pool is trident's, labelled or not.
-                    "defaultEngine": names.ENGINE_TYPE,
-                    "engineConfigs": [
-                        {
-                            "name": names.ENGINE_TYPE,
-                            "queuedRequestsSpec": WAITING,
-                            "runningRequestsSpec": RUNNING,
-                            "kvUsageSpec": KV_USAGE,
-                            # Off ("") where no model of the pool reports adapters:
-                            # pod_metrics.py serves no LORA_INFO then.
-                            "loraSpec": LORA_INFO if lora else "",
-                            "cacheInfoSpec": "",  # no cache-config gauge: off
-                        }
-                    ],
-                },
-            },
+            _metrics_extractor(lora),
             {"type": "queue-scorer"},
             {"type": "kv-cache-utilization-scorer"},
             {"type": "running-requests-size-scorer"},
@@ -250,6 +231,30 @@ def picker_config(spec: DeploymentSpec, pool: Pool) -> dict:
                     "extractors": [{"pluginRef": "core-metrics-extractor"}],
                 }
             ]
+        },
+    }
+
+
+def _metrics_extractor(lora: bool) -> dict:
+    """The picker's reader of trident's metric names on each pod's /metrics."""
+    return {
+        "type": "core-metrics-extractor",
+        "parameters": {
+            "engineLabelKey": names.ENGINE_TYPE_LABEL,
+            # Every pod of the pool is trident's, labelled or not.
+            "defaultEngine": names.ENGINE_TYPE,
+            "engineConfigs": [
+                {
+                    "name": names.ENGINE_TYPE,
+                    "queuedRequestsSpec": WAITING,
+                    "runningRequestsSpec": RUNNING,
+                    "kvUsageSpec": KV_USAGE,
+                    # Off ("") where no model of the pool reports adapters:
+                    # pod_metrics.py serves no LORA_INFO then.
+                    "loraSpec": LORA_INFO if lora else "",
+                    "cacheInfoSpec": "",  # no cache-config gauge: off
+                }
+            ],
         },
     }
 
