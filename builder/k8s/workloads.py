@@ -465,38 +465,13 @@ def model_leaderworkerset(
     resources = placed.kubernetes_resources
     gpus = sum(resources.values())
     shm = shm_size(plan, (model,), gpus)
-    serve = " ".join(_serve_command(spec, options, (model,), (model,)))
-    leader_command = ["sh", "-c", f"ray start --head --port={RAY_PORT} && exec {serve}"]
+    labels = names.labels(lay.app, component)
+    leader = _lws_leader(spec, lay, model, component, options, resources, shm)
     worker_command = [
         "sh",
         "-c",
         f'exec ray start --address="$LWS_LEADER_ADDRESS:{RAY_PORT}" --block',
     ]
-    labels = names.labels(lay.app, component)
-    # The leader serves its model through its own frontend (with the keys, when given):
-    # the router cannot reach a model of another pod.
-    volumes, mounts = access.secret_volumes(spec, lay.app, options)
-    keys = [m for m in mounts if m["name"] == "api-keys"]
-    leader = _pod_spec(
-        spec,
-        lay.app,
-        [
-            _init_container(spec, options),
-            _server_container(
-                spec,
-                options,
-                leader_command,
-                resources,
-                env=tracing_env(spec, options, f"{lay.app}-{component}"),
-                mounts=keys,
-            ),
-        ],
-        True,
-        shm,
-        False,
-        grace_period_s(spec),
-        [v for v in volumes if v["name"] == "api-keys"],
-    )
     worker = _pod_spec(
         spec,
         lay.app,
@@ -524,6 +499,44 @@ def model_leaderworkerset(
             },
         },
     }
+
+
+def _lws_leader(
+    spec: DeploymentSpec,
+    lay: Layout,
+    model: str,
+    component: str,
+    options: Options,
+    resources: dict,
+    shm: str,
+) -> dict:
+    """The leader's pod: it renders the repository, starts the Ray head and serves the
+    model through its own frontend (with the keys, when given): the router cannot reach
+    a model of another pod."""
+    serve = " ".join(_serve_command(spec, options, (model,), (model,)))
+    leader_command = ["sh", "-c", f"ray start --head --port={RAY_PORT} && exec {serve}"]
+    volumes, mounts = access.secret_volumes(spec, lay.app, options)
+    keys = [m for m in mounts if m["name"] == "api-keys"]
+    return _pod_spec(
+        spec,
+        lay.app,
+        [
+            _init_container(spec, options),
+            _server_container(
+                spec,
+                options,
+                leader_command,
+                resources,
+                env=tracing_env(spec, options, f"{lay.app}-{component}"),
+                mounts=keys,
+            ),
+        ],
+        True,
+        shm,
+        False,
+        grace_period_s(spec),
+        [v for v in volumes if v["name"] == "api-keys"],
+    )
 
 
 def services(spec: DeploymentSpec, lay: Layout, options: Options) -> list[dict]:
