@@ -446,52 +446,14 @@ def _check_unique_names(models: tuple[ModelSpec, ...], file: str) -> None:
 def _parse_router(node: _Node, models: tuple[ModelSpec, ...]) -> RouterSpec:
     names = tuple(m.name for m in models)
     name = _check_name(node, "name", node.field(RouterSpec, "name"))
-
-    def backends(n: _Node, key: str, rule: Rule, default: Any = _REQUIRED) -> tuple[str, ...]:
-        if default is not _REQUIRED and key not in n.data:
-            n.get(key, list, None)
-            return default
-        values = n.str_list(key)
-        for i, value in enumerate(values):
-            if value not in names:
-                raise SpecError(
-                    n.file,
-                    f"{n.child_path(key)}[{i}]",
-                    f"{value!r} is not a model (models: {', '.join(names)})",
-                )
-        if len(values) < (rule.min_items or 0):
-            raise n.error(f"must name at least {_models(rule.min_items or 0)}", key)
-        return values
-
-    default = backends(node, "default", rule_of(RouterSpec, "default"), names[:1])
-    rules: list[RuleSpec] = []
-    for path, item in node.list("rules"):
-        rule = _Node(item, path, node.file)
-        rule_name = rule.get("name", str, f"rule{len(rules)}")
-        match = _parse_match(rule.child("match"))
-        rules.append(
-            RuleSpec(
-                rule_name,
-                match,
-                backends(rule, "backends", rule_of(RuleSpec, "backends")),
-                rule.field(RuleSpec, "policy"),
-            )
-        )
-        rule.done()
-    if len({r.name for r in rules}) != len(rules):
-        raise node.error("rule names must be unique", "rules")
-    fb_node = node.child("fallback")
-    fallback = {}
-    for key in list(fb_node.data):
-        if key not in names:
-            raise fb_node.error(f"{key!r} is not a model (models: {', '.join(names)})", key)
-        fallback[key] = backends(fb_node, key, rule_of(RouterSpec, "fallback").item or Rule())
-    fb_node.done()
+    default = _backends(node, "default", rule_of(RouterSpec, "default"), names, names[:1])
+    rules = _parse_rules(node, names)
+    fallback = _parse_fallback(node.child("fallback"), names)
     breaker = _parse_breaker(node.child("breaker"))
     router = RouterSpec(
         name=name,
         default=default,
-        rules=tuple(rules),
+        rules=rules,
         fallback=MappingProxyType(fallback),
         breaker=breaker,
         **{
@@ -511,6 +473,58 @@ def _parse_router(node: _Node, models: tuple[ModelSpec, ...]) -> RouterSpec:
     )
     node.done()
     return router
+
+
+def _backends(
+    n: _Node, key: str, rule: Rule, names: tuple[str, ...], default: Any = _REQUIRED
+) -> tuple[str, ...]:
+    """A list of model names under `key` (each one of `names`), at least as many as
+    `rule` asks; `default` when the key is absent, if one is given."""
+    if default is not _REQUIRED and key not in n.data:
+        n.get(key, list, None)
+        return default
+    values = n.str_list(key)
+    for i, value in enumerate(values):
+        if value not in names:
+            raise SpecError(
+                n.file,
+                f"{n.child_path(key)}[{i}]",
+                f"{value!r} is not a model (models: {', '.join(names)})",
+            )
+    if len(values) < (rule.min_items or 0):
+        raise n.error(f"must name at least {_models(rule.min_items or 0)}", key)
+    return values
+
+
+def _parse_rules(node: _Node, names: tuple[str, ...]) -> tuple[RuleSpec, ...]:
+    rules: list[RuleSpec] = []
+    for path, item in node.list("rules"):
+        rule = _Node(item, path, node.file)
+        rule_name = rule.get("name", str, f"rule{len(rules)}")
+        match = _parse_match(rule.child("match"))
+        rules.append(
+            RuleSpec(
+                rule_name,
+                match,
+                _backends(rule, "backends", rule_of(RuleSpec, "backends"), names),
+                rule.field(RuleSpec, "policy"),
+            )
+        )
+        rule.done()
+    if len({r.name for r in rules}) != len(rules):
+        raise node.error("rule names must be unique", "rules")
+    return tuple(rules)
+
+
+def _parse_fallback(fb_node: _Node, names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    fallback = {}
+    for key in list(fb_node.data):
+        if key not in names:
+            raise fb_node.error(f"{key!r} is not a model (models: {', '.join(names)})", key)
+        item_rule = rule_of(RouterSpec, "fallback").item or Rule()
+        fallback[key] = _backends(fb_node, key, item_rule, names)
+    fb_node.done()
+    return fallback
 
 
 def _models(count: int) -> str:
