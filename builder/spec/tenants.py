@@ -115,40 +115,10 @@ def parse_tenants(root: _Node, has_router: bool) -> TenantsSpec | None:
     if not has_router:
         raise node.error("needs a router: the router enforces tenants' limits")
     redis = _redis_url(node)
-    username = node.get("username", str, None)
-    if username is not None and not rule_of(TenantsSpec, "username").matches(username):
-        raise node.error(
-            "is not a Redis ACL user name (1 to 128 printable characters, no spaces)", "username"
-        )
-    if username is not None and redis is None:
-        raise node.error("a Redis username needs a redis URL", "redis")
-    password_env = node.get("password_env", str, None)
-    if password_env is not None and not rule_of(TenantsSpec, "password_env").matches(password_env):
-        # Not echoed: what is pasted here instead of a name is usually the password.
-        raise node.error(
-            "must be an environment variable name (letters, digits and "
-            "'_', not starting with a digit) that holds the password, not "
-            "the password itself",
-            "password_env",
-        )
-    password_file = node.get("password_file", str, None)
-    if password_env and password_file:
-        raise node.error("give password_env or password_file, not both", "password_file")
-    if (password_env or password_file) and redis is None:
-        raise node.error("a Redis password needs a redis URL", "redis")
+    username, password_env, password_file = _redis_credentials(node, redis)
     on_error = node.field(TenantsSpec, "on_redis_error")
     default = _parse_limits(node.child("default"), TenantLimits())
-    limits_node = node.child("limits")
-    limits = {}
-    tenant_name = rule_of(TenantsSpec, "limits").keys or ""
-    for name in list(limits_node.data):
-        if not isinstance(name, str) or not re.fullmatch(tenant_name, name):
-            raise limits_node.error(
-                "a tenant name is letters, digits, '_', '.', '@' and '-' (at most 128 characters)",
-                str(name),
-            )
-        limits[name] = _parse_limits(limits_node.child(name), default)
-    limits_node.done()
+    limits = _tenant_limits(node.child("limits"), default)
     unknown = node.field(TenantsSpec, "unknown")
     shared = node.str_list("share_prefix_cache")
     node.done()
@@ -171,6 +141,47 @@ def parse_tenants(root: _Node, has_router: bool) -> TenantsSpec | None:
         unknown,
         shared,
     )
+
+
+def _redis_credentials(node: _Node, redis: str | None) -> tuple[str | None, str | None, str | None]:
+    """(username, password_env, password_file): each needs a redis URL."""
+    username = node.get("username", str, None)
+    if username is not None and not rule_of(TenantsSpec, "username").matches(username):
+        raise node.error(
+            "is not a Redis ACL user name (1 to 128 printable characters, no spaces)", "username"
+        )
+    if username is not None and redis is None:
+        raise node.error("a Redis username needs a redis URL", "redis")
+    password_env = node.get("password_env", str, None)
+    if password_env is not None and not rule_of(TenantsSpec, "password_env").matches(password_env):
+        # Not echoed: what is pasted here instead of a name is usually the password.
+        raise node.error(
+            "must be an environment variable name (letters, digits and "
+            "'_', not starting with a digit) that holds the password, not "
+            "the password itself",
+            "password_env",
+        )
+    password_file = node.get("password_file", str, None)
+    if password_env and password_file:
+        raise node.error("give password_env or password_file, not both", "password_file")
+    if (password_env or password_file) and redis is None:
+        raise node.error("a Redis password needs a redis URL", "redis")
+    return username, password_env, password_file
+
+
+def _tenant_limits(limits_node: _Node, default: TenantLimits) -> dict[str, TenantLimits]:
+    """Each named tenant's limits, the default's where a tenant leaves one out."""
+    limits = {}
+    tenant_name = rule_of(TenantsSpec, "limits").keys or ""
+    for name in list(limits_node.data):
+        if not isinstance(name, str) or not re.fullmatch(tenant_name, name):
+            raise limits_node.error(
+                "a tenant name is letters, digits, '_', '.', '@' and '-' (at most 128 characters)",
+                str(name),
+            )
+        limits[name] = _parse_limits(limits_node.child(name), default)
+    limits_node.done()
+    return limits
 
 
 def _redis_url(node: _Node) -> str | None:
