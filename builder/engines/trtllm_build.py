@@ -296,43 +296,14 @@ def build_step(
     lora: LoraBuild | None = None,
 ) -> Step:
     """trtllm-build: TRT-LLM checkpoint → rank<N>.engine + config.json in out_dir."""
-    plugins = profile.plugins
-
-    def switch(on: bool) -> str:
-        return "enable" if on else "disable"
-
     argv = [
         *tools.build,
         "--checkpoint_dir",
         checkpoint_dir,
         "--output_dir",
         out_dir,
-        "--max_batch_size",
-        str(profile.max_batch_size),  # requests scheduled at once
-        "--max_input_len",
-        str(profile.max_input_len),  # longest prompt
-        "--max_seq_len",
-        str(profile.max_seq_len),  # prompt + output
-        "--max_num_tokens",
-        str(profile.max_num_tokens),  # tokens per forward pass
-        "--max_beam_width",
-        str(profile.max_beam_width),
-        "--kv_cache_type",
-        "paged",  # inflight batching needs it
-        "--tokens_per_block",
-        str(plugins.tokens_per_block),
-        "--gpt_attention_plugin",
-        TRT_DTYPES[build.dtype],
-        "--gemm_plugin",
-        gemm_plugin_value(profile, build),
-        "--context_fmha",
-        switch(plugins.context_fmha),
-        "--use_paged_context_fmha",
-        switch(plugins.paged_context_fmha),
-        "--remove_input_padding",
-        switch(plugins.remove_input_padding),
-        "--multiple_profiles",
-        switch(plugins.multiple_profiles),
+        *_limit_flags(profile),
+        *_plugin_flags(profile, build),
         "--workers",
         "1",  # ranks built one at a time
         "--log_level",
@@ -350,6 +321,49 @@ def build_step(
     if lora:
         argv += lora_mod.build_flags(lora)  # LoRA plugin, adapters, rank, modules
     return Step("build", tuple(argv))
+
+
+def _limit_flags(profile: Profile) -> list[str]:
+    """The engine's shapes: what it is built to take at most."""
+    return [
+        "--max_batch_size",
+        str(profile.max_batch_size),  # requests scheduled at once
+        "--max_input_len",
+        str(profile.max_input_len),  # longest prompt
+        "--max_seq_len",
+        str(profile.max_seq_len),  # prompt + output
+        "--max_num_tokens",
+        str(profile.max_num_tokens),  # tokens per forward pass
+        "--max_beam_width",
+        str(profile.max_beam_width),
+    ]
+
+
+def _plugin_flags(profile: Profile, build: BuildSettings) -> list[str]:
+    """The KV cache's layout and the plugins, each switched on or off."""
+    plugins = profile.plugins
+
+    def switch(on: bool) -> str:
+        return "enable" if on else "disable"
+
+    return [
+        "--kv_cache_type",
+        "paged",  # inflight batching needs it
+        "--tokens_per_block",
+        str(plugins.tokens_per_block),
+        "--gpt_attention_plugin",
+        TRT_DTYPES[build.dtype],
+        "--gemm_plugin",
+        gemm_plugin_value(profile, build),
+        "--context_fmha",
+        switch(plugins.context_fmha),
+        "--use_paged_context_fmha",
+        switch(plugins.paged_context_fmha),
+        "--remove_input_padding",
+        switch(plugins.remove_input_padding),
+        "--multiple_profiles",
+        switch(plugins.multiple_profiles),
+    ]
 
 
 def plan_steps(
