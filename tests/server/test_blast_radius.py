@@ -94,6 +94,16 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
             f"qa answered again {back_s:.1f} s after the kill; answers meanwhile: "
             + ", ".join(f"{a.model} {a.answers}" for a in askers)
         )
+        if TRITON_ABORT in output.read_text():
+            # Not trident's to prevent (python_backend's parent side, on a stub's death):
+            # what serve can do is start it again in place, and it must have.
+            wait_for(lambda: "tritonserver is back" in output.read_text(), 120)
+            assert "tritonserver is back" in output.read_text(), output.read_text()[-3000:]
+            pytest.xfail(
+                "tritonserver 2.51 aborted after the killed stub's death "
+                "(boost::interprocess::lock_exception; about 1 kill in 30: "
+                "bench/stub_kills.py, issue 34); serve restarted it in place"
+            )
         qb_asker, router_asker = askers
         assert qb_asker.failures == []
         # A router request streaming from qa at the kill cannot be moved mid-stream (its
@@ -150,6 +160,11 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
     assert "tritonserver exited with status -9; every model is down: restarting it" in said
     assert "tritonserver exited with status -9 (--restart-limit 1 reached)" in said
     assert "Traceback" not in said
+
+
+# What tritonserver 2.51 prints when it aborts as a stub dies (the intermittent defect of
+# issue 34): every model goes down with it, which this test's promise cannot cover.
+TRITON_ABORT = "instance of 'boost::interprocess::lock_exception'"
 
 
 def _status(url: str) -> int | None:
