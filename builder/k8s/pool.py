@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from builder.k8s import names, workloads
+from builder.k8s import names, services, workloads
 from builder.k8s.names import K8sError
 from builder.k8s.workloads import Layout, Options
 
@@ -136,13 +136,13 @@ def check(spec: DeploymentSpec, options: Options) -> None:
 
 
 def pools(spec: DeploymentSpec, lay: Layout, options: Options) -> list[Pool]:
-    components = workloads.serving_components(lay)
+    components = services.serving_components(lay)
     base = options.pool_name or lay.app
     out = []
     for component in components:
         models = lay.single if component == "server" else _spanning_model(lay, component)
         name = base if len(components) == 1 else f"{base}-{component}"
-        out.append(Pool(name, component, models, workloads.serving_selector(lay, component)))
+        out.append(Pool(name, component, models, services.serving_selector(lay, component)))
     return out
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from builder.k8s import access, monitoring, names, pool, workloads
+from builder.k8s import access, monitoring, names, pool, services, workloads
 from builder.k8s.workloads import Options
 from builder.plan.model import Plan
 from builder.render.write import write_repository
@@ -60,8 +60,8 @@ def manifests(spec: DeploymentSpec, plan: Plan, options: Options) -> dict[str, l
         files[f"leaderworkerset-{lay.component[model]}.yaml"] = [
             workloads.model_leaderworkerset(spec, plan, lay, model, options)
         ]
-    files["services.yaml"] = workloads.services(spec, lay, options)
-    files["poddisruptionbudgets.yaml"] = workloads.disruption_budgets(lay, options)
+    files["services.yaml"] = services.cluster_services(spec, lay, options)
+    files["poddisruptionbudgets.yaml"] = services.disruption_budgets(lay, options)
     if options.inference_pool:
         files.update(pool.manifests(spec, lay, options))
     files["podmonitor.yaml"] = [monitoring.pod_monitor(lay.app, ns)]

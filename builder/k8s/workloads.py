@@ -1,6 +1,6 @@
 """The serving workloads: a StatefulSet for the models that fit one node (one
-tritonserver, router included), a LeaderWorkerSet per model spanning nodes, their
-Services and PodDisruptionBudgets, and the ConfigMap carrying the spec.
+tritonserver, router included), a LeaderWorkerSet per model spanning nodes, and the
+ConfigMap carrying the spec (their Services and disruption budgets: services.py).
 
 Each pod renders its own repository: an init container runs `trident repo` on the spec
 from the ConfigMap (fetching TensorRT-LLM engines from the S3 engine cache, with AWS
@@ -184,7 +184,7 @@ def spec_configmap(spec: DeploymentSpec, app: str, options: Options) -> dict:
 # Pods
 
 
-def _ports(spec: DeploymentSpec, options: Options) -> list[dict]:
+def container_ports(spec: DeploymentSpec, options: Options) -> list[dict]:
     """The ports reachable from outside the pod (access.public_ports)."""
     numbers = {
         "http": spec.server.http_port,
@@ -321,7 +321,7 @@ def _server_container(
         "env": [{"name": "HOME", "value": WORK_DIR}, *env],
     }
     if serving:
-        container["ports"] = _ports(spec, options)
+        container["ports"] = container_ports(spec, options)
     quantities = {k: str(v) for k, v in resources.items()}
     if quantities:
         container["resources"] = {"requests": dict(quantities), "limits": dict(quantities)}
@@ -537,77 +537,3 @@ def _lws_leader(
         grace_period_s(spec),
         [v for v in volumes if v["name"] == "api-keys"],
     )
-
-
-def services(spec: DeploymentSpec, lay: Layout, options: Options) -> list[dict]:
-    """Per workload a ClusterIP Service (http, grpc, metrics, openai if configured); the
-    StatefulSet also gets its headless governing Service."""
-    ports = [
-        {"name": p["name"], "port": p["containerPort"], "targetPort": p["name"], "protocol": "TCP"}
-        for p in _ports(spec, options)
-    ]
-    out = []
-    if lay.single:
-        labels = names.labels(lay.app, "server")
-        select = names.selector(lay.app, "server")
-        out.append(_service(f"{lay.app}-server", labels, select, ports, options))
-        out.append(
-            _service(f"{lay.app}-server-headless", labels, select, ports, options, headless=True)
-        )
-    for model in lay.spanning:
-        component = lay.component[model]
-        select = serving_selector(lay, component)
-        out.append(
-            _service(
-                f"{lay.app}-{component}", names.labels(lay.app, component), select, ports, options
-            )
-        )
-    return out
-
-
-def serving_components(lay: Layout) -> list[str]:
-    """The workloads whose pods serve requests: the server, then each spanning model."""
-    return (["server"] if lay.single else []) + [lay.component[m] for m in lay.spanning]
-
-
-def serving_selector(lay: Layout, component: str) -> dict[str, str]:
-    """The labels of the pods of `component` that serve: all of the StatefulSet's, only
-    the leaders of a LeaderWorkerSet (the LWS controller labels them worker-index 0)."""
-    select = names.selector(lay.app, component)
-    if component != "server":
-        select["leaderworkerset.sigs.k8s.io/worker-index"] = "0"
-    return select
-
-
-def _service(name, labels, select, ports, options, headless=False) -> dict:
-    spec: dict = {"type": "ClusterIP", "selector": select, "ports": ports}
-    if headless:
-        spec["clusterIP"] = "None"
-        spec["publishNotReadyAddresses"] = True
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": names.metadata(name, options.namespace, labels),
-        "spec": spec,
-    }
-
-
-def disruption_budgets(lay: Layout, options: Options) -> list[dict]:
-    """At most one pod of a workload down for voluntary disruptions (drains); pods still
-    starting (not ready) may always be evicted."""
-    components = serving_components(lay)
-    return [
-        {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
-            "metadata": names.metadata(
-                f"{lay.app}-{c}", options.namespace, names.labels(lay.app, c)
-            ),
-            "spec": {
-                "maxUnavailable": 1,
-                "unhealthyPodEvictionPolicy": "AlwaysAllow",
-                "selector": {"matchLabels": names.selector(lay.app, c)},
-            },
-        }
-        for c in components
-    ]
