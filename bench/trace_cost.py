@@ -55,15 +55,10 @@ OFF, UNSAMPLED, SAMPLED, STOPPED = "off", "unsampled", "sampled", "collector_sto
 CONFIGS = (OFF, UNSAMPLED, SAMPLED, STOPPED)
 RATIO = {UNSAMPLED: "0", SAMPLED: "1", STOPPED: "1"}
 TARGET_PCT = {UNSAMPLED: 1.0, SAMPLED: 3.0, STOPPED: 3.0}
-# The counters of spans trident lost (trident_common/tracing.py, builder/serve/tracing.py).
-LOST = (
-    "trident:trace_spans_dropped",
-    "trident:trace_spans_export_failed",
-    "trident_trace_spans_dropped",
-    "trident_trace_spans_export_failed",
-    "trident_router_trace_spans_dropped",
-    "trident_router_trace_spans_export_failed",
-)
+# The counters of spans trident lost, by the names' common ends (the frontend's
+# builder/serve/tracing.py, the engine models' trident_common/triton_io.py, the router's
+# bls/router_metrics.py), as prometheus_client reads them (without _total).
+LOST = ("trace_spans_dropped", "trace_spans_export_failed")
 # A failed batch is counted when its export gives up (EXPORT_TIMEOUT_S, 10 s, retrying
 # meanwhile): the counters are settled once unchanged for longer than that.
 LOST_QUIET_S, LOST_SETTLE_S = 12.0, 90.0
@@ -160,7 +155,7 @@ def lost_spans(frontend_url: str, server: TritonServer) -> dict[str, float]:
         for url in (frontend_url + "/metrics", f"http://127.0.0.1:{server.ports.metrics}/metrics"):
             text = httpx.get(url, timeout=5).text
             for family in text_string_to_metric_families(text):
-                if family.name in LOST:
+                if family.name.endswith(LOST):
                     found[family.name] = sum(s.value for s in family.samples)
         return found
 

@@ -210,10 +210,10 @@ class Pool:
         CI log keeps no files: the first failure's report carries the cause."""
         dead = []
         for name, (view, process) in self._live.items():
-            code = None if process.server.process is None else process.server.process.poll()
-            if code is not None and name not in self._dead:
-                self._dead.add(name)
-                dead.append((name, code, view.log_path))
+            if process.server.process is not None and not process.alive():
+                if name not in self._dead:
+                    self._dead.add(name)
+                    dead.append((name, process.server.process.returncode, view.log_path))
         return dead
 
     def close(self) -> None:
