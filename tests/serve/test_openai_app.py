@@ -33,6 +33,7 @@ class FakeCall:
 
     def __init__(self, script):
         self.script, self.cancelled, self.finished = script, False, False
+        self.abandoned = False
 
     async def batches(self):
         for item in self.script:
@@ -50,6 +51,9 @@ class FakeCall:
 
     def cancel(self):
         self.cancelled = True
+
+    def abandon(self):
+        self.abandoned = True
 
 
 class FakeTriton:

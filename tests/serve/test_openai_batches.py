@@ -55,8 +55,10 @@ class Triton:
         self.stream.requests.append(request)
         return self.stream
 
-    def _keep_draining(self, call):
+    def _keep_draining(self, call, timeout_s=None):
         self.drained.append(call)
+        if timeout_s is not None:  # abandon(): run the drain, to see how it ends
+            self.draining = asyncio.ensure_future(call.drain(timeout_s))
 
 
 def texts(batch) -> list:
@@ -144,6 +146,37 @@ def test_cancel_after_triton_answered_drains_the_call_instead_of_cancelling_it()
         triton, call = asyncio.run(scenario(last))
         assert not triton.stream.cancelled and not call.cancelled
         assert triton.drained == [call]
+
+
+def test_an_abandoned_call_ends_on_its_own_within_the_grace_else_is_cancelled(monkeypatch):
+    """A fan-out's sibling refused with it ends by its own final flag, never by a cancel
+    racing that flag (cancel()'s docstring; a CI check met the router of
+    test_openai_errors' refused n=2 never unloading); one still generating when the
+    grace ends is cancelled."""
+    from builder.serve.openai import triton as module
+
+    monkeypatch.setattr(module, "ABANDON_GRACE_S", 0.2)
+
+    async def scenario(refused: bool):
+        triton = Triton()
+        call = Call(triton, "router", [])
+        reading = asyncio.ensure_future(call.batches().__anext__())  # the reader runs
+        await asyncio.sleep(0.01)
+        call.abandon()  # the sibling's refusal came first
+        if refused:
+            refusal = "invalid request: [n] no"
+            triton.stream.queue.put_nowait(
+                service_pb2.ModelStreamInferResponse(error_message=refusal)
+            )
+            triton.stream.queue.put_nowait(END)
+        else:
+            triton.stream.queue.put_nowait(result("still generating"))
+        await asyncio.wait_for(triton.draining, 5)
+        reading.cancel()
+        return triton.stream.cancelled
+
+    assert asyncio.run(scenario(refused=True)) is False
+    assert asyncio.run(scenario(refused=False)) is True
 
 
 def test_the_call_carries_the_one_request_as_tritonclient_would_build_it():

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 
 import openai
 import pytest
 
+from builder.serve import loading
 from builder.serve.openai.runner import Frontend
 from builder.serve.server import free_port
 from support.sglang_double import SHIM
@@ -228,3 +230,24 @@ def generate_error(server, model: str, fields: dict) -> tuple:
             return response.status, None
     except urllib.error.HTTPError as e:
         return e.code, table.classify(json.loads(e.read())["error"])
+
+
+@pytest.mark.destructive
+def test_refused_fan_outs_leave_the_router_free_to_unload(server, client):
+    """A CI check's pool could not unload this module's router after the one refused n=2
+    above: the frontend had cancelled the sibling choice across its own refusal's final
+    flag, and Triton 2.51 then keeps that request, so the router's unload never ends
+    (builder/serve/openai/triton.py, Call.abandon). Before the fix, 30 refusals left it
+    stuck (1 of 1 tries; 3 refusals: 0 of 1); after it, 30 refusals, then the unload
+    ends within seconds. Destructive: the router stays unloaded for the pool's swap."""
+    for _ in range(30):
+        with pytest.raises(openai.BadRequestError):
+            ask(client, tenant="finn", n=2)
+    loading.request(server.http_url, "router", "unload", 30, server.admin_headers)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        states = {m["name"]: m.get("state") for m in server.model_states()}
+        if states.get("router") not in ("READY", "UNLOADING"):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"router still {states.get('router')} 30 s after its unload")

@@ -79,6 +79,14 @@ async def respond(
             return await _whole(answer, calls)
         feed = _Feed(calls)
         served_by = await feed.start()
+    except OpenAIError:
+        # A choice failed before the answer began: the others end on their own if they
+        # are about to (a fan-out is refused whole), else they are cancelled.
+        if feed is not None:
+            feed.close(set(), failed=True)
+        for call in calls:
+            call.abandon()
+        raise
     except BaseException:
         if feed is not None:
             feed.close(set())  # every call cancelled, every reader stopped
@@ -173,16 +181,23 @@ class _Feed:
     async def next(self) -> tuple:
         return self._held.pop(0) if self._held else await self._queue.get()
 
-    def close(self, finished: set) -> None:
+    def close(self, finished: set, failed: bool = False) -> None:
+        """Stop every pump; the calls not finished are abandoned after a choice's failure
+        (Call.abandon), cancelled otherwise (the client left)."""
         for pump in self._pumps:
             pump.cancel()
         for index, call in enumerate(self.calls):
-            if index not in finished:
+            if index in finished:
+                continue
+            if failed:
+                call.abandon()
+            else:
                 call.cancel()
 
 
 async def _events(answer: Answer, feed: _Feed) -> AsyncGenerator[bytes, None]:
     n = len(feed.calls)
+    failed = False
     finished: set = set()
     begun: set = set()
     start = len(answer.generation.prompt or "") if answer.generation.echo else 0
@@ -211,9 +226,10 @@ async def _events(answer: Answer, feed: _Feed) -> AsyncGenerator[bytes, None]:
         else:
             yield DONE
     except OpenAIError as error:
+        failed = True
         yield _sse(error.body()) + DONE
     finally:
-        feed.close(finished)
+        feed.close(finished, failed)
 
 
 def _batch_events(
