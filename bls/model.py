@@ -48,7 +48,7 @@ from replicas import Replicas, tenant_salt
 from router_config import FILE_NAME as ROUTER_CONFIG
 from router_config import load as load_router_config
 from router_metrics import RouterMetrics
-from targets import Targets
+from targets import Claim, Targets
 from tenants import Tenants
 from trident_common import tracing, trust
 from trident_common.drain import DrainWatch
@@ -347,7 +347,8 @@ class TritonPythonModel:
             if record is not None:
                 record.candidates = tuple(candidates)  # the replicas, in the chooser's order
         for attempt, backend in enumerate(candidates):
-            if not self.targets.claim(backend):
+            claim = self.targets.claim(backend)
+            if claim is None:
                 errors.append(self.targets.unavailable_reason(backend))
                 continue
             tried = True
@@ -357,7 +358,7 @@ class TritonPythonModel:
             recorded = False
             try:
                 recorded = await self.serve(
-                    request, inbound, sender, backend, route, arrival, attempts, choices
+                    request, inbound, sender, claim, route, arrival, attempts, choices
                 )
                 return
             except BackendFailed as e:
@@ -371,7 +372,7 @@ class TritonPythonModel:
                     self.log.warning(f"{backend} failed before its first token, falling back: {e}")
                     self.metrics.fallback(backend)
             finally:
-                self.targets.release(backend)
+                claim.release()  # (at the stream's end already, if it started)
                 if probe and not recorded:
                     self.breakers[backend].release_probe()
         if not tried:  # each was taken (full, breaker) while this request waited
@@ -444,14 +445,16 @@ class TritonPythonModel:
         request: pb_utils.InferenceRequest,
         inbound: Inbound,
         sender: pb_utils.ResponseSender,
-        backend: str,
+        claim: Claim,
         route: str,
         arrival: float,
         attempts: list[Relay],
         choices: Mapping[str, Choice] | None = None,
     ) -> bool:
-        """One attempt. Raises BackendFailed if nothing reached the client; returns
-        whether the backend's outcome was recorded in its breaker."""
+        """One attempt on the backend `claim` holds a slot of. Raises BackendFailed if
+        nothing reached the client; returns whether the backend's outcome was recorded in
+        its breaker."""
+        backend = claim.name
         adapter = self.adapters[backend]
         # Unguessable: a backend aborts by this id, and any client may send aborts.
         request_id = f"{self.name}-{secrets.token_hex(16)}"
@@ -474,6 +477,7 @@ class TritonPythonModel:
             raise DoesNotFit(str(e)) from None
         relay = Relay(sender, adapter, backend, self.loop, not inbound.stream, self.retired)
         relay.tally = self.tenants.tally(inbound)
+        relay.on_end = claim.release
         attempts.append(relay)
         routed_s = time.monotonic() - arrival
         self.bls_slots.start(relay, child)

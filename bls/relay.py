@@ -139,7 +139,13 @@ class Relay:
         self.refusal: ErrorClass | None = None  # the class of a REFUSED first response
         # start's outcome (or the call's failure)
         self.first: asyncio.Future[str | None] = loop.create_future()
+        # the client's stream ended (its final flag sent): the backend's own final may
+        # still be on its way, drained by the worker thread
         self.done: asyncio.Future[bool] = loop.create_future()
+        # called on the loop as `done` is set, in the same wake-up (the router hands the
+        # backend's in-flight slot back there: see _end)
+        self.on_end: Callable[[], None] | None = None
+        self._end_told = False  # the loop was told the end (worker thread only)
 
     # -- worker thread ------------------------------------------------------------------
     def run(self, child: pb_utils.InferenceRequest, slots: CallSlots) -> None:
@@ -159,7 +165,9 @@ class Relay:
         # The slot is freed and the loop told the outcome in one wake-up of the loop,
         # after the first response went out: a wake-up before the send would take the
         # GIL from this thread on the first-token path.
-        self.loop.call_soon_threadsafe(self._started, slots, outcome)
+        ended = outcome is None and self.closed  # a whole answer: its one response went
+        self._end_told = ended
+        self.loop.call_soon_threadsafe(self._started, slots, outcome, ended)
         if responses is None:
             return
         if outcome is None:
@@ -169,9 +177,28 @@ class Relay:
             # unfinished blocks the thread that drops it until the backend's stream ends).
             drain(responses, self.retired)
 
-    def _started(self, slots: CallSlots, outcome: str | None) -> None:  # on the loop
+    def _started(self, slots: CallSlots, outcome: str | None, ended: bool) -> None:  # on the loop
         slots.released()
         _set_once(self.first, outcome)
+        if ended:
+            self._end(True)
+
+    def _end(self, ok: bool) -> None:  # on the loop
+        """The client's stream is over. The backend's slot is handed back here, in the
+        loop's wake-up that the worker thread queued before the client could read its
+        final flag, so the client's next request (queued after it) finds the slot free;
+        handed back after `done`'s waiters ran, that request could meet `overloaded`
+        at max_inflight_per_backend 1 (issue 34)."""
+        if self.done.done():
+            return
+        if self.on_end is not None:
+            self.on_end()
+        self.done.set_result(ok)
+
+    def _tell_end(self) -> None:  # worker thread
+        if not self._end_told:
+            self._end_told = True
+            self.loop.call_soon_threadsafe(self._end, not self.backend_failed)
 
     def start(self, first: pb_utils.InferenceResponse | None) -> str | None:
         """Send the first response, or say why not: None, REFUSED or the problem
@@ -212,13 +239,15 @@ class Relay:
             while response is not None:
                 self.chunks += 1
                 self._forward(response)
+                if self.closed:  # the answer's end: the backend's final may follow
+                    self._tell_end()
                 response = next(responses, None)
             self.retired.add(responses)
             self.close()
         except Exception as e:  # the router must answer even if its own relay breaks
             self.close(f"router relay failed: {e}")
         finally:
-            self.loop.call_soon_threadsafe(_set_once, self.done, not self.backend_failed)
+            self._tell_end()
 
     def _forward(self, response: pb_utils.InferenceResponse) -> None:
         """Relay one chunk; a chunk carrying an error ends the client's stream."""

@@ -67,15 +67,12 @@ class Targets:
             )
         return f"{backend}: circuit breaker {self.breakers[backend].state}"
 
-    def claim(self, name: str) -> bool:
+    def claim(self, name: str) -> Claim | None:
+        """A slot of backend `name` for one attempt, or None (full, or its breaker)."""
         if self.full(name) or not self.breakers[name].allow():
-            return False
+            return None
         self.inflight.add(name, 1)
-        return True
-
-    def release(self, name: str) -> None:
-        """A claimed request ended (its attempt is over)."""
-        self.inflight.add(name, -1)
+        return Claim(self, name)
 
     def record(self, name: str, ok: bool) -> None:
         breaker, before = self.breakers[name], self.breakers[name].state
@@ -85,3 +82,18 @@ class Targets:
             self.metrics.breaker_state(name, breaker.state)
             if breaker.state == OPEN:  # a replica's engine is dead: so is its cache
                 self.replicas.dropped(name)
+
+
+class Claim:
+    """One attempt's in-flight slot of a backend, handed back once: when the client's
+    stream ends (Relay.on_end) or when the attempt is over, whichever comes first."""
+
+    __slots__ = ("targets", "name", "held")
+
+    def __init__(self, targets: Targets, name: str) -> None:
+        self.targets, self.name, self.held = targets, name, True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.targets.inflight.add(self.name, -1)

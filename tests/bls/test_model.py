@@ -75,8 +75,10 @@ class FakeBackend:
         die_after=None,
         fail_message="engine exploded",
         control_delay_s=0.0,
+        final_after_s=None,
     ):
         self.name, self.chunks, self.delay_s = name, list(chunks), delay_s
+        self.final_after_s = final_after_s
         self.first_error, self.first_error_code = first_error, first_error_code
         self.fail_after, self.die_after = fail_after, die_after
         self.fail_message, self.control_delay_s = fail_message, control_delay_s
@@ -134,6 +136,11 @@ class FakeBackend:
                 break
             error = self.fail_message if self.fail_after == i else ""
             last = i == len(self.chunks) - 1
+            if last and self.final_after_s is not None:
+                # the answer's end (its finish reason), the engine's final flag later
+                yield chunk(text, self.name, finish_reason="stop"), False
+                time.sleep(self.final_after_s)
+                break
             yield chunk(text, self.name, error), last and not error
             if error or last:
                 break
@@ -675,6 +682,27 @@ def test_max_inflight_per_backend_rejects_with_a_clear_error(router):
     (error,) = rejected.errors()
     assert "max_inflight_per_backend is 1" in error and "solo" in error
     assert rejected.sender.final_flags() == 1
+
+
+def test_the_backends_slot_is_free_once_the_client_has_its_final_flag(router):
+    """Issue 34: at max_inflight_per_backend 1, a client's next request right after its
+    answer's final flag met `overloaded`: the router handed the backend's slot back only
+    once the backend's own final flag had come too. Now it goes back as the client's
+    stream ends (before the client can send again: here 10 ms after its final flag)."""
+    backend = FakeBackend("solo", chunks=["a", "b"], final_after_s=0.5)
+    model = router(backends=[backend], max_inflight_per_backend=1)
+    first, second = (ClientRequest(hints={"route": "alone"}) for _ in range(2))
+
+    async def right_after_the_final_flag():
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, first.sender.closed.wait, 5)
+        await asyncio.sleep(0.01)
+        await model.execute([second])
+
+    run(model, first, during=right_after_the_final_flag)
+    assert first.texts() == ["a", "b"] and first.sender.final_flags() == 1
+    assert second.errors() == [] and second.texts() == ["a", "b"]
+    assert model.targets.inflight["solo"] == 0  # each slot handed back once
 
 
 def test_unknown_route_is_an_error_naming_the_routes(router):
