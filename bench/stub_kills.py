@@ -35,7 +35,7 @@ from builder.serve import admin, loading
 from builder.serve.server import Ports, free_port
 from builder.serve.watch import stub_processes
 from builder.spec import parse_spec
-from support.serve_traffic import Traffic, serve_argv
+from support.serve_traffic import TRITON_ABORT, Traffic, serve_argv
 from support.sglang_double import SHIM
 
 REPLICAS = ("qwen__r0", "qwen__r1")
@@ -176,7 +176,7 @@ def run(kills: int, burn: int, streams: int, out: Path) -> dict:
         "burners": burn,
         "router_streams": streams,
         "tritonserver_deaths": said.count("trident serve: tritonserver exited"),
-        "lock_exceptions": said.count("lock_exception"),
+        "lock_exceptions": said.count(TRITON_ABORT),
         "segfaults": said.count("Signal (11)") + said.count("Segmentation fault"),
         "models_given_up": said.count("giving up on model"),
         "reload_s": sorted(round(r, 1) for r in reloads),

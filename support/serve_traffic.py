@@ -13,6 +13,9 @@ from builder.serve import client
 from builder.serve.server import Ports
 
 FAILURE_CHARS = 200  # of each failure's words kept: enough to tell the kinds apart
+# What tritonserver 2.51 prints, once, when it aborts as a stub dies (issue 34's
+# intermittent defect in its Python backend): every model goes down with it.
+TRITON_ABORT = "instance of 'boost::interprocess::lock_exception'"
 
 
 def serve_argv(repo: Path, ports: Ports, *extra: str) -> list[str]:

@@ -22,7 +22,7 @@ import pytest
 from builder.serve import admin, client
 from builder.serve.server import free_port
 from builder.serve.watch import stub_processes
-from support.serve_traffic import Traffic, serve_argv
+from support.serve_traffic import TRITON_ABORT, Traffic, serve_argv
 from support.sglang_double import SHIM
 from tests.helpers import wait_for
 from tests.helpers.servers import free_ports, record_spawn, render, served_pid
@@ -160,11 +160,6 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
     assert "tritonserver exited with status -9; every model is down: restarting it" in said
     assert "tritonserver exited with status -9 (--restart-limit 1 reached)" in said
     assert "Traceback" not in said
-
-
-# What tritonserver 2.51 prints when it aborts as a stub dies (the intermittent defect of
-# issue 34): every model goes down with it, which this test's promise cannot cover.
-TRITON_ABORT = "instance of 'boost::interprocess::lock_exception'"
 
 
 def _status(url: str) -> int | None:
