@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 # run (not bls/'s own strict one, which checks these) then reads them as Any.
 if TYPE_CHECKING:
     from router_config import (  # type: ignore[import-not-found, unused-ignore]
+        MatchConfig,
         RouterConfig,
         RuleConfig,
     )
@@ -116,20 +117,20 @@ def adapter_name(hints: dict[str, Any]) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def _matches(match: Mapping[str, Any], f: RequestFeatures) -> bool:
-    checks = {
-        "hint": lambda v: f.hint == v,
-        "family": lambda v: f.family == v,
-        "task": lambda v: f.task == v,
-        "min_turns": lambda v: f.turns >= v,
-        "max_turns": lambda v: f.turns <= v,
-        "min_prompt_tokens": lambda v: f.prompt_tokens >= v,
-        "max_prompt_tokens": lambda v: f.prompt_tokens <= v,
-        "tenant": lambda v: f.tenant == v,
-        "tier": lambda v: f.tier == v,
-        "shared_prefix": lambda v: f.shared_prefix == v,
-    }
-    return all(checks[key](value) for key, value in match.items())
+def _matches(m: MatchConfig, f: RequestFeatures) -> bool:
+    """Whether the request has every feature the rule asks for (None: not asked)."""
+    return (
+        (m.hint is None or f.hint == m.hint)
+        and (m.family is None or f.family == m.family)
+        and (m.task is None or f.task == m.task)
+        and (m.min_turns is None or f.turns >= m.min_turns)
+        and (m.max_turns is None or f.turns <= m.max_turns)
+        and (m.min_prompt_tokens is None or f.prompt_tokens >= m.min_prompt_tokens)
+        and (m.max_prompt_tokens is None or f.prompt_tokens <= m.max_prompt_tokens)
+        and (m.tenant is None or f.tenant == m.tenant)
+        and (m.tier is None or f.tier == m.tier)
+        and (m.shared_prefix is None or f.shared_prefix == m.shared_prefix)
+    )
 
 
 class Policy:
@@ -152,7 +153,7 @@ class Policy:
                 return f.hint, list(self._rule_by_name[f.hint].backends)
             if f.hint in self.backends:
                 return f.hint, [f.hint]
-            matched = [r for r in self.rules if r.match.get("hint") == f.hint]
+            matched = [r for r in self.rules if r.match.hint == f.hint]
             if not matched:
                 raise UnknownRoute(
                     f"unknown route {f.hint!r} (valid routes: {', '.join(self.routes())})"

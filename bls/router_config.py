@@ -52,9 +52,26 @@ class BackendConfig:
 
 
 @dataclass(frozen=True)
+class MatchConfig:
+    """A rule's `match`: the request features it asks for (policy._matches); None is
+    not asked, and left out of router.json."""
+
+    hint: str | None = None
+    family: str | None = None
+    task: str | None = None
+    min_turns: int | None = None
+    max_turns: int | None = None
+    min_prompt_tokens: int | None = None
+    max_prompt_tokens: int | None = None
+    tenant: str | None = None
+    tier: str | None = None
+    shared_prefix: bool | None = None
+
+
+@dataclass(frozen=True)
 class RuleConfig:
     name: str
-    match: Mapping[str, Any]  # feature → wanted value (policy._matches)
+    match: MatchConfig
     backends: tuple[str, ...]
     policy: str | None = None  # replica policy for the requests it routes
 
@@ -187,7 +204,7 @@ class RouterConfig:
             "rules": [
                 {
                     "name": r.name,
-                    "match": dict(r.match),
+                    "match": _match_dict(r.match),
                     "backends": list(r.backends),
                     "policy": r.policy,
                 }
@@ -355,12 +372,36 @@ def _rule(data: Any, where: str, known: set[str]) -> RuleConfig:
     f = _Fields(data, where)
     rule = RuleConfig(
         name=f.text("name"),
-        match=MappingProxyType(_mapping(f.get("match"), f"{where}.match")),
+        match=_match(f.get("match"), f"{where}.match"),
         backends=_names(f.get("backends"), f"{where}.backends", known),
         policy=f.optional_text("policy"),
     )
     f.done()
     return rule
+
+
+_MATCH_TEXTS = ("hint", "family", "task", "tenant", "tier")
+_MATCH_COUNTS = ("min_turns", "max_turns", "min_prompt_tokens", "max_prompt_tokens")
+
+
+def _match(data: Any, where: str) -> MatchConfig:
+    f = _Fields(data, where)
+    values: dict[str, Any] = {key: f.optional_text(key) for key in _MATCH_TEXTS}
+    for key in _MATCH_COUNTS:
+        values[key] = None if f.get(key, None) is None else f.count(key, minimum=0)
+    if f.get("shared_prefix", None) is not None:
+        values["shared_prefix"] = f.flag("shared_prefix", False)
+    f.done()
+    return MatchConfig(**values)
+
+
+def _match_dict(m: MatchConfig) -> dict[str, Any]:
+    """Only what the rule asks, in MatchConfig's order (the spec's)."""
+    return {
+        key: value
+        for key in MatchConfig.__dataclass_fields__
+        if (value := getattr(m, key)) is not None
+    }
 
 
 def _backend_dict(b: BackendConfig) -> dict[str, Any]:

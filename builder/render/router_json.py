@@ -16,7 +16,13 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from bls.router_config import BackendConfig, BreakerConfig, RouterConfig, RuleConfig
+from bls.router_config import (
+    BackendConfig,
+    BreakerConfig,
+    MatchConfig,
+    RouterConfig,
+    RuleConfig,
+)
 from builder.engines.traits import traits
 from builder.spec import DeploymentSpec, ModelSpec
 from builder.spec.router_policy import backend_policy
@@ -61,10 +67,7 @@ def router_config(
         rules=tuple(
             RuleConfig(
                 name=rule.name,
-                # Unset match fields are left out: the policy matches only what is set.
-                match=MappingProxyType(
-                    {k: v for k, v in vars(rule.match).items() if v is not None}
-                ),
+                match=MatchConfig(**dataclasses.asdict(rule.match)),
                 backends=tuple(rule.backends),
                 policy=rule.policy,
             )

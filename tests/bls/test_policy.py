@@ -17,7 +17,13 @@ from bls.policy import (
     estimate_tokens,
     features_from,
 )
-from bls.router_config import BackendConfig, BreakerConfig, RouterConfig, RuleConfig
+from bls.router_config import (
+    BackendConfig,
+    BreakerConfig,
+    MatchConfig,
+    RouterConfig,
+    RuleConfig,
+)
 from builder.render.router_json import router_config
 from builder.spec import load_spec, parse_spec
 
@@ -383,7 +389,9 @@ def test_router_config_of_the_cpu_fallback_example():
     assert config.default == ("primary",)
     assert config.fallback == {"primary": ("backup",)}
     assert [r.name for r in config.rules] == ["fast", "free-tier", "long-prompt", "chat"]
-    assert config.rules[0] == RuleConfig(name="fast", match={"hint": "fast"}, backends=("backup",))
+    assert config.rules[0] == RuleConfig(
+        name="fast", match=MatchConfig(hint="fast"), backends=("backup",)
+    )
     assert config.breaker.consecutive_failures == 2
     policy = Policy(config)
     assert policy.candidates(features_from("hi", None, {"route": "fast"})) == ("fast", ["backup"])
@@ -441,7 +449,11 @@ def test_router_config_carries_every_spec_field():
     )
     # unnamed rules get positional names; unset match fields are left out
     assert config.rules == (
-        RuleConfig(name="rule0", match={"min_turns": 2, "shared_prefix": True}, backends=("m1",)),
+        RuleConfig(
+            name="rule0",
+            match=MatchConfig(min_turns=2, shared_prefix=True),
+            backends=("m1",),
+        ),
     )
     assert config.breaker == BreakerConfig(
         error_rate=0.2, window_s=5.0, min_requests=3, consecutive_failures=7, cooldown_s=1.5

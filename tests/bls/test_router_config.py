@@ -135,6 +135,12 @@ DEFECTS = [
     (_set("fallback.gone", []), "fallback: 'gone' is not one of the backends"),
     (_set("rules.0.backends", ["gone"]), "rules[0].backends[0]: 'gone' is not one of"),
     (_set("rules.0.match", []), "rules[0].match: expected a JSON object, got list"),
+    # A rule's match is typed too (before: any key went through, and one the policy did
+    # not know was a KeyError at the first request it was asked about).
+    (_set("rules.0.match.turns", 2), "rules[0].match.turns: unknown field"),
+    (_set("rules.0.match.min_turns", -1), "rules[0].match.min_turns: expected an integer >= 0"),
+    (_set("rules.0.match.hint", 3), "rules[0].match.hint: expected a string, got int"),
+    (_set("rules.0.match.shared_prefix", "yes"), "rules[0].match.shared_prefix: expected true"),
     (_set("breaker.cooldown_s", "1"), "breaker.cooldown_s: expected a number, got str"),
     # The breaker and tenants sections are checked field by field at load, as the rest
     # (before, a missing tenants field was a KeyError at the first request or at load).
