@@ -51,7 +51,6 @@ import httpx
 import tritonclient.grpc.aio as grpcaio
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python_backends"))
 
 from bench.common import PROMPTS, bench_result  # noqa: E402
 from bench.zero_cost import deployment  # noqa: E402

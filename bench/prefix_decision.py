@@ -24,21 +24,15 @@ from __future__ import annotations
 import gc
 import random
 import statistics
-import sys
 import time
 import tracemalloc
 from pathlib import Path
 from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bls"))
-
-from bench.common import bench_result  # noqa: E402
-from bench.prefix_workload import SUPPORT_WORDS  # noqa: E402
-from prefix_index import MEMO_BYTES_BOUND, PrefixIndex, prompt_key  # noqa: E402  (siblings)
-from replica_policy import ReplicaChooser, ReplicaLoad  # noqa: E402
-
-sys.path.pop(0)
+from bench.common import bench_result
+from bench.prefix_workload import SUPPORT_WORDS
+from bls.prefix_index import MEMO_BYTES_BOUND, PrefixIndex, prompt_key
+from bls.replica_policy import ReplicaChooser, ReplicaLoad
 
 CONVERSATIONS = 10_000
 DECISIONS = 5_000

@@ -185,11 +185,8 @@ class TwoModels:
 def balanced_ids(phase: str, replicas: list[str]) -> dict[int, str]:
     """conversation_id per conversation such that rendezvous hashing puts conversation n
     on replica n % len(replicas): the oracle pins, and splits evenly."""
-    sys.path.insert(0, str(ROOT / "bls"))
-    try:
-        from replica_policy import affinity_replica
-    finally:
-        sys.path.pop(0)
+    from bls.replica_policy import affinity_replica
+
     ids = {}
     for n in range(CONVERSATIONS):
         for k in itertools.count():

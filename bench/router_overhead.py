@@ -24,7 +24,6 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python_backends"))
 
 from bench.common import (  # noqa: E402
     GREEDY_LONG,

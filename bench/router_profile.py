@@ -34,7 +34,9 @@ RATE_HZ = 500
 # Leaf functions of a thread that waits: the event loop's select, an idle pool worker,
 # the metric writer waiting on its queue.
 IDLE = {"EpollSelector.select", "_worker", "Writer._run"}
-ROUTER_FILES = ("model.py", "relay.py", "tenants.py", "read_request.py", "replicas.py")
+ROUTER_FILES = tuple(
+    f"bls/{name}.py" for name in ("model", "relay", "tenants", "read_request", "replicas")
+)
 
 
 async def _requests(url: str, seconds: float) -> tuple[int, float]:
@@ -47,7 +49,7 @@ async def _requests(url: str, seconds: float) -> tuple[int, float]:
 
 
 def _router_file(frame: str) -> bool:
-    """py-spy's frame: 'Relay.run (1/relay.py:155)'."""
+    """py-spy's frame: 'Relay.run (1/bls/relay.py:155)'."""
     return frame.rpartition(" (")[2].rpartition(":")[0].endswith(ROUTER_FILES)
 
 

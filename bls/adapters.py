@@ -19,7 +19,7 @@ from trident_common.request import DEFAULT_MAX_TOKENS, BadRequest, first_scalar
 from trident_common.sampling import check_range, coerce_sampling, parse_sampling
 
 if TYPE_CHECKING:
-    from router_config import BackendConfig
+    from bls.router_config import BackendConfig
 
 # Inputs only the router reads (routing hints, its own ids); never forwarded as they are.
 ROUTER_ONLY_INPUTS = interface.ROUTER_ONLY_INPUTS

@@ -11,13 +11,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-# Annotations only: its config is router.json's `breaker` section, typed and checked
-# where router.json is read (router_config.py); the breaker itself imports nothing, so
-# the builder can import it as bls.breaker, where the stub's sibling name does not resolve.
-if TYPE_CHECKING:
-    from router_config import BreakerConfig
+from bls.router_config import BreakerConfig
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 STATE_VALUES = {CLOSED: 0, HALF_OPEN: 1, OPEN: 2}  # for the breaker-state gauge

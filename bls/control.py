@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import triton_python_backend_utils as pb_utils
 
-from relay import Retired, first_error
+from bls.relay import Retired, first_error
 from trident_common import trust
 from trident_common.interface import ERRORS_IN_BAND, ROUTER_PROOF
 from trident_common.request import CLIENT_FAULT_PREFIX
 
 if TYPE_CHECKING:
-    from adapters import Adapters
+    from bls.adapters import Adapters
 
 SILENCE_PROBE_S = 2.0  # a stream quiet this long gets its backend health-probed
 PROBE_TIMEOUT_S = 5.0  # no answer this fast: the backend is busy (not counted as dead)

@@ -11,8 +11,8 @@ if TYPE_CHECKING:
     # Annotations only: the stub adds pb_utils' classes after the model's files import.
     import triton_python_backend_utils as pb_utils
 
-    from policy import RequestFeatures
-    from tenant_store import FanOut
+    from bls.policy import RequestFeatures
+    from bls.tenant_store import FanOut
 
 # Requests the router lets wait for one backend: its engine's concurrent sequences
 # (× instances) running, as many again queued in the engine. More only wait longer for a

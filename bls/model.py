@@ -36,20 +36,24 @@ from typing import TYPE_CHECKING, Any
 
 import triton_python_backend_utils as pb_utils
 
-from adapters import ROUTER_ONLY_INPUTS, Adapters, Unsupported  # siblings in the model's directory
-from breaker import HALF_OPEN
-from control import SILENCE_PROBE_S, Controls
-from inbound import Inbound
-from inflight import Inflight
-from policy import Policy, UnknownRoute
-from read_request import read_request, sent_traceparent
-from relay import REFUSED, CallSlots, Relay, Retired
-from replicas import Replicas, tenant_salt
-from router_config import FILE_NAME as ROUTER_CONFIG
-from router_config import load as load_router_config
-from router_metrics import RouterMetrics
-from targets import Claim, Targets
-from tenants import Tenants
+from bls.adapters import (
+    ROUTER_ONLY_INPUTS,
+    Adapters,
+    Unsupported,
+)
+from bls.breaker import HALF_OPEN
+from bls.control import SILENCE_PROBE_S, Controls
+from bls.inbound import Inbound
+from bls.inflight import Inflight
+from bls.policy import Policy, UnknownRoute
+from bls.read_request import read_request, sent_traceparent
+from bls.relay import REFUSED, CallSlots, Relay, Retired
+from bls.replicas import Replicas, tenant_salt
+from bls.router_config import FILE_NAME as ROUTER_CONFIG
+from bls.router_config import load as load_router_config
+from bls.router_metrics import RouterMetrics
+from bls.targets import Claim, Targets
+from bls.tenants import Tenants
 from trident_common import tracing, trust
 from trident_common.drain import DrainWatch
 from trident_common.error_classes import (
@@ -76,8 +80,8 @@ from trident_common.request import BadRequest, first_scalar
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from policy import RequestFeatures
-    from replicas import Choice
+    from bls.policy import RequestFeatures
+    from bls.replicas import Choice
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # How often the loop checks a stream for a client cancel, its deadline and silence: the

@@ -12,17 +12,9 @@ import json
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-# Annotations only: the stub imports its siblings by name (`router_config`), while the
-# builder imports this module as bls.policy, where that name does not resolve; its mypy
-# run (not bls/'s own strict one, which checks these) then reads them as Any.
-if TYPE_CHECKING:
-    from router_config import (  # type: ignore[import-not-found, unused-ignore]
-        MatchConfig,
-        RouterConfig,
-        RuleConfig,
-    )
+from bls.router_config import MatchConfig, RouterConfig, RuleConfig
 
 CHARS_PER_TOKEN = 4  # prompt length estimate without a tokenizer (English text ≈ 4)
 # Where a request names its LoRA adapter: in its sampling_parameters tensor (JSON), or

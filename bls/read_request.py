@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from inbound import Inbound  # siblings in the model's directory
-from policy import ADAPTER_KEYS, features_from
-from tenants import FAN_OUT_KEYS, fan_out_of
+from bls.inbound import Inbound
+from bls.policy import ADAPTER_KEYS, features_from
+from bls.tenants import FAN_OUT_KEYS, fan_out_of
 from trident_common.interface import HINT_NAMES, RETURNABLE, ROUTER_PROOF, TRACEPARENT
 from trident_common.request import first_scalar, parse_messages
 

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from typing import TypeVar
 
     # Annotations only: the stub adds pb_utils' classes after the model's files import.
-    from adapters import PythonLlmAdapter, Split, TrtllmAdapter
-    from tenants import Tally
+    from bls.adapters import PythonLlmAdapter, Split, TrtllmAdapter
+    from bls.tenants import Tally
 
     # A decoupled BLS call's responses (InferenceRequest.exec(decoupled=True)).
     Responses = Iterator[pb_utils.InferenceResponse]

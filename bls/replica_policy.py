@@ -30,9 +30,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from policy import DEFAULT_REPLICA_POLICY
-from policy import REPLICA_POLICIES as POLICIES
-from prefix_index import PrefixIndex
+from bls.policy import DEFAULT_REPLICA_POLICY
+from bls.policy import REPLICA_POLICIES as POLICIES
+from bls.prefix_index import PrefixIndex
 
 # How many blocks of prefill (64 characters, ~16 tokens each) one request already on a
 # replica is worth: a request waiting there delays this one's first token about as much

@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from policy import DEFAULT_REPLICA_POLICY, REPLICA_POLICIES
-from prefix_index import PrefixIndex, prompt_key
-from replica_policy import Decision, ReplicaChooser, ReplicaLoad
-from router_config import BackendConfig, RouterConfig
+from bls.policy import DEFAULT_REPLICA_POLICY, REPLICA_POLICIES
+from bls.prefix_index import PrefixIndex, prompt_key
+from bls.replica_policy import Decision, ReplicaChooser, ReplicaLoad
+from bls.router_config import BackendConfig, RouterConfig
 
 GAUGE_EVERY_S = 1.0  # a replica's index gauges are written at most this often (IPC each)
 

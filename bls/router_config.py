@@ -10,8 +10,7 @@ builder from the spec and the plan: its engine, its replicas, and its capacity (
 sequences its engine runs at once over all its instances), so the router never reads
 another model's files.
 
-Imported inside the Triton stub as a sibling (`from router_config import ...`) and by
-the builder as `bls.router_config`: it imports nothing but the standard library.
+It imports nothing but the standard library: the builder imports it too.
 """
 
 from __future__ import annotations

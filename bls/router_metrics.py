@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from breaker import STATE_VALUES
+from bls.breaker import STATE_VALUES
 from trident_common.metrics import COUNTER, GAUGE, HISTOGRAM, Metric, MetricSet, Writer
 
 if TYPE_CHECKING:

@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from breaker import OPEN, CircuitBreaker
-from inbound import QUEUE_FACTOR, inflight_limit
-from inflight import Inflight
-from replicas import Replicas
-from router_config import RouterConfig
+from bls.breaker import OPEN, CircuitBreaker
+from bls.inbound import QUEUE_FACTOR, inflight_limit
+from bls.inflight import Inflight
+from bls.replicas import Replicas
+from bls.router_config import RouterConfig
 
 
 class Targets:

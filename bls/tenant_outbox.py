@@ -18,10 +18,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-# Annotations only: the tests import this module as bls.tenant_outbox, where the stub's
-# sibling name `tenant_store` does not resolve (bls/'s own mypy run checks these).
+# Annotations only: tenant_store brings redis, which the outbox itself does not need.
 if TYPE_CHECKING:
-    from tenant_store import Limits, Store
+    from bls.tenant_store import Limits, Store
 
 CAPACITY = 10_000  # writes waiting; ~200 bytes each
 BATCH = 16  # writes in flight at once (a burst of ends is not serialised)

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from router_config import TenantLimitsConfig, TenantsConfig
-from tenant_names import TENANT_RE
-from tenant_outbox import Outbox
-from tenant_store import (
+from bls.router_config import TenantLimitsConfig, TenantsConfig
+from bls.tenant_names import TENANT_RE
+from bls.tenant_outbox import Outbox
+from bls.tenant_store import (
     CHOICE_TAKEN,
     FanOut,
     Limits,
@@ -53,7 +53,7 @@ from trident_common.metrics import COUNTER, GAUGE
 from trident_common.trust import tenant_salt
 
 if TYPE_CHECKING:
-    from inbound import Inbound
+    from bls.inbound import Inbound
 
 _T = TypeVar("_T")
 # A metric family: (name, description, metric kind), as RouterMetrics.FAMILIES has them.

@@ -41,7 +41,7 @@ def install(repo: Path, target: str) -> tuple[str, str]:
             renamed + f'parameters {{ key: "target" value: {{ string_value: "{target}" }} }}\n'
         )
         (version / "model.py").write_text(
-            f"import sys\nsys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'python_backends')!r}]\n"
+            f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
             f"from support.bls_floor_models import {cls} as TritonPythonModel\n"
         )
     return BLOCKING, ASYNC

@@ -17,13 +17,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.helpers.s3_fixtures"]  # the real SeaweedFS S3 server fixtures
-sys.path.insert(0, str(ROOT / "python_backends"))  # trident_common, as in the stub
 
 from builder.serve import selftest  # noqa: E402
 from builder.serve.server import TritonServer  # noqa: E402
 from support.redis_server import RedisServer  # noqa: E402
+from tests.fakes import fake_pb_utils  # noqa: E402
 from tests.helpers.ledger import LEDGER, LEDGER_CACHE_KEY, Start  # noqa: E402
 from trident_common.interface import DRAIN_DIR_ENV  # noqa: E402
+
+# Triton's pb_utils exists only inside a stub: the runtime modules the tests import by
+# their names (bls.*, python_backends.*) get the test double, for the whole run.
+sys.modules.setdefault("triton_python_backend_utils", fake_pb_utils)
 
 
 @pytest.fixture(scope="session")

@@ -4,10 +4,12 @@ package it imports is declared in setup.cfg (or is one of the engines' own, list
 below), and no module grows past a size a reader can hold (a backstop for the rule that
 a module has one responsibility, not a budget to fill).
 
-Modules are named as Python imports them: `builder.*` and `engine_cache.*` from the
-repository root, `trident_common.*` from python_backends/, and the router's siblings
-(`from policy import ...` inside bls/) as `bls.*`. Function-level imports count too: a
-cycle hidden inside a function is still a cycle.
+Every module has one name, the dotted name of its path from the repository root, in
+the builder, the tests and inside a stub alike (a rendered model folder holds its
+packages under the same names: builder/render/context.py python_model). So this scan
+sees every module and what it imports, the router's and the engine models' too, and no
+shipped module is loaded by its file path. Function-level imports count too: a cycle
+hidden inside a function is still a cycle.
 """
 
 from __future__ import annotations
@@ -29,7 +31,16 @@ ROOT = Path(__file__).resolve().parent.parent
 # near the typical size makes files end just under it, split by size, not by job.
 MAX_LINES = 600
 # What the wheel installs (setup.cfg's packages) and what it must never reach into.
-SHIPPED = ("builder", "engine_cache", "bls", "python_backends", "model_repository_templates")
+SHIPPED = (
+    "builder",
+    "engine_cache",
+    "bls",
+    "trident_common",
+    "python_backends",
+    "model_repository_templates",
+)
+# The packages of importable modules (model_repository_templates holds templates only).
+PACKAGES = ("builder", "engine_cache", "bls", "trident_common", "python_backends")
 NEVER_SHIPPED = ("tests", "support")
 # Imported by shipped code but declared by no extra of trident's: each runs only inside
 # an engine's own environment, which brings it (NVIDIA's Triton containers, or the cpu
@@ -46,22 +57,18 @@ ENGINE_ENVIRONMENT = {
     "torch": "builder/engines/assets.py (`trident assets`, cpu profile)",
     # The engines' grammar backend (SGLang's default, one of vLLM's): trident_common's
     # schema pre-check uses it where the engine brought it, and skips without it.
-    "xgrammar": "python_backends/trident_common/structured.py, optional",
+    "xgrammar": "trident_common/structured.py, optional",
 }
 
 
 def _modules() -> dict[str, Path]:
     found = {}
-    for base, prefix in ((ROOT, ""), (ROOT / "python_backends", "")):
-        for package in ("builder", "engine_cache", "bls", "trident_common"):
-            top = base / package
-            if not top.is_dir():
-                continue
-            for path in top.rglob("*.py"):
-                parts = path.relative_to(base).with_suffix("").parts
-                if parts[-1] == "__init__":
-                    parts = parts[:-1]
-                found[prefix + ".".join(parts)] = path
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
     return found
 
 
@@ -87,8 +94,6 @@ def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
             inside = (module + ".").startswith(node.module + ".")
             if not inside or any(name not in modules for name in names):
                 names.append(node.module)  # its __init__ runs (or provides the names)
-            if module.startswith("bls.") and f"bls.{node.module}" in modules:
-                names.append(f"bls.{node.module}")  # a sibling in the router's folder
         for name in names:
             target = _resolve(name, modules)
             if target is None or target == module:
@@ -145,6 +150,30 @@ def test_the_project_has_no_import_cycle():
     assert find_cycle(graph) is None, " → ".join(find_cycle(graph))
 
 
+def test_the_scan_sees_the_router_and_the_engine_models_and_what_they_import():
+    graph = import_graph()
+    assert {"bls.relay", "bls.tenants", "trident_common.interface"} <= graph["bls.model"]
+    assert "python_backends.vllm.stats" in graph["python_backends.vllm.model"]
+    assert "trident_common.engine_model" in graph["python_backends.sglang.model"]
+    tokenizing = "python_backends.tensorrt_llm.common.tokenizing"
+    assert tokenizing in graph["python_backends.tensorrt_llm.postprocessing.model"]
+
+
+def test_no_shipped_module_is_loaded_by_its_file_path():
+    """Each module is imported by its dotted name: no importlib by path, no sys.path
+    edits (the rendered model.py alone puts its own folder first: it is a template,
+    python_model.py.j2, and what Triton itself loads by path)."""
+    by_path = {
+        str(path.relative_to(ROOT))
+        for path in _shipped_sources()
+        if any(
+            word in path.read_text()
+            for word in ("spec_from_file_location", "sys.path.insert", "sys.path.append")
+        )
+    }
+    assert not by_path
+
+
 def test_engine_cache_stands_alone():
     graph = import_graph()
     leaks = {
@@ -175,15 +204,9 @@ def _shipped_sources() -> list[Path]:
 
 
 def _local_names(path: Path) -> set[str]:
-    """Top-level names an import in `path` resolves inside the project: its packages,
-    and the modules a stub finds beside a model.py (the router's siblings in bls/; an
-    engine's folder, TRT-LLM's common/ files, trident_common)."""
-    names = {"builder", "engine_cache", "bls", "trident_common", *NEVER_SHIPPED}
-    parts = path.relative_to(ROOT).parts
-    if parts[0] in ("bls", "python_backends"):
-        folder = ROOT / parts[0] if parts[0] == "bls" else ROOT / parts[0] / parts[1]
-        names |= {p.stem for p in folder.rglob("*.py")}
-    return names
+    """Top-level names an import resolves inside the project: its packages (the same in
+    every file: no module is imported by a bare name found beside it)."""
+    return {*PACKAGES, *NEVER_SHIPPED}
 
 
 def imported_tops(path: Path) -> set[str]:

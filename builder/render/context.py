@@ -14,23 +14,21 @@ from typing import Any
 import jinja2
 
 from bls.router_config import RouterConfig, RouterConfigError
-from builder import runtime_modules
 from builder.errors import TridentError
 from builder.plan.model import Plan
 from builder.render import escape
 from builder.spec import DeploymentSpec
+from trident_common import interface
 
 # The templates and backend sources lie beside the packages in both layouts: at the
 # repository root in the source tree, and in site-packages (or a --target folder) when
 # installed, where setup.cfg ships them as top-level folders of the wheel.
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES_DIR = PROJECT_ROOT / "model_repository_templates"
-BACKENDS_DIR = PROJECT_ROOT / "python_backends"
-BLS_DIR = PROJECT_ROOT / "bls"
-COMMON_PACKAGE = "trident_common"
 VERSION = "1"
-
-INTERFACE_FILE = BACKENDS_DIR / COMMON_PACKAGE / "interface.py"
+# The runtime packages a Python model's stub imports, by their dotted names.
+ROUTER_PACKAGES = ("bls", "trident_common")
+COMMON_PACKAGE = "trident_common"
 
 
 class RenderError(TridentError):
@@ -45,17 +43,8 @@ class RenderContext:
     plan: Plan  # where each model runs (the renderer never plans)
 
 
-def load_interface(path: Path = INTERFACE_FILE) -> ModuleType:
-    """trident's tensor interface (trident_common/interface.py), for the templates
-    (builder.runtime_modules says why from its file)."""
-    return runtime_modules.load_file("trident_interface", path)
-
-
-INTERFACE = load_interface()
-
-
 @functools.cache  # one environment per (templates, interface): each template compiles once
-def _environment(templates: Path, interface) -> jinja2.Environment:
+def _environment(templates: Path, interface: ModuleType) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates)),
         undefined=jinja2.StrictUndefined,
@@ -69,7 +58,7 @@ def _environment(templates: Path, interface) -> jinja2.Environment:
 
 def render_template(name: str, **values: Any) -> bytes:
     try:
-        template = _environment(TEMPLATES_DIR, INTERFACE).get_template(name)
+        template = _environment(TEMPLATES_DIR, interface).get_template(name)
         return template.render(**values).encode()
     except (jinja2.TemplateError, escape.EscapeError) as e:
         raise RenderError(f"template {name}: {e}") from e
@@ -84,6 +73,18 @@ def render_router_json(config: RouterConfig) -> bytes:
     except RouterConfigError as e:
         raise RenderError(f"{config.name}: {e}") from None
     return render_template("router/router.json.j2", router_config=written)
+
+
+def python_model(version_dir: str, module: str, packages: tuple[str, ...]) -> dict[str, bytes]:
+    """A Python model's code in its version folder: `model.py`, the file Triton loads by
+    its path, takes TritonPythonModel from `module`; `packages` (dotted names, `module`'s
+    own among them) are copied beside it by those names, so the stub imports every
+    module by the one name the builder, the tests and mypy use."""
+    files = {f"{version_dir}/model.py": render_template("python_model.py.j2", module=module)}
+    for package in packages:
+        folder = package.replace(".", "/")
+        files.update(copy_tree(PROJECT_ROOT / folder, f"{version_dir}/{folder}"))
+    return files
 
 
 def copy_tree(source: Path, target: str) -> dict[str, bytes]:

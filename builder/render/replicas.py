@@ -24,10 +24,10 @@ from builder.plan import replicas as replicas_plan
 from builder.plan.model import Plan
 from builder.plan.router_instances import router_instances
 from builder.render.context import (
-    BLS_DIR,
+    ROUTER_PACKAGES,
     VERSION,
     RenderContext,
-    copy_tree,
+    python_model,
     render_router_json,
     render_template,
 )
@@ -36,8 +36,6 @@ from builder.spec import ModelSpec
 
 # (context, model as served, the spec's model, plan) → that engine model's files.
 EngineRenderer = Callable[[RenderContext, ModelSpec, ModelSpec, Plan], dict[str, bytes]]
-# (context, model directory) → the trident_common package copied into it.
-CommonPackage = Callable[[str], dict[str, bytes]]
 
 
 def router_json(ctx: RenderContext) -> RouterConfig:
@@ -51,9 +49,7 @@ def router_json(ctx: RenderContext) -> RouterConfig:
     return router_config(ctx.spec, routed, instances.count)
 
 
-def render(
-    ctx: RenderContext, model: ModelSpec, engine_files: EngineRenderer, common: CommonPackage
-) -> dict[str, bytes]:
+def render(ctx: RenderContext, model: ModelSpec, engine_files: EngineRenderer) -> dict[str, bytes]:
     """Every file of a model with replicas: its replicas and its forwarder."""
     files: dict[str, bytes] = {}
     for index in range(model.instances):
@@ -75,6 +71,5 @@ def render(
         f"its {model.instances} replicas ({model.name}__r0 ...).",
     )
     files[f"{model.name}/{VERSION}/router.json"] = render_router_json(config)
-    files.update(copy_tree(BLS_DIR, f"{model.name}/{VERSION}"))
-    files.update(common(model.name))
+    files.update(python_model(f"{model.name}/{VERSION}", "bls.model", ROUTER_PACKAGES))
     return files

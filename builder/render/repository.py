@@ -17,13 +17,12 @@ from builder.plan.router_instances import router_instances
 from builder.render import replicas as replicas_repo
 from builder.render import trtllm as trtllm_repo
 from builder.render.context import (
-    BACKENDS_DIR,
-    BLS_DIR,
     COMMON_PACKAGE,
+    ROUTER_PACKAGES,
     VERSION,
     RenderContext,
     RenderError,
-    copy_tree,
+    python_model,
     render_router_json,
     render_template,
 )
@@ -32,15 +31,11 @@ from builder.spec import adapters as adapters_spec
 from builder.spec import tenants as tenants_spec
 
 
-def _common_package(model_dir: str) -> dict[str, bytes]:
-    return copy_tree(BACKENDS_DIR / COMMON_PACKAGE, f"{model_dir}/{VERSION}/{COMMON_PACKAGE}")
-
-
 def _render_python_llm(ctx: RenderContext, model: ModelSpec) -> dict[str, bytes]:
     """vLLM and SGLang: a decoupled Python-backend model running the engine in its stub;
     behind a router, one such model per instance (builder/render/replicas.py)."""
     if has_replicas(ctx.spec, model, ctx.plan):
-        return replicas_repo.render(ctx, model, _engine_model, _common_package)
+        return replicas_repo.render(ctx, model, _engine_model)
     return _engine_model(ctx, model, model, ctx.plan)
 
 
@@ -72,8 +67,14 @@ def _engine_model(
             "python_llm/model.json.j2", engine_args=engine_args
         ),
     }
-    files.update(copy_tree(BACKENDS_DIR / model.engine, f"{served.name}/{VERSION}"))
-    files.update(_common_package(served.name))
+    engine_package = f"python_backends.{model.engine}"
+    files.update(
+        python_model(
+            f"{served.name}/{VERSION}",
+            f"{engine_package}.model",
+            (engine_package, COMMON_PACKAGE),
+        )
+    )
     return files
 
 
@@ -93,8 +94,7 @@ def _render_router(ctx: RenderContext, router: RouterSpec) -> dict[str, bytes]:
         ),
         f"{router.name}/{VERSION}/router.json": render_router_json(config),
     }
-    files.update(copy_tree(BLS_DIR, f"{router.name}/{VERSION}"))
-    files.update(_common_package(router.name))
+    files.update(python_model(f"{router.name}/{VERSION}", "bls.model", ROUTER_PACKAGES))
     return files
 
 

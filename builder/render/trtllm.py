@@ -19,18 +19,17 @@ from builder.engines import lora as lora_mod
 from builder.engines.jobs import spec_path
 from builder.plan import placement as placement_mod
 from builder.render.context import (
-    BACKENDS_DIR,
     COMMON_PACKAGE,
-    INTERFACE,
     VERSION,
     RenderContext,
     RenderError,
-    copy_tree,
+    python_model,
     render_template,
 )
 from builder.spec import ModelSpec
 from builder.spec import adapters as adapters_spec
 from builder.spec import trtllm as trtllm_spec
+from trident_common import interface as INTERFACE
 
 TEMPLATE_DIR = "tensorrt_llm"
 EXECUTOR_WORKER = "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker"
@@ -151,12 +150,13 @@ def render(ctx: RenderContext, model: ModelSpec) -> dict[str, bytes]:
             **io,
             **common,
         )
-        files.update(copy_tree(BACKENDS_DIR / "tensorrt_llm" / role, f"{n[role]}/{VERSION}"))
-        files.update(copy_tree(BACKENDS_DIR / "tensorrt_llm" / "common", f"{n[role]}/{VERSION}"))
-    # its refusals (an unknown adapter) are marked through trident_common/error_classes.py
-    files.update(
-        copy_tree(BACKENDS_DIR / COMMON_PACKAGE, f"{n['preprocessing']}/{VERSION}/{COMMON_PACKAGE}")
-    )
+        package = f"python_backends.tensorrt_llm.{role}"
+        # the pre-processing's refusals (an unknown adapter) are marked through
+        # trident_common/error_classes.py
+        packages = (package, "python_backends.tensorrt_llm.common") + (
+            (COMMON_PACKAGE,) if role == "preprocessing" else ()
+        )
+        files.update(python_model(f"{n[role]}/{VERSION}", f"{package}.model", packages))
     files.update(lora.get("files", {}))
     return files
 

@@ -28,7 +28,7 @@ _TEXT_SUFFIXES = {".pbtxt", ".py", ".json", ".yaml", ".yml", ".txt", ".j2", ".cf
 
 MAX_CONFIG_BYTES = 4 << 20  # a rendered config.pbtxt or router.json is a few KiB
 ROUTER_FILE = "router.json"  # beside the router's code, which reads it at load
-ROUTER_READER = "router_config.py"  # the router's code: a model directory holding it routes
+ROUTER_READER = "bls/router_config.py"  # the router's code: a model directory holding it routes
 
 
 def parse_config(path: Path) -> model_config_pb2.ModelConfig:

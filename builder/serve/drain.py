@@ -20,8 +20,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from builder import runtime_modules, signals
+from builder import signals
 from builder.errors import TridentError
+from trident_common import drain as _MODELS_SIDE
 
 # tritonserver's own --exit-timeout-secs: what is left in flight when it is told to stop
 # (nothing, after a drain) gets this long.
@@ -48,8 +49,7 @@ def shutdown_budget_s(drain_timeout_s: float) -> int:
 # -- the server's side of the drain folder -----------------------------------------------
 
 # The files the server writes and the models read (or the reverse), and how often the
-# models look: trident_common/drain.py, the models' side, owns them (runtime_modules).
-_MODELS_SIDE = runtime_modules.load("drain")
+# models look: trident_common/drain.py, the models' side, owns them.
 DRAINING: str = _MODELS_SIDE.DRAINING
 CUTOFF: str = _MODELS_SIDE.CUTOFF
 BUSY_PREFIX: str = _MODELS_SIDE.BUSY_PREFIX

@@ -27,7 +27,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder.render.context import INTERFACE
 from builder.serve import admin, keeper, loading, selftest
 from builder.serve.drain import STOP_GRACE_S, TRITON_EXIT_TIMEOUT_S
 from builder.serve.install import (  # noqa: F401
@@ -40,6 +39,7 @@ from builder.serve.install import (  # noqa: F401
 from builder.serve.output import OutputTail
 from builder.serve.watch import group_processes, runs_in_stub, stub_processes
 from builder.spec import ServerSpec
+from trident_common import interface as INTERFACE
 
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"

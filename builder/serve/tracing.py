@@ -18,7 +18,7 @@ into a BLS call (`InferenceRequest(..., trace=request.trace())`) crashed the bun
 tritonserver 2.51 in TRITONSERVER_ServerInferAsync when the trace came from a
 traceparent (seen here). Instead the router hands the engine model its own span's
 traceparent (`request.trace().get_context()`, a request parameter), and the engine model
-exports its span itself (python_backends/trident_common/tracing.py), with the settings
+exports its span itself (trident_common/tracing.py), with the settings
 serve puts in tritonserver's environment (stub_environment). Not yet: vLLM's own spans.
 
 A collector that is down, slow or refusing costs a request nothing: the frontend's spans
@@ -35,10 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from builder import runtime_modules
 from builder.errors import EXIT_USAGE, TridentError
-
-_common = runtime_modules.load("tracing")  # trident_common/tracing.py (no SDK import)
+from trident_common import tracing as _common
 
 TRACES_PATH = "/v1/traces"
 FRONTEND_SERVICE = "trident-openai"
@@ -124,7 +122,7 @@ class Tracing:
 
     def stub_environment(self) -> dict[str, str]:
         """What tritonserver's environment tells its engine models, whose stubs inherit
-        it, for their own spans (python_backends/trident_common/tracing.py): where to
+        it, for their own spans (trident_common/tracing.py): where to
         send them, under Triton's service name. Their sampling follows the router's
         traceparent (the parent's sampled flag)."""
         return {

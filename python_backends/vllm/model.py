@@ -19,8 +19,8 @@ locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
-from cpu_binding import bind_share  # noqa: E402   (copied beside, as stats.py)
-from stats import VllmStats  # noqa: E402   (python_backends/vllm/stats.py, copied beside)
+from python_backends.vllm.cpu_binding import bind_share  # noqa: E402
+from python_backends.vllm.stats import VllmStats  # noqa: E402
 from trident_common import tracing  # noqa: E402
 from trident_common.deltas import Delta  # noqa: E402
 from trident_common.engine_model import AsyncEngineModel  # noqa: E402

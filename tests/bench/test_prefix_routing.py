@@ -5,7 +5,6 @@ engines' counters as Triton prints them, and the rows against issue 23's targets
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 from bench.prefix_routing import TwoModels, balanced_ids, deployment
@@ -28,12 +27,8 @@ from bench.prefix_workload import (
     system_floor,
     ttft_summary,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bls"))
-from prefix_index import PrefixIndex, prompt_key  # noqa: E402  (a sibling of the router)
-from replica_policy import affinity_replica  # noqa: E402
-
-sys.path.pop(0)
+from bls.prefix_index import PrefixIndex, prompt_key
+from bls.replica_policy import affinity_replica
 
 
 def test_each_turn_resends_the_history_with_the_answers_it_got():

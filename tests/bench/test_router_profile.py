@@ -17,8 +17,8 @@ STACKS = [  # (frames, samples), as py-spy's raw output writes them: "a;b;c N"
         [
             LOOP,
             "Handle._run (asyncio/events.py:80)",
-            "TritonPythonModel.handle (1/model.py:245)",
-            "TritonPythonModel.route (1/model.py:300)",
+            "TritonPythonModel.handle (1/bls/model.py:245)",
+            "TritonPythonModel.route (1/bls/model.py:300)",
         ],
         7,
     ),
@@ -26,9 +26,9 @@ STACKS = [  # (frames, samples), as py-spy's raw output writes them: "a;b;c N"
     (
         [
             RELAY,
-            "Relay.run (1/relay.py:155)",
-            "Relay.start (1/relay.py:202)",
-            "Relay._send (1/relay.py:243)",
+            "Relay.run (1/bls/relay.py:155)",
+            "Relay.start (1/bls/relay.py:202)",
+            "Relay._send (1/bls/relay.py:243)",
         ],
         5,
     ),

@@ -28,9 +28,7 @@ def test_another_process_sees_this_instances_requests_and_its_own(tmp_path):
     # The other instance: a process of its own, as each router stub is.
     other = textwrap.dedent(
         f"""
-        import sys
-        sys.path.insert(0, {str(ROOT / "bls")!r})
-        from inflight import Inflight
+        from bls.inflight import Inflight
         counts = Inflight({NAMES!r}, 2, 1, {path!r})
         counts.add("primary", 2)
         counts.add("backup", 1)

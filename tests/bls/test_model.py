@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bls import adapters, control, read_request, relay
 from builder.render.router_json import router_config
 from builder.spec import parse_spec
 from tests.fakes import fake_pb_utils as pb
@@ -318,56 +319,36 @@ SPEC = {
 
 @contextlib.contextmanager
 def router_modules():
-    """bls/model.py imports its siblings and the stub's modules by bare name."""
-    stub = types.ModuleType("triton_python_backend_utils")
-    stub.__dict__.update({k: v for k, v in vars(pb).items() if not k.startswith("__")})
-    stub.InferenceRequest = BlsRequest
-    stub.get_output_tensor_by_name = get_output_tensor_by_name
-    bound = (
-        "adapters",
-        "breaker",
-        "control",
-        "inbound",
-        "policy",
-        "relay",
-        "router_metrics",
-        "tenants",
-        "replicas",
-        "replica_policy",
-        "prefix_index",
-        "targets",
-        "tenant_store",
-        "trident_common.metrics",
-        "trident_common.request",
-        "trident_common.interface",
-        "trident_common.log",
-        "trident_common",
-        "triton_python_backend_utils",
-    )
-    saved = {name: sys.modules.pop(name, None) for name in bound}
-    sys.modules["triton_python_backend_utils"] = stub
-    sys.path[:0] = [str(ROOT / "bls"), str(ROOT / "python_backends")]
+    """bls.model, with Triton's pb_utils played by the test double (tests/conftest.py
+    installs it for the run): for the block, a BLS request the router makes goes to the
+    test's backends (BlsRequest)."""
+    saved = {name: getattr(pb, name, None) for name in BLS_DOUBLES}
+    for name, double in BLS_DOUBLES.items():
+        setattr(pb, name, double)
     try:
-        spec = importlib.util.spec_from_file_location(
-            "trident_router_model", ROOT / "bls" / "model.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
+        yield importlib.import_module("bls.model")
     finally:
-        del sys.path[:2]
-        for name, module in saved.items():
-            sys.modules.pop(name, None)
-            if module is not None:
-                sys.modules[name] = module
+        for name, value in saved.items():
+            if value is None:
+                delattr(pb, name)
+            else:
+                setattr(pb, name, value)
+
+
+BLS_DOUBLES = {
+    "InferenceRequest": BlsRequest,
+    "get_output_tensor_by_name": get_output_tensor_by_name,
+}
 
 
 @pytest.fixture
-def router(tmp_path):
+def router(tmp_path, monkeypatch):
     with router_modules() as module:
-        module.FIRST_TOKEN_WATCH_S = module.STREAM_WATCH_S = 0.005
-        module.SILENCE_PROBE_S = sys.modules["control"].SILENCE_PROBE_S = 0.1
-        sys.modules["control"].PROBE_TIMEOUT_S = 0.5
+        monkeypatch.setattr(module, "FIRST_TOKEN_WATCH_S", 0.005)
+        monkeypatch.setattr(module, "STREAM_WATCH_S", 0.005)
+        monkeypatch.setattr(module, "SILENCE_PROBE_S", 0.1)
+        monkeypatch.setattr(control, "SILENCE_PROBE_S", 0.1)
+        monkeypatch.setattr(control, "PROBE_TIMEOUT_S", 0.5)
         models = []
         yield lambda **overrides: make_router(module, tmp_path, models, **overrides)
         for model in models:
@@ -477,8 +458,7 @@ def test_router_only_inputs_are_not_forwarded(router):
 
 def test_the_router_reads_its_names_from_the_interface(router):
     model = router(backends=[])
-    adapters = sys.modules["adapters"]
-    assert sys.modules["read_request"].HINT_NAMES == interface.HINT_NAMES
+    assert read_request.HINT_NAMES == interface.HINT_NAMES
     assert adapters.ROUTER_ONLY_INPUTS == interface.ROUTER_ONLY_INPUTS
     assert model.adapters["primary"].outputs == list(interface.OUTPUT_NAMES)
     assert {key: name for key, (name, _) in adapters.TRTLLM_SAMPLING.items()} == {
@@ -917,7 +897,8 @@ def test_the_engine_caps_the_inflight_limit(router):
     spec's limit; no capacity, the spec's limit alone."""
     capped = router(capacities={"primary": 3, "backup": 80}, max_inflight_per_backend=100)
     assert capped.targets.max_inflight == {"primary": 6, "backup": 100, "solo": 100}
-    inbound = sys.modules["inbound"]
+    from bls import inbound
+
     assert inbound.inflight_limit(256, 32) == 64 and inbound.inflight_limit(8, 32) == 8
     assert inbound.inflight_limit(256, None) == 256
 
@@ -937,12 +918,12 @@ def test_one_message_object_is_forwarded_as_a_list(router):
     assert request.texts() == ["a", "b", "c"]
 
 
-def test_requests_waiting_for_a_first_response_are_bounded(router):
+def test_requests_waiting_for_a_first_response_are_bounded(router, monkeypatch):
     # Triton's BLS holds a server thread per call until its first response: beyond the
     # slots, requests wait in the router, leaving threads for aborts and probes.
     backend = FakeBackend("primary", chunks=["x"], delay_s=0.3)
     model = router(backends=[backend], max_inflight_per_backend=8)
-    model.initialize.__globals__["BLS_CALL_SLOTS"] = 2
+    monkeypatch.setitem(model.initialize.__globals__, "BLS_CALL_SLOTS", 2)
     requests = [ClientRequest() for _ in range(4)]
     started = time.monotonic()
     run(model, *requests)
@@ -968,7 +949,7 @@ def test_finished_bls_iterators_outlive_the_stubs_own_cleanup(router, monkeypatc
     run(model, ClientRequest(), ClientRequest(stream=False))
     gc.collect()
     assert len(made) == 2 and all(ref() is not None for ref in made)
-    sys.modules["relay"].RETIRE_S = 0  # Retired lives in the router's relay module
+    monkeypatch.setattr(relay, "RETIRE_S", 0)  # Retired lives in the router's relay module
     model.retired.next_prune = 0.0
     model.retired.prune()
     gc.collect()
@@ -1025,12 +1006,12 @@ def test_the_answers_last_chunk_carries_the_final_flag(router, finish_reason, se
     assert request.sender.sent[2][1] == (FINAL if sends == 3 else 0)
 
 
-def test_requests_waiting_for_a_call_slot_go_first_come_first_served(router):
+def test_requests_waiting_for_a_call_slot_go_first_come_first_served(router, monkeypatch):
     # A freed slot goes to the request that waited longest, never to a newer one: under
     # steady load an unlucky request would otherwise pass its first-token timeout.
     backend = FakeBackend("primary", chunks=["x"], delay_s=0.05)
     model = router(backends=[backend], max_inflight_per_backend=8)
-    model.initialize.__globals__["BLS_CALL_SLOTS"] = 1
+    monkeypatch.setitem(model.initialize.__globals__, "BLS_CALL_SLOTS", 1)
     requests = [ClientRequest(prompt=f"p{i}") for i in range(6)]
     run(model, *requests)
     calls = [inputs["text_input"] for inputs in backend.seen_inputs if "text_input" in inputs]

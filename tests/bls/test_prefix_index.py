@@ -4,24 +4,19 @@ salted per tenant, bounded with LRU eviction that keeps what remains a prefix.""
 from __future__ import annotations
 
 import gc
-import sys
 import tracemalloc
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bls"))
-from prefix_index import (  # noqa: E402  (a sibling of the router)
+from bls.prefix_index import (
     MEMO_BYTES_BOUND,
     MEMO_CHARS,
     MEMO_ENTRIES,
     PrefixIndex,
     prompt_key,
 )
-
-sys.path.pop(0)
 
 SYSTEM = "You are a careful assistant. Answer briefly and cite the manual. " * 16
 

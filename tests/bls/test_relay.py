@@ -4,10 +4,7 @@ loop told the first response's outcome, against the stub's fake pb_utils."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 import threading
-import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,24 +19,10 @@ FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 @pytest.fixture
 def relay():
-    """bls/relay.py imported as the stub imports it (bare name, the stub's pb_utils)."""
-    stub = types.ModuleType("triton_python_backend_utils")
-    stub.__dict__.update({k: v for k, v in vars(pb).items() if not k.startswith("__")})
-    saved = sys.modules.get("triton_python_backend_utils")
-    sys.modules["triton_python_backend_utils"] = stub
-    sys.path[:0] = [str(ROOT / "python_backends")]
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "trident_router_relay", ROOT / "bls" / "relay.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        del sys.path[:1]
-        sys.modules.pop("triton_python_backend_utils", None)
-        if saved is not None:
-            sys.modules["triton_python_backend_utils"] = saved
+    """bls.relay, under the pb_utils test double (tests/conftest.py)."""
+    from bls import relay
+
+    return relay
 
 
 class GatedSender(pb.ResponseSender):

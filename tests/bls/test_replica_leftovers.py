@@ -8,7 +8,6 @@ The router's real code against the doubles of tests/bls/test_model.py."""
 
 from __future__ import annotations
 
-import sys
 import time
 
 from tests.bls.test_model import (  # noqa: F401  (router: the fixture used below)
@@ -33,7 +32,8 @@ def backends():
 
 def test_the_prompt_key_is_made_only_for_a_route_with_replicas(router, monkeypatch):  # noqa: F811
     model = router(backends=backends(), replicas=REPLICAS)
-    replicas_module = sys.modules["replicas"]
+    from bls import replicas as replicas_module
+
     made = []
     real = replicas_module.prompt_key
 

@@ -5,22 +5,17 @@ never route by each other's prefixes, and the three policies do what they say.""
 from __future__ import annotations
 
 import random
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bls"))
-from prefix_index import PrefixIndex, prompt_key  # noqa: E402  (siblings of the router)
-from replica_policy import (  # noqa: E402
+from bls.prefix_index import PrefixIndex, prompt_key
+from bls.replica_policy import (
     Balance,
     ReplicaChooser,
     ReplicaLoad,
     affinity_replica,
 )
-
-sys.path.pop(0)
 
 REPLICAS = ("m__r0", "m__r1")
 SYSTEM = "You are the support assistant of a hardware shop. Be brief and exact. " * 14

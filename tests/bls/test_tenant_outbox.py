@@ -6,16 +6,11 @@ path against a real redis-server."""
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bls"))
-import tenant_outbox  # noqa: E402  (a sibling module of the router, imported by bare name)
-from tenant_outbox import Outbox  # noqa: E402
-
-sys.path.pop(0)
+from bls import tenant_outbox
+from bls.tenant_outbox import Outbox
 
 
 class Store:

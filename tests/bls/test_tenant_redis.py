@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from bls import tenant_store
+from bls import router_metrics, tenant_store, tenants
 from bls.router_config import TenantsConfig
 from bls.tenant_store import Limits, RedisStore, StoreUnavailable
 from builder.render.router_json import router_config
@@ -295,9 +295,7 @@ def tenants_over(redis, deadline_s=10.0, **entry):
         "share_prefix_cache": [],
     }
     with router_modules():
-        tenants_module, metrics_module = (
-            sys.modules[name] for name in ("tenants", "router_metrics")
-        )
+        tenants_module, metrics_module = tenants, router_metrics
         yield (
             tenants_module,
             tenants_module.Tenants(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
 
 import numpy as np
 import pytest
@@ -113,10 +112,10 @@ TENANTS = {
 
 
 @pytest.fixture
-def tenant_router(tmp_path):
+def tenant_router(tmp_path, monkeypatch):
     with router_modules() as module:
-        module.FIRST_TOKEN_WATCH_S = module.STREAM_WATCH_S = 0.005
-        sys.modules.pop("tenants", None), sys.modules.pop("tenant_store", None)
+        monkeypatch.setattr(module, "FIRST_TOKEN_WATCH_S", 0.005)
+        monkeypatch.setattr(module, "STREAM_WATCH_S", 0.005)
         models = []
 
         def make(backends, tenants=TENANTS, rules=None, **router):
@@ -138,7 +137,6 @@ def tenant_router(tmp_path):
         yield make
         for model in models:
             model.finalize()
-        sys.modules.pop("tenants", None), sys.modules.pop("tenant_store", None)
 
 
 def rejected(tenant, reason):
@@ -384,11 +382,9 @@ def test_the_most_a_tenant_can_have_at_once(limits, most):
 
 
 def tenants_module():
-    with router_modules():
-        sys.modules.pop("tenants", None), sys.modules.pop("tenant_store", None)
-        import tenants
+    from bls import tenants
 
-        return tenants
+    return tenants
 
 
 @pytest.mark.parametrize(

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 
 import pytest
 
+from bls import control
 from builder.render.router_json import router_config
 from builder.spec import parse_spec
 from tests.bls.conftest import TEST_SECRET
@@ -49,12 +49,13 @@ def sent(monkeypatch):
 
 
 @pytest.fixture
-def make(tmp_path):
+def make(tmp_path, monkeypatch):
     """A router from SPEC with `tenants` and per-backend engine overrides."""
     with router_modules() as module:
-        module.FIRST_TOKEN_WATCH_S = module.STREAM_WATCH_S = 0.005
-        module.SILENCE_PROBE_S = sys.modules["control"].SILENCE_PROBE_S = 0.05
-        sys.modules.pop("tenants", None), sys.modules.pop("tenant_store", None)
+        monkeypatch.setattr(module, "FIRST_TOKEN_WATCH_S", 0.005)
+        monkeypatch.setattr(module, "STREAM_WATCH_S", 0.005)
+        monkeypatch.setattr(module, "SILENCE_PROBE_S", 0.05)
+        monkeypatch.setattr(control, "SILENCE_PROBE_S", 0.05)
         models = []
 
         def build(backends, tenants=None, engines=None):
@@ -75,7 +76,6 @@ def make(tmp_path):
         yield build
         for model in models:
             model.finalize()
-        sys.modules.pop("tenants", None), sys.modules.pop("tenant_store", None)
 
 
 def test_every_backend_request_carries_the_proof_of_its_tenant_values(make, sent):

@@ -9,7 +9,7 @@ import pytest
 from builder.engines.traits import ENGINES, TRAITS, traits
 from builder.plan import placement, planner
 from builder.plan.model import InstancePlacement, ModelPlan, Plan
-from builder.render.context import BACKENDS_DIR
+from builder.render.context import PROJECT_ROOT
 from builder.render.repository import ENGINE_RENDERERS
 from builder.spec import ENGINES as SPEC_ENGINES
 from builder.spec import ModelSpec
@@ -41,7 +41,7 @@ def test_each_named_argument_is_one_the_user_may_set(engine):
 @pytest.mark.parametrize("engine", [t.name for t in TRAITS.values() if t.python_backend])
 def test_a_python_backend_engine_has_its_model_and_the_arguments_it_is_started_with(engine):
     t = traits(engine)
-    assert (BACKENDS_DIR / engine / "model.py").is_file()
+    assert (PROJECT_ROOT / "python_backends" / engine / "model.py").is_file()
     assert t.model_arg and t.tp_arg and t.pp_arg and not t.built
 
 

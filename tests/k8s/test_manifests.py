@@ -207,7 +207,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
 
 def _exported_metrics() -> set[str]:
     names = set()
-    for source in ("python_backends/trident_common/triton_io.py", "bls/router_metrics.py"):
+    for source in ("trident_common/triton_io.py", "bls/router_metrics.py"):
         names |= set(re.findall(r'"(trident_[a-z_]+)"', (ROOT / source).read_text()))
     assert {"trident_router_breaker_state", "trident_time_to_first_token_seconds"} <= names
     return names

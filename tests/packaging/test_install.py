@@ -95,7 +95,14 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-SHIPPED = ("builder", "engine_cache", "bls", "python_backends", "model_repository_templates")
+SHIPPED = (
+    "builder",
+    "engine_cache",
+    "bls",
+    "trident_common",
+    "python_backends",
+    "model_repository_templates",
+)
 
 
 def test_the_wheel_carries_every_file_of_the_shipped_folders(wheel):
@@ -133,9 +140,10 @@ def test_a_target_install_renders_and_validates_the_default(wheel, tmp_path):
             sys.executable,
             "-c",
             (
-                "import json, builder, bls; from builder.render import context as c; "
-                "print(json.dumps([builder.__file__, bls.__file__, str(c.TEMPLATES_DIR), "
-                "str(c.BACKENDS_DIR), str(c.BLS_DIR)]))"
+                "import json, builder, bls, trident_common; "
+                "from builder.render import context as c; "
+                "print(json.dumps([builder.__file__, bls.__file__, trident_common.__file__, "
+                "str(c.TEMPLATES_DIR), str(c.PROJECT_ROOT / 'python_backends')]))"
             ),
         ],
         cwd=elsewhere,
@@ -151,8 +159,8 @@ def test_a_target_install_renders_and_validates_the_default(wheel, tmp_path):
     )
     _run([str(trident), "validate", str(out)], cwd=elsewhere, env=env)
     router = out / "router" / "1"
-    assert (router / "model.py").is_file() and (router / "policy.py").is_file()
-    assert (out / "smollm2" / "1" / "model.py").read_bytes() == (
+    assert (router / "model.py").is_file() and (router / "bls" / "policy.py").is_file()
+    assert (out / "smollm2" / "1" / "python_backends" / "vllm" / "model.py").read_bytes() == (
         ROOT / "python_backends" / "vllm" / "model.py"
     ).read_bytes()
     assert str(model) in (out / "smollm2" / "1" / "model.json").read_text()

@@ -1,5 +1,5 @@
 """A constraint that takes the engine too long to compile is the client's error, not the
-backend's (issue 34; python_backends/trident_common/compile_bound.py): the engine model
+backend's (issue 34; trident_common/compile_bound.py): the engine model
 ends the request with a client error naming `response_format` or `tools` (the router
 neither retries it elsewhere nor counts it against the backend: bls/relay.py's
 FINAL_CLASSES), aborts it in the engine, and keeps serving. On trident's SGLang model with

@@ -42,9 +42,6 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL_PY = ROOT / "python_backends" / "sglang" / "model.py"
 REPLY_WORDS = fake_sglang.REPLY.split()
 SECRET = "sglang-unit-test-router-secret-0123456789"
-# Modules that bind triton_python_backend_utils at import: re-imported per test so they
-# see the fake, and put back afterwards so other tests see what they saw before.
-_PB_BOUND = ("trident_common.triton_io", "trident_common.engine_model")
 
 
 def sglang_spec(**engine_args) -> dict:
@@ -72,29 +69,20 @@ def sglang_spec(**engine_args) -> dict:
 
 @contextlib.contextmanager
 def fake_stub_modules():
-    saved = {name: sys.modules.pop(name, None) for name in _PB_BOUND}
-    saved_pb = sys.modules.get("triton_python_backend_utils")
+    """For the block, `import sglang` (which the model does when its engine starts) gets
+    the double; pb_utils is the double for the whole run (tests/conftest.py)."""
     saved_sglang = sys.modules.get("sglang")
-    sys.modules["triton_python_backend_utils"] = pb
     sys.modules["sglang"] = types.SimpleNamespace(Engine=fake_sglang.Engine)
     try:
         yield
     finally:
-        for name, module in [
-            *saved.items(),
-            ("triton_python_backend_utils", saved_pb),
-            ("sglang", saved_sglang),
-        ]:
-            sys.modules.pop(name, None)
-            if module is not None:
-                sys.modules[name] = module
+        sys.modules.pop("sglang", None)
+        if saved_sglang is not None:
+            sys.modules["sglang"] = saved_sglang
 
 
 def load_model_module():
-    spec = importlib.util.spec_from_file_location("trident_sglang_model", MODEL_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("python_backends.sglang.model")
 
 
 @pytest.fixture(scope="module")
@@ -317,7 +305,13 @@ def test_sglang_model_renders_and_validates(repo, capsys):
         "mem_fraction_static": 0.8,
         "schedule_policy": "lpm",
     }
-    assert (repo / "qwen" / "1" / "model.py").read_bytes() == MODEL_PY.read_bytes()
+    version = repo / "qwen" / "1"
+    assert (version / "python_backends" / "sglang" / "model.py").read_bytes() == (
+        MODEL_PY.read_bytes()
+    )
+    assert "from python_backends.sglang.model import TritonPythonModel" in (
+        (version / "model.py").read_text()
+    )
     assert (repo / "qwen" / "1" / "trident_common" / "engine_model.py").is_file()
     pbtxt = (repo / "qwen" / "config.pbtxt").read_text()
     assert "decoupled: true" in pbtxt and 'backend: "python"' in pbtxt

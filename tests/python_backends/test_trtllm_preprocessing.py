@@ -22,11 +22,8 @@ from builder.engines.lora import convert_adapter
 from builder.render.validate import parse_config
 from support.lora import write_adapter
 from tests.fakes import fake_pb_utils as pb
-from tests.helpers.modules import stub_imports
 from tests.render.test_trtllm import model, render
 from trident_common import error_classes
-
-_MODULES = ("model", "lora_adapters", "tokenizing")
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +55,14 @@ def loaded(repo, config_changes=None):
         )
     )
     config.update(config_changes or {})
-    with stub_imports(folder / "1", _MODULES):
-        instance = importlib.import_module("model").TritonPythonModel()
-        instance.initialize({"model_config": json.dumps(config)})
-        yield instance
+    # The rendered model.py imports this module (tests/render/test_trtllm.py checks the
+    # rendered copy is the source's).
+    module = importlib.import_module("python_backends.tensorrt_llm.preprocessing.model")
+    instance = module.TritonPythonModel()
+    instance.initialize(
+        {"model_config": json.dumps(config), "model_repository": str(folder), "model_version": "1"}
+    )
+    yield instance
 
 
 class Request(pb.InferenceRequest):

@@ -6,18 +6,13 @@ it reaches directly (tests/serve/test_openai_choices.py)."""
 
 from __future__ import annotations
 
-import importlib
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.fakes import fake_pb_utils as pb
-from tests.helpers.modules import stub_imports
 from trident_common.faults import BadRequest
-
-BLS = Path(__file__).resolve().parents[2] / "bls"
 
 
 def send(sampling: dict):
@@ -26,9 +21,9 @@ def send(sampling: dict):
         pb.Tensor("max_tokens", np.array([8], dtype=np.int32)),
         pb.Tensor("sampling_parameters", np.array([json.dumps(sampling).encode()], dtype=object)),
     ]
-    with stub_imports(BLS, ("adapters",)):
-        adapters = importlib.import_module("adapters")
-        return adapters.TrtllmAdapter("llama").inputs(request, "r1")
+    from bls import adapters
+
+    return adapters.TrtllmAdapter("llama").inputs(request, "r1")
 
 
 @pytest.mark.parametrize(

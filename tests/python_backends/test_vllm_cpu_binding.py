@@ -4,15 +4,9 @@ vLLM through VLLM_CPU_OMP_THREADS_BIND unless the operator set it."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-BINDING_PY = Path(__file__).resolve().parents[2] / "python_backends" / "vllm" / "cpu_binding.py"
-_spec = importlib.util.spec_from_file_location("trident_vllm_cpu_binding", BINDING_PY)
-binding = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(binding)
+from python_backends.vllm import cpu_binding as binding
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ double. The real server case (an EngineCore killed) is tests/server/test_vllm_me
 
 from __future__ import annotations
 
+import importlib
 import json
 import threading
 from types import SimpleNamespace
@@ -19,20 +20,10 @@ MODEL_PY = ROOT / "python_backends" / "vllm" / "model.py"
 
 
 @pytest.fixture
-def module(monkeypatch):
-    import importlib.util
-    import sys
-
-    monkeypatch.syspath_prepend(str(MODEL_PY.parent))  # stats.py, as beside model.py
+def module():
+    """python_backends.vllm.model, under the stub's doubles."""
     with fake_stub_modules():
-        monkeypatch.delitem(sys.modules, "stats", raising=False)
-        monkeypatch.delitem(sys.modules, "trident_common.metrics", raising=False)
-        spec = importlib.util.spec_from_file_location("trident_vllm_model", MODEL_PY)
-        loaded = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(loaded)
-        yield loaded
-        sys.modules.pop("stats", None)
-        sys.modules.pop("trident_common.metrics", None)
+        yield importlib.import_module("python_backends.vllm.model")
 
 
 class Unloads:

@@ -3,29 +3,21 @@ vllm:* series (against the stub's pb_utils double, tests/fakes/fake_pb_utils.py)
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from tests.fakes import fake_pb_utils as pb
 
-STATS_PY = Path(__file__).resolve().parents[2] / "python_backends" / "vllm" / "stats.py"
 LABELS = {"model": "chat", "version": "1"}
 
 
 @pytest.fixture
-def stats_module(monkeypatch):
-    """stats.py (and trident_common.metrics under it) bound to the pb_utils double."""
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
-    monkeypatch.delitem(sys.modules, "trident_common.metrics", raising=False)
-    spec = importlib.util.spec_from_file_location("trident_vllm_stats", STATS_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("trident_common.metrics", None)
+def stats_module():
+    """python_backends.vllm.stats, under the pb_utils double (tests/conftest.py)."""
+    from python_backends.vllm import stats
+
+    return stats
 
 
 def step(prompt=0, generated=0, ttfts=(), itls=(), finished=(), running=1, waiting=0, kv=0.0):

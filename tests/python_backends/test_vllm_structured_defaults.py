@@ -15,22 +15,8 @@ import pytest
 
 from support.vllm_double import DOUBLES
 from tests.python_backends import test_vllm_health as health
-from tests.python_backends.test_sglang_model import fake_stub_modules
 
-
-@pytest.fixture
-def module(monkeypatch):
-    """python_backends/vllm/model.py, loaded as its stub would (siblings on the path)."""
-    monkeypatch.syspath_prepend(str(health.MODEL_PY.parent))
-    with fake_stub_modules():
-        monkeypatch.delitem(sys.modules, "stats", raising=False)
-        monkeypatch.delitem(sys.modules, "trident_common.metrics", raising=False)
-        spec = importlib.util.spec_from_file_location("trident_vllm_model", health.MODEL_PY)
-        loaded = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(loaded)
-        yield loaded
-        sys.modules.pop("stats", None)
-        sys.modules.pop("trident_common.metrics", None)
+module = health.module  # the fixture: python_backends.vllm.model under the stub's doubles
 
 
 @pytest.fixture

@@ -3,6 +3,10 @@ configs list exactly its tensors, and a hint added there reaches the router's co
 
 from __future__ import annotations
 
+import sys
+import types
+from pathlib import Path
+
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
@@ -90,12 +94,18 @@ def test_the_ensemble_maps_each_sampling_input_to_the_engine_input_the_interface
 
 
 def test_a_hint_added_to_the_interface_reaches_the_router_config(tmp_path, monkeypatch):
-    source = render_context.INTERFACE_FILE.read_text()
+    source = Path(interface.__file__).read_text()
     old = 'HINT_NAMES = ("route",'
     assert source.count(old) == 1
-    edited = tmp_path / "interface.py"
-    edited.write_text(source.replace(old, 'HINT_NAMES = ("region", "route",'))
-    monkeypatch.setattr(render_context, "INTERFACE", render_context.load_interface(edited))
+    # The interface as it would be with one more hint: the edited source run as a module
+    # of its own (dataclasses look their module up while they are made).
+    edited = types.ModuleType("trident_interface_with_region")
+    monkeypatch.setitem(sys.modules, edited.__name__, edited)
+    exec(
+        compile(source.replace(old, 'HINT_NAMES = ("region", "route",'), "<edited>", "exec"),
+        edited.__dict__,
+    )
+    monkeypatch.setattr(render_context, "interface", edited)
     rendered = configs()
     router_inputs = {t.name: t for t in rendered["router"].input}
     assert "region" in router_inputs and router_inputs["region"].optional

@@ -109,7 +109,12 @@ def test_policy_per_router_backend_and_rule(tmp_path):
 
 def test_the_model_itself_is_the_router_code_over_its_replicas(tmp_path, root):
     repo = render(tmp_path)
-    assert (repo / "chat" / "1" / "model.py").read_bytes() == (root / "bls/model.py").read_bytes()
+    assert (repo / "chat" / "1" / "bls" / "model.py").read_bytes() == (
+        (root / "bls/model.py").read_bytes()
+    )
+    assert (
+        "from bls.model import TritonPythonModel" in (repo / "chat" / "1" / "model.py").read_text()
+    )
     config = parse_config(repo / "chat" / "config.pbtxt")
     assert [(g.count, g.kind) for g in config.instance_group] == [(1, GROUP.KIND_CPU)]
     assert "route" in {t.name for t in config.input}  # the router's inputs

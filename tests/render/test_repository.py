@@ -72,7 +72,7 @@ def test_layout_and_explicit_interfaces(tmp_path):
         "rag/1/model.py",
         "router/1/model.py",
         "router/1/router.json",
-        "router/1/policy.py",
+        "router/1/bls/policy.py",
     } <= set(files)
     assert "chat/1/model.json" not in files
     for name in ("chat", "chat__r0", "chat__r1", "rag", "router"):
@@ -98,9 +98,32 @@ def test_layout_and_explicit_interfaces(tmp_path):
 
 def test_python_sources_are_copied_verbatim(tmp_path, root):
     files = render_to(tmp_path / "repo")
-    assert files["chat__r0/1/model.py"] == (root / "python_backends/vllm/model.py").read_bytes()
-    assert files["chat/1/model.py"] == (root / "bls/model.py").read_bytes()
-    assert files["router/1/breaker.py"] == (root / "bls/breaker.py").read_bytes()
+    assert files["chat__r0/1/python_backends/vllm/model.py"] == (
+        (root / "python_backends/vllm/model.py").read_bytes()
+    )
+    assert files["chat/1/bls/model.py"] == (root / "bls/model.py").read_bytes()
+    assert files["router/1/bls/breaker.py"] == (root / "bls/breaker.py").read_bytes()
+    assert files["router/1/trident_common/interface.py"] == (
+        (root / "trident_common/interface.py").read_bytes()
+    )
+
+
+def test_each_python_model_py_imports_its_model_by_the_one_dotted_name(tmp_path):
+    """Triton loads model.py by its path; it is a shim naming the module the builder,
+    the tests and mypy know by the same name, its own folder first on sys.path (an
+    installed trident has the same package names)."""
+    files = render_to(tmp_path / "repo")
+    expected = {
+        "router": "bls.model",
+        "chat": "bls.model",  # the replicas' forwarder: the router's code
+        "chat__r0": "python_backends.vllm.model",
+        "rag": "python_backends.vllm.model",
+    }
+    for name, module in expected.items():
+        shim = files[f"{name}/1/model.py"].decode()
+        assert f"from {module} import TritonPythonModel" in shim
+        assert "sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))" in shim
+        compile(shim, f"{name}/1/model.py", "exec")
 
 
 def test_failed_validation_leaves_existing_repository_untouched(tmp_path):

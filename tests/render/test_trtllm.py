@@ -3,9 +3,7 @@ contract with the router's TrtllmAdapter, and the tokenizer models in a real Tri
 
 import contextlib
 import copy
-import importlib
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +17,6 @@ from builder.render.validate import parse_config, validate_repository
 from builder.render.write import write_repository
 from builder.spec import parse_spec
 from tests.fakes import fake_pb_utils as pb
-from tests.helpers.modules import stub_imports
 
 # A path that does not spell the key: the key must come from the cache lookup.
 ENGINE = ServedEngine("/cache/engines/llama-short-context", "ab" * 32)
@@ -94,7 +91,8 @@ def test_four_models_render_and_validate(tmp_path):
     } == names
     for name in names:
         assert parse_config(tmp_path / "repo" / name / "config.pbtxt").name == name
-    assert "llama_preprocessing/1/tokenizing.py" in files
+    assert "llama_preprocessing/1/python_backends/tensorrt_llm/common/tokenizing.py" in files
+    assert "llama_postprocessing/1/python_backends/tensorrt_llm/common/tokenizing.py" in files
     # lora_adapters.py marks its refusals through the runtime error table
     assert "llama_preprocessing/1/trident_common/error_classes.py" in files
 
@@ -240,7 +238,7 @@ def test_lora_wiring_renders_and_validates(tmp_path):
     weights, config = convert_adapter(tmp_path / "legal", "fp16")
     stored = np.load(tmp_path / "repo/llama_preprocessing/1/lora/legal/model.lora_weights.npy")
     np.testing.assert_array_equal(stored, weights)
-    assert "llama_preprocessing/1/lora_adapters.py" in files
+    assert "llama_preprocessing/1/python_backends/tensorrt_llm/common/lora_adapters.py" in files
 
 
 def test_several_engine_instances_send_weights_always(tmp_path):
@@ -269,8 +267,9 @@ _NP_TYPES = {
 
 @contextlib.contextmanager
 def adapters_module():
-    with stub_imports(Path(__file__).resolve().parents[2] / "bls", ("adapters",)):
-        yield importlib.import_module("adapters")
+    from bls import adapters
+
+    yield adapters
 
 
 def test_ensemble_accepts_every_tensor_the_router_sends():

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from builder.cli.main import main
-from builder.render.context import INTERFACE
 from builder.serve import admin, loading
 from builder.serve.install import TritonInstall
 from builder.serve.server import Ports, TritonServer
+from trident_common import interface as INTERFACE
 
 INSTALL = TritonInstall(Path("/opt/tritonserver/bin/tritonserver"), None, bundled=False)
 

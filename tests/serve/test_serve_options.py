@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from builder.cli.main import main
-from builder.render.context import INTERFACE
 from builder.serve.install import TritonInstall
 from builder.serve.server import Ports, TritonServer, connect_host, is_loopback
+from trident_common import interface as INTERFACE
 
 SECRET = INTERFACE.ROUTER_SECRET_ENV
 INSTALL = TritonInstall(Path("/opt/tritonserver/bin/tritonserver"), None, bundled=False)

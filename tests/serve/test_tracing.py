@@ -20,7 +20,6 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from builder import runtime_modules
 from builder.cli.main import main
 from builder.serve.openai.app import create_app
 from builder.serve.openai.tensors import Piece
@@ -180,8 +179,9 @@ def test_a_hanging_collector_costs_an_ended_span_nothing_and_a_full_queue_drops_
     """A collector that takes the connection and never answers holds the SDK's export
     thread for the export timeout; meanwhile spans end at once, what the bounded queue
     cannot hold is dropped, and every span is counted as sent, dropped or failed."""
-    common = runtime_modules.load("tracing")
     from opentelemetry.sdk.trace import TracerProvider
+
+    from trident_common import tracing as common
 
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
@@ -235,6 +235,7 @@ def test_a_traced_requests_call_to_triton_carries_its_traceparent_twice():
     client.open_stream(frontend_triton.request_of("router", [], "r2"))  # untraced
     (traced, kw), (untraced, untraced_kw) = calls
     assert kw["metadata"] == (("traceparent", ours),)
-    interface = runtime_modules.load("interface")
+    from trident_common import interface
+
     assert traced.parameters[interface.TRACEPARENT].string_param == ours
     assert interface.TRACEPARENT not in untraced.parameters and not untraced_kw

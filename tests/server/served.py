@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.render.context import INTERFACE
 from builder.serve import admin
 from builder.serve.server import Ports, free_port
 from support.otlp_collector import Collector
@@ -32,6 +31,7 @@ from support.sglang_double import SHIM, paced_shim
 from support.vllm_double import write_rate
 from tests.helpers import wait_for
 from tests.helpers.servers import free_ports, record_spawn, render, served_pid
+from trident_common import interface as INTERFACE
 
 LONG_TOKENS = 1000  # the paced double's longest answer (50 s at 20 tokens/s)
 DRAIN_TIMEOUT_S = 12

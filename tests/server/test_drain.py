@@ -32,13 +32,13 @@ from pathlib import Path
 import openai
 import pytest
 
-from builder.render.context import INTERFACE
 from builder.serve.drain import run_dir
 from builder.serve.server import SHM_DIR, TritonServer, shm_regions_of_group
 from tests.helpers import wait_for
 from tests.helpers.servers import listening_addresses
 from tests.helpers.streams import Stream
 from tests.server.served import DRAIN_TIMEOUT_S, LONG_TOKENS, SERVICE, SPEC
+from trident_common import interface as INTERFACE
 
 pytestmark = pytest.mark.server
 

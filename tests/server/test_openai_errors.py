@@ -232,14 +232,14 @@ def generate_error(server, model: str, fields: dict) -> tuple:
         return e.code, table.classify(json.loads(e.read())["error"])
 
 
-@pytest.mark.destructive
 def test_refused_fan_outs_leave_the_router_free_to_unload(server, client):
     """A CI check's pool could not unload this module's router after the one refused n=2
     above: the frontend had cancelled the sibling choice across its own refusal's final
     flag, and Triton 2.51 then keeps that request, so the router's unload never ends
     (builder/serve/openai/triton.py, Call.abandon). Before the fix, 30 refusals left it
     stuck (1 of 1 tries; 3 refusals: 0 of 1); after it, 30 refusals, then the unload
-    ends within seconds. Destructive: the router stays unloaded for the pool's swap."""
+    ends within seconds. Last in this file (the module's own repository: its tests run
+    in file order), as it leaves the router unloaded for the pool's swap."""
     for _ in range(30):
         with pytest.raises(openai.BadRequestError):
             ask(client, tenant="finn", n=2)

@@ -183,7 +183,7 @@ def test_a_schema_no_backend_compiles_is_a_400_naming_it(url, engine):  # noqa: 
 def test_a_schema_over_the_bounds_is_a_400_at_once_and_the_next_request_is_served(url, engine):  # noqa: F811
     """Issue 34: an enum of thousands ran past the timeouts on every replica, and a
     json_object request after it timed out too. Refused before the engine compiles it
-    (python_backends/trident_common/constraint_bounds.py)."""
+    (trident_common/constraint_bounds.py)."""
     huge = {"type": "object", "properties": {"c": {"enum": [f"v{i}" for i in range(2_000)]}}}
     client = sync_client(url)
     started = time.monotonic()

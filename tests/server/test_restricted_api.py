@@ -27,13 +27,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from builder.render.context import INTERFACE
 from builder.serve import admin, client
 from builder.serve.openai.guard import RESERVED_FDS
 from builder.serve.watch import stub_processes
 from tests.helpers import wait_for
 from tests.helpers.servers import served_pid
 from tests.server.served import FD_LIMIT
+from trident_common import interface as INTERFACE
 
 pytestmark = pytest.mark.server
 

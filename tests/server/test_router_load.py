@@ -10,21 +10,17 @@ and never call a busy backend dead. Every wait polls with a bounded deadline.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 
 import pytest
 
+from bls import control
 from tests.helpers import metric_value, wait_for
-from tests.helpers.servers import ROOT
 from tests.helpers.streams import ENDLESS, Stream, generate
 
-# A stream quiet this long gets its backend health-probed: bls/control.py's constant,
-# read from the source (the module needs Triton's runtime to import).
-SILENCE_PROBE_S = float(
-    re.search(r"^SILENCE_PROBE_S = ([0-9.]+)", (ROOT / "bls" / "control.py").read_text(), re.M)[1]
-)
+# A stream quiet this long gets its backend health-probed.
+SILENCE_PROBE_S = control.SILENCE_PROBE_S
 
 pytestmark = [pytest.mark.server, pytest.mark.vllm]
 

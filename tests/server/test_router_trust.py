@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from builder.render.context import INTERFACE
 from builder.serve.client import build_inputs
 from support.grpc_stream import Stream, generate
 from support.sglang_double import MODEL
 from tests.gpu import check_sglang
 from tests.helpers import bad_requests
+from trident_common import interface as INTERFACE
 
 pytestmark = pytest.mark.server
 

@@ -35,10 +35,10 @@ from pathlib import Path
 import openai
 import tritonclient.grpc as grpcclient
 
-from builder.render.context import INTERFACE
 from builder.serve.server import TritonServer
 from tests.helpers.streams import Stream
 from tests.server import served
+from trident_common import interface as INTERFACE
 
 EXPORT_WAIT_S = 12  # past Triton's batch span processor delay (5 s by default)
 

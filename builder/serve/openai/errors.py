@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from builder import runtime_modules
+from trident_common import error_classes as TABLE
 
 
 class OpenAIError(Exception):
@@ -79,7 +79,6 @@ def too_large(what: str, limit: int, unit: str = "bytes") -> OpenAIError:
     )
 
 
-TABLE = runtime_modules.load("error_classes")  # the table the stubs use too
 # Triton's own words, not trident's: a model it does not know (unloaded since the
 # frontend's index was read), and the request id Triton puts before a message.
 TRITON_UNKNOWN_MODEL = "Request for unknown model"

@@ -13,18 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder import runtime_modules
 from builder.serve.openai import tools as chat_tools
 from builder.serve.openai.errors import invalid
 from builder.serve.openai.limits import INT32_MAX, Limits
 from builder.serve.openai.structured import response_format
+from trident_common import interface as _INTERFACE
 
 DEFAULT_LIMITS = Limits()
 
-# trident's tensor interface (trident_common/interface.py), loaded by path as errors.py
-# loads the error table: builder.render.context would bring jinja2 and the spec into the
-# frontend.
-_INTERFACE = runtime_modules.load("interface")
 # Router inputs a request may set; the body wins over the header of the same name.
 HINTS: tuple[str, ...] = tuple(_INTERFACE.HINT_NAMES)
 # The engine's tenant inputs (priority, cache_salt): the router sets them from the spec's

@@ -4,7 +4,7 @@ already in OpenAI's shape) put into an answer, whole or streamed. Pure.
 
 The engine model renders the tools into the chat template, enforces `required` and a
 named choice with structured outputs, and parses `auto` answers with the model's tool
-parser (python_backends/trident_common/tool_calls.py; docs/clients.md says why there).
+parser (trident_common/tool_calls.py; docs/clients.md says why there).
 """
 
 from __future__ import annotations

@@ -30,15 +30,12 @@ import grpc  # type: ignore[import-untyped]  # no stubs in the venv
 from google.protobuf.json_format import MessageToDict
 from tritonclient.grpc import service_pb2
 
-from builder import runtime_modules
 from builder.serve import admin
 from builder.serve.openai.errors import OpenAIError, from_triton, model_not_found
 from builder.serve.openai.protocol import Generation
 from builder.serve.openai.tensors import ModelInfo, Piece, build_inputs, read_response
 from builder.serve.openai.traces import TRACEPARENT
-
-# trident's tensor interface, loaded by path (protocol.py says why).
-_INTERFACE = runtime_modules.load("interface")
+from trident_common import interface as _INTERFACE
 
 INDEX_TTL_S = 2.0  # how long the repository index (ready models) is believed
 # How long Triton's metrics text is reused: the endpoint picker may scrape every 50 ms, and

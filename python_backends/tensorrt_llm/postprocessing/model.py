@@ -12,7 +12,7 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from tokenizing import Array, decode_batch, load_tokenizer
+from python_backends.tensorrt_llm.common.tokenizing import Array, decode_batch, load_tokenizer
 
 
 def _required(request: pb_utils.InferenceRequest, name: str) -> Array:

@@ -15,8 +15,17 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from lora_adapters import LoraTable, engine_tensors, requested_name
-from tokenizing import Array, encode_batch, load_tokenizer, special_ids
+from python_backends.tensorrt_llm.common.lora_adapters import (
+    LoraTable,
+    engine_tensors,
+    requested_name,
+)
+from python_backends.tensorrt_llm.common.tokenizing import (
+    Array,
+    encode_batch,
+    load_tokenizer,
+    special_ids,
+)
 from trident_common.error_classes import triton_error
 from trident_common.log import Log
 
@@ -41,9 +50,9 @@ class TritonPythonModel:
         self.end_id, self.pad_id = special_ids(self.tokenizer)
         parameters = config["parameters"]
         model = parameters.get("model_name", {}).get("string_value", config["name"])
-        self.adapters = LoraTable.from_parameters(
-            model, parameters, Path(__file__).resolve().parent / "lora"
-        )
+        # The converted adapters lie in the model's version folder (builder/render/trtllm.py).
+        version = Path(args["model_repository"]) / args["model_version"]
+        self.adapters = LoraTable.from_parameters(model, parameters, version / "lora")
         if self.adapters is not None:  # a client naming another is told only "unknown"
             Log(config["name"]).info(
                 f"model {model} has adapters: {', '.join(sorted(self.adapters.task_ids))}"

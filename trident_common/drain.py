@@ -12,7 +12,7 @@ server writes, the models read:
 While draining, each model instance writes how many requests it has in flight to
 `busy.<pid>.<instance>`, so the server knows when nothing is left. A thread polls the
 folder: a request pays one attribute read, never a system call. No import from Triton
-or trident: the builder loads this file too (builder.runtime_modules), for the names.
+or trident: the builder imports this module too, for the names.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ mapped here too. The Python code reads these lists, and the builder hands this m
 the jinja templates (builder.render.context), which write every config.pbtxt from them:
 a new hint, input or output is added here and nowhere else.
 
-Pure Python with no imports from trident, so the builder can load it by path and every
-rendered model directory carries it inside its copy of trident_common.
+Pure Python with no imports from trident: the builder and the frontend import it
+without the rest, and every rendered model directory carries it inside its copy of
+trident_common.
 """
 
 from __future__ import annotations

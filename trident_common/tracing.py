@@ -11,8 +11,8 @@ GenAI names where there are some). A request without one (untraced, or a direct 
 gets none. opentelemetry is imported only when an endpoint is set.
 
 Spans leave in batches from the SDK's own thread, through a bounded queue
-(export_processor, used by the frontend's spans too: builder/serve/tracing.py loads this
-module through builder/runtime_modules.py), so a collector that is down, slow or refusing
+(export_processor, used by the frontend's spans too: builder/serve/tracing.py imports
+this module), so a collector that is down, slow or refusing
 costs a request nothing: a span that finds the queue full is dropped, one whose export
 failed is lost, and SpanLosses counts both (the engine model's Triton counters
 trident_trace_spans_{dropped,export_failed}_total, the frontend's on its GET /metrics).
