@@ -30,6 +30,16 @@ from trident_common.interface import DRAIN_DIR_ENV  # noqa: E402
 sys.modules.setdefault("triton_python_backend_utils", fake_pb_utils)
 
 
+@pytest.fixture(autouse=True)
+def _no_cancel_check_after_final():
+    """A model that asks a sender whether it is cancelled after its final flag makes
+    tritonserver 2.51 read freed memory (fake_pb_utils.cancel_checks_after_final)."""
+    fake_pb_utils.cancel_checks_after_final.clear()
+    yield
+    asked = list(fake_pb_utils.cancel_checks_after_final)
+    assert not asked, f"is_cancelled() after the final flag: {asked}"
+
+
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT

@@ -402,6 +402,11 @@ class AsyncEngineModel(abc.ABC):
 
     @staticmethod
     def _client_gone(active: _Active) -> bool:
+        if active.closed:
+            # Its final flag went out (or was tried: a failed final send here). Triton
+            # 2.51 deleted the request's response factory with it, and would answer
+            # is_cancelled() from the freed memory: tritonserver may segfault.
+            return True
         try:
             return bool(active.sender.is_cancelled())
         except Exception:

@@ -18,6 +18,10 @@ import numpy as np
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 
 metric_violations: list[str] = []
+# is_cancelled() asked of a sender whose final flag went out (or was tried): tritonserver
+# 2.51 deleted the request's response factory with that flag and reads the freed memory
+# to answer (a segfault of tritonserver, at times). tests/conftest.py fails a test on it.
+cancel_checks_after_final: list[str] = []
 _metrics_lock = threading.Lock()
 _metric_values: dict[tuple, weakref.ref] = {}  # (family name, sorted labels) → Metric
 
@@ -88,6 +92,7 @@ class ResponseSender:
     def __init__(self):
         self.sent: list[tuple[InferenceResponse | None, int]] = []
         self.cancelled = False
+        self.fail_sends = False  # every send raises (a client gone), as Triton's would
         self.closed = threading.Event()
         self._lock = threading.Lock()
 
@@ -95,11 +100,15 @@ class ResponseSender:
         with self._lock:
             if self.closed.is_set():
                 raise TritonModelException("response sender has been closed")
-            self.sent.append((response, flags))
             if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
-                self.closed.set()
+                self.closed.set()  # the factory goes with a final send, even a failed one
+            if self.fail_sends:
+                raise TritonModelException("the response could not be sent")
+            self.sent.append((response, flags))
 
     def is_cancelled(self) -> bool:
+        if self.closed.is_set():
+            cancel_checks_after_final.append(f"sender {id(self):x}")
         return self.cancelled
 
     # -- for tests --------------------------------------------------------------------

@@ -687,12 +687,31 @@ def test_a_send_that_fails_on_a_cancelled_stream_still_ends_the_request(paced):
     stream = paced.send(text_input="long answer", stream=True)
     wait_for(lambda: len(stream.sent) == 1)
     stream.cancelled = True
-    stream.closed.set()  # Triton closed the stream: every send now raises
+    stream.fail_sends = True  # Triton closed the stream: every send now raises
     paced.engine.release()
     wait_for(lambda: paced.engine.aborts == [paced.engine.calls[-1]["rid"]])
     paced.wait_metric("trident_requests_in_flight", 0)
     paced.wait_metric("trident_requests_aborted_total", 1)
     assert paced.metric("trident_request_errors_total") == 0
+
+
+def test_a_failed_final_send_is_never_followed_by_a_cancellation_check():
+    """Triton 2.51 deletes a request's response factory with its final flag, even when
+    that send fails, and answers a later is_cancelled() from the freed memory (a CI run's
+    vLLM server ended with Signal 11 in libtriton_python.so right after a cancel). When
+    the final response's send raised (the client gone), the failure is classed without
+    asking (tests/conftest.py fails any test whose model asks after the final flag)."""
+    from trident_common import engine_model
+
+    sender = pb.ResponseSender()
+    sender.fail_sends = True
+    with pytest.raises(pb.TritonModelException):
+        sender.send(None, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    active = engine_model._Active("qwen-9", "", sender)
+    active.closed = True  # as _relay marks it when it queues the final response
+    # _failed's question (on the loop, after a send raised): was it the client's leaving?
+    assert engine_model.AsyncEngineModel._client_gone(active) is True
+    assert pb.cancel_checks_after_final == []
 
 
 def test_a_client_that_left_after_its_last_token_counts_as_aborted(served, monkeypatch):
