@@ -5,7 +5,9 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -107,25 +109,7 @@ LOOPBACK = "127.0.0.1"  # as builder.serve.server's, not imported: `--help` stay
     help="skip the start-up check that the server's Python stub passes strings "
     "intact (one echo through a throwaway second server, ~0.5 s)",
 )
-def serve(
-    repo: str,
-    http_port: int,
-    grpc_port: int,
-    metrics_port: int,
-    triton_host: str,
-    metrics_host: str,
-    allow_open_triton: bool,
-    timeout: float,
-    load_model: tuple[str, ...],
-    openai_port: int | None,
-    openai_host: str,
-    api_keys_file: str | None,
-    expose: tuple[str, ...],
-    drain_timeout_s: float,
-    otlp_traces_endpoint: str | None,
-    restart_limit: int,
-    no_self_test: bool,
-) -> int:
+def serve(**given: Any) -> int:
     """Run tritonserver on a model repository.
 
     Triton's ports bind to 127.0.0.1 unless --triton-host says otherwise. The models load
@@ -143,25 +127,46 @@ def serve(
     second server with the same binary and stub; exits 1 if it comes back changed (the
     bundled Python 3.12 stub corrupts strings).
     """
+    return _serve(ServeOptions(**given))
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """`trident serve`'s options as given, by their click names."""
+
+    repo: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    triton_host: str
+    metrics_host: str
+    allow_open_triton: bool
+    timeout: float
+    load_model: tuple[str, ...]
+    openai_port: int | None
+    openai_host: str
+    api_keys_file: str | None
+    expose: tuple[str, ...]
+    drain_timeout_s: float
+    otlp_traces_endpoint: str | None
+    restart_limit: int
+    no_self_test: bool
+
+
+def _serve(o: ServeOptions) -> int:
+    """Serve until stopped: start, then watch (reloads, restarts) until a signal drains
+    it or tritonserver ends for good; stop whatever was started."""
     from builder.serve.drain import Drain, DrainRequested, drain_on_signal
-    from builder.serve.server import Ports, TritonServer
 
-    repo_dir = Path(repo)
-    _check_repo_and_host(repo_dir, triton_host, api_keys_file, allow_open_triton)
-    server = TritonServer(
-        repo_dir,
-        Ports(http_port, grpc_port, metrics_port),
-        load_models=load_model or None,
-        self_test=not no_self_test,
-        host=triton_host,
-        metrics_host=metrics_host,
-    )
-    tracing = _traced(server, otlp_traces_endpoint)
-    traces = tracing.provider() if tracing is not None and openai_port is not None else None
+    repo_dir = Path(o.repo)
+    _check_repo_and_host(repo_dir, o.triton_host, o.api_keys_file, o.allow_open_triton)
+    server = _server(o, repo_dir)
+    tracing = _traced(server, o.otlp_traces_endpoint)
+    traces = tracing.provider() if tracing is not None and o.openai_port is not None else None
     frontend = None
-    api_keys = _openai_options(openai_host, openai_port, api_keys_file, expose)
+    api_keys = _openai_options(o.openai_host, o.openai_port, o.api_keys_file, o.expose)
 
-    drain = Drain(drain_timeout_s)
+    drain = Drain(o.drain_timeout_s)
     server.drain_folder = drain.folder  # the models watch it (trident_common/drain.py)
     report = lambda line: click.echo(line, err=True)  # noqa: E731
     drained = False
@@ -170,14 +175,14 @@ def serve(
         # Until it serves there is nothing to drain: any of these signals stops it.
         with sigterm_as_interrupt(signal.SIGUSR1):
             server.start()
-            server.wait_ready(timeout)
+            server.wait_ready(o.timeout)
             click.echo(
                 f"ready: HTTP {server.http_url}  gRPC {server.grpc_url}  "
                 f"metrics {server.metrics_url}"
             )
-            if openai_port is not None:
+            if o.openai_port is not None:
                 frontend = _start_frontend(
-                    server, openai_host, openai_port, api_keys, expose, repo_dir, traces
+                    server, o.openai_host, o.openai_port, api_keys, o.expose, repo_dir, traces
                 )
                 drain.frontend = frontend
                 click.echo(f"OpenAI API: {frontend.url}/v1")
@@ -189,8 +194,8 @@ def serve(
                 # started again, and each event is one line on stderr.
                 server.monitor(
                     report,
-                    restart_limit=restart_limit,
-                    ready_timeout_s=timeout,
+                    restart_limit=o.restart_limit,
+                    ready_timeout_s=o.timeout,
                     **_frontend_hooks(frontend),
                 )
             except DrainRequested as asked:
@@ -205,6 +210,20 @@ def serve(
     finally:
         _stop(server, frontend, traces, drain, drained)
     return 0
+
+
+def _server(o: ServeOptions, repo_dir: Path):
+    """The tritonserver to run (not started)."""
+    from builder.serve.server import Ports, TritonServer
+
+    return TritonServer(
+        repo_dir,
+        Ports(o.http_port, o.grpc_port, o.metrics_port),
+        load_models=o.load_model or None,
+        self_test=not o.no_self_test,
+        host=o.triton_host,
+        metrics_host=o.metrics_host,
+    )
 
 
 def _check_repo_and_host(
