@@ -130,6 +130,7 @@ class Relay:
         self.streaming = False  # the first response went to the client
         self.closed = False  # final flag sent, or attempt abandoned
         self.answered = False  # this attempt sent the client's final flag
+        self.complete = False  # ... with the answer's last response (its finish reason)
         self.backend_failed = False  # the backend's error ended the stream
         self.chunks = 0  # backend responses seen: progress, for silence probes
         self.first_relay_s = 0.0  # router time between the first response and its send
@@ -165,7 +166,7 @@ class Relay:
         # The slot is freed and the loop told the outcome in one wake-up of the loop,
         # after the first response went out: a wake-up before the send would take the
         # GIL from this thread on the first-token path.
-        ended = outcome is None and self.closed  # a whole answer: its one response went
+        ended = outcome is None and self.complete  # a whole answer: its one response went
         self._end_told = ended
         self.loop.call_soon_threadsafe(self._started, slots, outcome, ended)
         if responses is None:
@@ -184,11 +185,14 @@ class Relay:
             self._end(True)
 
     def _end(self, ok: bool) -> None:  # on the loop
-        """The client's stream is over. The backend's slot is handed back here, in the
-        loop's wake-up that the worker thread queued before the client could read its
-        final flag, so the client's next request (queued after it) finds the slot free;
-        handed back after `done`'s waiters ran, that request could meet `overloaded`
-        at max_inflight_per_backend 1 (issue 34)."""
+        """The client's stream is over. After a complete answer this comes as soon as its
+        last response went out (the backend's own final flag may still be on its way):
+        the backend's slot is handed back here, in the loop wake-up the worker thread
+        queued before the client could read its final flag, so the client's next request
+        (queued after it) finds the slot free; handed back after `done`'s waiters ran,
+        that request could meet `overloaded` at max_inflight_per_backend 1 (issue 34). A
+        stream ended otherwise (cancelled, failed, past its deadline) holds its slot until
+        the backend's stream ends, as the backend may still be generating."""
         if self.done.done():
             return
         if self.on_end is not None:
@@ -239,7 +243,7 @@ class Relay:
             while response is not None:
                 self.chunks += 1
                 self._forward(response)
-                if self.closed:  # the answer's end: the backend's final may follow
+                if self.complete:  # the answer's end: the backend's final may follow
                     self._tell_end()
                 response = next(responses, None)
             self.retired.add(responses)
@@ -268,7 +272,7 @@ class Relay:
         """Relay a response; the answer's last carries the client's final flag (one send
         fewer than a separate final, as the engine model itself sends it). Under lock."""
         if last:
-            self.closed = self.answered = True
+            self.closed = self.answered = self.complete = True
             self.sender.send(outgoing, flags=FINAL)
         else:
             self.sender.send(outgoing)
