@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import botocore.exceptions
@@ -154,20 +155,34 @@ def test_corrupt_manifest_is_quarantined(s3_bucket, tmp_path):
 
 def _upload_then_die(uri: str, cache_dir: str, log: str) -> None:
     """In a child process: build, and SIGKILL ourselves while the second part is sent,
-    once the small file (uploaded alongside, on another thread) is stored: without that
-    wait the kill could land before any byte reached S3, and the test would be a race."""
+    once the small file (uploaded alongside, on another thread) is stored and listed:
+    without that wait the kill could land before any byte reached S3, and the test would
+    be a race. (A CI check met it: the PutObject's after-call, which fires for a failed
+    attempt too, was all it waited for, and the bucket then held no file.)"""
     cache = EngineCache(Path(cache_dir), uri, transfer_config=SMALL_PARTS)
+    client, bucket = cache.s3.client, cache.s3.location.bucket
     parts_sent = []
     small_file_stored = threading.Event()
+
+    def stored(http_response, **_):
+        if http_response.status_code == 200:
+            small_file_stored.set()
+
+    def listed() -> bool:
+        found = client.list_objects_v2(Bucket=bucket).get("Contents", [])
+        return any("/files/" in item["Key"] for item in found)
 
     def die_on_second_part(**_):
         parts_sent.append(1)
         if len(parts_sent) == 2:
             small_file_stored.wait(30)
+            deadline = time.monotonic() + 30
+            while not listed() and time.monotonic() < deadline:
+                time.sleep(0.05)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    events = cache.s3.client.meta.events
-    events.register("after-call.s3.PutObject", lambda **_: small_file_stored.set())
+    events = client.meta.events
+    events.register("after-call.s3.PutObject", stored)
     events.register("before-send.s3.UploadPart", die_on_second_part)
     cache.get_or_build(KEY, recording_build(Path(log), payload=b"\x01" * (12 * MiB)), {})
 
