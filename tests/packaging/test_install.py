@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.test_architecture import SHIPPED  # what the wheel installs, named once
+
 ROOT = Path(__file__).resolve().parents[2]
 # What the container profile must never bring: NVIDIA's containers already hold CUDA
 # builds of these, and pip replacing them would break the container.
@@ -93,16 +95,6 @@ def wheel(tmp_path_factory) -> Path:
     )
     (built,) = dist.glob("trident-*.whl")
     return built
-
-
-SHIPPED = (
-    "builder",
-    "engine_cache",
-    "bls",
-    "trident_common",
-    "python_backends",
-    "model_repository_templates",
-)
 
 
 def test_the_wheel_carries_every_file_of_the_shipped_folders(wheel):
