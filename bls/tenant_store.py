@@ -45,6 +45,14 @@ REASONS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
 # A fan-out's call whose choice was admitted already: only a client that forged the
 # frontend's fan-out parameters sends one (tenants.FanOut).
 CHOICE_TAKEN = "choice_taken"
+# A fan-out's first call takes the leases of all n choices, but a choice's own lease
+# lasts the router's deadline only once its call arrives: until then it expires after
+# this. The frontend may cancel a choice before the router sees it (a client that
+# leaves at once; Triton then refuses the queued request without running the router),
+# and that choice's lease would otherwise block its tenant until the deadline. The
+# choices of one request are sent together and arrive within milliseconds (one that
+# comes later still runs, its group admitted, and takes its lease again).
+CHOICE_ARRIVAL_MS = 10_000.0
 # The budget of one call. A healthy call measured on the 2-core machine under 16 and 32
 # CPU burners (16 calls at once) took up to 0.34 s and 0.80 s (docs/router.md,
 # "Tenants"): 50 ms, the budget before, was blown there with Redis healthy. A budget
@@ -75,7 +83,8 @@ class FanOut:
     `group` are admitted as one unit. The first of them to reach a store admits all n
     (n requests against the rate limit, n concurrency leases, or none of either) and the
     store keeps that verdict for the group; each call then takes the lease of its own
-    `index`, once. A refused group charges nothing."""
+    `index`, once (a lease not taken within CHOICE_ARRIVAL_MS expires). A refused
+    group charges nothing."""
 
     __slots__ = ("group", "n", "index")
 
@@ -111,8 +120,10 @@ class LocalStore:
     """Counters of this router alone (no `redis` in the spec). Same algorithm as the Lua
     below; `clock` in seconds (injected by tests)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, arrival_ms: float = CHOICE_ARRIVAL_MS
+    ) -> None:
+        self.clock, self.arrival_ms = clock, arrival_ms
         self.tats: dict[tuple[str, str], float] = {}  # (tenant, "rpm" | "tpm") → TAT in ms
         self.leases: dict[str, dict[str, float]] = {}  # tenant → {lease id: expiry in ms}
         # (tenant, fan-out group) → (its verdict, the indexes that took their lease,
@@ -136,7 +147,8 @@ class LocalStore:
         key = (tenant, fan_out.group)
         entry = self.fan_outs.get(key)
         if entry is None or entry[2] <= now:
-            verdict = self._admit(tenant, limits, fan_out.leases(), lease_ms, now)
+            arrival_ms = min(self.arrival_ms, lease_ms)
+            verdict = self._admit(tenant, limits, fan_out.leases(), arrival_ms, now)
             entry = self.fan_outs[key] = (verdict, set(), now + lease_ms)
         verdict, taken, _ = entry
         if verdict:
@@ -144,6 +156,8 @@ class LocalStore:
         if fan_out.index in taken:
             return CHOICE_TAKEN
         taken.add(fan_out.index)
+        if limits.max_concurrent:  # its call is here: its lease lasts the deadline
+            self.leases.setdefault(tenant, {})[lease_id] = now + lease_ms
         return ""
 
     def _admit(
@@ -194,15 +208,18 @@ local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local period = 60000
 """
 # KEYS: requests TAT, tokens TAT, leases, and for a fan-out's call its group's key.
-# ARGV: rpm, tpm, max_concurrent, lease ms, the call's index in its fan-out ('' for none),
-# then the lease ids the admission takes: the request's one, or the fan-out's n.
+# ARGV: rpm, tpm, max_concurrent, lease ms, the fan-out's arrival ms, the call's index in
+# its fan-out ('' for none), then the lease ids the admission takes: the request's one, or
+# the fan-out's n (each for the arrival ms, until its own call takes it).
 # A group's key holds its verdict: the limit that refused it, or one character per choice
 # ('-' its lease not taken yet, '+' taken); GET and SET only, so the documented ACL serves.
 ADMIT = (
     _NOW
     + """
 local rpm, tpm, maxc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local lease_ms, n = tonumber(ARGV[4]), #ARGV - 5
+local lease_ms, n = tonumber(ARGV[4]), #ARGV - 6
+local first_ms = lease_ms
+if #KEYS > 3 then first_ms = math.min(lease_ms, tonumber(ARGV[5])) end
 local function admit()
   if tpm > 0 and (tonumber(redis.call('GET', KEYS[2])) or now) - now > period then
     return 'tokens_per_minute'
@@ -215,7 +232,7 @@ local function admit()
   if maxc > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
     if redis.call('ZCARD', KEYS[3]) + n > maxc then return 'max_concurrent' end
-    for i = 6, #ARGV do redis.call('ZADD', KEYS[3], now + lease_ms, ARGV[i]) end
+    for i = 7, #ARGV do redis.call('ZADD', KEYS[3], now + first_ms, ARGV[i]) end
     redis.call('PEXPIRE', KEYS[3], lease_ms)
   end
   if rpm > 0 then
@@ -232,12 +249,16 @@ if not verdict then
 end
 local first = string.sub(verdict, 1, 1)
 if first ~= '-' and first ~= '+' then return verdict end
-local at = tonumber(ARGV[5]) + 1
+local at = tonumber(ARGV[6]) + 1
 if string.sub(verdict, at, at) ~= '-' then return '"""
     + CHOICE_TAKEN
     + """' end
 redis.call('SET', KEYS[4], string.sub(verdict, 1, at - 1) .. '+' .. string.sub(verdict, at + 1),
            'KEEPTTL')
+if maxc > 0 then
+  redis.call('ZADD', KEYS[3], now + lease_ms, ARGV[6 + at])
+  redis.call('PEXPIRE', KEYS[3], lease_ms)
+end
 return ''
 """
 )
@@ -274,6 +295,7 @@ class RedisStore:
         timeout_s: float = TIMEOUT_S,
         retry_s: float = RETRY_S,
         clock: Callable[[], float] = time.monotonic,
+        arrival_ms: float = CHOICE_ARRIVAL_MS,
     ) -> None:
         parsed = urllib.parse.urlsplit(url)
         self.options: dict[str, Any] = {
@@ -292,6 +314,7 @@ class RedisStore:
         }
         self.namespace = namespace
         self.timeout_s, self.retry_s, self.clock = timeout_s, retry_s, clock
+        self.arrival_ms = arrival_ms
         self.client: aioredis.Redis | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.batch: list[_Call] = []  # (script, keys, args, future) of this loop turn
@@ -324,7 +347,15 @@ class RedisStore:
         reply = await self.call(
             ADMIT,
             keys,
-            (limits.rpm, limits.tpm, limits.max_concurrent, int(lease_ms), index, *lease_ids),
+            (
+                limits.rpm,
+                limits.tpm,
+                limits.max_concurrent,
+                int(lease_ms),
+                int(self.arrival_ms),
+                index,
+                *lease_ids,
+            ),
         )
         return reply.decode() if isinstance(reply, bytes) else ""
 

@@ -24,6 +24,7 @@ from support.redis_server import RedisServer
 from tests.bls.test_model import SPEC, router_modules
 from tests.bls.test_tenants import (
     fan_out,
+    fan_out_arrival_scenario,
     fan_out_concurrency_scenario,
     fan_out_rate_scenario,
 )
@@ -112,6 +113,16 @@ def test_a_fan_out_split_across_two_routers_is_admitted_whole_and_refused_whole(
         keys = redis.command("KEYS", f"trident:{namespace}:*:fan:*").decode()
         assert "fan:g" in keys
     assert 0 < pttl(redis, "trident:fan_out_rate_scenario:{t}:fan:g1") <= LEASE_MS
+
+
+def test_a_fan_out_choice_that_never_arrives_frees_its_lease_after_the_window(redis):
+    """Issue 34, in Redis and across two routers (the window at 200 ms here)."""
+    stores = [RedisStore(redis.url, None, "arrival", arrival_ms=200) for _ in range(2)]
+
+    async def wait():
+        await asyncio.sleep(0.3)
+
+    asyncio.run(fan_out_arrival_scenario(stores, wait))
 
 
 def test_a_password_and_a_wrong_one():

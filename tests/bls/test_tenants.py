@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bls.router_config import TenantLimitsConfig
-from bls.tenant_store import CHOICE_TAKEN, FanOut, Limits, LocalStore
+from bls.tenant_store import CHOICE_ARRIVAL_MS, CHOICE_TAKEN, FanOut, Limits, LocalStore
 from builder.render.router_json import router_config
 from builder.spec import parse_spec
 from tests.bls.test_model import (
@@ -342,6 +342,34 @@ async def fan_out_concurrency_scenario(stores):
     assert await fan_out(stores, "t", limits, "g4", 2, indexes=[1, 1]) == ["", CHOICE_TAKEN]
     await stores[0].finish("t", limits, "g4:0", 0)
     assert await stores[-1].admit("t", limits, "single", LEASE_MS) == ""
+
+
+async def fan_out_arrival_scenario(stores, wait):
+    """max_concurrent 2: n=2 admitted at its first call; its second choice never
+    arrives (the frontend cancelled it before the router saw it). That choice's lease
+    expires after the arrival window (`wait` passes it), not the deadline; the choice
+    that arrived keeps its own lease, and a late call of the group takes its lease again."""
+    limits = Limits(max_concurrent=2)
+    assert await fan_out(stores, "t", limits, "g", 2, indexes=[0]) == [""]
+    assert await stores[-1].admit("t", limits, "early", LEASE_MS) == "max_concurrent"
+    await wait()
+    assert await stores[-1].admit("t", limits, "single", LEASE_MS) == ""
+    assert await stores[0].admit("t", limits, "third", LEASE_MS) == "max_concurrent"
+    await stores[0].finish("t", limits, "single", 0)
+    assert await fan_out(stores, "t", limits, "g", 2, indexes=[1]) == [""]
+    assert await stores[0].admit("t", limits, "fourth", LEASE_MS) == "max_concurrent"
+
+
+def test_local_fan_out_choice_that_never_arrives_frees_its_lease_after_the_window():
+    """Issue 34: a choice the frontend cancelled before the router saw it held its
+    tenant's lease until the deadline (LEASE_MS here) on today's code."""
+    clock = Clock()
+    store = LocalStore(clock)
+
+    async def wait():
+        clock.now += CHOICE_ARRIVAL_MS / 1000 + 0.001
+
+    asyncio.run(fan_out_arrival_scenario([store], wait))
 
 
 def test_local_fan_out_is_admitted_whole_and_a_refused_one_is_not_charged():
