@@ -43,8 +43,8 @@ from bls.adapters import (
 )
 from bls.breaker import HALF_OPEN
 from bls.control import SILENCE_PROBE_S, Controls
-from bls.inbound import Inbound
 from bls.inflight import Inflight
+from bls.job import Attempt, Job
 from bls.policy import Policy, UnknownRoute
 from bls.read_request import read_request, sent_traceparent
 from bls.relay import REFUSED, CallSlots, Relay, Retired
@@ -78,10 +78,7 @@ from trident_common.log import Log
 from trident_common.request import BadRequest, first_scalar
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from bls.policy import RequestFeatures
-    from bls.replicas import Choice
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # How often the loop checks a stream for a client cancel, its deadline and silence: the
@@ -291,6 +288,7 @@ class TritonPythonModel:
         try:
             inbound = read_request(request, self.tenants.set_tier)
             route, candidates = self.policy.candidates(inbound.features, self.targets.available)
+            job = Job(request, sender, arrival, inbound, route, attempts)
         except UnknownRoute as e:
             return self.fail(sender, CLIENT.mark(str(e), e.param), "unknown_route")
         except BadRequest as e:  # the messages or a fan-out parameter not as the interface says
@@ -305,7 +303,7 @@ class TritonPythonModel:
         if not candidates and (inbound.fan_out is None or not self.tenants.enabled):
             return self.refuse(sender, route, inbound.features)  # not charged
         work = (
-            self.attempt(request, inbound, sender, route, candidates, arrival, attempts)
+            self.attempt(job, candidates)
             if candidates
             # One choice of a fan-out: the group's first call may have reserved this
             # choice's lease already. Refused once admitted, it gives the lease back
@@ -317,37 +315,18 @@ class TritonPythonModel:
             inbound.features.tenant, work, attempts, sender, self.fail, inbound.fan_out
         )
 
-    async def attempt(
-        self,
-        request: pb_utils.InferenceRequest,
-        inbound: Inbound,
-        sender: pb_utils.ResponseSender,
-        route: str,
-        candidates: list[str],
-        arrival: float,
-        attempts: list[Relay],
-    ) -> None:
+    async def attempt(self, job: Job, candidates: list[str]) -> None:
+        """Try the candidates in turn until one answers (serve); fail the request in
+        words when none could."""
         errors: list[str]
-        choices: dict[str, Choice] | None
-        errors, tried, choices, misfits = [], False, None, 0
+        errors, tried, misfits = [], False, 0
         record = ROUTE_RECORD.get()
         if record is not None:
             if self.tenants.enabled:  # this coroutine runs only once the tenant is admitted
                 record.admission = "admitted"
             record.failures = errors  # each candidate that failed or was unavailable, why
         if any(name in self.replicas.of for name in candidates):
-            # Replicated backends: their replicas, in the chooser's order (chosen once the
-            # tenant is admitted: a refused request leaves no record). The prompt's key is
-            # made here, for a route with replicas only: other routes never pay for it.
-            candidates, choices = self.replicas.expand(
-                route,
-                candidates,
-                inbound.features,
-                self.replicas.prompt(*inbound.prompt),
-                tenant_salt(self.tenants, inbound.features.tenant),
-                lambda name: self.breakers[name].available(),
-                self.inflight,
-            )
+            candidates = self.expand(job, candidates)
             if record is not None:
                 record.candidates = tuple(candidates)  # the replicas, in the chooser's order
         for attempt, backend in enumerate(candidates):
@@ -361,9 +340,7 @@ class TritonPythonModel:
                 record.backend, record.breaker = backend, self.breakers[backend].state
             recorded = False
             try:
-                recorded = await self.serve(
-                    request, inbound, sender, claim, route, arrival, attempts, choices
-                )
+                recorded = await self.serve(job, claim)
                 return
             except BackendFailed as e:
                 if isinstance(e, DoesNotFit):
@@ -379,22 +356,44 @@ class TritonPythonModel:
                 claim.release()  # (at the stream's end already, if it started)
                 if probe and not recorded:
                     self.breakers[backend].release_probe()
+        self.none_answered(job, errors, tried, misfits)
+
+    def expand(self, job: Job, candidates: list[str]) -> list[str]:
+        """Replicated backends: their replicas, in the chooser's order (chosen once the
+        tenant is admitted: a refused request leaves no record). The prompt's key is made
+        here, for a route with replicas only: other routes never pay for it."""
+        inbound = job.inbound
+        candidates, job.choices = self.replicas.expand(
+            job.route,
+            candidates,
+            inbound.features,
+            self.replicas.prompt(*inbound.prompt),
+            tenant_salt(self.tenants, inbound.features.tenant),
+            lambda name: self.breakers[name].available(),
+            self.inflight,
+        )
+        return candidates
+
+    def none_answered(self, job: Job, errors: list[str], tried: bool, misfits: int) -> None:
+        """Every candidate was unavailable, or failed before its first token, or cannot
+        take the request: say which, and why each."""
+        route = job.route
         if not tried:  # each was taken (full, breaker) while this request waited
             return self.fail(
-                sender,
+                job.sender,
                 UNAVAILABLE.mark(f"no backend available for route {route!r}: " + "; ".join(errors)),
                 "no_backend",
             )
         if misfits == len(errors):  # no candidate's engine can do what was asked
             return self.fail(
-                sender,
+                job.sender,
                 CLIENT.mark(
                     f"no backend of route {route!r} takes this request: " + "; ".join(errors)
                 ),
                 "bad_request",
             )
         self.fail(
-            sender,
+            job.sender,
             "every backend failed before its first token: " + "; ".join(errors),
             "all_failed",
         )
@@ -444,45 +443,27 @@ class TritonPythonModel:
         except Exception:
             pass  # the client is gone
 
-    async def serve(
-        self,
-        request: pb_utils.InferenceRequest,
-        inbound: Inbound,
-        sender: pb_utils.ResponseSender,
-        claim: Claim,
-        route: str,
-        arrival: float,
-        attempts: list[Relay],
-        choices: Mapping[str, Choice] | None = None,
-    ) -> bool:
+    async def serve(self, job: Job, claim: Claim) -> bool:
         """One attempt on the backend `claim` holds a slot of. Raises BackendFailed if
         nothing reached the client; returns whether the backend's outcome was recorded in
         its breaker."""
+        inbound, sender, arrival = job.inbound, job.sender, job.arrival
         backend = claim.name
-        adapter = self.adapters[backend]
-        # Unguessable: a backend aborts by this id, and any client may send aborts.
-        request_id = f"{self.name}-{secrets.token_hex(16)}"
-        added = self.tenants.inputs(inbound)
-        skipped = ROUTER_ONLY_INPUTS.union(t.name() for t in added) if added else ROUTER_ONLY_INPUTS
-        inputs = [
-            inbound.replaced.get(t.name(), t) for t in request.inputs() if t.name() not in skipped
-        ] + added
+        request_id = f"{self.name}-{secrets.token_hex(16)}"  # unguessable (job.Attempt)
         try:
-            child = pb_utils.InferenceRequest(
-                model_name=backend,
-                inputs=adapter.inputs(inputs, request_id, inbound.features.adapter),
-                requested_output_names=adapter.outputs,
-                parameters=self.signed(inbound.parameters, request_id, added, request),
-            )
+            child = self.child(job, backend, request_id)
         except BadRequest as e:  # a value no engine could take (out of range)
             self.fail(sender, e.marked(), "bad_request")
             return False
         except Unsupported as e:  # the request does not fit this engine's interface
             raise DoesNotFit(str(e)) from None
-        relay = Relay(sender, adapter, backend, self.loop, not inbound.stream, self.retired)
+        relay = Relay(
+            sender, self.adapters[backend], backend, self.loop, not inbound.stream, self.retired
+        )
         relay.tally = self.tenants.tally(inbound)
         relay.on_end = claim.release
-        attempts.append(relay)
+        job.attempts.append(relay)
+        attempt = Attempt(backend, request_id, relay)
         routed_s = time.monotonic() - arrival
         self.bls_slots.start(relay, child)
         if inbound.stream:
@@ -493,7 +474,7 @@ class TritonPythonModel:
             # a first-token timer would time the generation. The deadline bounds it (and a
             # silent engine fails the health probe meanwhile, see watch).
             first_by, late = arrival + self.deadline_s, f"deadline of {self.deadline_s} s exceeded"
-        problem = await self.watch(relay, relay.first, backend, first_by, request_id)
+        problem = await self.watch(attempt, relay.first, first_by)
         # abandon() fails once the relay sent the first response: the stream is on.
         if problem is not None and relay.abandon():
             if problem is Late.DEADLINE:
@@ -513,11 +494,28 @@ class TritonPythonModel:
         if outcome is not None:
             raise BackendFailed(outcome)
         self.targets.record(backend, ok=True)
-        if choices:
-            self.replicas.routed(backend, choices)
-        self.metrics.request(route, backend)
+        if job.choices:
+            self.replicas.routed(backend, job.choices)
+        self.metrics.request(job.route, backend)
         self.metrics.added_latency(routed_s + relay.first_relay_s)
-        return await self.finish(relay, backend, request_id, arrival)
+        return await self.finish(attempt, arrival)
+
+    def child(self, job: Job, backend: str, request_id: str) -> pb_utils.InferenceRequest:
+        """The backend's request: the client's inputs less the router's own, with the
+        tenant's values, in the backend engine's interface (adapters.py; raises
+        Unsupported, or BadRequest for a value no engine could take)."""
+        request, inbound, adapter = job.request, job.inbound, self.adapters[backend]
+        added = self.tenants.inputs(inbound)
+        skipped = ROUTER_ONLY_INPUTS.union(t.name() for t in added) if added else ROUTER_ONLY_INPUTS
+        inputs = [
+            inbound.replaced.get(t.name(), t) for t in request.inputs() if t.name() not in skipped
+        ] + added
+        return pb_utils.InferenceRequest(
+            model_name=backend,
+            inputs=adapter.inputs(inputs, request_id, inbound.features.adapter),
+            requested_output_names=adapter.outputs,
+            parameters=self.signed(inbound.parameters, request_id, added, request),
+        )
 
     def signed(
         self,
@@ -549,14 +547,13 @@ class TritonPythonModel:
         )
         return outgoing
 
-    async def finish(self, relay: Relay, backend: str, request_id: str, arrival: float) -> bool:
+    async def finish(self, attempt: Attempt, arrival: float) -> bool:
         """Supervise a started stream until it ends; returns True (outcome recorded)."""
-        problem = await self.watch(
-            relay, relay.done, backend, arrival + self.deadline_s, request_id
-        )
+        relay, backend = attempt.relay, attempt.backend
+        problem = await self.watch(attempt, relay.done, arrival + self.deadline_s)
         if problem is Late.DEADLINE:
             relay.close(f"deadline of {self.deadline_s} s exceeded")
-            self.controls.abort(backend, request_id)  # not the backend's failure
+            self.controls.abort(backend, attempt.request_id)  # not the backend's failure
         elif problem is not None:
             relay.close(f"{backend} failed mid-stream: {problem}")
             self.targets.record(backend, ok=False)
@@ -565,17 +562,13 @@ class TritonPythonModel:
         return True
 
     async def watch(
-        self,
-        relay: Relay,
-        until: asyncio.Future[Any],
-        backend: str,
-        deadline: float,
-        request_id: str,
+        self, attempt: Attempt, until: asyncio.Future[Any], deadline: float
     ) -> Late | str | None:
         """Wait for the future `until`; meanwhile abort on a client cancel (raises
         ClientCancelled), and return Late.DEADLINE at the deadline or the problem (its
         words) of a backend that went silent and fails a health probe. None when `until`
         is done."""
+        relay, backend = attempt.relay, attempt.backend
         seen, quiet_since = relay.chunks, time.monotonic()
         interval = FIRST_TOKEN_WATCH_S
         while True:
@@ -585,7 +578,7 @@ class TritonPythonModel:
             interval = min(2 * interval, STREAM_WATCH_S)
             if relay.client_cancelled():
                 relay.close()
-                self.controls.abort(backend, request_id)
+                self.controls.abort(backend, attempt.request_id)
                 raise ClientCancelled
             now = time.monotonic()
             if now >= deadline:

@@ -1,0 +1,50 @@
+"""What the router's steps share about one client request (bls/model.py): route,
+attempt, serve, finish and watch each take the request's Job, and an attempt's steps its
+Attempt, instead of passing the same values through every signature."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    # Annotations only: the stub adds pb_utils' classes after the model's files import.
+    from collections.abc import Mapping
+
+    import triton_python_backend_utils as pb_utils
+
+    from bls.inbound import Inbound
+    from bls.relay import Relay
+    from bls.replicas import Choice
+
+
+class Job:
+    """One client request once its route is known: the request and its sender, when it
+    arrived (its deadline counts from then), what the router read from it, the route,
+    the relays started for it (one per attempt; the last one still talking gets the
+    router's own error) and, for a route with replicas, the chooser's choices."""
+
+    __slots__ = ("request", "sender", "arrival", "inbound", "route", "attempts", "choices")
+
+    def __init__(
+        self,
+        request: pb_utils.InferenceRequest,
+        sender: pb_utils.ResponseSender,
+        arrival: float,
+        inbound: Inbound,
+        route: str,
+        attempts: list[Relay],
+    ) -> None:
+        self.request, self.sender, self.arrival = request, sender, arrival
+        self.inbound, self.route, self.attempts = inbound, route, attempts
+        self.choices: Mapping[str, Choice] | None = None
+
+
+class Attempt:
+    """One backend's try at a Job: the backend, the request id it knows the request by
+    (unguessable: a backend aborts by it, and any client may send aborts) and the relay
+    carrying its stream."""
+
+    __slots__ = ("backend", "request_id", "relay")
+
+    def __init__(self, backend: str, request_id: str, relay: Relay) -> None:
+        self.backend, self.request_id, self.relay = backend, request_id, relay
