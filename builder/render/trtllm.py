@@ -129,6 +129,21 @@ def render(ctx: RenderContext, model: ModelSpec) -> dict[str, bytes]:
             f"served engine (gpt_model_path): {ctx.engines[model.name].path}\n".encode()
         ),
     }
+    files.update(_python_steps(model, n, common, tokenizer, lora))
+    files.update(lora.get("files", {}))
+    return files
+
+
+def _python_steps(
+    model: ModelSpec,
+    n: dict[str, str],
+    common: dict[str, Any],
+    tokenizer: dict[str, Any],
+    lora: dict[str, Any],
+) -> dict[str, bytes]:
+    """The ensemble's Python steps (pre- and post-processing): each one's config.pbtxt,
+    its model.py shim and its packages."""
+    files: dict[str, bytes] = {}
     # (role, its inputs and outputs, its own parameters, what its config says it does)
     roles: tuple[tuple[str, dict[str, Any], dict[str, Any], str], ...] = (
         (
@@ -157,7 +172,6 @@ def render(ctx: RenderContext, model: ModelSpec) -> dict[str, bytes]:
             (COMMON_PACKAGE,) if role == "preprocessing" else ()
         )
         files.update(python_model(f"{n[role]}/{VERSION}", f"{package}.model", packages))
-    files.update(lora.get("files", {}))
     return files
 
 
