@@ -7,9 +7,13 @@ import asyncio
 import json
 
 from fastapi.testclient import TestClient
+from starlette.requests import Request
 
+from builder.serve.openai import choices
 from builder.serve.openai.answers import Answer
-from builder.serve.openai.app import _events, create_app
+from builder.serve.openai.app import create_app
+from builder.serve.openai.choices import _events, _Feed
+from builder.serve.openai.draining import DrainGate
 from builder.serve.openai.errors import OpenAIError, model_not_found
 from builder.serve.openai.limits import Limits
 from builder.serve.openai.protocol import parse_chat
@@ -125,6 +129,47 @@ def test_a_stream_without_a_finish_reason_is_a_backend_error():
     assert "error" in json.loads(events(response)[1])
 
 
+def test_a_stream_that_ends_before_any_response_is_a_502_not_a_200():
+    """One path for one choice and for n (choices.py): a call that ended with no
+    response at all was a 200 stream holding only an error event on the one-choice path
+    (app.py's own, before); now, as for n, the status says it before the stream starts."""
+    for n in (1, 2):
+        client, _ = client_for([])
+        response = client.post("/v1/chat/completions", json={**CHAT, "stream": True, "n": n})
+        assert response.status_code == 502, response.text
+        assert response.json()["error"]["code"] == "backend_error"
+
+
+def test_a_client_gone_before_the_events_begin_cancels_every_choice():
+    """The n-choice path handed its SSE response no way to stop the calls when the
+    client left before the body's first write (the events' own cleanup never runs
+    then); now respond() gives the response the feed's close as its on_leave."""
+
+    class Client:  # the ASGI side of a client that leaves once the answer starts
+        def __init__(self):
+            self.started = asyncio.Event()
+
+        async def receive(self):
+            await self.started.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(self, message):
+            self.started.set()
+            await asyncio.sleep(3600)  # the headers' write never ends: the client left
+
+    async def scenario():
+        triton, client = FakeTriton([Piece("a", None, 1, 1)]), Client()
+        request = Request({"type": "http"}, client.receive)
+        generation = parse_chat({**CHAT, "stream": True, "n": 2})
+        info = (await triton.models())["router"]
+        response = await choices.respond(triton, request, generation, info, DrainGate())
+        await response({"type": "http"}, client.receive, client.send)
+        return triton.calls
+
+    calls = asyncio.run(scenario())
+    assert len(calls) == 2 and all(call.cancelled for call in calls)
+
+
 def test_a_finished_answer_hands_the_call_over_and_never_cancels_it():
     client, triton = client_for([Piece("Hi", None, 3, 1), Piece("", "stop", 3, 2)])
     whole = client.post("/v1/chat/completions", json=CHAT).json()
@@ -159,10 +204,10 @@ def test_a_batch_is_one_event_and_the_end_leaves_with_the_last_text():
 
     async def writes():
         call = FakeCall(script)
-        batches = call.batches()
-        first = await batches.__anext__()
+        feed = _Feed([call], "router")
+        await feed.start()
         answer = Answer(parse_chat({**CHAT, "stream": True}))
-        return [out async for out in _events(answer, first, batches, call)], call
+        return [out async for out in _events(answer, feed)], call
 
     out, call = asyncio.run(writes())
     assert len(out) == 3 and out[-1].endswith(b"data: [DONE]\n\n")

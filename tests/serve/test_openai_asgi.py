@@ -128,7 +128,7 @@ def test_a_client_that_leaves_mid_stream_closes_the_answer_quietly():
             await asyncio.sleep(30)  # the next token never comes
             yield b"data: 2\n\n"
         finally:
-            closed.append(True)  # app.py's _events cancels the call here
+            closed.append(True)  # choices.py's _events cancels the call here
 
     left = []
 

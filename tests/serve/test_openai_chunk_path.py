@@ -12,7 +12,7 @@ import grpc
 import pytest
 from tritonclient.grpc import InferResult, service_pb2
 
-from builder.serve.openai import app as frontend
+from builder.serve.openai import choices
 from builder.serve.openai.answers import Answer
 from builder.serve.openai.protocol import parse_chat, parse_completion
 from builder.serve.openai.tensors import first_values, read_response
@@ -121,7 +121,7 @@ class OneStream:
     def open_stream(self, _request):
         return Stream(service_pb2.ModelStreamInferResponse(infer_response=m) for m in self.messages)
 
-    def _keep_draining(self, call):
+    def _keep_draining(self, call, timeout_s=None):
         pass
 
 
@@ -157,13 +157,11 @@ def test_the_sse_body_is_each_chunks_json_as_json_dumps_writes_it(generation):
     async def body() -> tuple[bytes, Answer]:
         call = Call(OneStream(messages), "router", [])
         answer = Answer(generation)
-        batches = call.batches()
-        first = await batches.__anext__()
+        feed = choices._Feed([call], "router")
+        await feed.start()
         # one response per batch, as an idle path hands them on
-        assert len(first) == 1
-        return b"".join(
-            [out async for out in frontend._events(answer, first, batches, call)]
-        ), answer
+        assert len(feed._held[0][1]) == 1
+        return b"".join([out async for out in choices._events(answer, feed)]), answer
 
     sent, answer = asyncio.run(body())
 

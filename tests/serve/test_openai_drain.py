@@ -103,7 +103,7 @@ class StandIn(Triton):
         self.wires.append(Wire(self.first))
         return self.wires[-1]
 
-    def _keep_draining(self, call) -> None:
+    def _keep_draining(self, call, timeout_s=None) -> None:
         pass  # nothing to read after the finish reason
 
 

@@ -7,6 +7,7 @@ finish reason and token counts.
 
     protocol.py   pure: OpenAI request JSON -> a Generation
     answers.py    pure: answers, chunks, usage as OpenAI's JSON
+    choices.py    every answer: its choices' calls read into JSON or SSE chunks
     errors.py     pure: OpenAI's error shape; Triton's errors mapped onto it
     limits.py     pure: body size, depth, messages, max_tokens bounds
     policy.py     pure: which models a client reaches, which hints a keyed client keeps

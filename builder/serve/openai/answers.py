@@ -127,7 +127,8 @@ class Answer:
     generation: Generation
     id: str = ""
     created: int = 0
-    _template: tuple | None = field(default=None, repr=False, compare=False)
+    # Per choice index: a text chunk's JSON before and after its text (text_chunk_json).
+    _templates: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
         self.id = self.id or new_id(self.generation.kind)
@@ -224,14 +225,16 @@ class Answer:
             out["usage"] = None
         return out
 
-    def text_chunk_json(self, text: str) -> str:
-        """json.dumps(chunk(text)) from a template made once per answer: a streamed
-        token then costs one string encode, not a dict tree built and encoded."""
-        if self._template is None:
+    def text_chunk_json(self, text: str, index: int = 0) -> str:
+        """json.dumps(chunk(text, index=index)) from a template made once per answer
+        and choice: a streamed token then costs one string encode, not a dict tree
+        built and encoded."""
+        template = self._templates.get(index)
+        if template is None:
             mark = json.dumps("\0")  # a request's id and model never hold a NUL
-            whole = json.dumps(self.chunk("\0"), ensure_ascii=False)
-            self._template = tuple(whole.rsplit(mark, 1))  # the text is the last string
-        head, tail = self._template
+            whole = json.dumps(self.chunk("\0", index=index), ensure_ascii=False)
+            template = self._templates[index] = tuple(whole.rsplit(mark, 1))  # text: last
+        head, tail = template
         return head + _json_string(text) + tail
 
     def usage_chunk(self, tokens_in: int, tokens_out: int) -> dict:

@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -33,16 +33,12 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from builder.serve.openai import choices
-from builder.serve.openai.answers import Answer
-from builder.serve.openai.asgi import LaneApp, SSEResponse
-from builder.serve.openai.choices import DONE, SERVED_BY_HEADER
+from builder.serve.openai.asgi import LaneApp
 from builder.serve.openai.draining import RETRY_AFTER_S, DrainGate
 from builder.serve.openai.errors import (
     OpenAIError,
-    client_closed,
     invalid,
     model_not_found,
-    no_finish_reason,
     server_draining,
     server_shutdown,
 )
@@ -57,9 +53,8 @@ from builder.serve.openai.limits import (
 from builder.serve.openai.pod_metrics import CONTENT_TYPE, pod_load
 from builder.serve.openai.policy import DEFAULT_EXPOSE, as_tenant, resolve
 from builder.serve.openai.protocol import Generation, parse_chat, parse_completion
-from builder.serve.openai.tensors import Piece
 from builder.serve.openai.traces import finish, request_span
-from builder.serve.openai.triton import Call, Triton
+from builder.serve.openai.triton import Triton
 
 log = logging.getLogger("trident.openai")
 OWNER = "trident"
@@ -294,116 +289,4 @@ async def _generate(
 ):
     info = await triton.info(model)
     check_max_tokens(generation.max_tokens, generation.max_tokens_param, info.name, limits)
-    if choices.needed(generation):  # n > 1 or logprobs: choices.py's path
-        return await choices.respond(triton, request, generation, info, drain)
-    call = triton.stream(generation, info)
-    drain.track(call)  # cut_off() ends it with an error, whole or streamed
-    answer = Answer(generation)
-    watcher = asyncio.ensure_future(_cancel_on_disconnect(request, call))
-    try:
-        if not generation.stream:
-            body, served_by = await _whole(answer, call.pieces(), call)
-            return JSONResponse(body, headers=_served(served_by))
-        batches = call.batches()
-        first = await _next(batches)
-    except OpenAIError:
-        call.finish()  # Triton answered with an error: let its call end
-        raise
-    except BaseException:
-        call.cancel()
-        raise
-    finally:
-        watcher.cancel()  # from here on Starlette watches the client (see _events)
-    return SSEResponse(
-        _events(answer, first or [], batches, call),
-        {
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",
-            **_served(first[0].served_by if first else ""),
-        },
-        call.cancel,
-    )
-
-
-def _served(served_by: str) -> dict:
-    """Which engine model answered (known at the first response), as a header."""
-    return {SERVED_BY_HEADER: served_by} if served_by else {}
-
-
-async def _cancel_on_disconnect(request: Request, call: Call) -> None:
-    """Cancel the gRPC call when the client disconnects before the answer starts."""
-    while True:
-        message = await request.receive()
-        if message.get("type") == "http.disconnect":
-            call.cancel()
-            return
-
-
-async def _next(batches: AsyncIterator[list[Piece]]) -> list[Piece] | None:
-    try:
-        return await batches.__anext__()
-    except StopAsyncIteration:
-        return None
-
-
-async def _whole(answer: Answer, pieces: AsyncIterator[Piece], call: Call) -> tuple:
-    texts, last = [], None
-    async for piece in pieces:
-        texts.append(piece.text)
-        last = piece
-    if call.cancelled:
-        raise client_closed()
-    if last is None or not last.finish_reason:
-        raise no_finish_reason(answer.generation.model)
-    call.finish()
-    return answer.whole(
-        "".join(texts), last.finish_reason, last.input_tokens, last.output_tokens
-    ), last.served_by
-
-
-def _sse(data) -> bytes:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
-
-
-async def _events(
-    answer: Answer, first: list[Piece], batches: AsyncIterator[list[Piece]], call: Call
-) -> AsyncGenerator[bytes, None]:
-    """The SSE body, one write per batch of responses: the texts of a batch go out as
-    one chunk (OpenAI's chunks carry any number of tokens), and the end (finish reason,
-    usage, [DONE]) leaves with the last text. Starlette cancels this generator when the
-    client disconnects; the finally then cancels the gRPC call (Triton cancels the
-    request, the engine aborts)."""
-    ended = False  # the call was handed to finish()
-    try:
-        if not first:
-            raise OpenAIError(
-                502,
-                f"{answer.generation.model}: the stream ended without a response",
-                "server_error",
-                None,
-                "backend_error",
-            )
-        last = first[-1]
-        out = _sse(answer.chunk("".join(p.text for p in first), None, first=True))
-        while not last.finish_reason:
-            if out:
-                yield out
-            batch = await _next(batches)
-            if batch is None:
-                raise no_finish_reason(answer.generation.model)
-            last = batch[-1]
-            text = "".join(p.text for p in batch)
-            out = b"data: " + answer.text_chunk_json(text).encode() + b"\n\n" if text else b""
-        call.finish()
-        ended = True
-        out += _sse(answer.chunk(None if answer.chat else "", last.finish_reason))
-        if answer.generation.include_usage:
-            out += _sse(answer.usage_chunk(last.input_tokens, last.output_tokens))
-        yield out + DONE
-    except OpenAIError as error:
-        call.finish()
-        ended = True
-        yield _sse(error.body()) + DONE
-    finally:
-        if not ended:
-            call.cancel()  # the client left (Starlette cancelled us) or we broke
+    return await choices.respond(triton, request, generation, info, drain)

@@ -1,4 +1,5 @@
-"""Answers with several choices (`n` > 1) or with logprobs, whole or streamed.
+"""Every answer of the generation routes, whole or streamed: its choices' Triton calls
+read into OpenAI's JSON or SSE chunks, one path for one choice and for n.
 
 `n` is a fan-out: one Triton call per choice, all at once, each answer tagged with its
 choice index (the engine models relay one sequence per request, so the engine's own `n`
@@ -6,10 +7,13 @@ is not used). With a `seed`, choice i samples with seed + i: reproducible, yet t
 choices differ. Usage counts the prompt once (as OpenAI bills it) and the completion
 tokens of every choice.
 
-The plain answer (n = 1, no logprobs) keeps app.py's path, tuned per token; this one
-builds each chunk as a dict. Errors keep app.py's rules: one that comes before the
-stream starts is a real 4xx/5xx; a later one is an `error` event, then [DONE]; a client
-that leaves cancels every call.
+Per token (the path a GPU's token rate runs through): one choice is read straight from
+its call, several through one queue fed by a task per call; a batch of plain text (no
+logprobs, no tool calls) is one chunk from the answer's template (answers.py
+text_chunk_json), a dict built and encoded only for the rest; a batch goes out as soon
+as it is read, but the batch that ends the answer leaves with the end (finish reason,
+usage, [DONE]) in one write. An error before the stream starts is a real 4xx/5xx; a
+later one is an `error` event, then [DONE]; a client that leaves cancels every call.
 """
 
 from __future__ import annotations
@@ -33,14 +37,7 @@ from builder.serve.openai.protocol import Generation
 from builder.serve.openai.tensors import ModelInfo, Piece
 
 SERVED_BY_HEADER = "X-Trident-Served-By"  # which engine model answered
-DONE = b"data: [DONE]\n\n"  # an SSE stream's last event (app.py's path ends with it too)
-
-
-def needed(generation: Generation) -> bool:
-    """Whether the request takes this path rather than app.py's single-choice one
-    (tools too: an answer's calls come whole with its last response, so the per-token
-    tuning of app.py's path has nothing to gain there)."""
-    return generation.n > 1 or generation.logprobs is not None or generation.tools is not None
+DONE = b"data: [DONE]\n\n"  # an SSE stream's last event
 
 
 def choice_generations(generation: Generation) -> list[Generation]:
@@ -66,8 +63,8 @@ def choice_generations(generation: Generation) -> list[Generation]:
 async def respond(
     triton, request: Request, generation: Generation, info: ModelInfo, drain: DrainGate
 ):
-    """The answer (JSONResponse or StreamingResponse) of a request that needs() this.
-    Each call is tracked by the drain, so that its cut_off() ends the answer."""
+    """The answer (JSONResponse or SSEResponse) of a generation request. Each call is
+    tracked by the drain, so that its cut_off() ends the answer."""
     calls = [triton.stream(g, info) for g in choice_generations(generation)]
     for call in calls:
         drain.track(call)
@@ -77,7 +74,7 @@ async def respond(
     try:
         if not generation.stream:
             return await _whole(answer, calls)
-        feed = _Feed(calls)
+        feed = _Feed(calls, generation.model)
         served_by = await feed.start()
     except OpenAIError:
         # A choice failed before the answer began: the others end on their own if they
@@ -94,18 +91,22 @@ async def respond(
             call.cancel()
         raise
     finally:
-        watcher.cancel()
+        watcher.cancel()  # from here on the SSE response watches the client
     return SSEResponse(
         _events(answer, feed),
         {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **_served(served_by)},
+        # A client gone before the events began: their `finally` never runs.
+        lambda: feed.close(set()),
     )
 
 
 def _served(served_by: str) -> dict:
+    """Which engine model answered (known at the first response), as a header."""
     return {SERVED_BY_HEADER: served_by} if served_by else {}
 
 
 async def _cancel_on_disconnect(request: Request, calls: list) -> None:
+    """Cancel the calls when the client disconnects before the answer starts."""
     while True:
         message = await request.receive()
         if message.get("type") == "http.disconnect":
@@ -118,7 +119,12 @@ async def _cancel_on_disconnect(request: Request, calls: list) -> None:
 
 
 async def _whole(answer: Answer, calls: list) -> JSONResponse:
-    results = await asyncio.gather(*(_one_whole(answer, call, i) for i, call in enumerate(calls)))
+    if len(calls) == 1:  # no gather's task for the common case
+        results = [await _one_whole(answer, calls[0], 0)]
+    else:
+        results = await asyncio.gather(
+            *(_one_whole(answer, call, i) for i, call in enumerate(calls))
+        )
     body = answer.head(streamed=False)
     body["choices"] = [choice for choice, _ in results]
     lasts = [last for _, last in results]
@@ -132,7 +138,8 @@ async def _one_whole(answer: Answer, call, index: int) -> tuple[dict, Piece]:
     last: Piece | None = None
     async for piece in call.pieces():
         texts.append(piece.text)
-        positions.extend(piece.logprobs or ())
+        if piece.logprobs:
+            positions.extend(piece.logprobs)
         last = piece
     if call.cancelled:
         raise client_closed()
@@ -149,15 +156,23 @@ async def _one_whole(answer: Answer, call, index: int) -> tuple[dict, Piece]:
 class _Feed:
     """Every choice's batches in the order they arrive, as (index, batch or None at its
     end, error or None). start() waits until each choice answered once (or one failed):
-    a request the engine refuses fails with its own status, not inside a 200 stream."""
+    a request the engine refuses fails with its own status, not inside a 200 stream.
+    One choice is read from its call directly (no task, no queue: a token's path)."""
 
-    def __init__(self, calls: list):
-        self.calls = calls
-        self._queue: asyncio.Queue = asyncio.Queue()
+    def __init__(self, calls: list, model: str):
+        self.calls, self.model = calls, model
         self._held: list = []
-        self._pumps = [asyncio.ensure_future(self._pump(i, call)) for i, call in enumerate(calls)]
+        self._closed = False
+        self._queue: asyncio.Queue | None = None
+        self._pumps: list[asyncio.Future] = []
+        if len(calls) == 1:
+            self._batches = calls[0].batches()
+        else:
+            self._queue = asyncio.Queue()
+            self._pumps = [asyncio.ensure_future(self._pump(i, c)) for i, c in enumerate(calls)]
 
     async def _pump(self, index: int, call) -> None:
+        assert self._queue is not None
         try:
             async for batch in call.batches():
                 self._queue.put_nowait((index, batch, None))
@@ -165,25 +180,41 @@ class _Feed:
         except OpenAIError as error:
             self._queue.put_nowait((index, None, error))
 
+    async def _read(self) -> tuple:
+        if self._queue is not None:
+            return await self._queue.get()
+        try:
+            return 0, await self._batches.__anext__(), None
+        except StopAsyncIteration:
+            return 0, None, None
+        except OpenAIError as error:
+            return 0, None, error
+
     async def start(self) -> str:
         answered: set = set()
         served_by = ""
         while len(answered) < len(self.calls):
-            item = await self._queue.get()
+            item = await self._read()
             index, batch, error = item
             if error is not None:
                 raise error
+            if batch is None and index not in answered:  # ended before any response
+                raise no_finish_reason(self.model)
             served_by = served_by or (batch[0].served_by if batch else "")
             answered.add(index)
             self._held.append(item)
         return served_by
 
     async def next(self) -> tuple:
-        return self._held.pop(0) if self._held else await self._queue.get()
+        return self._held.pop(0) if self._held else await self._read()
 
     def close(self, finished: set, failed: bool = False) -> None:
         """Stop every pump; the calls not finished are abandoned after a choice's failure
-        (Call.abandon), cancelled otherwise (the client left)."""
+        (Call.abandon), cancelled otherwise (the client left). Once: the events' end and
+        the response's on_leave may both ask."""
+        if self._closed:
+            return
+        self._closed = True
         for pump in self._pumps:
             pump.cancel()
         for index, call in enumerate(self.calls):
@@ -196,6 +227,9 @@ class _Feed:
 
 
 async def _events(answer: Answer, feed: _Feed) -> AsyncGenerator[bytes, None]:
+    """The SSE body, one write per batch of responses (OpenAI's chunks carry any number
+    of tokens); the last batch leaves with the end. Closing this generator (the client
+    left) cancels the calls not finished."""
     n = len(feed.calls)
     failed = False
     finished: set = set()
@@ -203,6 +237,7 @@ async def _events(answer: Answer, feed: _Feed) -> AsyncGenerator[bytes, None]:
     start = len(answer.generation.prompt or "") if answer.generation.echo else 0
     offsets = [start] * n  # completions' text_offset, per choice
     counts: dict = {}  # index -> (input tokens, output tokens)
+    out = b""  # the last batch's chunks, held for the end
     try:
         while len(finished) < n:
             index, batch, error = await feed.next()
@@ -212,22 +247,21 @@ async def _events(answer: Answer, feed: _Feed) -> AsyncGenerator[bytes, None]:
                 if index not in finished:
                     raise no_finish_reason(answer.generation.model)
                 continue
-            yield _batch_events(answer, index, batch, index not in begun, offsets, counts)
+            out = _batch_events(answer, index, batch, index not in begun, offsets, counts)
             begun.add(index)
             if batch[-1].finish_reason:
                 finished.add(index)
                 feed.calls[index].finish()
+            if out and len(finished) < n:
+                yield out
+                out = b""
         if answer.generation.include_usage:
             tokens_in = counts[0][0] if counts else 0
-            body = answer.head(streamed=True)
-            body["choices"] = []
-            body["usage"] = usage(tokens_in, sum(out for _, out in counts.values()))
-            yield _sse(body) + DONE
-        else:
-            yield DONE
+            out += _sse(answer.usage_chunk(tokens_in, sum(o for _, o in counts.values())))
+        yield out + DONE
     except OpenAIError as error:
         failed = True
-        yield _sse(error.body()) + DONE
+        yield out + _sse(error.body()) + DONE
     finally:
         feed.close(finished, failed)
 
@@ -237,7 +271,12 @@ def _batch_events(
 ) -> bytes:
     """One choice's batch as its chunks: the text (with its logprobs), then the finish
     reason if the batch ends the choice."""
-    text = "".join(piece.text for piece in batch)
+    last = batch[-1]
+    text = batch[0].text if len(batch) == 1 else "".join(piece.text for piece in batch)
+    plain = answer.generation.logprobs is None
+    if plain and not (first or last.finish_reason or last.tool_calls):
+        # A token's usual path: plain text, from the answer's template.
+        return b"data: " + answer.text_chunk_json(text, index).encode() + b"\n\n" if text else b""
     positions = [p for piece in batch for p in (piece.logprobs or ())]
     logprobs = answer.logprobs(positions, offsets[index])
     if logprobs is not None and not answer.chat:
@@ -245,7 +284,6 @@ def _batch_events(
     out = b""
     if text or first or positions:
         out += _sse(answer.chunk(text, None, first, index, logprobs))
-    last = batch[-1]
     if last.tool_calls:
         out += _sse(chat_tools.chunk(answer.chunk(None, None, index=index), last.tool_calls))
     if last.finish_reason:
