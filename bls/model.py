@@ -36,11 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import triton_python_backend_utils as pb_utils
 
-from bls.adapters import (
-    ROUTER_ONLY_INPUTS,
-    Adapters,
-    Unsupported,
-)
+from bls.adapters import ROUTER_ONLY_INPUTS, Adapters, Unsupported
 from bls.breaker import HALF_OPEN
 from bls.control import SILENCE_PROBE_S, Controls
 from bls.inflight import Inflight

@@ -203,10 +203,9 @@ def _shipped_sources() -> list[Path]:
     return sorted(path for folder in SHIPPED for path in (ROOT / folder).rglob("*.py"))
 
 
-def _local_names(path: Path) -> set[str]:
-    """Top-level names an import resolves inside the project: its packages (the same in
-    every file: no module is imported by a bare name found beside it)."""
-    return {*PACKAGES, *NEVER_SHIPPED}
+# Top-level names an import resolves inside the project: its packages (the same in every
+# file: no module is imported by a bare name found beside it).
+LOCAL_NAMES = frozenset({*PACKAGES, *NEVER_SHIPPED})
 
 
 def imported_tops(path: Path) -> set[str]:
@@ -224,7 +223,7 @@ def third_party_imports(paths: list[Path]) -> dict[str, list[str]]:
     """Import name → the files importing it, for what is neither stdlib nor the project."""
     found: dict[str, list[str]] = {}
     for path in paths:
-        for top in imported_tops(path) - set(sys.stdlib_module_names) - _local_names(path):
+        for top in imported_tops(path) - set(sys.stdlib_module_names) - LOCAL_NAMES:
             found.setdefault(top, []).append(str(path.relative_to(ROOT)))
     return found
 
