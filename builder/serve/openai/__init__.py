@@ -5,7 +5,8 @@ exposed Triton model (`router` unless the operator exposes others) in trident's 
 interface (docs/clients.md, "The tensor interface"), and every answer is the engine's own text,
 finish reason and token counts.
 
-    protocol.py   pure: OpenAI request JSON -> a Generation
+    schema.py     pure: OpenAI's request bodies as pydantic models, and their rules' words
+    protocol.py   pure: OpenAI request JSON -> a Generation (validated by schema.py)
     answers.py    pure: answers, chunks, usage as OpenAI's JSON
     choices.py    every answer: its choices' calls read into JSON or SSE chunks
     errors.py     pure: OpenAI's error shape; Triton's errors mapped onto it
