@@ -26,7 +26,7 @@ Ties go to the next replica in rotation, so equal replicas share new prefixes ev
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -137,16 +137,9 @@ class ReplicaChooser:
             if home in eligible:
                 return self._decision(home, "affinity", rotation, load, matched)
             spilled = True  # its own replica is past the bound: this turn goes elsewhere
-        if policy == "round_robin":
-            chosen, reason = rotation[0], "round_robin"
-        elif policy == "least_loaded":
-            chosen, reason = min(eligible, key=load.__getitem__), "load"
-        else:
-            chosen, reason, left_out = self._by_prefix(
-                rotation, eligible, load, matched, len(hashes)
-            )
-            spilled = spilled or left_out
-        if spilled:
+        pick = PICKERS[policy]
+        chosen, reason, left_out = pick(self, rotation, eligible, load, matched, len(hashes))
+        if spilled or left_out:
             reason = "spill"
         return self._decision(chosen, reason, rotation, load, matched)
 
@@ -176,6 +169,28 @@ class ReplicaChooser:
         eligible = [r for r in rotation if not over(load[r], least) and r not in full]
         return eligible or rotation  # every replica's KV cache full: load alone decides
 
+    def _round_robin(
+        self,
+        rotation: list[str],
+        eligible: list[str],
+        load: dict[str, int],
+        matched: Mapping[str, int],
+        blocks: int,
+    ) -> tuple[str, str, bool]:
+        """The next replica in turn, whatever its load."""
+        return rotation[0], "round_robin", False
+
+    def _least_loaded(
+        self,
+        rotation: list[str],
+        eligible: list[str],
+        load: dict[str, int],
+        matched: Mapping[str, int],
+        blocks: int,
+    ) -> tuple[str, str, bool]:
+        """The eligible replica with the fewest requests (the first of equals)."""
+        return min(eligible, key=load.__getitem__), "load", False
+
     def _by_prefix(
         self,
         rotation: list[str],
@@ -185,8 +200,7 @@ class ReplicaChooser:
         blocks: int,
     ) -> tuple[str, str, bool]:
         """The prefix policy: the least cost of blocks to prefill plus load_weight per
-        request there; the first of equals wins, so the rotation order breaks ties.
-        Returns (chosen, reason, whether a replica holding more was left out)."""
+        request there; the first of equals wins, so the rotation order breaks ties."""
         weight = self.load_weight
         chosen, best = eligible[0], None
         for r in eligible:
@@ -217,3 +231,20 @@ class ReplicaChooser:
     ) -> Decision:
         rest = sorted([r for r in rotation if r != chosen], key=load.__getitem__)
         return Decision((chosen, *rest), reason, matched[chosen])
+
+
+# The replica policies, one picker each, behind one signature: (the chooser, the
+# replicas in this turn's order, those within the balance bound, each one's requests,
+# each one's matched prefix blocks, the prompt's blocks) -> (the replica, the reason,
+# whether a replica holding more of the prompt was left out). A new policy is a method
+# and a line here, and its name in bls/policy.py's REPLICA_POLICIES (a test holds the two
+# together).
+_Picker = Callable[
+    [ReplicaChooser, list[str], list[str], dict[str, int], Mapping[str, int], int],
+    tuple[str, str, bool],
+]
+PICKERS: dict[str, _Picker] = {
+    "round_robin": ReplicaChooser._round_robin,
+    "least_loaded": ReplicaChooser._least_loaded,
+    "prefix_aware": ReplicaChooser._by_prefix,
+}

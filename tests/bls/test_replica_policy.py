@@ -237,3 +237,11 @@ def test_the_choices_on_a_fixed_workload_are_the_pinned_ones():
     assert "".join(picks) == PINNED_PICKS
     assert dict(reasons) == PINNED_REASONS
     assert matched == PINNED_MATCHED
+
+
+def test_every_replica_policy_has_its_picker_and_no_other():
+    """The spec's and router.json's policy names (bls/policy.py) and the chooser's table."""
+    from bls.policy import REPLICA_POLICIES
+    from bls.replica_policy import PICKERS
+
+    assert tuple(PICKERS) == REPLICA_POLICIES
