@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -74,6 +75,13 @@ def ask(server, tenant="bob", max_tokens=4, timeout_s=30) -> Stream:
         return stream
     finally:
         stream.close()
+
+
+def series(server, *names) -> list[str]:
+    """Every sample of these metric families (a failure's evidence)."""
+    with urllib.request.urlopen(server.metrics_url, timeout=5) as r:
+        text = r.read().decode()
+    return [line for line in text.splitlines() if line.startswith(names)]
 
 
 def metric(server, name, **labels) -> float:
@@ -155,7 +163,13 @@ def test_fallback_works_and_each_instance_trips_its_own_breaker(server):
     assert served == [{BACKUP}] * len(served)
     # Each instance tried the dead primary until its own breaker opened: 2 x 2 attempts,
     # then none, though the two instances kept taking requests.
-    wait_for(lambda: fallbacks() - before >= INSTANCES * CONSECUTIVE_FAILURES, timeout_s=10)
+    try:
+        wait_for(lambda: fallbacks() - before >= INSTANCES * CONSECUTIVE_FAILURES, timeout_s=10)
+    except AssertionError:
+        raise AssertionError(
+            f"{fallbacks() - before} fallbacks after {len(served)} asks; the series: "
+            f"{series(server, 'trident_router_fallbacks_total', 'trident_router_breaker_state')}"
+        ) from None
     for _ in range(6):
         assert ask(server).served_by == {BACKUP}
     time.sleep(0.3)
