@@ -49,9 +49,10 @@ def start_server(
     )
 
 
-def listening_addresses(pid: int) -> set[tuple[str, int]]:
-    """(address, port) of the TCP sockets process `pid` listens on, read from /proc: the
-    socket inodes among its file descriptors, looked up in /proc/net/tcp and tcp6."""
+def _tcp_sockets(pid: int) -> Iterator[tuple[str, str, int]]:
+    """(state, address, port) of each TCP socket process `pid` holds, read from /proc:
+    the socket inodes among its file descriptors, looked up in /proc/net/tcp and tcp6.
+    The state is the kernel's hex code (0A: LISTEN, 01: ESTABLISHED)."""
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         try:
@@ -60,12 +61,11 @@ def listening_addresses(pid: int) -> set[tuple[str, int]]:
             continue
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
-    found = set()
     for table in ("tcp", "tcp6"):
         for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
             fields = line.split()
             local, state, inode = fields[1], fields[3], fields[9]
-            if state != "0A" or inode not in inodes:  # 0A: LISTEN
+            if inode not in inodes:
                 continue
             address, port = local.split(":")
             raw = bytes.fromhex(address)
@@ -73,8 +73,18 @@ def listening_addresses(pid: int) -> set[tuple[str, int]]:
             words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
             ip = ipaddress.ip_address(words)
             # gRPC listens on an IPv6 socket with an IPv4-mapped address (::ffff:127.0.0.1)
-            found.add((str(getattr(ip, "ipv4_mapped", None) or ip), int(port, 16)))
-    return found
+            yield state, str(getattr(ip, "ipv4_mapped", None) or ip), int(port, 16)
+
+
+def listening_addresses(pid: int) -> set[tuple[str, int]]:
+    """(address, port) of the TCP sockets process `pid` listens on."""
+    return {(address, port) for state, address, port in _tcp_sockets(pid) if state == "0A"}
+
+
+def accepted_connections(pid: int, port: int) -> int:
+    """How many connections process `pid` holds that it accepted on `port` (any state
+    but LISTEN: a connection its client has closed still holds a descriptor)."""
+    return sum(1 for state, _, local in _tcp_sockets(pid) if local == port and state != "0A")
 
 
 def record_spawn(argv: list[str], output: Path | None, label: str, restarts: int = 0) -> Start:
