@@ -148,10 +148,12 @@ class AsyncEngineModel(abc.ABC):
                 "cache_salt or abort_request_id"
             )
         self.responses = ResponseFactory(self.model_name)
-        self.traces = tracing.EngineTraces.from_env(os.environ, self.model_name)
         self._adapter_responses: dict[str, ResponseFactory] = {}  # served_by model:adapter
         self.metrics = LlmMetrics(self.model_name)
-        # The spans lost on their way out, written with the health gauge (_watch_health).
+        self.traces = tracing.EngineTraces.from_env(
+            os.environ, self.model_name, on_loss=self._count_lost_spans
+        )
+        # The spans lost on their way out (made only with traces on).
         self._trace_losses = self.metrics.trace_losses() if self.traces is not None else None
         self.outbox = Outbox(
             f"{self.engine_name}-send",
@@ -427,10 +429,6 @@ class AsyncEngineModel(abc.ABC):
         while True:
             dead = self.engine_dead()
             self.metrics.engine_healthy.set(0 if dead else 1)
-            if self.traces is not None and self._trace_losses is not None:
-                for metric, lost in zip(self._trace_losses, self.traces.losses.take(), strict=True):
-                    if lost:
-                        metric.increment(lost)
             if dead is not None and not reported:
                 reported = True
                 self.log.error(f"The engine of model {self.model_name} died: {dead}")
@@ -440,6 +438,13 @@ class AsyncEngineModel(abc.ABC):
                         active.dead = dead
                         active.task.cancel()
             await asyncio.sleep(HEALTH_CHECK_S)
+
+    def _count_lost_spans(self, dropped: int, failed: int) -> None:
+        """SpanLosses' on_loss, on the thread that counted the loss (the loop, at a span's
+        end, or the SDK's export thread): the counter writes are the outbox thread's."""
+        for metric, lost in zip(self._trace_losses or (), (dropped, failed), strict=False):
+            if lost:
+                self.outbox.call(metric.increment, lost)
 
     def _refusal(self) -> str:
         """Why a draining server's model takes no request (error_classes.py)."""

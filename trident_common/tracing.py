@@ -55,8 +55,9 @@ class SpanLosses:
     """The sampled spans that never reached the collector, counted from any thread:
     `dropped` found the export queue full (`capacity` spans waiting), `failed` were in
     a batch the collector refused or did not take in time. `on_loss(dropped, failed)`,
-    if given, is told of each loss as it is counted, on the thread that counts it (the
-    router writes its counters so: it has no periodic task to take() them)."""
+    if given, is told of each loss as it is counted, on the thread that counts it (a
+    span's end, or the export thread): the router and the engine models write their
+    Triton counters so, queued off that thread; the frontend reads the totals."""
 
     def __init__(
         self,
@@ -66,7 +67,6 @@ class SpanLosses:
         self.capacity, self.on_loss = capacity, on_loss
         self.dropped = self.failed = 0
         self._queued = 0  # handed to the batch processor, not yet to the exporter
-        self._taken = (0, 0)  # (dropped, failed) at the last take()
         self._lock = threading.Lock()
 
     def admit(self) -> bool:
@@ -90,12 +90,6 @@ class SpanLosses:
             self.failed += count
         if self.on_loss is not None:
             self.on_loss(0, count)
-
-    def take(self) -> tuple[int, int]:
-        """(dropped, failed) since the last take(): for counters written elsewhere."""
-        with self._lock:
-            last, self._taken = self._taken, (self.dropped, self.failed)
-        return self._taken[0] - last[0], self._taken[1] - last[1]
 
 
 def export_processor(endpoint: str, losses: SpanLosses) -> Any:

@@ -198,7 +198,6 @@ def test_a_hanging_collector_costs_an_ended_span_nothing_and_a_full_queue_drops_
         provider.shutdown()
     assert losses.dropped >= 200 - 2 * 8  # the queue, and one batch being sent
     assert losses.dropped + losses.failed == 200
-    assert losses.take() == (losses.dropped, losses.failed) and losses.take() == (0, 0)
 
 
 def test_an_unsampled_request_hands_triton_no_traceparent():
