@@ -8,7 +8,8 @@ request parameter interface.TRACEPARENT). A request that carries one gets a span
 its child: from the request's arrival to its end, with the model, the router's request
 id, the token counts, the finish reason and the time to the first token (OpenTelemetry's
 GenAI names where there are some). A request without one (untraced, or a direct client)
-gets none. opentelemetry is imported only when an endpoint is set.
+gets none. The spans are trident_common/spans.py's (a fraction of the SDK's cost on the
+request's path). opentelemetry is imported only when an endpoint is set.
 
 Spans leave in batches from the SDK's own thread, through a bounded queue
 (export_processor, used by the frontend's spans too: builder/serve/tracing.py imports
@@ -28,6 +29,8 @@ from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
+
+from trident_common.spans import TRACEPARENT_HEADER, OpenSpan, Spans
 
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 # The engine model's span of the request its task serves, set in that task's context only
@@ -179,20 +182,15 @@ def engine_trace_headers() -> dict[str, str] | None:
     """The W3C headers naming the engine model's span of this task's request as the
     parent (vLLM's `trace_headers`); None when the request has no span."""
     span = ENGINE_SPAN.get()
-    if span is None:
-        return None
-    from opentelemetry.trace import set_span_in_context
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-    headers: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(headers, context=set_span_in_context(span))
-    return headers or None
+    return None if span is None else {TRACEPARENT_HEADER: span.traceparent}
 
 
 class EngineTraces:
-    def __init__(self, provider: Any, model: str, losses: SpanLosses):
-        self.provider, self.model, self.losses = provider, model, losses
-        self.tracer = provider.get_tracer("trident.engine")
+    """The spans of one model's stub (the router, an engine model), made by spans.Spans:
+    each follows its parent's sampled flag."""
+
+    def __init__(self, spans: Spans, model: str, losses: SpanLosses):
+        self.spans, self.model, self.losses = spans, model, losses
 
     @classmethod
     def from_env(
@@ -207,23 +205,19 @@ class EngineTraces:
         if not endpoint:
             return None
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
 
-        # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES itself.
-        provider = TracerProvider(resource=Resource.create({"trident.model": model}))
         losses = SpanLosses(on_loss=on_loss)
-        provider.add_span_processor(export_processor(endpoint, losses))
-        return cls(provider, model, losses)
+        # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES itself.
+        resource = Resource.create({"trident.model": model})
+        spans = Spans(export_processor(endpoint, losses), resource, "trident.engine")
+        return cls(spans, model, losses)
 
-    def start(self, traceparent: str, start_ns: int, request_id: str) -> Any:
+    def start(self, traceparent: str, start_ns: int, request_id: str) -> OpenSpan:
         """The span of a request whose parent is `traceparent`, begun at start_ns."""
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-        parent = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
-        return self.tracer.start_span(
+        return self.spans.start(
             f"generate {self.model}",
-            context=parent,
-            start_time=start_ns,
+            self.spans.parent(traceparent),
+            start_ns=start_ns,
             attributes={
                 "gen_ai.operation.name": "text_completion",
                 "gen_ai.request.model": self.model,
@@ -244,27 +238,21 @@ class EngineTraces:
         trident.triton_parent_lost."""
         if not triton_context:
             return None
-        parent = json.loads(triton_context).get("traceparent")
-        if not parent:
+        parent = self.spans.parent(json.loads(triton_context).get(TRACEPARENT_HEADER))
+        if parent is None:
             return None
-        from opentelemetry.trace import Link, get_current_span
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-        propagator = TraceContextTextMapPropagator()
-        context = propagator.extract({"traceparent": parent})
         links, attributes = [], {}
-        if sent and _trace_id(sent) != _trace_id(parent):
-            callers = propagator.extract({"traceparent": sent})
-            if get_current_span(callers).get_span_context().is_valid:
-                links = [Link(get_current_span(context).get_span_context())]
-                context, attributes = callers, {"trident.triton_parent_lost": True}
-        span = self.tracer.start_span(
-            f"route {self.model}", context=context, links=links, attributes=attributes
-        )
+        callers = self.spans.parent(sent) if sent else None
+        if callers is not None and callers.trace_id != parent.trace_id:
+            from opentelemetry.trace import Link
+
+            links = [Link(parent)]
+            parent, attributes = callers, {"trident.triton_parent_lost": True}
+        span = self.spans.start(f"route {self.model}", parent, attributes=attributes, links=links)
         return RouteRecord(span)
 
     def close(self) -> None:
-        self.provider.shutdown()  # what is still batched leaves now
+        self.spans.shutdown()  # what is still batched leaves now
 
 
 @dataclass
@@ -276,7 +264,7 @@ class RouteRecord:
     state when it was claimed, the tenant as a keyed hash (never its name or key), the
     tenant admission, and the outcome (the router's error reason, or "answered")."""
 
-    span: Any
+    span: OpenSpan
     route: str | None = None
     candidates: tuple[str, ...] = ()
     failures: list[str] = field(default_factory=list)
@@ -289,8 +277,7 @@ class RouteRecord:
     @property
     def traceparent(self) -> str:
         """This span's traceparent: the parent the router hands its backend request."""
-        context = self.span.get_span_context()
-        return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+        return str(self.span.traceparent)
 
     def attributes(self) -> dict[str, Any]:
         attributes: dict[str, Any] = {"trident.route.outcome": self.outcome}
@@ -313,10 +300,6 @@ class RouteRecord:
 
             self.span.set_status(Status(StatusCode.ERROR, self.outcome))
         self.span.end()
-
-
-def _trace_id(traceparent: str) -> str:
-    return traceparent.split("-")[1] if traceparent.count("-") == 3 else ""
 
 
 def tenant_hash(key: bytes, tenant: str) -> str:

@@ -115,7 +115,7 @@ def openai_command(
         limits,
         None if repo is None else Path(repo),
         drain_timeout_s,
-        tracing.provider() if tracing is not None else None,
+        tracing.spans() if tracing is not None else None,
     )
     return 0
 

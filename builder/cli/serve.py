@@ -162,7 +162,7 @@ def _serve(o: ServeOptions) -> int:
     _check_repo_and_host(repo_dir, o.triton_host, o.api_keys_file, o.allow_open_triton)
     server = _server(o, repo_dir)
     tracing = _traced(server, o.otlp_traces_endpoint)
-    traces = tracing.provider() if tracing is not None and o.openai_port is not None else None
+    traces = tracing.spans() if tracing is not None and o.openai_port is not None else None
     frontend = None
     api_keys = _openai_options(o.openai_host, o.openai_port, o.api_keys_file, o.expose)
 
@@ -281,7 +281,6 @@ def _openai_options(
 def _start_frontend(server, openai_host, openai_port, api_keys, expose, repo_dir, traces):
     """The OpenAI frontend, started, on the ready server."""
     from builder.serve.openai.runner import Frontend
-    from builder.serve.openai.traces import TRACER
 
     return Frontend(
         server.grpc_url,
@@ -292,7 +291,7 @@ def _start_frontend(server, openai_host, openai_port, api_keys, expose, repo_dir
         repo=repo_dir,
         admin_key=server.admin_key,
         metrics_url=server.metrics_url,
-        tracer=traces.get_tracer(TRACER) if traces else None,
+        spans=traces,
     ).start()
 
 

@@ -37,14 +37,16 @@ from typing import Any
 
 from builder.errors import EXIT_USAGE, TridentError
 from trident_common import tracing as _common
+from trident_common.spans import Spans
 
 TRACES_PATH = "/v1/traces"
 FRONTEND_SERVICE = "trident-openai"
 TRITON_SERVICE = "tritonserver"
 
 
-# The frontend's spans lost on their way out, over the process (every provider() of it).
+# The frontend's spans lost on their way out, over the process (every spans() of it).
 LOSSES = _common.SpanLosses()
+SCOPE = "trident.openai"  # the frontend spans' instrumentation scope
 SPANS_DROPPED = "trident:trace_spans_dropped_total"
 SPANS_EXPORT_FAILED = "trident:trace_spans_export_failed_total"
 
@@ -131,21 +133,19 @@ class Tracing:
             "OTEL_RESOURCE_ATTRIBUTES": ",".join(f"{k}={v}" for k, v in self.resource.items()),
         }
 
-    def provider(self) -> Any:
-        """The frontend's tracer provider (opentelemetry-sdk, OTLP over HTTP, batched):
-        its get_tracer() for the spans, its shutdown() sends what is left."""
+    def spans(self) -> Any:
+        """The frontend's spans (trident_common.spans.Spans, OTLP over HTTP, batched,
+        sampled ParentBased over the ratio): its shutdown() sends what is left."""
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-        provider = TracerProvider(
-            resource=Resource.create({**self.resource, "service.name": self.service}),
-            sampler=ParentBased(TraceIdRatioBased(self.ratio)),
-        )
         # Bounded and counted (trident_common/tracing.py): a dead collector never slows a
         # request, and LOSSES says how many spans it cost.
-        provider.add_span_processor(_common.export_processor(self.endpoint, LOSSES))
-        return provider
+        return Spans(
+            _common.export_processor(self.endpoint, LOSSES),
+            Resource.create({**self.resource, "service.name": self.service}),
+            SCOPE,
+            self.ratio,
+        )
 
 
 def _ratio(environ: Mapping[str, str]) -> float:

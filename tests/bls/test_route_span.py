@@ -6,13 +6,14 @@ untraced request makes no span, and a request no backend takes is an error span.
 from __future__ import annotations
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
 from tests.bls.test_model import ClientRequest, FakeBackend, router, run  # noqa: F401
 from trident_common import interface, tracing
+from trident_common.spans import Spans
 
 TRITON_TRACE, TRITON_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 TRITONS = f"00-{TRITON_TRACE}-{TRITON_SPAN}-01"  # Triton's span of the router's request
@@ -22,16 +23,15 @@ TRITONS = f"00-{TRITON_TRACE}-{TRITON_SPAN}-01"  # Triton's span of the router's
 def traced(router):  # noqa: F811 - test_model's fixture, used by name
     """A router whose spans go to memory: (make(backends), exporter)."""
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    spans = Spans(SimpleSpanProcessor(exporter), Resource.create({}), "trident.engine")
 
     def make(backends):
         model = router(backends=backends)
-        model.traces = tracing.EngineTraces(provider, model.name, tracing.SpanLosses())
+        model.traces = tracing.EngineTraces(spans, model.name, tracing.SpanLosses())
         return model
 
     yield make, exporter
-    provider.shutdown()
+    spans.shutdown()
 
 
 def test_a_fallback_names_the_failed_backend_and_the_one_that_answered(traced):

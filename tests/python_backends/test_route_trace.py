@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
 from trident_common import tracing
+from trident_common.spans import Spans
 
 TRITON_TRACE, TRITON_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 
@@ -20,10 +21,9 @@ TRITON_TRACE, TRITON_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b
 @pytest.fixture
 def traces():
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield tracing.EngineTraces(provider, "router", tracing.SpanLosses()), exporter
-    provider.shutdown()
+    spans = Spans(SimpleSpanProcessor(exporter), Resource.create({}), "trident.engine")
+    yield tracing.EngineTraces(spans, "router", tracing.SpanLosses()), exporter
+    spans.shutdown()
 
 
 def triton_context(flags: str = "01") -> str:

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import contextvars
 
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.python_backends.test_compile_bound import LateEngine, call, collect, vllm_model
 from tests.python_backends.test_vllm_health import module as vllm_module  # noqa: F401
 from trident_common import tracing
+from trident_common.spans import Spans
 
 ENDPOINT = "http://127.0.0.1:4318/v1/traces"
 
@@ -38,8 +41,8 @@ def test_traces_off_or_the_specs_own_endpoint_are_left_alone():
 
 
 def test_the_engine_span_is_vllms_parent_in_its_task_only(vllm_module):  # noqa: F811
-    provider = TracerProvider()
-    span = provider.get_tracer("test").start_span("generate smollm2")
+    spans = Spans(SimpleSpanProcessor(InMemorySpanExporter()), Resource.create({}), "test")
+    span = spans.start("generate smollm2")
     engine = LateEngine()
     model = vllm_model(vllm_module, engine)
 

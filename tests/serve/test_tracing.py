@@ -23,7 +23,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from builder.cli.main import main
 from builder.serve.openai.app import create_app
 from builder.serve.openai.tensors import Piece
-from builder.serve.openai.traces import TRACER
 from builder.serve.server import free_port
 from builder.serve.tracing import SPANS_DROPPED, SPANS_EXPORT_FAILED, Tracing, TracingError
 from support.otlp_collector import Collector
@@ -163,14 +162,14 @@ def test_a_dead_collector_fails_no_request_and_the_lost_spans_are_counted():
     """200 requests through the frontend with every span sampled and the collector down
     (a port nobody listens on): all are answered, and once the provider has tried to
     send what it holds, /metrics counts every one of the 200 spans as lost."""
-    provider = Tracing(f"http://127.0.0.1:{free_port()}/v1/traces", "t", {}, 1.0).provider()
+    spans = Tracing(f"http://127.0.0.1:{free_port()}/v1/traces", "t", {}, 1.0).spans()
     triton = MeteredTriton([Piece("Hello", "stop", 3, 1, "smollm2")])
-    client = TestClient(create_app("unused", triton, tracer=provider.get_tracer(TRACER)))
+    client = TestClient(create_app("unused", triton, spans=spans))
     before = _losses(client)
     body = {"model": "router", "prompt": "Hi", "max_tokens": 4}
     statuses = [client.post("/v1/completions", json=body).status_code for _ in range(200)]
     assert statuses == [200] * 200
-    provider.shutdown()  # the spans still queued are sent now: refused, counted
+    spans.shutdown()  # the spans still queued are sent now: refused, counted
     dropped, failed = (after - was for after, was in zip(_losses(client), before, strict=True))
     assert dropped + failed == 200
 
@@ -179,23 +178,22 @@ def test_a_hanging_collector_costs_an_ended_span_nothing_and_a_full_queue_drops_
     """A collector that takes the connection and never answers holds the SDK's export
     thread for the export timeout; meanwhile spans end at once, what the bounded queue
     cannot hold is dropped, and every span is counted as sent, dropped or failed."""
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.resources import Resource
 
     from trident_common import tracing as common
+    from trident_common.spans import Spans
 
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(64)  # connections are taken by the kernel, never answered
         losses = common.SpanLosses(capacity=8)
-        provider = TracerProvider()
         endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}/v1/traces"
-        provider.add_span_processor(common.export_processor(endpoint, losses))
-        tracer = provider.get_tracer("test")
+        spans = Spans(common.export_processor(endpoint, losses), Resource.create({}), "test")
         started = time.monotonic()
         for i in range(200):
-            tracer.start_span(f"span {i}").end()
+            spans.start(f"span {i}").end()
         assert time.monotonic() - started < 1.0  # never waited for the collector
-        provider.shutdown()
+        spans.shutdown()
     assert losses.dropped >= 200 - 2 * 8  # the queue, and one batch being sent
     assert losses.dropped + losses.failed == 200
 
@@ -207,13 +205,13 @@ def test_an_unsampled_request_hands_triton_no_traceparent():
 
     scope = {"method": "POST", "path": "/v1/completions", "headers": []}
     for ratio, handed in ((0.0, False), (1.0, True)):
-        provider = Tracing(f"http://127.0.0.1:{free_port()}/v1/traces", "t", {}, ratio).provider()
-        with request_span(provider.get_tracer(TRACER), scope):
+        spans = Tracing(f"http://127.0.0.1:{free_port()}/v1/traces", "t", {}, ratio).spans()
+        with request_span(spans, scope):
             assert (TRACEPARENT.get() is not None) == handed
         unsampled = [(b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")]
-        with request_span(provider.get_tracer(TRACER), {**scope, "headers": unsampled}):
+        with request_span(spans, {**scope, "headers": unsampled}):
             assert TRACEPARENT.get() is None  # the client's unsampled parent is honoured
-        provider.shutdown()
+        spans.shutdown()
 
 
 def test_a_traced_requests_call_to_triton_carries_its_traceparent_twice():

@@ -67,14 +67,14 @@ def create_app(
     expose: Iterable[str] = DEFAULT_EXPOSE,
     limits: Limits = Limits(),
     drain: DrainGate | None = None,
-    tracer: Any = None,
+    spans: Any = None,
 ) -> FastAPI:
     """The application for the Triton at triton_url (`triton`: a stand-in, for tests),
     serving the models in `expose` only. With api_keys (key → tenant,
     builder.serve.openai.keys), every /v1 request needs one of the keys, and its tenant
     is the request's tenant (policy.as_tenant). `drain`: the drain's state, which its
-    driver holds too (app.state.drain; a new one if not given). `tracer`: an
-    OpenTelemetry tracer when traces are on (builder/serve/tracing.py), else None."""
+    driver holds too (app.state.drain; a new one if not given). `spans`: the
+    frontend's spans when traces are on (builder/serve/tracing.py), else None."""
     triton = triton or Triton(triton_url)
     exposed = frozenset(expose)
     drain = drain or DrainGate()
@@ -102,11 +102,11 @@ def create_app(
 
     for kind in (Exception, HTTPException, OpenAIError):
         app.add_exception_handler(kind, _failed)
-    _add_probes(app, triton, drain, tracer, exposed)
+    _add_probes(app, triton, drain, spans, exposed)
     _add_model_routes(app, triton, admit, exposed)
     _add_generation_routes(app, generate)
-    app.lane("/v1/chat/completions", _lane(parse_chat, generate, drain, tracer))
-    app.lane("/v1/completions", _lane(parse_completion, generate, drain, tracer))
+    app.lane("/v1/chat/completions", _lane(parse_chat, generate, drain, spans))
+    app.lane("/v1/completions", _lane(parse_completion, generate, drain, spans))
     return app
 
 
@@ -137,7 +137,7 @@ async def _failed(_request, error: Exception):
 
 
 def _add_probes(
-    app: FastAPI, triton: Triton, drain: DrainGate, tracer: Any, exposed: frozenset
+    app: FastAPI, triton: Triton, drain: DrainGate, spans: Any, exposed: frozenset
 ) -> None:
     """/health, /metrics and /health/live: no key, no tenant."""
 
@@ -154,7 +154,7 @@ def _add_probes(
         """The pod's load for an endpoint picker (pod_metrics.py): no key, no tenant.
         With traces on, the frontend's lost spans too (builder/serve/tracing.py)."""
         text = b""
-        if tracer is not None:
+        if spans is not None:
             from builder.serve.tracing import loss_exposition
 
             text = loss_exposition()
@@ -212,7 +212,7 @@ def _add_generation_routes(app: FastAPI, generate: Callable[..., Awaitable[Respo
         return await generate(request, parse_completion)
 
 
-def _lane(parse, generate: Callable[..., Awaitable[Response]], drain: DrainGate, tracer: Any):
+def _lane(parse, generate: Callable[..., Awaitable[Response]], drain: DrainGate, spans: Any):
     """The same as _add_generation_routes' routes, straight from ASGI (asgi.py: every
     request and token of a generation would otherwise pass FastAPI's layers). LaneApp
     answers every POST to these paths here, so this is where in_flight is counted: from
@@ -224,10 +224,10 @@ def _lane(parse, generate: Callable[..., Awaitable[Response]], drain: DrainGate,
             return
         drain.in_flight += 1
         try:
-            if tracer is None:
+            if spans is None:
                 await answer(scope, receive, send)
             else:
-                with request_span(tracer, scope) as span:
+                with request_span(spans, scope) as span:
                     finish(span, await answer(scope, receive, send))
         finally:
             drain.in_flight -= 1

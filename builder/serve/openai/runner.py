@@ -26,7 +26,6 @@ from builder.serve.openai.guard import guarded
 from builder.serve.openai.limits import Limits
 from builder.serve.openai.policy import DEFAULT_EXPOSE
 from builder.serve.openai.repository import context_tokens
-from builder.serve.openai.traces import TRACER
 from builder.serve.openai.triton import Triton
 from builder.serve.server import port_in_use
 from builder.spec import ServerSpec
@@ -49,7 +48,7 @@ def _config(
     triton: Triton | None = None,
     drain: DrainGate | None = None,
     metrics_url: str | None = None,
-    tracer: Any = None,
+    spans: Any = None,
 ) -> uvicorn.Config:
     """uvicorn's configuration (`triton`: a stand-in, for tests; `drain`: the drain's
     state, held by whoever drives it)."""
@@ -60,7 +59,7 @@ def _config(
         expose=expose,
         limits=limits,
         drain=drain,
-        tracer=tracer,
+        spans=spans,
     )
     # The HTTP protocol: a connection's bounds (guard.py), and a streamed answer's headers
     # and first chunk in one write (coalesce.py says why).
@@ -102,8 +101,8 @@ def run(
     traces: Any = None,
 ) -> None:
     """Serve until SIGTERM or Ctrl-C, then drain (DrainingServer) and return. `repo`:
-    the repository Triton serves, read for the models' context lengths; `traces`: an
-    OpenTelemetry tracer provider (builder/serve/tracing.py) when traces are on."""
+    the repository Triton serves, read for the models' context lengths; `traces`: the
+    frontend's spans (builder/serve/tracing.py) when traces are on."""
     check_port(host, port)
     drain = DrainGate()
     config = _config(
@@ -114,7 +113,7 @@ def run(
         expose,
         with_repository(limits, repo),
         drain=drain,
-        tracer=traces.get_tracer(TRACER) if traces is not None else None,
+        spans=traces,
     )
     server = DrainingServer(config, drain, drain_timeout_s)
     try:
@@ -183,11 +182,11 @@ class Frontend:
         admin_key: str | None = None,
         triton: Triton | None = None,
         metrics_url: str | None = None,
-        tracer: Any = None,
+        spans: Any = None,
     ):
         self.triton_url, self.host, self.port = triton_url, host, port
         self.metrics_url = metrics_url  # Triton's, for the pod's load on /metrics
-        self.tracer = tracer  # OpenTelemetry's, when traces are on (builder/serve/tracing.py)
+        self.spans = spans  # the frontend's, when traces are on (builder/serve/tracing.py)
         self._triton = triton  # a stand-in, for tests
         self.admin_key = admin_key  # the server's (builder/serve/admin.py)
         # none named: the default (`trident serve` passes --expose as given)
@@ -244,7 +243,7 @@ class Frontend:
                 self._triton,
                 self._drain,
                 self.metrics_url,
-                self.tracer,
+                self.spans,
             )
         )
         # uvicorn installs signal handlers only on the main thread: none here.

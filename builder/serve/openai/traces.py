@@ -3,7 +3,7 @@ how it is configured): a SERVER span from the client's `traceparent` (a new trac
 without one), open from admission to the answer's last byte, whose own traceparent the
 request's gRPC call to Triton carries (TRACEPARENT, read by triton.py), so Triton's spans
 of the router and the engine model are its children. opentelemetry is imported only
-when a tracer exists: with tracing off the frontend pays one `is None` per request."""
+when traces are on: with tracing off the frontend pays one `is None` per request."""
 
 from __future__ import annotations
 
@@ -12,40 +12,39 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-TRACER = "trident.openai"  # the frontend's tracer (instrumentation scope) name
-
 # The traceparent of the request being served, for its calls to Triton (None: untraced).
 TRACEPARENT: ContextVar[str | None] = ContextVar("trident_traceparent", default=None)
 
 
 @contextmanager
-def request_span(tracer: Any, scope: dict) -> Iterator[Any]:
-    """The span of the ASGI request `scope`, current for the duration."""
+def request_span(spans: Any, scope: dict) -> Iterator[Any]:
+    """The span of the ASGI request `scope` (trident_common.spans.Spans makes it), its
+    traceparent in TRACEPARENT for the duration when it is sampled."""
     from opentelemetry.trace import SpanKind
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    propagator = TraceContextTextMapPropagator()
-    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
-    with tracer.start_as_current_span(
+    parent = None
+    for key, value in scope.get("headers", ()):
+        if key == b"traceparent":
+            parent = spans.parent(value.decode("latin-1"))
+    span = spans.start(
         f"{scope.get('method', 'POST')} {scope.get('path', '')}",
-        context=propagator.extract(headers),
+        parent,
         kind=SpanKind.SERVER,
         attributes={
             "http.request.method": scope.get("method", ""),
             "url.path": scope.get("path", ""),
         },
-    ) as span:
-        carrier: dict[str, str] = {}
-        propagator.inject(carrier)  # this span's own context, for Triton
-        # Only a sampled one: tritonserver 2.51 traces every request that carries a
-        # traceparent, its sampled flag and its own rate notwithstanding (bench/trace_cost.py
-        # counted Triton's spans of unsampled requests).
-        sampled = span.get_span_context().trace_flags.sampled
-        token = TRACEPARENT.set(carrier.get("traceparent") if sampled else None)
-        try:
-            yield span
-        finally:
-            TRACEPARENT.reset(token)
+    )
+    # Only a sampled one: tritonserver 2.51 traces every request that carries a
+    # traceparent, its sampled flag and its own rate notwithstanding (bench/trace_cost.py
+    # counted Triton's spans of unsampled requests).
+    sampled = span.get_span_context().trace_flags.sampled
+    token = TRACEPARENT.set(span.traceparent if sampled else None)
+    try:
+        yield span
+    finally:
+        TRACEPARENT.reset(token)
+        span.end()
 
 
 def finish(span: Any, status: int) -> None:
