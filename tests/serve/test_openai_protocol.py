@@ -412,8 +412,7 @@ def test_no_field_the_openai_sdk_sends_is_refused_as_unknown(kind):
 def test_the_known_fields_are_the_models_fields_with_the_extensions_on_both_endpoints():
     # The models (schema.py) are the one list: a field they lack is refused before it
     # is read, and every routing hint, sampling extra and tenant input is on both.
-    from builder.serve.openai.protocol import HINTS, KNOWN_FIELDS, TENANT_ONLY
-    from builder.serve.openai.schema import EXTRAS, UNSUPPORTED
+    from builder.serve.openai.schema import EXTRAS, HINTS, KNOWN_FIELDS, TENANT_ONLY, UNSUPPORTED
 
     both = {"model", "stream", "n", "max_tokens", "lora_name", *HINTS, *EXTRAS, *TENANT_ONLY}
     assert both <= KNOWN_FIELDS["chat"] & KNOWN_FIELDS["completion"]

@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from builder.serve.openai.errors import invalid, model_not_found
-from builder.serve.openai.protocol import ADAPTER_CHARS, Generation
+from builder.serve.openai.protocol import Generation
+from builder.serve.openai.schema import ADAPTER_CHARS
 
 DEFAULT_EXPOSE = ("router",)
 # Hints a keyed client may not set: who it is, and the treatment that follows from that.

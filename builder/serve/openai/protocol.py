@@ -22,10 +22,8 @@ from builder.serve.openai import tools as chat_tools
 from builder.serve.openai.errors import OpenAIError, invalid
 from builder.serve.openai.limits import Limits
 from builder.serve.openai.schema import (
-    ADAPTER_CHARS,
     EXTRAS,
     HINTS,
-    KNOWN_FIELDS,
     RULES,
     TENANT_ONLY,
     UNSUPPORTED,
@@ -38,11 +36,6 @@ from builder.serve.openai.schema import (
     _Request,
 )
 from builder.serve.openai.structured import structured_outputs
-
-__all__ = [
-    "ADAPTER_CHARS", "DEFAULT_LIMITS", "HINTS", "KNOWN_FIELDS", "TENANT_ONLY", "Generation",
-    "parse_chat", "parse_completion",
-]  # fmt: skip
 
 DEFAULT_LIMITS = Limits()
 HINT_HEADER_PREFIX = "x-trident-"  # x-trident-route, x-trident-conversation-id ...
