@@ -8,11 +8,15 @@ import time
 import urllib.request
 
 
+def metrics_text(metrics_url: str) -> str:
+    """A Prometheus metrics page, as text."""
+    with urllib.request.urlopen(metrics_url, timeout=5) as r:
+        return r.read().decode()
+
+
 def metric_value(metrics_url: str, name: str, **labels) -> float:
     """The value of one Prometheus sample (0.0 when absent)."""
-    with urllib.request.urlopen(metrics_url, timeout=5) as r:
-        text = r.read().decode()
-    for line in text.splitlines():
+    for line in metrics_text(metrics_url).splitlines():
         if not line.startswith(name + "{") and not line.startswith(name + " "):
             continue
         found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))

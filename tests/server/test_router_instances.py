@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import pytest
 
 from builder.serve.watch import stub_processes
 from support.sglang_double import MODEL, SHIM, deployment
-from tests.helpers import metric_value, wait_for
+from tests.helpers import metric_value, metrics_text, wait_for
 from tests.helpers.servers import render
 from tests.helpers.streams import Stream
 
@@ -79,9 +78,9 @@ def ask(server, tenant="bob", max_tokens=4, timeout_s=30) -> Stream:
 
 def series(server, *names) -> list[str]:
     """Every sample of these metric families (a failure's evidence)."""
-    with urllib.request.urlopen(server.metrics_url, timeout=5) as r:
-        text = r.read().decode()
-    return [line for line in text.splitlines() if line.startswith(names)]
+    return [
+        line for line in metrics_text(server.metrics_url).splitlines() if line.startswith(names)
+    ]
 
 
 def metric(server, name, **labels) -> float:
