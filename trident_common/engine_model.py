@@ -428,8 +428,7 @@ class AsyncEngineModel(abc.ABC):
         reported = False
         while True:
             dead = self.engine_dead()
-            # A metric write is a round trip to the server: the outbox thread's, not the loop's.
-            self.outbox.call(self.metrics.engine_healthy.set, 0 if dead else 1)
+            self.metrics.engine_healthy.set(0 if dead else 1)
             if dead is not None and not reported:
                 reported = True
                 self.log.error(f"The engine of model {self.model_name} died: {dead}")
