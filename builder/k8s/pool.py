@@ -93,22 +93,19 @@ CONFIG_KEY = "epp-config.yaml"
 # The picker's default KV block size, and vLLM's (approximateprefix/types.go).
 DEFAULT_BLOCK_TOKENS = 16
 # Scorer weights: GIE's defaults (queue 2, KV 2, prefix 3; pkg/epp/config/loader/
-# defaults.go) plus the running requests at 1 (trident's: below the queue, which waits
-# longer than a request that runs), and, where the pods report their adapters, LoRA
-# affinity at 1 (GIE sets no default; below the prefix: a pod that holds the
-# conversation's prefix holds its adapter too).
+# defaults.go) plus the running requests at 1, the only load an SGLang model reports,
+# and, where the pods report their adapters, LoRA affinity at 1 (GIE sets no default;
+# below the prefix: a pod that holds the conversation's prefix holds its adapter too).
 WEIGHTS = {"queue": 2, "kv": 2, "running": 1, "prefix": 3, "lora": 1}
 # Sized by GIE's chart for high QPS (p90 scheduling within 100 ms): no CPU limit.
 EPP_RESOURCES = {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"memory": "16Gi"}}
 # Which of the pod's gauges carry an engine's load (pod_metrics.py): vLLM's own
-# waiting/running/KV (and its adapters: `lora`, for a model with adapters); SGLang's own
-# sglang:num_queue_reqs/num_running_reqs/token_usage (python_backends/sglang/load.py);
-# TensorRT-LLM's from Triton's nv_trt_llm_* gauges (waiting, scheduled, KV block
-# fraction). Every engine reports `kv`: a pool with a model that did not would be
-# refused (picker_config), as the pod's KV gauge would leave that model out.
+# waiting/running/KV (and its adapters: `lora`, for a model with adapters); TensorRT-LLM's
+# from Triton's nv_trt_llm_* gauges (waiting, scheduled, KV block fraction); any other
+# trident Python engine (SGLang) its requests in flight, counted as running.
 REPORTED = {
     "vllm": ("waiting", "running", "kv"),
-    "sglang": ("waiting", "running", "kv"),
+    "sglang": ("running",),
     "tensorrt_llm": ("waiting", "running", "kv"),
 }
 # The engines whose adapters' requests the pod's LORA_INFO reports (the vLLM model's
@@ -184,9 +181,10 @@ def block_tokens(spec: DeploymentSpec, models: tuple[str, ...]) -> int:
 
 def picker_config(spec: DeploymentSpec, pool: Pool) -> dict:
     """The EndpointPickerConfig: trident's metric names, the scorers and a picker."""
-    _check_kv(spec, pool)
     gauges = reported(spec, pool)
     weights = dict(WEIGHTS)
+    if "kv" not in gauges:  # the gauge reads 0: weigh nothing on it
+        weights["kv"] = 0
     scorers = [
         ("queue-scorer", weights["queue"]),
         ("kv-cache-utilization-scorer", weights["kv"]),
@@ -235,20 +233,6 @@ def picker_config(spec: DeploymentSpec, pool: Pool) -> dict:
             ]
         },
     }
-
-
-def _check_kv(spec: DeploymentSpec, pool: Pool) -> None:
-    """Every model of the pool reports its KV usage (REPORTED), else one line: the pod's
-    KV gauge would leave it out and the picker would score its pods by a part of their
-    load."""
-    for name in pool.models:
-        engine = spec.model(name).engine
-        if "kv" not in REPORTED[engine]:
-            raise K8sError(
-                f"{spec.file}: model {name!r}: --inference-pool: its engine ({engine}) "
-                "reports no KV-cache usage on the pod's /metrics, so the picker's KV "
-                "scorer would count its pods as empty; render without --inference-pool"
-            )
 
 
 def _metrics_extractor(lora: bool) -> dict:

@@ -52,44 +52,12 @@ def gauges(text: str) -> dict[str, float]:
 
 
 def test_the_load_is_summed_over_the_ready_engines_only():
-    # vLLM's own gauges for smollm2 (not its in-flight count as well), qwen's in-flight
-    # requests as running (an engine model without gauges of its own), the fullest
-    # engine's KV usage; the unloaded model's stale series count for nothing.
+    # vLLM's own gauges for smollm2 (not its in-flight count as well), the SGLang model's
+    # in-flight requests as running, the fullest engine's KV usage; the unloaded model's
+    # stale series count for nothing.
     assert pod_load(TRITON, READY) == PodLoad(waiting=3, running=2 + 4, kv_usage=0.5)
     assert pod_load(TRITON, ("router",)) == PodLoad()
     assert pod_load("", READY) == PodLoad()
-
-
-# The SGLang model `qwen` with SGLang's own gauges (python_backends/sglang/load.py), as
-# Triton's metrics port shows them; `unloaded` is not READY.
-SGLANG = """# HELP sglang:num_running_reqs The number of running requests.
-# TYPE sglang:num_running_reqs gauge
-sglang:num_running_reqs{model="qwen"} 3
-sglang:num_running_reqs{model="unloaded"} 40
-# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
-# TYPE sglang:num_queue_reqs gauge
-sglang:num_queue_reqs{model="qwen"} 2
-sglang:num_queue_reqs{model="unloaded"} 40
-# HELP sglang:token_usage The token usage.
-# TYPE sglang:token_usage gauge
-sglang:token_usage{model="qwen"} 0.75
-sglang:token_usage{model="unloaded"} 0.9
-"""
-
-
-def test_sglang_counts_its_queue_running_and_token_usage():
-    # Its waiting, running and KV usage (trident_requests_in_flight{model="qwen"} 4 in
-    # TRITON is not counted as well), summed with vLLM's, the fullest engine's KV usage.
-    assert pod_load(SGLANG, ("router", "qwen")) == PodLoad(waiting=2, running=3, kv_usage=0.75)
-    mixed = pod_load(TRITON + SGLANG, READY)
-    assert mixed == PodLoad(waiting=3 + 2, running=2 + 3, kv_usage=0.75)
-    # A second SGLang model before its engine's first load snapshot (no gauges yet): its
-    # requests in flight run.
-    fresh = SGLANG + 'trident_requests_in_flight{model="qwen2"} 1\n'
-    assert pod_load(fresh, ("qwen", "qwen2")) == PodLoad(waiting=2, running=3 + 1, kv_usage=0.75)
-    # Idle: every gauge 0, and 0 is no reason to count its in-flight requests instead.
-    idle = SGLANG.replace(" 3\n", " 0\n").replace(" 2\n", " 0\n").replace(" 0.75", " 0")
-    assert pod_load(idle + TRITON, ("qwen",)) == PodLoad()
 
 
 # Triton's tensorrtllm backend for the TensorRT-LLM model `llama` (its engine is the Triton
@@ -104,8 +72,7 @@ def test_tensorrt_llm_counts_its_waiting_scheduled_and_kv_fraction():
     # nothing, nor does a model that is not READY.
     ready = ("router", "llama", "llama_tensorrt_llm")
     assert pod_load(TRT_LLM, ready) == PodLoad(waiting=4, running=6, kv_usage=0.75)
-    # With the vLLM model and qwen's requests in flight of TRITON: summed, the fullest
-    # engine's KV.
+    # With the vLLM and SGLang models of TRITON: summed, the fullest engine's KV.
     mixed = pod_load(TRITON + TRT_LLM, READY + ready)
     assert mixed == PodLoad(waiting=3 + 4, running=2 + 4 + 6, kv_usage=0.75)
 

@@ -18,14 +18,9 @@ They are read from Triton's metrics port and summed over the pod's READY engine 
   the executor's requests scheduled in its last iteration, waiting its active requests
   less those (paused or not yet fitted), fraction its used KV blocks over their maximum;
   requests still queued ahead of the executor's active set are in neither count;
-- an SGLang model has SGLang's own gauges, by SGLang's names (python_backends/sglang/
-  load.py, from the engine's load snapshots): sglang:num_queue_reqs waiting,
-  sglang:num_running_reqs running, sglang:token_usage KV usage (the KV pool's share held
-  by live requests, as vLLM's);
-- an engine model with none of these (an SGLang model before the engine's first load
-  snapshot) says only how many requests it has in flight (trident_requests_in_flight):
-  they count as running, none as waiting, and it adds no KV usage (none is known). A
-  model with an engine's own gauges is never counted through it as well.
+- any other trident engine model (SGLang) says only how many requests it has in flight
+  (trident_requests_in_flight): they count as running, none as waiting, and it adds no
+  KV usage (none is known).
 KV usage is the fullest engine's: the router keeps a conversation with the engine that
 holds its cache, so the pod is as full as that engine. A model that is not READY (an
 unloaded one, whose series Triton keeps) counts for nothing. No tenant or model name
@@ -60,9 +55,6 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # the picker may scrape every 50 ms).
 VLLM_WAITING, VLLM_RUNNING = "vllm:num_requests_waiting", "vllm:num_requests_running"
 VLLM_KV_USAGE = "vllm:kv_cache_usage_perc"
-# The SGLang model's (python_backends/sglang/load.py: SGLang's own names).
-SGLANG_WAITING, SGLANG_RUNNING = "sglang:num_queue_reqs", "sglang:num_running_reqs"
-SGLANG_KV_USAGE = "sglang:token_usage"
 IN_FLIGHT = "trident_requests_in_flight"
 # The vLLM model's adapters (python_backends/vllm/stats.py: per model and adapter, and the
 # engine's max_loras).
@@ -77,9 +69,6 @@ READ = (
     VLLM_WAITING,
     VLLM_RUNNING,
     VLLM_KV_USAGE,
-    SGLANG_WAITING,
-    SGLANG_RUNNING,
-    SGLANG_KV_USAGE,
     IN_FLIGHT,
     LORA_RUNNING,
     LORA_WAITING,
@@ -136,7 +125,7 @@ def pod_load(
     wanted = set(engine_models)
     lines = "\n".join(line for line in triton_metrics.splitlines() if line.startswith(READ))
     values: dict[str, dict[str, float]] = {name: {} for name in READ}
-    kv: dict[str, float] = {}  # model -> its KV usage (vLLM's, SGLang's, TRT-LLM's fraction)
+    kv: dict[str, float] = {}  # model -> its KV usage (vLLM's, or TensorRT-LLM's fraction)
     trt: dict[str, dict[str, float]] = {TRT_WAITING: {}, TRT_RUNNING: {}}
     # model -> adapter -> requests, running and waiting (vLLM's own per-adapter counts)
     adapters: dict[str, dict[str, dict[str, float]]] = {LORA_RUNNING: {}, LORA_WAITING: {}}
@@ -153,24 +142,24 @@ def pod_load(
                 kind = sample.labels.get(TRT_REQUEST_KIND)
                 if kind in trt:
                     trt[kind][model] = trt[kind].get(model, 0.0) + sample.value
-            elif sample.name in (VLLM_KV_USAGE, SGLANG_KV_USAGE, TRT_KV):
-                if sample.name != TRT_KV or sample.labels.get(TRT_KV_KIND) == TRT_KV_USAGE:
+            elif sample.name in (VLLM_KV_USAGE, TRT_KV):
+                if sample.name == VLLM_KV_USAGE or sample.labels.get(TRT_KV_KIND) == TRT_KV_USAGE:
                     kv[model] = max(kv.get(model, 0.0), sample.value)
             else:
                 values[sample.name][model] = values[sample.name].get(model, 0.0) + sample.value
-    waiting = [values[VLLM_WAITING], values[SGLANG_WAITING], trt[TRT_WAITING]]
-    running = [values[VLLM_RUNNING], values[SGLANG_RUNNING], trt[TRT_RUNNING]]
-    # The models with an engine's own gauges; the others' requests in flight run.
-    gauged = {model for counts in waiting + running for model in counts}
-    running.append({m: v for m, v in values[IN_FLIGHT].items() if m not in gauged})
-    engines = gauged | set(values[IN_FLIGHT])
-    running_adapters, waiting_adapters = _adapters_in_use(adapters, engines, exposed)
+    vllm = set(values[VLLM_RUNNING]) | set(values[VLLM_WAITING])
+    tensorrt_llm = set(trt[TRT_WAITING]) | set(trt[TRT_RUNNING])
+    others = {m: v for m, v in values[IN_FLIGHT].items() if m not in vllm | tensorrt_llm}
+    engines = vllm | tensorrt_llm | set(values[IN_FLIGHT])
+    running, waiting = _adapters_in_use(adapters, engines, exposed)
     return PodLoad(
-        waiting=sum(sum(counts.values()) for counts in waiting),
-        running=sum(sum(counts.values()) for counts in running),
+        waiting=sum(values[VLLM_WAITING].values()) + sum(trt[TRT_WAITING].values()),
+        running=sum(values[VLLM_RUNNING].values())
+        + sum(trt[TRT_RUNNING].values())
+        + sum(others.values()),
         kv_usage=max(kv.values(), default=0.0),
-        running_adapters=running_adapters,
-        waiting_adapters=waiting_adapters,
+        running_adapters=running,
+        waiting_adapters=waiting,
         # The adapters the pod's engines hold on their GPUs at once: each vLLM engine
         # max_loras of them, so the pod at most their sum (an adapter served by two
         # engines may take a slot in each: a bound, not a promise).
