@@ -12,12 +12,6 @@ Same surface as the parts trident uses, with the real signatures and behaviour:
   raise TypeError (msgspec), bad values and prompts over context_length raise ValueError;
 - `engine.tokenizer_manager.abort_request(rid=...)` (synchronous), `.tokenizer`
   (apply_chat_template, decode), `engine.server_args`, `engine.shutdown()`;
-- `await engine.tokenizer_manager.get_loads()`: one LoadSnapshot (data-parallel rank 0)
-  of the live requests, as SGLang's scheduler would publish it: the first
-  `max_running_requests` of them (all, without that engine argument) running, the rest
-  waiting; num_used_tokens their prompt and generated tokens; max_total_num_tokens the
-  engine argument `max_total_tokens`, else DEFAULT_MAX_TOTAL_TOKENS; token_usage used /
-  max, rounded to 4 digits as SGLang does (only the fields trident reads);
 - with `return_logprob=True`, meta_info carries `output_token_logprobs` and, with
   `top_logprobs_num=k`, `output_top_logprobs` ((logprob, token id, None) triples, from
   the first token in every chunk unless incremental_streaming_output); the sampled word
@@ -47,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from dataclasses import dataclass, field
 
 from support import schema_instance
@@ -57,9 +50,6 @@ REPLY = (
     "The capital of France is Paris . It is known for the Eiffel Tower , the Louvre and its cafes ."
 )
 PACE = None  # a support.pacing.RateSource: paced tokens (benchmarks); None: at no cost
-# The KV pool's size in tokens without the engine argument max_total_tokens (SGLang sizes
-# it from the GPU's free memory; the double has none).
-DEFAULT_MAX_TOTAL_TOKENS = 16384
 
 # sglang 0.5.23 ServerArgs fields (python/sglang/srt/arg_groups/fields/*.py) that
 # trident may pass; a name outside this set is a TypeError, as in ServerArgs(**kwargs).
@@ -77,7 +67,6 @@ SERVER_ARGS = {
     "dtype",
     "kv_cache_dtype",
     "max_running_requests",
-    "max_total_tokens",
     "max_prefill_tokens",
     "disable_radix_cache",
     "speculative_algorithm",
@@ -145,23 +134,7 @@ class ServerArgs:
     incremental_streaming_output: bool = False
     skip_tokenizer_init: bool = False
     tool_call_parser: str | None = None
-    max_running_requests: int | None = None
-    max_total_tokens: int | None = None
     extra: dict = field(default_factory=dict)
-
-
-@dataclass
-class LoadSnapshot:
-    """sglang 0.5.23's managers/load_snapshot.py LoadSnapshot (a msgspec Struct), the
-    fields trident reads and a few beside them."""
-
-    timestamp: float = 0.0
-    dp_rank: int = 0
-    num_running_reqs: int = 0
-    num_waiting_reqs: int = 0
-    num_used_tokens: int = 0
-    max_total_num_tokens: int = 0
-    token_usage: float = 0.0
 
 
 # A word's token id (the double's vocabulary grows as words are first seen).
@@ -201,26 +174,6 @@ class FakeTokenizerManager:
             state["aborted"] = True
             if state.get("paced") is not None:
                 self._engine._batch.abort(state["paced"])
-
-    async def get_loads(self, include=None, dp_rank=None) -> list[LoadSnapshot]:
-        """The scheduler's last snapshot per data-parallel rank (the double has rank 0)."""
-        if dp_rank is not None and dp_rank != 0:
-            return []
-        args = self._engine.server_args
-        live = list(self.rid_to_state.values())  # in arrival order: the first ones run
-        running = live[: args.max_running_requests or len(live)]
-        used = sum(state.get("tokens", 0) for state in running)
-        total = args.max_total_tokens or DEFAULT_MAX_TOTAL_TOKENS
-        return [
-            LoadSnapshot(
-                timestamp=time.time(),
-                num_running_reqs=len(running),
-                num_waiting_reqs=len(live) - len(running),
-                num_used_tokens=used,
-                max_total_num_tokens=total,
-                token_usage=round(used / total, 4),
-            )
-        ]
 
 
 class Engine:
@@ -320,7 +273,6 @@ class Engine:
         prompt_tokens = self._validate(prompt, params)
         cached = self._cached_prefix(prompt_tokens)
         state = self.tokenizer_manager.rid_to_state[rid] = {"aborted": False}
-        state["tokens"] = len(prompt_tokens)  # its KV: prompt and generated tokens (get_loads)
         reply, finish = self._reply(params)
         paced = self._paced(len(reply))
         state["paced"] = paced
@@ -351,7 +303,6 @@ class Engine:
                 size = self.tokens_per_chunk if paced is None else await paced.take()
                 step = reply[len(emitted) : len(emitted) + size]
                 emitted += step
-                state["tokens"] = len(prompt_tokens) + len(emitted)
                 done = len(emitted) == len(reply)
                 reason = finish if done else None
                 if state["aborted"]:

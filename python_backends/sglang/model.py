@@ -4,20 +4,16 @@ Engine arguments come from model.json (rendered from the spec's engine_args, wit
 `model_path` filled in). The tensor interface, cancellation, errors and metrics are shared
 with the vLLM model (trident_common.engine_model); this file only speaks SGLang:
 sampling names, its stream chunks (dicts with `text` and `meta_info`), abort by `rid`,
-the prefix (radix) cache's cached-token counts as a metric, and SGLang's own load gauges
-(requests running and queued, KV token usage: load.py), read while the engine runs.
+and the prefix (radix) cache's cached-token counts as a metric.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import re
 from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
-from python_backends.sglang.load import LoadGauges, poll
 from trident_common.deltas import Delta
 from trident_common.engine_model import AsyncEngineModel
 from trident_common.request import BadRequest, GenerateRequest, check_adapter, check_sampling_keys
@@ -162,12 +158,6 @@ class TritonPythonModel(AsyncEngineModel):
         self._tool_parser = getattr(self.engine.server_args, "tool_call_parser", None)
         # xgrammar's import takes seconds: at load, not in a client's first request.
         check_json_schema('{"type": "object"}', "")
-        # SGLang's load gauges, read on this loop until stop_engine; written by the outbox
-        # thread (a metric write is a round trip the loop must not wait for).
-        self._load_gauges = LoadGauges(self.model_name, self.outbox.call)
-        self._load_poll = asyncio.get_running_loop().create_task(
-            poll(lambda: self.engine.tokenizer_manager.get_loads(), self._load_gauges, self.log)
-        )
 
     def make_sampling(self, request: GenerateRequest) -> Sampling:
         # SGLang names the adapter per request in lora_path (its name in lora_paths).
@@ -286,12 +276,6 @@ class TritonPythonModel(AsyncEngineModel):
         self.engine.tokenizer_manager.abort_request(rid=engine_id)
 
     async def stop_engine(self) -> None:
-        load_poll = getattr(self, "_load_poll", None)  # None when the engine failed to start
-        if load_poll is not None:
-            load_poll.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await load_poll
-            self._load_gauges.close()
         engine = getattr(self, "engine", None)  # None when the engine failed to start
         if engine is not None:
             engine.shutdown()
