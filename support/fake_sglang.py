@@ -12,6 +12,8 @@ Same surface as the parts trident uses, with the real signatures and behaviour:
   raise TypeError (msgspec), bad values and prompts over context_length raise ValueError;
 - `engine.tokenizer_manager.abort_request(rid=...)` (synchronous), `.tokenizer`
   (apply_chat_template, decode), `engine.server_args`, `engine.shutdown()`;
+- `max_running_requests` queues the requests beyond it, and with `enable_metrics` the
+  scheduler's load gauges are written where SGLang's scheduler writes them (Scheduler);
 - with `return_logprob=True`, meta_info carries `output_token_logprobs` and, with
   `top_logprobs_num=k`, `output_top_logprobs` ((logprob, token id, None) triples, from
   the first token in every chunk unless incremental_streaming_output); the sampled word
@@ -40,7 +42,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 from support import schema_instance
@@ -50,6 +54,21 @@ REPLY = (
     "The capital of France is Paris . It is known for the Eiffel Tower , the Louvre and its cafes ."
 )
 PACE = None  # a support.pacing.RateSource: paced tokens (benchmarks); None: at no cost
+# The KV pool's size in tokens without the engine argument max_total_tokens (SGLang sizes
+# it from the GPU's free memory; the double has none).
+DEFAULT_MAX_TOTAL_TOKENS = 16384
+# SGLang's scheduler publishes its gauges every decode_log_interval decode steps (40 by
+# default); the double, every this many chunks of any request.
+DECODE_LOG_INTERVAL = 40
+# The scheduler's gauges trident reads, as sglang 0.5.23's SchedulerMetricsCollector
+# names and documents them (observability/metrics_collector.py).
+RUNNING, QUEUED = "sglang:num_running_reqs", "sglang:num_queue_reqs"
+TOKEN_USAGE = "sglang:token_usage"
+GAUGE_HELP = {
+    RUNNING: "The number of running requests.",
+    QUEUED: "The number of requests in the waiting queue.",
+    TOKEN_USAGE: "The token usage.",
+}
 
 # sglang 0.5.23 ServerArgs fields (python/sglang/srt/arg_groups/fields/*.py) that
 # trident may pass; a name outside this set is a TypeError, as in ServerArgs(**kwargs).
@@ -67,6 +86,7 @@ SERVER_ARGS = {
     "dtype",
     "kv_cache_dtype",
     "max_running_requests",
+    "max_total_tokens",
     "max_prefill_tokens",
     "disable_radix_cache",
     "speculative_algorithm",
@@ -176,6 +196,74 @@ class FakeTokenizerManager:
                 self._engine._batch.abort(state["paced"])
 
 
+class Scheduler:
+    """The double's scheduler: its live requests and, with `enable_metrics` and
+    PROMETHEUS_MULTIPROC_DIR set (SGLang's Engine hands that folder to its scheduler
+    processes), its gauges as SGLang's scheduler writes them: a prometheus_client
+    multiprocess file of "mostrecent" gauges (gauge_mostrecent_<pid>.db) under SGLang's
+    names and labels. Published when a request is queued, starts and ends, and every
+    DECODE_LOG_INTERVAL chunks (SGLang: at each prefill batch, every decode_log_interval
+    decode steps, and when it goes idle). With max_running_requests, the requests beyond
+    it wait in the queue and generate nothing meanwhile. Token usage: the prompt and
+    generated tokens of the running requests over max_total_tokens."""
+
+    def __init__(self, args: ServerArgs):
+        limit = args.extra.get("max_running_requests")
+        self._slots = asyncio.Semaphore(limit) if limit else None
+        self._total = args.extra.get("max_total_tokens") or DEFAULT_MAX_TOTAL_TOKENS
+        self._live: dict[int, dict] = {}  # id(state) -> state
+        self._chunks = 0
+        self._file, self._keys = None, {}
+        folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if args.extra.get("enable_metrics") and folder:
+            from prometheus_client.mmap_dict import MmapedDict, mmap_key
+
+            labels = {"model_name": args.model_path, "engine_type": "unified"}
+            labels |= {"tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
+            path = os.path.join(folder, f"gauge_mostrecent_{os.getpid()}.db")
+            self._file = MmapedDict(path)
+            self._keys = {
+                name: mmap_key(name, name, list(labels), list(labels.values()), doc)
+                for name, doc in GAUGE_HELP.items()
+            }
+            self._publish()
+
+    async def admit(self, state: dict) -> None:
+        """Queue the request; return when it runs."""
+        state["running"] = False
+        self._live[id(state)] = state
+        self._publish()
+        if self._slots is not None:
+            await self._slots.acquire()
+        state["running"] = True
+        self._publish()
+
+    def chunk(self) -> None:
+        self._chunks += 1
+        if self._chunks % DECODE_LOG_INTERVAL == 0:
+            self._publish()
+
+    def leave(self, state: dict) -> None:
+        if self._live.pop(id(state), None) is not None and state["running"]:
+            if self._slots is not None:
+                self._slots.release()
+        self._publish()
+
+    def _publish(self) -> None:
+        if self._file is None:
+            return
+        running = [state for state in self._live.values() if state["running"]]
+        used = sum(state["tokens"] for state in running)
+        values = {
+            RUNNING: len(running),
+            QUEUED: len(self._live) - len(running),
+            TOKEN_USAGE: round(used / self._total, 2),  # rounded as SGLang's pool stats
+        }
+        now = time.time()
+        for name, value in values.items():
+            self._file.write_value(self._keys[name], value, now)
+
+
 class Engine:
     def __init__(self, **kwargs):
         unknown = sorted(set(kwargs) - SERVER_ARGS)
@@ -201,6 +289,7 @@ class Engine:
         self.shut_down = False
         self._radix: list[list[str]] = []
         self._pace, self._batch = PACE, None
+        self.scheduler = Scheduler(self.server_args)
 
     # -- sglang.Engine ------------------------------------------------------------------
     async def async_generate(
@@ -273,10 +362,12 @@ class Engine:
         prompt_tokens = self._validate(prompt, params)
         cached = self._cached_prefix(prompt_tokens)
         state = self.tokenizer_manager.rid_to_state[rid] = {"aborted": False}
+        state["tokens"] = len(prompt_tokens)  # its KV: prompt and generated tokens
         reply, finish = self._reply(params)
         paced = self._paced(len(reply))
         state["paced"] = paced
         try:
+            await self.scheduler.admit(state)
             if self.fail_before_first is not None:
                 raise self.fail_before_first
             key = _grammar_key(params)
@@ -303,6 +394,8 @@ class Engine:
                 size = self.tokens_per_chunk if paced is None else await paced.take()
                 step = reply[len(emitted) : len(emitted) + size]
                 emitted += step
+                state["tokens"] = len(prompt_tokens) + len(emitted)
+                self.scheduler.chunk()
                 done = len(emitted) == len(reply)
                 reason = finish if done else None
                 if state["aborted"]:
@@ -336,6 +429,7 @@ class Engine:
                     return
                 await asyncio.sleep(0)
         finally:
+            self.scheduler.leave(state)
             self.tokenizer_manager.rid_to_state.pop(rid, None)
             if paced is not None and not paced.done:
                 self._batch.abort(paced)

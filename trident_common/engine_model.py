@@ -135,6 +135,7 @@ class AsyncEngineModel(abc.ABC):
     # -- Triton's interface -------------------------------------------------------------
     def initialize(self, args: dict[str, Any]) -> None:
         self.model_name = args["model_name"]
+        self.instance_name = args.get("model_instance_name") or self.model_name
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         with open(os.path.join(version_dir, ENGINE_CONFIG_FILE)) as f:
             config = json.load(f)
@@ -185,7 +186,7 @@ class AsyncEngineModel(abc.ABC):
         # Started once the engine serves: a server that drains asks how busy it is.
         self.drain = DrainWatch(
             os.environ.get(DRAIN_DIR_ENV),
-            args.get("model_instance_name") or self.model_name,
+            self.instance_name,
             lambda: len(self._running),
             lambda: self.loop.call_soon_threadsafe(self._cut_off),
         )

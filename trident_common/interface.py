@@ -84,6 +84,10 @@ ROUTER_SECRET_ENV = "TRIDENT_ROUTER_SECRET"
 # The environment variable naming the folder through which `trident serve` tells its models
 # that it drains (trident_common/drain.py says what is in it). Unset: the models never drain.
 DRAIN_DIR_ENV = "TRIDENT_DRAIN_DIR"
+# The environment variable naming the folder where engines that keep their own gauges in
+# files (SGLang's scheduler) write them, one folder per model instance, for the OpenAI
+# frontend's pod load (trident_common/engine_gauges.py). Unset: they keep none.
+ENGINE_GAUGES_DIR_ENV = "TRIDENT_ENGINE_GAUGES_DIR"
 # The request parameter that carries the router's proof (trust.py); the router never
 # forwards a client's parameter of this name.
 ROUTER_PROOF = "trident_router_proof"

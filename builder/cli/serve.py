@@ -23,6 +23,8 @@ from builder.errors import EXIT_USAGE, TridentError
 from builder.spec import ServerSpec
 
 LOOPBACK = "127.0.0.1"  # as builder.serve.server's, not imported: `--help` stays fast
+# Inside the server's run folder (the drain's): where SGLang writes its load gauges.
+ENGINE_GAUGES_FOLDER = "engine-gauges"
 
 
 @click.command()
@@ -168,6 +170,9 @@ def _serve(o: ServeOptions) -> int:
 
     drain = Drain(o.drain_timeout_s)
     server.drain_folder = drain.folder  # the models watch it (trident_common/drain.py)
+    # SGLang writes its load there, the frontend reads it (trident_common/engine_gauges.py);
+    # removed with the drain's folder.
+    server.gauges_folder = drain.folder / ENGINE_GAUGES_FOLDER
     report = lambda line: click.echo(line, err=True)  # noqa: E731
     drained = False
     try:
@@ -292,6 +297,7 @@ def _start_frontend(server, openai_host, openai_port, api_keys, expose, repo_dir
         admin_key=server.admin_key,
         metrics_url=server.metrics_url,
         spans=traces,
+        engine_gauges=server.gauges_folder,
     ).start()
 
 

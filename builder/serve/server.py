@@ -117,6 +117,9 @@ class TritonServer:
     output: OutputTail | None = None
     # The folder through which `trident serve` tells the models it drains (drain.py).
     drain_folder: Path | None = None
+    # The folder where engines that keep their own gauges in files (SGLang's) write them,
+    # for the OpenAI frontend's pod load (trident_common/engine_gauges.py); made at start.
+    gauges_folder: Path | None = None
     # More of tritonserver's environment (its stubs inherit it): tracing's settings.
     extra_env: dict[str, str] = field(default_factory=dict)
     _regions: set[str] = field(default_factory=set, repr=False)  # noted by terminate()
@@ -177,6 +180,8 @@ class TritonServer:
         env.pop(admin.KEY_ENV, None)  # Triton takes it on its command line; stubs need none
         if self.drain_folder is not None:
             env[INTERFACE.DRAIN_DIR_ENV] = str(self.drain_folder)
+        if self.gauges_folder is not None:
+            env[INTERFACE.ENGINE_GAUGES_DIR_ENV] = str(self.gauges_folder)
         if needs_trtllm_orchestrator(Path(self.repository)):
             env["TRTLLM_ORCHESTRATOR"] = "1"
         return env | self.extra_env
@@ -197,6 +202,8 @@ class TritonServer:
                 "--http-port/--grpc-port/--metrics-port"
             )
         install = find_tritonserver()
+        if self.gauges_folder is not None:
+            self.gauges_folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             self.command(install),
             env=self.environment(),

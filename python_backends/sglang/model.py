@@ -4,16 +4,19 @@ Engine arguments come from model.json (rendered from the spec's engine_args, wit
 `model_path` filled in). The tensor interface, cancellation, errors and metrics are shared
 with the vLLM model (trident_common.engine_model); this file only speaks SGLang:
 sampling names, its stream chunks (dicts with `text` and `meta_info`), abort by `rid`,
-and the prefix (radix) cache's cached-token counts as a metric.
+the prefix (radix) cache's cached-token counts as a metric, and where SGLang writes its
+own load gauges (trident_common/engine_gauges.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
+from trident_common import engine_gauges
 from trident_common.deltas import Delta
 from trident_common.engine_model import AsyncEngineModel
 from trident_common.request import BadRequest, GenerateRequest, check_adapter, check_sampling_keys
@@ -147,6 +150,13 @@ class TritonPythonModel(AsyncEngineModel):
     async def start_engine(self, config: dict[str, Any]) -> None:
         import sglang
 
+        # SGLang's own load gauges, written by its scheduler into this instance's folder
+        # for the pod's load (trident_common/engine_gauges.py), unless the spec turned
+        # SGLang's metrics off. Set before the engine spawns its scheduler, which reads it.
+        folder = engine_gauges.prepare(os.environ, self.model_name, self.instance_name)
+        if folder is not None and engine_gauges.sglang_reports_load(config):
+            config[engine_gauges.SGLANG_METRICS_ARG] = True
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
         # Built on the model's event loop (this coroutine runs there), so the engine's
         # tokenizer manager serves its requests on the same loop.
         self.engine = sglang.Engine(**config)

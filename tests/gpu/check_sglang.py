@@ -7,7 +7,11 @@ it with tritonserver, and checks over gRPC:
      nothing left in flight) and the model keeps serving;
   3. router abort: the same through the router (it tells the backend by request id);
   4. prefix cache: turn 2 of a conversation (sent through the router with a
-     conversation_id) reuses turn 1's tokens: trident_prefix_cached_tokens_total grows.
+     conversation_id) reuses turn 1's tokens: trident_prefix_cached_tokens_total grows;
+  5. load gauges: while a long stream runs, SGLang's own sglang:num_running_reqs and
+     sglang:token_usage, which its scheduler writes to files in the model instance's
+     folder (trident_common/engine_gauges.py), read 1 or more and above 0 where the
+     OpenAI frontend reads them; after it, 0 running and 0 queued.
 Prints one line per check and exits 0 only when all pass.
 """
 
@@ -29,6 +33,7 @@ from builder.pipeline import build_repository  # noqa: E402
 from builder.plan.gpus import gpu_type_for  # noqa: E402
 from builder.render.validate import validate_repository  # noqa: E402
 from builder.serve.client import build_inputs  # noqa: E402
+from builder.serve.openai.pod_metrics import sglang_gauges  # noqa: E402
 from builder.serve.server import Ports, TritonServer, free_port  # noqa: E402
 from builder.spec import parse_spec  # noqa: E402
 from support.grpc_stream import Result, Stream, generate  # noqa: E402,F401
@@ -127,6 +132,35 @@ def check_prefix_cache(server: TritonServer) -> str:
     )
 
 
+def check_load(server: TritonServer) -> str:
+    def gauges() -> dict[str, float]:
+        read = sglang_gauges(server.gauges_folder, [MODEL])
+        return {sample.name.removeprefix("sglang:"): sample.value for sample in read}
+
+    stream = Stream(server.grpc_url)
+    stream.send(
+        MODEL,
+        build_inputs(
+            prompt="Count from one to ten thousand: one, two,",
+            max_tokens=2000,
+            sampling={"ignore_eos": True},
+        ),
+    )
+    stream.read(until_chunks=3)
+    busy = wait_for(
+        lambda: (
+            g if (g := gauges()).get("num_running_reqs", 0) >= 1 and g["token_usage"] > 0 else None
+        ),
+        timeout_s=20,
+        interval_s=0.05,
+    )
+    stream.close(cancel=True)
+    wait_for(lambda: gauges().get("num_running_reqs") == 0, timeout_s=40)
+    assert gauges()["num_queue_reqs"] == 0, gauges()
+    running, usage = busy["num_running_reqs"], busy["token_usage"]
+    return f"running {running:.0f}, token usage {usage:.2f} under one stream; 0 after"
+
+
 def detect_gpu_type() -> str:
     """GPU 0's builder.plan.gpus type name; H100-80GB for a GPU trident's table lacks."""
     line = subprocess.run(
@@ -167,19 +201,23 @@ def main(argv=None) -> int:
     print(f"ok   render + validate: {repo}")
     print(json.dumps(json.loads((repo / MODEL / "1" / "model.json").read_text())))
     server = TritonServer(
-        repo, Ports(free_port(), free_port(), free_port()), log_path=work / "tritonserver.log"
+        repo,
+        Ports(free_port(), free_port(), free_port()),
+        log_path=work / "tritonserver.log",
+        gauges_folder=work / "engine-gauges",  # as `trident serve` names one
     )
+    checks = [
+        ("streaming", lambda: check_streaming(server)),
+        ("client abort", lambda: check_abort(server, MODEL)),
+        ("router abort", lambda: check_abort(server, "router")),
+        ("prefix cache", lambda: check_prefix_cache(server)),
+        ("load gauges", lambda: check_load(server)),
+    ]
     server.start()
     failed = 0
     try:
         server.wait_ready(args.ready_timeout)
         print(f"ok   ready in {time.monotonic() - t0:.0f} s (log: {work / 'tritonserver.log'})")
-        checks = [
-            ("streaming", lambda: check_streaming(server)),
-            ("client abort", lambda: check_abort(server, MODEL)),
-            ("router abort", lambda: check_abort(server, "router")),
-            ("prefix cache", lambda: check_prefix_cache(server)),
-        ]
         for name, check in checks:
             try:
                 print(f"ok   {name}: {check()}", flush=True)
@@ -189,7 +227,7 @@ def main(argv=None) -> int:
     finally:
         server.stop()
     print(
-        f"{'PASS' if not failed else 'FAIL'}: {4 - failed}/4 checks in "
+        f"{'PASS' if not failed else 'FAIL'}: {len(checks) - failed}/{len(checks)} checks in "
         f"{time.monotonic() - t0:.0f} s"
     )
     return 1 if failed else 0

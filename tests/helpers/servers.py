@@ -46,6 +46,7 @@ def start_server(
         timeout_s=timeout_s,
         extra_args=tuple(extra_args),
         self_test=False,
+        gauges_folder=Path(log_dir) / "engine-gauges",  # as `trident serve` names one
     )
 
 

@@ -14,6 +14,7 @@ import contextlib
 import importlib.util
 import json
 import logging
+import os
 import shutil
 import sys
 import types
@@ -36,7 +37,12 @@ from support.pacing import Rate, RateSource
 from tests.fakes import fake_pb_utils as pb
 from tests.helpers import wait_for
 from trident_common import trust
-from trident_common.interface import ERRORS_IN_BAND, ROUTER_PROOF, ROUTER_SECRET_ENV
+from trident_common.interface import (
+    ENGINE_GAUGES_DIR_ENV,
+    ERRORS_IN_BAND,
+    ROUTER_PROOF,
+    ROUTER_SECRET_ENV,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_PY = ROOT / "python_backends" / "sglang" / "model.py"
@@ -387,6 +393,55 @@ def test_stream_text_is_right_whatever_sglang_streams(
         assert "".join(texts(sender)) == expected_text(REPLY_WORDS)
         assert sender.responses()[-1].value("finish_reason") == "stop"
         assert sender.responses()[-1].value("num_output_tokens") == len(REPLY_WORDS)
+
+
+def test_sglang_writes_its_load_gauges_in_the_instance_folder(repo, tmp_path, monkeypatch):
+    """With the server's engine-gauge folder named (trident_common/engine_gauges.py), the
+    model turns SGLang's metrics on and points its scheduler (PROMETHEUS_MULTIPROC_DIR)
+    at its instance's folder, emptied first: an engine killed with an earlier stub left
+    its files there. The frontend's reader then finds the double's running request."""
+    from builder.serve.openai.pod_metrics import (
+        SGLANG_KV_USAGE,
+        SGLANG_RUNNING,
+        SGLANG_WAITING,
+        sglang_gauges,
+    )
+
+    root = tmp_path / "gauges"
+    stale = root / "qwen" / "qwen_0_0" / "gauge_mostrecent_1.db"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"an earlier engine's")
+    monkeypatch.setenv(ENGINE_GAUGES_DIR_ENV, str(root))
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")  # restored (unset) after the test
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+
+    def load() -> dict[str, float]:
+        return {sample.name: sample.value for sample in sglang_gauges(root, ["qwen"])}
+
+    idle = {SGLANG_RUNNING: 0, SGLANG_WAITING: 0, SGLANG_KV_USAGE: 0}
+    # A KV pool of 100 tokens: SGLang rounds token usage to 2 digits.
+    for served in _serve(with_engine_args(repo, tmp_path, {"max_total_tokens": 100}), monkeypatch):
+        assert served.engine.server_args.extra["enable_metrics"] is True
+        assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(stale.parent)
+        assert not stale.exists()
+        served.engine.hold_after = 1
+        sender = served.send(text_input="hi", stream=True)
+        wait_for(sender.responses)
+        busy = load()
+        assert busy[SGLANG_RUNNING] == 1 and busy[SGLANG_WAITING] == 0, busy
+        assert 0 < busy[SGLANG_KV_USAGE] < 1, busy
+        served.engine.release()
+        sender.wait_closed()
+        wait_for(lambda: load() == idle)
+
+
+def test_sglang_metrics_turned_off_in_the_spec_stay_off(repo, tmp_path, monkeypatch):
+    monkeypatch.setenv(ENGINE_GAUGES_DIR_ENV, str(tmp_path / "gauges"))
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")  # restored (unset) after the test
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    for served in _serve(with_engine_args(repo, tmp_path, {"enable_metrics": False}), monkeypatch):
+        assert served.engine.server_args.extra["enable_metrics"] is False
+        assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
 
 
 def test_stop_string_and_request_ids_are_passed_through(served):

@@ -5,6 +5,10 @@ Triton's metrics text, with nothing else in them. Live servers: tests/server/tes
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -18,6 +22,7 @@ from builder.serve.openai.pod_metrics import (
     WAITING,
     PodLoad,
     pod_load,
+    sglang_gauges,
 )
 from tests.serve.test_openai_app import FakeTriton
 
@@ -52,12 +57,67 @@ def gauges(text: str) -> dict[str, float]:
 
 
 def test_the_load_is_summed_over_the_ready_engines_only():
-    # vLLM's own gauges for smollm2 (not its in-flight count as well), the SGLang model's
-    # in-flight requests as running, the fullest engine's KV usage; the unloaded model's
-    # stale series count for nothing.
+    # vLLM's own gauges for smollm2 (not its in-flight count as well), qwen's in-flight
+    # requests as running (an engine model without gauges of its own), the fullest
+    # engine's KV usage; the unloaded model's stale series count for nothing.
     assert pod_load(TRITON, READY) == PodLoad(waiting=3, running=2 + 4, kv_usage=0.5)
     assert pod_load(TRITON, ("router",)) == PodLoad()
     assert pod_load("", READY) == PodLoad()
+
+
+# One SGLang scheduler process writing its gauges as sglang 0.5.23's
+# SchedulerMetricsCollector does (prometheus_client's multiprocess mode, "mostrecent"
+# gauges, its labels; a per-priority series beside the total when priority scheduling is
+# on), into the folder it is given, then exiting: as a real scheduler's, its file stays.
+SCHEDULER = """
+import json, sys
+from prometheus_client import Gauge
+ranks, values = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+labels = {"model_name": "qwen", "engine_type": "unified", "pp_rank": "0", "moe_ep_rank": "0"}
+labels |= ranks
+names = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage")
+for name, value in zip(names, values):
+    gauge = Gauge(name, "doc", list(labels) + ["priority"], multiprocess_mode="mostrecent")
+    gauge.labels(**labels, priority="").set(value)
+    gauge.labels(**labels, priority="1").set(100)
+"""
+
+
+def scheduler(folder: Path, ranks: dict[str, str], running: int, queued: int, usage: float):
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder)}
+    args = [json.dumps(ranks), json.dumps([running, queued, usage])]
+    subprocess.run([sys.executable, "-c", SCHEDULER, *args], env=env, check=True)
+
+
+def test_sglang_counts_its_queue_running_and_token_usage_from_its_files(tmp_path):
+    # qwen: instance qwen_0 with two tensor-parallel ranks (the same requests: counted
+    # once) and instance qwen_1 with two data-parallel ranks (their own requests:
+    # summed); the priority="1" series are parts of the totals, not added to them.
+    # `unloaded` is not READY; `other` has no files.
+    scheduler(tmp_path / "qwen/qwen_0", {"tp_rank": "0"}, 3, 2, 0.5)
+    scheduler(tmp_path / "qwen/qwen_0", {"tp_rank": "1"}, 3, 2, 0.5)
+    scheduler(tmp_path / "qwen/qwen_1", {"tp_rank": "0", "dp_rank": "0"}, 1, 0, 0.25)
+    scheduler(tmp_path / "qwen/qwen_1", {"tp_rank": "0", "dp_rank": "1"}, 2, 1, 0.75)
+    scheduler(tmp_path / "unloaded/unloaded_0", {"tp_rank": "0"}, 40, 40, 0.9)
+    read = sglang_gauges(tmp_path, ("router", "qwen", "other"))
+    assert {(s.name, s.labels["model"]): s.value for s in read} == {
+        ("sglang:num_running_reqs", "qwen"): 3 + 1 + 2,
+        ("sglang:num_queue_reqs", "qwen"): 2 + 0 + 1,
+        ("sglang:token_usage", "qwen"): 0.75,
+    }
+    assert sglang_gauges(None, ("qwen",)) == []
+    # In the pod's load, with vLLM's of TRITON (qwen's in-flight count of 4 there is not
+    # counted as well): summed, the fullest engine's KV usage.
+    assert pod_load("", READY, engine_gauges=read) == PodLoad(waiting=3, running=6, kv_usage=0.75)
+    mixed = pod_load(TRITON, READY, engine_gauges=read)
+    assert mixed == PodLoad(waiting=3 + 3, running=2 + 6, kv_usage=0.75)
+    # Without its files (served by plain tritonserver, or its metrics off), qwen's
+    # requests in flight run. Idle gauges are 0, and no reason to count those instead.
+    assert pod_load(TRITON, READY) == PodLoad(waiting=3, running=2 + 4, kv_usage=0.5)
+    idle = tmp_path / "idle"
+    scheduler(idle / "qwen/qwen_0", {"tp_rank": "0"}, 0, 0, 0.0)
+    assert pod_load(TRITON, ("qwen",), engine_gauges=sglang_gauges(idle, ("qwen",))) == PodLoad()
 
 
 # Triton's tensorrtllm backend for the TensorRT-LLM model `llama` (its engine is the Triton
@@ -72,7 +132,8 @@ def test_tensorrt_llm_counts_its_waiting_scheduled_and_kv_fraction():
     # nothing, nor does a model that is not READY.
     ready = ("router", "llama", "llama_tensorrt_llm")
     assert pod_load(TRT_LLM, ready) == PodLoad(waiting=4, running=6, kv_usage=0.75)
-    # With the vLLM and SGLang models of TRITON: summed, the fullest engine's KV.
+    # With the vLLM model and qwen's requests in flight of TRITON: summed, the fullest
+    # engine's KV.
     mixed = pod_load(TRITON + TRT_LLM, READY + ready)
     assert mixed == PodLoad(waiting=3 + 4, running=2 + 4 + 6, kv_usage=0.75)
 

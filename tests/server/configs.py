@@ -108,7 +108,13 @@ def sglang_deployment() -> dict:
                 "family": "qwen",
                 "tasks": ["chat"],
                 "placement": {"devices": [0]},
-                "engine_args": {"tp_size": 1, "context_length": 4096, "mem_fraction_static": 0.4},
+                # Two at a time: more wait in SGLang's queue (its load gauges show it).
+                "engine_args": {
+                    "tp_size": 1,
+                    "context_length": 4096,
+                    "mem_fraction_static": 0.4,
+                    "max_running_requests": 2,
+                },
             }
         ],
         "router": {"default": ["qwen"]},

@@ -31,8 +31,16 @@ from pathlib import Path
 
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from builder.cli.serve import ENGINE_GAUGES_FOLDER
 from builder.serve.drain import run_dir
+from builder.serve.openai.pod_metrics import (
+    RUNNING,
+    SGLANG_RUNNING,
+    SGLANG_WAITING,
+    sglang_gauges,
+)
 from builder.serve.server import SHM_DIR, TritonServer, shm_regions_of_group
 from tests.helpers import wait_for
 from tests.helpers.servers import listening_addresses
@@ -234,6 +242,17 @@ def test_sigterm_drains_every_stream_refuses_new_work_in_words_and_exits_0(serve
         stream.wait_first_text(30)
     for thread in (*sse, long_sse):
         assert thread.first.wait(30) and thread.error is None, thread.error
+    # The streams in SGLang's own load gauges, which the double's scheduler writes in
+    # serve's run folder (trident_common/engine_gauges.py), and so in the pod's load on
+    # the OpenAI port (pod_metrics.py).
+    own = {s.name: s.value for s in sglang_gauges(drain_folder / ENGINE_GAUGES_FOLDER, ["qwen"])}
+    assert own[SGLANG_RUNNING] == 2 * STREAMS + 2 and own[SGLANG_WAITING] == 0, own
+    pod = {
+        s.name: s.value
+        for f in text_string_to_metric_families(get(base + "/metrics")[2])
+        for s in f.samples
+    }
+    assert pod[RUNNING] == 2 * STREAMS + 2, pod
 
     signalled = time.monotonic()
     proc.send_signal(signal.SIGTERM)

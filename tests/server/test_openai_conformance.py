@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -69,6 +70,7 @@ def frontends(servers):
                 repo=server.repository,
                 admin_key=getattr(server, "admin_key", None),
                 metrics_url=server.metrics_url,
+                engine_gauges=server.gauges_folder,
             )
             started[engine] = frontend.__enter__()
             stack.append(frontend)
@@ -427,19 +429,69 @@ def test_a_token_id_outside_the_vocabulary_is_the_clients_400(url, engine):
     assert "99999999" in caught.value.message or "logit_bias" in caught.value.message
 
 
+# The double answers at no cost: a value of this schema (one token per word of its JSON,
+# support/fake_sglang.py) makes a stream some 2,000 tokens long, still being generated
+# when the model reads SGLang's load.
+LONG_ANSWER = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "zeros",
+        "schema": {
+            "type": "object",
+            "properties": {
+                "zeros": {"type": "array", "items": {"type": "integer"}, "minItems": 2000}
+            },
+            "required": ["zeros"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
 @pytest.mark.uses_server("sglang_server")
-def test_the_pods_load_is_served_for_an_engine_without_vllms_gauges(frontends):
-    """trident's SGLang model has no queue or KV gauge of its own: the pod's load counts
-    its requests in flight as running (pod_metrics.py; the rise under load is checked on
-    real vLLM in test_openai.py: this double answers faster than a scrape), 0 when idle,
-    and no KV usage."""
+def test_the_pods_load_follows_sglangs_own_gauges(frontends):
+    """What an endpoint picker reads on the inference port (pod_metrics.py), scraped every
+    50 ms, from SGLang's own gauges (the double's scheduler writes them where SGLang's
+    does: trident_common/engine_gauges.py): four long streams against
+    max_running_requests 2 make the pod's running requests rise to 1 or more with KV
+    usage above 0 and never over 1, and its waiting requests rise too; after them
+    running, waiting and KV usage are back at 0. The streams are sent again until the
+    scrapes saw both."""
     frontend = frontends("sglang")
-    client = openai.OpenAI(base_url=frontend.url + "/v1", api_key="unused", max_retries=0)
+    client = sync_client(frontend.url + "/v1")
+    stop = threading.Event()
+
+    def streams() -> int:
+        sent = 0
+        while not stop.is_set():
+            chunks = client.chat.completions.create(
+                model="router",
+                messages=QUESTION,
+                max_tokens=2100,
+                stream=True,
+                response_format=LONG_ANSWER,  # type: ignore[arg-type]
+            )
+            assert [c for c in chunks if c.choices and c.choices[0].finish_reason == "stop"]
+            sent += 1
+        return sent
+
+    seen: list[dict[str, float]] = []
+
+    def loaded(workers) -> bool:
+        for worker in workers:
+            if worker.done():  # a stream failed: say why now, not at the timeout
+                worker.result()
+        seen.append(pod_gauges(frontend))
+        running = any(g[RUNNING] >= 1 and g[KV_USAGE] > 0 for g in seen)
+        return running and any(g[WAITING] >= 1 for g in seen)
+
     with ThreadPoolExecutor(4) as pool:
-        answers = [
-            pool.submit(client.completions.create, model="router", prompt=PROMPT, max_tokens=50)
-            for _ in range(4)
-        ]
-    assert all(a.result().choices[0].text for a in answers)
-    wait_for(lambda: pod_gauges(frontend)[RUNNING] == 0, timeout_s=10)
-    assert pod_gauges(frontend) == {WAITING: 0, RUNNING: 0, KV_USAGE: 0}
+        workers = [pool.submit(streams) for _ in range(4)]
+        try:
+            wait_for(lambda: loaded(workers), timeout_s=90, interval_s=0.05)
+        finally:
+            stop.set()
+        assert all(worker.result() >= 1 for worker in workers)
+    assert all(0 <= g[KV_USAGE] <= 1 and g[RUNNING] <= 2 for g in seen), seen[-3:]
+    idle = {WAITING: 0, RUNNING: 0, KV_USAGE: 0}
+    wait_for(lambda: pod_gauges(frontend) == idle, timeout_s=10, interval_s=0.05)

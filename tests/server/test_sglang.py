@@ -36,3 +36,7 @@ def test_router_abort(server):
 
 def test_prefix_cache_over_two_turns(server):
     check_sglang.check_prefix_cache(server)
+
+
+def test_sglangs_own_load_gauges_rise_under_a_stream_and_fall_back(server):
+    check_sglang.check_load(server)

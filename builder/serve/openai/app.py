@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -50,7 +51,7 @@ from builder.serve.openai.limits import (
     check_max_tokens,
     declared_length,
 )
-from builder.serve.openai.pod_metrics import CONTENT_TYPE, pod_load
+from builder.serve.openai.pod_metrics import CONTENT_TYPE, pod_load, sglang_gauges
 from builder.serve.openai.policy import DEFAULT_EXPOSE, as_tenant, resolve
 from builder.serve.openai.protocol import Generation, parse_chat, parse_completion
 from builder.serve.openai.traces import finish, request_span
@@ -68,13 +69,15 @@ def create_app(
     limits: Limits = Limits(),
     drain: DrainGate | None = None,
     spans: Any = None,
+    engine_gauges: Path | None = None,
 ) -> FastAPI:
     """The application for the Triton at triton_url (`triton`: a stand-in, for tests),
     serving the models in `expose` only. With api_keys (key → tenant,
     builder.serve.openai.keys), every /v1 request needs one of the keys, and its tenant
     is the request's tenant (policy.as_tenant). `drain`: the drain's state, which its
     driver holds too (app.state.drain; a new one if not given). `spans`: the
-    frontend's spans when traces are on (builder/serve/tracing.py), else None."""
+    frontend's spans when traces are on (builder/serve/tracing.py), else None.
+    `engine_gauges`: the server's folder of SGLang's own gauges (pod_metrics.py)."""
     triton = triton or Triton(triton_url)
     exposed = frozenset(expose)
     drain = drain or DrainGate()
@@ -102,7 +105,7 @@ def create_app(
 
     for kind in (Exception, HTTPException, OpenAIError):
         app.add_exception_handler(kind, _failed)
-    _add_probes(app, triton, drain, spans, exposed)
+    _add_probes(app, triton, drain, spans, exposed, engine_gauges)
     _add_model_routes(app, triton, admit, exposed)
     _add_generation_routes(app, generate)
     app.lane("/v1/chat/completions", _lane(parse_chat, generate, drain, spans))
@@ -137,7 +140,12 @@ async def _failed(_request, error: Exception):
 
 
 def _add_probes(
-    app: FastAPI, triton: Triton, drain: DrainGate, spans: Any, exposed: frozenset
+    app: FastAPI,
+    triton: Triton,
+    drain: DrainGate,
+    spans: Any,
+    exposed: frozenset,
+    engine_gauges: Path | None,
 ) -> None:
     """/health, /metrics and /health/live: no key, no tenant."""
 
@@ -161,7 +169,9 @@ def _add_probes(
         elif triton.metrics_url is None:
             raise OpenAIError(404, "this frontend was given no Triton metrics port", "not_found")
         if triton.metrics_url is not None:
-            load = pod_load(await triton.metrics_text(), await triton.models(), exposed)
+            models = await triton.models()
+            sglang = sglang_gauges(engine_gauges, models)  # small files: read in place
+            load = pod_load(await triton.metrics_text(), models, exposed, sglang)
             text = load.exposition() + text
         return Response(text, media_type=CONTENT_TYPE)
 

@@ -5,7 +5,8 @@ when an engine serves LoRA adapters, the adapters in use shaped like vLLM's
 `vllm:lora_requests_info` (LORA_INFO). The picker scores pods by them; trident's router
 then places the request inside the pod.
 
-They are read from Triton's metrics port and summed over the pod's READY engine models:
+They are summed over the pod's READY engine models, from Triton's metrics port but for
+SGLang's:
 - a vLLM model has vLLM's own gauges (python_backends/vllm/stats.py: waiting, running,
   KV usage, and per adapter its requests running and waiting);
 - a TensorRT-LLM model (Triton's tensorrtllm backend, the Triton model NAME_tensorrt_llm)
@@ -18,9 +19,17 @@ They are read from Triton's metrics port and summed over the pod's READY engine 
   the executor's requests scheduled in its last iteration, waiting its active requests
   less those (paused or not yet fitted), fraction its used KV blocks over their maximum;
   requests still queued ahead of the executor's active set are in neither count;
-- any other trident engine model (SGLang) says only how many requests it has in flight
-  (trident_requests_in_flight): they count as running, none as waiting, and it adds no
-  KV usage (none is known).
+- an SGLang model has SGLang's own gauges, which its scheduler writes to files
+  (prometheus_client's multiprocess mode) in the model instance's folder
+  (trident_common/engine_gauges.py), read here at each scrape (sglang_gauges):
+  sglang:num_queue_reqs waiting, sglang:num_running_reqs running, sglang:token_usage KV
+  usage (the KV pool's share held by live requests, as vLLM's). SGLang sets them at each
+  prefill batch, every 40 decode steps and when it goes idle;
+- an engine model with none of these (an SGLang model served without the folder, by
+  plain tritonserver, or with engine_args.enable_metrics false) says only how many
+  requests it has in flight (trident_requests_in_flight): they count as running, none
+  as waiting, and it adds no KV usage (none is known). A model with an engine's own
+  gauges is never counted through it as well.
 KV usage is the fullest engine's: the router keeps a conversation with the engine that
 holds its cache, so the pod is as full as that engine. A model that is not READY (an
 unloaded one, whose series Triton keeps) counts for nothing. No tenant or model name
@@ -31,9 +40,17 @@ reads the names here without it.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trident_common import engine_gauges
+
+if TYPE_CHECKING:
+    from prometheus_client.samples import Sample
 
 # How a client names an adapter of an exposed model: MODEL:ADAPTER.
 from builder.serve.openai.policy import ADAPTER_SEPARATOR
@@ -76,6 +93,12 @@ READ = (
     TRT_REQUESTS,
     TRT_KV,
 )
+# What is read from the SGLang models' own files (sglang 0.5.23's names, its scheduler's
+# SchedulerMetricsCollector): the totals, labelled priority="" when priority scheduling
+# adds a series per priority.
+SGLANG_WAITING, SGLANG_RUNNING = "sglang:num_queue_reqs", "sglang:num_running_reqs"
+SGLANG_KV_USAGE = "sglang:token_usage"
+SGLANG = (SGLANG_WAITING, SGLANG_RUNNING, SGLANG_KV_USAGE)
 
 
 @dataclass(frozen=True)
@@ -116,55 +139,87 @@ class PodLoad:
 
 
 def pod_load(
-    triton_metrics: str, engine_models: Iterable[str], exposed: Iterable[str] = ()
+    triton_metrics: str,
+    engine_models: Iterable[str],
+    exposed: Iterable[str] = (),
+    engine_gauges: Iterable[Sample] = (),
 ) -> PodLoad:
-    """The pod's load from Triton's metrics text, over the READY `engine_models`; the
-    adapters named as clients of the `exposed` models name them."""
+    """The pod's load from Triton's metrics text and the SGLang models' `engine_gauges`
+    (sglang_gauges), over the READY `engine_models`; the adapters named as clients of
+    the `exposed` models name them."""
     from prometheus_client.parser import text_string_to_metric_families
 
     wanted = set(engine_models)
     lines = "\n".join(line for line in triton_metrics.splitlines() if line.startswith(READ))
-    values: dict[str, dict[str, float]] = {name: {} for name in READ}
-    kv: dict[str, float] = {}  # model -> its KV usage (vLLM's, or TensorRT-LLM's fraction)
+    triton = (sample for f in text_string_to_metric_families(lines) for sample in f.samples)
+    values: dict[str, dict[str, float]] = {name: {} for name in READ + SGLANG}
+    kv: dict[str, float] = {}  # model -> its KV usage (vLLM's, SGLang's, TRT-LLM's fraction)
     trt: dict[str, dict[str, float]] = {TRT_WAITING: {}, TRT_RUNNING: {}}
     # model -> adapter -> requests, running and waiting (vLLM's own per-adapter counts)
     adapters: dict[str, dict[str, dict[str, float]]] = {LORA_RUNNING: {}, LORA_WAITING: {}}
-    for family in text_string_to_metric_families(lines):
-        for sample in family.samples:
-            model = sample.labels.get("model", "")
-            if sample.name not in values or model not in wanted:
-                continue
-            if sample.name in adapters:
-                counts = adapters[sample.name].setdefault(model, {})
-                adapter = sample.labels.get("adapter", "")
-                counts[adapter] = counts.get(adapter, 0.0) + sample.value
-            elif sample.name == TRT_REQUESTS:
-                kind = sample.labels.get(TRT_REQUEST_KIND)
-                if kind in trt:
-                    trt[kind][model] = trt[kind].get(model, 0.0) + sample.value
-            elif sample.name in (VLLM_KV_USAGE, TRT_KV):
-                if sample.name == VLLM_KV_USAGE or sample.labels.get(TRT_KV_KIND) == TRT_KV_USAGE:
-                    kv[model] = max(kv.get(model, 0.0), sample.value)
-            else:
-                values[sample.name][model] = values[sample.name].get(model, 0.0) + sample.value
-    vllm = set(values[VLLM_RUNNING]) | set(values[VLLM_WAITING])
-    tensorrt_llm = set(trt[TRT_WAITING]) | set(trt[TRT_RUNNING])
-    others = {m: v for m, v in values[IN_FLIGHT].items() if m not in vllm | tensorrt_llm}
-    engines = vllm | tensorrt_llm | set(values[IN_FLIGHT])
-    running, waiting = _adapters_in_use(adapters, engines, exposed)
+    for sample in itertools.chain(triton, engine_gauges):
+        model = sample.labels.get("model", "")
+        if sample.name not in values or model not in wanted:
+            continue
+        if sample.name in adapters:
+            counts = adapters[sample.name].setdefault(model, {})
+            adapter = sample.labels.get("adapter", "")
+            counts[adapter] = counts.get(adapter, 0.0) + sample.value
+        elif sample.name == TRT_REQUESTS:
+            kind = sample.labels.get(TRT_REQUEST_KIND)
+            if kind in trt:
+                trt[kind][model] = trt[kind].get(model, 0.0) + sample.value
+        elif sample.name in (VLLM_KV_USAGE, SGLANG_KV_USAGE, TRT_KV):
+            if sample.name != TRT_KV or sample.labels.get(TRT_KV_KIND) == TRT_KV_USAGE:
+                kv[model] = max(kv.get(model, 0.0), sample.value)
+        else:
+            values[sample.name][model] = values[sample.name].get(model, 0.0) + sample.value
+    waiting = [values[VLLM_WAITING], values[SGLANG_WAITING], trt[TRT_WAITING]]
+    running = [values[VLLM_RUNNING], values[SGLANG_RUNNING], trt[TRT_RUNNING]]
+    # The models with an engine's own gauges; the others' requests in flight run.
+    gauged = {model for counts in waiting + running for model in counts}
+    running.append({m: v for m, v in values[IN_FLIGHT].items() if m not in gauged})
+    engines = gauged | set(values[IN_FLIGHT])
+    running_adapters, waiting_adapters = _adapters_in_use(adapters, engines, exposed)
     return PodLoad(
-        waiting=sum(values[VLLM_WAITING].values()) + sum(trt[TRT_WAITING].values()),
-        running=sum(values[VLLM_RUNNING].values())
-        + sum(trt[TRT_RUNNING].values())
-        + sum(others.values()),
+        waiting=sum(sum(counts.values()) for counts in waiting),
+        running=sum(sum(counts.values()) for counts in running),
         kv_usage=max(kv.values(), default=0.0),
-        running_adapters=running,
-        waiting_adapters=waiting,
+        running_adapters=running_adapters,
+        waiting_adapters=waiting_adapters,
         # The adapters the pod's engines hold on their GPUs at once: each vLLM engine
         # max_loras of them, so the pod at most their sum (an adapter served by two
         # engines may take a slot in each: a bound, not a promise).
         max_lora=int(sum(values[LORA_MAX].values())),
     )
+
+
+def sglang_gauges(folder: Path | None, models: Iterable[str]) -> list[Sample]:
+    """SGLang's own gauges for each of `models` that has files in `folder` (the server's
+    engine-gauge folder; None: none), one sample per gauge and model, labelled with the
+    model. Per instance and data-parallel rank, the largest value of the scheduler
+    processes that wrote it (tensor- and pipeline-parallel ranks count the same
+    requests), summed over instances and data-parallel ranks; token usage the largest."""
+    if folder is None:
+        return []
+    from prometheus_client.multiprocess import MultiProcessCollector
+    from prometheus_client.samples import Sample
+
+    out = []
+    for model in models:
+        ranks: dict[tuple[str, str, str], float] = {}  # (gauge, instance, dp rank) -> value
+        for path in engine_gauges.model_files(folder, model):
+            for metric in MultiProcessCollector.merge([str(path)], accumulate=False):
+                for sample in metric.samples:
+                    if sample.name in SGLANG and sample.labels.get("priority", "") == "":
+                        key = (sample.name, path.parent.name, sample.labels.get("dp_rank", ""))
+                        ranks[key] = max(ranks.get(key, 0.0), sample.value)
+        for name in SGLANG:
+            values = [value for (gauge, *_), value in ranks.items() if gauge == name]
+            if values:
+                total = max(values) if name == SGLANG_KV_USAGE else sum(values)
+                out.append(Sample(name, {"model": model}, total))
+    return out
 
 
 def _adapters_in_use(

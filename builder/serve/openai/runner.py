@@ -49,9 +49,11 @@ def _config(
     drain: DrainGate | None = None,
     metrics_url: str | None = None,
     spans: Any = None,
+    engine_gauges: Path | None = None,
 ) -> uvicorn.Config:
     """uvicorn's configuration (`triton`: a stand-in, for tests; `drain`: the drain's
-    state, held by whoever drives it)."""
+    state, held by whoever drives it; `engine_gauges`: the server's engine-gauge folder,
+    trident_common/engine_gauges.py)."""
     app = create_app(
         triton_url,
         triton or Triton(triton_url, admin_key, metrics_url),
@@ -60,6 +62,7 @@ def _config(
         limits=limits,
         drain=drain,
         spans=spans,
+        engine_gauges=engine_gauges,
     )
     # The HTTP protocol: a connection's bounds (guard.py), and a streamed answer's headers
     # and first chunk in one write (coalesce.py says why).
@@ -183,9 +186,11 @@ class Frontend:
         triton: Triton | None = None,
         metrics_url: str | None = None,
         spans: Any = None,
+        engine_gauges: Path | None = None,
     ):
         self.triton_url, self.host, self.port = triton_url, host, port
         self.metrics_url = metrics_url  # Triton's, for the pod's load on /metrics
+        self.engine_gauges = engine_gauges  # SGLang's, for the same (pod_metrics.py)
         self.spans = spans  # the frontend's, when traces are on (builder/serve/tracing.py)
         self._triton = triton  # a stand-in, for tests
         self.admin_key = admin_key  # the server's (builder/serve/admin.py)
@@ -244,6 +249,7 @@ class Frontend:
                 self._drain,
                 self.metrics_url,
                 self.spans,
+                self.engine_gauges,
             )
         )
         # uvicorn installs signal handlers only on the main thread: none here.
