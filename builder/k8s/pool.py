@@ -62,6 +62,7 @@ from builder.serve.openai.pod_metrics import KV_USAGE, LORA_INFO, RUNNING, WAITI
 from builder.spec import DeploymentSpec
 from builder.spec import trtllm as trtllm_spec
 from builder.spec.adapters import adapters_of
+from trident_common import engine_gauges
 
 POOL_API = "inference.networking.k8s.io/v1"
 POOL_GROUP = "inference.networking.k8s.io"
@@ -93,21 +94,26 @@ CONFIG_KEY = "epp-config.yaml"
 # The picker's default KV block size, and vLLM's (approximateprefix/types.go).
 DEFAULT_BLOCK_TOKENS = 16
 # Scorer weights: GIE's defaults (queue 2, KV 2, prefix 3; pkg/epp/config/loader/
-# defaults.go) plus the running requests at 1, the only load an SGLang model reports,
-# and, where the pods report their adapters, LoRA affinity at 1 (GIE sets no default;
-# below the prefix: a pod that holds the conversation's prefix holds its adapter too).
+# defaults.go) plus the running requests at 1 (trident's: below the queue, which waits
+# longer than a request that runs), and, where the pods report their adapters, LoRA
+# affinity at 1 (GIE sets no default; below the prefix: a pod that holds the
+# conversation's prefix holds its adapter too).
 WEIGHTS = {"queue": 2, "kv": 2, "running": 1, "prefix": 3, "lora": 1}
 # Sized by GIE's chart for high QPS (p90 scheduling within 100 ms): no CPU limit.
 EPP_RESOURCES = {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"memory": "16Gi"}}
 # Which of the pod's gauges carry an engine's load (pod_metrics.py): vLLM's own
-# waiting/running/KV (and its adapters: `lora`, for a model with adapters); TensorRT-LLM's
-# from Triton's nv_trt_llm_* gauges (waiting, scheduled, KV block fraction); any other
-# trident Python engine (SGLang) its requests in flight, counted as running.
+# waiting/running/KV (and its adapters: `lora`, for a model with adapters); SGLang's own
+# sglang:num_queue_reqs/num_running_reqs/token_usage, which its scheduler writes to files
+# (trident_common/engine_gauges.py); TensorRT-LLM's from Triton's nv_trt_llm_* gauges
+# (waiting, scheduled, KV block fraction). An SGLang model whose engine_args turn
+# SGLang's metrics off reports only its requests in flight (UNMETERED), and a pool with
+# it is refused (picker_config): the pod's KV gauge would leave that model out.
 REPORTED = {
     "vllm": ("waiting", "running", "kv"),
-    "sglang": ("running",),
+    "sglang": ("waiting", "running", "kv"),
     "tensorrt_llm": ("waiting", "running", "kv"),
 }
+UNMETERED = ("running",)
 # The engines whose adapters' requests the pod's LORA_INFO reports (the vLLM model's
 # per-adapter counts; SGLang's and TensorRT-LLM's adapters are not in it).
 LORA_REPORTED = ("vllm",)
@@ -152,12 +158,19 @@ def _spanning_model(lay: Layout, component: str) -> tuple[str, ...]:
 
 def reported(spec: DeploymentSpec, pool: Pool) -> set[str]:
     """The gauges that carry load for the pool's models (`lora`: the adapters in use)."""
-    gauges = {g for m in pool.models for g in REPORTED[spec.model(m).engine]}
+    gauges = {g for m in pool.models for g in _engine_gauges(spec, m)}
     for name in pool.models:
         model = spec.model(name)
         if model.engine in LORA_REPORTED and adapters_of(model):
             gauges.add("lora")
     return gauges
+
+
+def _engine_gauges(spec: DeploymentSpec, name: str) -> tuple[str, ...]:
+    model = spec.model(name)
+    if model.engine == "sglang" and not engine_gauges.sglang_reports_load(model.engine_args):
+        return UNMETERED
+    return REPORTED[model.engine]
 
 
 def block_tokens(spec: DeploymentSpec, models: tuple[str, ...]) -> int:
@@ -181,10 +194,9 @@ def block_tokens(spec: DeploymentSpec, models: tuple[str, ...]) -> int:
 
 def picker_config(spec: DeploymentSpec, pool: Pool) -> dict:
     """The EndpointPickerConfig: trident's metric names, the scorers and a picker."""
+    _check_kv(spec, pool)
     gauges = reported(spec, pool)
     weights = dict(WEIGHTS)
-    if "kv" not in gauges:  # the gauge reads 0: weigh nothing on it
-        weights["kv"] = 0
     scorers = [
         ("queue-scorer", weights["queue"]),
         ("kv-cache-utilization-scorer", weights["kv"]),
@@ -233,6 +245,19 @@ def picker_config(spec: DeploymentSpec, pool: Pool) -> dict:
             ]
         },
     }
+
+
+def _check_kv(spec: DeploymentSpec, pool: Pool) -> None:
+    """Every model of the pool reports its KV usage, else one line: the pod's KV gauge
+    would leave it out and the picker would score its pods by a part of their load."""
+    for name in pool.models:
+        if "kv" not in _engine_gauges(spec, name):
+            raise K8sError(
+                f"{spec.file}: model {name!r}: engine_args.{engine_gauges.SGLANG_METRICS_ARG}: "
+                "false leaves its engine without load gauges, so with --inference-pool the "
+                "picker's KV scorer would count its pods as empty; remove it, or render "
+                "without --inference-pool"
+            )
 
 
 def _metrics_extractor(lora: bool) -> dict:

@@ -528,8 +528,8 @@ def test_block_size_follows_the_engines(tmp_path):
 
 
 def _server_and_spanning(tmp_path: Path) -> Path:
-    """multinode.yaml on 3 nodes with an SGLang model on the third: a server pool with
-    no KV gauge, and the LeaderWorkerSet's pool."""
+    """multinode.yaml on 3 nodes with an SGLang model on the third: a server pool of
+    SGLang only, and the LeaderWorkerSet's pool."""
     data = yaml.safe_load(MULTINODE.read_text())
     data["hardware"]["nodes"] = 3
     data["models"].append(
@@ -558,11 +558,12 @@ def test_one_pool_and_picker_per_serving_workload(tmp_path):
         selector = infpool["spec"]["selector"]["matchLabels"]
         assert len([1 for labels, _ in _serving_pods(docs) if _labels_match(selector, labels)]) == 1
     assert len(kinds(docs, "Deployment")) == 2
-    # The server pod runs SGLang only: its KV gauge reads 0, so it weighs nothing.
-    server = _weights(picker_config(docs, "fleet-server"))
-    assert server["kv-cache-utilization-scorer"] == 0
-    assert server["running-requests-size-scorer"] > 0
-    assert _weights(picker_config(docs, "fleet-llama405b"))["kv-cache-utilization-scorer"] > 0
+    # The server pod runs SGLang only, which reports its queue, running requests and KV
+    # usage (SGLang's own gauges): scored on all three, as the vLLM pool is.
+    for name in ("fleet-server", "fleet-llama405b"):
+        weights = _weights(picker_config(docs, name))
+        assert weights["kv-cache-utilization-scorer"] == pool.WEIGHTS["kv"] > 0
+        assert weights["queue-scorer"] > 0 and weights["running-requests-size-scorer"] > 0
     for doc in docs:
         if doc["kind"] not in CUSTOM_KINDS:
             validate_core(doc)
@@ -718,3 +719,22 @@ def test_a_pool_with_vllm_adapters_reads_the_lora_gauge_and_scores_affinity(tmp_
         "waiting_lora_adapters": "",
         "max_lora": "4",
     }
+
+
+def test_an_sglang_model_with_its_metrics_off_is_refused_in_one_line(tmp_path):
+    """engine_args.enable_metrics: false leaves an SGLang model without its load gauges
+    (trident_common/engine_gauges.py): the pod's KV gauge would leave it out and the
+    picker would score its pods as empty. Refused naming the model and the field, exit
+    2, an earlier render left as it was; without the flag it renders."""
+    spec = _server_and_spanning(tmp_path)
+    data = yaml.safe_load(spec.read_text())
+    data["models"][-1]["engine_args"] = {"enable_metrics": False}
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    out = tmp_path / "out"
+    line = refused(spec, out, "--inference-pool")
+    assert "model 'small'" in line and "engine_args.enable_metrics" in line, line
+    render(spec, out)  # without the flag: served as before
+    before = _tree(out)
+    code, stderr = hs.call_cli(["k8s", "--spec", str(spec), "--out", str(out), "--inference-pool"])
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert _tree(out) == before
