@@ -277,7 +277,7 @@ class RouteRecord:
     @property
     def traceparent(self) -> str:
         """This span's traceparent: the parent the router hands its backend request."""
-        return str(self.span.traceparent)
+        return self.span.traceparent
 
     def attributes(self) -> dict[str, Any]:
         attributes: dict[str, Any] = {"trident.route.outcome": self.outcome}
