@@ -108,12 +108,14 @@ def sglang_deployment() -> dict:
                 "family": "qwen",
                 "tasks": ["chat"],
                 "placement": {"devices": [0]},
-                # Two at a time: more wait in SGLang's queue (its load gauges show it).
+                # Four at a time: more wait in SGLang's queue (its load gauges show it).
+                # The router then admits 8 in flight (2 x the engine's concurrency), the
+                # structured-output test's eight at a time.
                 "engine_args": {
                     "tp_size": 1,
                     "context_length": 4096,
                     "mem_fraction_static": 0.4,
-                    "max_running_requests": 2,
+                    "max_running_requests": 4,
                 },
             }
         ],

@@ -452,11 +452,11 @@ LONG_ANSWER = {
 def test_the_pods_load_follows_sglangs_own_gauges(frontends):
     """What an endpoint picker reads on the inference port (pod_metrics.py), scraped every
     50 ms, from SGLang's own gauges (the double's scheduler writes them where SGLang's
-    does: trident_common/engine_gauges.py): four long streams against
-    max_running_requests 2 make the pod's running requests rise to 1 or more with KV
-    usage above 0 and never over 1, and its waiting requests rise too; after them
-    running, waiting and KV usage are back at 0. The streams are sent again until the
-    scrapes saw both."""
+    does: trident_common/engine_gauges.py): six long streams against
+    max_running_requests 4 (the router admits 8) make the pod's running requests rise
+    to 1 or more with KV usage above 0 and never over 1, and its waiting requests rise
+    too; after them running, waiting and KV usage are back at 0. The streams are sent
+    again until the scrapes saw both."""
     frontend = frontends("sglang")
     client = sync_client(frontend.url + "/v1")
     stop = threading.Event()
@@ -485,13 +485,13 @@ def test_the_pods_load_follows_sglangs_own_gauges(frontends):
         running = any(g[RUNNING] >= 1 and g[KV_USAGE] > 0 for g in seen)
         return running and any(g[WAITING] >= 1 for g in seen)
 
-    with ThreadPoolExecutor(4) as pool:
-        workers = [pool.submit(streams) for _ in range(4)]
+    with ThreadPoolExecutor(6) as pool:
+        workers = [pool.submit(streams) for _ in range(6)]
         try:
             wait_for(lambda: loaded(workers), timeout_s=90, interval_s=0.05)
         finally:
             stop.set()
         assert all(worker.result() >= 1 for worker in workers)
-    assert all(0 <= g[KV_USAGE] <= 1 and g[RUNNING] <= 2 for g in seen), seen[-3:]
+    assert all(0 <= g[KV_USAGE] <= 1 and g[RUNNING] <= 4 for g in seen), seen[-3:]
     idle = {WAITING: 0, RUNNING: 0, KV_USAGE: 0}
     wait_for(lambda: pod_gauges(frontend) == idle, timeout_s=10, interval_s=0.05)
