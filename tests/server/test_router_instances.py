@@ -146,6 +146,12 @@ def test_fallback_works_and_each_instance_trips_its_own_breaker(server):
         server, "trident_router_breaker_state", backend=backend, router_instance=instance
     )
     instances = ("router_0_0", "router_0_1")
+    # A success on the primary resets a breaker's count of consecutive failures: after
+    # these (consecutive requests alternate between the instances), neither instance
+    # starts the kill with a failure left from an earlier test, and each opens after
+    # exactly its own two.
+    for _ in range(4 * INSTANCES):
+        assert ask(server).served_by == {MODEL}
     before = fallbacks()
     os.kill(stubs(server)[f"{MODEL}_0_0"], signal.SIGKILL)
     # Triton hands a request to whichever instance's thread takes it first: on a loaded
@@ -166,7 +172,8 @@ def test_fallback_works_and_each_instance_trips_its_own_breaker(server):
         wait_for(lambda: fallbacks() - before >= INSTANCES * CONSECUTIVE_FAILURES, timeout_s=10)
     except AssertionError:
         raise AssertionError(
-            f"{fallbacks() - before} fallbacks after {len(served)} asks; the series: "
+            f"{fallbacks() - before} fallbacks after {len(served)} asks (counted from "
+            f"{before}); the series: "
             f"{series(server, 'trident_router_fallbacks_total', 'trident_router_breaker_state')}"
         ) from None
     for _ in range(6):
