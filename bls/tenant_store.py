@@ -14,16 +14,19 @@ loses them when they expire (the router's deadline plus a margin).
 
 Redis: one Lua script per admission and per release, so a check-and-update is atomic
 across routers; the clock is Redis's own (TIME), so routers need not agree on the time.
-The client is redis-py's asyncio client (ACL users, TLS, reconnects). The calls made
-in one turn of the event loop go to Redis as one pipeline on one connection: a burst of
+The client is one redis-py asyncio Connection per store (ACL users, TLS, reconnects,
+the protocol). The calls made in one turn of the event loop, and those made while the
+previous batch was on its way, go to Redis as one batch of commands: a burst of
 requests costs one round trip and a few event-loop wake-ups instead of one connection
 and a dozen wake-ups each, which on a loaded router (its event loop waiting for the GIL
 behind relay threads) made redis-py's plain per-call path several times slower than
-the budget (docs/router.md, "Tenants"). Every call has a time budget sized for a busy
-machine (TIMEOUT_S); a failed call makes the store "failing": for RETRY_S requests
-decide at once (the caller's on_redis_error), then one call at a time probes Redis
-until one succeeds, so a stalled Redis costs one request the budget per RETRY_S
-instead of every request.
+the budget (docs/router.md, "Tenants"). The batch is written on the Connection itself:
+redis-py's client, pool and pipeline around each call cost about as much as the round
+trip in the router's stub (docs/results/2026-12-05-1220-tenant-check-breakdown.md).
+Every call has a time budget sized for a busy machine (TIMEOUT_S); a failed call makes
+the store "failing": for RETRY_S requests decide at once (the caller's on_redis_error),
+then one call at a time probes Redis until one succeeds, so a stalled Redis costs one
+request the budget per RETRY_S instead of every request.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 PERIOD_MS = 60_000.0
 REASONS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
@@ -60,7 +63,6 @@ CHOICE_ARRIVAL_MS = 10_000.0
 # connections fail at once.
 TIMEOUT_S = 2.0
 RETRY_S = 0.5  # after a failure, requests decide without Redis for this long
-MAX_CONNECTIONS = 32  # per router; more concurrent calls wait for a free connection
 
 
 class StoreUnavailable(Exception):
@@ -298,27 +300,27 @@ class RedisStore:
         arrival_ms: float = CHOICE_ARRIVAL_MS,
     ) -> None:
         parsed = urllib.parse.urlsplit(url)
+        self.connection_class = (
+            aioredis.SSLConnection if parsed.scheme == "rediss" else aioredis.Connection
+        )
         self.options: dict[str, Any] = {
             "host": parsed.hostname,
             "port": parsed.port or 6379,
             "db": int(parsed.path.strip("/") or 0),
-            "connection_class": (
-                aioredis.SSLConnection if parsed.scheme == "rediss" else aioredis.Connection
-            ),
             "username": username,
             "password": password,
             "socket_connect_timeout": timeout_s,
-            # One immediate retry on a fresh connection: a pooled connection that a
-            # restarted Redis closed fails once, and that is not Redis being down.
+            # One immediate retry on a fresh connection: a connection that a restarted
+            # Redis closed fails once, and that is not Redis being down.
             "retry": Retry(NoBackoff(), 1),
         }
         self.namespace = namespace
         self.timeout_s, self.retry_s, self.clock = timeout_s, retry_s, clock
         self.arrival_ms = arrival_ms
-        self.client: aioredis.Redis | None = None
+        self.connection: aioredis.Connection | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.batch: list[_Call] = []  # (script, keys, args, future) of this loop turn
-        self.sending: set[asyncio.Task[None]] = set()  # pipelines in flight, until done
+        self.batch: list[_Call] = []  # (script, keys, args, future) waiting to be sent
+        self.sender: asyncio.Task[None] | None = None  # sending batches, until none wait
         self.failing, self.probing = False, False
         self.retry_at, self.last_error = 0.0, ""
 
@@ -371,7 +373,9 @@ class RedisStore:
                 raise StoreUnavailable(f"Redis unavailable ({self.last_error})")
             self.probing = probe = True
         try:
-            reply = await asyncio.wait_for(self._queue(script, keys, args), self.timeout_s)
+            # asyncio.timeout, not wait_for: no waiter future and no extra loop turns.
+            async with asyncio.timeout(self.timeout_s):
+                reply = await self._queue(script, keys, args)
         except TimeoutError:
             self._failed(f"no answer within {self.timeout_s * 1000:.0f} ms")
         except (RedisError, OSError) as e:
@@ -388,40 +392,50 @@ class RedisStore:
     def _queue(
         self, script: str, keys: tuple[str, ...], args: tuple[Any, ...]
     ) -> asyncio.Future[Any]:
-        """A future for the script's reply; the turn's first call schedules the send."""
+        """A future for the script's reply. The sender's first step runs in the loop
+        turn after this call's: the calls made in this turn go with it, and those made
+        while a batch is on its way go together in the next."""
         loop = asyncio.get_running_loop()
-        if self.client is None or self.loop is not loop:
+        if self.connection is None or self.loop is not loop:
             # redis-py's connections belong to the loop that opened them: the stub has
             # one loop, tests run several in turn.
-            pool = aioredis.BlockingConnectionPool(
-                max_connections=MAX_CONNECTIONS, timeout=None, **self.options
-            )
-            self.client, self.loop, self.batch = aioredis.Redis(connection_pool=pool), loop, []
+            self.connection, self.loop = self.connection_class(**self.options), loop
+            self.batch, self.sender = [], None
         future: asyncio.Future[Any] = loop.create_future()
         self.batch.append((script, keys, args, future))
-        if len(self.batch) == 1:
-            loop.call_soon(self._send)
+        if self.sender is None:
+            self.sender = loop.create_task(self._send_batches(self.connection))
         return future
 
-    def _send(self) -> None:
-        batch, self.batch = self.batch, []
-        client, loop = self.client, self.loop
-        if client is None or loop is None:  # _queue opened both before it scheduled this
-            raise RuntimeError("RedisStore sent a batch before it had a client")
-        task = loop.create_task(self._pipeline(client, batch))
-        self.sending.add(task)
-        task.add_done_callback(self.sending.discard)
-
-    async def _pipeline(self, client: aioredis.Redis, batch: list[_Call]) -> None:
-        """Send one turn's calls as one pipeline; each caller gets its own reply or
-        error. Bounded by the budget too: a stalled Redis must not hold the connection."""
+    async def _send_batches(self, connection: aioredis.Connection) -> None:
         try:
-            replies = await asyncio.wait_for(self._execute(client, batch), self.timeout_s)
+            while self.batch and self.connection is connection:
+                # A call whose caller gave up (its budget) is not sent.
+                batch = [call for call in self.batch if not call[3].done()]
+                self.batch = []
+                if batch:
+                    await self._send(connection, batch)
+        finally:
+            if self.connection is connection:
+                self.sender = None
+
+    async def _send(self, connection: aioredis.Connection, batch: list[_Call]) -> None:
+        """Send one batch as one round trip on the store's one connection; each caller
+        gets its own reply or error. Bounded by the budget too: a stalled Redis must not
+        hold the connection."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                # redis-py closes the connection on any error or cancel mid-command;
+                # the retry sends on a fresh one.
+                replies = await connection.retry.call_with_retry(
+                    lambda: self._execute(connection, batch),
+                    lambda _error: connection.disconnect(),
+                )
         except (Exception, asyncio.CancelledError) as e:
             error = (
                 e
                 if isinstance(e, (RedisError, OSError))
-                else ConnectionError(f"pipeline {type(e).__name__}")
+                else ConnectionError(f"batch {type(e).__name__}")
             )
             for *_, future in batch:
                 if not future.done():
@@ -437,20 +451,18 @@ class RedisStore:
             else:
                 future.set_result(reply)
 
-    async def _execute(self, client: aioredis.Redis, batch: list[_Call]) -> list[Any]:
-        pipe = client.pipeline(transaction=False)
-        for script, keys, args, _ in batch:
-            pipe.evalsha(SHAS[script], len(keys), *keys, *args)
-        replies = await pipe.execute(raise_on_error=False)
+    async def _execute(self, connection: aioredis.Connection, batch: list[_Call]) -> list[Any]:
+        replies = await _round_trip(
+            connection,
+            [("EVALSHA", SHAS[script], len(keys), *keys, *args) for script, keys, args, _ in batch],
+        )
         # NOSCRIPT: a Redis that restarted (or another one) has not seen the script;
         # EVAL runs it and caches it for the next EVALSHA.
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if missing:
-            pipe = client.pipeline(transaction=False)
-            for i in missing:
-                script, keys, args, _ = batch[i]
-                pipe.eval(script, len(keys), *keys, *args)
-            for i, reply in zip(missing, await pipe.execute(raise_on_error=False), strict=True):
+            evals = [(batch[i][0], batch[i][1], batch[i][2]) for i in missing]
+            commands = [("EVAL", script, len(keys), *keys, *args) for script, keys, args in evals]
+            for i, reply in zip(missing, await _round_trip(connection, commands), strict=True):
                 replies[i] = reply
         return replies
 
@@ -460,3 +472,18 @@ class RedisStore:
 
 
 SHAS = {script: hashlib.sha1(script.encode()).hexdigest() for script in (ADMIT, FINISH)}
+
+
+async def _round_trip(
+    connection: aioredis.Connection, commands: list[tuple[Any, ...]]
+) -> list[Any]:
+    """Send the commands at once, then read their replies in order; a reply that is
+    Redis's error comes back as the exception (as a pipeline's would)."""
+    await connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+    replies: list[Any] = []
+    for _ in commands:
+        try:
+            replies.append(await connection.read_response())
+        except ResponseError as e:
+            replies.append(e)
+    return replies

@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from redis.asyncio import connection as aioredis_connection
 
 from bls import router_metrics, tenant_store, tenants
 from bls.router_config import TenantsConfig
@@ -87,6 +88,38 @@ def test_concurrency_and_tokens(redis):
         assert await store.admit("u", limits, "c", LEASE_MS) == ""
 
     asyncio.run(go())
+
+
+def test_calls_made_while_a_batch_is_out_go_together_in_the_next(redis, monkeypatch):
+    """The store's one connection: a call goes at once; the 30 made while Redis holds
+    it (paused) are written as one batch when it answers, each with its own answer."""
+    store = RedisStore(redis.url, None, f"batches{time.monotonic_ns()}")
+    limits = Limits(rpm=10)
+    writes = []
+    send = aioredis_connection.Connection.send_packed_command
+
+    async def counted(self, command, check_health=True):
+        writes.append(command)
+        return await send(self, command, check_health)
+
+    async def go():
+        assert await attempt(store, "warm", limits, "w") == ""  # connected
+        monkeypatch.setattr(aioredis_connection.Connection, "send_packed_command", counted)
+        redis.pause()
+        try:
+            first = asyncio.ensure_future(attempt(store, "b", limits, "l0"))
+            await asyncio.sleep(0.1)
+            rest = [
+                asyncio.ensure_future(attempt(store, "b", limits, f"l{i}")) for i in range(1, 31)
+            ]
+            await asyncio.sleep(0.1)
+        finally:
+            redis.resume()
+        return await asyncio.gather(first, *rest)
+
+    results = asyncio.run(go())
+    assert results.count("") == 10 and results.count("requests_per_minute") == 21
+    assert len(writes) == 2
 
 
 def test_leases_of_a_dead_router_expire(redis):
