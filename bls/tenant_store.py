@@ -460,8 +460,10 @@ class RedisStore:
         # EVAL runs it and caches it for the next EVALSHA.
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if missing:
-            evals = [(batch[i][0], batch[i][1], batch[i][2]) for i in missing]
-            commands = [("EVAL", script, len(keys), *keys, *args) for script, keys, args in evals]
+            calls = (batch[i] for i in missing)
+            commands = [
+                ("EVAL", script, len(keys), *keys, *args) for script, keys, args, _ in calls
+            ]
             for i, reply in zip(missing, await _round_trip(connection, commands), strict=True):
                 replies[i] = reply
         return replies
