@@ -23,7 +23,16 @@ QUEUE_FACTOR = 2
 class Inbound:
     """What the router reads from a client's request, once."""
 
-    __slots__ = ("features", "stream", "replaced", "returns", "parameters", "prompt", "fan_out")
+    __slots__ = (
+        "features",
+        "stream",
+        "replaced",
+        "returns",
+        "parameters",
+        "prompt",
+        "fan_out",
+        "traceparent",
+    )
 
     def __init__(
         self,
@@ -34,6 +43,7 @@ class Inbound:
         returns: dict[str, bool] | None = None,
         parameters: dict[str, Any] | None = None,
         fan_out: FanOut | None = None,
+        traceparent: str | None = None,
     ) -> None:
         self.features, self.stream, self.replaced = features, stream, replaced
         # The prompt's parts, (text, messages): the replicas' prefix index makes its key
@@ -48,6 +58,9 @@ class Inbound:
         # The OpenAI request's fan-out this request is one choice of (None: not one);
         # its tenant admits the n together (tenants.py).
         self.fan_out = fan_out
+        # The traceparent the caller sent as a request parameter besides its metadata
+        # (the OpenAI frontend does: tracing.EngineTraces.follow_caller says why).
+        self.traceparent = traceparent
 
 
 def inflight_limit(configured: int, capacity: int | None) -> int:

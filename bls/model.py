@@ -42,7 +42,7 @@ from bls.control import SILENCE_PROBE_S, Controls
 from bls.inflight import Inflight
 from bls.job import Attempt, Job
 from bls.policy import Policy, UnknownRoute
-from bls.read_request import read_request, sent_traceparent
+from bls.read_request import read_request
 from bls.relay import REFUSED, CallSlots, Relay, Retired
 from bls.replicas import Replicas, tenant_salt
 from bls.router_config import FILE_NAME as ROUTER_CONFIG
@@ -247,7 +247,7 @@ class TritonPythonModel:
         if self.traces is not None:
             context = request.trace().get_context()  # None: untraced
             if context:
-                record = self.traces.route(context, sent_traceparent(request.parameters()))
+                record = self.traces.route(context)
                 ROUTE_RECORD.set(record)
         self.handling += 1
         try:
@@ -281,8 +281,12 @@ class TritonPythonModel:
         arrival: float,
         attempts: list[Relay],
     ) -> None:
+        record = ROUTE_RECORD.get()
         try:
             inbound = read_request(request, self.tenants.set_tier)
+            if record is not None:  # the caller's trace, before the backend is called
+                assert self.traces is not None  # a record is made only with traces on
+                self.traces.follow_caller(record, inbound.traceparent)
             route, candidates = self.policy.candidates(inbound.features, self.targets.available)
             job = Job(request, sender, arrival, inbound, route, attempts)
         except UnknownRoute as e:
@@ -290,7 +294,6 @@ class TritonPythonModel:
         except BadRequest as e:  # the messages or a fan-out parameter not as the interface says
             return self.fail(sender, CLIENT.mark(str(e), e.param or "messages"), "bad_request")
         # Any other error is the router's (handle: "router error", internal), never a 400.
-        record = ROUTE_RECORD.get()
         if record is not None:
             record.route, record.candidates = route, tuple(candidates)
             tenant = inbound.features.tenant

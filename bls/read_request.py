@@ -23,15 +23,6 @@ RETURN_FLAGS = tuple(f"return_{name}" for name in RETURNABLE)
 READ_INPUTS = frozenset((*HINT_KEYS, *RETURN_FLAGS, "text_input", "messages", "stream"))
 
 
-def sent_traceparent(parameters: str) -> str | None:
-    """The traceparent a traced request's caller sent as a parameter besides its
-    metadata (the OpenAI frontend does: tracing.EngineTraces.route says why)."""
-    if not parameters or parameters == "{}":
-        return None
-    value = json.loads(parameters).get(TRACEPARENT)
-    return value if isinstance(value, str) else None
-
-
 def forwardable(parameters: dict[str, Any] | None) -> dict[str, Any] | None:
     """Request parameters as a BLS request takes them: the stub accepts bool, int and
     str values only, so a float travels as its text (the engine models convert sampling
@@ -88,4 +79,12 @@ def read_request(
         returns,
         forwardable(loaded),
         fan_out_of(loaded),
+        sent_traceparent(loaded),
     )
+
+
+def sent_traceparent(parameters: dict[str, Any] | None) -> str | None:
+    """The traceparent a traced request's caller sent as a parameter besides its
+    metadata (the OpenAI frontend does: tracing.EngineTraces.follow_caller says why)."""
+    value = (parameters or {}).get(TRACEPARENT)
+    return value if isinstance(value, str) else None

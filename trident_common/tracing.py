@@ -25,6 +25,7 @@ import hashlib
 import hmac
 import json
 import threading
+import time
 from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -213,43 +214,49 @@ class EngineTraces:
         return cls(spans, model, losses)
 
     def start(self, traceparent: str, start_ns: int, request_id: str) -> OpenSpan:
-        """The span of a request whose parent is `traceparent`, begun at start_ns."""
-        return self.spans.start(
+        """The span of a request whose parent is `traceparent`, begun at start_ns (the
+        traceparent is read when the span ends, off the path to the first token:
+        Spans.start_under)."""
+        return self.spans.start_under(
+            traceparent,
             f"generate {self.model}",
-            self.spans.parent(traceparent),
-            start_ns=start_ns,
-            attributes={
+            start_ns,
+            {
                 "gen_ai.operation.name": "text_completion",
                 "gen_ai.request.model": self.model,
                 "trident.request_id": request_id,
             },
         )
 
-    def route(self, triton_context: str | None, sent: str | None = None) -> RouteRecord | None:
+    def route(self, triton_context: str | None) -> RouteRecord | None:
         """The router's span of a request Triton traces (`triton_context`: what
         `request.trace().get_context()` gave, '{"traceparent": ...}', None untraced),
-        child of Triton's span of it; None for an untraced request.
-
-        `sent`: the traceparent the caller also sent as a request parameter (the OpenAI
-        frontend does). When it is of another trace than Triton's span, tritonserver
-        lost the one the caller's metadata carried and traced the request as a new root
-        (tests/server/trace_parent_loss.py): the router's span is then the child of `sent`,
-        keeping the caller's trace whole, linked to Triton's span and marked
-        trident.triton_parent_lost."""
+        child of Triton's span of it; None for an untraced request. Once the request is
+        read, follow_caller checks that span against the caller's own."""
         if not triton_context:
             return None
-        parent = self.spans.parent(json.loads(triton_context).get(TRACEPARENT_HEADER))
-        if parent is None:
+        triton_span = json.loads(triton_context).get(TRACEPARENT_HEADER)
+        if not triton_span:
             return None
-        links, attributes = [], {}
-        callers = self.spans.parent(sent) if sent else None
-        if callers is not None and callers.trace_id != parent.trace_id:
-            from opentelemetry.trace import Link
+        # Read at its end: Spans.start_under.
+        return RouteRecord(
+            self.spans.start_under(triton_span, f"route {self.model}", time.time_ns(), {})
+        )
 
-            links = [Link(parent)]
-            parent, attributes = callers, {"trident.triton_parent_lost": True}
-        span = self.spans.start(f"route {self.model}", parent, attributes=attributes, links=links)
-        return RouteRecord(span)
+    def follow_caller(self, record: RouteRecord, sent: str | None) -> None:
+        """`sent`: the traceparent the caller also sent as a request parameter (the OpenAI
+        frontend does). When it is of another trace than Triton's span, tritonserver
+        lost the one the caller's metadata carried and traced the request as a new root
+        (tests/server/trace_parent_loss.py): the router's span then becomes the child of
+        `sent`, keeping the caller's trace whole, linked to Triton's span and marked
+        trident.triton_parent_lost. Before the backend is called (its traceparent is the
+        router span's). The usual case, the same trace, is told from the text alone."""
+        if not sent or sent[3:35] == record.traceparent[3:35]:
+            return
+        callers = self.spans.parent(sent)
+        if callers is not None and callers.trace_id != record.span.context.trace_id:
+            self.spans.reparent(record.span, callers)
+            record.span.set_attribute("trident.triton_parent_lost", True)
 
     def close(self) -> None:
         self.spans.shutdown()  # what is still batched leaves now

@@ -101,7 +101,8 @@ def test_when_triton_lost_the_callers_parent_the_span_joins_the_callers_trace(tr
     # Triton traced the request as a new root (TRITON_TRACE) though the caller's
     # metadata named CALLER_TRACE: the router's span keeps the caller's trace whole.
     router, exporter = traces
-    record = router.route(triton_context(), sent=CALLERS)
+    record = router.route(triton_context())
+    router.follow_caller(record, CALLERS)
     assert record.traceparent.split("-")[1] == CALLER_TRACE  # the engine's span follows
     record.end()
     (span,) = exporter.get_finished_spans()
@@ -119,7 +120,9 @@ def test_when_triton_lost_the_callers_parent_the_span_joins_the_callers_trace(tr
 def test_otherwise_tritons_span_is_the_parent(traces, sent):
     # The same trace (Triton kept the parent), none sent, or one that is no traceparent.
     router, exporter = traces
-    router.route(triton_context(), sent=sent).end()
+    record = router.route(triton_context())
+    router.follow_caller(record, sent)
+    record.end()
     (span,) = exporter.get_finished_spans()
     assert format(span.parent.span_id, "016x") == TRITON_SPAN
     assert not span.links and "trident.triton_parent_lost" not in span.attributes

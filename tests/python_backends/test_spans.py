@@ -69,3 +69,69 @@ def test_half_the_new_traces_are_sampled_at_ratio_one_half():
 def test_what_names_no_parent_is_none(header):
     spans, _ = memory()
     assert spans.parent(header) is None
+
+
+@pytest.mark.parametrize("flags, exported", [("01", 1), ("00", 0)])
+def test_a_span_begun_under_a_traceparent_is_the_one_start_would_make(flags, exported):
+    # start_under reads the traceparent at the span's end, not at its start.
+    spans, exporter = memory()
+    span = spans.start_under(f"00-{TRACE}-{SPAN}-{flags}", "generate m", 1_000, {"a": 1})
+    span.end(end_ns=2_000)
+    assert len(exporter.get_finished_spans()) == exported
+    assert span.traceparent.startswith(f"00-{TRACE}-") and span.traceparent.endswith(flags)
+    if exported:
+        (sent,) = exporter.get_finished_spans()
+        assert format(sent.parent.span_id, "016x") == SPAN
+        assert (sent.start_time, sent.end_time, dict(sent.attributes)) == (1_000, 2_000, {"a": 1})
+
+
+def test_a_childs_traceparent_asked_before_the_end_is_the_one_exported():
+    spans, exporter = memory()
+    span = spans.start_under(f"00-{TRACE}-{SPAN}-01", "generate m", 1_000, {})
+    handed_on = span.traceparent  # vLLM's trace headers, before the span ends
+    span.end()
+    (sent,) = exporter.get_finished_spans()
+    assert handed_on == f"00-{TRACE}-{sent.context.span_id:016x}-01"
+
+
+def test_a_span_under_what_is_no_traceparent_starts_a_trace_of_its_own():
+    spans, exporter = memory()
+    spans.start_under("not a traceparent", "generate m", 1_000, {}).end()
+    (sent,) = exporter.get_finished_spans()
+    assert sent.parent is None and format(sent.context.trace_id, "032x") != TRACE
+
+
+def test_a_reparented_span_joins_the_new_parents_trace_and_links_the_old_one():
+    spans, exporter = memory()
+    other = "0af7651916cd43dd8448eb211c80319c"
+    span = spans.start("route router", spans.parent(f"00-{TRACE}-{SPAN}-01"))
+    span_id = span.context.span_id
+    spans.reparent(span, spans.parent(f"00-{other}-b7ad6b7169203331-01"))
+    span.end()
+    (sent,) = exporter.get_finished_spans()
+    assert format(sent.context.trace_id, "032x") == other and sent.context.span_id == span_id
+    assert format(sent.parent.span_id, "016x") == "b7ad6b7169203331"
+    (link,) = sent.links
+    assert format(link.context.trace_id, "032x") == TRACE
+
+
+@pytest.mark.parametrize(
+    "caller", [f" 00-{TRACE}-{SPAN}-01", f"cc-{TRACE}-{SPAN}-01-more", f"00-{TRACE}-{SPAN}-03"]
+)
+def test_a_traceparent_of_another_layout_is_read_before_it_is_handed_on(caller):
+    # Valid, but not the fixed version-00 layout the unread form takes its text from.
+    spans, exporter = memory()
+    span = spans.start_under(caller, "route router", 1_000, {})
+    handed_on = span.traceparent
+    span.end()
+    (sent,) = exporter.get_finished_spans()
+    assert handed_on == f"00-{TRACE}-{sent.context.span_id:016x}-01"
+
+
+def test_an_invalid_traceparent_hands_on_one_its_reader_refuses_too():
+    spans, exporter = memory()
+    span = spans.start_under(f"00-{'0' * 32}-{SPAN}-01", "route router", 1_000, {})
+    assert spans.parent(span.traceparent) is None  # the child starts a trace of its own
+    span.end()
+    (sent,) = exporter.get_finished_spans()
+    assert sent.parent is None  # and so does this span
