@@ -147,8 +147,8 @@ class RawHTTP:
         if self.writer is not None:
             self.writer.close()
 
-    async def stream(self, prompt: str) -> tuple:
-        """The same as http_stream."""
+    async def stream(self, prompt: str, headers: bytes = b"") -> tuple:
+        """The same as http_stream; `headers`: more header lines, each ending in CRLF."""
         if self.writer is None or self.reader is None or self.reader.at_eof():
             # (again, when the server closed an idle connection: uvicorn does after 5 s)
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
@@ -156,9 +156,9 @@ class RawHTTP:
         body = json.dumps(chat_body(prompt)).encode()
         start = time.perf_counter()
         self.writer.write(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: %s:%d\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: %s:%d\r\n%s"
             b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-            % (self.host.encode(), self.port, len(body), body)
+            % (self.host.encode(), self.port, headers, len(body), body)
         )
         head = await self.reader.readuntil(b"\r\n\r\n")
         if not head.startswith(b"HTTP/1.1 200"):
