@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from bls.inbound import Inbound
     from bls.relay import Relay
     from bls.replicas import Choice
+    from bls.tenants import Admission
 
 
 class Job:
@@ -23,7 +24,16 @@ class Job:
     the relays started for it (one per attempt; the last one still talking gets the
     router's own error) and, for a route with replicas, the chooser's choices."""
 
-    __slots__ = ("request", "sender", "arrival", "inbound", "route", "attempts", "choices")
+    __slots__ = (
+        "request",
+        "sender",
+        "arrival",
+        "inbound",
+        "route",
+        "attempts",
+        "choices",
+        "admission",
+    )
 
     def __init__(
         self,
@@ -37,6 +47,9 @@ class Job:
         self.request, self.sender, self.arrival = request, sender, arrival
         self.inbound, self.route, self.attempts = inbound, route, attempts
         self.choices: Mapping[str, Choice] | None = None
+        # The tenant's admission when it is still under way as the first attempt is
+        # prepared (a remote tenant store: bls/tenants.py, Tenants.run); None otherwise.
+        self.admission: Admission | None = None
 
 
 class Attempt:

@@ -49,7 +49,7 @@ from bls.router_config import FILE_NAME as ROUTER_CONFIG
 from bls.router_config import load as load_router_config
 from bls.router_metrics import RouterMetrics
 from bls.targets import Claim, Targets
-from bls.tenants import Tenants
+from bls.tenants import Admission, Tenants
 from trident_common import tracing, trust
 from trident_common.drain import DrainWatch
 from trident_common.error_classes import (
@@ -74,6 +74,8 @@ from trident_common.log import Log
 from trident_common.request import BadRequest, first_scalar
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
     from bls.policy import RequestFeatures
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -301,15 +303,17 @@ class TritonPythonModel:
                 record.tenant = tracing.tenant_hash(self.tenant_key, str(tenant))
         if not candidates and (inbound.fan_out is None or not self.tenants.enabled):
             return self.refuse(sender, route, inbound.features)  # not charged
-        work = (
-            self.attempt(job, candidates)
-            if candidates
+
+        def work(admission: Admission | None) -> Coroutine[Any, Any, None]:
+            job.admission = admission
+            if candidates:
+                return self.attempt(job, candidates)
             # One choice of a fan-out: the group's first call may have reserved this
             # choice's lease already. Refused once admitted, it gives the lease back
             # now rather than hold it until it expires (deadline_s + 5 s); the group's
             # charge of n requests stands, as the choices that run were admitted by it.
-            else self.refuse_admitted(sender, route, inbound.features)
-        )
+            return self.refuse_admitted(job)
+
         await self.tenants.run(
             inbound.features.tenant, work, attempts, sender, self.fail, inbound.fan_out
         )
@@ -321,7 +325,7 @@ class TritonPythonModel:
         errors, tried, misfits = [], False, 0
         record = ROUTE_RECORD.get()
         if record is not None:
-            if self.tenants.enabled:  # this coroutine runs only once the tenant is admitted
+            if self.tenants.enabled and job.admission is None:  # admitted before it ran
                 record.admission = "admitted"
             record.failures = errors  # each candidate that failed or was unavailable, why
         if any(name in self.replicas.of for name in candidates):
@@ -397,10 +401,10 @@ class TritonPythonModel:
             "all_failed",
         )
 
-    async def refuse_admitted(
-        self, sender: pb_utils.ResponseSender, route: str, features: RequestFeatures
-    ) -> None:
-        self.refuse(sender, route, features)
+    async def refuse_admitted(self, job: Job) -> None:
+        if job.admission is not None:
+            await job.admission.wait()  # (a refusal raised here is Tenants.run's to answer)
+        self.refuse(job.sender, job.route, job.inbound.features)
 
     def refuse(
         self, sender: pb_utils.ResponseSender, route: str, features: RequestFeatures
@@ -456,6 +460,13 @@ class TritonPythonModel:
             return False
         except Unsupported as e:  # the request does not fit this engine's interface
             raise DoesNotFit(str(e)) from None
+        if job.admission is not None:
+            # The tenant's admission was under way while the request was prepared
+            # (Tenants.run): no backend is called before it admits.
+            await job.admission.wait()
+            record = ROUTE_RECORD.get()
+            if record is not None:
+                record.admission = "admitted"
         relay = Relay(
             sender, self.adapters[backend], backend, self.loop, not inbound.stream, self.retired
         )

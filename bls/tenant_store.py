@@ -35,8 +35,8 @@ import asyncio
 import hashlib
 import time
 import urllib.parse
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, Protocol
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -103,16 +103,19 @@ class FanOut:
 class Store(Protocol):
     """What a tenant store does (LocalStore, RedisStore): take a lease when the limits
     admit a request (or a fan-out's n), and release it and charge the tokens when the
-    request ends."""
+    request ends. `remote`: a verdict takes a round trip, and admit sends its call before
+    it returns (the caller has work to do meanwhile: bls/tenants.py, Tenants.run)."""
 
-    async def admit(
+    remote: ClassVar[bool]
+
+    def admit(
         self,
         tenant: str,
         limits: Limits,
         lease_id: str,
         lease_ms: float,
         fan_out: FanOut | None = None,
-    ) -> str: ...
+    ) -> Awaitable[str]: ...
 
     async def finish(self, tenant: str, limits: Limits, lease_id: str, tokens: int) -> None: ...
 
@@ -121,6 +124,8 @@ class Store(Protocol):
 class LocalStore:
     """Counters of this router alone (no `redis` in the spec). Same algorithm as the Lua
     below; `clock` in seconds (injected by tests)."""
+
+    remote: ClassVar[bool] = False
 
     def __init__(
         self, clock: Callable[[], float] = time.monotonic, arrival_ms: float = CHOICE_ARRIVAL_MS
@@ -288,6 +293,8 @@ _Call = tuple[str, tuple[str, ...], tuple[Any, ...], "asyncio.Future[Any]"]
 class RedisStore:
     """The same counters in Redis, shared by every router of the deployment."""
 
+    remote: ClassVar[bool] = True
+
     def __init__(
         self,
         url: str,
@@ -333,20 +340,21 @@ class RedisStore:
         base = self.base(tenant)
         return f"{base}:rpm", f"{base}:tpm", f"{base}:leases"
 
-    async def admit(
+    def admit(
         self,
         tenant: str,
         limits: Limits,
         lease_id: str,
         lease_ms: float,
         fan_out: FanOut | None = None,
-    ) -> str:
+    ) -> Awaitable[str]:
+        """The call is queued now (call); await the verdict."""
         keys: tuple[str, ...] = self.keys(tenant)
         index, lease_ids = "", [lease_id]
         if fan_out is not None:
             keys = (*keys, f"{self.base(tenant)}:fan:{fan_out.group}")
             index, lease_ids = str(fan_out.index), fan_out.leases()
-        reply = await self.call(
+        reply = self.call(
             ADMIT,
             keys,
             (
@@ -359,23 +367,31 @@ class RedisStore:
                 *lease_ids,
             ),
         )
-        return reply.decode() if isinstance(reply, bytes) else ""
+        return _verdict(reply)
 
     async def finish(self, tenant: str, limits: Limits, lease_id: str, tokens: int) -> None:
         _, tpm, leases = self.keys(tenant)
         await self.call(FINISH, (tpm, leases), (limits.tpm, int(tokens), lease_id))
 
-    async def call(self, script: str, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
-        """Run a script within the time budget; raises StoreUnavailable."""
-        probe = False
+    def call(self, script: str, keys: tuple[str, ...], args: tuple[Any, ...]) -> Awaitable[Any]:
+        """Queue a script now (it leaves in the next loop turn); await its reply, within
+        the time budget from when the awaiting starts. Raises StoreUnavailable when
+        awaited. The awaitable must be awaited: a probe's flag is cleared then."""
         if self.failing:
             if self.clock() < self.retry_at or self.probing:
-                raise StoreUnavailable(f"Redis unavailable ({self.last_error})")
-            self.probing = probe = True
+                return self._unavailable()
+            self.probing = True
+            return self._reply(self._queue(script, keys, args), probe=True)
+        return self._reply(self._queue(script, keys, args), probe=False)
+
+    async def _unavailable(self) -> Any:
+        raise StoreUnavailable(f"Redis unavailable ({self.last_error})")
+
+    async def _reply(self, queued: asyncio.Future[Any], probe: bool) -> Any:
         try:
             # asyncio.timeout, not wait_for: no waiter future and no extra loop turns.
             async with asyncio.timeout(self.timeout_s):
-                reply = await self._queue(script, keys, args)
+                reply = await queued
         except TimeoutError:
             self._failed(f"no answer within {self.timeout_s * 1000:.0f} ms")
         except (RedisError, OSError) as e:
@@ -474,6 +490,12 @@ class RedisStore:
 
 
 SHAS = {script: hashlib.sha1(script.encode()).hexdigest() for script in (ADMIT, FINISH)}
+
+
+async def _verdict(reply: Awaitable[Any]) -> str:
+    """ADMIT's reply as admit's verdict: '' or the limit that refused."""
+    value = await reply
+    return value.decode() if isinstance(value, bytes) else ""
 
 
 async def _round_trip(

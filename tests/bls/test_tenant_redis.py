@@ -22,13 +22,14 @@ from bls.tenant_store import Limits, RedisStore, StoreUnavailable
 from builder.render.router_json import router_config
 from builder.spec import parse_spec
 from support.redis_server import RedisServer
-from tests.bls.test_model import SPEC, router_modules
+from tests.bls.test_model import SPEC, BlsRequest, ClientRequest, FakeBackend, router_modules, run
 from tests.bls.test_tenants import (
     fan_out,
     fan_out_arrival_scenario,
     fan_out_concurrency_scenario,
     fan_out_rate_scenario,
 )
+from trident_common.faults import BadRequest
 
 LEASE_MS = 60_000
 # What the router needs and nothing more (docs/router.md, "Tenants").
@@ -388,3 +389,93 @@ def test_the_default_budget_is_sized_for_a_busy_machine():
     # Measured (docs/router.md, "Tenants"): healthy calls took up to 0.80 s under 32
     # CPU burners on 2 cores; the budget stays well above that.
     assert 1.0 <= tenant_store.TIMEOUT_S <= 5.0
+
+
+# -- the router over Redis: the verdict's round trip overlaps the request's preparation --
+
+
+def redis_tenants(redis, **limits):
+    """The router's tenants section over this Redis, with one tenant of its own (a name
+    no other test uses: the module's tests share the server)."""
+    name = f"t{time.monotonic_ns()}"
+    return name, {
+        "redis": redis.url,
+        "unknown": "reject",
+        "default": {"requests_per_minute": 1000},
+        "limits": {name: limits},
+    }
+
+
+def test_over_the_limit_with_redis_never_reaches_a_backend(tenant_router, redis):
+    name, section = redis_tenants(redis, requests_per_minute=2)
+    backend = FakeBackend("primary")
+    model = tenant_router([backend], tenants=section)
+    assert model.tenants.store.remote
+    requests = [ClientRequest(hints={"tenant": name}) for _ in range(3)]
+    for request in requests:
+        run(model, request)
+    assert [r.errors() for r in requests[:2]] == [[], []]
+    assert requests[2].errors() == [f"rate limit: tenant {name!r} is over 2 requests per minute"]
+    assert requests[2].sender.final_flags() == 1
+    assert backend.calls == 2
+
+
+def test_the_backend_request_is_built_while_redis_answers_and_sent_after(
+    tenant_router, redis, monkeypatch
+):
+    """Redis stalled for 0.3 s: the request to the engine model is ready meanwhile, and
+    no backend is called before the verdict."""
+    name, section = redis_tenants(redis, max_concurrent=4)
+    backend = FakeBackend("primary")
+    model = tenant_router([backend], tenants=section)
+    run(model, ClientRequest(hints={"tenant": name}))  # the connection and the script
+    built = []
+    original = BlsRequest.__init__
+
+    def recording(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        built.append(self.model_name)
+
+    monkeypatch.setattr(BlsRequest, "__init__", recording)
+    seen = {}
+
+    async def stall_redis():
+        redis.pause()
+        try:
+            await asyncio.sleep(0.3)
+            seen.update(built=list(built), calls=backend.calls)
+        finally:
+            redis.resume()
+
+    request = ClientRequest(hints={"tenant": name})
+    run(model, request, during=stall_redis)
+    assert seen == {"built": ["primary"], "calls": 1}
+    assert request.errors() == [] and backend.calls == 2
+
+
+def test_a_request_that_ends_before_its_verdict_gives_its_lease_back(
+    tenant_router, redis, monkeypatch
+):
+    """The request fails as bad while Redis is still answering its admission: the lease
+    the admission took is released all the same (max_concurrent 1 admits the next)."""
+    name, section = redis_tenants(redis, max_concurrent=1)
+    backend = FakeBackend("primary")
+    model = tenant_router([backend], tenants=section)
+    built = model.child
+
+    def bad(*args):
+        raise BadRequest("temperature is out of range", "temperature")
+
+    monkeypatch.setattr(model, "child", bad)
+    refused, served = (ClientRequest(hints={"tenant": name}) for _ in range(2))
+
+    async def one_after_the_other():  # one loop: the store's connection and outbox stay
+        await model.execute([refused])
+        assert await model.tenants.outbox.drained(5)
+        monkeypatch.setattr(model, "child", built)
+        await model.execute([served])
+        await asyncio.get_running_loop().run_in_executor(None, served.sender.wait_closed, 5)
+
+    asyncio.run(one_after_the_other())
+    assert refused.errors() == ["invalid request: [temperature] temperature is out of range"]
+    assert served.errors() == [] and backend.calls == 1

@@ -5,7 +5,6 @@ the Redis store against a real redis-server: test_tenant_redis.py)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 
 import numpy as np
@@ -13,14 +12,10 @@ import pytest
 
 from bls.router_config import TenantLimitsConfig
 from bls.tenant_store import CHOICE_ARRIVAL_MS, CHOICE_TAKEN, FanOut, Limits, LocalStore
-from builder.render.router_json import router_config
-from builder.spec import parse_spec
+from tests.bls.conftest import TENANTS
 from tests.bls.test_model import (
-    SPEC,
-    BlsRequest,
     ClientRequest,
     FakeBackend,
-    router_modules,
     run,
     string_tensor,
 )
@@ -102,41 +97,6 @@ def test_local_concurrency_leases_return_on_finish_and_expire():
 
 
 # -- the router: refusals before any backend --------------------------------------------
-
-TENANTS = {
-    "default": {"requests_per_minute": 100, "max_concurrent": 1},
-    "limits": {"alice": {"tier": "premium", "requests_per_minute": 2}, "bob": {}},
-    "unknown": "reject",
-    "share_prefix_cache": ["bob"],
-}
-
-
-@pytest.fixture
-def tenant_router(tmp_path, monkeypatch):
-    with router_modules() as module:
-        monkeypatch.setattr(module, "FIRST_TOKEN_WATCH_S", 0.005)
-        monkeypatch.setattr(module, "STREAM_WATCH_S", 0.005)
-        models = []
-
-        def make(backends, tenants=TENANTS, rules=None, **router):
-            data = json.loads(json.dumps(SPEC))
-            data["tenants"] = tenants
-            if rules is not None:
-                data["router"]["rules"] = rules
-            data["router"].update(router)
-            (tmp_path / "1").mkdir(exist_ok=True)
-            (tmp_path / "1" / "router.json").write_text(
-                json.dumps(router_config(parse_spec(data, "<test>")).to_dict())
-            )
-            BlsRequest.backends = {b.name: b for b in backends}
-            model = module.TritonPythonModel()
-            model.initialize({"model_repository": str(tmp_path), "model_version": "1"})
-            models.append(model)
-            return model
-
-        yield make
-        for model in models:
-            model.finalize()
 
 
 def rejected(tenant, reason):
