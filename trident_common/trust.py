@@ -80,9 +80,10 @@ def _message(fields: Iterable[object]) -> bytes:
 
 def sign(key: bytes, *fields: Any) -> str:
     # Keyed BLAKE2b (RFC 7693's MAC mode, Python's own code) rather than OpenSSL's
-    # HMAC-SHA256: both sign each request on its way to the first token, and in a serving
-    # stub the first HMAC of a request took about 50 us against 8 us for BLAKE2b (OpenSSL's
-    # code path is long and cold by the next request; docs/results/2026-12-05-1600-router-prep.md).
+    # HMAC-SHA256: the router and the engine model each sign every request on its way to
+    # its first token, and in a serving stub the first HMAC of a request took about 50 us
+    # against 8 us for BLAKE2b: OpenSSL's long code path is cold again by the next request
+    # (docs/results/2026-12-05-1600-router-prep.md).
     return hashlib.blake2b(_message(fields), key=key, digest_size=32).hexdigest()
 
 
