@@ -317,6 +317,10 @@ class RedisStore:
             "username": username,
             "password": password,
             "socket_connect_timeout": timeout_s,
+            # No timeout of redis-py's own: its socket_timeout (5 s by default) wraps each
+            # send in asyncio.wait_for, a task of its own, so a call left a loop turn
+            # later, after the work meant to overlap it. The budget bounds each batch.
+            "socket_timeout": None,
             # One immediate retry on a fresh connection: a connection that a restarted
             # Redis closed fails once, and that is not Redis being down.
             "retry": Retry(NoBackoff(), 1),

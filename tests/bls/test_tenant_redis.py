@@ -123,6 +123,31 @@ def test_calls_made_while_a_batch_is_out_go_together_in_the_next(redis, monkeypa
     assert len(writes) == 2
 
 
+def test_a_call_is_written_in_the_loop_turn_after_it_is_made(redis, monkeypatch):
+    """What the router's overlap rests on (Tenants.run): admit() queues its call, and
+    one loop turn later the call is on the socket, before the caller's own next step
+    (redis-py's socket_timeout would wrap the write in a task of its own: a turn late)."""
+    store = RedisStore(redis.url, None, f"turn{time.monotonic_ns()}")
+    limits = Limits(rpm=10)
+    writes = []
+    send = aioredis_connection.Connection.send_packed_command
+
+    async def counted(self, command, check_health=True):
+        await send(self, command, check_health)
+        writes.append(command)
+
+    async def go():
+        assert await attempt(store, "warm", limits, "w") == ""  # connected
+        monkeypatch.setattr(aioredis_connection.Connection, "send_packed_command", counted)
+        verdict = store.admit("t", limits, "a", LEASE_MS)
+        assert writes == []
+        await asyncio.sleep(0)
+        written = len(writes)
+        return written, await verdict
+
+    assert asyncio.run(go()) == (1, "")
+
+
 def test_leases_of_a_dead_router_expire(redis):
     store = RedisStore(redis.url, None, "expiry")
     limits = Limits(max_concurrent=1)
