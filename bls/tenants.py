@@ -412,9 +412,9 @@ class Tenants:
             finally:
                 self.finish(ticket, attempts)
         admission = Admission(self.decide(tenant, lease_id, verdict, fan_out))
-        # One loop turn: the store's sender writes the call before `work` prepares.
-        await asyncio.sleep(0)
         try:
+            # One loop turn: the store's sender writes the call before `work` prepares.
+            await asyncio.sleep(0)
             return await work(admission)
         except Refused as e:  # from admission.wait(), before any backend
             return self.refused(e, sender, fail)
