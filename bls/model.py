@@ -460,9 +460,7 @@ class TritonPythonModel:
             return False
         except Unsupported as e:  # the request does not fit this engine's interface
             raise DoesNotFit(str(e)) from None
-        if job.admission is not None:
-            # The tenant's admission was under way while the request was prepared
-            # (Tenants.run): no backend is called before it admits.
+        if job.admission is not None:  # no backend before the tenant is in (Tenants.run)
             await job.admission.wait()
             record = ROUTE_RECORD.get()
             if record is not None:
