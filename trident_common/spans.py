@@ -119,10 +119,10 @@ class Spans:
         parent stays reachable as a link."""
         from opentelemetry.trace import Link
 
-        former = span.parent
+        former = span.parent  # (reads the traceparent start_under left, if any)
         span.links = (*span.links, Link(former)) if former is not None else span.links
-        span.parent = parent
-        span.context = self._context(
+        span._parent = parent
+        span._context = self._context(
             parent.trace_id,
             span.context.span_id,
             is_remote=False,
@@ -209,19 +209,11 @@ class OpenSpan:
             self._read_parent()
         return self._context
 
-    @context.setter
-    def context(self, context: Any) -> None:
-        self._context = context
-
     @property
     def parent(self) -> Any:
         if self._under is not None:
             self._read_parent()
         return self._parent
-
-    @parent.setter
-    def parent(self, parent: Any) -> None:
-        self._parent = parent
 
     def get_span_context(self) -> Any:
         return self.context

@@ -3,13 +3,9 @@ started by `trident serve` does (a router with tenants refuses to load without o
 tests of the secret's absence remove it themselves. `tenant_router` makes routers with
 a tenants section (test_tenants.py, and over Redis test_tenant_redis.py)."""
 
-import json
-
 import pytest
 
-from builder.render.router_json import router_config
-from builder.spec import parse_spec
-from tests.bls.test_model import SPEC, BlsRequest, router_modules
+from tests.bls.test_model import make_router, router_modules
 from trident_common.interface import ROUTER_SECRET_ENV
 
 TEST_SECRET = "unit-test-router-secret-" + "0123456789abcdef" * 2
@@ -31,26 +27,15 @@ TENANTS = {
 
 @pytest.fixture
 def tenant_router(tmp_path, monkeypatch):
+    """Routers from SPEC with a tenants section (TENANTS unless a test gives its own) and
+    any other router settings (test_model.make_router)."""
     with router_modules() as module:
         monkeypatch.setattr(module, "FIRST_TOKEN_WATCH_S", 0.005)
         monkeypatch.setattr(module, "STREAM_WATCH_S", 0.005)
         models = []
 
-        def make(backends, tenants=TENANTS, rules=None, **router):
-            data = json.loads(json.dumps(SPEC))
-            data["tenants"] = tenants
-            if rules is not None:
-                data["router"]["rules"] = rules
-            data["router"].update(router)
-            (tmp_path / "1").mkdir(exist_ok=True)
-            (tmp_path / "1" / "router.json").write_text(
-                json.dumps(router_config(parse_spec(data, "<test>")).to_dict())
-            )
-            BlsRequest.backends = {b.name: b for b in backends}
-            model = module.TritonPythonModel()
-            model.initialize({"model_repository": str(tmp_path), "model_version": "1"})
-            models.append(model)
-            return model
+        def make(backends, tenants=TENANTS, **router):
+            return make_router(module, tmp_path, models, backends, tenants=tenants, **router)
 
         yield make
         for model in models:

@@ -366,11 +366,12 @@ def make_router(
     policies=None,
     tenants=None,
     capacities=None,
+    engines=None,
     **router_overrides,
 ):
     """`replicas`: backend → its replicas' model names, and `policies`: backend → its
     replica policy, written into router.json as the renderer writes them; `tenants`: the
-    spec's tenants section."""
+    spec's tenants section; `engines`: backend → the engine router.json names for it."""
     data = json.loads(json.dumps(SPEC))
     data["router"].update(router_overrides)
     if tenants is not None:
@@ -383,6 +384,8 @@ def make_router(
         config["backends"][backend]["policy"] = policy
     for backend, capacity in (capacities or {}).items():
         config["backends"][backend]["capacity"] = capacity
+    for backend, engine in (engines or {}).items():
+        config["backends"][backend]["engine"] = engine
     (tmp_path / "1" / "router.json").write_text(json.dumps(config))
     BlsRequest.backends = {b.name: b for b in backends}
     model = module.TritonPythonModel()

@@ -10,15 +10,13 @@ import logging
 import pytest
 
 from bls import control
-from builder.render.router_json import router_config
-from builder.spec import parse_spec
 from tests.bls.conftest import TEST_SECRET
 from tests.bls.test_model import (
-    SPEC,
     BlsRequest,
     ClientRequest,
     FakeBackend,
     cancel_after_first_text,  # noqa: F401
+    make_router,
     router_modules,
     run,
     string_tensor,
@@ -59,19 +57,7 @@ def make(tmp_path, monkeypatch):
         models = []
 
         def build(backends, tenants=None, engines=None):
-            data = json.loads(json.dumps(SPEC))
-            if tenants is not None:
-                data["tenants"] = tenants
-            config = router_config(parse_spec(data, "<test>")).to_dict()
-            for name, engine in (engines or {}).items():
-                config["backends"][name]["engine"] = engine
-            (tmp_path / "1").mkdir(exist_ok=True)
-            (tmp_path / "1" / "router.json").write_text(json.dumps(config))
-            BlsRequest.backends = {b.name: b for b in backends}
-            model = module.TritonPythonModel()
-            model.initialize({"model_repository": str(tmp_path), "model_version": "1"})
-            models.append(model)
-            return model
+            return make_router(module, tmp_path, models, backends, tenants=tenants, engines=engines)
 
         yield build
         for model in models:
