@@ -37,7 +37,6 @@ VLLM_ARGS: dict[str, tuple] = {
     "speculative_config": (dict,),
     "enforce_eager": (bool,),
     "seed": (int,),
-    "swap_space": _NUM,
     "trust_remote_code": (bool,),
     "tokenizer": (str,),
     "served_model_name": (str,),
@@ -207,7 +206,6 @@ POSITIVE_INTS = {
     "kv_cache_memory_bytes",
 }
 NON_NEGATIVE = {
-    "swap_space",
     "cpu_offload_gb",
     "max_logprobs",
     "seed",

@@ -169,7 +169,7 @@ def _float_cases(base: str, data: dict) -> list[Case]:
         ("router", "first_token_timeout_s"),
         ("router", "breaker", "window_s"),
         ("router", "breaker", "cooldown_s"),
-        ("models", 0, "engine_args", "swap_space"),
+        ("models", 0, "engine_args", "cpu_offload_gb"),
     ]
     for path, value in zip(
         targets,

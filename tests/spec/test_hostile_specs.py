@@ -117,11 +117,6 @@ SPEC_CASES = [
         "max_model_len",
     ),
     (
-        "negative swap_space",
-        lambda m: _spec_text(m, models__0__engine_args={"swap_space": -4}),
-        "swap_space",
-    ),
-    (
         "zero kv_cache_memory_bytes",
         lambda m: _spec_text(m, models__0__engine_args={"kv_cache_memory_bytes": 0}),
         "kv_cache_memory_bytes: must be >= 1",
