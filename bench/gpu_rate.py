@@ -65,12 +65,17 @@ BATCH_TOKENS_PER_S = 32_000  # above the sweep's top (256 x 100): the engine nev
 ANCHOR_LOAD_TIMEOUT_S = 60  # the double loads in about a second
 
 
-def deployment(streams: int, router_instances: int | None = None) -> dict:
+def deployment(
+    streams: int, router_instances: int | None = None, stream_interval: int | None = None
+) -> dict:
     """deploy/default.yaml with room for every stream in the engine's batch (the router
     sheds what is beyond twice max_num_seqs, and this measures the relay, not shedding);
-    `router_instances`: router.instances as the spec says it (None: the plan's own)."""
+    `router_instances`: router.instances as the spec says it (None: the plan's own);
+    `stream_interval`: the engine's (engine_args.stream_interval; None: vLLM's 1)."""
     spec = yaml.safe_load((ROOT / "deploy" / "default.yaml").read_text())
     spec["models"][0]["engine_args"]["max_num_seqs"] = streams
+    if stream_interval is not None:
+        spec["models"][0]["engine_args"]["stream_interval"] = stream_interval
     if router_instances is not None:
         spec["router"]["instances"] = router_instances
     return spec
@@ -308,6 +313,7 @@ def run(
     chosen: tuple[str, ...] = PATHS,
     refining: bool = True,
     router_instances: int | None = None,
+    stream_interval: int | None = None,
 ) -> dict:
     """The sweep (the full grid, --quick's, or the chosen `points` alone, unrefined)
     on the `chosen` paths, then each path's refine step."""
@@ -320,7 +326,10 @@ def run(
         work = Path(tmp)
         repo, control = work / "repo", work / "rate.json"
         build_repository(
-            parse_spec(deployment(most_streams(sizes), router_instances), "<bench>"), repo
+            parse_spec(
+                deployment(most_streams(sizes), router_instances, stream_interval), "<bench>"
+            ),
+            repo,
         )
         environment = make_environment(work / "env")
         use_double(repo, MODEL, environment, control, Rate(TTFT_S, 50, BATCH_TOKENS_PER_S))
@@ -362,6 +371,7 @@ def run(
         "anchor": with_anchor or "left out (see the run's output)",
         "paths": list(chosen),
         "router_instances": router_instances or "the plan's default",
+        "stream_interval": stream_interval or "vLLM's default (1)",
         "refine": (
             f"{REFINE_STREAMS} streams, bisecting offered tokens/s between grid points"
             if refining
@@ -436,6 +446,11 @@ def main(argv=None) -> int:
         help="router.instances for this run (a configuration to report; default: the plan's)",
     )
     parser.add_argument(
+        "--stream-interval",
+        type=int,
+        help="the engine's engine_args.stream_interval (tokens per response after the first)",
+    )
+    parser.add_argument(
         "--no-refine", action="store_true", help="the grid only: no bisection between its points"
     )
     args = parser.parse_args(argv)
@@ -450,10 +465,22 @@ def main(argv=None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.router_instances is not None and args.router_instances < 1:
-        print("gpu_rate: --router-instances: must be 1 or more", file=sys.stderr)
-        return 2
-    result = run(out, args.quick or None, points, chosen, not args.no_refine, args.router_instances)
+    for flag, value in (
+        ("--router-instances", args.router_instances),
+        ("--stream-interval", args.stream_interval),
+    ):
+        if value is not None and value < 1:
+            print(f"gpu_rate: {flag}: must be 1 or more", file=sys.stderr)
+            return 2
+    result = run(
+        out,
+        args.quick or None,
+        points,
+        chosen,
+        not args.no_refine,
+        args.router_instances,
+        args.stream_interval,
+    )
     (out / "gpu_rate.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["rows"], indent=2))
     return 0

@@ -54,6 +54,10 @@ VLLM_ARGS: dict[str, tuple] = {
     # Not an AsyncEngineArgs field: trident's vLLM model takes it out and reads tool calls
     # with vLLM's ToolParserManager parser of that name (tool_choice "auto").
     "tool_call_parser": (str,),
+    # Tokens per streamed response after the first (which leaves at once), as vLLM's
+    # `--stream-interval`: fewer responses for every hop to carry at GPU token rates
+    # (docs/performance.md, gpu_rate's --stream-interval).
+    "stream_interval": (int,),
 }
 
 # sglang.Engine / ServerArgs fields.
@@ -84,6 +88,7 @@ SGLANG_ARGS: dict[str, tuple] = {
     "log_level": (str,),
     "incremental_streaming_output": (bool,),  # trident's model handles both stream forms
     "tool_call_parser": (str,),  # SGLang's FunctionCallParser name (qwen25, llama3, ...)
+    "stream_interval": (int,),  # as vLLM's (above)
 }
 
 # Runtime knobs of the tensorrtllm backend (config.pbtxt parameters); build-time knobs live
@@ -204,6 +209,7 @@ POSITIVE_INTS = {
     "context_length",
     "max_batch_size",
     "kv_cache_memory_bytes",
+    "stream_interval",
 }
 NON_NEGATIVE = {
     "cpu_offload_gb",

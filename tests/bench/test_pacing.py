@@ -131,6 +131,11 @@ async def main():
             finished.append(o.finished)
         out[kind] = [texts[-1], sum(len(t.split()) for t in texts), finished[-1],
                      o.outputs[0].finish_reason, len(o.prompt_token_ids)]
+    spaced = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(model="x", rate={{"ttft_s": 0.01, "tokens_per_s": 500}}, stream_interval=4))
+    params = SamplingParams(max_tokens=10, output_kind=RequestOutputKind.DELTA)
+    out["interval"] = [len(o.outputs[0].token_ids) async for o in spaced.generate("a", params, "r")]
+    spaced.shutdown()
     try:
         SamplingParams(temperatur=0)
     except TypeError as e:
@@ -167,6 +172,10 @@ def test_the_asyncllm_double_answers_as_trident_reads_vllm():
     assert "temperatur" in out["typo"]
     assert out["chat"].endswith("assistant")
     assert out["generated"] == 12 and out["finished"] == 2  # the stat loggers' view
+    # stream_interval 4: the first output at once, then 4 or more tokens per output (more
+    # where the reader fell behind), the rest in the last
+    sizes = out["interval"]
+    assert sum(sizes) == 10 and all(size >= 4 for size in sizes[1:-1]) and len(sizes) <= 4
 
 
 def test_the_sglang_double_paces_itself_when_told(monkeypatch):

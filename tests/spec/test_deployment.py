@@ -88,6 +88,12 @@ BAD_SPECS = [
         "expected int",
     ),
     (
+        "stream interval",
+        with_change("models.0.engine_args", {"stream_interval": 0}),
+        "models[0].engine_args.stream_interval",
+        "must be >= 1",
+    ),
+    (
         "fraction range",
         with_change("models.0.engine_args", {"gpu_memory_utilization": 1.5}),
         "models[0].engine_args.gpu_memory_utilization",

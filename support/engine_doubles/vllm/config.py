@@ -14,3 +14,4 @@ class VllmConfig:
     model_config: ModelConfig = field(default_factory=ModelConfig)
     rate: dict = field(default_factory=dict)
     rate_control: str | None = None
+    stream_interval: int = 1  # vLLM's scheduler_config.stream_interval

@@ -12,9 +12,11 @@ class AsyncEngineArgs:
         rate_control: str | None = None,
         max_model_len: int | None = None,
         disable_log_stats: bool = False,
+        stream_interval: int = 1,
         **engine_args,
     ):
         self.rate, self.rate_control = dict(rate or {}), rate_control
+        self.stream_interval = stream_interval
         self.max_model_len, self.disable_log_stats = max_model_len, disable_log_stats
         self.enable_log_requests = bool(engine_args.pop("enable_log_requests", False))
         self.aggregate_engine_logging = False
@@ -28,4 +30,9 @@ class AsyncEngineArgs:
     def create_engine_config(self, usage_context=None):
         from vllm.config import ModelConfig, VllmConfig
 
-        return VllmConfig(ModelConfig(self.max_model_len or 32768), self.rate, self.rate_control)
+        return VllmConfig(
+            ModelConfig(self.max_model_len or 32768),
+            self.rate,
+            self.rate_control,
+            self.stream_interval,
+        )

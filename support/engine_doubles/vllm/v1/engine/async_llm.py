@@ -51,6 +51,7 @@ class AsyncLLM:
         self._batch: PacedBatch | None = None
         self._streams: dict = {}
         self._tokenizer = WordTokenizer()
+        self._stream_interval = config.stream_interval
         self.model_config = ModelConfig()
 
     @classmethod
@@ -92,15 +93,20 @@ class AsyncLLM:
         stream = batch.add(sampling_params.max_tokens or 16)
         self._streams[request_id] = stream
         delta = sampling_params.output_kind == RequestOutputKind.DELTA
-        sent = 0
+        made = sent = 0  # tokens generated; tokens in the outputs yielded
         try:
-            while sent < stream.limit:
+            while made < stream.limit:
                 new = await stream.take()
                 if new == 0:
                     return  # aborted
-                start, sent = (sent if delta else 0), sent + new
-                ids = list(range(start, sent))
-                finished = sent >= stream.limit
+                made += new
+                finished = made >= stream.limit
+                # As vLLM's output processor with a stream interval: the first token at
+                # once, then an output per `stream_interval` tokens, and the last.
+                if not (finished or sent == 0 or made - sent >= self._stream_interval):
+                    continue
+                ids = list(range(sent if delta else 0, made))
+                sent = made
                 yield RequestOutput(
                     request_id,
                     text,
