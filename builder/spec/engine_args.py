@@ -55,8 +55,8 @@ VLLM_ARGS: dict[str, tuple] = {
     # with vLLM's ToolParserManager parser of that name (tool_choice "auto").
     "tool_call_parser": (str,),
     # Tokens per streamed response after the first (which leaves at once), as vLLM's
-    # `--stream-interval`: fewer responses for every hop to carry at GPU token rates
-    # (docs/performance.md, gpu_rate's --stream-interval).
+    # `--stream-interval`: fewer responses for every hop to carry, longer gaps between
+    # them (docs/spec.md says where that helps, measured).
     "stream_interval": (int,),
 }
 
