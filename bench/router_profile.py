@@ -4,10 +4,14 @@ deployment of bench/zero_cost.py), and the samples are summed per thread and per
 function of the router's files. Profile before optimising (issue 36): this says which
 hop to take off the path before anyone times a change.
 
+`--streams N` has N clients send at once instead (the throughput rows of zero_cost: where
+the router's stub spends its time when 64 streams share two cores).
+
 Not a benchmark (py-spy's sampling slows the stub it reads, so its TTFT is not the
 router's): its output is where the time goes, in shares. py-spy is on PyPI, not in the
 lock: `python3 -m pip install --target /tmp/pyspy py-spy`, then
-Usage: .venv/bin/python -m bench.router_profile [--py-spy /tmp/pyspy/bin/py-spy] [OUT_DIR]
+Usage: .venv/bin/python -m bench.router_profile [--py-spy /tmp/pyspy/bin/py-spy]
+       [--streams N] [OUT_DIR]
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import collections
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,12 +44,18 @@ ROUTER_FILES = tuple(
 )
 
 
-async def _requests(url: str, seconds: float) -> tuple[int, float]:
-    worker = zero_cost.Worker(url)
-    ttfts, end = [], time.monotonic() + seconds
-    while time.monotonic() < end:
-        ttfts.append((await worker.one(zero_cost.ROUTER, zero_cost.SHORT_TOKENS))[0])
-    await worker.close()
+async def _requests(url: str, seconds: float, streams: int = 1) -> tuple[int, float]:
+    """`streams` clients, each sending its next request when its last one ended."""
+    ttfts: list[float] = []
+    end = time.monotonic() + seconds
+
+    async def client() -> None:
+        worker = zero_cost.Worker(url)
+        while time.monotonic() < end:
+            ttfts.append((await worker.one(zero_cost.ROUTER, zero_cost.SHORT_TOKENS))[0])
+        await worker.close()
+
+    await asyncio.gather(*(client() for _ in range(streams)))
     return len(ttfts), sorted(ttfts)[len(ttfts) // 2]
 
 
@@ -76,7 +87,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", type=Path, default=Path("bench_results/router_profile"))
     parser.add_argument("--py-spy", default=shutil.which("py-spy") or "py-spy")
+    parser.add_argument("--streams", type=int, default=1, help="clients sending at once")
     args = parser.parse_args()
+    if args.streams < 1:
+        print("router_profile: --streams: must be 1 or more", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="trident-router-profile-") as tmp:
         repo = Path(tmp) / "repo"
@@ -109,11 +124,12 @@ def main() -> int:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,
             )
-            requests, ttft = asyncio.run(_requests(server.grpc_url, SECONDS + 2))
+            requests, ttft = asyncio.run(_requests(server.grpc_url, SECONDS + 2, args.streams))
             spy.wait()
         finally:
             server.stop()
     summary = {
+        "streams": args.streams,
         "requests": requests,
         "ttft_p50_ms_under_sampling": round(ttft * 1000, 2),
         **summarize(raw),
