@@ -398,19 +398,19 @@ class Tenants:
         starts once the tenant is admitted."""
         if not self.enabled:
             return await work(None)
-        try:
-            tenant, lease_id, verdict = self.ask(name, fan_out)
-        except Refused as e:
-            return self.refused(e, sender, fail)
         if not self.store.remote:
             try:
-                ticket = await self.decide(tenant, lease_id, verdict, fan_out)
+                ticket = await self.admit(name, fan_out)
             except Refused as e:
                 return self.refused(e, sender, fail)
             try:
                 return await work(None)
             finally:
                 self.finish(ticket, attempts)
+        try:
+            tenant, lease_id, verdict = self.ask(name, fan_out)
+        except Refused as e:
+            return self.refused(e, sender, fail)
         admission = Admission(self.decide(tenant, lease_id, verdict, fan_out))
         try:
             # One loop turn: the store's sender writes the call before `work` prepares.
