@@ -28,7 +28,11 @@ third path: the frontend through a raw HTTP/1.1 client (one asyncio connection, 
 request in one write, chunked SSE read by hand). httpx alone spends about 2 ms of a
 request's first-token time on this host building the request and reading the response
 (docs/performance.md, "The OpenAI frontend's own cost"), a cost of the client that
-gRPC's side does not pay; the raw client shows the frontend's own share.
+gRPC's side does not pay; the raw client shows the frontend's own share. And a fourth:
+the same raw client naming the engine model itself (exposed to this bench's frontend
+only), 1 stream and 64 at once beside the raw client of `router`: no router at all, so
+none of its decisions, tenant limits or trust. It is the ceiling of routing OpenAI clients
+in the frontend's own process (issue 36), what such a route could save at most.
 
 Run by `make bench` (bench/run.py); alone: `.venv/bin/python -m bench.openai_frontend
 [OUT_DIR] [--zero-cost-only]` (the second skips the SmolLM2 part, for quick looks).
@@ -68,14 +72,19 @@ ROUNDS = 5  # concurrent rounds per path and stream count, alternating
 STREAM_COUNTS = (8, 16)
 SAMPLING = {"temperature": 0, "ignore_eos": True}
 HTTP, GRPC, RAW = "openai_http", "grpc", "openai_raw_http"
+# The raw client through the frontend straight to the engine model (no router): zero-cost
+# part only.
+RAW_ENGINE = "openai_raw_http_engine"
+CEILING_STREAMS = 64  # the ceiling's concurrent point (bench/zero_cost.py's CONCURRENCY)
+CEILING_ROUNDS = 10  # per path, alternating
 TTFT_ADDED_MS = 1.0  # the issue's target: the frontend adds at most this to TTFT p50
 PATHS = (HTTP, GRPC)
 ZERO_COST_REQUESTS = 150  # per path, alternating, on the zero-cost engine
 
 
-def chat_body(prompt: str) -> dict:
+def chat_body(prompt: str, model: str = MODEL) -> dict:
     return {
-        "model": MODEL,
+        "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "stream": True,
         "max_tokens": MAX_TOKENS,
@@ -137,9 +146,9 @@ class RawHTTP:
     """One keep-alive HTTP/1.1 connection to the frontend: a request in one write, the
     chunked SSE answer read by hand (no HTTP library between the socket and the clock)."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, model: str = MODEL):
         self.host, port = url.removeprefix("http://").split(":")
-        self.port = int(port)
+        self.port, self.model = int(port), model
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
@@ -153,7 +162,7 @@ class RawHTTP:
             # (again, when the server closed an idle connection: uvicorn does after 5 s)
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
-        body = json.dumps(chat_body(prompt)).encode()
+        body = json.dumps(chat_body(prompt, self.model)).encode()
         start = time.perf_counter()
         self.writer.write(
             b"POST /v1/chat/completions HTTP/1.1\r\nhost: %s:%d\r\n%s"
@@ -202,26 +211,37 @@ async def grpc_stream(client: grpcaio.InferenceServerClient, prompt: str) -> tup
 class Paths:
     """Both paths' clients, and the CPU seconds each path cost (frontend, this client)."""
 
-    def __init__(self, http_url: str, grpc_url: str, frontend_pid: int):
+    def __init__(self, http_url: str, grpc_url: str, frontend_pid: int, engine: str | None = None):
         limits = httpx.Limits(
             max_connections=max(STREAM_COUNTS), max_keepalive_connections=max(STREAM_COUNTS)
         )
         self.http = httpx.AsyncClient(timeout=300, limits=limits)
         self.grpc = grpcaio.InferenceServerClient(grpc_url)
-        self.raw = RawHTTP(http_url)
+        # The raw paths' connections, one per concurrent stream, made as a round needs them.
+        self.raw: dict[str, list[RawHTTP]] = {RAW: []}
+        self.models = {RAW: MODEL}
+        if engine is not None:
+            self.raw[RAW_ENGINE], self.models[RAW_ENGINE] = [], engine
         self.http_url, self.frontend_pid = http_url, frontend_pid
-        self.cpu = {p: {"frontend_s": 0.0, "client_s": 0.0, "tokens": 0} for p in (*PATHS, RAW)}
+        self.cpu = {
+            p: {"frontend_s": 0.0, "client_s": 0.0, "tokens": 0} for p in (*PATHS, *self.raw)
+        }
 
     async def close(self) -> None:
         await self.http.aclose()
         await self.grpc.close()
-        await self.raw.close()
+        for connections in self.raw.values():
+            for connection in connections:
+                await connection.close()
 
-    def one(self, path: str, prompt: str):
+    def one(self, path: str, prompt: str, stream: int = 0):
         if path == HTTP:
             return http_stream(self.http, self.http_url, prompt)
-        if path == RAW:
-            return self.raw.stream(prompt)
+        if path in self.raw:
+            connections = self.raw[path]
+            while len(connections) <= stream:
+                connections.append(RawHTTP(self.http_url, self.models[path]))
+            return connections[stream].stream(prompt)
         return grpc_stream(self.grpc, prompt)
 
     async def round(self, path: str, streams: int) -> tuple[list[tuple], float]:
@@ -229,7 +249,7 @@ class Paths:
         frontend, client = process_cpu_s(self.frontend_pid), time.process_time()
         start = time.perf_counter()
         results = await asyncio.gather(
-            *(self.one(path, PROMPTS[i % len(PROMPTS)]) for i in range(streams))
+            *(self.one(path, PROMPTS[i % len(PROMPTS)], i) for i in range(streams))
         )
         wall = time.perf_counter() - start
         cpu = self.cpu[path]
@@ -279,21 +299,36 @@ def measure(server: TritonServer, http_url: str, frontend_pid: int) -> dict:
     return asyncio.run(measure_async(http_url, server.grpc_url, frontend_pid))
 
 
-async def measure_zero_cost_async(http_url: str, grpc_url: str, frontend_pid: int) -> dict:
-    """Single requests only, alternating, after a warm-up of each path."""
-    paths = Paths(http_url, grpc_url, frontend_pid)
-    order = (HTTP, GRPC, RAW)
+async def measure_zero_cost_async(
+    http_url: str, grpc_url: str, frontend_pid: int, engine: str
+) -> dict:
+    """Single requests, every path alternating, after a warm-up of each; then the raw
+    client's CEILING_STREAMS at once, through `router` and straight to `engine`."""
+    paths = Paths(http_url, grpc_url, frontend_pid, engine)
+    order = (HTTP, GRPC, RAW, RAW_ENGINE)
+    ceiling = (RAW, RAW_ENGINE)
     try:
         for path in order:
             for _ in range(20):
                 await paths.round(path, 1)
+        for path in ceiling:
+            await paths.round(path, CEILING_STREAMS)
         paths.cpu = {p: {k: 0 for k in paths.cpu[p]} for p in order}
         single: dict[str, list] = {p: [] for p in order}
         for i in range(ZERO_COST_REQUESTS):
             for path in alternating(i, order):
                 (result,), _ = await paths.round(path, 1)
                 single[path].append(result)
-        return {"single": single, "cpu": paths.cpu}
+        requests_per_s: dict[str, list] = {p: [] for p in ceiling}
+        for i in range(CEILING_ROUNDS):
+            for path in alternating(i, ceiling):
+                results, wall = await paths.round(path, CEILING_STREAMS)
+                requests_per_s[path].append(len(results) / wall)
+        return {
+            "single": single,
+            "cpu": paths.cpu,
+            "concurrent": {str(CEILING_STREAMS): {"requests_per_s": requests_per_s}},
+        }
     finally:
         await paths.close()
 
@@ -311,9 +346,14 @@ def zero_cost(out_dir: Path, work: Path) -> dict:
     frontend = None
     try:
         frontend, http_url = start_frontend(
-            server.grpc_url, out_dir / "openai_frontend.zero_cost.frontend.log", server.admin_key
+            server.grpc_url,
+            out_dir / "openai_frontend.zero_cost.frontend.log",
+            server.admin_key,
+            expose=(MODEL, sglang_double.MODEL),  # the engine model too: the ceiling's path
         )
-        return asyncio.run(measure_zero_cost_async(http_url, server.grpc_url, frontend.pid))
+        return asyncio.run(
+            measure_zero_cost_async(http_url, server.grpc_url, frontend.pid, sglang_double.MODEL)
+        )
     finally:
         stop_frontend(frontend)
         server.stop()
@@ -421,23 +461,60 @@ def zero_cost_rows(z: dict, row, ttft_ms) -> list[dict]:
                 "met": raw - grpc <= TTFT_ADDED_MS,
             },
         ]
-    return raw_rows + [
-        row("TTFT p50 ms, 1 stream, zero-cost engine", http, grpc, False),
+    return (
+        raw_rows
+        + ceiling_rows(z, row, ttft_ms)
+        + [
+            row("TTFT p50 ms, 1 stream, zero-cost engine", http, grpc, False),
+            {
+                **row(
+                    "TTFT p50 added by the frontend ms, 1 stream, zero-cost engine",
+                    added,
+                    None,
+                    False,
+                ),
+                "target": "<= +1.0 ms (issue 22)",
+                "met": added <= TTFT_ADDED_MS,
+            },
+            {
+                **row(
+                    "frontend CPU ms per 1,000 tokens, zero-cost engine",
+                    cpu[HTTP]["frontend_s"] * 1e6 / cpu[HTTP]["tokens"],
+                    None,
+                    False,
+                ),
+                "ratio": None,
+            },
+        ]
+    )
+
+
+def ceiling_rows(z: dict, row, ttft_ms) -> list[dict]:
+    """The raw client through `router` (ours) beside the same client straight to the
+    engine model (direct): what routing in the frontend's own process could save at most."""
+    single = z["single"]
+    if RAW_ENGINE not in single:  # results written before the ceiling was measured have none
+        return []
+    target = "measured (the in-process route's ceiling, issue 36: no router at all)"
+    by_rounds = z["concurrent"][str(CEILING_STREAMS)]["requests_per_s"]
+    return [
         {
             **row(
-                "TTFT p50 added by the frontend ms, 1 stream, zero-cost engine", added, None, False
+                "TTFT p50 ms, 1 stream, zero-cost engine, raw HTTP client, "
+                "router vs the engine model straight",
+                *(ttft_ms([r[0] for r in single[p]]) for p in (RAW, RAW_ENGINE)),
+                False,
             ),
-            "target": "<= +1.0 ms (issue 22)",
-            "met": added <= TTFT_ADDED_MS,
+            "target": target,
         },
         {
             **row(
-                "frontend CPU ms per 1,000 tokens, zero-cost engine",
-                cpu[HTTP]["frontend_s"] * 1e6 / cpu[HTTP]["tokens"],
-                None,
-                False,
+                f"requests/s, {CEILING_STREAMS} streams, zero-cost engine, raw HTTP client, "
+                "router vs the engine model straight",
+                *(statistics.median(by_rounds[p]) for p in (RAW, RAW_ENGINE)),
+                True,
             ),
-            "ratio": None,
+            "target": target,
         },
     ]
 
@@ -454,15 +531,18 @@ def stop_frontend(frontend: subprocess.Popen | None) -> None:
 
 
 def start_frontend(
-    grpc_url: str, log_path: Path, admin_key: str | None = None
+    grpc_url: str, log_path: Path, admin_key: str | None = None, expose: tuple[str, ...] = ()
 ) -> tuple[subprocess.Popen, str]:
-    """`trident openai` for the server at grpc_url. It lists the models through Triton's
-    restricted index: give the server's admin_key (else the environment's is used)."""
+    """`trident openai` for the server at grpc_url, serving `expose` (its default,
+    `router`, if empty). It lists the models through Triton's restricted index: give the
+    server's admin_key (else the environment's is used)."""
     port = free_port()
     log = open(log_path, "ab")
     env = dict(os.environ, **({admin.KEY_ENV: admin_key} if admin_key else {}))
+    exposed = [arg for name in expose for arg in ("--expose", name)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "builder.cli", "openai", "--triton", grpc_url, "--port", str(port)],
+        [sys.executable, "-m", "builder.cli", "openai", "--triton", grpc_url, "--port", str(port)]
+        + exposed,
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,

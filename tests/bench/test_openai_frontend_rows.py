@@ -6,7 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 
-from bench.openai_frontend import GRPC, HTTP, RAW, RawHTTP, rows_from
+from bench.openai_frontend import (
+    CEILING_STREAMS,
+    GRPC,
+    HTTP,
+    RAW,
+    RAW_ENGINE,
+    RawHTTP,
+    rows_from,
+)
 
 
 def _measured(http_ttft_s: float, grpc_ttft_s: float) -> dict:
@@ -49,6 +57,28 @@ def test_the_raw_client_point_is_judged_on_its_own_row():
     raw = rows["TTFT p50 added by the frontend ms, 1 stream, zero-cost engine, raw HTTP client"]
     assert abs(raw["ours"] - 0.8) < 1e-9 and raw["met"] is True
     assert rows["TTFT p50 added by the frontend ms, 1 stream, zero-cost engine"]["met"] is False
+
+
+def test_the_ceiling_puts_the_router_beside_the_engine_model_straight():
+    measured = _measured(0.0090, 0.0060)
+    zero = measured["zero_cost"]
+    zero["single"][RAW] = [(0.0045, 32, 0.01)] * 5
+    zero["single"][RAW_ENGINE] = [(0.0030, 32, 0.01)] * 5
+    zero["concurrent"] = {
+        str(CEILING_STREAMS): {"requests_per_s": {RAW: [290, 300, 310], RAW_ENGINE: [360, 380]}}
+    }
+    rows = {r["metric"]: r for r in rows_from(measured)}
+    ttft = rows[
+        "TTFT p50 ms, 1 stream, zero-cost engine, raw HTTP client, "
+        "router vs the engine model straight"
+    ]
+    assert abs(ttft["ours"] - 4.5) < 1e-9 and abs(ttft["direct"] - 3.0) < 1e-9
+    rate = rows[
+        f"requests/s, {CEILING_STREAMS} streams, zero-cost engine, raw HTTP client, "
+        "router vs the engine model straight"
+    ]
+    assert rate["ours"] == 300 and rate["direct"] == 370 and rate["higher_better"] is True
+    assert "ceiling" in rate["target"] and rate["met"] is None
 
 
 def test_the_zero_cost_part_alone_has_its_rows_only():
