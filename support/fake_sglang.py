@@ -24,7 +24,7 @@ REPLY's words, cut at max_new_tokens (finish "length") or at a stop string (fini
 "stop"); with `json_schema`, a value of the schema instead (support/schema_instance.py),
 as constrained decoding would hold a model to. A radix cache remembers finished
 sequences (prompt + reply tokens) and reports the longest shared token prefix of a new
-prompt as cached_tokens.
+prompt as cached_tokens (PrefixTree).
 
 Scripting for tests: `fail_before_first`, `fail_after_chunks`, `abort_with_status`,
 `hold_after` (+ `release()`), `tokens_per_chunk`; `compile_s`, the seconds a request with
@@ -264,6 +264,41 @@ class Scheduler:
             self._file.write_value(self._keys[name], value, now)
 
 
+class PrefixTree:
+    """The finished sequences as a token trie: a prompt's longest shared prefix is found
+    in the prompt's length, as SGLang's radix tree finds it, however many requests came
+    before. (A list scanned whole made the zero-cost engine slower with every request: a
+    benchmark's thousandth request paid milliseconds for it.) At most `capacity` tokens
+    are kept; a sequence that would pass it drops the tree first, where SGLang would
+    evict its least recently used leaves: the double needs only to stay bounded."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.root: dict[str, dict] = {}
+        self.size = 0  # tokens (nodes) held
+
+    def shared(self, tokens: list[str]) -> int:
+        """How many of `tokens`, from the first, some held sequence begins with."""
+        node, count = self.root, 0
+        for token in tokens:
+            child = node.get(token)
+            if child is None:
+                break
+            node, count = child, count + 1
+        return count
+
+    def insert(self, tokens: list[str]) -> None:
+        if self.size + len(tokens) - self.shared(tokens) > self.capacity:
+            self.root, self.size = {}, 0
+        node = self.root
+        for token in tokens:
+            child = node.get(token)
+            if child is None:
+                child = node[token] = {}
+                self.size += 1
+            node = child
+
+
 class Engine:
     def __init__(self, **kwargs):
         unknown = sorted(set(kwargs) - SERVER_ARGS)
@@ -287,7 +322,9 @@ class Engine:
         self.calls: list[dict] = []
         self.aborts: list[str] = []
         self.shut_down = False
-        self._radix: list[list[str]] = []
+        self._radix = PrefixTree(
+            self.server_args.extra.get("max_total_tokens") or DEFAULT_MAX_TOTAL_TOKENS
+        )
         self._pace, self._batch = PACE, None
         self.scheduler = Scheduler(self.server_args)
 
@@ -383,7 +420,7 @@ class Engine:
                     yield {"text": "", "output_ids": [], "meta_info": meta}
                     return
             emitted: list[str] = []
-            sent_text = ""
+            text = sent_text = ""  # the reply so far, grown by each step (not rejoined)
             chunks = 0
             while True:
                 if self.hold_after is not None and chunks == self.hold_after:
@@ -394,6 +431,7 @@ class Engine:
                 size = self.tokens_per_chunk if paced is None else await paced.take()
                 step = reply[len(emitted) : len(emitted) + size]
                 emitted += step
+                text += "".join(" " + t for t in step)
                 state["tokens"] = len(prompt_tokens) + len(emitted)
                 self.scheduler.chunk()
                 done = len(emitted) == len(reply)
@@ -403,7 +441,6 @@ class Engine:
                 elif done and self.abort_with_status is not None:
                     status, message = self.abort_with_status
                     reason = {"type": "abort", "message": message, "status_code": status}
-                text = "".join(" " + t for t in emitted)
                 meta = {
                     "id": rid,
                     "finish_reason": reason,
@@ -416,7 +453,7 @@ class Engine:
                     meta.update(_logprobs(emitted, top, sent_text.count(" ") if incremental else 0))
                 chunks += 1
                 if reason is not None:
-                    self._radix.append(prompt_tokens + emitted)
+                    self._radix.insert(prompt_tokens + emitted)
                 if stream or reason is not None:
                     incremental = stream and self.server_args.incremental_streaming_output
                     yield {
@@ -494,14 +531,7 @@ class Engine:
     def _cached_prefix(self, tokens: list[str]) -> int:
         if self.server_args.disable_radix_cache:
             return 0
-        best = 0
-        for sequence in self._radix:
-            shared = 0
-            for a, b in zip(tokens, sequence, strict=False):
-                if a != b:
-                    break
-                shared += 1
-            best = max(best, shared)
+        best = self._radix.shared(tokens)
         # Like SGLang, the last prompt token is always computed (its logits are needed).
         return min(best, max(len(tokens) - 1, 0))
 
