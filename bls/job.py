@@ -54,8 +54,11 @@ class Job:
 
 class Attempt:
     """One backend's try at a Job: the backend, the request id it knows the request by
-    (unguessable: a backend aborts by it, and any client may send aborts) and the relay
-    carrying its stream."""
+    and the relay carrying its stream. The id is random: a backend aborts by it, and the
+    first request with an id owns it (trident_common/aborts.py), so every instance of the
+    router, each naming ids after the same model, must draw ids that never meet. An
+    abort needs the router's proof for its id (trident_common/trust.py); that the id is
+    also unguessable is defence in depth."""
 
     __slots__ = ("backend", "request_id", "relay")
 

@@ -452,7 +452,7 @@ class TritonPythonModel:
         its breaker."""
         inbound, sender, arrival = job.inbound, job.sender, job.arrival
         backend = claim.name
-        request_id = f"{self.name}-{secrets.token_hex(16)}"  # unguessable (job.Attempt)
+        request_id = f"{self.name}-{secrets.token_hex(16)}"  # random: job.Attempt says why
         try:
             child = self.child(job, backend, request_id)
         except BadRequest as e:  # a value no engine could take (out of range)
