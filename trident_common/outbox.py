@@ -10,6 +10,10 @@ the thread was busy with other streams leave as one response (deltas.merge): the
 the server, the fewer round trips per token. Nothing waits for company: a stream queued on
 an idle thread is sent at once, so an idle path never holds a token back.
 
+One thread, not a pool: two threads of one stub creating and sending responses at once, or
+running these callables at once, crashed tritonserver 2.51 on the first requests
+(docs/results/2026-12-05-2100-two-send-lanes.md).
+
 Order per stream is the order of `push`; a callable item (an error response, the final
 flag, a metric write that must precede the client's last response) runs in its place.
 A `defer`red callable (a metric write no response waits for) may run later: after the
