@@ -12,8 +12,10 @@ pays) and python_backend's own async BLS idiom, so the router's added TTFT reads
 hop's floor plus the router's own share.
 
 Goals (issue 16): TTFT p50 <= direct + 1 ms sequential and <= direct + 2 ms at 16 streams;
-requests/s at 64 concurrent streams >= 0.9x direct; per streamed token of one long stream
-<= 1.3x direct. Issue 22: requests/s at 64 streams with 64-token answers >= 0.8x direct.
+requests/s at 64 concurrent streams >= 0.9x direct (issue 36 asks 0.8x with 4-token
+answers: these are 8, and 0.9x the stricter); per streamed token of one long stream <= 1.3x
+direct. Issue 36: the router's share over the blocking relay <= 0.3 ms, and requests/s at
+64 streams with 64-token answers >= 0.9x direct (0.8x in issue 22).
 Usage: .venv/bin/python -m bench.zero_cost [OUT_DIR]
 """
 
@@ -44,6 +46,8 @@ SEQUENTIAL = 200  # single requests per path (rounds of one per path, shuffled)
 SHORT_TOKENS = 8  # tokens per request in the latency and throughput rounds
 CONCURRENCY = (16, 64)
 LONG_ANSWER = (64, 64)  # issue 22's point: (streams, tokens per answer)
+LONG_ANSWER_RATIO = 0.9  # of direct's requests/s there (issue 36; issue 22 asked 0.8)
+ROUTER_SHARE_MS = 0.3  # the router's TTFT over the blocking relay's, at most (issue 36)
 PER_WORKER = 12  # requests per worker per round
 ROUNDS = 3  # concurrent rounds per path, alternating
 LONG_TOKENS = 1000  # one stream, for the per-chunk cost
@@ -180,7 +184,7 @@ def rows_from(m: dict) -> list[dict]:
     long = {k: v["requests_per_s"] for k, v in m["long_answers"].items()}
     return [
         _row("TTFT p50 ms, sequential", seq, "<= direct + 1 ms", seq[ROUTER] - seq[DIRECT] <= 1),
-        *relay_floor_rows("TTFT p50 ms, sequential", seq, DIRECT, ROUTER),
+        *relay_floor_rows("TTFT p50 ms, sequential", seq, DIRECT, ROUTER, ROUTER_SHARE_MS),
         _row("TTFT p50 ms, 16 streams", t16, "<= direct + 2 ms", t16[ROUTER] - t16[DIRECT] <= 2),
         _row(
             "TTFT p50 ms, 64 streams",
@@ -200,8 +204,8 @@ def rows_from(m: dict) -> list[dict]:
         _row(
             f"requests/s, {LONG_ANSWER[0]} streams, {LONG_ANSWER[1]}-token answers",
             long,
-            ">= 0.8x direct",
-            long[ROUTER] >= 0.8 * long[DIRECT],
+            f">= {LONG_ANSWER_RATIO}x direct",
+            long[ROUTER] >= LONG_ANSWER_RATIO * long[DIRECT],
         ),
         _row(
             "ms per streamed token", chunk, "<= 1.3x direct", chunk[ROUTER] <= 1.3 * chunk[DIRECT]
