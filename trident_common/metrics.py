@@ -19,6 +19,15 @@ without one crashes the stub). The next instance of a model gets the same series
 carries on counting where the last one stopped, so counters stay monotonic over reloads.
 An instance closes its MetricSet in finalize(): from then on its writes are dropped, since
 the series belong to its successor.
+
+And every call into a stub's metrics is made by one thread at a time (`_calls`). In
+python_backend r24.10 (src/metric.cc) `Metric.increment` and `observe` release the GIL,
+then rewrite the Metric object's own shared-memory message and send it: two threads
+writing one series at once free the message the other is still sending, and tritonserver
+dies reading it (signal 11 in libtriton_python.so). An engine model counts a bad request on
+the stub's main thread and a finished one on its send thread, both in `requests`: a client
+sending bad requests beside good ones brought the whole server down within seconds. The
+stub sends one metric message at a time anyway, so the lock costs no concurrency.
 """
 
 from __future__ import annotations
@@ -41,12 +50,14 @@ _PINNED: list[object] = []
 ctypes.pythonapi.Py_IncRef(ctypes.py_object(_PINNED))
 
 _families: dict[str, pb_utils.MetricFamily] = {}
-_lock = threading.Lock()
+# Held around every call into pb_utils' metrics (making a family or a series, writing one):
+# see above. Reentrant: a series is made while its family is looked up under it.
+_calls = threading.RLock()
 
 
 def _family(name: str, description: str, kind: str) -> pb_utils.MetricFamily:
     """One family per name in this process (the server shares it by name anyway)."""
-    with _lock:
+    with _calls:
         family = _families.get(name)
         if family is None:
             family = _families[name] = pb_utils.MetricFamily(
@@ -66,15 +77,18 @@ class Metric:
 
     def increment(self, value: float) -> None:
         if self._owner.open:
-            self._metric.increment(value)
+            with _calls:
+                self._metric.increment(value)
 
     def set(self, value: float) -> None:
         if self._owner.open:
-            self._metric.set(value)
+            with _calls:
+                self._metric.set(value)
 
     def observe(self, value: float) -> None:
         if self._owner.open:
-            self._metric.observe(value)
+            with _calls:
+                self._metric.observe(value)
 
 
 class MetricSet:
@@ -91,9 +105,10 @@ class MetricSet:
         labels: dict[str, str],
         buckets: Sequence[float] | None = None,
     ) -> Metric:
-        family = _family(name, description, kind)
-        raw = family.Metric(labels=labels, buckets=buckets)
-        _PINNED.append(raw)
+        with _calls:
+            family = _family(name, description, kind)
+            raw = family.Metric(labels=labels, buckets=buckets)
+            _PINNED.append(raw)
         return Metric(raw, self)
 
     def close(self) -> None:
