@@ -240,3 +240,51 @@ def test_a_deferred_write_alone_does_not_wake_the_thread():
     box.outbox.push(outlet, lambda: seen.append("end"))
     box.close()
     assert seen == ["other", "ttft", "end"]
+
+
+# -- lanes -------------------------------------------------------------------------------
+
+
+def test_a_send_waiting_on_one_lane_does_not_hold_a_stream_on_the_other():
+    box = Box()
+    slow, quick = Sender(), Sender()
+    slow.gate = threading.Event()
+    first, second = box.outlet(slow, "first"), box.outlet(quick, "second")  # lanes in turn
+    box.outbox.push(first, delta(" a", 1))
+    assert slow.entered.acquire(timeout=5)  # the first lane's send waits on the server
+    box.outbox.push(second, delta(" b", 1, "length"))
+    wait_for(lambda: quick.finals() == 1, timeout_s=5)  # one lane would wait behind it
+    assert not slow.sent
+    slow.gate.set()
+    box.close()
+    assert [d.text for d, _ in slow.sent] == [" a"]
+
+
+def test_each_stream_keeps_its_order_across_lanes():
+    box = Box()
+    senders = [Sender() for _ in range(8)]
+    outlets = [box.outlet(sender, i) for i, sender in enumerate(senders)]
+    for token in range(1, 51):
+        for outlet in outlets:
+            box.outbox.push(outlet, delta(f" w{token}", token, "length" if token == 50 else None))
+    wait_for(lambda: all(s.finals() == 1 for s in senders), timeout_s=10)
+    box.close()
+    expected = "".join(f" w{token}" for token in range(1, 51))
+    for sender in senders:
+        assert "".join(d.text for d, _ in sender.sent) == expected  # merged, never reordered
+        assert sender.sent[-1][0].output_tokens == 50 and sender.sent[-1][1] == FINAL
+    assert {outlet.lane for outlet in outlets} == set(box.outbox._lanes)  # both lanes used
+
+
+def test_close_sends_what_every_lane_has_queued_and_stops_their_threads():
+    box = Box()
+    gated = Sender()
+    gated.gate = threading.Event()
+    others = [Sender() for _ in range(3)]
+    outlets = [box.outlet(gated, "gated")] + [box.outlet(s, i) for i, s in enumerate(others)]
+    for outlet in outlets:
+        box.outbox.push(outlet, delta(" x", 1, "length"))
+    threading.Timer(0.2, gated.gate.set).start()  # held a while, as a busy server holds it
+    assert box.outbox.close(5)
+    assert [s.finals() for s in [gated, *others]] == [1, 1, 1, 1]
+    assert not any(thread.is_alive() for thread in box.outbox._threads)
