@@ -14,8 +14,8 @@ token back.
 SEND_LANES lanes, each stream on one for its whole life (so its order holds), given out
 in turn: while one lane's send waits for the server, another's goes out, and a stream
 waits for fewer others between two of its responses. Two lanes against one on the paced
-double, 2 cores: the router's chunk gap p99 68-73 ms against 97-133 at 64 streams x 100
-tokens/s, 442-473 ms against 694-883 at 256 x 100, tokens/s the same
+double, 2 cores: the router's chunk gap p99 55-65 ms against 85-109 at 64 streams x 100
+tokens/s, 330-350 ms against 0.7-2.2 s at 256 x 100, delivered tokens/s the same
 (docs/results/2026-12-05-2100-two-send-lanes.md). Several threads of one stub may send at
 once (the router's relays always have); their metric writes may not, and
 trident_common/metrics.py makes them take turns.
