@@ -10,8 +10,12 @@ the thread was busy with other streams leave as one response (deltas.merge): the
 the server, the fewer round trips per token. Nothing waits for company: a stream queued on
 an idle thread is sent at once, so an idle path never holds a token back.
 
-One thread, not a pool: two threads of one stub creating and sending responses at once, or
-running these callables at once, crashed tritonserver 2.51 on the first requests
+One thread, not a pool. Two send threads halved the chunk gaps at 64 and 256 streams, but
+with them the router's stub deadlocked in 2 of 7 zero_cost runs (0 of 4 without): in
+python_backend r24.10 a BLS iterator woken with a response re-takes the GIL while holding
+its own mutex, the stub's receiving thread holds the iterator map's mutex while it waits
+for that one, and a thread starting a BLS call holds the GIL while it waits for the map's.
+More responses arriving at once make that cycle likelier
 (docs/results/2026-12-05-2100-two-send-lanes.md).
 
 Order per stream is the order of `push`; a callable item (an error response, the final
