@@ -51,20 +51,20 @@ ctypes.pythonapi.Py_IncRef(ctypes.py_object(_PINNED))
 
 _families: dict[str, pb_utils.MetricFamily] = {}
 # Held around every call into pb_utils' metrics (making a family or a series, writing one):
-# see above. Reentrant: a series is made while its family is looked up under it.
-_calls = threading.RLock()
+# see above.
+_calls = threading.Lock()
 
 
 def _family(name: str, description: str, kind: str) -> pb_utils.MetricFamily:
-    """One family per name in this process (the server shares it by name anyway)."""
-    with _calls:
-        family = _families.get(name)
-        if family is None:
-            family = _families[name] = pb_utils.MetricFamily(
-                name, description, getattr(pb_utils.MetricFamily, kind)
-            )
-            _PINNED.append(family)
-        return family
+    """One family per name in this process (the server shares it by name anyway). Called
+    with `_calls` held."""
+    family = _families.get(name)
+    if family is None:
+        family = _families[name] = pb_utils.MetricFamily(
+            name, description, getattr(pb_utils.MetricFamily, kind)
+        )
+        _PINNED.append(family)
+    return family
 
 
 class Metric:
