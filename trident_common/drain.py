@@ -11,20 +11,26 @@ server writes, the models read:
 
 While draining, each model instance writes how many requests it has in flight to
 `busy.<pid>.<instance>`, so the server knows when nothing is left. A thread polls the
-folder: a request pays one attribute read, never a system call. No import from Triton
-or trident: the builder imports this module too, for the names.
+folder: a request pays one attribute read, never a system call.
+
+The same thread touches `alive.<pid>` every BEAT_S, always: the stub's heartbeat. It is
+Python, so it stops when no Python runs in the stub, and `trident serve` kills a stub
+whose heartbeat went stale (builder/serve/watch.py says why a live process can be hung).
+No import from Triton or trident: the builder imports this module too, for the names.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 
-DRAINING, CUTOFF, BUSY_PREFIX = "draining", "cutoff", "busy."
+DRAINING, CUTOFF, BUSY_PREFIX, ALIVE_PREFIX = "draining", "cutoff", "busy.", "alive."
 # How stale a model's view of the drain may be: new requests are refused within this of
 # the server's signal, and the busy counts it reads are this fresh.
 POLL_S = 0.1
+BEAT_S = 1.0  # how often the heartbeat file is touched
 
 
 class DrainWatch:
@@ -44,6 +50,8 @@ class DrainWatch:
         self.folder = folder
         self.busy, self.on_cutoff, self.poll_s = busy, on_cutoff, poll_s
         self.busy_file = f"{BUSY_PREFIX}{os.getpid()}.{instance}"
+        self.alive_file = f"{ALIVE_PREFIX}{os.getpid()}"
+        self.next_beat = 0.0
         self.published: int | None = None
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
@@ -56,11 +64,14 @@ class DrainWatch:
         self.stopped.set()
         if self.thread is not None:
             self.thread.join(2 * self.poll_s + 1)
-        if self.folder and self.published is not None:
-            try:
-                os.unlink(os.path.join(self.folder, self.busy_file))
-            except OSError:
-                pass
+        # A stub that finalises beats no more but is not hung: no heartbeat, not judged.
+        if self.folder:
+            stale = [self.alive_file] + ([self.busy_file] if self.published is not None else [])
+            for name in stale:
+                try:
+                    os.unlink(os.path.join(self.folder, name))
+                except OSError:
+                    pass
         # The callbacks hold the model (a cycle through it): let go of them, so the model
         # is freed when Triton drops it. Left to the garbage collector, it would be freed
         # at the stub's exit, after its link to the server is gone: a segfault there.
@@ -68,11 +79,26 @@ class DrainWatch:
 
     def _watch(self) -> None:
         assert self.folder is not None
-        while not self.stopped.wait(self.poll_s):
+        while True:
             try:
+                self.beat()
                 self.check()
             except Exception:  # noqa: BLE001 - a watch that dies would never drain
-                continue
+                pass
+            if self.stopped.wait(self.poll_s):
+                return
+
+    def beat(self) -> None:
+        """Touch the heartbeat file, at most every BEAT_S (the thread's step)."""
+        now = time.monotonic()
+        if now < self.next_beat or self.stopped.is_set():
+            return
+        self.next_beat = now + BEAT_S
+        path = os.path.join(self.folder or "", self.alive_file)
+        try:
+            os.utime(path)
+        except FileNotFoundError:  # the first beat, or the server removed a stale one
+            open(path, "w").close()
 
     def check(self) -> None:
         """One look at the folder (the thread's step; tests call it directly)."""
@@ -89,9 +115,11 @@ class DrainWatch:
         if count == self.published:
             return
         path = os.path.join(self.folder or "", self.busy_file)
-        with open(path + ".tmp", "w") as f:
+        # One temporary file per thread: tests call check() beside the watch's thread.
+        temporary = f"{path}.{threading.get_ident()}.tmp"
+        with open(temporary, "w") as f:
             f.write(str(count))
-        os.replace(path + ".tmp", path)  # the server never reads half a number
+        os.replace(temporary, path)  # the server never reads half a number
         self.published = count
 
 

@@ -20,6 +20,7 @@ from builder.cli.common import (
     sigterm_as_interrupt,
 )
 from builder.errors import EXIT_USAGE, TridentError
+from builder.serve.watch import HANG_TIMEOUT_S
 from builder.spec import ServerSpec
 
 LOOPBACK = "127.0.0.1"  # as builder.serve.server's, not imported: `--help` stays fast
@@ -106,6 +107,15 @@ ENGINE_GAUGES_FOLDER = "engine-gauges"
     "row (the OpenAI API answers 503 meanwhile), then exit 1; 0: exit at once",
 )
 @click.option(
+    "--stub-hang-timeout",
+    "stub_hang_timeout_s",
+    type=click.FloatRange(0, 3600),
+    default=HANG_TIMEOUT_S,
+    show_default=True,
+    help="seconds: a model's stub in which no Python ran this long (its heartbeat, one a "
+    "second) is killed, and the model reloaded like one whose stub died; 0: never",
+)
+@click.option(
     "--no-self-test",
     is_flag=True,
     help="skip the start-up check that the server's Python stub passes strings "
@@ -120,7 +130,8 @@ def serve(**given: Any) -> int:
     "draining"), the answers in flight finish within --drain-timeout, then tritonserver
     stops (exit 0). After `trident drain` it waits for SIGTERM to exit; a second signal
     stops at once. A model whose stub process or engine dies is reloaded alone, with backoff
-    (a line on stderr says so); after 5 restarts in a row it is unloaded and the other
+    (a line on stderr says so); so is one whose stub hangs, killed first
+    (--stub-hang-timeout); after 5 restarts in a row it is unloaded and the other
     models keep serving. When tritonserver itself dies it is started again in place, with
     backoff, up to --restart-limit times in a row (the OpenAI API answers 503 meanwhile);
     then serve exits 1, so a supervisor can restart it. Uses tritonserver from PATH when
@@ -152,6 +163,7 @@ class ServeOptions:
     drain_timeout_s: float
     otlp_traces_endpoint: str | None
     restart_limit: int
+    stub_hang_timeout_s: float
     no_self_test: bool
 
 
@@ -200,6 +212,7 @@ def _serve(o: ServeOptions) -> int:
                 server.monitor(
                     report,
                     restart_limit=o.restart_limit,
+                    hang_s=o.stub_hang_timeout_s,
                     ready_timeout_s=o.timeout,
                     **_frontend_hooks(frontend),
                 )

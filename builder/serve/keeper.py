@@ -8,22 +8,38 @@ Why here and not in Triton: 2.51 never restarts a crashed stub and keeps its mod
 for one model's fault took every model of every engine down with it. The router falls back
 to its other backends while one reloads.
 
+A stub that hangs (its heartbeat older than the hang timeout: watch.py) is killed, and
+is a death from then on.
+
 Restarts (the policy) is pure; keep_serving is the loop, on a server object that
 server.py's TritonServer provides (this module does not import it).
 """
 
 from __future__ import annotations
 
+import os
 import queue
+import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from builder.serve import loading
-from builder.serve.watch import HEALTH_GAUGE, StubWatch, stub_processes, unhealthy_engines
+from builder.serve.watch import (
+    HANG_TIMEOUT_S,
+    HEALTH_GAUGE,
+    Stub,
+    StubWatch,
+    forget_heartbeat,
+    heartbeats,
+    hung_stubs,
+    stub_processes,
+    unhealthy_engines,
+)
 
 RESTART_LIMIT = 5  # restarts in a row, then the model is given up
 FIRST_DELAY_S = 1.0  # before the first reload; doubled for each further one
@@ -78,6 +94,9 @@ class Server(Protocol):
 
     def metrics_text(self) -> str: ...
 
+    @property
+    def drain_folder(self) -> Path | None: ...  # the stubs' heartbeats are there
+
 
 def reload(
     http_url: str, model: str, headers: Mapping[str, str], timeout_s: float = RELOAD_TIMEOUT_S
@@ -99,17 +118,22 @@ def keep_serving(
     restarts: Restarts | None = None,
     reload_model: Callable[[str, str, Mapping[str, str]], None] = reload,
     lost: Callable[[str], None] = lambda _model: None,
+    hang_s: float = HANG_TIMEOUT_S,
+    kill: Callable[[int], None] = lambda pid: os.kill(pid, signal.SIGKILL),
 ) -> int:
     """Watch the server's models until tritonserver exits; returns its exit status.
-    `report` gets one line per event (a death, a reload, a model given up); `lost(model)`
-    is told of each death first (the frontend ends what it still waits for from it)."""
+    `report` gets one line per event (a death, a hung stub killed, a reload, a model given
+    up); `lost(model)` is told of each death first (the frontend ends what it still waits
+    for from it). hang_s: a stub whose heartbeat is older is killed (0: never)."""
     process = server.process
     assert process is not None, "keep_serving needs a started server"
     try:
         watch = StubWatch(stub_processes(process.pid))
     except OSError:  # out of file descriptors: a READY model without a stub is seen later
         watch = StubWatch({})
-    keeper = _Keeper(server, process.pid, report, restarts or Restarts(), reload_model, lost, watch)
+    keeper = _Keeper(
+        server, process.pid, report, restarts or Restarts(), reload_model, lost, watch, hang_s, kill
+    )
     failing: str | None = None  # the keeper's own trouble, reported once until it passes
     while True:
         try:
@@ -142,6 +166,8 @@ class _Keeper:
     reload_model: Callable[[str, str, Mapping[str, str]], None]
     lost: Callable[[str], None]
     watch: StubWatch
+    hang_s: float
+    kill: Callable[[int], None]
     due: dict[str, float] = field(default_factory=dict)  # model → when to reload it
     # model → when its reload began (one at a time)
     reloading: dict[str, float] = field(default_factory=dict)
@@ -182,17 +208,33 @@ class _Keeper:
             return  # busy or shutting down: look again next time
         self.check_given_up(ready)
         busy = set(self.due) | set(self.reloading) | set(self.given_up)
-        for death in self.watch.check(
-            alive,
-            (ready & self.server.stub_models()) - busy,
-            unhealthy_engines(self.server.metrics_text()),
-        ):
+        watched = (ready & self.server.stub_models()) - busy
+        self.kill_hung(alive, watched)
+        unhealthy = unhealthy_engines(self.server.metrics_text())
+        for death in self.watch.check(alive, watched, unhealthy):
             gauge_only = HEALTH_GAUGE in death.reason
             if death.model in busy or (gauge_only and now < self.grace.get(death.model, 0)):
                 continue
             self.died(death.model, death.reason, now)
         if not self.reloading:
             self.start_due_reload(now)
+
+    def kill_hung(self, alive: dict[int, Stub], watched: set[str]) -> None:
+        """Kill the stubs that hang; their death is seen on the next looks. Each one's
+        heartbeat file goes with it (judged once; a later process with its pid is not)."""
+        folder = self.server.drain_folder
+        if not self.hang_s or folder is None:
+            return
+        for stub, age_s in hung_stubs(alive, heartbeats(folder), watched, time.time(), self.hang_s):
+            self.report(
+                f"trident serve: the stub of model '{stub.model}' (instance {stub.instance}) "
+                f"hangs: no Python ran in it for {age_s:.0f} s (its heartbeat); killing it"
+            )
+            try:
+                self.kill(stub.pid)
+            except ProcessLookupError:
+                pass  # gone meanwhile: a death all the same
+            forget_heartbeat(folder, stub.pid)
 
     def take_reload_results(self, now: float) -> None:
         while not self.results.empty():

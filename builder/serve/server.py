@@ -37,7 +37,7 @@ from builder.serve.install import (  # noqa: F401
     server_environment,
 )
 from builder.serve.output import OutputTail
-from builder.serve.watch import group_processes, runs_in_stub, stub_processes
+from builder.serve.watch import HANG_TIMEOUT_S, group_processes, runs_in_stub, stub_processes
 from builder.spec import ServerSpec
 from trident_common import interface as INTERFACE
 
@@ -391,9 +391,11 @@ class TritonServer:
         down: Callable[[], None] = lambda: None,
         up: Callable[[], None] = lambda: None,
         lost: Callable[[str], None] = lambda _model: None,
+        hang_s: float = HANG_TIMEOUT_S,
     ) -> None:
         """Serve until tritonserver exits for good, then raise ServeError. A model whose
-        stub or engine dies meanwhile is reloaded alone (keeper.py). When tritonserver
+        stub or engine dies meanwhile is reloaded alone (keeper.py), and so is one whose
+        stub hangs (no heartbeat for hang_s; 0: never judged), once it is killed. When tritonserver
         itself dies (Triton 2.51 aborts now and then when a stub dies under load: a
         boost lock_exception), it is started again in place, on the same ports and
         repository with the same admin key, with backoff, at most `restart_limit` times in
@@ -403,7 +405,7 @@ class TritonServer:
         one line per event. The caller stops the server."""
         restarts = keeper.Restarts(limit=restart_limit)
         while True:
-            code = keeper.keep_serving(self, report, interval_s, lost=lost)
+            code = keeper.keep_serving(self, report, interval_s, lost=lost, hang_s=hang_s)
             delay = restarts.after_death(TRITONSERVER, time.monotonic())
             if delay is None:
                 raise ServeError(

@@ -1,8 +1,17 @@
 """Is the server still serving? Its Python-backend stubs, read from /proc, and the
-decision whether one died (StubWatch, pure: unit-tested without a server).
+decision whether one died (StubWatch, pure: unit-tested without a server) or hangs
+(hung_stubs, on the stubs' heartbeats).
 
 Triton 2.51 never restarts a crashed stub and keeps its model READY, so `trident serve`
 watches the stubs itself and reloads the model whose stub or engine died (keeper.py).
+
+A stub can also live on with no Python running in it: python_backend r24.10's BLS
+iterators can deadlock a stub that reads streams on several threads (a thread holding the
+GIL waits for a mutex whose holder waits for the iterator that waits for the GIL;
+docs/router.md, "Known limits"). The router's requests then hang forever and Triton sees
+nothing wrong. Every trident model's drain thread touches a heartbeat file each second
+(trident_common/drain.py); a stub of a READY model whose file is older than the hang
+timeout is killed, and from there it is a death like any other.
 """
 
 from __future__ import annotations
@@ -13,8 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from trident_common.drain import ALIVE_PREFIX
+
 STUB_BINARY = "triton_python_backend_stub"
 HEALTH_GAUGE = "trident_engine_healthy"  # 0: the engine died while its stub lives on
+# A stub whose heartbeat (one a second) is this old is hung and killed. Generous: only a
+# stub where no Python ran that long misses it (a C call that keeps the GIL, a deadlock),
+# and on 2 busy cores a thread still gets the GIL within milliseconds.
+HANG_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +101,38 @@ def unhealthy_engines(metrics_text: str) -> set[str]:
         if model and float(value) == 0:
             sick.add(model.group(1))
     return sick
+
+
+def heartbeats(folder: Path) -> dict[int, float]:
+    """The stubs' heartbeats in the server's drain folder: pid → when last touched (the
+    wall clock's seconds, as os.stat gives them)."""
+    beats = {}
+    for path in folder.glob(ALIVE_PREFIX + "*"):
+        pid = path.name[len(ALIVE_PREFIX) :]
+        try:
+            if pid.isdigit():
+                beats[int(pid)] = path.stat().st_mtime
+        except OSError:
+            continue  # removed while we looked
+    return beats
+
+
+def forget_heartbeat(folder: Path, pid: int) -> None:
+    (folder / f"{ALIVE_PREFIX}{pid}").unlink(missing_ok=True)
+
+
+def hung_stubs(
+    alive: dict[int, Stub], beats: dict[int, float], watched: set[str], now: float, hang_s: float
+) -> list[tuple[Stub, float]]:
+    """The live stubs of `watched` models whose heartbeat is older than hang_s, with its
+    age in seconds. A stub without a heartbeat file is never judged: it has not started
+    beating yet (a model still loading), it stopped on purpose (finalising), or it is not
+    trident's."""
+    hung = []
+    for pid, stub in sorted(alive.items()):
+        if stub.model in watched and pid in beats and now - beats[pid] > hang_s:
+            hung.append((stub, now - beats[pid]))
+    return hung
 
 
 class Death(NamedTuple):

@@ -100,3 +100,25 @@ def test_a_closed_watch_lets_go_of_its_model(tmp_path):
         assert gone() is None
     finally:
         gc.enable()
+
+
+def test_the_watch_beats_while_it_runs_and_leaves_no_heartbeat_once_closed(tmp_path):
+    """The heartbeat `trident serve` judges hung stubs by (builder/serve/watch.py): the
+    watch's thread touches alive.<pid> about once a second from the start, and close()
+    (a finalising stub beats no more, yet is not hung) removes it."""
+    import os
+    import time
+
+    beat = tmp_path / f"{drain.ALIVE_PREFIX}{os.getpid()}"
+    watch = drain.DrainWatch(str(tmp_path), "m_0_0", lambda: 0)
+    try:
+        wait_for(beat.exists, timeout_s=5)
+        first = beat.stat().st_mtime_ns
+        wait_for(lambda: beat.stat().st_mtime_ns > first, timeout_s=5)
+        beat.unlink()  # the server forgets a heartbeat: the next beat makes it again
+        started = time.monotonic()
+        wait_for(beat.exists, timeout_s=5)
+        assert time.monotonic() - started <= drain.BEAT_S + 1
+    finally:
+        watch.close()
+    assert not beat.exists()

@@ -29,6 +29,7 @@ class Server:
 
     http_url = "http://127.0.0.1:1"
     admin_headers = {"trident-admin": "k" * 64}
+    drain_folder = None  # no heartbeats: no stub is judged hung
 
     def __init__(self, checks: int):
         self.process = Process(checks)
@@ -168,3 +169,58 @@ def test_a_model_given_up_and_loaded_by_hand_is_watched_again(monkeypatch):
     # Watched again: still without a stub (a double), it is found dead and reloaded.
     assert lines[3].startswith("trident serve: the stub of model 'qa' died; reloading it")
     assert reloads[:2] == ["qa", "qa"]
+
+
+def test_a_hung_stub_is_killed_then_reloaded_like_a_dead_one(monkeypatch, tmp_path):
+    """A live stub of a READY model whose heartbeat is older than hang_s is killed (one
+    line says so), and its model is reloaded once the stub is seen gone; a stub that beats
+    is left alone. The real thing: tests/server/test_blast_radius.py (a SIGSTOPped
+    router)."""
+    import os
+    import time
+
+    from builder.serve.watch import Stub
+
+    stubs = {7001: Stub(7001, "qa", "qa_0", 1), 7002: Stub(7002, "qb", "qb_0", 1)}
+    monkeypatch.setattr(keeper, "stub_processes", lambda pgid: dict(stubs))
+    stale = time.time() - 60
+    (tmp_path / "alive.7001").touch()
+    os.utime(tmp_path / "alive.7001", (stale, stale))
+    (tmp_path / "alive.7002").touch()  # fresh
+
+    class Beating(Server):
+        drain_folder = tmp_path
+
+        def stub_models(self):
+            return {"qa", "qb"}
+
+    kills, reloads, lines = [], [], []
+
+    def kill(pid):
+        kills.append(pid)
+        del stubs[pid]  # the next look finds it gone
+
+    def reload_model(url, model, headers):
+        reloads.append(model)
+        stubs[7003] = Stub(7003, "qa", "qa_0", 2)  # a fresh stub, not beating yet
+
+    code = keeper.keep_serving(
+        Beating(checks=10),
+        lines.append,
+        interval_s=0.001,
+        restarts=keeper.Restarts(first_delay_s=0),
+        reload_model=reload_model,
+        hang_s=30.0,
+        kill=kill,
+    )
+    assert code == 0
+    assert kills == [7001] and reloads == ["qa"], lines
+    assert lines[0] == (
+        "trident serve: the stub of model 'qa' (instance qa_0) hangs: no Python ran in it "
+        "for 60 s (its heartbeat); killing it"
+    )
+    assert lines[1].startswith(
+        "trident serve: the stub of model 'qa' (instance qa_0) died; reloading it in 0 s"
+    )
+    assert lines[2].startswith("trident serve: model 'qa' is back") and len(lines) == 3
+    assert not (tmp_path / "alive.7001").exists()  # judged once

@@ -173,3 +173,32 @@ def test_a_model_that_unloaded_itself_with_a_dead_engine_is_dead():
         "the engine of model 'qwen' died (trident_engine_healthy is 0) and the model "
         "unloaded itself"
     )
+
+
+def test_a_stale_heartbeat_of_a_watched_stub_is_a_hang_and_nothing_else_is(tmp_path):
+    """hung_stubs judges only the stubs of watched (READY, not reloading) models that beat:
+    a stub without a heartbeat file (loading, finalising, not trident's) never hangs."""
+    import os
+
+    from builder.serve.watch import forget_heartbeat, heartbeats, hung_stubs
+
+    stubs = {
+        10: Stub(10, "router", "router_0", 1),  # stale: hung
+        11: Stub(11, "qa", "qa_0", 1),  # fresh
+        12: Stub(12, "qb", "qb_0", 1),  # stale, but its model is reloading (not watched)
+        13: Stub(13, "qc", "qc_0", 1),  # no heartbeat at all
+    }
+    now = 1_000_000.0
+    for pid, age_s in ((10, 31.0), (11, 0.5), (12, 99.0), (99, 500.0)):  # 99: no stub
+        path = tmp_path / f"alive.{pid}"
+        path.touch()
+        os.utime(path, (now - age_s, now - age_s))
+    (tmp_path / "alive.x").touch()  # not a pid: ignored
+    beats = heartbeats(tmp_path)
+    assert set(beats) == {10, 11, 12, 99}
+    watched = {"router", "qa", "qc"}
+    assert hung_stubs(stubs, beats, watched, now, 30.0) == [(stubs[10], 31.0)]
+    assert hung_stubs(stubs, beats, watched, now, 32.0) == []
+    forget_heartbeat(tmp_path, 10)
+    forget_heartbeat(tmp_path, 10)  # twice: nothing to forget is fine
+    assert hung_stubs(stubs, heartbeats(tmp_path), watched, now, 30.0) == []

@@ -2,15 +2,19 @@
 two engine models (the SGLang double, light enough for CI) behind the router. One model's
 stub is killed while streams go to the other model and to the router: they keep
 answering, the killed model is reloaded in place and answers again within 60 s, and the
-tritonserver process is the same one throughout. When tritonserver itself dies, serve
-starts it again in place (the OpenAI face answers 503 meanwhile, then serves again);
-once its --restart-limit is spent, the next death ends `trident serve` (exit 1).
+tritonserver process is the same one throughout. The router's stub is then stopped
+(SIGSTOP: no Python runs in it, as in python_backend's BLS deadlock): serve sees its
+heartbeat go stale, kills it and reloads the router, while qb answers throughout. When
+tritonserver itself dies, serve starts it again in place (the OpenAI face answers 503
+meanwhile, then serves again); once its --restart-limit is spent, the next death ends
+`trident serve` (exit 1).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -26,10 +30,14 @@ from support.serve_traffic import TRITON_ABORT, Traffic, serve_argv
 from support.sglang_double import SHIM
 from tests.helpers import wait_for
 from tests.helpers.servers import free_ports, record_spawn, render, served_pid
+from trident_common.drain import BEAT_S
 
 pytestmark = pytest.mark.server
 # The operator's own admin key (builder/serve/admin.py): the test unloads a model by hand.
 ADMIN_KEY = "blast-radius-operator-key-" + "0" * 16
+# serve's --stub-hang-timeout here: short for the test, long enough that a stub on 2 busy
+# cores (one heartbeat a second) is never judged hung while it serves.
+HANG_S = 8
 
 SPEC = {
     "name": "blast-radius",
@@ -56,7 +64,15 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
     ports, openai_port = free_ports(), free_port()
     output = tmp_path / "serve.out"
     argv = serve_argv(
-        repo, ports, "--no-self-test", "--openai-port", str(openai_port), "--restart-limit", "1"
+        repo,
+        ports,
+        "--no-self-test",
+        "--openai-port",
+        str(openai_port),
+        "--restart-limit",
+        "1",
+        "--stub-hang-timeout",
+        str(HANG_S),
     )
     # The restart of the tritonserver the test kills is a second start: its subject.
     started = record_spawn(argv, output, "blast-radius: trident serve", restarts=1)
@@ -113,6 +129,24 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
         assert all("qa failed mid-stream" in f for f in router_asker.failures)
         assert served_pid(ports) == pid and proc.poll() is None
 
+        # A hung router (its stub stopped): killed once its heartbeat is HANG_S old, then
+        # reloaded; the engine models answer meanwhile.
+        (hung,) = [s for s in stub_processes(pid).values() if s.model == "router"]
+        os.kill(hung.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        assert answers(url, "qb")
+        wait_for(lambda: "hangs: no Python ran" in output.read_text(), HANG_S + 30)
+        killed_s = time.monotonic() - stopped
+        wait_for(lambda: answers(url, "router"), 60, interval_s=0.5)
+        print(
+            f"router: killed {killed_s:.1f} s after SIGSTOP, answered again after "
+            f"{time.monotonic() - stopped:.1f} s"
+        )
+        assert [s.pid for s in stub_processes(pid).values() if s.model == "router"] != [hung.pid]
+        # Its last heartbeat came at most a beat before the stop.
+        assert killed_s >= HANG_S - BEAT_S - 0.5, killed_s
+        assert served_pid(ports) == pid and answers(url, "qb")
+
         # An operator's unload is not a death: nothing is reloaded.
         _control(ports, "qb", "unload")
         wait_for(lambda: not [s for s in stub_processes(pid).values() if s.model == "qb"], 60)
@@ -157,6 +191,12 @@ def test_a_killed_stub_costs_its_own_model_only(tmp_path):
     assert code == 1, said
     assert "trident serve: the stub of model 'qa'" in said and "reloading it in" in said
     assert "trident serve: model 'qa' is back" in said
+    assert re.search(
+        r"trident serve: the stub of model 'router' \(instance router\S*\) hangs: no Python "
+        r"ran in it for \d+ s \(its heartbeat\); killing it",
+        said,
+    ), said
+    assert "trident serve: model 'router' is back" in said
     assert "tritonserver exited with status -9; every model is down: restarting it" in said
     assert "tritonserver exited with status -9 (--restart-limit 1 reached)" in said
     assert "Traceback" not in said
