@@ -35,6 +35,8 @@ REFUSED = "refused"  # Relay.start outcome: the backend's refusal went to the cl
 # client unchanged, are retried nowhere and are not the backend's failure.
 FINAL_CLASSES = (CLIENT, SHUTDOWN)
 RETIRE_S = 10.0  # finished BLS iterators are kept this long (see Retired)
+# Cancel checks in a row that find a send in progress and give up (Relay.client_cancelled)
+MAX_SKIPPED = 3
 PRUNE_EVERY_S = 1.0  # how often Retired.prune looks (it is called per request)
 
 
@@ -133,6 +135,7 @@ class Relay:
         self.complete = False  # ... with the answer's last response (its finish reason)
         self.backend_failed = False  # the backend's error ended the stream
         self.chunks = 0  # backend responses seen: progress, for silence probes
+        self.cancel_checks_skipped = 0  # the loop's, in a row (client_cancelled)
         self.first_relay_s = 0.0  # router time between the first response and its send
         # the last response sent (bls/tenants.py reads its counts)
         self.last: pb_utils.InferenceResponse | None = None
@@ -296,9 +299,24 @@ class Relay:
     def client_cancelled(self) -> bool:
         """Has the client cancelled? Asked under the lock and only while the stream is
         open: once the final flag is sent Triton releases the request, and asking then
-        crashes the server (TRITONBACKEND_ResponseFactoryIsCancelled)."""
-        with self.lock:
+        crashes the server (TRITONBACKEND_ResponseFactoryIsCancelled).
+
+        The event loop asks (the router's watch), and it serves every request: it does
+        not wait while the worker thread holds the lock for a send (a round trip to the
+        server, long under load), it says "not yet" and asks at the next check. After
+        MAX_SKIPPED such answers in a row it waits, so a stream that sends back to back
+        still has its cancel seen."""
+        if self.cancel_checks_skipped < MAX_SKIPPED:
+            if not self.lock.acquire(blocking=False):
+                self.cancel_checks_skipped += 1
+                return False
+        else:
+            self.lock.acquire()
+        self.cancel_checks_skipped = 0
+        try:
             return not self.closed and self.sender.is_cancelled()
+        finally:
+            self.lock.release()
 
     def abandon(self) -> bool:
         """Give up before the first token without telling the client anything; False if

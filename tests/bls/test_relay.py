@@ -99,3 +99,38 @@ def test_a_failed_call_hands_its_slot_back_with_the_failure(relay):
     finally:
         pool.shutdown(wait=True)
         loop.close()
+
+
+def test_a_cancel_check_does_not_wait_for_a_send_in_progress(relay):
+    """The event loop asks for a client's cancel (the router's watch) and serves every
+    request: while the relay thread holds the lock for a send that waits on the server,
+    the check answers "not yet" at once, MAX_SKIPPED times in a row; the next one waits
+    for the send, so a cancel is still seen on a stream that sends back to back."""
+    sender = GatedSender()
+    sender.cancelled = True
+    loop, pool, slots, attempt = start(relay, sender, Child())
+    try:
+        assert sender.entered.wait(5)  # the first send holds the lock, waiting on the gate
+        skipped = [attempt.client_cancelled() for _ in range(relay.MAX_SKIPPED)]
+        assert skipped == [False] * relay.MAX_SKIPPED
+        waiting = pool.submit(attempt.client_cancelled)  # the next check waits for the send
+        assert not waiting.done()
+        sender.gate.set()
+        # The send was the answer's last: the stream is closed, nothing is asked after it.
+        assert waiting.result(5) is False and attempt.closed
+        assert attempt.cancel_checks_skipped == 0
+    finally:
+        sender.gate.set()
+        pool.shutdown(wait=True)
+        loop.close()
+
+
+def test_a_cancel_check_on_an_open_stream_asks_the_sender(relay):
+    sender, loop = pb.ResponseSender(), asyncio.new_event_loop()
+    try:
+        attempt = relay.Relay(sender, Adapter(), "primary", loop, False, relay.Retired())
+        assert attempt.client_cancelled() is False
+        sender.cancelled = True
+        assert attempt.client_cancelled() is True
+    finally:
+        loop.close()
