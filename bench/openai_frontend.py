@@ -82,12 +82,12 @@ PATHS = (HTTP, GRPC)
 ZERO_COST_REQUESTS = 150  # per path, alternating, on the zero-cost engine
 
 
-def chat_body(prompt: str, model: str = MODEL) -> dict:
+def chat_body(prompt: str, model: str = MODEL, max_tokens: int = MAX_TOKENS) -> dict:
     return {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "stream": True,
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": max_tokens,
         "stream_options": {"include_usage": True},
         **SAMPLING,
     }
@@ -146,9 +146,9 @@ class RawHTTP:
     """One keep-alive HTTP/1.1 connection to the frontend: a request in one write, the
     chunked SSE answer read by hand (no HTTP library between the socket and the clock)."""
 
-    def __init__(self, url: str, model: str = MODEL):
+    def __init__(self, url: str, model: str = MODEL, max_tokens: int = MAX_TOKENS):
         self.host, port = url.removeprefix("http://").split(":")
-        self.port, self.model = int(port), model
+        self.port, self.model, self.max_tokens = int(port), model, max_tokens
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
@@ -162,7 +162,7 @@ class RawHTTP:
             # (again, when the server closed an idle connection: uvicorn does after 5 s)
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
-        body = json.dumps(chat_body(prompt, self.model)).encode()
+        body = json.dumps(chat_body(prompt, self.model, self.max_tokens)).encode()
         start = time.perf_counter()
         self.writer.write(
             b"POST /v1/chat/completions HTTP/1.1\r\nhost: %s:%d\r\n%s"

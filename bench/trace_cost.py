@@ -28,11 +28,19 @@ shares of the rotation, and a request follows one to the same server only in the
 where both halves do alike (one that does is faster: its processes' caches are warm).
 Targets (issue 38): unsampled TTFT p50 <= off + 1%, sampled, collector stopped and
 client-sampled <= +3% (a dead collector costs no more than a live one).
-Usage: .venv/bin/python -m bench.trace_cost [OUT_DIR]  (about 2.5 minutes)
+
+`--engine smollm2`: the same on the default deployment (deploy/default.yaml: SmolLM2-135M
+on vLLM behind `router`), a real engine's first token as the base the percentages are of.
+Two configs only (off and unsampled, each a vLLM engine on the same 2 cores), and the
+client-sampled pairs on the unsampled one's server; 4-token answers, so that a run takes
+minutes. Written to OUT_DIR/trace_cost.smollm2.json.
+Usage: .venv/bin/python -m bench.trace_cost [--engine zero-cost|smollm2] [OUT_DIR]
+       (about 2.5 minutes; smollm2 about 4)
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -43,6 +51,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -54,7 +63,7 @@ from builder.pipeline import build_repository
 from builder.serve import admin
 from builder.serve.server import TritonServer, free_port, start_on_free_ports
 from builder.serve.tracing import Tracing
-from builder.spec import parse_spec
+from builder.spec import load_spec, parse_spec
 from support import sglang_double
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,6 +86,25 @@ LOST_QUIET_S, LOST_SETTLE_S = 12.0, 90.0
 REQUESTS = 400  # per config, interleaved
 WARM_UP = 20
 
+
+class Engine(NamedTuple):
+    """What serves `router` in a run, and how much of the run it can take."""
+
+    label: str
+    configs: tuple[str, ...]
+    requests: int  # per config, and client-sampled pairs
+    max_tokens: int
+    start_timeout_s: float
+
+
+ENGINES = {
+    "zero-cost": Engine("SGLang test double (zero cost)", CONFIGS, REQUESTS, MAX_TOKENS, 120),
+    # A request takes ~0.1 s on 2 cores here: 150 of each, off and unsampled alternated.
+    "smollm2": Engine(
+        "SmolLM2-135M on vLLM (CPU), deploy/default.yaml", (OFF, UNSAMPLED), 150, 4, 600
+    ),
+}
+
 # The collector, alone in its process: its endpoint on the first line, then, once its
 # stdin closes, the spans it got per service (JSON).
 COLLECTOR = """
@@ -90,14 +118,17 @@ with Collector() as c:
 
 
 def start_config(
-    name: str, endpoint: str, work: Path, out_dir: Path
+    name: str, endpoint: str, work: Path, out_dir: Path, engine: Engine = ENGINES["zero-cost"]
 ) -> tuple[TritonServer, subprocess.Popen, str]:
     """One server and its frontend, traced as `name` says."""
     repo = work / f"repo_{name}"
-    build_repository(parse_spec(deployment(), "<bench>"), repo)
-    (repo / sglang_double.MODEL / "1" / "sglang.py").write_text(
-        sglang_double.zero_cost_shim(MAX_TOKENS * 2)
-    )
+    if engine is ENGINES["zero-cost"]:
+        build_repository(parse_spec(deployment(), "<bench>"), repo)
+        (repo / sglang_double.MODEL / "1" / "sglang.py").write_text(
+            sglang_double.zero_cost_shim(MAX_TOKENS * 2)
+        )
+    else:
+        build_repository(load_spec(ROOT / "deploy" / "default.yaml"), repo)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     kwargs: dict = {}
     if name != OFF:
@@ -111,7 +142,10 @@ def start_config(
         assert tracing is not None
         kwargs = {"extra_args": tracing.triton_args(), "extra_env": tracing.stub_environment()}
     server = start_on_free_ports(
-        repo, out_dir / f"trace_cost.{name}.tritonserver.log", timeout_s=120, **kwargs
+        repo,
+        out_dir / f"trace_cost.{name}.tritonserver.log",
+        timeout_s=engine.start_timeout_s,
+        **kwargs,
     )
     port = free_port()
     log_path = out_dir / f"trace_cost.{name}.frontend.log"
@@ -147,22 +181,25 @@ def client_traceparent() -> bytes:
     )
 
 
-async def measure(urls: dict[str, str]) -> dict[str, list[float]]:
-    """TTFT s of REQUESTS single requests per config, the configs' order rotating; then
-    REQUESTS client-sampled and REQUESTS unsampled requests to UNSAMPLED's server."""
-    clients = {name: RawHTTP(url) for name, url in urls.items()}
+async def measure(
+    urls: dict[str, str], engine: Engine = ENGINES["zero-cost"]
+) -> dict[str, list[float]]:
+    """TTFT s of engine.requests single requests per config, the configs' order rotating;
+    then as many client-sampled and unsampled requests to UNSAMPLED's server."""
+    clients = {name: RawHTTP(url, max_tokens=engine.max_tokens) for name, url in urls.items()}
     ttft: dict[str, list[float]] = {name: [] for name in (*urls, CLIENT_SAMPLED, BESIDE)}
+    configs = tuple(urls)
     try:
         for name in urls:
             for _ in range(WARM_UP):
                 await clients[name].stream("go")
-        for i in range(REQUESTS):
-            turn = i % len(CONFIGS)
-            order = CONFIGS[turn:] + CONFIGS[:turn]
+        for i in range(engine.requests):
+            turn = i % len(configs)
+            order = configs[turn:] + configs[:turn]
             for name in order:
                 ttft[name].append((await clients[name].stream("go"))[0])
         alone = clients[UNSAMPLED]
-        for i in range(REQUESTS):
+        for i in range(engine.requests):
             pair = (BESIDE, CLIENT_SAMPLED) if i % 4 in (0, 3) else (CLIENT_SAMPLED, BESIDE)
             for name in pair:
                 headers = client_traceparent() if name == CLIENT_SAMPLED else b""
@@ -243,7 +280,7 @@ def _added_row(what: str, ms: float, base: float, base_name: str, name: str) -> 
     )
 
 
-def run(out_dir: Path) -> dict:
+def run(out_dir: Path, engine: Engine = ENGINES["zero-cost"]) -> dict:
     out_dir = Path(out_dir)
     load_before = os.getloadavg()
     collector = subprocess.Popen(
@@ -259,12 +296,14 @@ def run(out_dir: Path) -> dict:
     try:
         with tempfile.TemporaryDirectory(prefix="trident-bench-trace-") as tmp:
             urls = {}
-            for name in CONFIGS:
+            for name in engine.configs:
                 where = endpoint if name != STOPPED else f"http://127.0.0.1:{free_port()}/v1/traces"
-                server, frontend, urls[name] = start_config(name, where, Path(tmp), out_dir)
+                server, frontend, urls[name] = start_config(name, where, Path(tmp), out_dir, engine)
                 started.append((server, frontend))
-            ttft = asyncio.run(measure(urls))
-            lost = lost_spans(urls[STOPPED], started[CONFIGS.index(STOPPED)][0])
+            ttft = asyncio.run(measure(urls, engine))
+            lost = None
+            if STOPPED in urls:
+                lost = lost_spans(urls[STOPPED], started[engine.configs.index(STOPPED)][0])
             for server, frontend in started:  # their last spans leave as they stop
                 stop_frontend(frontend)
                 server.stop()
@@ -281,9 +320,9 @@ def run(out_dir: Path) -> dict:
         "trace_cost",
         rows_from(ttft, spans, lost),
         {
-            "engine": "SGLang test double (zero cost)",
-            "requests": REQUESTS,
-            "max_tokens": MAX_TOKENS,
+            "engine": engine.label,
+            "requests": engine.requests,
+            "max_tokens": engine.max_tokens,
             "client": "raw HTTP/1.1, one keep-alive connection per config",
         },
         {"ttft_s": ttft, "spans": spans, "lost": lost, "load_average_before": load_before},
@@ -291,9 +330,14 @@ def run(out_dir: Path) -> dict:
 
 
 if __name__ == "__main__":
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "bench_results")
+    parser = argparse.ArgumentParser(prog="python -m bench.trace_cost")
+    parser.add_argument("out", nargs="?", default="bench_results", metavar="OUT_DIR")
+    parser.add_argument("--engine", choices=sorted(ENGINES), default="zero-cost")
+    args = parser.parse_args()
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = run(out)
-    (out / "trace_cost.json").write_text(json.dumps(result, indent=2) + "\n")
+    result = run(out, ENGINES[args.engine])
+    name = "trace_cost.json" if args.engine == "zero-cost" else f"trace_cost.{args.engine}.json"
+    (out / name).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["rows"], indent=2))
     print("load average before/after:", result["raw"]["load_average_before"], os.getloadavg())

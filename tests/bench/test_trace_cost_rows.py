@@ -43,3 +43,25 @@ def test_the_client_traceparent_is_a_new_sampled_one_each_time():
     name, _, value = first.decode().strip().partition(": ")
     parent = Spans(None, Resource.create({}), "test").parent(value)  # OpenTelemetry's reading
     assert name == "traceparent" and parent is not None and parent.trace_flags.sampled
+
+
+def test_a_real_engine_run_has_off_unsampled_and_the_client_sampled_rows_only():
+    """`--engine smollm2` runs two configs (each a vLLM engine): no sampled or stopped
+    server, so no rows for them and no lost-span counts."""
+    from bench.trace_cost import ENGINES
+
+    assert ENGINES["smollm2"].configs == (OFF, UNSAMPLED)
+    ttft = {
+        OFF: [0.135] * 3,
+        UNSAMPLED: [0.1348] * 3,
+        BESIDE: [0.126] * 3,
+        CLIENT_SAMPLED: [0.1267] * 3,
+    }
+    rows = rows_from(ttft, {f"bench-{UNSAMPLED}": 3})
+    assert [r["metric"].split(" (")[0] for r in rows] == [
+        "TTFT p50 ms, traces off",
+        "TTFT p50 ms, traces on, unsampled",
+        "TTFT p50 ms, sampled by the client's traceparent, over the same server's unsampled "
+        "requests",
+    ]
+    assert all(r["met"] for r in rows[1:])
