@@ -90,6 +90,7 @@ WARM_UP = 20
 class Engine(NamedTuple):
     """What serves `router` in a run, and how much of the run it can take."""
 
+    zero_cost: bool  # the SGLang double (zero_cost's deployment), else deploy/default.yaml
     label: str
     configs: tuple[str, ...]
     requests: int  # per config, and client-sampled pairs
@@ -98,10 +99,10 @@ class Engine(NamedTuple):
 
 
 ENGINES = {
-    "zero-cost": Engine("SGLang test double (zero cost)", CONFIGS, REQUESTS, MAX_TOKENS, 120),
+    "zero-cost": Engine(True, "SGLang test double (zero cost)", CONFIGS, REQUESTS, MAX_TOKENS, 120),
     # A request takes ~0.1 s on 2 cores here: 150 of each, off and unsampled alternated.
     "smollm2": Engine(
-        "SmolLM2-135M on vLLM (CPU), deploy/default.yaml", (OFF, UNSAMPLED), 150, 4, 600
+        False, "SmolLM2-135M on vLLM (CPU), deploy/default.yaml", (OFF, UNSAMPLED), 150, 4, 600
     ),
 }
 
@@ -122,7 +123,7 @@ def start_config(
 ) -> tuple[TritonServer, subprocess.Popen, str]:
     """One server and its frontend, traced as `name` says."""
     repo = work / f"repo_{name}"
-    if engine is ENGINES["zero-cost"]:
+    if engine.zero_cost:
         build_repository(parse_spec(deployment(), "<bench>"), repo)
         (repo / sglang_double.MODEL / "1" / "sglang.py").write_text(
             sglang_double.zero_cost_shim(MAX_TOKENS * 2)
