@@ -20,7 +20,7 @@ from builder.cli.common import (
     sigterm_as_interrupt,
 )
 from builder.errors import EXIT_USAGE, TridentError
-from builder.serve.watch import HANG_TIMEOUT_S
+from builder.serve.watch import HANG_TIMEOUT_S, MIN_HANG_TIMEOUT_S
 from builder.spec import ServerSpec
 
 LOOPBACK = "127.0.0.1"  # as builder.serve.server's, not imported: `--help` stays fast
@@ -112,8 +112,10 @@ ENGINE_GAUGES_FOLDER = "engine-gauges"
     type=click.FloatRange(0, 3600),
     default=HANG_TIMEOUT_S,
     show_default=True,
+    callback=lambda _ctx, _param, value: _hang_timeout(value),
     help="seconds: a model's stub in which no Python ran this long (its heartbeat, one a "
-    "second) is killed, and the model reloaded like one whose stub died; 0: never",
+    f"second) is killed, and the model reloaded like one whose stub died; at least "
+    f"{MIN_HANG_TIMEOUT_S:g}, or 0: never",
 )
 @click.option(
     "--no-self-test",
@@ -165,6 +167,15 @@ class ServeOptions:
     restart_limit: int
     stub_hang_timeout_s: float
     no_self_test: bool
+
+
+def _hang_timeout(value: float) -> float:
+    if 0 < value < MIN_HANG_TIMEOUT_S:
+        raise click.BadParameter(
+            f"{value:g} s would kill stubs that only missed a beat or two (one a second): "
+            f"at least {MIN_HANG_TIMEOUT_S:g}, or 0 for never"
+        )
+    return value
 
 
 def _serve(o: ServeOptions) -> int:

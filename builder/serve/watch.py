@@ -30,6 +30,7 @@ HEALTH_GAUGE = "trident_engine_healthy"  # 0: the engine died while its stub liv
 # stub where no Python ran that long misses it (a C call that keeps the GIL, a deadlock),
 # and on 2 busy cores a thread still gets the GIL within milliseconds.
 HANG_TIMEOUT_S = 30.0
+MIN_HANG_TIMEOUT_S = 5.0  # shorter, a stub whose beat came a second or two late would die
 
 
 @dataclass(frozen=True)

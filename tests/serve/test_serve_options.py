@@ -118,3 +118,12 @@ def test_a_load_refused_by_a_server_on_its_way_out_reports_the_exit(tmp_path, mo
     server.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1); exit(1)"])
     with pytest.raises(ServeError, match="exited with status 1 before it was ready"):
         server.load("router", deadline=float("inf"), timeout_s=30)
+
+
+@pytest.mark.parametrize("given", ["0.5", "4.9"])
+def test_a_hang_timeout_that_would_kill_healthy_stubs_is_refused(tmp_path, capsys, given):
+    (tmp_path / "repo").mkdir()
+    code = main(["serve", "--repo", str(tmp_path / "repo"), "--stub-hang-timeout", given])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--stub-hang-timeout" in err and "at least 5, or 0 for never" in err
