@@ -395,9 +395,9 @@ class TritonServer:
     ) -> None:
         """Serve until tritonserver exits for good, then raise ServeError. A model whose
         stub or engine dies meanwhile is reloaded alone (keeper.py), and so is one whose
-        stub hangs (no heartbeat for hang_s; 0: never judged), once it is killed. When tritonserver
-        itself dies (Triton 2.51 aborts now and then when a stub dies under load: a
-        boost lock_exception), it is started again in place, on the same ports and
+        stub hangs (no heartbeat for hang_s; 0: never judged), once it is killed. When
+        tritonserver itself dies (Triton 2.51 aborts now and then when a stub dies under
+        load: a boost lock_exception), it is started again in place, on the same ports and
         repository with the same admin key, with backoff, at most `restart_limit` times in
         a row (a server that served STABLE_S since its restart starts the count afresh);
         `down` runs before and `up` after each (the frontend refuses new work meanwhile);
