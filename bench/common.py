@@ -176,3 +176,9 @@ def run_alone(description: str, run, argv=None, options=None) -> int:
     write_result(out, result)
     print(json.dumps(result["rows"], indent=2))
     return 0
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -42,8 +42,8 @@ import tritonclient.grpc as grpcclient
 import yaml
 
 from bench import anchor
-from bench.common import bench_result, ratio_row
-from bench.openai_frontend import process_cpu_s, start_frontend, stop_frontend
+from bench.common import bench_result, process_cpu_s, ratio_row
+from bench.openai_frontend import start_frontend, stop_frontend
 from bench.rate_clients import AnchorPath, GrpcPath, HttpPath, load_point
 from bench.rate_refine import REFINE_STREAMS, Bisection, bracket, refined_ceiling
 from bench.rate_stats import ceiling, cpu_ms_per_1000_tokens, meets, summarize

@@ -56,7 +56,7 @@ import tritonclient.grpc.aio as grpcaio
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from bench.common import PROMPTS, bench_result  # noqa: E402
+from bench.common import PROMPTS, bench_result, process_cpu_s  # noqa: E402
 from bench.zero_cost import deployment  # noqa: E402
 from builder.pipeline import build_repository  # noqa: E402
 from builder.serve import admin  # noqa: E402
@@ -257,12 +257,6 @@ class Paths:
         cpu["client_s"] += time.process_time() - client
         cpu["tokens"] += sum(r[1] for r in results)
         return results, wall
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def alternating(i: int, paths: tuple = PATHS) -> tuple:

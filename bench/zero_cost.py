@@ -11,12 +11,18 @@ The sequential round also times two bare BLS relays in front of the same engine 
 pays) and python_backend's own async BLS idiom, so the router's added TTFT reads as the
 hop's floor plus the router's own share.
 
+The concurrent rounds also read the server's CPU time (tritonserver and its stubs, from
+/proc) before and after each round: CPU ms per request, router against direct. On 2 cores
+the router's requests/s is bound by that CPU, and the CPU a request costs moves less with
+the machine's other load than requests/s do, so a change to the hot path shows there first.
+
 Goals (issue 16): TTFT p50 <= direct + 1 ms sequential and <= direct + 2 ms at 16 streams;
 requests/s at 64 concurrent streams >= 0.9x direct (issue 36 asks 0.8x with 4-token
 answers: these are 8, and 0.9x the stricter); per streamed token of one long stream <= 1.3x
 direct. Issue 36: the router's share over the blocking relay <= 0.3 ms, and requests/s at
 64 streams with 64-token answers >= 0.9x direct (0.8x in issue 22).
-Usage: .venv/bin/python -m bench.zero_cost [OUT_DIR]
+Usage: .venv/bin/python -m bench.zero_cost [OUT_DIR]  (the rows on stdout, everything in
+OUT_DIR/zero_cost.json)
 """
 
 from __future__ import annotations
@@ -28,14 +34,16 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import tritonclient.grpc.aio as aioclient
 
-from bench.common import bench_result, ratio_row, relay_floor_rows
+from bench.common import bench_result, process_cpu_s, ratio_row, relay_floor_rows
 from builder.pipeline import build_repository
 from builder.serve.client import build_inputs, first_output
-from builder.serve.server import start_on_free_ports
+from builder.serve.server import TritonServer, start_on_free_ports
+from builder.serve.watch import stub_processes
 from builder.spec import parse_spec
 from support import bls_floor, sglang_double
 
@@ -113,31 +121,64 @@ async def sequential(url: str) -> dict[str, list[float]]:
     return ttft
 
 
-async def concurrent_round(url: str, model: str, streams: int, tokens: int = SHORT_TOKENS) -> dict:
+def server_cpu_s(server: TritonServer) -> dict[str, float]:
+    """CPU seconds so far of tritonserver and of each model's stubs (the zero-cost
+    engine's included), by process: "tritonserver", "stub:<model>"."""
+    assert server.process is not None
+    seconds = {"tritonserver": process_cpu_s(server.process.pid)}
+    for stub in stub_processes(server.process.pid).values():
+        name = f"stub:{stub.model}"
+        seconds[name] = seconds.get(name, 0.0) + process_cpu_s(stub.pid)
+    return seconds
+
+
+async def concurrent_round(
+    url: str,
+    model: str,
+    streams: int,
+    tokens: int = SHORT_TOKENS,
+    cpu_s: Callable[[], dict[str, float]] = dict,
+) -> dict:
     workers = [Worker(url) for _ in range(streams)]
 
     async def run(worker):
         return [await worker.one(model, tokens) for _ in range(PER_WORKER)]
 
     try:
-        start = time.perf_counter()
+        start, cpu_before = time.perf_counter(), cpu_s()
         results = await asyncio.gather(*(run(w) for w in workers))
-        wall = time.perf_counter() - start
+        wall, cpu_after = time.perf_counter() - start, cpu_s()
     finally:
         await asyncio.gather(*(w.close() for w in workers))
     done = [r for worker_results in results for r in worker_results]
-    return {"requests_per_s": len(done) / wall, "ttft_s": [t for t, _ in done]}
+    by_process = {k: (v - cpu_before.get(k, 0.0)) / len(done) for k, v in cpu_after.items()}
+    return {
+        "requests_per_s": len(done) / wall,
+        "ttft_s": [t for t, _ in done],
+        "cpu_s_per_request": sum(by_process.values()),
+        "cpu_s_per_request_by_process": by_process,
+    }
 
 
-async def concurrent(url: str, streams: int, tokens: int = SHORT_TOKENS) -> dict:
+async def concurrent(
+    url: str,
+    streams: int,
+    tokens: int = SHORT_TOKENS,
+    cpu_s: Callable[[], dict[str, float]] = dict,
+) -> dict:
     rounds = {ROUTER: [], DIRECT: []}
     for i in range(ROUNDS):
         for model in (ROUTER, DIRECT) if i % 2 == 0 else (DIRECT, ROUTER):
-            rounds[model].append(await concurrent_round(url, model, streams, tokens))
+            rounds[model].append(await concurrent_round(url, model, streams, tokens, cpu_s))
     return {
         model: {
             "requests_per_s": statistics.median(r["requests_per_s"] for r in rs),
             "ttft_p50_s": statistics.median(t for r in rs for t in r["ttft_s"]),
+            "cpu_s_per_request": statistics.median(r["cpu_s_per_request"] for r in rs),
+            "cpu_s_per_request_by_process": {
+                name: statistics.median(r["cpu_s_per_request_by_process"][name] for r in rs)
+                for name in rs[0]["cpu_s_per_request_by_process"]
+            },
         }
         for model, rs in rounds.items()
     }
@@ -159,15 +200,16 @@ async def per_chunk(url: str) -> dict[str, float]:
     return {model: statistics.median(values) for model, values in seconds.items()}
 
 
-async def measure(url: str) -> dict:
+async def measure(url: str, cpu_s: Callable[[], dict[str, float]] = dict) -> dict:
+    """cpu_s: the server's CPU seconds so far (server_cpu_s)."""
     await concurrent_round(url, ROUTER, 4)  # warm-up: both paths, every code path
     await concurrent_round(url, DIRECT, 4)
     single = await sequential(url)
     streams, tokens = LONG_ANSWER
     return {
         "sequential_ttft_s": single,
-        "concurrent": {str(n): await concurrent(url, n) for n in CONCURRENCY},
-        "long_answers": await concurrent(url, streams, tokens),
+        "concurrent": {str(n): await concurrent(url, n, cpu_s=cpu_s) for n in CONCURRENCY},
+        "long_answers": await concurrent(url, streams, tokens, cpu_s),
         "per_chunk_s": await per_chunk(url),
     }
 
@@ -182,6 +224,10 @@ def rows_from(m: dict) -> list[dict]:
     rps64 = {k: v["requests_per_s"] for k, v in c64.items()}
     chunk = {k: ms(v) for k, v in m["per_chunk_s"].items()}
     long = {k: v["requests_per_s"] for k, v in m["long_answers"].items()}
+
+    def cpu_ms(runs: dict) -> dict:
+        return {k: ms(v["cpu_s_per_request"]) for k, v in runs.items()}
+
     return [
         _row("TTFT p50 ms, sequential", seq, "<= direct + 1 ms", seq[ROUTER] - seq[DIRECT] <= 1),
         *relay_floor_rows("TTFT p50 ms, sequential", seq, DIRECT, ROUTER, ROUTER_SHARE_MS),
@@ -210,6 +256,13 @@ def rows_from(m: dict) -> list[dict]:
         _row(
             "ms per streamed token", chunk, "<= 1.3x direct", chunk[ROUTER] <= 1.3 * chunk[DIRECT]
         ),
+        _row("server CPU ms per request, 64 streams", cpu_ms(c64), "report", None),
+        _row(
+            f"server CPU ms per request, {LONG_ANSWER[0]} streams, {LONG_ANSWER[1]}-token answers",
+            cpu_ms(m["long_answers"]),
+            "report",
+            None,
+        ),
     ]
 
 
@@ -234,7 +287,7 @@ def serve_and_measure(work: Path) -> dict:
     bls_floor.install(repo, DIRECT)
     server = start_on_free_ports(repo, work / "tritonserver.log", timeout_s=120)
     try:
-        return asyncio.run(measure(server.grpc_url))
+        return asyncio.run(measure(server.grpc_url, lambda: server_cpu_s(server)))
     finally:
         server.stop()
 
@@ -264,4 +317,5 @@ if __name__ == "__main__":
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "bench_results")
     out.mkdir(parents=True, exist_ok=True)
     result = run(out)
+    (out / "zero_cost.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["rows"], indent=2))

@@ -7,16 +7,19 @@ from bench import zero_cost
 
 def measured(router_rps: float, direct_rps: float) -> dict:
     both = {zero_cost.ROUTER: [0.004], zero_cost.DIRECT: [0.003]}
-    point = {"requests_per_s": 100.0, "ttft_p50_s": 0.01}
+    point = {"requests_per_s": 100.0, "ttft_p50_s": 0.01, "cpu_s_per_request": 0.002}
     return {
         "sequential_ttft_s": both,
         "concurrent": {
             "16": {zero_cost.ROUTER: point, zero_cost.DIRECT: point},
-            "64": {zero_cost.ROUTER: point, zero_cost.DIRECT: point},
+            "64": {
+                zero_cost.ROUTER: {**point, "cpu_s_per_request": 0.003},
+                zero_cost.DIRECT: point,
+            },
         },
         "long_answers": {
-            zero_cost.ROUTER: {"requests_per_s": router_rps},
-            zero_cost.DIRECT: {"requests_per_s": direct_rps},
+            zero_cost.ROUTER: {"requests_per_s": router_rps, "cpu_s_per_request": 0.005},
+            zero_cost.DIRECT: {"requests_per_s": direct_rps, "cpu_s_per_request": 0.004},
         },
         "per_chunk_s": {zero_cost.ROUTER: 0.0001, zero_cost.DIRECT: 0.0001},
     }
@@ -66,3 +69,12 @@ def test_the_bare_relays_rows_split_the_routers_ttft_into_floor_and_own_share():
 def test_a_run_without_the_relays_has_no_floor_rows():
     rows = zero_cost.rows_from(measured(100.0, 100.0))
     assert not [r for r in rows if "relay" in r["metric"]]
+
+
+def test_the_servers_cpu_per_request_is_reported_for_both_64_stream_points():
+    rows = {r["metric"]: r for r in zero_cost.rows_from(measured(100.0, 100.0))}
+    short = rows["server CPU ms per request, 64 streams"]
+    long = rows["server CPU ms per request, 64 streams, 64-token answers"]
+    assert (short["ours"], short["direct"]) == pytest.approx((3.0, 2.0))
+    assert (long["ours"], long["direct"]) == pytest.approx((5.0, 4.0))
+    assert short["met"] is None and long["met"] is None  # reported, not judged
