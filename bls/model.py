@@ -29,7 +29,6 @@ import enum
 import faulthandler
 import json
 import os
-import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -40,7 +39,7 @@ from bls.adapters import ROUTER_ONLY_INPUTS, Adapters, Unsupported
 from bls.breaker import HALF_OPEN
 from bls.control import SILENCE_PROBE_S, Controls
 from bls.inflight import Inflight
-from bls.job import Attempt, Job
+from bls.job import Attempt, Job, RequestIds
 from bls.policy import Policy, UnknownRoute
 from bls.read_request import read_request
 from bls.relay import REFUSED, CallSlots, Relay, Retired
@@ -163,6 +162,7 @@ class TritonPythonModel:
         self.control_pool = None
         self.loop = self.bls_slots = None  # type: ignore[assignment]
         self.retired = Retired()
+        self.request_ids = RequestIds(self.name)
         self.controls = Controls(
             self.adapters, self.metrics, self.pool, self.retired, self.proof_key
         )
@@ -452,7 +452,7 @@ class TritonPythonModel:
         its breaker."""
         inbound, sender, arrival = job.inbound, job.sender, job.arrival
         backend = claim.name
-        request_id = f"{self.name}-{secrets.token_hex(16)}"  # random: job.Attempt says why
+        request_id = self.request_ids.new()
         try:
             child = self.child(job, backend, request_id)
         except BadRequest as e:  # a value no engine could take (out of range)
