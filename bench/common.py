@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from builder.serve import client as infer
+from builder.serve.watch import stub_processes
 from support.bls_floor import ASYNC, BLOCKING
 
 PROMPTS = [
@@ -182,3 +183,17 @@ def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process, all its threads (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_processes(server) -> dict[str, list[int]]:
+    """A started server's processes by name: "tritonserver", and "stub:<model>" (one stub
+    per instance). Read once: the stubs stay while the models do."""
+    pids = {"tritonserver": [server.process.pid]}
+    for stub in stub_processes(server.process.pid).values():  # its own process group
+        pids.setdefault(f"stub:{stub.model}", []).append(stub.pid)
+    return pids
+
+
+def cpu_seconds(pids: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds so far per process name; a model's instances (one stub each) summed."""
+    return {name: sum(process_cpu_s(pid) for pid in group) for name, group in pids.items()}

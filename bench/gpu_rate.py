@@ -41,8 +41,8 @@ from pathlib import Path
 import tritonclient.grpc as grpcclient
 import yaml
 
-from bench import anchor
-from bench.common import bench_result, process_cpu_s, ratio_row
+from bench import anchor, common
+from bench.common import bench_result, ratio_row, server_processes
 from bench.openai_frontend import start_frontend, stop_frontend
 from bench.rate_clients import AnchorPath, GrpcPath, HttpPath, load_point
 from bench.rate_refine import REFINE_STREAMS, Bisection, bracket, refined_ceiling
@@ -50,7 +50,6 @@ from bench.rate_stats import ceiling, cpu_ms_per_1000_tokens, meets, summarize
 from builder.pipeline import build_repository
 from builder.serve import admin
 from builder.serve.server import start_on_free_ports
-from builder.serve.watch import stub_processes
 from builder.spec import parse_spec
 from support.pacing import Rate
 from support.vllm_double import make_environment, use_double, write_rate
@@ -82,17 +81,12 @@ def deployment(
 
 
 def cpu_seconds(pids: dict[str, list[int]]) -> dict[str, float]:
-    """CPU seconds so far per process name; a model's instances (one stub each) summed."""
-    seconds = {name: sum(process_cpu_s(pid) for pid in group) for name, group in pids.items()}
-    seconds["client"] = time.process_time()
-    return seconds
+    """The processes' CPU seconds so far (common.cpu_seconds) and this client's."""
+    return {**common.cpu_seconds(pids), "client": time.process_time()}
 
 
 def processes(server, frontend) -> dict[str, list[int]]:
-    pids = {"tritonserver": [server.process.pid], "frontend": [frontend.pid]}
-    for stub in stub_processes(server.process.pid).values():  # its own process group
-        pids.setdefault(f"stub:{stub.model}", []).append(stub.pid)
-    return pids
+    return {**server_processes(server), "frontend": [frontend.pid]}
 
 
 def plan(sizes: dict) -> list[tuple[int, float]]:

@@ -39,11 +39,10 @@ from pathlib import Path
 
 import tritonclient.grpc.aio as aioclient
 
-from bench.common import bench_result, process_cpu_s, ratio_row, relay_floor_rows
+from bench.common import bench_result, cpu_seconds, ratio_row, relay_floor_rows, server_processes
 from builder.pipeline import build_repository
 from builder.serve.client import build_inputs, first_output
-from builder.serve.server import TritonServer, start_on_free_ports
-from builder.serve.watch import stub_processes
+from builder.serve.server import start_on_free_ports
 from builder.spec import parse_spec
 from support import bls_floor, sglang_double
 
@@ -121,17 +120,6 @@ async def sequential(url: str) -> dict[str, list[float]]:
     return ttft
 
 
-def server_cpu_s(server: TritonServer) -> dict[str, float]:
-    """CPU seconds so far of tritonserver and of each model's stubs (the zero-cost
-    engine's included), by process: "tritonserver", "stub:<model>"."""
-    assert server.process is not None
-    seconds = {"tritonserver": process_cpu_s(server.process.pid)}
-    for stub in stub_processes(server.process.pid).values():
-        name = f"stub:{stub.model}"
-        seconds[name] = seconds.get(name, 0.0) + process_cpu_s(stub.pid)
-    return seconds
-
-
 async def concurrent_round(
     url: str,
     model: str,
@@ -201,7 +189,7 @@ async def per_chunk(url: str) -> dict[str, float]:
 
 
 async def measure(url: str, cpu_s: Callable[[], dict[str, float]] = dict) -> dict:
-    """cpu_s: the server's CPU seconds so far (server_cpu_s)."""
+    """cpu_s: the server's CPU seconds so far, by process (common.cpu_seconds)."""
     await concurrent_round(url, ROUTER, 4)  # warm-up: both paths, every code path
     await concurrent_round(url, DIRECT, 4)
     single = await sequential(url)
@@ -287,7 +275,8 @@ def serve_and_measure(work: Path) -> dict:
     bls_floor.install(repo, DIRECT)
     server = start_on_free_ports(repo, work / "tritonserver.log", timeout_s=120)
     try:
-        return asyncio.run(measure(server.grpc_url, lambda: server_cpu_s(server)))
+        pids = server_processes(server)  # tritonserver and each model's stubs
+        return asyncio.run(measure(server.grpc_url, lambda: cpu_seconds(pids)))
     finally:
         server.stop()
 

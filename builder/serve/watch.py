@@ -6,10 +6,9 @@ Triton 2.51 never restarts a crashed stub and keeps its model READY, so `trident
 watches the stubs itself and reloads the model whose stub or engine died (keeper.py).
 
 A stub can also live on with no Python running in it: python_backend r24.10's BLS
-iterators can deadlock a stub that reads streams on several threads (a thread holding the
-GIL waits for a mutex whose holder waits for the iterator that waits for the GIL;
-docs/router.md, "Known limits"). The router's requests then hang forever and Triton sees
-nothing wrong. Every trident model's drain thread touches a heartbeat file each second
+iterators can deadlock the router's stub (trident_common/outbox.py says how; docs/router.md,
+"Known limits"). The router's requests then hang forever and Triton sees nothing wrong.
+Every trident model's drain thread touches a heartbeat file each second
 (trident_common/drain.py); a stub of a READY model whose file is older than the hang
 timeout is killed, and from there it is a death like any other.
 """
