@@ -44,7 +44,7 @@ class Unsupported(ValueError):
     before it had a name."""
 
 
-def _string_tensor(name: str, value: str, shape: tuple[int, ...] = (1,)) -> pb_utils.Tensor:
+def string_tensor(name: str, value: str, shape: tuple[int, ...] = (1,)) -> pb_utils.Tensor:
     return pb_utils.Tensor(name, np.array([value.encode("utf-8")], dtype=np.object_).reshape(shape))
 
 
@@ -54,14 +54,18 @@ class PythonLlmAdapter:
     outputs = LLM_OUTPUTS
 
     def inputs(
-        self, inputs: list[pb_utils.Tensor], request_id: str, adapter: str | None = None
+        self,
+        inputs: list[pb_utils.Tensor],
+        id_tensor: pb_utils.Tensor | None,
+        adapter: str | None = None,
     ) -> list[pb_utils.Tensor]:
-        """The client's inputs and the router's request id (the model reads the adapter
-        from sampling_parameters or the forwarded request parameters itself)."""
-        return inputs + [_string_tensor(interface.REQUEST_ID, request_id)]
+        """The client's inputs and the router's request_id tensor (bls/job.py RequestIds
+        makes it ahead); the model reads the adapter from sampling_parameters or the
+        forwarded request parameters itself."""
+        return [*inputs, id_tensor]
 
     def abort_inputs(self, request_id: str) -> list[pb_utils.Tensor] | None:
-        return [_string_tensor(interface.ABORT_REQUEST_ID, request_id)]
+        return [string_tensor(interface.ABORT_REQUEST_ID, request_id)]
 
     def split(self, response: pb_utils.InferenceResponse) -> Split:
         """(the backend's error or None, the response to relay or None if it is empty,
@@ -95,10 +99,14 @@ class TrtllmAdapter:
         self.backend = backend
 
     def inputs(
-        self, inputs: list[pb_utils.Tensor], request_id: str, adapter: str | None = None
+        self,
+        inputs: list[pb_utils.Tensor],
+        id_tensor: pb_utils.Tensor | None = None,
+        adapter: str | None = None,
     ) -> list[pb_utils.Tensor]:
-        """The ensemble's inputs; `adapter` is the LoRA adapter the request names (in
-        sampling_parameters or a request parameter), sent as the lora_name input."""
+        """The ensemble's inputs (it takes no request id); `adapter` is the LoRA adapter
+        the request names (in sampling_parameters or a request parameter), sent as the
+        lora_name input."""
         values = {t.name(): t.as_numpy() for t in inputs}
         if "messages" in values:
             raise Unsupported("the TRT-LLM ensemble takes text_input, not messages")
@@ -113,7 +121,7 @@ class TrtllmAdapter:
         max_tokens = first_scalar(values.get("max_tokens"))
         max_tokens = max_tokens or sampling.pop("max_tokens", DEFAULT_MAX_TOKENS)
         out = [
-            _string_tensor("text_input", first_scalar(values["text_input"]), (1, 1)),
+            string_tensor("text_input", first_scalar(values["text_input"]), (1, 1)),
             pb_utils.Tensor("max_tokens", np.array([[max_tokens]], dtype=np.int32)),
             pb_utils.Tensor(
                 "stream", np.array([[bool(first_scalar(values.get("stream")))]], dtype=bool)
@@ -127,7 +135,7 @@ class TrtllmAdapter:
                 )
             )
         if adapter:
-            out.append(_string_tensor("lora_name", adapter, (1, 1)))
+            out.append(string_tensor("lora_name", adapter, (1, 1)))
         for key, value in sampling.items():
             if key not in TRTLLM_SAMPLING:
                 raise Unsupported(
@@ -158,9 +166,9 @@ class TrtllmAdapter:
             None,
             pb_utils.InferenceResponse(
                 output_tensors=[
-                    _string_tensor("text_output", first_scalar(text.as_numpy()) or ""),
-                    _string_tensor("served_by", self.backend),
-                    _string_tensor("error", ""),
+                    string_tensor("text_output", first_scalar(text.as_numpy()) or ""),
+                    string_tensor("served_by", self.backend),
+                    string_tensor("error", ""),
                 ]
             ),
             False,

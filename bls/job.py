@@ -4,11 +4,14 @@ Attempt, instead of passing the same values through every signature."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
+from bls.adapters import string_tensor
 from trident_common import trust
+from trident_common.interface import REQUEST_ID
 
 if TYPE_CHECKING:
     # Annotations only: the stub adds pb_utils' classes after the model's files import.
@@ -70,16 +73,50 @@ class Attempt:
         self.backend, self.request_id, self.relay = backend, request_id, relay
 
 
+# Request ids kept made ahead (RequestIds.restock): enough for the requests that arrive
+# together between two ends of requests on a quiet router; a burst makes the rest on the spot.
+READY_IDS = 8
+
+
+class RequestId(NamedTuple):
+    """A backend request's id with what the first-token path needs of it, made ahead:
+    the request_id input trident's vLLM and SGLang models take, and the router's proof
+    for the id when it sets no priority or salt (None: the router has no key)."""
+
+    text: str
+    tensor: pb_utils.Tensor
+    plain_proof: str | None
+
+
 class RequestIds:
     """The ids of backend requests (Attempt says why they are random): a counter signed
     with a key drawn once per router process (trust.sign, keyed BLAKE2b), 128 bits kept.
     Unique across router instances (their keys differ), unguessable without the key, and
     made with no system call: os.urandom per request releases the GIL, and the event loop
     that makes the ids then waits to take it back behind the relays (py-spy at 64
-    streams: 270-329 of the loop's samples in secrets.token_hex)."""
+    streams: 270-329 of the loop's samples in secrets.token_hex).
 
-    def __init__(self, prefix: str) -> None:
+    Made ahead, READY_IDS of them, when a request ends (restock): in a serving stub the
+    caches are cold again by each request's arrival, and the id's tensor and proof cost
+    ~70 and ~15 us of the first-token path there, against a few when made together
+    (docs/results/2026-12-06-0230-ids-made-ahead.md)."""
+
+    def __init__(self, prefix: str, proof_key: bytes | None = None) -> None:
         self.prefix, self.key, self.count = prefix, os.urandom(32), itertools.count()
+        self.proof_key = proof_key
+        self.ready: collections.deque[RequestId] = collections.deque()
 
-    def new(self) -> str:
-        return f"{self.prefix}-{trust.sign(self.key, next(self.count))[:32]}"
+    def new(self) -> RequestId:
+        return self.ready.popleft() if self.ready else self._make()
+
+    def restock(self) -> None:
+        """Make ids until READY_IDS wait (off any request's first-token path)."""
+        while len(self.ready) < READY_IDS:
+            self.ready.append(self._make())
+
+    def _make(self) -> RequestId:
+        text = f"{self.prefix}-{trust.sign(self.key, next(self.count))[:32]}"
+        proof = None
+        if self.proof_key is not None:
+            proof = trust.generate_proof(self.proof_key, text, None, None)
+        return RequestId(text, string_tensor(REQUEST_ID, text), proof)

@@ -27,7 +27,6 @@ import asyncio
 import contextvars
 import enum
 import faulthandler
-import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import triton_python_backend_utils as pb_utils
 
-from bls.adapters import ROUTER_ONLY_INPUTS, Adapters, Unsupported
+from bls.adapters import Adapters, Unsupported
+from bls.backend_request import BackendRequests
 from bls.breaker import HALF_OPEN
 from bls.control import SILENCE_PROBE_S, Controls
 from bls.inflight import Inflight
@@ -61,16 +61,11 @@ from trident_common.error_classes import (
 )
 from trident_common.interface import (
     BLS_CALL_SLOTS,
-    CACHE_SALT,
     DRAIN_DIR_ENV,
-    ERRORS_IN_BAND,
-    PRIORITY,
-    ROUTER_PROOF,
     ROUTER_SECRET_ENV,
-    TRACEPARENT,
 )
 from trident_common.log import Log
-from trident_common.request import BadRequest, first_scalar
+from trident_common.request import BadRequest
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -162,12 +157,16 @@ class TritonPythonModel:
         self.control_pool = None
         self.loop = self.bls_slots = None  # type: ignore[assignment]
         self.retired = Retired()
-        self.request_ids = RequestIds(self.name)
+        self.request_ids = RequestIds(self.name, self.proof_key)
+        self.request_ids.restock()
         self.controls = Controls(
             self.adapters, self.metrics, self.pool, self.retired, self.proof_key
         )
         self.tenants = Tenants(
             self.config.tenants, self.metrics, self.deadline_s, warn=self.log.warning
+        )
+        self.backend_requests = BackendRequests(
+            self.adapters, self.tenants, self.proof_key, self.traces is not None
         )
         # Requests between arrival and their end: a draining server waits for none left.
         self.handling = 0
@@ -221,7 +220,10 @@ class TritonPythonModel:
                 max_workers=CONTROL_THREADS, thread_name_prefix="control"
             )
             loop.set_default_executor(self.control_pool)
-        await asyncio.gather(*(self.handle(request) for request in requests))
+        if len(requests) == 1:  # the usual batch: no task and gathering future to make
+            await self.handle(requests[0])
+        else:
+            await asyncio.gather(*(self.handle(request) for request in requests))
         return None
 
     def finalize(self) -> None:
@@ -267,6 +269,7 @@ class TritonPythonModel:
             self.handling -= 1
             if record is not None:
                 record.end()
+            self.request_ids.restock()  # for the next requests, off their path
 
     def refusal(self) -> str:
         """Why a draining server's router takes no new request (error_classes.py)."""
@@ -454,7 +457,7 @@ class TritonPythonModel:
         backend = claim.name
         request_id = self.request_ids.new()
         try:
-            child = self.child(job, backend, request_id)
+            child = self.backend_requests.make(job, backend, request_id, ROUTE_RECORD.get())
         except BadRequest as e:  # a value no engine could take (out of range)
             self.fail(sender, e.marked(), "bad_request")
             return False
@@ -471,7 +474,7 @@ class TritonPythonModel:
         relay.tally = self.tenants.tally(inbound)
         relay.on_end = claim.release
         job.attempts.append(relay)
-        attempt = Attempt(backend, request_id, relay)
+        attempt = Attempt(backend, request_id.text, relay)
         routed_s = time.monotonic() - arrival
         self.bls_slots.start(relay, child)
         if inbound.stream:
@@ -486,7 +489,7 @@ class TritonPythonModel:
         # abandon() fails once the relay sent the first response: the stream is on.
         if problem is not None and relay.abandon():
             if problem is Late.DEADLINE:
-                self.controls.abort(backend, request_id)
+                self.controls.abort(backend, request_id.text)
                 if not inbound.stream:
                     # The engine may have generated all along: another backend would
                     # start over with no time left. Not the backend's failure either.
@@ -507,53 +510,6 @@ class TritonPythonModel:
         self.metrics.request(job.route, backend)
         self.metrics.added_latency(routed_s + relay.first_relay_s)
         return await self.finish(attempt, arrival)
-
-    def child(self, job: Job, backend: str, request_id: str) -> pb_utils.InferenceRequest:
-        """The backend's request: the client's inputs less the router's own, with the
-        tenant's values, in the backend engine's interface (adapters.py; raises
-        Unsupported, or BadRequest for a value no engine could take)."""
-        request, inbound, adapter = job.request, job.inbound, self.adapters[backend]
-        added = self.tenants.inputs(inbound)
-        skipped = ROUTER_ONLY_INPUTS.union(t.name() for t in added) if added else ROUTER_ONLY_INPUTS
-        inputs = [
-            inbound.replaced.get(t.name(), t) for t in request.inputs() if t.name() not in skipped
-        ] + added
-        return pb_utils.InferenceRequest(
-            model_name=backend,
-            inputs=adapter.inputs(inputs, request_id, inbound.features.adapter),
-            requested_output_names=adapter.outputs,
-            parameters=self.signed(inbound.parameters, request_id, added, request),
-        )
-
-    def signed(
-        self,
-        parameters: dict[str, Any] | None,
-        request_id: str,
-        added: list[pb_utils.Tensor],
-        request: pb_utils.InferenceRequest | None = None,
-    ) -> dict[str, Any]:
-        """The parameters for a backend request: the client's, errors asked in band
-        (interface.ERRORS_IN_BAND: this relay could not read an error response), the
-        traceparent of this request's span when Triton traces it (the engine model's span
-        joins the trace: trident_common/tracing.py), and the router's proof for its id and
-        the tenant values it sets (the tensors `added`) when it has a key."""
-        outgoing = {**(parameters or {}), ERRORS_IN_BAND: True}
-        record = ROUTE_RECORD.get()
-        if record is not None:  # the engine model's span is the router's span's child
-            outgoing[TRACEPARENT] = record.traceparent
-        elif self.traces is None:  # the router exports nothing: Triton's span is the parent
-            traced = request.trace().get_context() if request is not None else None  # ~1 us
-            if traced:  # '{"traceparent": "00-..."}'; None when untraced
-                traceparent = json.loads(traced).get("traceparent")
-                if traceparent:
-                    outgoing[TRACEPARENT] = traceparent
-        if self.proof_key is None:
-            return outgoing
-        values = {t.name(): first_scalar(t.as_numpy()) for t in added}
-        outgoing[ROUTER_PROOF] = trust.generate_proof(
-            self.proof_key, request_id, values.get(PRIORITY), values.get(CACHE_SALT)
-        )
-        return outgoing
 
     async def finish(self, attempt: Attempt, arrival: float) -> bool:
         """Supervise a started stream until it ends; returns True (outcome recorded)."""

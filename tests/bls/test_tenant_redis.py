@@ -486,18 +486,18 @@ def test_a_request_that_ends_before_its_verdict_gives_its_lease_back(
     name, section = redis_tenants(redis, max_concurrent=1)
     backend = FakeBackend("primary")
     model = tenant_router([backend], tenants=section)
-    built = model.child
+    built = model.backend_requests.make
 
     def bad(*args):
         raise BadRequest("temperature is out of range", "temperature")
 
-    monkeypatch.setattr(model, "child", bad)
+    monkeypatch.setattr(model.backend_requests, "make", bad)
     refused, served = (ClientRequest(hints={"tenant": name}) for _ in range(2))
 
     async def one_after_the_other():  # one loop: the store's connection and outbox stay
         await model.execute([refused])
         assert await model.tenants.outbox.drained(5)
-        monkeypatch.setattr(model, "child", built)
+        monkeypatch.setattr(model.backend_requests, "make", built)
         await model.execute([served])
         await asyncio.get_running_loop().run_in_executor(None, served.sender.wait_closed, 5)
 
