@@ -99,7 +99,7 @@ class RequestIds:
     Made ahead, READY_IDS of them, when a request ends (restock): in a serving stub the
     caches are cold again by each request's arrival, and the id's tensor and proof cost
     ~70 and ~15 us of the first-token path there, against a few when made together
-    (docs/results/2026-12-06-0230-ids-made-ahead.md)."""
+    (docs/results/2026-12-06-0205-ids-ahead-and-hiredis.md)."""
 
     def __init__(self, prefix: str, proof_key: bytes | None = None) -> None:
         self.prefix, self.key, self.count = prefix, os.urandom(32), itertools.count()
