@@ -56,7 +56,7 @@ class PythonLlmAdapter:
     def inputs(
         self,
         inputs: list[pb_utils.Tensor],
-        id_tensor: pb_utils.Tensor | None,
+        id_tensor: pb_utils.Tensor,
         adapter: str | None = None,
     ) -> list[pb_utils.Tensor]:
         """The client's inputs and the router's request_id tensor (bls/job.py RequestIds
