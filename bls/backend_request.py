@@ -51,9 +51,7 @@ class BackendRequests:
         request, inbound, adapter = job.request, job.inbound, self.adapters[backend]
         added = self.tenants.inputs(inbound)
         skipped = ROUTER_ONLY_INPUTS.union(t.name() for t in added) if added else ROUTER_ONLY_INPUTS
-        inputs = [
-            inbound.replaced.get(t.name(), t) for t in request.inputs() if t.name() not in skipped
-        ] + added
+        inputs = [t for name, t in inbound.inputs if name not in skipped] + added
         return pb_utils.InferenceRequest(
             model_name=backend,
             inputs=adapter.inputs(inputs, request_id.tensor, inbound.features.adapter),

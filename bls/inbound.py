@@ -26,7 +26,7 @@ class Inbound:
     __slots__ = (
         "features",
         "stream",
-        "replaced",
+        "inputs",
         "returns",
         "parameters",
         "prompt",
@@ -38,14 +38,17 @@ class Inbound:
         self,
         features: RequestFeatures,
         stream: bool,
-        replaced: dict[str, pb_utils.Tensor],
+        inputs: list[tuple[str, pb_utils.Tensor]],
         prompt: tuple[str | None, list[Any] | None],
         returns: dict[str, bool] | None = None,
         parameters: dict[str, Any] | None = None,
         fan_out: FanOut | None = None,
         traceparent: str | None = None,
     ) -> None:
-        self.features, self.stream, self.replaced = features, stream, replaced
+        self.features, self.stream = features, stream
+        # The client's inputs by name, in its order, messages normalised (read_request):
+        # what the backend request forwards, read from the stub once.
+        self.inputs = inputs
         # The prompt's parts, (text, messages): the replicas' prefix index makes its key
         # from them (prefix_index.prompt_key) only for a route with replicas.
         self.prompt = prompt

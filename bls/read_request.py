@@ -52,21 +52,21 @@ def read_request(
     if params and params != "{}":
         loaded = json.loads(params)
         hints.update({k: loaded[k] for k in HINT_KEYS if k in loaded})
-    values = {t.name(): t for t in request.inputs() if t.name() in READ_INPUTS}
+    inputs = [(t.name(), t) for t in request.inputs()]
+    values = {name: t for name, t in inputs if name in READ_INPUTS}
     for name in HINT_KEYS:
         if name in values:
             hints[name] = first_scalar(values[name].as_numpy())
     set_tier(hints)
     text = first_scalar(values["text_input"].as_numpy()) if "text_input" in values else None
-    messages: list[dict[str, Any]] | None
-    replaced: dict[str, pb_utils.Tensor]
-    messages, replaced = None, {}
+    messages: list[dict[str, Any]] | None = None
     if "messages" in values:
         messages, normalised = parse_messages(values["messages"].as_numpy())
         if normalised is not None:
-            replaced["messages"] = pb_utils.Tensor(
+            tensor = pb_utils.Tensor(
                 "messages", np.array([normalised.encode("utf-8")], dtype=np.object_)
             )
+            inputs = [(name, tensor if name == "messages" else t) for name, t in inputs]
     stream = bool(first_scalar(values["stream"].as_numpy())) if "stream" in values else False
     returns = {
         name: bool(first_scalar(values[name].as_numpy())) for name in RETURN_FLAGS if name in values
@@ -74,7 +74,7 @@ def read_request(
     return Inbound(
         features_from(text, messages, hints),
         stream,
-        replaced,
+        inputs,
         (text, messages),
         returns,
         forwardable(loaded),
