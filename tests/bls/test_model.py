@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from bls import adapters, control, read_request, relay
+from bls.job import READY_IDS
 from builder.render.router_json import router_config
 from builder.spec import parse_spec
 from tests.fakes import fake_pb_utils as pb
@@ -832,6 +833,19 @@ def test_backend_request_ids_are_unguessable(router):
     # met it.) A pid or a counter would leave the two ids sharing their head or tail.
     assert all(re.fullmatch(r"[0-9a-f]{32}", token) for token in (first, second))
     assert first[:8] != second[:8] and first[-8:] != second[-8:]
+
+
+def test_a_backend_request_takes_an_id_made_ahead_and_its_end_makes_another(router):
+    """The id, its request_id tensor and proof are made before the request (off its
+    first-token path: bls/job.py RequestIds); the request's end restocks them."""
+    backend = FakeBackend("primary")
+    model = router(backends=[backend])
+    ready = [made.text for made in model.request_ids.ready]
+    assert len(ready) == READY_IDS
+    run(model, ClientRequest())
+    assert backend.request_ids == ready[:1]
+    left = [made.text for made in model.request_ids.ready]
+    assert left[: READY_IDS - 1] == ready[1:] and len(left) == READY_IDS
 
 
 def test_a_slow_health_probe_means_busy_not_dead(router):
