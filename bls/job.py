@@ -73,8 +73,8 @@ class Attempt:
         self.backend, self.request_id, self.relay = backend, request_id, relay
 
 
-# Request ids kept made ahead (RequestIds.restock): enough for the requests that arrive
-# together between two ends of requests on a quiet router; a burst makes the rest on the spot.
+# Ids kept ready (RequestIds.restock): a quiet router's next requests find theirs made; a
+# burst past them makes the rest on the spot.
 READY_IDS = 8
 
 

@@ -81,8 +81,9 @@ FIRST_TOKEN_WATCH_S = 0.02
 STREAM_WATCH_S = 0.2
 CONTROL_THREADS = 64  # BLS calls beyond the streams: aborts, probes, drains
 # The routing record of the request this task handles (tracing.RouteRecord), only when
-# Triton traces it: each request is its own task (execute's gather), so it is that
-# request's; None, the default, costs an untraced request one lookup per attempt.
+# Triton traces it: each request is its own task (the stub runs each execute as a task;
+# a batch of several is gathered), so it is that request's; None, the default, costs an
+# untraced request one lookup per attempt.
 ROUTE_RECORD: contextvars.ContextVar[tracing.RouteRecord | None] = contextvars.ContextVar(
     "route_record", default=None
 )
