@@ -9,9 +9,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from bls.adapters import string_tensor
 from bls.inbound import Inbound
 from bls.policy import ADAPTER_KEYS, features_from
 from bls.tenants import FAN_OUT_KEYS, fan_out_of
@@ -63,9 +63,7 @@ def read_request(
     if "messages" in values:
         messages, normalised = parse_messages(values["messages"].as_numpy())
         if normalised is not None:
-            tensor = pb_utils.Tensor(
-                "messages", np.array([normalised.encode("utf-8")], dtype=np.object_)
-            )
+            tensor = string_tensor("messages", normalised)
             inputs = [(name, tensor if name == "messages" else t) for name, t in inputs]
     stream = bool(first_scalar(values["stream"].as_numpy())) if "stream" in values else False
     returns = {

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from bls.adapters import string_tensor
 from bls.router_config import TenantLimitsConfig, TenantsConfig
 from bls.tenant_names import TENANT_RE
 from bls.tenant_outbox import Outbox
@@ -450,9 +451,7 @@ class Tenants:
             tenant = self.identify(name)  # admitted already: it does not raise
         tensors = [pb_utils.Tensor(PRIORITY, np.array([tenant.priority], dtype=np.int32))]
         if tenant.salt is not None:
-            tensors.append(
-                pb_utils.Tensor(CACHE_SALT, np.array([tenant.salt.encode()], dtype=np.object_))
-            )
+            tensors.append(string_tensor(CACHE_SALT, tenant.salt))
         if inbound.returns is not None:
             tensors += [pb_utils.Tensor(flag, np.array([True])) for flag in Tally.FLAGS]
         return tensors

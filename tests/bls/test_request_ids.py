@@ -12,7 +12,7 @@ import pytest
 
 from bls.job import READY_IDS, RequestIds
 from trident_common import trust
-from trident_common.interface import REQUEST_ID
+from trident_common.interface import REQUEST_ID, ROUTER_PROOF
 
 KEY = b"k" * 32
 
@@ -46,7 +46,7 @@ def test_an_id_comes_with_its_tensor_and_the_proof_an_engine_model_accepts():
     made = RequestIds("router", KEY).new()
     assert made.tensor.name() == REQUEST_ID
     assert made.tensor.as_numpy().tolist() == [made.text.encode()]
-    parameters = {"trident_router_proof": made.plain_proof}
+    parameters = {ROUTER_PROOF: made.plain_proof}
     assert trust.proves_generate(KEY, parameters, made.text, None, None)
     assert not trust.proves_generate(KEY, parameters, made.text, 1, None)  # a priority: its own
     assert RequestIds("router").new().plain_proof is None  # no key, no proof
