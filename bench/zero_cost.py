@@ -6,8 +6,9 @@ the router's BLS hop on the router path. Requests alternate between the two path
 noise hits both. A client is one asyncio process with one gRPC stream per concurrent
 worker (tritonclient.grpc.aio), each worker sending its requests one after another.
 
-The sequential round also times two bare BLS relays in front of the same engine model
+The sequential round also times three bare BLS relays in front of the same engine model
 (support/bls_floor.py): a blocking one (no hop, no routing: the least any Python BLS model
+pays), a threaded one (one thread hop: the least a relay serving many streams at once
 pays) and python_backend's own async BLS idiom, so the router's added TTFT reads as the
 hop's floor plus the router's own share.
 
@@ -48,7 +49,8 @@ from support import bls_floor, sglang_double
 
 ROOT = Path(__file__).resolve().parent.parent
 DIRECT, ROUTER = sglang_double.MODEL, "router"
-BLOCKING, ASYNC = bls_floor.BLOCKING, bls_floor.ASYNC  # the bare relays (sequential only)
+# the bare relays (sequential only)
+BLOCKING, THREADED, ASYNC = bls_floor.BLOCKING, bls_floor.THREADED, bls_floor.ASYNC
 SEQUENTIAL = 200  # single requests per path (rounds of one per path, shuffled)
 SHORT_TOKENS = 8  # tokens per request in the latency and throughput rounds
 CONCURRENCY = (16, 64)
@@ -106,7 +108,7 @@ async def sequential(url: str) -> dict[str, list[float]]:
     """TTFT of SEQUENTIAL 1-token requests per path; each round sends one to every path,
     in an order shuffled per round (seeded), so that drift and one path's wake-up of the
     next hit every path alike."""
-    paths = [ROUTER, DIRECT, BLOCKING, ASYNC]
+    paths = [ROUTER, DIRECT, BLOCKING, THREADED, ASYNC]
     worker, ttft, order = Worker(url), {model: [] for model in paths}, random.Random(0)
     try:
         for model in paths:  # the relays' first calls load their BLS code paths

@@ -1,10 +1,11 @@
-"""Two bare BLS relays (support/bls_floor.py installs them): the floor of a Python BLS hop
+"""Three bare BLS relays (support/bls_floor.py installs them): the floor of a Python BLS hop
 in front of an engine model, for the benchmarks. Loaded inside a Triton stub only."""
 
 from __future__ import annotations
 
 import collections
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
@@ -15,6 +16,7 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # A finished BLS iterator is kept past the stub's own cleanup of it (bls/relay.py's
 # Retired says why); a benchmark's requests are few, so the last ones are simply kept.
 KEPT = 4096
+THREADS = 64  # the threaded relay's pool: as many as zero_cost's most concurrent streams
 
 
 class _Relay:
@@ -69,3 +71,28 @@ class AsyncRelay(_Relay):
         for request in requests:
             sender = request.get_response_sender()
             self.relay(await self.child(request).async_exec(decoupled=True), sender)
+
+
+class ThreadedRelay(_Relay):
+    """The least a relay that serves many streams at once pays: a synchronous `execute`
+    makes the BLS request on the stub's main thread and hands its call to a pool thread,
+    which relays the stream (one thread hop; no event loop, no routing)."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        super().initialize(args)
+        self.pool = ThreadPoolExecutor(THREADS, thread_name_prefix="relay")
+
+    def execute(self, requests: list[pb_utils.InferenceRequest]) -> None:
+        for request in requests:
+            # The request's inputs are read here: execute's requests are the main
+            # thread's (python_backend's decoupled examples read them before returning).
+            self.pool.submit(self.call, self.child(request), request.get_response_sender())
+
+    def call(self, child: pb_utils.InferenceRequest, sender: pb_utils.ResponseSender) -> None:
+        try:
+            self.relay(child.exec(decoupled=True), sender)
+        except Exception as e:  # the pool would keep it silently: the client waits on it
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
+
+    def finalize(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -45,18 +45,23 @@ def test_the_bare_relays_rows_split_the_routers_ttft_into_floor_and_own_share():
     m["sequential_ttft_s"] = {
         zero_cost.DIRECT: [0.002],
         zero_cost.BLOCKING: [0.003],
+        zero_cost.THREADED: [0.0031],
         zero_cost.ASYNC: [0.0035],
         zero_cost.ROUTER: [0.004],
     }
     rows = {r["metric"]: r for r in zero_cost.rows_from(m)}
     prefix = "TTFT p50 ms, sequential, "
     floor = rows[prefix + "bare BLS relay (blocking: the floor)"]
+    threaded = rows[prefix + "bare BLS relay (one thread hop: the least a concurrent relay pays)"]
     idiom = rows[prefix + "bare BLS relay (python_backend's async idiom)"]
+    over_threaded = rows[prefix + "router over the threaded relay"]
     own = rows[prefix + "router over the blocking relay"]
     assert (floor["ours"], floor["direct"]) == pytest.approx((3.0, 2.0))
+    assert (threaded["ours"], threaded["direct"]) == pytest.approx((3.1, 2.0))
     assert (idiom["ours"], idiom["direct"]) == pytest.approx((3.5, 2.0))
+    assert (over_threaded["ours"], over_threaded["direct"]) == pytest.approx((4.0, 3.1))
     assert (own["ours"], own["direct"]) == pytest.approx((4.0, 3.0))
-    assert {floor["met"], idiom["met"]} == {None}  # reported, not judged
+    assert {floor["met"], threaded["met"], idiom["met"], over_threaded["met"]} == {None}
     # The router's own share is judged (issue 36: at most 0.3 ms): 1.0 ms here.
     assert own["target"] == "<= blocking relay + 0.3 ms" and own["met"] is False
     m["sequential_ttft_s"][zero_cost.ROUTER] = [0.0032]

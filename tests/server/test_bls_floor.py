@@ -21,7 +21,7 @@ def server(sglang_check_server):
     return sglang_check_server  # configs.SGLANG_CHECK installs the relays
 
 
-@pytest.mark.parametrize("relay", [bls_floor.BLOCKING, bls_floor.ASYNC])
+@pytest.mark.parametrize("relay", list(bls_floor.CLASSES))
 def test_a_relay_answers_as_the_engine_model_does(server, relay):
     def answer(model):
         result = infer.stream_generate(server.grpc_url, model, "Hello there", max_tokens=12)
@@ -35,7 +35,7 @@ def test_a_relay_answers_as_the_engine_model_does(server, relay):
     assert (relayed[0], relayed[2], relayed[3]) == (direct[0], direct[2], direct[3])
 
 
-@pytest.mark.parametrize("relay", [bls_floor.BLOCKING, bls_floor.ASYNC])
+@pytest.mark.parametrize("relay", list(bls_floor.CLASSES))
 def test_a_relay_passes_the_engines_refusal_on(server, relay):
     refusal = "max_tokens must be a positive integer, got -1"
     for model in (MODEL, relay):
