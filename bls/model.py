@@ -1,7 +1,7 @@
 """trident's router: a decoupled BLS model in front of the engine models.
 
 Per request: extract routing features once, ask the policy for candidates, call the first
-healthy one with `async_exec(decoupled=True)`, and relay its stream. A backend that fails
+healthy one with a BLS call on a relay thread, and relay its stream. A backend that fails
 before its first token (error, unhealthy stub, not loaded, first-token timeout, a health
 probe answered with an error) is recorded in its circuit breaker and the next candidate
 is tried; after the first token an error reaches the client as an error response and the
@@ -28,6 +28,7 @@ import contextvars
 import enum
 import faulthandler
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -81,8 +82,8 @@ FIRST_TOKEN_WATCH_S = 0.02
 STREAM_WATCH_S = 0.2
 CONTROL_THREADS = 64  # BLS calls beyond the streams: aborts, probes, drains
 # The routing record of the request this task handles (tracing.RouteRecord), only when
-# Triton traces it: each request is its own task (the stub runs each execute as a task;
-# a batch of several is gathered), so it is that request's; None, the default, costs an
+# Triton traces it: each request is its own task (execute makes a task per batch; a
+# batch of several is gathered), so it is that request's; None, the default, costs an
 # untraced request one lookup per attempt.
 ROUTE_RECORD: contextvars.ContextVar[tracing.RouteRecord | None] = contextvars.ContextVar(
     "route_record", default=None
@@ -111,7 +112,7 @@ class Late(enum.Enum):
 
 
 class TritonPythonModel:
-    # None until the first execute binds them to the stub's loop; every request runs on
+    # None until the first batch binds them to the router's loop; every request runs on
     # that loop, after it (typed as bound, hence initialize's ignore).
     loop: asyncio.AbstractEventLoop
     bls_slots: CallSlots
@@ -157,6 +158,8 @@ class TritonPythonModel:
         # queue an abort behind probes of a busy engine.
         self.control_pool = None
         self.loop = self.bls_slots = None  # type: ignore[assignment]
+        self.serving_loop: asyncio.AbstractEventLoop | None = None  # execute starts it
+        self.batches: set[asyncio.Task[None]] = set()
         self.retired = Retired()
         self.request_ids = RequestIds(self.name, self.proof_key)
         self.request_ids.restock()
@@ -210,10 +213,32 @@ class TritonPythonModel:
                 "router's aborts (a cancelled request runs to its end there)"
             )
 
-    async def execute(self, requests: list[pb_utils.InferenceRequest]) -> None:
+    def execute(self, requests: list[pb_utils.InferenceRequest]) -> None:
+        """On the stub's main thread: hand the batch to the router's event loop and
+        return (a decoupled model answers through its response senders).
+
+        Why not `async def execute`: python_backend would run it on a loop of its own
+        through `run_coroutine_threadsafe`, a concurrent future and a done callback per
+        call, ~0.1 ms more before the first token than one `call_soon_threadsafe`
+        (docs/results/2026-12-06-0430-own-loop.md). The loop is the router's, started
+        on the first call, one thread: the only one that touches the router's state."""
+        if self.serving_loop is None:
+            self.serving_loop = asyncio.new_event_loop()
+            threading.Thread(
+                target=self.serving_loop.run_forever, name="router-loop", daemon=True
+            ).start()
+        self.serving_loop.call_soon_threadsafe(self._start_batch, requests)
+
+    def _start_batch(self, requests: list[pb_utils.InferenceRequest]) -> None:
+        task = asyncio.get_running_loop().create_task(self.handle_batch(requests))
+        self.batches.add(task)  # (the loop keeps only a weak reference to a task)
+        task.add_done_callback(self.batches.discard)
+
+    async def handle_batch(self, requests: list[pb_utils.InferenceRequest]) -> None:
+        """Every request of a batch, on the running loop (the router's own, or a test's)."""
         # Breakers, counters and control requests are only touched on this loop.
         loop = asyncio.get_running_loop()
-        if loop is not self.loop:  # the stub's one loop (tests run several in turn)
+        if loop is not self.loop:  # the router's one loop (tests run several in turn)
             self.loop = loop
             self.bls_slots = CallSlots(BLS_CALL_SLOTS, self.pool, loop)
             self.controls.bind(loop)
@@ -237,6 +262,8 @@ class TritonPythonModel:
         if self.control_pool is not None:
             self.control_pool.shutdown(wait=False, cancel_futures=True)
         self.metrics.finalize()
+        if self.serving_loop is not None:  # (not closed: a late relay thread may call it)
+            self.serving_loop.call_soon_threadsafe(self.serving_loop.stop)
 
     # -- one request ----------------------------------------------------------------------
     async def handle(self, request: pb_utils.InferenceRequest) -> None:

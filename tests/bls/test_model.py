@@ -397,11 +397,12 @@ def make_router(
 
 
 def run(model, *requests, during=None):
-    """execute() each request concurrently on one loop (as the stub does); `during`
+    """Each request in a batch of its own, concurrently on one loop (as execute hands them
+    to the router's loop); `during`
     (a coroutine function) runs alongside, e.g. to cancel a request."""
 
     async def main():
-        tasks = [model.execute([r]) for r in requests]
+        tasks = [model.handle_batch([r]) for r in requests]
         if during is not None:
             tasks.append(during())
         await asyncio.gather(*tasks)
@@ -417,12 +418,12 @@ def run(model, *requests, during=None):
 
 
 def run_with_one_more(model, busy, other):
-    """run(busy); once it has streamed a text, execute `other` alongside it."""
+    """run(busy); once it has streamed a text, send `other` alongside it."""
 
     async def after_first_text():
         while not busy.texts():
             await asyncio.sleep(0.002)
-        await model.execute([other])
+        await model.handle_batch([other])
 
     run(model, busy, during=after_first_text)
 
@@ -681,7 +682,7 @@ def test_the_backends_slot_is_free_once_the_client_has_its_final_flag(router):
         loop = asyncio.get_running_loop()
         assert await loop.run_in_executor(None, first.sender.closed.wait, 5)
         await asyncio.sleep(0.01)
-        await model.execute([second])
+        await model.handle_batch([second])
 
     run(model, first, during=right_after_the_final_flag)
     assert first.texts() == ["a", "b"] and first.sender.final_flags() == 1
@@ -846,6 +847,24 @@ def test_a_backend_request_takes_an_id_made_ahead_and_its_end_makes_another(rout
     assert backend.request_ids == ready[:1]
     left = [made.text for made in model.request_ids.ready]
     assert left[: READY_IDS - 1] == ready[1:] and len(left) == READY_IDS
+
+
+def test_execute_hands_each_batch_to_the_routers_own_loop_and_returns(router):
+    """The stub calls execute on its main thread: it returns at once, and the requests
+    are answered on the router's loop thread, the same thread for every batch (where all
+    of the router's state is touched)."""
+    backend = FakeBackend("primary", chunks=["a", "b"], delay_s=0.05)
+    model = router(backends=[backend])
+    batches = [[ClientRequest()], [ClientRequest(), ClientRequest()]]
+    for batch in batches:
+        assert model.execute(batch) is None  # long before the 0.05 s answer
+        assert not any(request.sender.final_flags() for request in batch)
+    requests = [request for batch in batches for request in batch]
+    for request in requests:
+        request.sender.wait_closed(5)
+        assert request.texts() == ["a", "b"] and request.sender.final_flags() == 1
+    assert model.loop is model.serving_loop and model.serving_loop.is_running()
+    assert model.loop._thread_id != threading.get_ident()  # noqa: SLF001 (asyncio's own)
 
 
 def test_a_slow_health_probe_means_busy_not_dead(router):

@@ -132,7 +132,7 @@ def test_a_hot_prefix_spills_past_the_balance_bound(replicated):
     async def one_by_one():  # each starts once the one before has its first token
         tasks = []
         for request in streams:
-            tasks.append(asyncio.ensure_future(model.execute([request])))
+            tasks.append(asyncio.ensure_future(model.handle_batch([request])))
             await until(lambda request=request: request.texts() or request.errors())
         await asyncio.gather(*tasks)
 
@@ -194,9 +194,9 @@ def test_full_replicas_are_overloaded_per_replica(replicated):
     streams = [ClientRequest() for _ in range(3)]
 
     async def together():
-        tasks = [asyncio.ensure_future(model.execute([r])) for r in streams[:2]]
+        tasks = [asyncio.ensure_future(model.handle_batch([r])) for r in streams[:2]]
         await until(lambda: all(r.texts() or r.errors() for r in streams[:2]))
-        await model.execute([streams[2]])
+        await model.handle_batch([streams[2]])
         await asyncio.gather(*tasks)
 
     asyncio.run(together())

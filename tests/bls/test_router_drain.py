@@ -49,7 +49,7 @@ def test_a_stream_admitted_before_the_drain_finishes_whole(router, drain_folder)
             await asyncio.sleep(0.002)
         enter(model, drain_folder)
         assert busy(drain_folder) == ["1"]
-        await model.execute([late])
+        await model.handle_batch([late])
 
     run(model, admitted, during=drain_then_ask)
     assert admitted.texts() == list("abcdef") and not admitted.errors()

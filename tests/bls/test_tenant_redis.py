@@ -495,10 +495,10 @@ def test_a_request_that_ends_before_its_verdict_gives_its_lease_back(
     refused, served = (ClientRequest(hints={"tenant": name}) for _ in range(2))
 
     async def one_after_the_other():  # one loop: the store's connection and outbox stay
-        await model.execute([refused])
+        await model.handle_batch([refused])
         assert await model.tenants.outbox.drained(5)
         monkeypatch.setattr(model.backend_requests, "make", built)
-        await model.execute([served])
+        await model.handle_batch([served])
         await asyncio.get_running_loop().run_in_executor(None, served.sender.wait_closed, 5)
 
     asyncio.run(one_after_the_other())

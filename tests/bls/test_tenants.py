@@ -143,7 +143,7 @@ def test_a_concurrency_slot_returns_after_a_cancel(tenant_router):
     async def cancel_first_then_send():
         await asyncio.sleep(0.1)
         second_refused = ClientRequest(hints={"tenant": "bob"})
-        await model.execute([second_refused])
+        await model.handle_batch([second_refused])
         assert "1 concurrent requests" in second_refused.errors()[0]
         first.sender.cancelled = True
 
