@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 import numpy as np
 import pytest
@@ -123,6 +124,34 @@ def test_over_the_limit_never_reaches_a_backend(tenant_router):
     assert seen[0]["priority"] == 0 and len(seen[0]["cache_salt"]) == 32
     run(model, ClientRequest(hints={"tenant": "bob"}))
     assert seen[2]["priority"] == 1 and "cache_salt" not in seen[2]
+
+
+def test_unload_writes_what_the_outbox_still_holds_through_the_routers_running_loop(
+    tenant_router,
+):
+    """finalize flushes the tenant writes in flight on the router's own loop, which runs
+    until it has (python_backend stops its loop before finalize: a router on that loop
+    found it stopped, waited out the flush's timeout and lost them)."""
+    model = tenant_router([FakeBackend("primary")])
+    request = ClientRequest(hints={"tenant": "alice"})
+    model.execute([request])  # as the stub calls it: the router's loop starts
+    request.sender.wait_closed(5)
+    written, taken = [], threading.Event()
+    store = model.tenants.outbox.store
+
+    async def slow_finish(tenant, limits, lease_id, tokens):
+        taken.set()
+        await asyncio.sleep(0.2)  # still being written when finalize starts
+        written.append(lease_id)
+        await LocalStore.finish(store, tenant, limits, lease_id, tokens)
+
+    store.finish = slow_finish
+    limits = Limits(rpm=2)
+    model.serving_loop.call_soon_threadsafe(model.tenants.outbox.put, "alice", limits, "late", 7)
+    assert taken.wait(5)
+    model.finalize()
+    # (the request's own release may be among them: it is queued after its final flag)
+    assert "late" in written and model.tenants.outbox.pending() == 0
 
 
 def test_unknown_and_missing_tenants_are_refused_with_reject(tenant_router):
