@@ -121,8 +121,8 @@ def relay_floor_rows(
     """The bare BLS relays' TTFT (support/bls_floor.py) against the engine model called
     directly, and the router's against the blocking relay: what any BLS hop in front of
     the engine costs on this machine, and what the router adds to it, judged against
-    `share_target_ms` when given. None without the relays (a run measured before they
-    existed)."""
+    `share_target_ms` when given; the router over the threaded relay too where it ran.
+    No rows without the relays (a run measured before they existed)."""
     if BLOCKING not in ttft_ms:
         return []
     floor = ttft_ms[BLOCKING]
@@ -130,37 +130,17 @@ def relay_floor_rows(
     if share_target_ms is not None:
         share["target"] = f"<= blocking relay + {share_target_ms} ms"
         share["met"] = ttft_ms[router] - floor <= share_target_ms
+    relays = [("blocking: the floor", floor)]
+    if THREADED in ttft_ms:  # (zero_cost's runs since 2026-12-06)
+        relays.append(("one thread hop: the least a concurrent relay pays", ttft_ms[THREADED]))
+    relays.append(("python_backend's async idiom", ttft_ms[ASYNC]))
     rows = [
-        ratio_row(
-            f"{metric}, bare BLS relay (blocking: the floor)", floor, ttft_ms[direct], "report"
-        )
+        ratio_row(f"{metric}, bare BLS relay ({what})", ms, ttft_ms[direct], "report")
+        for what, ms in relays
     ]
-    if THREADED in ttft_ms:  # (runs since 2026-12-06 and zero_cost's only)
-        rows.append(
-            ratio_row(
-                f"{metric}, bare BLS relay (one thread hop: the least a concurrent relay pays)",
-                ttft_ms[THREADED],
-                ttft_ms[direct],
-                "report",
-            )
-        )
-    rows.append(
-        ratio_row(
-            f"{metric}, bare BLS relay (python_backend's async idiom)",
-            ttft_ms[ASYNC],
-            ttft_ms[direct],
-            "report",
-        )
-    )
     if THREADED in ttft_ms:
-        rows.append(
-            ratio_row(
-                f"{metric}, router over the threaded relay",
-                ttft_ms[router],
-                ttft_ms[THREADED],
-                "report",
-            )
-        )
+        over = f"{metric}, router over the threaded relay"
+        rows.append(ratio_row(over, ttft_ms[router], ttft_ms[THREADED], "report"))
     return rows + [share]
 
 

@@ -84,8 +84,8 @@ class ThreadedRelay(_Relay):
 
     def execute(self, requests: list[pb_utils.InferenceRequest]) -> None:
         for request in requests:
-            # The request's inputs are read here: execute's requests are the main
-            # thread's (python_backend's decoupled examples read them before returning).
+            # The BLS request is made here, on the main thread: the pool thread only
+            # calls and relays (what a router routing here would hand over).
             self.pool.submit(self.call, self.child(request), request.get_response_sender())
 
     def call(self, child: pb_utils.InferenceRequest, sender: pb_utils.ResponseSender) -> None:
