@@ -12,19 +12,12 @@ import triton_python_backend_utils as pb_utils
 
 from bls.adapters import ROUTER_ONLY_INPUTS
 from trident_common import trust
-from trident_common.interface import (
-    CACHE_SALT,
-    ERRORS_IN_BAND,
-    PRIORITY,
-    ROUTER_PROOF,
-    TRACEPARENT,
-)
-from trident_common.request import first_scalar
+from trident_common.interface import ERRORS_IN_BAND, ROUTER_PROOF, TRACEPARENT
 
 if TYPE_CHECKING:
     from bls.adapters import Adapters
     from bls.job import Job, RequestId
-    from bls.tenants import Tenants
+    from bls.tenants import Tenant, Tenants
     from trident_common.tracing import RouteRecord
 
 
@@ -49,29 +42,30 @@ class BackendRequests:
         """The backend's request (raises adapters.Unsupported, or BadRequest for a value
         no engine could take). `record`: the router's span of a traced request."""
         request, inbound, adapter = job.request, job.inbound, self.adapters[backend]
-        added = self.tenants.inputs(inbound)
+        tenant = self.tenants.of(inbound)
+        added = self.tenants.inputs(tenant, inbound)
         skipped = ROUTER_ONLY_INPUTS.union(t.name() for t in added) if added else ROUTER_ONLY_INPUTS
         inputs = [t for name, t in inbound.inputs if name not in skipped] + added
         return pb_utils.InferenceRequest(
             model_name=backend,
             inputs=adapter.inputs(inputs, request_id.tensor, inbound.features.adapter),
             requested_output_names=adapter.outputs,
-            parameters=self.parameters(inbound.parameters, request_id, added, request, record),
+            parameters=self.parameters(inbound.parameters, request_id, tenant, request, record),
         )
 
     def parameters(
         self,
         parameters: dict[str, Any] | None,
         request_id: RequestId,
-        added: list[pb_utils.Tensor],
+        tenant: Tenant | None,
         request: pb_utils.InferenceRequest,
         record: RouteRecord | None,
     ) -> dict[str, Any]:
         """The client's parameters, errors asked in band (interface.ERRORS_IN_BAND: the
         relay could not read an error response), the traceparent of this request's span
         when Triton traces it (the engine model's span joins the trace:
-        trident_common/tracing.py), and the router's proof for its id and the tenant
-        values it sets (the tensors `added`) when it has a key."""
+        trident_common/tracing.py), and the router's proof for its id and the values it
+        sets for `tenant` (its priority and cache salt) when it has a key."""
         outgoing = {**(parameters or {}), ERRORS_IN_BAND: True}
         if record is not None:  # the engine model's span is the router's span's child
             outgoing[TRACEPARENT] = record.traceparent
@@ -83,11 +77,13 @@ class BackendRequests:
                     outgoing[TRACEPARENT] = traceparent
         if self.proof_key is None:
             return outgoing
-        if not added and request_id.plain_proof is not None:  # made ahead (RequestIds)
+        if tenant is None and request_id.plain_proof is not None:  # made ahead (RequestIds)
             outgoing[ROUTER_PROOF] = request_id.plain_proof
             return outgoing
-        values = {t.name(): first_scalar(t.as_numpy()) for t in added}
         outgoing[ROUTER_PROOF] = trust.generate_proof(
-            self.proof_key, request_id.text, values.get(PRIORITY), values.get(CACHE_SALT)
+            self.proof_key,
+            request_id.text,
+            tenant.priority if tenant is not None else None,
+            tenant.salt if tenant is not None else None,
         )
         return outgoing

@@ -440,15 +440,19 @@ class Tenants:
         self.metrics.finished(tenant.label, prompt, completion)
         self.outbox.put(tenant.name, tenant.limits, ticket.lease_id, prompt + completion)
 
-    def inputs(self, inbound: Inbound) -> list[pb_utils.Tensor]:
-        """The engine inputs for this request's tenant: priority and cache_salt, and the
-        token-count flags a Tally needs (they replace the client's own)."""
+    def of(self, inbound: Inbound) -> Tenant | None:
+        """The request's Tenant; None without tenants."""
         if not self.enabled:
-            return []
+            return None
         name = inbound.features.tenant
         tenant = self.known.get(str(name)) if name else None
+        return tenant if tenant is not None else self.identify(name)  # admitted: no raise
+
+    def inputs(self, tenant: Tenant | None, inbound: Inbound) -> list[pb_utils.Tensor]:
+        """The engine inputs for the request's tenant (`of`): priority and cache_salt,
+        and the token-count flags a Tally needs (they replace the client's own)."""
         if tenant is None:
-            tenant = self.identify(name)  # admitted already: it does not raise
+            return []
         tensors = [pb_utils.Tensor(PRIORITY, np.array([tenant.priority], dtype=np.int32))]
         if tenant.salt is not None:
             tensors.append(string_tensor(CACHE_SALT, tenant.salt))
